@@ -1,0 +1,314 @@
+"""Packed caches: quantizing one K or V matrix, and the compact artifact it yields.
+
+Quantizing rows ``x`` (vectors of length ``dim``) with a :class:`~kvasym.schemes.SideSpec` at
+budget ``n``:
+
+1. norm ``||x||`` (computed in float64, stored in ``norm_dtype``); ``u = x / ||x||`` (zero rows
+   stay zero);
+2. if ``rotate``: ``u <- R u`` with the randomized WHT (zero-padded to ``padded_dim``);
+3. scalar codes of ``u`` against the Lloyd-Max codebook for unit-vector coordinates in the
+   working dimension (``padded_dim`` when rotated, ``dim`` otherwise), ``n`` or ``n - 1`` bits;
+4. if ``qjl``: the 1-bit QJL sketch of the residual ``u - centroids[codes]`` (``m`` = working
+   dimension sign bits and the residual norm, stored in ``norm_dtype``).
+
+Dequantization uses only what the packed cache holds (codes, stored norms, seeds): what
+``quantize`` returns and what :func:`load_packed` reads back give bit-identical reconstructions.
+The measured size is split into payload (codes and sign bits, padding included) and side
+information (norms, residual norms and the two 64-bit seeds), both in bits per coordinate of
+the original ``rows x dim`` matrix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .codebook import lloyd_max_codebook
+from .errors import KvasymError
+from .packing import pack_codes, packed_row_bytes, unpack_codes
+from .rotation import RandomizedHadamard, next_power_of_two
+from .scalar import ThresholdEncoder
+from .schemes import SideSpec
+from .sketch import QJLSketch
+
+PACKED_FORMAT = 1
+NORM_DTYPES = ("float16", "float32")
+SEED_BITS = 64
+
+
+@dataclass(frozen=True)
+class PackedCache:
+    """One quantized matrix: bit-packed codes, norms, QJL signs and the seeds to rebuild R, S."""
+
+    dim: int
+    rows: int
+    budget: int
+    rotate: bool
+    scalar_bits: int
+    qjl: bool
+    rotation_seed: int
+    qjl_seed: int
+    norm_dtype: str
+    codes: np.ndarray  # (rows, packed_row_bytes(work_dim, scalar_bits)) uint8
+    norms: np.ndarray  # (rows,) norm_dtype
+    qjl_signs: np.ndarray  # (rows, ceil(work_dim / 8)) uint8, empty when not qjl
+    residual_norms: np.ndarray  # (rows,) norm_dtype, empty when not qjl
+    meta: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def work_dim(self) -> int:
+        """Coordinates quantized per row: padded to a power of two when rotated."""
+        return next_power_of_two(self.dim) if self.rotate else self.dim
+
+    @property
+    def payload_bits(self) -> int:
+        return 8 * (self.codes.size + self.qjl_signs.size)
+
+    @property
+    def side_bits(self) -> int:
+        norm_bits = 8 * (self.norms.nbytes + self.residual_norms.nbytes)
+        seeds = (1 if self.rotate else 0) + (1 if self.qjl else 0)
+        return norm_bits + SEED_BITS * seeds
+
+    def bits_per_coordinate(self) -> dict[str, float]:
+        """Measured bits per original coordinate: payload, side information and their total."""
+        coords = max(self.rows * self.dim, 1)
+        payload = self.payload_bits / coords
+        side = self.side_bits / coords
+        return {"payload": payload, "side": side, "total": payload + side}
+
+    def dequantize(self, dtype: str = "float64") -> np.ndarray:
+        """Reconstruct the (rows, dim) matrix from the packed data alone."""
+        work = self.work_dim
+        if self.scalar_bits > 0:
+            book = lloyd_max_codebook(work, self.scalar_bits)
+            codes = unpack_codes(self.codes, self.scalar_bits, work)
+            unit = book.centroids.astype(dtype)[codes]
+        else:
+            unit = np.zeros((self.rows, work), dtype=dtype)
+        if self.qjl:
+            sketch = QJLSketch(work, work, self.qjl_seed)
+            unit += sketch.decode(self.qjl_signs, self.residual_norms.astype(np.float64), dtype)
+        if self.rotate:
+            unit = RandomizedHadamard(self.dim, self.rotation_seed).inverse(unit)
+        unit *= self.norms.astype(dtype)[:, None]
+        return unit
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        header = {
+            "format": PACKED_FORMAT,
+            "dim": self.dim,
+            "rows": self.rows,
+            "budget": self.budget,
+            "rotate": self.rotate,
+            "scalar_bits": self.scalar_bits,
+            "qjl": self.qjl,
+            "rotation_seed": str(self.rotation_seed),
+            "qjl_seed": str(self.qjl_seed),
+            "norm_dtype": self.norm_dtype,
+            "meta": self.meta,
+        }
+        return {
+            "header": np.frombuffer(json.dumps(header, sort_keys=True).encode("utf-8"), dtype=np.uint8),
+            "codes": self.codes,
+            "norms": self.norms,
+            "qjl_signs": self.qjl_signs,
+            "residual_norms": self.residual_norms,
+        }
+
+
+def row_norms(x: np.ndarray) -> np.ndarray:
+    """Euclidean row norms in float64, without overflow for entries up to float64's range."""
+    x64 = np.asarray(x, dtype=np.float64)
+    peak = np.max(np.abs(x64), axis=1) if x64.shape[1] else np.zeros(x64.shape[0])
+    safe = np.where(peak > 0, peak, 1.0)
+    scaled = x64 / safe[:, None]
+    return peak * np.sqrt(np.einsum("ij,ij->i", scaled, scaled))
+
+
+def _store_norms(norms: np.ndarray, norm_dtype: str, what: str) -> np.ndarray:
+    if norm_dtype not in NORM_DTYPES:
+        raise KvasymError(f"norm_dtype must be one of {', '.join(NORM_DTYPES)}, got {norm_dtype!r}")
+    limit = float(np.finfo(norm_dtype).max)
+    too_big = norms > limit
+    if np.any(too_big):
+        row = int(np.argmax(too_big))
+        raise KvasymError(
+            f"{what} of row {row} is {norms[row]:.3g}, beyond {norm_dtype}'s range ({limit:.3g}); "
+            f"use norm_dtype float32 or rescale the cache"
+        )
+    return norms.astype(norm_dtype)
+
+
+def check_matrix(x: object, what: str = "input") -> np.ndarray:
+    """A finite 2-D float matrix with at least one row and one column, or a clear KvasymError."""
+    array = np.asarray(x)
+    if array.dtype.kind not in "fiu" or array.dtype.kind == "b":
+        raise KvasymError(f"{what} must be a numeric array, got dtype {array.dtype}")
+    if array.ndim != 2:
+        raise KvasymError(f"{what} must be 2-D (rows are vectors), got shape {array.shape}")
+    if array.shape[0] == 0 or array.shape[1] == 0:
+        raise KvasymError(f"{what} is empty (shape {array.shape})")
+    if array.dtype not in (np.float32, np.float64):
+        array = array.astype(np.float64)
+    bad = ~np.isfinite(array)
+    if bad.any():
+        row, col = (int(i) for i in np.argwhere(bad)[0])
+        raise KvasymError(f"{what} has {int(bad.sum())} non-finite values (first at row {row}, column {col})")
+    return array
+
+
+def quantize(
+    x: np.ndarray,
+    spec: SideSpec,
+    budget: int,
+    *,
+    rotation_seed: int,
+    qjl_seed: int,
+    norm_dtype: str = "float32",
+    meta: Mapping | None = None,
+) -> PackedCache:
+    """Quantize the rows of ``x`` (float32 or float64; arithmetic in that dtype) into a cache."""
+    x = check_matrix(x)
+    rows, dim = x.shape
+    scalar_bits = spec.scalar_bits(budget)
+    if scalar_bits < 0 or scalar_bits > 8 or (scalar_bits == 0 and not spec.qjl):
+        raise KvasymError(f"side spec {spec.to_dict()} is impossible at budget {budget}")
+    dtype = x.dtype
+    norms = _store_norms(row_norms(x), norm_dtype, "norm")
+    stored = norms.astype(np.float64)
+    inv = np.divide(1.0, stored, out=np.zeros_like(stored), where=stored > 0)
+    unit = x * inv.astype(dtype)[:, None]
+    if spec.rotate:
+        unit = RandomizedHadamard(dim, rotation_seed).forward(unit)
+    work = unit.shape[1]
+    if work < 3:
+        raise KvasymError(f"vectors must have at least 3 coordinates, got {dim}")
+    if scalar_bits > 0:
+        book = lloyd_max_codebook(work, scalar_bits)
+        codes = ThresholdEncoder(book.thresholds).encode(unit)
+        packed_codes = pack_codes(codes, scalar_bits)
+    else:
+        codes = None
+        packed_codes = np.zeros((rows, 0), dtype=np.uint8)
+    if spec.qjl:
+        residual = unit if codes is None else unit - book.centroids.astype(dtype)[codes]
+        signs, residual_norms = QJLSketch(work, work, qjl_seed).encode(residual)
+        residual_norms = _store_norms(residual_norms, norm_dtype, "residual norm")
+    else:
+        signs = np.zeros((rows, 0), dtype=np.uint8)
+        residual_norms = np.zeros(0, dtype=norm_dtype)
+    return PackedCache(
+        dim=dim,
+        rows=rows,
+        budget=budget,
+        rotate=spec.rotate,
+        scalar_bits=scalar_bits,
+        qjl=spec.qjl,
+        rotation_seed=int(rotation_seed) if spec.rotate else 0,
+        qjl_seed=int(qjl_seed) if spec.qjl else 0,
+        norm_dtype=norm_dtype,
+        codes=packed_codes,
+        norms=norms,
+        qjl_signs=signs,
+        residual_norms=residual_norms,
+        meta=dict(meta or {}),
+    )
+
+
+def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:
+    try:
+        header = json.loads(bytes(np.asarray(arrays["header"], dtype=np.uint8)).decode("utf-8"))
+        if header.get("format") != PACKED_FORMAT:
+            raise KvasymError(f"{where}: packed format {header.get('format')!r}, expected {PACKED_FORMAT}")
+        cache = PackedCache(
+            dim=int(header["dim"]),
+            rows=int(header["rows"]),
+            budget=int(header["budget"]),
+            rotate=bool(header["rotate"]),
+            scalar_bits=int(header["scalar_bits"]),
+            qjl=bool(header["qjl"]),
+            rotation_seed=int(header["rotation_seed"]),
+            qjl_seed=int(header["qjl_seed"]),
+            norm_dtype=str(header["norm_dtype"]),
+            codes=np.asarray(arrays["codes"]),
+            norms=np.asarray(arrays["norms"]),
+            qjl_signs=np.asarray(arrays["qjl_signs"]),
+            residual_norms=np.asarray(arrays["residual_norms"]),
+            meta=dict(header.get("meta") or {}),
+        )
+    except KvasymError:
+        raise
+    except (KeyError, ValueError, TypeError, UnicodeDecodeError) as exc:
+        raise KvasymError(f"{where} is not a kvasym packed cache ({type(exc).__name__}: {exc})") from None
+    _check_consistent(cache, where)
+    return cache
+
+
+def _check_consistent(cache: PackedCache, where: str) -> None:
+    work = cache.work_dim
+    expected = {
+        "codes": ((cache.rows, packed_row_bytes(work, cache.scalar_bits) if cache.scalar_bits else 0), np.uint8),
+        "norms": ((cache.rows,), np.dtype(cache.norm_dtype)),
+        "qjl_signs": ((cache.rows, -(-work // 8) if cache.qjl else 0), np.uint8),
+        "residual_norms": ((cache.rows if cache.qjl else 0,), np.dtype(cache.norm_dtype)),
+    }
+    for name, (shape, dtype) in expected.items():
+        array = getattr(cache, name)
+        if array.shape != shape or array.dtype != dtype:
+            raise KvasymError(
+                f"{where}: {name} has shape {array.shape} dtype {array.dtype}, expected {shape} {np.dtype(dtype)}"
+            )
+
+
+def save_packed(path: str | os.PathLike, caches: Mapping[str, PackedCache]) -> None:
+    """Write named caches into one .npz atomically (a temporary file renamed into place)."""
+    path = Path(path)
+    arrays: dict[str, np.ndarray] = {}
+    for name, cache in caches.items():
+        if "/" in name:
+            raise ValueError(f"cache name {name!r} must not contain '/'")
+        for key, value in cache.arrays().items():
+            arrays[f"{name}/{key}"] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_packed(path: str | os.PathLike) -> dict[str, PackedCache]:
+    """Read every named cache of a file written by :func:`save_packed`."""
+    path = Path(path)
+    try:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise KvasymError(f"{path} is a plain array, not a kvasym packed cache (.npz)")
+        with loaded as npz:
+            arrays = {key: npz[key] for key in npz.files}
+    except KvasymError:
+        raise
+    except FileNotFoundError:
+        raise KvasymError(f"{path}: no such file") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise KvasymError(f"{path} is not a readable .npz packed cache ({exc})") from None
+    names = sorted({key.split("/", 1)[0] for key in arrays if "/" in key})
+    if not names:
+        raise KvasymError(f"{path} holds no packed cache")
+    out = {}
+    for name in names:
+        prefix = f"{name}/"
+        sub = {key[len(prefix) :]: value for key, value in arrays.items() if key.startswith(prefix)}
+        out[name] = _from_arrays(sub, f"{path}[{name}]")
+    return out

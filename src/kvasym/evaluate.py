@@ -1,0 +1,101 @@
+"""One cache, one scheme, one budget: quantize K and V and measure the damage to attention.
+
+This is the unit of work shared by the pipeline (one trial of a cell) and by ``kvasym
+evaluate`` (a cache dumped from the user's own model).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .cache import PackedCache, quantize
+from .errors import KvasymError
+from .metrics import trial_metrics
+from .schemes import SIDES, Scheme
+from .seeds import derived_seed
+
+
+def quantize_pair(
+    keys: np.ndarray,
+    values: np.ndarray,
+    scheme: Scheme,
+    budget: int,
+    *,
+    base_seed: int,
+    identity: tuple[str | int, ...] = (),
+    norm_dtype: str = "float32",
+) -> dict[str, PackedCache]:
+    """Packed K and V caches. Rotation and QJL seeds depend on (identity, side) only, not on
+    the scheme or budget, so every scheme sees the same random rotation of the same data."""
+    scheme.validate_budget(budget)
+    out = {}
+    for side, matrix in zip(SIDES, (keys, values)):
+        out[side] = quantize(
+            matrix,
+            scheme.side(side),
+            budget,
+            rotation_seed=derived_seed(base_seed, "rotation", *identity, side),
+            qjl_seed=derived_seed(base_seed, "qjl", *identity, side),
+            norm_dtype=norm_dtype,
+            meta={"scheme": scheme.name, "side": side},
+        )
+    return out
+
+
+def causal_mask(n_queries: int, n_keys: int) -> np.ndarray:
+    """Query i (the last n_queries positions of the sequence) sees keys 0..n_keys-n_queries+i."""
+    if n_queries > n_keys:
+        raise KvasymError(f"a causal mask needs n_queries <= n_keys, got {n_queries} > {n_keys}")
+    offset = n_keys - n_queries
+    return np.arange(n_keys)[None, :] <= (np.arange(n_queries)[:, None] + offset)
+
+
+def evaluate_cache(
+    keys: np.ndarray,
+    values: np.ndarray,
+    queries: np.ndarray,
+    scheme: Scheme,
+    budget: int,
+    *,
+    sharpness: float = 1.0,
+    seed: int = 0,
+    norm_dtype: str = "float32",
+    causal: bool = False,
+) -> dict[str, float | int | str]:
+    """Summary metrics of one scheme on one (K, V, queries) cache."""
+    if keys.shape[0] != values.shape[0]:
+        raise KvasymError(f"keys have {keys.shape[0]} rows but values have {values.shape[0]}")
+    if queries.shape[1] != keys.shape[1]:
+        raise KvasymError(f"queries have head_dim {queries.shape[1]} but keys have {keys.shape[1]}")
+    if keys.shape[1] < 3 or values.shape[1] < 3:
+        raise KvasymError("keys and values need at least 3 coordinates per vector")
+    caches = quantize_pair(keys, values, scheme, budget, base_seed=seed, norm_dtype=norm_dtype)
+    mask = causal_mask(queries.shape[0], keys.shape[0]) if causal else None
+    per_query, _ = trial_metrics(
+        queries,
+        keys,
+        values,
+        caches["K"].dequantize("float64"),
+        caches["V"].dequantize("float64"),
+        sharpness,
+        mask,
+    )
+    kl = per_query["kl"]
+    summary: dict[str, float | int | str] = {
+        "scheme": scheme.name,
+        "budget": budget,
+        "n_keys": int(keys.shape[0]),
+        "n_queries": int(queries.shape[0]),
+        "kl_mean": float(np.mean(kl)),
+        "kl_median": float(np.median(kl)),
+        "kl_p99": float(np.quantile(kl, 0.99)),
+        "kl_max": float(np.max(kl)),
+        "recall_top5_mean": float(np.mean(per_query["recall_top5"])),
+    }
+    for site in ("k", "v", "t"):
+        for name in ("snr_db", "eff_bits", "phi", "eps_dir"):
+            summary[f"{site}_{name}_mean"] = float(np.mean(per_query[f"{site}_{name}"]))
+    for side in SIDES:
+        for part, value in caches[side].bits_per_coordinate().items():
+            summary[f"{side.lower()}_bits_{part}"] = value
+    return summary

@@ -1,0 +1,284 @@
+"""The six-dimensional error framework, KL divergence and routing recall.
+
+Error coordinates of an estimate ``x_hat`` of a vector ``x`` (spec part B):
+
+- scale: ``SNR = ||x||^2 / ||x - x_hat||^2`` (unitless power ratio), reported as
+  ``snr_db = 10 log10 SNR`` (decibels) and ``eff_bits = 0.5 log2 SNR`` (Shannon effective bits);
+- direction: ``phi = angle(x, x_hat)`` in radians, in [0, pi], and ``eps_dir = 1 - cos(phi)``
+  (unitless, in [0, 2]).
+
+At three sites, K (key cache), V (value cache) and T (attention output), these give the six
+numbers per sample (scale and direction at each site).
+
+Conventions (documented constants, chosen so results hold no NaN and no infinity):
+
+- SNR cap: the SNR is clipped to ``[2**-SNR_CAP_LOG2, 2**SNR_CAP_LOG2]`` with
+  ``SNR_CAP_LOG2 = 104``. An error below float64 resolution (relative error
+  ``||x - x_hat|| / ||x|| < 2**-52``, the float64 machine epsilon) is indistinguishable from
+  rounding, so it is reported as ``eff_bits = 52`` (the float64 mantissa width),
+  ``snr_db = 313.07``; this includes exact reconstruction (zero error, SNR = inf) and the
+  0/0 case ``x = x_hat = 0``. Symmetrically ``x = 0`` with a non-zero estimate (SNR = 0) is
+  reported as ``eff_bits = -52``, ``snr_db = -313.07``.
+- Angle with a zero vector: ``phi = 0`` if both are zero (perfect), ``phi = pi/2``
+  (``eps_dir = 1``, no directional information) if exactly one is zero.
+- phi is computed by Kahan's formula ``2 atan2(||u - v||, ||u + v||)`` on the unit vectors,
+  accurate at every angle (``arccos`` of a clipped cosine loses half the digits near 0), and
+  ``eps_dir = 2 sin^2(phi / 2)`` for the same reason.
+- Per-trial aggregates for the cache sites K and V: the scale is the SNR of the whole matrix,
+  ``sum_i ||x_i||^2 / sum_i ||x_i - x_hat_i||^2`` (an energy-weighted pooling), while ``phi``
+  and ``eps_dir`` are the MEAN over rows of the per-row angle and per-row ``eps_dir`` (note
+  ``mean eps_dir != 1 - cos(mean phi)``; both are means of per-vector errors). The T site is
+  reported per query.
+- KL(p || p_hat) per query in nats with ``0 log 0 = 0``; masked entries are ignored. Rounding
+  can make a true zero KL come out as a tiny negative number: values in ``[-1e-12, 0)`` are
+  set to 0, anything more negative is left as is (it would reveal a bug).
+- Top-k recall ``|topk(p) & topk(p_hat)| / k``; ties are broken by key index (the lower index
+  ranks first); with fewer than ``k`` allowed keys, ``k`` becomes the number of allowed keys.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kvasym.attention import attend, attention_logits, check_mask
+from kvasym.errors import KvasymError
+
+SNR_CAP_LOG2 = 104.0
+"""log2 of the SNR cap: SNR is clipped to [2**-104, 2**104] (eff_bits in [-52, 52])."""
+EFF_BITS_CAP = 0.5 * SNR_CAP_LOG2
+"""Largest reported effective bits, 52 (float64 mantissa width)."""
+SNR_DB_CAP = 10.0 * math.log10(2.0) * SNR_CAP_LOG2
+"""Largest reported SNR in decibels, about 313.07 dB."""
+KL_ROUNDING_TOL = 1e-12
+"""Negative KL values no smaller than -KL_ROUNDING_TOL are rounding noise and set to 0."""
+ROUTING_TOPK = 5
+"""k of the routing recall reported by :func:`trial_metrics` (column ``recall_top5``)."""
+
+_DB_PER_LOG2 = 10.0 * math.log10(2.0)
+
+
+def _pair(x: np.ndarray, x_hat: np.ndarray, what: str = "x") -> tuple[np.ndarray, np.ndarray]:
+    a = np.asarray(x, dtype=np.float64)
+    b = np.asarray(x_hat, dtype=np.float64)
+    if a.shape != b.shape:
+        raise KvasymError(f"{what} has shape {a.shape} but {what}_hat has shape {b.shape}")
+    if a.ndim == 0 or a.shape[-1] == 0:
+        raise KvasymError(f"{what} must have at least one coordinate per row, got shape {a.shape}")
+    for name, arr in ((what, a), (f"{what}_hat", b)):
+        if not np.all(np.isfinite(arr)):
+            raise KvasymError(f"{name} contains non-finite values")
+    return a, b
+
+
+def _norms(a: np.ndarray) -> np.ndarray:
+    """Euclidean norms over the last axis, scaled by the max |entry| so squares cannot overflow."""
+    scale = np.max(np.abs(a), axis=-1)
+    safe = np.where(scale > 0, scale, 1.0)
+    return scale * np.sqrt(np.sum((a / safe[..., None]) ** 2, axis=-1))
+
+
+def _log2_snr(signal_norm: np.ndarray, error_norm: np.ndarray) -> np.ndarray:
+    """Clipped log2 SNR from norms (log domain: no overflow of the ratio)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log2_snr = 2.0 * (np.log2(signal_norm) - np.log2(error_norm))
+    # 0/0 (x = x_hat = 0) is a perfect reconstruction: report the cap.
+    log2_snr = np.where(np.isnan(log2_snr), SNR_CAP_LOG2, log2_snr)
+    return np.clip(log2_snr, -SNR_CAP_LOG2, SNR_CAP_LOG2)
+
+
+def _angle(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Angle between rows (last axis) of a and b in radians, Kahan's formula."""
+    na, nb = _norms(a), _norms(b)
+    ua = a / np.where(na > 0, na, 1.0)[..., None]
+    ub = b / np.where(nb > 0, nb, 1.0)[..., None]
+    phi = 2.0 * np.arctan2(_norms(ua - ub), _norms(ua + ub))
+    one_zero = (na > 0) != (nb > 0)
+    both_zero = (na == 0) & (nb == 0)
+    return np.where(one_zero, math.pi / 2, np.where(both_zero, 0.0, phi))
+
+
+def error_coordinates(x: np.ndarray, x_hat: np.ndarray) -> dict[str, np.ndarray]:
+    """Scale and direction error of each row (last axis) of ``x_hat`` as an estimate of ``x``.
+
+    Returns float64 arrays of shape ``x.shape[:-1]``: ``snr`` (power ratio, capped),
+    ``snr_db`` (dB), ``eff_bits`` (bits), ``phi`` (radians), ``eps_dir`` (unitless).
+    Inputs must be finite and of equal shape.
+    """
+    a, b = _pair(x, x_hat)
+    log2_snr = _log2_snr(_norms(a), _norms(a - b))
+    phi = _angle(a, b)
+    return {
+        "snr": np.exp2(log2_snr),
+        "snr_db": _DB_PER_LOG2 * log2_snr,
+        "eff_bits": 0.5 * log2_snr,
+        "phi": phi,
+        "eps_dir": 2.0 * np.sin(0.5 * phi) ** 2,
+    }
+
+
+def matrix_coordinates(x: np.ndarray, x_hat: np.ndarray) -> dict[str, float]:
+    """Per-trial aggregate of a cache matrix (rows = vectors), see the module conventions.
+
+    ``snr``, ``snr_db``, ``eff_bits``: whole-matrix SNR ``sum ||x_i||^2 / sum ||x_i - x_hat_i||^2``;
+    ``phi``, ``eps_dir``: mean over rows of the per-row angle (radians) and ``eps_dir``.
+    """
+    a, b = _pair(x, x_hat)
+    if a.ndim != 2:
+        raise KvasymError(f"x must be a 2-D matrix (rows, dim), got shape {a.shape}")
+    rows = error_coordinates(a, b)
+    log2_snr = float(_log2_snr(_norms(a.reshape(-1)), _norms((a - b).reshape(-1))))
+    return {
+        "snr": float(np.exp2(log2_snr)),
+        "snr_db": _DB_PER_LOG2 * log2_snr,
+        "eff_bits": 0.5 * log2_snr,
+        "phi": float(np.mean(rows["phi"])),
+        "eps_dir": float(np.mean(rows["eps_dir"])),
+    }
+
+
+def kl_divergence(
+    log_p: np.ndarray, log_q: np.ndarray, mask: np.ndarray | None = None
+) -> np.ndarray:
+    """KL(p || q) in nats per row (last axis) from log-probabilities, float64 (n_rows,).
+
+    ``0 log 0 = 0``: entries with ``p = 0`` (including masked ones, log p = -inf) contribute
+    nothing; an optional boolean ``mask`` (True = allowed) excludes entries explicitly. An
+    entry with ``p > 0`` and ``q = 0`` gives +inf, the true value.
+    """
+    lp = np.asarray(log_p, dtype=np.float64)
+    lq = np.asarray(log_q, dtype=np.float64)
+    if lp.shape != lq.shape:
+        raise KvasymError(f"log_p has shape {lp.shape} but log_q has shape {lq.shape}")
+    p = np.exp(lp)
+    support = p > 0
+    if mask is not None:
+        m = np.asarray(mask)
+        if m.dtype != np.bool_ or m.shape != lp.shape:
+            raise KvasymError(
+                f"mask must be a boolean array of shape {lp.shape}, got {m.dtype} {m.shape}"
+            )
+        support &= m
+    with np.errstate(invalid="ignore"):
+        # lp - lq is inf - inf = NaN only off the support, which np.where discards.
+        terms = np.where(support, p * (lp - lq), 0.0)
+    kl = np.sum(terms, axis=-1)
+    return np.where((kl < 0) & (kl >= -KL_ROUNDING_TOL), 0.0, kl)
+
+
+def _topk_indices(p: np.ndarray, k: int) -> np.ndarray:
+    # Stable sort of -p: descending by value, equal values keep ascending index order.
+    return np.argsort(-p, axis=-1, kind="stable")[..., :k]
+
+
+def topk_recall(
+    p: np.ndarray, p_hat: np.ndarray, k: int = ROUTING_TOPK, mask: np.ndarray | None = None
+) -> np.ndarray:
+    """``|topk(p) & topk(p_hat)| / k`` per row (n_rows,), in [0, 1].
+
+    Ties are broken by index (lower first). ``k`` is reduced to the number of keys, or per
+    row to the number of allowed keys under ``mask`` (bool, True = allowed).
+    """
+    a = np.asarray(p, dtype=np.float64)
+    b = np.asarray(p_hat, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 2:
+        raise KvasymError(f"p and p_hat must be 2-D of equal shape, got {a.shape} and {b.shape}")
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise KvasymError(f"k must be an integer >= 1, got {k!r}")
+    n_rows, n_keys = a.shape
+    if mask is None:
+        k_row = np.full(n_rows, min(int(k), n_keys))
+    else:
+        m = check_mask(mask, n_rows, n_keys)
+        # Masked keys rank below every allowed key (their weight is 0 but ties must not pick them).
+        a = np.where(m, a, -np.inf)
+        b = np.where(m, b, -np.inf)
+        k_row = np.minimum(int(k), m.sum(axis=1))
+    kk = int(k_row.max())
+    top_a = _topk_indices(a, kk)
+    top_b = _topk_indices(b, kk)
+    in_row = np.arange(kk)[None, :] < k_row[:, None]  # positions that belong to each row's top-k
+    same = (top_a[:, :, None] == top_b[:, None, :]) & in_row[:, :, None] & in_row[:, None, :]
+    return same.sum(axis=(1, 2)) / k_row
+
+
+def trial_metrics(
+    queries: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    keys_hat: np.ndarray,
+    values_hat: np.ndarray,
+    sharpness: float,
+    mask: np.ndarray | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """All metrics of one trial: reference (K, V) versus quantized (K_hat, V_hat) attention.
+
+    Returns ``(per_query, per_key)``, dicts of equal-length 1-D arrays (Parquet-ready columns).
+
+    per_query (n_queries rows): ``query`` (index); ``kl`` (KL(p || p_hat), nats);
+    ``recall_top5``; ``t_snr_db``, ``t_eff_bits``, ``t_phi``, ``t_eps_dir`` of the attention
+    output of that query; ``{k,v}_snr_db``, ``{k,v}_eff_bits``, ``{k,v}_phi``,
+    ``{k,v}_eps_dir``: the per-trial cache aggregates (:func:`matrix_coordinates`) repeated on
+    every row.
+
+    per_key (n_keys rows), for the Jensen-bias claim: ``key`` (index); ``n_queries`` (queries
+    allowed to see the key); ``logit_err_mean`` and ``logit_err_var`` (mean and population
+    variance over those queries of ``e_ij = logit_hat_ij - logit_ij``, sharpness included);
+    ``weight_ref_mean`` and ``weight_hat_mean`` (mean over them of ``p_ij`` and ``p_hat_ij``);
+    ``log_weight_excess`` (mean of ``log p_hat_ij - log p_ij`` over entries where both are
+    finite); ``k_eps_dir`` and ``k_snr_db`` of the key itself. A key no query sees gets NaN
+    in the averaged columns (impossible without a mask). For small errors
+    ``log p_hat - log p ~= e - E_p[e]``; Jensen predicts larger weight for keys with larger
+    logit-error variance.
+    """
+    k, k_hat = _pair(keys, keys_hat, "keys")
+    v, v_hat = _pair(values, values_hat, "values")
+    q = np.asarray(queries, dtype=np.float64)
+    ref = attend(q, k, v, sharpness, mask)
+    hat = attend(q, k_hat, v_hat, sharpness, mask)
+    n_q, n_k = ref.weights.shape
+    allowed = np.ones((n_q, n_k), dtype=bool) if mask is None else np.asarray(mask)
+
+    per_query: dict[str, np.ndarray] = {
+        "query": np.arange(n_q, dtype=np.int64),
+        "kl": kl_divergence(ref.log_weights, hat.log_weights, allowed),
+        "recall_top5": topk_recall(ref.weights, hat.weights, ROUTING_TOPK, mask),
+    }
+    site_t = error_coordinates(ref.output, hat.output)
+    for site, coords in (
+        ("k", matrix_coordinates(k, k_hat)),
+        ("v", matrix_coordinates(v, v_hat)),
+    ):
+        for name in ("snr_db", "eff_bits", "phi", "eps_dir"):
+            per_query[f"{site}_{name}"] = np.full(n_q, coords[name])
+    for name in ("snr_db", "eff_bits", "phi", "eps_dir"):
+        per_query[f"t_{name}"] = site_t[name]
+
+    # Logit errors recomputed from the logits (not log weights) so they include sharpness
+    # and are free of the per-query normalisation shift.
+    err = attention_logits(q, k_hat, sharpness) - attention_logits(q, k, sharpness)
+    count = allowed.sum(axis=0)
+
+    def column_mean(a: np.ndarray, where: np.ndarray, n: np.ndarray) -> np.ndarray:
+        total = np.sum(np.where(where, a, 0.0), axis=0)
+        return np.divide(total, n, out=np.full(n_k, np.nan), where=n > 0)
+
+    err_mean = column_mean(err, allowed, count)
+    err_var = column_mean((err - err_mean) ** 2, allowed, count)
+    with np.errstate(invalid="ignore"):
+        log_ratio = hat.log_weights - ref.log_weights
+    finite = allowed & np.isfinite(log_ratio)
+    key_coords = error_coordinates(k, k_hat)
+    per_key: dict[str, np.ndarray] = {
+        "key": np.arange(n_k, dtype=np.int64),
+        "n_queries": count.astype(np.int64),
+        "logit_err_mean": err_mean,
+        "logit_err_var": err_var,
+        "weight_ref_mean": column_mean(ref.weights, allowed, count),
+        "weight_hat_mean": column_mean(hat.weights, allowed, count),
+        "log_weight_excess": column_mean(log_ratio, finite, finite.sum(axis=0)),
+        "k_eps_dir": key_coords["eps_dir"],
+        "k_snr_db": key_coords["snr_db"],
+    }
+    return per_query, per_key

@@ -1,0 +1,173 @@
+"""Quantization schemes as declarative data.
+
+A scheme says, for each cache side (K and V), whether the side is rotated (randomized WHT),
+how many scalar (Lloyd-Max) bits each coordinate gets, and whether a 1-bit QJL sketch of the
+residual is added. Every scheme spends the same budget of ``n`` bits per coordinate: on each
+side ``scalar_bits + (1 if qjl) == n``, which is checked, so no scheme can win by spending more.
+
+``scalar_bits`` is written relative to the budget: ``"n"`` or ``"n-1"`` (``"n-k"`` in general).
+A spec that breaks the budget, or needs a negative scalar width or more than 8 scalar bits at a
+budget, is rejected with an error naming the scheme, the side and the budget. ``n - 1 = 0``
+scalar bits with QJL (pure QJL at n = 1) is allowed.
+
+Built in: the paper's KV, KQV, QKQV and ``RKV`` (rotated scalar on both sides, no QJL: the
+TurboQuant_mse construction deployed systems use). Users add schemes in config, in the same
+mapping form as :data:`BUILTIN_SCHEMES`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .errors import KvasymError
+
+MIN_BUDGET = 1
+MAX_BUDGET = 8
+MAX_SCALAR_BITS = 8
+SIDES = ("K", "V")
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.+-]{0,39}$")
+_RELATIVE = re.compile(r"^n(?:\s*-\s*(\d+))?$")
+
+
+@dataclass(frozen=True)
+class SideSpec:
+    """How one cache side is quantized: ``scalar_offset`` bits below the budget, + QJL or not."""
+
+    rotate: bool
+    scalar_offset: int
+    qjl: bool
+
+    def scalar_bits(self, budget: int) -> int:
+        return budget - self.scalar_offset
+
+    @property
+    def scalar_bits_expr(self) -> str:
+        return "n" if self.scalar_offset == 0 else f"n-{self.scalar_offset}"
+
+    def to_dict(self) -> dict:
+        return {"rotate": self.rotate, "scalar_bits": self.scalar_bits_expr, "qjl": self.qjl}
+
+
+@dataclass(frozen=True)
+class Scheme:
+    name: str
+    K: SideSpec
+    V: SideSpec
+    description: str = ""
+
+    def side(self, side: str) -> SideSpec:
+        if side not in SIDES:
+            raise KvasymError(f"cache side must be one of {', '.join(SIDES)}, got {side!r}")
+        return self.K if side == "K" else self.V
+
+    def validate_budget(self, budget: int) -> None:
+        """Raise KvasymError unless this scheme is realisable at ``budget`` bits per coordinate."""
+        if isinstance(budget, bool) or not isinstance(budget, int) or not MIN_BUDGET <= budget <= MAX_BUDGET:
+            raise KvasymError(f"budget must be an integer in {MIN_BUDGET}..{MAX_BUDGET}, got {budget!r}")
+        for side in SIDES:
+            spec = self.side(side)
+            scalar = spec.scalar_bits(budget)
+            where = f"scheme {self.name} side {side} at budget n={budget}"
+            if scalar < 0:
+                raise KvasymError(f"{where}: scalar_bits {spec.scalar_bits_expr} = {scalar} < 0 is impossible")
+            if scalar > MAX_SCALAR_BITS:
+                raise KvasymError(f"{where}: scalar_bits = {scalar} exceeds {MAX_SCALAR_BITS}")
+            spent = scalar + (1 if spec.qjl else 0)
+            if spent != budget:
+                raise KvasymError(
+                    f"{where}: spends {spent} bits per coordinate "
+                    f"({spec.scalar_bits_expr} scalar{' + 1 QJL' if spec.qjl else ''}), "
+                    f"not the budget {budget}; every scheme must spend exactly n"
+                )
+            if scalar == 0 and not spec.qjl:
+                raise KvasymError(f"{where}: no scalar bits and no QJL stores nothing")
+
+    def to_dict(self) -> dict:
+        out = {"K": self.K.to_dict(), "V": self.V.to_dict()}
+        if self.description:
+            out["description"] = self.description
+        return out
+
+
+def _parse_side(data: object, where: str) -> SideSpec:
+    if not isinstance(data, Mapping):
+        raise KvasymError(f"{where} must be a mapping with rotate, scalar_bits, qjl; got {data!r}")
+    unknown = set(data) - {"rotate", "scalar_bits", "qjl"}
+    if unknown:
+        raise KvasymError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: rotate, scalar_bits, qjl")
+    for key in ("rotate", "scalar_bits", "qjl"):
+        if key not in data:
+            raise KvasymError(f"{where}.{key} is missing")
+    for key in ("rotate", "qjl"):
+        if not isinstance(data[key], bool):
+            raise KvasymError(f"{where}.{key} must be true or false, got {data[key]!r}")
+    expr = data["scalar_bits"]
+    match = _RELATIVE.match(expr.strip()) if isinstance(expr, str) else None
+    if match is None:
+        raise KvasymError(f"{where}.scalar_bits must be 'n' or 'n-k' (k a whole number), got {expr!r}")
+    offset = int(match.group(1) or 0)
+    return SideSpec(rotate=data["rotate"], scalar_offset=offset, qjl=data["qjl"])
+
+
+def scheme_from_dict(name: str, data: object) -> Scheme:
+    """Parse one scheme from its config mapping ``{K: {...}, V: {...}, description: ...}``."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise KvasymError(
+            f"scheme name {name!r} must start with a letter and use only letters, digits, '_', '.', '+', '-' (max 40)"
+        )
+    where = f"schemes.{name}"
+    if not isinstance(data, Mapping):
+        raise KvasymError(f"{where} must be a mapping with K and V, got {data!r}")
+    unknown = set(data) - {"K", "V", "description"}
+    if unknown:
+        raise KvasymError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: K, V, description")
+    for side in SIDES:
+        if side not in data:
+            raise KvasymError(f"{where}.{side} is missing")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise KvasymError(f"{where}.description must be a string")
+    return Scheme(name, _parse_side(data["K"], f"{where}.K"), _parse_side(data["V"], f"{where}.V"), description)
+
+
+BUILTIN_SCHEMES: dict[str, dict] = {
+    "KV": {
+        "description": "scalar Lloyd-Max on raw coordinates, n bits, both sides (no rotation, no sketch)",
+        "K": {"rotate": False, "scalar_bits": "n", "qjl": False},
+        "V": {"rotate": False, "scalar_bits": "n", "qjl": False},
+    },
+    "KQV": {
+        "description": "WHT; K n-bit scalar; V (n-1)-bit scalar + 1-bit QJL residual",
+        "K": {"rotate": True, "scalar_bits": "n", "qjl": False},
+        "V": {"rotate": True, "scalar_bits": "n-1", "qjl": True},
+    },
+    "QKQV": {
+        "description": "WHT; K and V (n-1)-bit scalar + 1-bit QJL residual",
+        "K": {"rotate": True, "scalar_bits": "n-1", "qjl": True},
+        "V": {"rotate": True, "scalar_bits": "n-1", "qjl": True},
+    },
+    "RKV": {
+        "description": "WHT; n-bit scalar on both sides, no QJL (TurboQuant_mse as deployed)",
+        "K": {"rotate": True, "scalar_bits": "n", "qjl": False},
+        "V": {"rotate": True, "scalar_bits": "n", "qjl": False},
+    },
+}
+
+
+def scheme_registry(user_schemes: Mapping | None = None) -> dict[str, Scheme]:
+    """Built-in schemes plus the user's (a user scheme may not silently redefine a built-in)."""
+    registry = {name: scheme_from_dict(name, spec) for name, spec in BUILTIN_SCHEMES.items()}
+    for name, spec in (user_schemes or {}).items():
+        if name in registry and spec != BUILTIN_SCHEMES.get(name):
+            raise KvasymError(f"schemes.{name} redefines the built-in scheme {name}; choose another name")
+        registry[name] = scheme_from_dict(name, spec)
+    return registry
+
+
+def get_scheme(name: str, user_schemes: Mapping | None = None) -> Scheme:
+    registry = scheme_registry(user_schemes)
+    if name not in registry:
+        raise KvasymError(f"unknown scheme {name!r}; known: {', '.join(sorted(registry))}")
+    return registry[name]

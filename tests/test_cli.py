@@ -1,0 +1,114 @@
+"""The kvasym command line: results match the library, bad input gives one clear line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kvasym.cli import main
+from kvasym.codebook import lloyd_max_codebook
+from kvasym.evaluate import causal_mask
+
+
+@pytest.fixture()
+def cache_files(tmp_path):
+    rng = np.random.default_rng(7)
+    files = {}
+    for name, rows in (("keys", 96), ("values", 96), ("queries", 12)):
+        path = tmp_path / f"{name}.npy"
+        np.save(path, rng.standard_normal((rows, 64)).astype(np.float32))
+        files[name] = path
+    return files
+
+
+def test_codebook_json_matches_library(capsys):
+    assert main(["codebook", "--dim", "64", "--bits", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    book = lloyd_max_codebook(64, 3)
+    np.testing.assert_array_equal(out["centroids"], book.centroids)
+    np.testing.assert_array_equal(out["thresholds"], book.thresholds)
+    assert out["mse"] == pytest.approx(64 * book.mse_per_coordinate, rel=1e-15)
+    assert len(out["centroids"]) == 8 and len(out["thresholds"]) == 7
+
+
+def test_quantize_dequantize_round_trip(cache_files, tmp_path):
+    packed, restored = tmp_path / "k.npz", tmp_path / "k_hat.npy"
+    assert main(["quantize", "--scheme", "RKV", "--bits", "4", "--side", "K", str(cache_files["keys"]), str(packed)]) == 0
+    assert main(["dequantize", "--dtype", "float64", str(packed), str(restored)]) == 0
+    x = np.load(cache_files["keys"]).astype(np.float64)
+    x_hat = np.load(restored)
+    assert x_hat.shape == x.shape
+    rel = np.sum((x - x_hat) ** 2, axis=1) / np.sum(x**2, axis=1)
+    # 4-bit Lloyd-Max on rotated unit vectors: relative MSE is the codebook's d*C (~0.009).
+    expected = lloyd_max_codebook(64, 4).mse_per_vector
+    assert abs(rel.mean() - expected) < 0.15 * expected
+
+
+def test_evaluate_json(cache_files, capsys):
+    argv = [
+        "evaluate", "--keys", str(cache_files["keys"]), "--values", str(cache_files["values"]),
+        "--queries", str(cache_files["queries"]), "--scheme", "KQV", "--bits", "4", "--json", "--causal",
+    ]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["n_keys"] == 96 and out["n_queries"] == 12
+    assert 0 <= out["kl_mean"] <= out["kl_max"]
+    assert 0 <= out["recall_top5_mean"] <= 1
+    assert out["k_bits_payload"] == 4 and out["v_bits_payload"] == 4
+
+
+def test_causal_mask_layout():
+    mask = causal_mask(3, 5)
+    assert mask.tolist() == [
+        [True, True, True, False, False],
+        [True, True, True, True, False],
+        [True, True, True, True, True],
+    ]
+
+
+@pytest.mark.parametrize(
+    "argv_tail, message",
+    [
+        (["codebook", "--dim", "2", "--bits", "3"], "dimension"),
+        (["codebook", "--dim", "64", "--bits", "9"], "bits"),
+        (["quantize", "--scheme", "NOPE", "--bits", "4", "--side", "K", "{keys}", "{out}"], "unknown scheme 'NOPE'"),
+        (["quantize", "--scheme", "KV", "--bits", "4", "--side", "K", "{missing}", "{out}"], "no such file"),
+        (["quantize", "--scheme", "KV", "--bits", "4", "--side", "K", "{nan}", "{out}"], "non-finite"),
+        (["quantize", "--scheme", "KV", "--bits", "4", "--side", "K", "{vector}", "{out}"], "2-D"),
+        (["quantize", "--scheme", "KV", "--bits", "4", "--side", "K", "{text}", "{out}"], "not a readable"),
+        (["dequantize", "{keys}", "{out}"], "plain array"),
+        (["dequantize", "{truncated}", "{out}"], "not a readable"),
+        (
+            ["evaluate", "--keys", "{keys}", "--values", "{short}", "--queries", "{queries}", "--scheme", "KV", "--bits", "4"],
+            "values have 5",
+        ),
+        (
+            ["evaluate", "--keys", "{keys}", "--values", "{values}", "--queries", "{wide}", "--scheme", "KV", "--bits", "4"],
+            "head_dim 32",
+        ),
+    ],
+)
+def test_bad_input_one_clear_line(cache_files, tmp_path, argv_tail, message):
+    np.save(tmp_path / "nan.npy", np.full((4, 8), np.nan))
+    np.save(tmp_path / "vector.npy", np.ones(8))
+    np.save(tmp_path / "short.npy", np.ones((5, 64)))
+    np.save(tmp_path / "wide.npy", np.ones((5, 32)))
+    (tmp_path / "text.npy").write_text("not an array")
+    main(["quantize", "--scheme", "KV", "--bits", "2", "--side", "K", str(cache_files["keys"]), str(tmp_path / "ok.npz")])
+    (tmp_path / "truncated.npz").write_bytes((tmp_path / "ok.npz").read_bytes()[:500])
+    names = dict(
+        keys=cache_files["keys"], values=cache_files["values"], queries=cache_files["queries"],
+        out=tmp_path / "out.npz", missing=tmp_path / "missing.npy", nan=tmp_path / "nan.npy",
+        vector=tmp_path / "vector.npy", text=tmp_path / "text.npy", truncated=tmp_path / "truncated.npz",
+        short=tmp_path / "short.npy", wide=tmp_path / "wide.npy",
+    )
+    argv = [a.format(**{k: str(v) for k, v in names.items()}) for a in argv_tail]
+    proc = subprocess.run([sys.executable, "-m", "kvasym.cli", *argv], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert message in proc.stderr
+    assert not (tmp_path / "out.npz").exists()
