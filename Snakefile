@@ -1,10 +1,22 @@
-# kvasym: the study's DAG (stages are added under workflow/rules/).
+# kvasym: every number, figure and table of the study, regenerated from one DAG.
+# The maths lives in the kvasym library (src/kvasym); rules only name inputs, outputs, params,
+# logs and resources and call `kvasym stage ...`. See README.md and config/README.md.
 from snakemake.utils import min_version
 
 min_version("9.0")
 
 
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/quantize.smk"
+include: "workflow/rules/metrics.smk"
+
+
 rule all:
     default_target: True
-    run:
-        print("kvasym: the DAG stages come next (see the issues); the library is in src/kvasym.")
+    input:
+        data_manifests(),
+        metrics_tables(),

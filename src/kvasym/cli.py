@@ -164,6 +164,43 @@ def _scheme(args: argparse.Namespace):
     return scheme
 
 
+def _stage_slice(args: argparse.Namespace, kind: str) -> dict:
+    """The config slice of a stage: --slice JSON (from Snakemake), or --config plus the cell."""
+    from .study import load_study_file
+
+    if args.slice is not None:
+        try:
+            data = json.loads(args.slice)
+        except ValueError as exc:
+            raise KvasymError(f"--slice is not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise KvasymError("--slice must be a JSON object")
+        return data
+    if args.config is None or args.distribution is None or args.dim is None:
+        raise KvasymError("give --slice JSON, or --config FILE with --distribution and --dim")
+    study = load_study_file(args.config)
+    if kind == "data":
+        return study.data_slice(args.distribution, args.dim)
+    if args.scheme is None or args.budget is None:
+        raise KvasymError(f"the {kind} stage needs --scheme and --budget with --config")
+    if kind == "quantize":
+        return study.cell_slice(args.distribution, args.dim, args.scheme, args.budget)
+    return study.metrics_slice(args.distribution, args.dim, args.scheme, args.budget)
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    from . import pipeline
+
+    slice_ = _stage_slice(args, args.stage)
+    if args.stage == "data":
+        pipeline.run_data(slice_, args.out)
+    elif args.stage == "quantize":
+        pipeline.run_quantize(slice_, args.data, args.out)
+    else:
+        pipeline.run_metrics(slice_, args.data, args.packed, args.per_query, args.per_key)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvasym", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"kvasym {__version__}")
@@ -204,6 +241,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--causal", action="store_true", help="query i attends keys 0..i+(n_keys-n_queries)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_evaluate)
+
+    stage = sub.add_parser("stage", help="run one stage of the study's DAG (what the Snakemake rules call)")
+    stages = stage.add_subparsers(dest="stage", required=True)
+    for name, outputs in (
+        ("data", ("out",)),
+        ("quantize", ("data", "out")),
+        ("metrics", ("data", "packed", "per_query", "per_key")),
+    ):
+        q = stages.add_parser(name)
+        q.add_argument("--slice", help="the stage's config slice as JSON (Snakemake passes it)")
+        q.add_argument("--config", help="or: a config YAML, with the cell below")
+        q.add_argument("--distribution")
+        q.add_argument("--dim", type=int)
+        if name != "data":
+            q.add_argument("--scheme")
+            q.add_argument("--budget", type=int)
+        for out in outputs:
+            q.add_argument(f"--{out.replace('_', '-')}", dest=out, required=True)
+        q.set_defaults(func=cmd_stage)
     return parser
 
 

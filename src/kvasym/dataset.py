@@ -1,0 +1,133 @@
+"""The metrics dataset: explicit Parquet schemas, atomic writes, provenance, one-call reads.
+
+Every cell (distribution, dim, scheme, budget) writes one file per table under
+``results/metrics/<table>/<distribution>/d<dim>/<scheme>/n<budget>.parquet``; each file carries
+all its identifier columns, so the directory is one dataset that ``pandas.read_parquet`` (or
+:func:`read_table`) reads in one call. Files are written to a temporary name and renamed, so a
+killed job never leaves a truncated file under the final name, and they carry provenance in the
+Parquet schema metadata (package version, git commit when known, the config slice).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import __version__
+from .errors import KvasymError
+
+IDENTIFIERS = [
+    pa.field("distribution", pa.string()),
+    pa.field("kind", pa.string()),
+    pa.field("dim", pa.int32()),
+    pa.field("scheme", pa.string()),
+    pa.field("budget", pa.int8()),
+    pa.field("sharpness", pa.float64()),
+    pa.field("trial", pa.int32()),
+]
+SITES = ("k", "v", "t")
+ERROR_COORDINATES = ("snr_db", "eff_bits", "phi", "eps_dir")
+
+PER_QUERY_SCHEMA = pa.schema(
+    IDENTIFIERS
+    + [pa.field("query", pa.int32()), pa.field("kl", pa.float64()), pa.field("recall_top5", pa.float64())]
+    + [pa.field(f"{site}_{name}", pa.float64()) for site in SITES for name in ERROR_COORDINATES]
+    + [pa.field(f"{side}_bits_{part}", pa.float64()) for side in ("k", "v") for part in ("payload", "side")]
+)
+
+PER_KEY_SCHEMA = pa.schema(
+    IDENTIFIERS
+    + [pa.field("key", pa.int32()), pa.field("n_queries", pa.int32())]
+    + [
+        pa.field(name, pa.float64())
+        for name in (
+            "logit_err_mean",
+            "logit_err_var",
+            "weight_ref_mean",
+            "weight_hat_mean",
+            "log_weight_excess",
+            "k_eps_dir",
+            "k_snr_db",
+        )
+    ]
+)
+
+SCHEMAS = {"per_query": PER_QUERY_SCHEMA, "per_key": PER_KEY_SCHEMA}
+
+
+@lru_cache(maxsize=1)
+def git_commit() -> str:
+    """The commit of the checkout we run from ($KVASYM_GIT_COMMIT overrides), or 'unknown'."""
+    env = os.environ.get("KVASYM_GIT_COMMIT")
+    if env:
+        return env
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def provenance(config_slice: Mapping[str, Any]) -> dict[str, str]:
+    return {
+        "kvasym_version": __version__,
+        "git_commit": git_commit(),
+        "config_slice": json.dumps(config_slice, sort_keys=True),
+    }
+
+
+def to_table(columns: Mapping[str, np.ndarray], schema: pa.Schema) -> pa.Table:
+    """Columns -> a table with exactly ``schema`` (missing, extra or uncastable columns fail)."""
+    names = set(columns)
+    expected = set(schema.names)
+    if names != expected:
+        raise KvasymError(
+            f"table columns differ from the schema: missing {sorted(expected - names)}, extra {sorted(names - expected)}"
+        )
+    arrays = [pa.array(np.asarray(columns[f.name]), type=f.type, safe=True) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def write_parquet_atomic(table: pa.Table, path: str | os.PathLike, metadata: Mapping[str, str]) -> None:
+    """Write ``table`` with ``metadata`` to ``path`` via a temporary file and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = dict(table.schema.metadata or {})
+    meta.update({k.encode(): v.encode() for k, v in metadata.items()})
+    table = table.replace_schema_metadata(meta)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_table(root: str | os.PathLike, table: str = "per_query") -> "pd.DataFrame":  # noqa: F821
+    """Read a whole metrics table (every cell) from ``results/metrics`` in one call."""
+    if table not in SCHEMAS:
+        raise KvasymError(f"unknown table {table!r}; known: {', '.join(SCHEMAS)}")
+    folder = Path(root) / table
+    if not folder.is_dir():
+        raise KvasymError(f"{folder}: no such metrics table (run the pipeline first)")
+    return pq.read_table(folder, schema=SCHEMAS[table]).to_pandas()
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The provenance metadata of one Parquet file."""
+    raw = pq.read_schema(path).metadata or {}
+    return {k.decode(): v.decode() for k, v in raw.items() if not k.startswith(b"ARROW")}

@@ -1,0 +1,190 @@
+"""The DAG's stages as library functions (Snakemake rules call them through ``kvasym stage``).
+
+Each stage takes the narrow config slice it depends on (a canonical JSON dict from
+:class:`kvasym.study.Study`) and writes its outputs atomically:
+
+- :func:`run_data`: for one (distribution, dim), draws every trial and writes a JSON manifest
+  with a SHA-256 digest of each trial's K, V and Q and descriptive statistics. The arrays
+  themselves are not stored: regenerating them from their seeds inside each job is cheaper
+  than reading them back (measured in the closing note of the DAG issue), and the digest
+  guarantees every later job saw exactly the same data.
+- :func:`run_quantize`: for one cell, the packed K and V caches of every trial in one .npz
+  (the real compressed artifact) with their measured bits per coordinate.
+- :func:`run_metrics`: for one cell, per-query and per-key Parquet tables, computed from the
+  packed caches (dequantized from the file, never from memory) against regenerated data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .cache import PackedCache, load_packed, save_packed
+from .cachestats import cache_statistics
+from .dataset import PER_KEY_SCHEMA, PER_QUERY_SCHEMA, provenance, to_table, write_parquet_atomic
+from .distributions import DistributionSpec, TrialData, generate_trial
+from .errors import KvasymError
+from .evaluate import quantize_pair
+from .metrics import trial_metrics
+from .schemes import scheme_from_dict
+
+DATA_FORMAT = 1
+
+
+def _trial(slice_: Mapping[str, Any], trial: int) -> TrialData:
+    spec = DistributionSpec.from_dict(slice_["distribution"])
+    return generate_trial(
+        spec, slice_["dim"], slice_["seq_len"], slice_["n_queries"], slice_["base_seed"], trial
+    )
+
+
+def trial_digest(data: TrialData) -> str:
+    """SHA-256 of a trial's float64 K, V and Q bytes (little-endian, C order)."""
+    h = hashlib.sha256()
+    for array in (data.keys, data.values, data.queries):
+        h.update(np.ascontiguousarray(array, dtype="<f8").tobytes())
+    return h.hexdigest()
+
+
+def _write_json_atomic(data: Mapping[str, Any], path: str | os.PathLike) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run_data(slice_: Mapping[str, Any], out_json: str | os.PathLike) -> None:
+    """Manifest of the data of one (distribution, dim): digests and statistics per trial."""
+    trials = []
+    for trial in range(slice_["trials"]):
+        data = _trial(slice_, trial)
+        trials.append(
+            {
+                "trial": trial,
+                "sha256": trial_digest(data),
+                "keys": cache_statistics(data.keys),
+                "values": cache_statistics(data.values),
+            }
+        )
+    _write_json_atomic({"format": DATA_FORMAT, "slice": dict(slice_), "trials": trials}, out_json)
+
+
+def _load_manifest(path: str | os.PathLike, slice_: Mapping[str, Any]) -> dict[str, str]:
+    try:
+        manifest = json.loads(Path(path).read_text())
+        digests = {int(t["trial"]): t["sha256"] for t in manifest["trials"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise KvasymError(f"{path}: unreadable data manifest ({exc}); delete it and rerun") from None
+    data_keys = ("distribution", "dim", "seq_len", "n_queries", "trials", "base_seed")
+    if manifest.get("format") != DATA_FORMAT or any(manifest["slice"].get(k) != slice_[k] for k in data_keys):
+        raise KvasymError(f"{path}: data manifest was made for another config slice; rerun the data rule")
+    return {str(k): v for k, v in digests.items()}
+
+
+def _verified_trial(slice_: Mapping[str, Any], trial: int, digests: Mapping[str, str]) -> TrialData:
+    data = _trial(slice_, trial)
+    if trial_digest(data) != digests.get(str(trial)):
+        raise KvasymError(
+            f"regenerated data of {slice_['distribution']['name']} d={slice_['dim']} trial {trial} "
+            "differs from its manifest digest: the generator is not deterministic on this machine"
+        )
+    return data
+
+
+def _cache_name(trial: int, side: str) -> str:
+    return f"t{trial}.{side}"
+
+
+def run_quantize(slice_: Mapping[str, Any], data_json: str | os.PathLike, out_npz: str | os.PathLike) -> None:
+    """Packed K and V caches of every trial of one cell, in one .npz."""
+    digests = _load_manifest(data_json, slice_)
+    scheme_data = dict(slice_["scheme"])
+    scheme = scheme_from_dict(scheme_data.pop("name"), scheme_data)
+    caches: dict[str, PackedCache] = {}
+    for trial in range(slice_["trials"]):
+        data = _verified_trial(slice_, trial, digests)
+        identity = (slice_["distribution"]["name"], slice_["dim"], trial)
+        pair = quantize_pair(
+            data.keys,
+            data.values,
+            scheme,
+            slice_["budget"],
+            base_seed=slice_["base_seed"],
+            identity=identity,
+            norm_dtype=slice_["norm_dtype"],
+        )
+        for side, cache in pair.items():
+            caches[_cache_name(trial, side)] = cache
+    save_packed(out_npz, caches)
+
+
+def run_metrics(
+    slice_: Mapping[str, Any],
+    data_json: str | os.PathLike,
+    packed_npz: str | os.PathLike,
+    out_per_query: str | os.PathLike,
+    out_per_key: str | os.PathLike,
+) -> None:
+    """Per-query and per-key metrics of one cell, for every sharpness, as Parquet."""
+    digests = _load_manifest(data_json, slice_)
+    caches = load_packed(packed_npz)
+    ident = {
+        "distribution": slice_["distribution"]["name"],
+        "kind": slice_["distribution"]["kind"],
+        "dim": slice_["dim"],
+        "scheme": slice_["scheme"]["name"],
+        "budget": slice_["budget"],
+    }
+    query_parts: list[dict[str, np.ndarray]] = []
+    key_parts: list[dict[str, np.ndarray]] = []
+    for trial in range(slice_["trials"]):
+        data = _verified_trial(slice_, trial, digests)
+        try:
+            k_cache, v_cache = caches[_cache_name(trial, "K")], caches[_cache_name(trial, "V")]
+        except KeyError:
+            raise KvasymError(f"{packed_npz}: no packed caches for trial {trial}; rerun the quantize rule") from None
+        if k_cache.rows != data.keys.shape[0] or k_cache.dim != data.keys.shape[1]:
+            raise KvasymError(f"{packed_npz}: trial {trial} cache shape does not match the data; rerun quantize")
+        keys_hat = k_cache.dequantize("float64")
+        values_hat = v_cache.dequantize("float64")
+        bits = {
+            f"{side}_bits_{part}": cache.bits_per_coordinate()[part]
+            for side, cache in (("k", k_cache), ("v", v_cache))
+            for part in ("payload", "side")
+        }
+        for sharpness in slice_["sharpness"]:
+            per_query, per_key = trial_metrics(
+                data.queries, data.keys, data.values, keys_hat, values_hat, sharpness
+            )
+            rows = len(per_query["kl"])
+            common = {**ident, "sharpness": sharpness, "trial": trial}
+            query_parts.append(
+                {**{k: np.full(rows, v) for k, v in common.items()}, **per_query,
+                 **{k: np.full(rows, v) for k, v in bits.items()}}
+            )
+            if trial < slice_["per_key_trials"]:
+                n_keys = len(per_key["key"])
+                key_parts.append({**{k: np.full(n_keys, v) for k, v in common.items()}, **per_key})
+    meta = provenance(slice_)
+    write_parquet_atomic(to_table(_concat(query_parts, PER_QUERY_SCHEMA.names), PER_QUERY_SCHEMA), out_per_query, meta)
+    write_parquet_atomic(to_table(_concat(key_parts, PER_KEY_SCHEMA.names), PER_KEY_SCHEMA), out_per_key, meta)
+
+
+def _concat(parts: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, np.ndarray]:
+    if not parts:
+        return {name: np.zeros(0) for name in names}
+    return {name: np.concatenate([np.asarray(p[name]) for p in parts]) for name in names}

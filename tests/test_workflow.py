@@ -1,0 +1,153 @@
+"""End to end: the Snakemake DAG on the tiny config (determinism, caching, resume, bad config).
+
+Each run happens in a fresh copy of the workflow under a temporary folder, so these tests never
+touch the checkout's own results/.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from kvasym.dataset import read_metadata, read_table
+from kvasym.study import load_study_file
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+IDS = ["distribution", "dim", "scheme", "budget", "sharpness", "trial"]
+
+
+def make_workdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "Snakefile", path / "Snakefile")
+    shutil.copytree(ROOT / "workflow", path / "workflow")
+    shutil.copytree(ROOT / "config", path / "config")
+    # Snakemake looks for the default workflow profile in profiles/ beside the Snakefile
+    os.symlink("workflow/profiles", path / "profiles")
+    return path
+
+
+def snakemake(workdir: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "--configfile", "config/test.yaml", *args]
+    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout)
+
+
+def sorted_table(workdir: Path, table: str) -> pd.DataFrame:
+    df = read_table(workdir / "results/metrics", table)
+    keys = IDS + (["query"] if table == "per_query" else ["key"])
+    return df.sort_values(keys).reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def complete_run(tmp_path_factory) -> Path:
+    workdir = make_workdir(tmp_path_factory.mktemp("run_cores2"))
+    proc = snakemake(workdir, "--cores", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return workdir
+
+
+def test_dataset_is_complete_and_sane(complete_run):
+    study = load_study_file(complete_run / "config/test.yaml")
+    df = read_table(complete_run / "results/metrics", "per_query")
+    cells = list(study.cells())
+    assert len(df) == len(cells) * study.trials * study.n_queries * len(study.sharpness)
+    assert set(map(tuple, df[["distribution", "dim", "scheme", "budget"]].drop_duplicates().values)) == set(cells)
+    numeric = df.select_dtypes("number")
+    assert np.isfinite(numeric.to_numpy()).all()
+    assert (df["kl"] >= 0).all() and df["recall_top5"].between(0, 1).all()
+    # d = 64 is a power of two: the measured payload is exactly the budget on both sides
+    assert (df["k_bits_payload"] == df["budget"]).all() and (df["v_bits_payload"] == df["budget"]).all()
+    keys = read_table(complete_run / "results/metrics", "per_key")
+    assert len(keys) == len(cells) * study.per_key_trials * study.seq_len * len(study.sharpness)
+    # one file, provenance in its metadata
+    meta = read_metadata(complete_run / "results/metrics/per_query/gaussian/d64/KQV/n4.parquet")
+    assert meta["kvasym_version"] and '"scheme"' in meta["config_slice"]
+    # the compressed artifacts exist, one per cell
+    assert len(list((complete_run / "results/packed").rglob("*.npz"))) == len(cells)
+
+
+def test_second_run_does_nothing(complete_run):
+    proc = snakemake(complete_run, "--cores", "2", "--dry-run")
+    assert proc.returncode == 0
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_adding_a_budget_reruns_only_its_cells(complete_run):
+    study = load_study_file(complete_run / "config/test.yaml")
+    (complete_run / "more_budgets.yaml").write_text("budgets: [2, 3, 4]\n")
+    proc = snakemake(complete_run, "--cores", "2", "--dry-run", "--configfile", "config/test.yaml", "more_budgets.yaml")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout + proc.stderr
+    n_new = len(list(study.data_cells())) * len(study.schemes)
+    counts = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in {"data", "quantize", "metrics"} and parts[1].isdigit():
+            counts[parts[0]] = int(parts[1])
+    assert counts == {"quantize": n_new, "metrics": n_new}, out[-2000:]
+
+
+def test_same_results_with_one_core(complete_run, tmp_path):
+    workdir = make_workdir(tmp_path / "run_cores1")
+    proc = snakemake(workdir, "--cores", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for table in ("per_query", "per_key"):
+        pd.testing.assert_frame_equal(sorted_table(workdir, table), sorted_table(complete_run, table))
+    # the packed caches are bit-identical too
+    for path in (complete_run / "results/packed").rglob("*.npz"):
+        other = workdir / path.relative_to(complete_run)
+        with np.load(path) as a, np.load(other) as b:
+            assert a.files == b.files
+            for key in a.files:
+                np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_killed_run_resumes_to_the_same_results(complete_run, tmp_path):
+    workdir = make_workdir(tmp_path / "run_killed")
+    cmd = [sys.executable, "-m", "snakemake", "--configfile", "config/test.yaml", "--cores", "2"]
+    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    packed = workdir / "results/packed"
+    while time.time() < deadline and len(list(packed.rglob("*.npz"))) < 4:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # no chance to clean up: the harshest interruption
+    proc.wait()
+    # nothing half-written under a final name: temporary files are hidden and renamed at the end
+    for path in (workdir / "results").rglob("*"):
+        if path.is_file() and path.suffix in {".parquet", ".npz", ".json"}:
+            assert not path.name.startswith("."), path
+    unlock = snakemake(workdir, "--unlock")
+    assert unlock.returncode == 0, unlock.stderr
+    resumed = snakemake(workdir, "--cores", "2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for table in ("per_query", "per_key"):
+        pd.testing.assert_frame_equal(sorted_table(workdir, table), sorted_table(complete_run, table))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"budgetz": [4]}, "budgetz"),
+        ({"budgets": [9]}, "budgets"),
+        ({"distributions": [{"name": "lr", "kind": "low_rank", "params": {"rank": 100}}]}, "rank = 100 exceeds dim = 64"),
+    ],
+)
+def test_invalid_config_stops_before_any_job(tmp_path, change, message):
+    workdir = make_workdir(tmp_path / "bad")
+    config = yaml.safe_load((workdir / "config/test.yaml").read_text())
+    config.update(change)
+    (workdir / "config/test.yaml").write_text(yaml.safe_dump(config))
+    proc = snakemake(workdir, "--cores", "1")
+    assert proc.returncode != 0
+    assert message in proc.stdout + proc.stderr
+    assert not (workdir / "results").exists()

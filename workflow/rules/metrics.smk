@@ -1,0 +1,23 @@
+# Stage 3: per-query and per-key metrics of each cell, as one Parquet dataset per table.
+
+
+rule metrics:
+    input:
+        data=rules.data.output[0],
+        packed=rules.quantize.output[0],
+    output:
+        per_query=f"{RESULTS}/metrics/per_query/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.parquet",
+        per_key=f"{RESULTS}/metrics/per_key/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.parquet",
+    params:
+        slice=lambda w: canonical_json(metrics_slice(w)),
+    log:
+        f"{RESULTS}/logs/metrics/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/metrics/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.tsv"
+    threads: 1
+    resources:
+        **resources_of("metrics", metrics_slice),
+    shell:
+        "kvasym stage metrics --slice {params.slice:q} --data {input.data:q}"
+        " --packed {input.packed:q} --per-query {output.per_query:q}"
+        " --per-key {output.per_key:q} > {log:q} 2>&1"

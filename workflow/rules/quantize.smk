@@ -1,0 +1,20 @@
+# Stage 2: for each cell (distribution, dim, scheme, budget), the packed K and V caches.
+
+
+rule quantize:
+    input:
+        data=rules.data.output[0],
+    output:
+        f"{RESULTS}/packed/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.npz",
+    params:
+        slice=lambda w: canonical_json(cell_slice(w)),
+    log:
+        f"{RESULTS}/logs/quantize/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/quantize/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.tsv"
+    threads: 1
+    resources:
+        **resources_of("quantize", cell_slice),
+    shell:
+        "kvasym stage quantize --slice {params.slice:q} --data {input.data:q}"
+        " --out {output:q} > {log:q} 2>&1"
