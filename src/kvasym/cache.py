@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,7 +174,12 @@ def quantize(
     norm_dtype: str = "float32",
     meta: Mapping | None = None,
 ) -> PackedCache:
-    """Quantize the rows of ``x`` (float32 or float64; arithmetic in that dtype) into a cache."""
+    """Quantize the rows of ``x`` (float32 or float64; arithmetic in that dtype) into a cache.
+
+    The side spec is applied as given at ``budget``; checking that a scheme spends exactly the
+    budget is :meth:`Scheme.validate_budget`'s job (the theory stage quantizes with an
+    (n-1)-bit scalar side on purpose).
+    """
     x = check_matrix(x)
     rows, dim = x.shape
     scalar_bits = spec.scalar_bits(budget)
@@ -185,7 +189,11 @@ def quantize(
     norms = _store_norms(row_norms(x), norm_dtype, "norm")
     stored = norms.astype(np.float64)
     inv = np.divide(1.0, stored, out=np.zeros_like(stored), where=stored > 0)
-    unit = x * inv.astype(dtype)[:, None]
+    if dtype == np.float32 and np.any(inv > np.finfo(np.float32).max):
+        # 1/norm of a row below ~3e-39 overflows float32: normalize that batch in float64
+        unit = (x.astype(np.float64) * inv[:, None]).astype(dtype)
+    else:
+        unit = x * inv.astype(dtype)[:, None]
     if spec.rotate:
         unit = RandomizedHadamard(dim, rotation_seed).forward(unit)
     work = unit.shape[1]
@@ -226,6 +234,10 @@ def quantize(
 def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:
     try:
         header = json.loads(bytes(np.asarray(arrays["header"], dtype=np.uint8)).decode("utf-8"))
+        if not isinstance(header, dict):
+            raise TypeError(f"header is a {type(header).__name__}, not an object")
+        if header.get("norm_dtype") not in NORM_DTYPES:
+            raise ValueError(f"norm_dtype {header.get('norm_dtype')!r} is not one of {NORM_DTYPES}")
         if header.get("format") != PACKED_FORMAT:
             raise KvasymError(f"{where}: packed format {header.get('format')!r}, expected {PACKED_FORMAT}")
         cache = PackedCache(
@@ -301,8 +313,10 @@ def load_packed(path: str | os.PathLike) -> dict[str, PackedCache]:
         raise
     except FileNotFoundError:
         raise KvasymError(f"{path}: no such file") from None
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise KvasymError(f"{path} is not a readable .npz packed cache ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - any failure to parse the file is the file's fault
+        # zipfile and numpy raise many types for corrupt archives (BadZipFile, EOFError,
+        # NotImplementedError for a mangled compression field, zlib.error, ValueError...)
+        raise KvasymError(f"{path} is not a readable .npz packed cache ({type(exc).__name__}: {exc})") from None
     names = sorted({key.split("/", 1)[0] for key in arrays if "/" in key})
     if not names:
         raise KvasymError(f"{path} holds no packed cache")

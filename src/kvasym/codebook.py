@@ -210,7 +210,9 @@ def _cached_codebook(dim: int, bits: int) -> Codebook:
         try:
             data = json.loads(path.read_text())
             if data.get("format") == CODEBOOK_FORMAT and data["dim"] == dim and data["bits"] == bits:
-                return Codebook.from_json(data)
+                book = Codebook.from_json(data)
+                if book.centroids.size == 1 << bits and book.thresholds.size == (1 << bits) - 1:
+                    return book
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass  # a corrupt cache entry is recomputed and overwritten below
     book = compute_codebook(dim, bits)

@@ -18,47 +18,35 @@ neighbouring cell still gets the same code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
 #: Grid cells per smallest threshold gap (>= 2 keeps one threshold per cell).
 CELLS_PER_GAP = 2
 
 
-@dataclass(frozen=True)
+#: Largest lookup grid built; beyond it (pathological threshold spacings) the encoder falls
+#: back to np.searchsorted, which is exact and only slower.
+MAX_CELLS = 1 << 20
+
+
 class ThresholdEncoder:
-    """Encoder for one strictly increasing threshold vector (1..255 thresholds: uint8 codes)."""
+    """Encoder for one strictly increasing threshold vector (1..255 thresholds: uint8 codes).
 
-    thresholds: np.ndarray
-    _lo: float = field(init=False, repr=False)
-    _inv_width: float = field(init=False, repr=False)
-    _below: np.ndarray = field(init=False, repr=False)
-    _inside: np.ndarray = field(init=False, repr=False)
+    Tables are built per input dtype from the thresholds rounded to that dtype, because the
+    comparison happens in that dtype: a float32 threshold can round across a grid edge.
+    """
 
-    def __post_init__(self) -> None:
-        t = np.asarray(self.thresholds, dtype=np.float64)
-        if t.ndim != 1 or t.size == 0 or t.size > 255 or np.any(np.diff(t) <= 0):
+    def __init__(self, thresholds: np.ndarray) -> None:
+        t = np.asarray(thresholds, dtype=np.float64)
+        if t.ndim != 1 or t.size == 0 or t.size > 255 or not np.all(np.isfinite(t)) or not np.all(np.diff(t) > 0):
             raise ValueError("thresholds must be 1..255 strictly increasing values")
-        gap = float(np.min(np.diff(t))) if t.size > 1 else max(abs(float(t[0])), 1.0)
-        width = gap / CELLS_PER_GAP
-        # Shift the grid so that thresholds sit far from cell edges (see the module docstring).
-        frac = np.sort(np.mod((t - t[0]) / width, 1.0))
-        gaps = np.diff(np.concatenate((frac, [frac[0] + 1.0])))
-        widest = int(np.argmax(gaps))
-        edge_offset = frac[widest] + 0.5 * gaps[widest]  # in cells, relative to t[0]
-        lo = float(t[0]) + (edge_offset - np.ceil(edge_offset) - 1.0) * width
-        cells = int(np.ceil((t[-1] - lo) / width)) + 2
-        edges = lo + width * np.arange(cells + 1)
-        below = np.searchsorted(t, edges[:-1], side="right")
-        inside = np.full(cells, np.inf)
-        cell_of = np.floor((t - lo) / width).astype(np.intp)
-        inside[cell_of] = t
-        object.__setattr__(self, "thresholds", t)
-        object.__setattr__(self, "_lo", lo)
-        object.__setattr__(self, "_inv_width", 1.0 / width)
-        object.__setattr__(self, "_below", below.astype(np.uint8))
-        object.__setattr__(self, "_inside", inside)
+        self.thresholds = t
+        self._tables: dict[np.dtype, tuple | None] = {}
+
+    def _table(self, dtype: np.dtype) -> tuple | None:
+        if dtype not in self._tables:
+            self._tables[dtype] = _build_table(self.thresholds.astype(dtype).astype(np.float64))
+        return self._tables[dtype]
 
     def encode(self, x: np.ndarray) -> np.ndarray:
         """Codes in 0..len(thresholds) as uint8, same shape as ``x`` (finite values expected)."""
@@ -68,10 +56,41 @@ class ThresholdEncoder:
         scalar = x.dtype.type
         if self.thresholds.size == 1:
             return (x >= scalar(self.thresholds[0])).view(np.uint8)
-        grid = x - scalar(self._lo)
-        grid *= scalar(self._inv_width)
-        np.clip(grid, 0, self._below.size - 1, out=grid)
+        table = self._table(x.dtype)
+        if table is None:
+            return np.searchsorted(self.thresholds.astype(x.dtype), x, side="right").astype(np.uint8)
+        lo, inv_width, below, inside = table
+        with np.errstate(over="ignore", invalid="ignore"):
+            grid = x - scalar(lo)
+            grid *= scalar(inv_width)
+        np.clip(grid, 0, below.size - 1, out=grid)
         cell = grid.astype(np.int32)
-        code = self._below[cell]
-        code += x >= self._inside.astype(x.dtype)[cell]
+        code = below[cell]
+        code += x >= inside.astype(x.dtype)[cell]
         return code
+
+
+def _build_table(t: np.ndarray) -> tuple | None:
+    """(lo, 1/width, below, inside) for thresholds t (float64 values exact in the input dtype),
+    or None when they are not strictly increasing or the grid would exceed MAX_CELLS."""
+    if not np.all(np.diff(t) > 0):
+        return None
+    gap = float(np.min(np.diff(t)))
+    width = gap / CELLS_PER_GAP
+    # Shift the grid so that thresholds sit far from cell edges (see the module docstring).
+    frac = np.sort(np.mod((t - t[0]) / width, 1.0))
+    gaps = np.diff(np.concatenate((frac, [frac[0] + 1.0])))
+    widest = int(np.argmax(gaps))
+    edge_offset = frac[widest] + 0.5 * gaps[widest]  # in cells, relative to t[0]
+    lo = float(t[0]) + (edge_offset - np.ceil(edge_offset) - 1.0) * width
+    cells = int(np.ceil((t[-1] - lo) / width)) + 2
+    if cells > MAX_CELLS:
+        return None
+    edges = lo + width * np.arange(cells + 1)
+    below = np.searchsorted(t, edges[:-1], side="right").astype(np.uint8)
+    inside = np.full(cells, np.inf)
+    cell_of = np.floor((t - lo) / width).astype(np.intp)
+    if np.any(np.diff(cell_of) == 0):
+        return None  # rounding put two thresholds in one cell: stay exact, use searchsorted
+    inside[cell_of] = t
+    return lo, 1.0 / width, below, inside

@@ -28,9 +28,11 @@ SQRT_HALF_PI = float(np.sqrt(np.pi / 2))
 
 @lru_cache(maxsize=8)
 def gaussian_matrix(rows: int, cols: int, seed: int, dtype: str = "float32") -> np.ndarray:
-    """The seeded N(0, 1) sketch matrix (read-only; float64 draws rounded to ``dtype``)."""
+    """The seeded N(0, 1) sketch matrix (read-only). Entries are float64 draws rounded to
+    float32 whatever ``dtype`` is asked, so encoding and decoding in different precisions use
+    the very same matrix."""
     gen = np.random.Generator(np.random.PCG64(seed))
-    matrix = gen.standard_normal((rows, cols)).astype(dtype)
+    matrix = gen.standard_normal((rows, cols)).astype(np.float32).astype(dtype)
     matrix.setflags(write=False)
     return matrix
 
