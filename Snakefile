@@ -13,6 +13,8 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/quantize.smk"
 include: "workflow/rules/metrics.smk"
+include: "workflow/rules/stats.smk"
+include: "workflow/rules/claims.smk"
 
 
 rule all:
@@ -20,3 +22,5 @@ rule all:
     input:
         data_manifests(),
         metrics_tables(),
+        rules.gather.output,
+        rules.claims.output,

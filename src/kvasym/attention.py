@@ -114,7 +114,11 @@ def attend(
     ``queries`` (n_q, dim), ``keys`` (n_k, dim), ``values`` (n_k, value_dim); ``sharpness``
     multiplies the logits; ``mask`` optional bool (n_q, n_k), True = allowed.
     """
-    logits = attention_logits(queries, keys, sharpness)
+    return attend_logits(attention_logits(queries, keys, sharpness), values, mask)
+
+
+def attend_logits(logits: np.ndarray, values: np.ndarray, mask: np.ndarray | None = None) -> AttentionResult:
+    """Softmax attention from precomputed logits (n_q, n_k) over ``values`` (n_k, value_dim)."""
     v = _as_matrix(values, "values")
     if v.shape[0] != logits.shape[1]:
         raise KvasymError(f"values have {v.shape[0]} rows but keys have {logits.shape[1]}")

@@ -124,12 +124,21 @@ class PackedCache:
 
 
 def row_norms(x: np.ndarray) -> np.ndarray:
-    """Euclidean row norms in float64, without overflow for entries up to float64's range."""
-    x64 = np.asarray(x, dtype=np.float64)
-    peak = np.max(np.abs(x64), axis=1) if x64.shape[1] else np.zeros(x64.shape[0])
-    safe = np.where(peak > 0, peak, 1.0)
-    scaled = x64 / safe[:, None]
-    return peak * np.sqrt(np.einsum("ij,ij->i", scaled, scaled))
+    """Euclidean row norms in float64, without overflow for entries up to float64's range.
+
+    float32 rows are summed in float64 (their squares cannot overflow it); float64 rows whose
+    sum of squares leaves float64's safe range are rescaled by their max |entry| first.
+    """
+    squares = np.einsum("ij,ij->i", x, x, dtype=np.float64)
+    risky = ~((squares > 1e-290) & (squares < 1e290)) & (x.dtype != np.float32)
+    norms = np.sqrt(squares)
+    if np.any(risky):
+        rows = np.asarray(x[risky], dtype=np.float64)
+        peak = np.max(np.abs(rows), axis=1)
+        safe = np.where(peak > 0, peak, 1.0)
+        scaled = rows / safe[:, None]
+        norms[risky] = peak * np.sqrt(np.einsum("ij,ij->i", scaled, scaled))
+    return norms
 
 
 def _store_norms(norms: np.ndarray, norm_dtype: str, what: str) -> np.ndarray:

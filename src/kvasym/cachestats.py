@@ -35,12 +35,11 @@ def cache_statistics(x: np.ndarray) -> dict[str, float]:
     m2 = np.mean(centred**2)
     m4 = np.mean(centred**4)
     kurtosis = float(m4 / m2**2 - 3.0) if m2 > 0 else 0.0
-    if rows >= 2 and total > 0:
-        # eigenvalues of the covariance via singular values of the centred data
-        sv = np.linalg.svd(centred, compute_uv=False) ** 2
-        pr = float(np.sum(sv) ** 2 / np.sum(sv**2)) if np.sum(sv**2) > 0 else 0.0
-    else:
-        pr = 0.0
+    # (sum lambda)^2 / sum lambda^2 = trace(C)^2 / ||C||_F^2: no eigendecomposition needed;
+    # the smaller of the two Gram matrices has the same non-zero spectrum.
+    gram = centred.T @ centred if dim <= rows else centred @ centred.T
+    frob2 = float(np.sum(gram * gram))
+    pr = float(np.trace(gram) ** 2 / frob2) if rows >= 2 and frob2 > 0 else 0.0
     top = float(np.sum(np.sort(energy)[::-1][:TOP_CHANNELS]) / total) if total > 0 else 0.0
     mean_energy = float(rows * np.sum(z.mean(axis=0) ** 2) / total) if total > 0 else 0.0
     return {

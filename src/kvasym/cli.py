@@ -181,6 +181,10 @@ def _stage_slice(args: argparse.Namespace, kind: str) -> dict:
     study = load_study_file(args.config)
     if kind == "data":
         return study.data_slice(args.distribution, args.dim)
+    if kind == "stats":
+        return study.stats_slice(args.distribution, args.dim)
+    if kind == "theory":
+        return study.theory_slice(args.distribution, args.dim)
     if args.scheme is None or args.budget is None:
         raise KvasymError(f"the {kind} stage needs --scheme and --budget with --config")
     if kind == "quantize":
@@ -191,7 +195,28 @@ def _stage_slice(args: argparse.Namespace, kind: str) -> dict:
 def cmd_stage(args: argparse.Namespace) -> int:
     from . import pipeline
 
+    if args.stage == "claims":
+        from .claims import run_claims
+
+        tables = {"comparisons": args.comparisons, "summary": args.summary, "trials": args.trials, "theory": args.theory}
+        results = run_claims(args.claims, tables, args.json, args.md, args.tex, base_seed=args.base_seed, n_boot=args.n_boot)
+        for r in results:
+            print(f"{r['id']:>5}  {r['verdict']:<14} {r.get('reason', '')}")
+        return 0
+    if args.stage == "gather":
+        from .analysis import gather
+
+        gather(args.inputs, args.out, args.holm or ())
+        return 0
     slice_ = _stage_slice(args, args.stage)
+    if args.stage in ("stats", "theory"):
+        from . import analysis
+
+        if args.stage == "stats":
+            analysis.run_stats(slice_, args.per_query, args.comparisons, args.summary, args.trials)
+        else:
+            analysis.run_theory(slice_, args.data, args.per_key, args.out)
+        return 0
     if args.stage == "data":
         pipeline.run_data(slice_, args.out)
     elif args.stage == "quantize":
@@ -244,22 +269,41 @@ def build_parser() -> argparse.ArgumentParser:
 
     stage = sub.add_parser("stage", help="run one stage of the study's DAG (what the Snakemake rules call)")
     stages = stage.add_subparsers(dest="stage", required=True)
+    many = {"per_query_list", "per_key_list"}
     for name, outputs in (
         ("data", ("out",)),
         ("quantize", ("data", "out")),
         ("metrics", ("data", "packed", "per_query", "per_key")),
+        ("stats", ("per_query_list", "comparisons", "summary", "trials")),
+        ("theory", ("data", "per_key_list", "out")),
     ):
         q = stages.add_parser(name)
         q.add_argument("--slice", help="the stage's config slice as JSON (Snakemake passes it)")
         q.add_argument("--config", help="or: a config YAML, with the cell below")
         q.add_argument("--distribution")
         q.add_argument("--dim", type=int)
-        if name != "data":
+        if name in ("quantize", "metrics"):
             q.add_argument("--scheme")
             q.add_argument("--budget", type=int)
         for out in outputs:
-            q.add_argument(f"--{out.replace('_', '-')}", dest=out, required=True)
+            dest = out.removesuffix("_list")
+            flag = f"--{dest.replace('_', '-')}"
+            if out in many:
+                q.add_argument(flag, dest=dest, required=True, nargs="+")
+            else:
+                q.add_argument(flag, dest=dest, required=True)
         q.set_defaults(func=cmd_stage)
+    q = stages.add_parser("gather", help="concatenate tables, with Holm-adjusted log10 p columns")
+    q.add_argument("--inputs", nargs="+", required=True)
+    q.add_argument("--out", required=True)
+    q.add_argument("--holm", nargs="*", help="log10-p columns to Holm-adjust per metric")
+    q.set_defaults(func=cmd_stage)
+    q = stages.add_parser("claims", help="evaluate the claims ledger from the gathered tables")
+    for name in ("claims", "comparisons", "summary", "trials", "theory", "json", "md", "tex"):
+        q.add_argument(f"--{name}", required=True)
+    q.add_argument("--base-seed", type=int, default=0)
+    q.add_argument("--n-boot", type=int, default=1000)
+    q.set_defaults(func=cmd_stage)
     return parser
 
 

@@ -117,6 +117,11 @@ def write_parquet_atomic(table: pa.Table, path: str | os.PathLike, metadata: Map
         raise
 
 
+def write_frame_atomic(frame: "pd.DataFrame", path: str | os.PathLike, metadata: Mapping[str, str]) -> None:  # noqa: F821
+    """Write a DataFrame (schema inferred, index dropped) atomically with ``metadata``."""
+    write_parquet_atomic(pa.Table.from_pandas(frame, preserve_index=False), path, metadata)
+
+
 def read_table(root: str | os.PathLike, table: str = "per_query") -> "pd.DataFrame":  # noqa: F821
     """Read a whole metrics table (every cell) from ``results/metrics`` in one call."""
     if table not in SCHEMAS:

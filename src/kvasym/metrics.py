@@ -39,10 +39,11 @@ Conventions (documented constants, chosen so results hold no NaN and no infinity
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
-from kvasym.attention import attend, attention_logits, check_mask
+from kvasym.attention import attend_logits, attention_logits, check_mask
 from kvasym.errors import KvasymError
 
 SNR_CAP_LOG2 = 104.0
@@ -73,10 +74,20 @@ def _pair(x: np.ndarray, x_hat: np.ndarray, what: str = "x") -> tuple[np.ndarray
 
 
 def _norms(a: np.ndarray) -> np.ndarray:
-    """Euclidean norms over the last axis, scaled by the max |entry| so squares cannot overflow."""
-    scale = np.max(np.abs(a), axis=-1)
-    safe = np.where(scale > 0, scale, 1.0)
-    return scale * np.sqrt(np.sum((a / safe[..., None]) ** 2, axis=-1))
+    """Euclidean norms over the last axis, without overflow or underflow of the squares.
+
+    Plain sums of squares where they are safely inside float64's range; rows outside it (huge
+    heavy-tailed entries, or tiny ones whose squares underflow) are rescaled by their max |entry|.
+    """
+    squares = np.asarray(np.einsum("...i,...i->...", a, a))
+    risky = ~((squares > 1e-290) & (squares < 1e290))
+    norms = np.array(np.sqrt(squares))
+    if np.any(risky):
+        rows = a[risky]
+        scale = np.max(np.abs(rows), axis=-1)
+        safe = np.where(scale > 0, scale, 1.0)
+        norms[risky] = scale * np.sqrt(np.sum((rows / safe[..., None]) ** 2, axis=-1))
+    return norms
 
 
 def _log2_snr(signal_norm: np.ndarray, error_norm: np.ndarray) -> np.ndarray:
@@ -167,9 +178,17 @@ def kl_divergence(
     return np.where((kl < 0) & (kl >= -KL_ROUNDING_TOL), 0.0, kl)
 
 
-def _topk_indices(p: np.ndarray, k: int) -> np.ndarray:
-    # Stable sort of -p: descending by value, equal values keep ascending index order.
-    return np.argsort(-p, axis=-1, kind="stable")[..., :k]
+def _topk_members(p: np.ndarray, k_row: np.ndarray) -> np.ndarray:
+    """Boolean (n_rows, n_keys): the k_row[i] largest entries of each row, ties to lower index.
+
+    The same set as the first k of a stable descending sort, in O(n) per row plus one value
+    sort: every entry above the k-th largest value, then tied entries in index order.
+    """
+    kth = -np.sort(-p, axis=-1)[np.arange(p.shape[0]), k_row - 1][:, None]
+    above = p > kth
+    ties = p == kth
+    need = k_row[:, None] - above.sum(axis=-1, keepdims=True)
+    return above | (ties & (np.cumsum(ties, axis=-1) <= need))
 
 
 def topk_recall(
@@ -195,12 +214,8 @@ def topk_recall(
         a = np.where(m, a, -np.inf)
         b = np.where(m, b, -np.inf)
         k_row = np.minimum(int(k), m.sum(axis=1))
-    kk = int(k_row.max())
-    top_a = _topk_indices(a, kk)
-    top_b = _topk_indices(b, kk)
-    in_row = np.arange(kk)[None, :] < k_row[:, None]  # positions that belong to each row's top-k
-    same = (top_a[:, :, None] == top_b[:, None, :]) & in_row[:, :, None] & in_row[:, None, :]
-    return same.sum(axis=(1, 2)) / k_row
+    same = _topk_members(a, k_row) & _topk_members(b, k_row)
+    return same.sum(axis=-1) / k_row
 
 
 def trial_metrics(
@@ -232,53 +247,76 @@ def trial_metrics(
     ``log p_hat - log p ~= e - E_p[e]``; Jensen predicts larger weight for keys with larger
     logit-error variance.
     """
+    ((per_query, per_key),) = trial_metrics_multi(
+        queries, keys, values, keys_hat, values_hat, [sharpness], mask
+    )
+    return per_query, per_key
+
+
+def trial_metrics_multi(
+    queries: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    keys_hat: np.ndarray,
+    values_hat: np.ndarray,
+    sharpness: Sequence[float],
+    mask: np.ndarray | None = None,
+) -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """:func:`trial_metrics` at several sharpness values, one ``(per_query, per_key)`` each.
+
+    The cache errors (K and V aggregates, per-key coordinates) and the raw scores
+    ``Q K^T / sqrt(d)`` do not depend on the sharpness: they are computed once.
+    """
     k, k_hat = _pair(keys, keys_hat, "keys")
     v, v_hat = _pair(values, values_hat, "values")
     q = np.asarray(queries, dtype=np.float64)
-    ref = attend(q, k, v, sharpness, mask)
-    hat = attend(q, k_hat, v_hat, sharpness, mask)
-    n_q, n_k = ref.weights.shape
-    allowed = np.ones((n_q, n_k), dtype=bool) if mask is None else np.asarray(mask)
-
-    per_query: dict[str, np.ndarray] = {
-        "query": np.arange(n_q, dtype=np.int64),
-        "kl": kl_divergence(ref.log_weights, hat.log_weights, allowed),
-        "recall_top5": topk_recall(ref.weights, hat.weights, ROUTING_TOPK, mask),
-    }
-    site_t = error_coordinates(ref.output, hat.output)
-    for site, coords in (
-        ("k", matrix_coordinates(k, k_hat)),
-        ("v", matrix_coordinates(v, v_hat)),
-    ):
-        for name in ("snr_db", "eff_bits", "phi", "eps_dir"):
-            per_query[f"{site}_{name}"] = np.full(n_q, coords[name])
-    for name in ("snr_db", "eff_bits", "phi", "eps_dir"):
-        per_query[f"t_{name}"] = site_t[name]
-
-    # Logit errors recomputed from the logits (not log weights) so they include sharpness
-    # and are free of the per-query normalisation shift.
-    err = attention_logits(q, k_hat, sharpness) - attention_logits(q, k, sharpness)
+    scores = attention_logits(q, k, 1.0)
+    scores_hat = attention_logits(q, k_hat, 1.0)
+    n_q, n_k = scores.shape
+    allowed = np.ones((n_q, n_k), dtype=bool) if mask is None else check_mask(mask, n_q, n_k)
     count = allowed.sum(axis=0)
+    cache_columns = {}
+    for site, coords in (("k", matrix_coordinates(k, k_hat)), ("v", matrix_coordinates(v, v_hat))):
+        for name in ("snr_db", "eff_bits", "phi", "eps_dir"):
+            cache_columns[f"{site}_{name}"] = np.full(n_q, coords[name])
+    key_coords = error_coordinates(k, k_hat)
 
     def column_mean(a: np.ndarray, where: np.ndarray, n: np.ndarray) -> np.ndarray:
         total = np.sum(np.where(where, a, 0.0), axis=0)
         return np.divide(total, n, out=np.full(n_k, np.nan), where=n > 0)
 
-    err_mean = column_mean(err, allowed, count)
-    err_var = column_mean((err - err_mean) ** 2, allowed, count)
-    with np.errstate(invalid="ignore"):
-        log_ratio = hat.log_weights - ref.log_weights
-    finite = allowed & np.isfinite(log_ratio)
-    key_coords = error_coordinates(k, k_hat)
-    per_key: dict[str, np.ndarray] = {
-        "key": np.arange(n_k, dtype=np.int64),
-        "n_queries": count.astype(np.int64),
-        "logit_err_mean": err_mean,
-        "logit_err_var": err_var,
-        "weight_ref_mean": column_mean(ref.weights, allowed, count),
-        "weight_hat_mean": column_mean(hat.weights, allowed, count),
-        "log_weight_excess": column_mean(log_ratio, finite, finite.sum(axis=0)),
-        "k_eps_dir": key_coords["eps_dir"],
-        "k_snr_db": key_coords["snr_db"],
-    }
-    return per_query, per_key
+    out = []
+    for s in sharpness:
+        s = float(s)
+        ref = attend_logits(s * scores, v, mask)
+        hat = attend_logits(s * scores_hat, v_hat, mask)
+        per_query: dict[str, np.ndarray] = {
+            "query": np.arange(n_q, dtype=np.int64),
+            "kl": kl_divergence(ref.log_weights, hat.log_weights, allowed),
+            "recall_top5": topk_recall(ref.weights, hat.weights, ROUTING_TOPK, mask),
+            **cache_columns,
+        }
+        site_t = error_coordinates(ref.output, hat.output)
+        for name in ("snr_db", "eff_bits", "phi", "eps_dir"):
+            per_query[f"t_{name}"] = site_t[name]
+        # Logit errors from the logits (not log weights): they include the sharpness and are
+        # free of the per-query normalisation shift.
+        err = s * (scores_hat - scores)
+        err_mean = column_mean(err, allowed, count)
+        err_var = column_mean((err - err_mean) ** 2, allowed, count)
+        with np.errstate(invalid="ignore"):
+            log_ratio = hat.log_weights - ref.log_weights
+        finite = allowed & np.isfinite(log_ratio)
+        per_key: dict[str, np.ndarray] = {
+            "key": np.arange(n_k, dtype=np.int64),
+            "n_queries": count.astype(np.int64),
+            "logit_err_mean": err_mean,
+            "logit_err_var": err_var,
+            "weight_ref_mean": column_mean(ref.weights, allowed, count),
+            "weight_hat_mean": column_mean(hat.weights, allowed, count),
+            "log_weight_excess": column_mean(log_ratio, finite, finite.sum(axis=0)),
+            "k_eps_dir": key_coords["eps_dir"],
+            "k_snr_db": key_coords["snr_db"],
+        }
+        out.append((per_query, per_key))
+    return out

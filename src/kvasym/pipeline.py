@@ -32,7 +32,7 @@ from .dataset import PER_KEY_SCHEMA, PER_QUERY_SCHEMA, provenance, to_table, wri
 from .distributions import DistributionSpec, TrialData, generate_trial
 from .errors import KvasymError
 from .evaluate import quantize_pair
-from .metrics import trial_metrics
+from .metrics import trial_metrics_multi
 from .schemes import scheme_from_dict
 
 DATA_FORMAT = 1
@@ -54,13 +54,17 @@ def trial_digest(data: TrialData) -> str:
 
 
 def _write_json_atomic(data: Mapping[str, Any], path: str | os.PathLike) -> None:
+    write_text_atomic(json.dumps(data, indent=1, sort_keys=True) + "\n", path)
+
+
+def write_text_atomic(text: str, path: str | os.PathLike) -> None:
+    """Write a text file via a temporary name and a rename (no half-written file, ever)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-            fh.write("\n")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -83,7 +87,7 @@ def run_data(slice_: Mapping[str, Any], out_json: str | os.PathLike) -> None:
     _write_json_atomic({"format": DATA_FORMAT, "slice": dict(slice_), "trials": trials}, out_json)
 
 
-def _load_manifest(path: str | os.PathLike, slice_: Mapping[str, Any]) -> dict[str, str]:
+def load_manifest(path: str | os.PathLike, slice_: Mapping[str, Any]) -> dict[str, str]:
     try:
         manifest = json.loads(Path(path).read_text())
         digests = {int(t["trial"]): t["sha256"] for t in manifest["trials"]}
@@ -95,7 +99,7 @@ def _load_manifest(path: str | os.PathLike, slice_: Mapping[str, Any]) -> dict[s
     return {str(k): v for k, v in digests.items()}
 
 
-def _verified_trial(slice_: Mapping[str, Any], trial: int, digests: Mapping[str, str]) -> TrialData:
+def verified_trial(slice_: Mapping[str, Any], trial: int, digests: Mapping[str, str]) -> TrialData:
     data = _trial(slice_, trial)
     if trial_digest(data) != digests.get(str(trial)):
         raise KvasymError(
@@ -111,12 +115,12 @@ def _cache_name(trial: int, side: str) -> str:
 
 def run_quantize(slice_: Mapping[str, Any], data_json: str | os.PathLike, out_npz: str | os.PathLike) -> None:
     """Packed K and V caches of every trial of one cell, in one .npz."""
-    digests = _load_manifest(data_json, slice_)
+    digests = load_manifest(data_json, slice_)
     scheme_data = dict(slice_["scheme"])
     scheme = scheme_from_dict(scheme_data.pop("name"), scheme_data)
     caches: dict[str, PackedCache] = {}
     for trial in range(slice_["trials"]):
-        data = _verified_trial(slice_, trial, digests)
+        data = verified_trial(slice_, trial, digests)
         identity = (slice_["distribution"]["name"], slice_["dim"], trial)
         pair = quantize_pair(
             data.keys,
@@ -140,7 +144,7 @@ def run_metrics(
     out_per_key: str | os.PathLike,
 ) -> None:
     """Per-query and per-key metrics of one cell, for every sharpness, as Parquet."""
-    digests = _load_manifest(data_json, slice_)
+    digests = load_manifest(data_json, slice_)
     caches = load_packed(packed_npz)
     ident = {
         "distribution": slice_["distribution"]["name"],
@@ -152,7 +156,7 @@ def run_metrics(
     query_parts: list[dict[str, np.ndarray]] = []
     key_parts: list[dict[str, np.ndarray]] = []
     for trial in range(slice_["trials"]):
-        data = _verified_trial(slice_, trial, digests)
+        data = verified_trial(slice_, trial, digests)
         try:
             k_cache, v_cache = caches[_cache_name(trial, "K")], caches[_cache_name(trial, "V")]
         except KeyError:
@@ -166,10 +170,10 @@ def run_metrics(
             for side, cache in (("k", k_cache), ("v", v_cache))
             for part in ("payload", "side")
         }
-        for sharpness in slice_["sharpness"]:
-            per_query, per_key = trial_metrics(
-                data.queries, data.keys, data.values, keys_hat, values_hat, sharpness
-            )
+        results = trial_metrics_multi(
+            data.queries, data.keys, data.values, keys_hat, values_hat, slice_["sharpness"]
+        )
+        for sharpness, (per_query, per_key) in zip(slice_["sharpness"], results):
             rows = len(per_query["kl"])
             common = {**ident, "sharpness": sharpness, "trial": trial}
             query_parts.append(

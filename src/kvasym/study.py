@@ -35,6 +35,9 @@ TOP_KEYS = {
     "per_key_trials",
     "sharpness",
     "distributions",
+    "stats",
+    "theory",
+    "claims_file",
 }
 DISTRIBUTION_KEYS = {"name", "kind", "params", "dims"}
 #: Defaults of optional keys; workflow/schemas/config.schema.yaml states the same (tested).
@@ -47,6 +50,9 @@ DEFAULTS: dict[str, Any] = {
     "trials": 8,
     "per_key_trials": 2,
     "sharpness": [1.0],
+    "stats": {"n_boot": 1000, "n_permutations": 200, "energy_max_n": 512},
+    "theory": {"trials": 8, "n_probes": 256, "n_boot": 1000},
+    "claims_file": "config/claims.yaml",
 }
 
 
@@ -64,6 +70,9 @@ class Study:
     sharpness: tuple[float, ...]
     distributions: dict[str, DistributionSpec]
     distribution_dims: dict[str, tuple[int, ...]]
+    stats: dict[str, int]
+    theory: dict[str, int]
+    claims_file: str
 
     def data_cells(self) -> Iterator[tuple[str, int]]:
         """(distribution, dim) pairs, in config order."""
@@ -103,6 +112,22 @@ class Study:
             budget=int(budget),
             norm_dtype=self.norm_dtype,
         )
+        return out
+
+    def stats_slice(self, distribution: str, dim: int) -> dict[str, Any]:
+        """What the stats job of (distribution, dim) depends on (beyond its metrics inputs)."""
+        return {
+            "distribution": distribution,
+            "dim": int(dim),
+            "schemes": list(self.schemes),
+            "base_seed": self.base_seed,
+            "stats": dict(self.stats),
+        }
+
+    def theory_slice(self, distribution: str, dim: int) -> dict[str, Any]:
+        """What the theory job of (distribution, dim) depends on (data slice, budgets, settings)."""
+        out = self.data_slice(distribution, dim)
+        out.update(budgets=list(self.budgets), theory=dict(self.theory))
         return out
 
     def metrics_slice(self, distribution: str, dim: int, scheme: str, budget: int) -> dict[str, Any]:
@@ -217,6 +242,18 @@ def load_study(config: Mapping[str, Any]) -> Study:
         distribution_dims[spec.name] = own_dims
 
     per_key_trials = _int(config.get("per_key_trials", DEFAULTS["per_key_trials"]), "per_key_trials", 0, trials)
+    settings = {}
+    for section in ("stats", "theory"):
+        given = config.get(section, {})
+        if not isinstance(given, Mapping):
+            raise KvasymError(f"config key {section} must be a mapping")
+        extra = set(given) - set(DEFAULTS[section])
+        if extra:
+            raise KvasymError(f"unknown config key(s) {', '.join(f'{section}.{k}' for k in sorted(extra))}")
+        settings[section] = {
+            key: _int(given.get(key, default), f"{section}.{key}", 1, 10**7)
+            for key, default in DEFAULTS[section].items()
+        }
     return Study(
         base_seed=_int(config.get("base_seed", DEFAULTS["base_seed"]), "base_seed", 0, 2**63 - 1),
         norm_dtype=norm_dtype,
@@ -230,7 +267,16 @@ def load_study(config: Mapping[str, Any]) -> Study:
         sharpness=tuple(float(s) for s in sharpness),
         distributions=distributions,
         distribution_dims=distribution_dims,
+        stats=settings["stats"],
+        theory=settings["theory"],
+        claims_file=_claims_file(config.get("claims_file", DEFAULTS["claims_file"])),
     )
+
+
+def _claims_file(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise KvasymError(f"config key claims_file must be a path to a YAML file, got {value!r}")
+    return value
 
 
 def job_resources(stage: str, slice_: Mapping[str, Any]) -> dict[str, int]:

@@ -8,6 +8,12 @@ from kvasym.errors import KvasymError
 from kvasym.study import canonical_json, job_resources, load_study
 
 
+# Every rule runs with threads: 1 and parallelism comes from jobs. BLAS must not spawn its own
+# threads: on a busy 2-core machine OpenBLAS's spinning threads made a 64x1024 matmul 14x
+# slower, and a fixed thread count keeps floating-point results independent of --cores.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+    os.environ[_var] = "1"
+
 validate(config, schema="../schemas/config.schema.yaml")
 try:
     STUDY = load_study(config)
@@ -35,6 +41,14 @@ def metrics_tables():
         for dist, dim, scheme, budget in STUDY.cells()
         for table in ("per_query", "per_key")
     ]
+
+
+def stats_tables(kind):
+    return [f"{RESULTS}/stats/{kind}/{dist}/d{dim}.parquet" for dist, dim in STUDY.data_cells()]
+
+
+def theory_tables():
+    return [f"{RESULTS}/theory/{dist}/d{dim}.parquet" for dist, dim in STUDY.data_cells()]
 
 
 def data_slice(w):

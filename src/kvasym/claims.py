@@ -1,0 +1,413 @@
+"""The claims ledger: each claim of the paper evaluated from the pipeline's own tables.
+
+A claims file (``config/claims.yaml``) declares, per claim: ``id``, the paper's ``statement``,
+the paper's number (``paper_value``, optional), which registered ``statistic`` decides it,
+``where`` to evaluate it, and the rule ``holds_if``. Verdicts are computed, never defaulted:
+
+- ``{op: ">=" | ">" | "<=" | "<", value: x}`` on an estimate with a confidence interval:
+  *holds* if the whole interval satisfies the inequality, *does not hold* if the whole
+  interval violates it, *inconclusive* if the interval straddles ``x``. Without an interval the
+  estimate alone decides (holds / does not hold).
+- ``{op: "all"}`` on a count of cells: *holds* if scheme ``a`` is significantly better in every
+  cell, *does not hold* if ``b`` is significantly better in at least one, *inconclusive*
+  otherwise.
+- ``max_log10_p: y`` (optional, with an inequality): the claim also needs ``log10 p <= y``.
+
+A claim whose cells are not in the grid is *not evaluated* (with the reason); a claim naming a
+statistic that does not exist, or a malformed rule, is an error: the stage fails.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import stats
+from .errors import KvasymError
+
+HOLDS, FAILS, INCONCLUSIVE, NOT_EVALUATED = "holds", "does not hold", "inconclusive", "not evaluated"
+
+
+class MissingCell(Exception):
+    """The claim's cells are not part of this grid (a smaller config)."""
+
+
+@dataclass
+class Measurement:
+    estimate: float
+    low: float = math.nan
+    high: float = math.nan
+    log10_p: float = math.nan
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Tables:
+    comparisons: pd.DataFrame
+    summary: pd.DataFrame
+    trials: pd.DataFrame
+    theory: pd.DataFrame
+    base_seed: int = 0
+    n_boot: int = 1000
+
+
+def _select(frame: pd.DataFrame, what: str, **conditions: Any) -> pd.DataFrame:
+    mask = np.ones(len(frame), dtype=bool)
+    for key, value in conditions.items():
+        if value is None:
+            continue
+        column = frame[key]
+        mask &= np.isclose(column, value) if isinstance(value, float) else (column == value).to_numpy()
+    out = frame[mask]
+    if out.empty:
+        shown = ", ".join(f"{k}={v}" for k, v in conditions.items() if v is not None)
+        raise MissingCell(f"no {what} rows for {shown}")
+    return out
+
+
+def _pair_row(t: Tables, where: Mapping[str, Any], metric: str) -> tuple[pd.Series, bool]:
+    """The comparison row of (a, b) (or of (b, a), flagged as swapped)."""
+    common = dict(distribution=where["distribution"], dim=where["dim"], budget=where["budget"],
+                  sharpness=float(where["sharpness"]), metric=metric)
+    try:
+        return _select(t.comparisons, "comparison", scheme_a=where["a"], scheme_b=where["b"], **common).iloc[0], False
+    except MissingCell:
+        return _select(t.comparisons, "comparison", scheme_a=where["b"], scheme_b=where["a"], **common).iloc[0], True
+
+
+def stat_kl_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """Ratio of KL (``which``: mean or p99) of scheme ``a`` over scheme ``b`` in one cell, with
+    the paired cluster-bootstrap CI; p from the per-query Mann-Whitney test (as the paper),
+    with the per-trial Wilcoxon p and the rank-biserial correlation in the details."""
+    row, swapped = _pair_row(t, where, "kl")
+    which = where.get("which", "mean")
+    est, low, high = row[f"ratio_{which}"], row[f"ratio_{which}_low"], row[f"ratio_{which}_high"]
+    sign = -1.0 if swapped else 1.0
+    if swapped:
+        est, low, high = 1 / est, 1 / high, 1 / low
+    return Measurement(
+        float(est), float(low), float(high), float(row["q_log10_p"]),
+        {
+            "rank_biserial": sign * float(row["q_rank_biserial"]),
+            "per_trial_wilcoxon_log10_p": float(row["t_wilcoxon_log10_p"]),
+            "per_trial_rank_biserial": sign * float(row["t_wilcoxon_rank_biserial"]),
+            "n_queries": int(row["n_a"]),
+            "n_trials": int(row["n_trials"]),
+        },
+    )
+
+
+def _cell_outcomes(t: Tables, where: Mapping[str, Any], metric: str) -> pd.DataFrame:
+    """Per cell: is ``a`` significantly better / worse than ``b`` on ``metric`` (per trial,
+    Holm-adjusted paired Wilcoxon at ``alpha``), for the cells matching ``where``'s filters."""
+    rows = t.comparisons[t.comparisons["metric"] == metric]
+    forward = rows[(rows["scheme_a"] == where["a"]) & (rows["scheme_b"] == where["b"])]
+    backward = rows[(rows["scheme_a"] == where["b"]) & (rows["scheme_b"] == where["a"])]
+    diff = np.concatenate([(forward["mean_a"] - forward["mean_b"]).to_numpy(), (backward["mean_b"] - backward["mean_a"]).to_numpy()])
+    cells = pd.concat([forward, backward], ignore_index=True)
+    cells["a_minus_b"] = diff
+    for key in ("budget", "dim", "distribution"):
+        allowed = where.get(f"{key}s")
+        if allowed is not None:
+            cells = cells[cells[key].isin(allowed)]
+    if "sharpness" in where and where.get("all_sharpness") is not True:
+        cells = cells[np.isclose(cells["sharpness"], float(where["sharpness"]))]
+    if cells.empty:
+        raise MissingCell(f"no comparison of {where['a']} and {where['b']} on {metric}")
+    lower_better = where.get("better", {}).get(metric, "lower") == "lower" if isinstance(where.get("better"), Mapping) else where.get("better", "lower") == "lower"
+    a_better = cells["a_minus_b"] < 0 if lower_better else cells["a_minus_b"] > 0
+    significant = cells["t_wilcoxon_log10_p_holm"] <= math.log10(where.get("alpha", 0.05))
+    cells["a_sig_better"] = a_better & significant
+    cells["b_sig_better"] = ~a_better & significant & (cells["a_minus_b"] != 0)
+    return cells
+
+
+def stat_cells_better(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """In how many cells is scheme ``a`` significantly better than ``b`` on every metric of
+    ``metrics`` (per-trial Wilcoxon, Holm-adjusted, ``alpha``)? Estimate: that fraction."""
+    metrics = where.get("metrics", ["kl"])
+    frames = [_cell_outcomes(t, where, m).set_index(["distribution", "dim", "budget", "sharpness"]) for m in metrics]
+    a_sig = np.logical_and.reduce([f["a_sig_better"] for f in frames])
+    b_sig = np.logical_or.reduce([f["b_sig_better"] for f in frames])
+    n = len(frames[0])
+    reversed_cells = [list(map(str, i)) for i in frames[0].index[np.asarray(b_sig)]][:10]
+    return Measurement(
+        float(np.mean(a_sig)),
+        details={"n_cells": int(n), "n_a_significantly_better": int(np.sum(a_sig)),
+                 "n_b_significantly_better": int(np.sum(b_sig)), "cells_where_b_better": reversed_cells,
+                 "metrics": list(metrics)},
+    )
+
+
+def stat_crossover(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """Cells (at ``budgets``) where ``b`` has significantly lower K direction error than ``a``
+    while ``a`` has significantly lower KL: the budget-dependent crossover. Estimate: count."""
+    geo = _cell_outcomes(t, where, "k_eps_dir").set_index(["distribution", "dim", "budget", "sharpness"])
+    kl = _cell_outcomes(t, where, "kl").set_index(["distribution", "dim", "budget", "sharpness"])
+    both = geo["b_sig_better"] & kl.loc[geo.index, "a_sig_better"]
+    cells = [list(map(str, i)) for i in geo.index[np.asarray(both)]]
+    return Measurement(float(np.sum(both)), details={"n_cells": int(len(geo)), "cells": cells[:20]})
+
+
+def _trial_values(t: Tables, distribution: str, where: Mapping[str, Any], metric: str) -> np.ndarray:
+    rows = _select(t.trials, "per-trial", distribution=distribution, dim=where["dim"], budget=where["budget"],
+                   scheme=where["scheme"], sharpness=float(where["sharpness"]))
+    return rows.sort_values("trial")[metric].to_numpy()
+
+
+def stat_distribution_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """Ratio of the mean per-trial ``metric`` of distribution ``num`` over ``den`` (same dim,
+    budget, scheme, sharpness), unpaired cluster bootstrap over trials; the KS p of both
+    distributions' rotated coordinates against the Beta law in the details."""
+    metric = where.get("metric", "kl")
+    a = _trial_values(t, where["num"], where, metric)
+    b = _trial_values(t, where["den"], where, metric)
+    ci = stats.bootstrap_ratio_ci(a, b, statistic="mean", n_boot=t.n_boot, base_seed=t.base_seed,
+                                  identity=("claims", where["num"], where["den"], metric, int(where["dim"])), paired=False)
+    mw = stats.mann_whitney(a, b)
+    details: dict[str, Any] = {"mean_num": float(np.mean(a)), "mean_den": float(np.mean(b)), "n_trials": int(len(a))}
+    for role in ("num", "den"):
+        ks = t.theory[(t.theory["check"] == "ks_beta") & (t.theory["distribution"] == where[role]) & (t.theory["dim"] == where["dim"])]
+        if not ks.empty:
+            details[f"ks_beta_p_{role}"] = float(ks["p"].iloc[0])
+            details[f"ks_beta_d_{role}"] = float(ks["statistic"].iloc[0])
+    return Measurement(ci["estimate"], ci["low"], ci["high"], mw["log10_p"], details)
+
+
+def stat_theory(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """A row of the theory table (``check``): the measured estimate with its CI and the closed
+    form (``theory``) in the details."""
+    conditions = dict(check=where["check"], distribution=where["distribution"], dim=where["dim"])
+    for key in ("budget", "scheme"):
+        if key in where:
+            conditions[key] = where[key]
+    if "sharpness" in where and where["check"] == "jensen_slope":
+        conditions["sharpness"] = float(where["sharpness"])
+    row = _select(t.theory, "theory", **conditions).iloc[0]
+    details = {"theory": float(row["theory"]), "n": float(row["n"])}
+    if not math.isnan(row["theory"]):
+        details["relative_to_theory"] = float(row["estimate"] / row["theory"])
+    if where["check"] == "ks_beta":
+        return Measurement(float(row["p"]), details={"ks_d": float(row["statistic"]), "n": float(row["n"])})
+    return Measurement(float(row["estimate"]), float(row["low"]), float(row["high"]), details=details)
+
+
+def stat_ranking_disagreement(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """Fraction of groups (distribution, dim, budget, sharpness) in which the best scheme by
+    mean KL is not the best by the ``by`` column (e.g. kl_p99, kl_max, or recall_mean)."""
+    by = where.get("by", "kl_p99")
+    higher_better = by == "recall_mean"
+    disagree, groups, examples = 0, 0, []
+    for key, g in t.summary.groupby(["distribution", "dim", "budget", "sharpness"]):
+        best_mean = g.loc[g["kl_mean"].idxmin(), "scheme"]
+        best_by = g.loc[g[by].idxmax() if higher_better else g[by].idxmin(), "scheme"]
+        groups += 1
+        if best_mean != best_by:
+            disagree += 1
+            examples.append([*map(str, key), str(best_mean), str(best_by)])
+    if groups == 0:
+        raise MissingCell("no summary rows")
+    return Measurement(disagree / groups, details={"n_groups": groups, "n_disagree": disagree, "examples": examples[:10]})
+
+
+def stat_tail_to_mean(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """Median over cells (optionally one ``budget``) of p99 KL / mean KL: how optimistic the
+    mean is about the worst queries. Min and max over cells in the details."""
+    frame = t.summary if "budget" not in where else _select(t.summary, "summary", budget=where["budget"])
+    ratio = (frame["kl_p99"] / frame["kl_mean"]).replace([np.inf, -np.inf], np.nan).dropna()
+    if ratio.empty:
+        raise MissingCell("no summary rows with positive mean KL")
+    return Measurement(float(ratio.median()), details={"min": float(ratio.min()), "max": float(ratio.max()), "n_cells": int(ratio.size)})
+
+
+STATISTICS: dict[str, Callable[[Tables, Mapping[str, Any]], Measurement]] = {
+    "kl_ratio": stat_kl_ratio,
+    "cells_better": stat_cells_better,
+    "crossover": stat_crossover,
+    "distribution_ratio": stat_distribution_ratio,
+    "theory": stat_theory,
+    "ranking_disagreement": stat_ranking_disagreement,
+    "tail_to_mean": stat_tail_to_mean,
+}
+OPS = {">=": np.greater_equal, ">": np.greater, "<=": np.less_equal, "<": np.less}
+
+
+def verdict(m: Measurement, rule: Mapping[str, Any]) -> tuple[str, str]:
+    """(verdict, reason) of a measurement under a ``holds_if`` rule."""
+    op = rule["op"]
+    if op == "all":
+        n, a, b = m.details["n_cells"], m.details["n_a_significantly_better"], m.details["n_b_significantly_better"]
+        if a == n:
+            return HOLDS, f"significantly better in all {n} cells"
+        if b > 0:
+            return FAILS, f"significantly worse in {b} of {n} cells"
+        return INCONCLUSIVE, f"significantly better in {a} of {n} cells, never significantly worse"
+    compare = OPS[op]
+    value = float(rule["value"])
+    has_ci = not (math.isnan(m.low) or math.isnan(m.high))
+    if has_ci:
+        inside = compare(m.low, value) and compare(m.high, value)
+        outside = not compare(m.low, value) and not compare(m.high, value)
+        result = HOLDS if inside else FAILS if outside else INCONCLUSIVE
+        reason = f"CI [{m.low:.4g}, {m.high:.4g}] vs {op} {value:g}"
+    else:
+        result = HOLDS if compare(m.estimate, value) else FAILS
+        reason = f"estimate {m.estimate:.4g} vs {op} {value:g}"
+    if "max_log10_p" in rule:
+        limit = float(rule["max_log10_p"])
+        if not m.log10_p <= limit:
+            result = FAILS if result != INCONCLUSIVE else INCONCLUSIVE
+            reason += f"; log10 p = {m.log10_p:.1f} is not <= {limit:g}"
+        else:
+            reason += f"; log10 p = {m.log10_p:.1f} <= {limit:g}"
+    return result, reason
+
+
+def load_claims(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read and check a claims file; every error names the claim and the key."""
+    from .config_io import read_yaml_mapping
+
+    data = read_yaml_mapping(path)
+    defaults = data.get("defaults", {})
+    claims = data.get("claims")
+    if not isinstance(claims, list) or not claims:
+        raise KvasymError(f"{path}: 'claims' must be a non-empty list")
+    seen = set()
+    out = []
+    for i, claim in enumerate(claims):
+        where = f"{path}: claims[{i}]"
+        if not isinstance(claim, Mapping):
+            raise KvasymError(f"{where} must be a mapping")
+        for key in ("id", "statement", "statistic", "holds_if"):
+            if key not in claim:
+                raise KvasymError(f"{where} ({claim.get('id', '?')}) is missing '{key}'")
+        cid = str(claim["id"])
+        if cid in seen:
+            raise KvasymError(f"{where}: duplicated claim id {cid}")
+        seen.add(cid)
+        if claim["statistic"] not in STATISTICS:
+            raise KvasymError(f"{where} ({cid}): statistic {claim['statistic']!r} does not exist; known: {', '.join(sorted(STATISTICS))}")
+        rule = claim["holds_if"]
+        if not isinstance(rule, Mapping) or rule.get("op") not in (*OPS, "all") or (rule["op"] != "all" and "value" not in rule):
+            raise KvasymError(f"{where} ({cid}): holds_if must be {{op: >=|>|<=|<, value: x}} or {{op: all}}")
+        out.append({**claim, "where": {**defaults, **claim.get("where", {})}})
+    return out
+
+
+def evaluate_claims(claims: list[dict[str, Any]], tables: Tables) -> list[dict[str, Any]]:
+    results = []
+    for claim in claims:
+        record = {k: claim.get(k) for k in ("id", "statement", "paper_value", "paper_text", "statistic")}
+        record["where"] = claim["where"]
+        record["holds_if"] = claim["holds_if"]
+        try:
+            m = STATISTICS[claim["statistic"]](tables, claim["where"])
+        except MissingCell as exc:
+            record.update(verdict=NOT_EVALUATED, reason=f"not in this grid: {exc}")
+            results.append(record)
+            continue
+        except KeyError as exc:
+            raise KvasymError(f"claim {claim['id']}: 'where' lacks the key {exc} that {claim['statistic']} needs") from None
+        result, reason = verdict(m, claim["holds_if"])
+        record.update(estimate=m.estimate, low=m.low, high=m.high, log10_p=m.log10_p, details=m.details,
+                      verdict=result, reason=reason)
+        results.append(record)
+    return results
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return None if math.isnan(value) else value
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (np.floating, np.integer)):
+        return _json_safe(value.item())
+    return value
+
+
+def format_number(x: float | None, digits: int = 3) -> str:
+    """Significant-figure formatting shared by the ledger and the paper's macros."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if x == 0:
+        return "0"
+    if abs(x) >= 1e4 or abs(x) < 1e-3:
+        return f"{x:.{digits - 1}e}"
+    return f"{x:.{digits}g}"
+
+
+def render_markdown(results: list[dict[str, Any]]) -> str:
+    lines = [
+        "# Claims ledger",
+        "",
+        "Every number below is computed by the pipeline from its own data (`results/stats`, `results/theory`).",
+        "",
+        "| id | claim | paper | measured | 95% CI | log10 p | verdict | why |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        ci = "" if r.get("low") is None or r.get("high") is None else f"[{format_number(r['low'])}, {format_number(r['high'])}]"
+        logp = "" if r.get("log10_p") is None else f"{r['log10_p']:.1f}"
+        paper = r.get("paper_text") or ("" if r.get("paper_value") is None else format_number(r["paper_value"]))
+        lines.append(
+            f"| {r['id']} | {r['statement']} | {paper} | {format_number(r.get('estimate'))} | {ci} | {logp} | **{r['verdict']}** | {r['reason']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+_DIGITS = ["Zero", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine"]
+
+
+def macro_name(claim_id: str, field_name: str) -> str:
+    """A LaTeX macro name (letters only) for one number of one claim, e.g. C2, ratio -> \\ClaimCTwoRatio."""
+    letters = "".join(_DIGITS[int(c)] if c.isdigit() else c for c in claim_id if c.isalnum())
+    return "Claim" + letters + field_name[:1].upper() + field_name[1:]
+
+
+def render_latex(results: list[dict[str, Any]]) -> str:
+    from .latex import escape_latex
+
+    lines = ["% Generated by the kvasym claims stage: do not edit.", ""]
+    for r in results:
+        values = {
+            "Estimate": format_number(r.get("estimate")),
+            "Low": format_number(r.get("low")),
+            "High": format_number(r.get("high")),
+            "LogP": "n/a" if r.get("log10_p") is None else f"{r['log10_p']:.1f}",
+            "Verdict": r["verdict"],
+            "Paper": r.get("paper_text") or format_number(r.get("paper_value")),
+        }
+        for name, value in values.items():
+            lines.append(f"\\newcommand{{\\{macro_name(r['id'], name)}}}{{{escape_latex(str(value))}}}")
+    return "\n".join(lines) + "\n"
+
+
+def run_claims(
+    claims_path: str | os.PathLike,
+    tables: Mapping[str, str | os.PathLike],
+    out_json: str | os.PathLike,
+    out_md: str | os.PathLike,
+    out_tex: str | os.PathLike,
+    *,
+    base_seed: int = 0,
+    n_boot: int = 1000,
+) -> list[dict[str, Any]]:
+    from .pipeline import write_text_atomic
+
+    claims = load_claims(claims_path)
+    frames = {name: pd.read_parquet(path) for name, path in tables.items()}
+    results = evaluate_claims(claims, Tables(**frames, base_seed=base_seed, n_boot=n_boot))
+    write_text_atomic(json.dumps(_json_safe(results), indent=1) + "\n", out_json)
+    write_text_atomic(render_markdown(_json_safe(results)), out_md)
+    write_text_atomic(render_latex(_json_safe(results)), out_tex)
+    return results

@@ -1,0 +1,825 @@
+"""Statistical tests, effect sizes and bootstrap intervals of the study (spec parts A and C).
+
+Every function takes plain arrays and returns a ``dict`` of Python floats/ints, so that rows of
+results tables are built directly from the returned dictionaries.
+
+Conventions shared by all functions:
+
+- Direction of effects: every effect size is signed so that it is POSITIVE when the FIRST
+  argument (``x``, ``a``) tends to be LARGER than the second (``y``, ``b``). With ``x`` the KL of
+  scheme A and ``y`` the KL of scheme B, a negative ``rank_biserial`` means A has lower KL.
+- p-values are two-sided. Each test also reports ``log10_p``, the base-10 logarithm of its
+  p-value, computed so that it stays finite and accurate far into the tail where the p-value
+  itself underflows to ``0.0`` (the paper quotes p < 1e-23; with thousands of queries p-values
+  below 1e-308 are common). ``log10_p`` is never ``-inf`` and never a silent 0: ``p`` may be
+  ``0.0`` while ``log10_p`` is, e.g., ``-400``.
+- Bad user input (empty samples, NaN, mismatched lengths, wrong parameters) raises
+  :class:`kvasym.errors.KvasymError` with a message naming the argument.
+- Randomness (permutations, bootstrap resamples, subsampling) comes only from
+  :func:`kvasym.seeds.rng` keyed by ``(base_seed, *identity, <purpose>)``; no global state. The
+  same inputs, base seed and identity give the same numbers on every machine.
+- Percentile intervals use ``numpy.quantile`` (method ``"linear"``) of the bootstrap replicates
+  at ``(1 - level) / 2`` and ``(1 + level) / 2``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import scipy.stats
+from numpy.typing import ArrayLike
+from scipy.spatial.distance import cdist
+from scipy.special import log_ndtr
+
+from kvasym.errors import KvasymError
+from kvasym.seeds import rng
+
+__all__ = [
+    "ENERGY_MAX_POOLED",
+    "PERMUTATION_CHUNK",
+    "LOG10_SMALLEST_SUBNORMAL",
+    "mann_whitney",
+    "ks_2samp",
+    "wilcoxon_paired",
+    "energy_distance",
+    "bootstrap_ratio_ci",
+    "holm",
+    "holm_log10",
+    "cell_summary",
+    "linear_slope_ci",
+    "compare",
+]
+
+ENERGY_MAX_POOLED = 8192
+"""Largest pooled sample (n_x + n_y after subsampling) :func:`energy_distance` accepts.
+
+The pooled distance matrix is held in memory (8192^2 float64 = 512 MiB); pass ``max_n`` to
+subsample larger clouds."""
+PERMUTATION_CHUNK = 64
+"""Number of permutations evaluated per matrix product in :func:`energy_distance`."""
+LOG10_SMALLEST_SUBNORMAL = math.log10(5e-324)
+"""log10 of the smallest positive float64 (about -323.3): a p-value that underflowed to 0 is
+below it."""
+
+_LN10 = math.log(10.0)
+_LN2 = math.log(2.0)
+_BOOT_CHUNK_ELEMENTS = 1 << 22  # bootstrap working arrays are chunked to ~4M elements
+
+
+# ------------------------------------------------------------------------- input checks
+
+
+def _as_1d(x: ArrayLike, name: str, *, allow_inf: bool = True, min_size: int = 1) -> np.ndarray:
+    """A float64 1-D copy of ``x``; raise KvasymError if it is not 1-D, too short or has NaN."""
+    try:
+        arr = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise KvasymError(f"{name} must be an array of numbers: {exc}") from None
+    if arr.ndim != 1:
+        raise KvasymError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.size < min_size:
+        raise KvasymError(f"{name} needs at least {min_size} value(s), got {arr.size}")
+    if np.isnan(arr).any():
+        raise KvasymError(f"{name} contains NaN")
+    if not allow_inf and np.isinf(arr).any():
+        raise KvasymError(f"{name} contains an infinite value")
+    return arr
+
+
+def _check_int(value: Any, name: str, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise KvasymError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_level(level: Any) -> float:
+    try:
+        lv = float(level)
+    except (TypeError, ValueError):
+        raise KvasymError(f"level must be a number in (0, 1), got {level!r}") from None
+    if not 0.0 < lv < 1.0:
+        raise KvasymError(f"level must be in (0, 1), got {level!r}")
+    return lv
+
+
+def _generator(base_seed: Any, identity: Any, *purpose: str) -> np.random.Generator:
+    """The seeded generator of ``(base_seed, *identity, *purpose)``."""
+    _check_int(base_seed, "base_seed", minimum=0)
+    if isinstance(identity, (str, int)):
+        identity = (identity,)
+    if not isinstance(identity, (tuple, list)):
+        raise KvasymError(f"identity must be a tuple of str/int, got {identity!r}")
+    for item in identity:
+        if isinstance(item, bool) or not isinstance(item, (str, int, np.integer)):
+            raise KvasymError(f"identity items must be str or int, got {item!r} in {identity!r}")
+    words = tuple(int(i) if isinstance(i, np.integer) else i for i in identity)
+    return rng(int(base_seed), *words, *purpose)
+
+
+def _log10_two_sided_normal(z_abs: float) -> float:
+    """log10 of ``2 * Phi(-z_abs)`` capped at 0, accurate for any ``z_abs >= 0``."""
+    return min(0.0, (_LN2 + float(log_ndtr(-z_abs))) / _LN10)
+
+
+def _tie_term(values: np.ndarray) -> float:
+    """``sum(t^3 - t)`` over the groups of tied values (t = group size)."""
+    _, counts = np.unique(values, return_counts=True)
+    t = counts.astype(np.float64)
+    return float(np.sum(t**3 - t))
+
+
+# --------------------------------------------------------------------------- rank tests
+
+
+def mann_whitney(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
+    """Two-sided Mann-Whitney U test, normal approximation with tie and continuity corrections.
+
+    Definitions (n1 = len(x), n2 = len(y), N = n1 + n2; ranks of the pooled sample, ties get
+    their average rank, R1 = sum of the ranks of x):
+
+    - ``u`` = R1 - n1 (n1 + 1) / 2 = #{(i, j): x_i > y_j} + 0.5 #{(i, j): x_i = y_j}, the U
+      statistic OF X (scipy's ``mannwhitneyu(x, y).statistic``).
+    - mean mu = n1 n2 / 2; tie-corrected standard deviation
+      sigma = sqrt(n1 n2 / 12 * ((N + 1) - sum(t^3 - t) / (N (N - 1)))).
+    - ``z`` = sign(u - mu) * max(|u - mu| - 0.5, 0) / sigma (continuity correction 0.5 towards
+      the mean); positive when x tends to be larger than y.
+    - ``p`` = min(1, 2 Phi(-|z|)), identical to ``scipy.stats.mannwhitneyu(x, y,
+      method="asymptotic", use_continuity=True)`` (two-sided).
+    - ``log10_p`` = min(0, (log 2 + log_ndtr(-|z|)) / log 10): finite and accurate far into the
+      tail where ``p`` underflows to 0.0; ``p`` is ``10 ** log10_p``.
+    - ``rank_biserial`` = 2 u / (n1 n2) - 1 in [-1, 1]: +1 when every x exceeds every y, -1 when
+      every x is below every y (equivalently P(X > Y) - P(X < Y)).
+
+    If all N values are equal (sigma = 0) there is no evidence of a difference: ``z = 0``,
+    ``p = 1``, ``log10_p = 0``. Infinite values are allowed (they are ranked); NaN is not.
+
+    Returns keys ``u, z, p, log10_p, rank_biserial, n_x, n_y``.
+    """
+    xa = _as_1d(x, "x")
+    ya = _as_1d(y, "y")
+    n1, n2 = xa.size, ya.size
+    pooled = np.concatenate([xa, ya])
+    ranks = scipy.stats.rankdata(pooled, method="average")
+    u = float(ranks[:n1].sum() - n1 * (n1 + 1) / 2.0)
+    n = n1 + n2
+    mu = n1 * n2 / 2.0
+    tie = _tie_term(pooled)
+    var = n1 * n2 / 12.0 * ((n + 1) - (tie / (n * (n - 1)) if n > 1 else 0.0))
+    delta = u - mu
+    if var <= 0.0:
+        z = 0.0
+    else:
+        z = math.copysign(max(abs(delta) - 0.5, 0.0), delta) / math.sqrt(var)
+    log10_p = _log10_two_sided_normal(abs(z))
+    return {
+        "u": u,
+        "z": float(z),
+        "p": float(10.0**log10_p),
+        "log10_p": float(log10_p),
+        "rank_biserial": float(2.0 * u / (n1 * n2) - 1.0),
+        "n_x": int(n1),
+        "n_y": int(n2),
+    }
+
+
+def ks_2samp(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
+    """Two-sample two-sided Kolmogorov-Smirnov test (``scipy.stats.ks_2samp``, method "auto").
+
+    - ``d`` = sup_t |F_x(t) - F_y(t)| (scipy's statistic), in [0, 1].
+    - ``p`` = scipy's two-sided p-value (exact for small samples, asymptotic otherwise).
+    - ``log10_p`` = log10(p) when p > 0. When p underflowed to 0.0, the leading term of the
+      asymptotic Kolmogorov formula, p ~ 2 exp(-2 n_eff D^2) with n_eff = n m / (n + m), gives
+      log10 p ~ log10 2 - 2 n_eff D^2 / ln 10; since the true p is below the smallest positive
+      float64, the reported value is ``min(that, LOG10_SMALLEST_SUBNORMAL)`` (about -323.3), a
+      finite, conservative (upper) approximation of log10 p.
+    - ``log10_p_from_bound`` is 1 when that fallback was used, else 0.
+
+    Returns keys ``d, p, log10_p, log10_p_from_bound, n_x, n_y``.
+    """
+    xa = _as_1d(x, "x")
+    ya = _as_1d(y, "y")
+    with warnings.catch_warnings():
+        # scipy warns when its exact method falls back to the asymptotic one; that is expected.
+        warnings.filterwarnings("ignore", message=".*[Ee]xact calculation unsuccessful.*")
+        res = scipy.stats.ks_2samp(xa, ya, alternative="two-sided", method="auto")
+    d = float(res.statistic)
+    p = float(res.pvalue)
+    from_bound = 0
+    if p > 0.0:
+        log10_p = min(0.0, math.log10(p))
+    else:
+        n_eff = xa.size * ya.size / (xa.size + ya.size)
+        log10_p = min(math.log10(2.0) - 2.0 * n_eff * d * d / _LN10, LOG10_SMALLEST_SUBNORMAL)
+        from_bound = 1
+    return {
+        "d": d,
+        "p": p,
+        "log10_p": float(log10_p),
+        "log10_p_from_bound": from_bound,
+        "n_x": int(xa.size),
+        "n_y": int(ya.size),
+    }
+
+
+def wilcoxon_paired(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
+    """Two-sided paired Wilcoxon signed-rank test on the differences ``d = x - y``.
+
+    Zero differences are dropped (``zero_method="wilcox"``); the n' remaining |d| are ranked
+    (average ranks for ties). W+ = sum of the ranks of positive d, W- = of negative d,
+    W+ + W- = n'(n' + 1) / 2.
+
+    - ``statistic`` = min(W+, W-), scipy's two-sided statistic.
+    - ``p`` = ``scipy.stats.wilcoxon(x, y, zero_method="wilcox", correction=False,
+      method="auto")`` p-value (exact null distribution for small samples without ties or zeros,
+      otherwise the normal approximation).
+    - ``log10_p`` = log10(p), except when p underflows to 0.0: then the same normal
+      approximation scipy uses, in log space: z = (W+ - n'(n'+1)/4) / sigma with
+      sigma^2 = n'(n'+1)(2n'+1)/24 - sum(t^3 - t)/48 (ties among |d|), no continuity correction,
+      log10_p = (log 2 + log_ndtr(-|z|)) / ln 10.
+    - ``rank_biserial`` = (W+ - W-) / (W+ + W-), the matched-pairs rank-biserial correlation in
+      [-1, 1], positive when x tends to be larger than y.
+    - ``median_diff`` = median of ALL differences x - y (zeros included).
+    - ``n_pairs`` = number of pairs given; ``n_nonzero`` = n' (pairs with d != 0).
+
+    If every difference is zero, there is no evidence either way: ``statistic = 0``, ``p = 1``,
+    ``log10_p = 0``, ``rank_biserial = 0``.
+
+    Returns keys ``statistic, w_plus, w_minus, p, log10_p, rank_biserial, median_diff,
+    n_pairs, n_nonzero``.
+    """
+    xa = _as_1d(x, "x", allow_inf=False)
+    ya = _as_1d(y, "y", allow_inf=False)
+    if xa.size != ya.size:
+        raise KvasymError(f"x and y must have the same length for a paired test: "
+                          f"{xa.size} != {ya.size}")
+    diff = xa - ya
+    median_diff = float(np.median(diff))
+    nz = diff[diff != 0.0]
+    n = nz.size
+    if n == 0:
+        return {
+            "statistic": 0.0, "w_plus": 0.0, "w_minus": 0.0, "p": 1.0, "log10_p": 0.0,
+            "rank_biserial": 0.0, "median_diff": median_diff,
+            "n_pairs": int(diff.size), "n_nonzero": 0,
+        }
+    ranks = scipy.stats.rankdata(np.abs(nz), method="average")
+    w_plus = float(ranks[nz > 0].sum())
+    w_minus = float(ranks[nz < 0].sum())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = scipy.stats.wilcoxon(xa, ya, zero_method="wilcox", correction=False,
+                                   alternative="two-sided", method="auto")
+    p = float(res.pvalue)
+    if p > 0.0:
+        log10_p = min(0.0, math.log10(p))
+    else:
+        mean = n * (n + 1) / 4.0
+        var = n * (n + 1) * (2 * n + 1) / 24.0 - _tie_term(np.abs(nz)) / 48.0
+        z_abs = abs(w_plus - mean) / math.sqrt(var) if var > 0 else 0.0
+        log10_p = _log10_two_sided_normal(z_abs)
+    return {
+        "statistic": float(min(w_plus, w_minus)),
+        "w_plus": w_plus,
+        "w_minus": w_minus,
+        "p": p,
+        "log10_p": float(log10_p),
+        "rank_biserial": float((w_plus - w_minus) / (w_plus + w_minus)),
+        "median_diff": median_diff,
+        "n_pairs": int(diff.size),
+        "n_nonzero": int(n),
+    }
+
+
+# ----------------------------------------------------------------------- energy distance
+
+
+def _as_cloud(x: ArrayLike, name: str) -> np.ndarray:
+    try:
+        arr = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise KvasymError(f"{name} must be an array of numbers: {exc}") from None
+    if arr.ndim == 1:
+        arr = arr[:, None]
+    if arr.ndim != 2:
+        raise KvasymError(f"{name} must be 1-D or 2-D (rows = points), got shape {arr.shape}")
+    if arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise KvasymError(f"{name} must hold at least one point with one coordinate, "
+                          f"got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise KvasymError(f"{name} contains NaN or infinite values")
+    return arr
+
+
+def _energy_from_indicators(dist: np.ndarray, row_sums: np.ndarray, total: float,
+                            indicators: np.ndarray, n: int, m: int) -> np.ndarray:
+    """E for every column of ``indicators`` (N x P, 1 = in the first sample, n ones each).
+
+    With a = indicator column and b = 1 - a: S_xx = a' D a, S_xy = a' D b = r'a - S_xx
+    (r = D 1), S_yy = b' D b = total - 2 r'a + S_xx; E = 2 S_xy/(n m) - S_xx/n^2 - S_yy/m^2.
+    """
+    da = dist @ indicators
+    s_xx = np.einsum("ij,ij->j", indicators, da)
+    ra = row_sums @ indicators
+    s_xy = ra - s_xx
+    s_yy = total - 2.0 * ra + s_xx
+    return 2.0 * s_xy / (n * m) - s_xx / (n * n) - s_yy / (m * m)
+
+
+def energy_distance(
+    x: ArrayLike,
+    y: ArrayLike,
+    n_permutations: int,
+    base_seed: int,
+    identity: Sequence[str | int],
+    max_n: int | None = None,
+) -> dict[str, float | int]:
+    """Energy distance between two clouds of d-dimensional points, with a permutation p-value.
+
+    ``x`` (n x d) and ``y`` (m x d) hold one point per row (a 1-D array is d = 1).
+
+    1. Subsampling: if ``max_n`` is given and a sample has more than ``max_n`` rows, ``max_n``
+       rows are drawn without replacement (generator ``(base_seed, *identity,
+       "energy-subsample", "x" | "y")``); ``n_x``, ``n_y`` report the sizes used. The pooled
+       size must not exceed :data:`ENERGY_MAX_POOLED`.
+    2. Standardisation: every coordinate is centred and divided by the POOLED mean and standard
+       deviation (ddof = 0) of the n + m points; coordinates constant over the pooled sample are
+       dropped (``n_dims`` reports how many remain). If all are constant the clouds are
+       identical: E = 0, p = 1.
+    3. Statistic (V-statistic: the means run over ALL pairs, including i = j, whose distance is
+       0), with |.| the Euclidean norm of standardised points:
+       ``E = 2 mean_ij |X_i - Y_j| - mean_ii' |X_i - X_i'| - mean_jj' |Y_j - Y_j'|`` >= 0.
+       For d = 1 this is the square of ``scipy.stats.energy_distance`` of the standardised data,
+       i.e. ``scipy.stats.energy_distance(x, y) ** 2 / s`` on the raw data (s = pooled std),
+       since scipy returns sqrt(2 E|X-Y| - E|X-X'| - E|Y-Y'|) of the empirical laws.
+    4. Permutation p-value: the labels of the pooled points are permuted ``n_permutations``
+       times (generator ``(base_seed, *identity, "energy-permutation")``);
+       ``p = (1 + #{E_perm >= E_obs}) / (1 + n_permutations)`` where ">=" allows a rounding
+       tolerance of 1e-12 times the mean pooled distance. The pooled distance matrix is built
+       once; the permutations are evaluated by matrix products with the label-indicator matrix,
+       :data:`PERMUTATION_CHUNK` permutations at a time.
+
+    Returns keys ``statistic, p, log10_p, n_x, n_y, n_dims, n_permutations``.
+    """
+    xa = _as_cloud(x, "x")
+    ya = _as_cloud(y, "y")
+    if xa.shape[1] != ya.shape[1]:
+        raise KvasymError(f"x and y must have the same number of coordinates: "
+                          f"{xa.shape[1]} != {ya.shape[1]}")
+    n_perm = _check_int(n_permutations, "n_permutations", minimum=0)
+    if max_n is not None:
+        max_n = _check_int(max_n, "max_n", minimum=1)
+        if xa.shape[0] > max_n:
+            idx = _generator(base_seed, identity, "energy-subsample", "x").choice(
+                xa.shape[0], size=max_n, replace=False)
+            xa = xa[np.sort(idx)]
+        if ya.shape[0] > max_n:
+            idx = _generator(base_seed, identity, "energy-subsample", "y").choice(
+                ya.shape[0], size=max_n, replace=False)
+            ya = ya[np.sort(idx)]
+    gen = _generator(base_seed, identity, "energy-permutation")
+    n, m = xa.shape[0], ya.shape[0]
+    big_n = n + m
+    if big_n > ENERGY_MAX_POOLED:
+        raise KvasymError(f"energy_distance: pooled sample of {big_n} points exceeds "
+                          f"ENERGY_MAX_POOLED = {ENERGY_MAX_POOLED}; pass max_n to subsample")
+    pooled = np.vstack([xa, ya])
+    keep = np.ptp(pooled, axis=0) > 0.0
+    result = {"n_x": int(n), "n_y": int(m), "n_dims": int(keep.sum()),
+              "n_permutations": n_perm}
+    if not keep.any():
+        return {"statistic": 0.0, "p": 1.0, "log10_p": 0.0, **result}
+    z = pooled[:, keep]
+    z = (z - z.mean(axis=0)) / z.std(axis=0)
+    dist = cdist(z, z)
+    row_sums = dist.sum(axis=1)
+    total = float(row_sums.sum())
+    labels = np.zeros(big_n, dtype=np.float64)
+    labels[:n] = 1.0
+    observed = float(_energy_from_indicators(dist, row_sums, total, labels[:, None], n, m)[0])
+    tol = 1e-12 * total / (big_n * big_n)
+    exceed = 0
+    done = 0
+    while done < n_perm:
+        size = min(PERMUTATION_CHUNK, n_perm - done)
+        perms = gen.permuted(np.broadcast_to(labels, (size, big_n)), axis=1)
+        e_perm = _energy_from_indicators(dist, row_sums, total, perms.T, n, m)
+        exceed += int(np.count_nonzero(e_perm >= observed - tol))
+        done += size
+    p = (1.0 + exceed) / (1.0 + n_perm)
+    return {"statistic": observed, "p": float(p), "log10_p": float(math.log10(p)), **result}
+
+
+# ------------------------------------------------------------------------ cluster bootstrap
+
+
+def _as_clusters(a: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(values, cluster id per value) of a 1-D array, a 2-D array (rows) or a list of arrays."""
+    if isinstance(a, (list, tuple)) and any(np.ndim(el) > 0 for el in a):
+        clusters = [_as_1d(el, f"{name}[{i}]", allow_inf=False) for i, el in enumerate(a)]
+    else:
+        try:
+            arr = np.asarray(a, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise KvasymError(f"{name} must be an array of numbers: {exc}") from None
+        if arr.ndim == 1:
+            values = _as_1d(arr, name, allow_inf=False)
+            return values, np.arange(values.size)
+        if arr.ndim == 2:
+            clusters = [_as_1d(row, f"{name}[{i}]", allow_inf=False) for i, row in enumerate(arr)]
+        else:
+            raise KvasymError(f"{name} must be a 1-D array, a 2-D array or a list of 1-D arrays, "
+                              f"got shape {arr.shape}")
+    if len(clusters) == 0:
+        raise KvasymError(f"{name} holds no cluster")
+    values = np.concatenate(clusters)
+    ids = np.repeat(np.arange(len(clusters)), [c.size for c in clusters])
+    return values, ids
+
+
+def _parse_statistic(statistic: Any) -> float | None:
+    """None for the mean, the quantile level for ("quantile", q) (and 0.5 for "median")."""
+    if isinstance(statistic, str):
+        if statistic == "mean":
+            return None
+        if statistic == "median":
+            return 0.5
+    elif (isinstance(statistic, (tuple, list)) and len(statistic) == 2
+          and statistic[0] == "quantile"):
+        q = statistic[1]
+        if isinstance(q, (int, float, np.floating, np.integer)) and not isinstance(q, bool) \
+                and 0.0 <= float(q) <= 1.0:
+            return float(q)
+    raise KvasymError(f"statistic must be 'mean', 'median' or ('quantile', q) with q in [0, 1], "
+                      f"got {statistic!r}")
+
+
+def _resample_counts(gen: np.random.Generator, n_boot: int, n_clusters: int) -> np.ndarray:
+    """(n_boot, n_clusters) multiplicities of clusters drawn with replacement."""
+    idx = gen.integers(0, n_clusters, size=(n_boot, n_clusters))
+    flat = idx + n_clusters * np.arange(n_boot)[:, None]
+    counts = np.bincount(flat.ravel(), minlength=n_boot * n_clusters)
+    return counts.reshape(n_boot, n_clusters).astype(np.float64)
+
+
+def _pooled_quantile(values_sorted: np.ndarray, ids_sorted: np.ndarray, counts: np.ndarray,
+                     q: float) -> np.ndarray:
+    """Per row of ``counts``: ``np.quantile`` (linear) of the pooled data in which cluster c
+    appears ``counts[row, c]`` times. ``values_sorted`` ascending, ``ids_sorted`` their clusters.
+    """
+    out = np.empty(counts.shape[0])
+    n_obs = values_sorted.size
+    step = max(1, _BOOT_CHUNK_ELEMENTS // max(n_obs, 1))
+    for start in range(0, counts.shape[0], step):
+        w = counts[start:start + step][:, ids_sorted]
+        cum = np.cumsum(w, axis=1)
+        total = cum[:, -1]
+        h = (total - 1.0) * q
+        lo = np.floor(h)
+        hi = np.minimum(lo + 1.0, total - 1.0)
+        frac = h - lo
+        # value at expanded position k = first sorted value whose cumulative count exceeds k
+        j_lo = np.count_nonzero(cum <= lo[:, None], axis=1)
+        j_hi = np.count_nonzero(cum <= hi[:, None], axis=1)
+        v_lo = values_sorted[j_lo]
+        v_hi = values_sorted[j_hi]
+        out[start:start + step] = v_lo + frac * (v_hi - v_lo)
+    return out
+
+
+def _bootstrap_statistic(values: np.ndarray, ids: np.ndarray, counts: np.ndarray,
+                         q: float | None) -> np.ndarray:
+    n_clusters = counts.shape[1]
+    if q is None:
+        sums = np.bincount(ids, weights=values, minlength=n_clusters)
+        sizes = np.bincount(ids, minlength=n_clusters).astype(np.float64)
+        return (counts @ sums) / (counts @ sizes)
+    order = np.argsort(values, kind="stable")
+    return _pooled_quantile(values[order], ids[order], counts, q)
+
+
+def bootstrap_ratio_ci(
+    a: Any,
+    b: Any,
+    *,
+    statistic: str | tuple[str, float] = "mean",
+    n_boot: int,
+    base_seed: int,
+    identity: Sequence[str | int],
+    level: float = 0.95,
+    paired: bool = True,
+) -> dict[str, float | int]:
+    """Ratio ``statistic(a) / statistic(b)`` with a percentile CLUSTER-bootstrap interval.
+
+    ``a`` and ``b`` are either 1-D arrays (one value per cluster), 2-D arrays (one row per
+    cluster) or lists of 1-D arrays (one array per cluster; clusters = trials, values = e.g.
+    per-query KL). ``statistic`` is ``"mean"``, ``"median"`` or ``("quantile", q)``, always
+    computed on the POOLED observations (all values of all clusters together; quantiles by
+    ``numpy.quantile``'s linear method).
+
+    - ``estimate`` = statistic(pooled a) / statistic(pooled b) on the data.
+    - Bootstrap: ``n_boot`` times, clusters are drawn with replacement (as many as there are)
+      and the statistic is recomputed on the pooled observations of the drawn clusters (a
+      cluster drawn k times counts k times). With ``paired=True`` (the study's design: the same
+      trials for every scheme) the SAME cluster indices are used for a and b, which requires the
+      same number of clusters; with ``paired=False`` a and b are resampled independently.
+      Generator ``(base_seed, *identity, "bootstrap-ratio")``.
+    - ``low``, ``high`` = the (1 - level)/2 and (1 + level)/2 quantiles of the replicate ratios.
+      A replicate with a zero denominator gives +-inf (or NaN for 0/0) and is kept (NaN ones are
+      ignored by the quantile).
+
+    Raises if statistic(pooled b) is 0 (the ratio is undefined).
+
+    Returns keys ``estimate, low, high, stat_a, stat_b, n_boot, level, n_clusters_a,
+    n_clusters_b``.
+    """
+    q = _parse_statistic(statistic)
+    n_boot = _check_int(n_boot, "n_boot", minimum=1)
+    lv = _check_level(level)
+    va, ia = _as_clusters(a, "a")
+    vb, ib = _as_clusters(b, "b")
+    ca, cb = int(ia[-1]) + 1, int(ib[-1]) + 1
+    if paired and ca != cb:
+        raise KvasymError(f"paired bootstrap needs the same number of clusters in a and b: "
+                          f"{ca} != {cb}")
+    ones_a = np.ones((1, ca))
+    ones_b = np.ones((1, cb))
+    stat_a = float(_bootstrap_statistic(va, ia, ones_a, q)[0])
+    stat_b = float(_bootstrap_statistic(vb, ib, ones_b, q)[0])
+    if stat_b == 0.0:
+        raise KvasymError("bootstrap_ratio_ci: the statistic of b is 0, the ratio is undefined")
+    gen = _generator(base_seed, identity, "bootstrap-ratio")
+    counts_a = _resample_counts(gen, n_boot, ca)
+    counts_b = counts_a if paired else _resample_counts(gen, n_boot, cb)
+    boot_a = _bootstrap_statistic(va, ia, counts_a, q)
+    boot_b = _bootstrap_statistic(vb, ib, counts_b, q)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = boot_a / boot_b
+    low, high = np.nanquantile(ratios, [(1.0 - lv) / 2.0, (1.0 + lv) / 2.0])
+    return {
+        "estimate": stat_a / stat_b,
+        "low": float(low),
+        "high": float(high),
+        "stat_a": stat_a,
+        "stat_b": stat_b,
+        "n_boot": n_boot,
+        "level": lv,
+        "n_clusters_a": ca,
+        "n_clusters_b": cb,
+    }
+
+
+# ------------------------------------------------------------------- multiple comparisons
+
+
+def holm(p_values: ArrayLike) -> np.ndarray:
+    """Holm-Bonferroni adjusted p-values (same shape as the input; NaN passed through).
+
+    With the m non-NaN p-values sorted ascending, p_(1) <= ... <= p_(m):
+    ``adj_(i) = max_{j <= i} min(1, (m - j + 1) p_(j))`` (step-down, monotone in p, capped
+    at 1). Reject H_(i) at family-wise level alpha iff adj_(i) <= alpha. Values must lie in
+    [0, 1].
+    """
+    p = np.asarray(p_values, dtype=np.float64)
+    finite = ~np.isnan(p)
+    if ((p[finite] < 0.0) | (p[finite] > 1.0)).any():
+        raise KvasymError("holm: p-values must lie in [0, 1]")
+    out = np.full(p.shape, np.nan)
+    vals = p[finite]
+    m = vals.size
+    if m:
+        order = np.argsort(vals, kind="stable")
+        adj = np.minimum(1.0, (m - np.arange(m)) * vals[order])
+        adj = np.maximum.accumulate(adj)
+        res = np.empty(m)
+        res[order] = adj
+        out[finite] = res
+    return out
+
+
+def holm_log10(log10_p: ArrayLike) -> np.ndarray:
+    """Holm-Bonferroni adjustment in log10 space: the log10 of :func:`holm` of ``10**log10_p``.
+
+    ``adj_(i) = max_{j <= i} min(0, log10(m - j + 1) + l_(j))`` for the m non-NaN values sorted
+    ascending, so p-values like 1e-400 (log10 = -400) survive. NaN passed through; ``-inf``
+    (p = 0) stays ``-inf``. Values must be <= 0 (tiny positive rounding up to 1e-12 is read as 0).
+    """
+    lp = np.asarray(log10_p, dtype=np.float64)
+    finite = ~np.isnan(lp)
+    vals = lp[finite]
+    if (vals > 1e-12).any() or (vals == np.inf).any():
+        raise KvasymError("holm_log10: log10 p-values must be <= 0")
+    vals = np.minimum(vals, 0.0)
+    out = np.full(lp.shape, np.nan)
+    m = vals.size
+    if m:
+        order = np.argsort(vals, kind="stable")
+        adj = np.minimum(0.0, np.log10(m - np.arange(m, dtype=np.float64)) + vals[order])
+        adj = np.maximum.accumulate(adj)
+        res = np.empty(m)
+        res[order] = adj
+        out[finite] = res
+    return out
+
+
+# -------------------------------------------------------------------------- summaries
+
+
+def cell_summary(kl: ArrayLike, recall: ArrayLike,
+                 coords: Mapping[str, ArrayLike]) -> dict[str, float | int]:
+    """Summary of one cell (scheme x budget x distribution ...) from its per-query arrays.
+
+    - ``kl_mean``, ``kl_median``, ``kl_p99`` (``numpy.quantile(kl, 0.99)``, linear method),
+      ``kl_max`` of the KL divergences; ``n`` = number of KL values.
+    - ``recall_mean`` = mean routing recall.
+    - ``<name>_mean`` = mean of each array in ``coords`` (e.g. ``k_eps_dir`` ->
+      ``k_eps_dir_mean``).
+
+    NaN anywhere raises (a NaN would reveal an upstream bug); infinite values are allowed.
+    """
+    kla = _as_1d(kl, "kl")
+    rec = _as_1d(recall, "recall")
+    out: dict[str, float | int] = {
+        "n": int(kla.size),
+        "kl_mean": float(np.mean(kla)),
+        "kl_median": float(np.median(kla)),
+        "kl_p99": float(np.quantile(kla, 0.99)),
+        "kl_max": float(np.max(kla)),
+        "recall_mean": float(np.mean(rec)),
+    }
+    if not isinstance(coords, Mapping):
+        raise KvasymError(f"coords must be a mapping name -> array, got {type(coords).__name__}")
+    for name, arr in coords.items():
+        if not isinstance(name, str) or not name:
+            raise KvasymError(f"coords keys must be non-empty strings, got {name!r}")
+        key = f"{name}_mean"
+        if key in out:
+            raise KvasymError(f"coords name {name!r} collides with summary key {key!r}")
+        out[key] = float(np.mean(_as_1d(arr, f"coords[{name!r}]")))
+    return out
+
+
+def linear_slope_ci(
+    x: ArrayLike,
+    y: ArrayLike,
+    *,
+    n_boot: int,
+    base_seed: int,
+    identity: Sequence[str | int],
+    clusters: ArrayLike | None = None,
+    level: float = 0.95,
+) -> dict[str, float | int]:
+    """OLS fit ``y = intercept + slope * x`` with a percentile (cluster) bootstrap CI of the slope.
+
+    - ``slope`` = sum((x - xbar)(y - ybar)) / sum((x - xbar)^2), ``intercept`` = ybar -
+      slope * xbar, ``r`` = Pearson correlation (0 when y is constant), ``n`` = number of points.
+    - Bootstrap: with ``clusters=None`` the points are resampled with replacement; otherwise
+      ``clusters`` (one label per point) defines groups that are resampled with replacement as
+      wholes (all points of a drawn cluster, as many times as drawn). Generator
+      ``(base_seed, *identity, "bootstrap-slope")``. Replicates in which x is constant have no
+      slope and are ignored by the quantiles (``n_valid`` counts the others).
+    - ``low``, ``high`` = (1 - level)/2 and (1 + level)/2 quantiles of the replicate slopes.
+
+    Returns keys ``slope, intercept, low, high, r, n, n_clusters, n_boot, n_valid, level``.
+    """
+    xa = _as_1d(x, "x", allow_inf=False, min_size=2)
+    ya = _as_1d(y, "y", allow_inf=False, min_size=2)
+    if xa.size != ya.size:
+        raise KvasymError(f"x and y must have the same length: {xa.size} != {ya.size}")
+    n_boot = _check_int(n_boot, "n_boot", minimum=1)
+    lv = _check_level(level)
+    if clusters is None:
+        ids = np.arange(xa.size)
+    else:
+        labels = np.asarray(clusters)
+        if labels.shape != xa.shape:
+            raise KvasymError(f"clusters must have one label per point: shape {labels.shape} "
+                              f"!= {xa.shape}")
+        _, ids = np.unique(labels, return_inverse=True)
+        ids = ids.ravel()
+    n_clusters = int(ids.max()) + 1
+    xc = xa - xa.mean()
+    yc = ya - ya.mean()
+    sxx = float(np.dot(xc, xc))
+    syy = float(np.dot(yc, yc))
+    sxy = float(np.dot(xc, yc))
+    if sxx <= 0.0:
+        raise KvasymError("linear_slope_ci: x is constant, the slope is undefined")
+    slope = sxy / sxx
+    intercept = float(ya.mean() - slope * xa.mean())
+    r = sxy / math.sqrt(sxx * syy) if syy > 0.0 else 0.0
+
+    def per_cluster(w: np.ndarray | None) -> np.ndarray:
+        return np.bincount(ids, weights=w, minlength=n_clusters).astype(np.float64)
+
+    cnt, cx, cy = per_cluster(None), per_cluster(xc), per_cluster(yc)
+    cxx, cxy = per_cluster(xc * xc), per_cluster(xc * yc)
+    gen = _generator(base_seed, identity, "bootstrap-slope")
+    counts = _resample_counts(gen, n_boot, n_clusters)
+    big_n = counts @ cnt
+    s_x, s_y = counts @ cx, counts @ cy
+    s_xx, s_xy = counts @ cxx, counts @ cxy
+    den = s_xx - s_x * s_x / big_n
+    num = s_xy - s_x * s_y / big_n
+    valid = den > 1e-12 * s_xx
+    slopes = np.where(valid, num / np.where(valid, den, 1.0), np.nan)
+    n_valid = int(valid.sum())
+    if n_valid:
+        low, high = np.nanquantile(slopes, [(1.0 - lv) / 2.0, (1.0 + lv) / 2.0])
+    else:
+        low = high = math.nan
+    return {
+        "slope": float(slope),
+        "intercept": intercept,
+        "low": float(low),
+        "high": float(high),
+        "r": float(r),
+        "n": int(xa.size),
+        "n_clusters": n_clusters,
+        "n_boot": n_boot,
+        "n_valid": n_valid,
+        "level": lv,
+    }
+
+
+# -------------------------------------------------------------------------- comparison
+
+
+def compare(a_by_trial: Sequence[ArrayLike],
+            b_by_trial: Sequence[ArrayLike]) -> dict[str, float | int]:
+    """Compare a per-query metric (e.g. KL) of scheme A with scheme B over paired trials.
+
+    ``a_by_trial[t]`` and ``b_by_trial[t]`` are the per-query values of trial t (the same trial,
+    i.e. the same data, for both schemes); the numbers of trials must match. A 2-D array is read
+    as one row per trial.
+
+    Keys (signs: positive rank-biserial / z / differences mean A LARGER than B):
+
+    - ``n_trials``, ``n_a``, ``n_b`` (total queries), ``mean_a``, ``mean_b`` (means over all
+      pooled queries), ``ratio_of_means`` = mean_a / mean_b (IEEE division: inf or NaN if
+      mean_b = 0).
+    - per-query tests on the pooled queries: Mann-Whitney (:func:`mann_whitney`) ``q_u``,
+      ``q_z``, ``q_p``, ``q_log10_p``, ``q_rank_biserial``; Kolmogorov-Smirnov
+      (:func:`ks_2samp`) ``q_ks_d``, ``q_ks_p``, ``q_ks_log10_p``.
+    - per-trial tests on the per-trial means (one number per trial and scheme): paired Wilcoxon
+      (:func:`wilcoxon_paired`, differences mean_a(t) - mean_b(t)) ``t_wilcoxon_statistic``,
+      ``t_wilcoxon_p``, ``t_wilcoxon_log10_p``, ``t_wilcoxon_rank_biserial``,
+      ``t_median_diff``, ``t_frac_a_greater`` (fraction of trials with mean_a(t) > mean_b(t));
+      unpaired Mann-Whitney ``t_mw_u``, ``t_mw_p``, ``t_mw_log10_p``, ``t_mw_rank_biserial``.
+
+    The per-query tests treat queries as independent, which they are not within a trial; the
+    per-trial tests are the conservative ones.
+    """
+    for name, arg in (("a_by_trial", a_by_trial), ("b_by_trial", b_by_trial)):
+        if isinstance(arg, (str, bytes)) or not hasattr(arg, "__len__") \
+                or (isinstance(arg, np.ndarray) and arg.ndim != 2):
+            raise KvasymError(f"compare: {name} must be a list of per-trial 1-D arrays "
+                              f"(or a 2-D array, one row per trial)")
+    if len(a_by_trial) != len(b_by_trial):
+        raise KvasymError(f"compare: the numbers of trials differ: "
+                          f"{len(a_by_trial)} != {len(b_by_trial)}")
+    if len(a_by_trial) == 0:
+        raise KvasymError("compare: no trial given")
+    a_tr = [_as_1d(t, f"a_by_trial[{i}]") for i, t in enumerate(a_by_trial)]
+    b_tr = [_as_1d(t, f"b_by_trial[{i}]") for i, t in enumerate(b_by_trial)]
+    a_all = np.concatenate(a_tr)
+    b_all = np.concatenate(b_tr)
+    mean_a = float(np.mean(a_all))
+    mean_b = float(np.mean(b_all))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = float(np.float64(mean_a) / np.float64(mean_b))
+    mw_q = mann_whitney(a_all, b_all)
+    ks_q = ks_2samp(a_all, b_all)
+    ta = np.array([t.mean() for t in a_tr])
+    tb = np.array([t.mean() for t in b_tr])
+    wx = wilcoxon_paired(ta, tb)
+    mw_t = mann_whitney(ta, tb)
+    return {
+        "n_trials": len(a_tr),
+        "n_a": int(a_all.size),
+        "n_b": int(b_all.size),
+        "mean_a": mean_a,
+        "mean_b": mean_b,
+        "ratio_of_means": ratio,
+        "q_u": mw_q["u"],
+        "q_z": mw_q["z"],
+        "q_p": mw_q["p"],
+        "q_log10_p": mw_q["log10_p"],
+        "q_rank_biserial": mw_q["rank_biserial"],
+        "q_ks_d": ks_q["d"],
+        "q_ks_p": ks_q["p"],
+        "q_ks_log10_p": ks_q["log10_p"],
+        "t_wilcoxon_statistic": wx["statistic"],
+        "t_wilcoxon_p": wx["p"],
+        "t_wilcoxon_log10_p": wx["log10_p"],
+        "t_wilcoxon_rank_biserial": wx["rank_biserial"],
+        "t_median_diff": wx["median_diff"],
+        "t_frac_a_greater": float(np.mean(ta > tb)),
+        "t_mw_u": mw_t["u"],
+        "t_mw_p": mw_t["p"],
+        "t_mw_log10_p": mw_t["log10_p"],
+        "t_mw_rank_biserial": mw_t["rank_biserial"],
+    }

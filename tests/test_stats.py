@@ -1,0 +1,586 @@
+"""Statistical tests, bootstrap intervals and Holm adjustment against independent references.
+
+References: scipy.stats (mannwhitneyu, ks_2samp, wilcoxon, energy_distance, kstwobign),
+brute-force double loops and exhaustive permutations, mpmath at high precision for the far
+tails, numpy.polyfit / corrcoef / quantile, and coverage / uniformity from theory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import mpmath
+import numpy as np
+import pytest
+import scipy.stats as ss
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvasym import stats as S
+from kvasym.errors import KvasymError
+
+mpmath.mp.dps = 50
+
+
+def _mp_log10_two_sided(z: float) -> float:
+    """log10(2 Phi(-z)) = log10(erfc(z / sqrt 2)) at 50 digits."""
+    return float(mpmath.log10(mpmath.erfc(mpmath.mpf(z) / mpmath.sqrt(2))))
+
+
+# --------------------------------------------------------------------------- Mann-Whitney
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_mann_whitney_matches_scipy_and_pair_counts(seed: int) -> None:
+    g = np.random.default_rng(seed)
+    n1, n2 = int(g.integers(3, 60)), int(g.integers(3, 60))
+    x = g.normal(0.3 * seed - 0.5, 1.0, n1)
+    y = g.normal(0.0, 1.0, n2)
+    if seed % 2:  # heavy ties
+        x, y = np.round(x), np.round(y)
+    out = S.mann_whitney(x, y)
+    ref = ss.mannwhitneyu(x, y, method="asymptotic", use_continuity=True)
+    assert out["u"] == pytest.approx(float(ref.statistic), abs=1e-9)
+    assert out["p"] == pytest.approx(float(ref.pvalue), rel=1e-9, abs=1e-300)
+    # brute force: U = #(x > y) + 0.5 #(x = y); rank-biserial = P(X>Y) - P(X<Y)
+    gt = sum(1 for a in x for b in y if a > b)
+    eq = sum(1 for a in x for b in y if a == b)
+    lt = n1 * n2 - gt - eq
+    assert out["u"] == gt + 0.5 * eq
+    assert out["rank_biserial"] == pytest.approx((gt - lt) / (n1 * n2), abs=1e-12)
+    assert out["log10_p"] == pytest.approx(math.log10(ref.pvalue), abs=1e-9)
+    assert (out["n_x"], out["n_y"]) == (n1, n2)
+    # swapping the samples: U -> n1 n2 - U, same p, effect and z negated
+    sw = S.mann_whitney(y, x)
+    assert sw["u"] == pytest.approx(n1 * n2 - out["u"])
+    assert sw["p"] == pytest.approx(out["p"], rel=1e-12)
+    assert sw["rank_biserial"] == pytest.approx(-out["rank_biserial"], abs=1e-12)
+    assert sw["z"] == pytest.approx(-out["z"], abs=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(-3, 3), min_size=1, max_size=15),
+       st.lists(st.integers(-3, 3), min_size=1, max_size=15))
+def test_mann_whitney_matches_scipy_on_tied_integers(xs: list[int], ys: list[int]) -> None:
+    x, y = np.array(xs, float), np.array(ys, float)
+    out = S.mann_whitney(x, y)
+    if np.unique(np.r_[x, y]).size == 1:
+        assert (out["z"], out["p"], out["log10_p"]) == (0.0, 1.0, 0.0)
+        return
+    ref = ss.mannwhitneyu(x, y, method="asymptotic", use_continuity=True)
+    assert out["u"] == pytest.approx(float(ref.statistic))
+    assert out["p"] == pytest.approx(float(ref.pvalue), rel=1e-9)
+    assert -1.0 <= out["rank_biserial"] <= 1.0
+
+
+def test_mann_whitney_positive_effect_when_x_larger() -> None:
+    g = np.random.default_rng(1)
+    out = S.mann_whitney(g.normal(1.0, 1.0, 200), g.normal(0.0, 1.0, 200))
+    assert out["rank_biserial"] > 0.3 and out["z"] > 0
+
+
+def test_mann_whitney_far_tail_is_finite_monotone_and_exact() -> None:
+    n = 5000
+    base = np.arange(n, dtype=float)
+    logs = []
+    for shift in (0, 300, 1000, 2000, 3000, 4000, 4900, 4999, 6000):
+        out = S.mann_whitney(base + shift + 0.5, base)
+        assert math.isfinite(out["log10_p"])
+        ref_p = ss.mannwhitneyu(base + shift + 0.5, base, method="asymptotic").pvalue
+        if ref_p > 1e-300:  # where scipy can represent p, it agrees
+            assert out["log10_p"] == pytest.approx(math.log10(ref_p), rel=1e-9, abs=1e-12)
+        logs.append(out["log10_p"])
+    assert all(b <= a for a, b in zip(logs, logs[1:]))
+    assert logs[-1] < -1000
+    # full separation: U = n^2, no ties, sigma^2 = n^2 (2n + 1) / 12 -> mpmath reference
+    full = S.mann_whitney(base + 10 * n, base)
+    z = (n * n / 2 - 0.5) / math.sqrt(n * n * (2 * n + 1) / 12)
+    assert full["u"] == n * n and full["rank_biserial"] == 1.0
+    assert full["z"] == pytest.approx(z, rel=1e-12)
+    assert full["log10_p"] == pytest.approx(_mp_log10_two_sided(z), rel=1e-10)
+    assert full["p"] == 0.0  # underflows, while log10_p stays finite (about -1630)
+
+
+def test_mann_whitney_rejects_bad_input() -> None:
+    with pytest.raises(KvasymError, match="x"):
+        S.mann_whitney([], [1.0])
+    with pytest.raises(KvasymError, match="NaN"):
+        S.mann_whitney([1.0, np.nan], [1.0])
+    with pytest.raises(KvasymError, match="1-D"):
+        S.mann_whitney(np.ones((2, 2)), [1.0])
+
+
+# --------------------------------------------------------------------------- KS
+
+
+@pytest.mark.parametrize("sizes", [(20, 30), (200, 150), (12000, 11000)])
+def test_ks_matches_scipy(sizes: tuple[int, int]) -> None:
+    g = np.random.default_rng(sum(sizes))
+    x, y = g.normal(0.0, 1.0, sizes[0]), g.normal(0.05, 1.1, sizes[1])
+    out = S.ks_2samp(x, y)
+    ref = ss.ks_2samp(x, y)
+    assert out["d"] == pytest.approx(float(ref.statistic), abs=1e-15)
+    assert out["p"] == pytest.approx(float(ref.pvalue), rel=1e-12)
+    assert out["log10_p"] == pytest.approx(math.log10(ref.pvalue), abs=1e-12)
+    assert out["log10_p_from_bound"] == 0
+    # brute-force D over the pooled points
+    pts = np.r_[x[:300], y[:300]]
+    xs, ys = np.sort(x[:300]), np.sort(y[:300])
+    d_bf = max(abs(np.searchsorted(xs, t, "right") / xs.size
+                   - np.searchsorted(ys, t, "right") / ys.size) for t in pts)
+    assert S.ks_2samp(x[:300], y[:300])["d"] == pytest.approx(d_bf, abs=1e-15)
+
+
+def test_ks_asymptotic_formula_is_the_kolmogorov_tail() -> None:
+    # the fallback uses p ~ 2 exp(-2 t^2), t = sqrt(n_eff) D: the leading term of the
+    # Kolmogorov distribution's survival function, accurate in the far tail
+    for t in (3.0, 5.0, 10.0, 15.0):
+        exact = math.log10(ss.kstwobign.sf(t))
+        assert math.log10(2.0) - 2 * t * t / math.log(10) == pytest.approx(exact, abs=1e-6)
+
+
+def test_ks_underflow_gives_finite_conservative_log10_p() -> None:
+    n = 5000
+    base = np.arange(n, dtype=float)
+    logs = []
+    for shift in (0, 500, 1500, 3000, 4500, 4999, 7000):
+        out = S.ks_2samp(base + shift + 0.5, base)
+        assert math.isfinite(out["log10_p"]) and out["log10_p"] <= 0.0
+        if out["p"] == 0.0:
+            assert out["log10_p_from_bound"] == 1
+            assert out["log10_p"] <= S.LOG10_SMALLEST_SUBNORMAL
+        logs.append(out["log10_p"])
+    assert all(b <= a for a, b in zip(logs, logs[1:]))
+    # full separation of two samples of n: exact two-sided p = 2 / C(2n, n) (only the two
+    # separated orderings reach D = 1); the reported value is finite and not below it
+    exact_log10 = (math.log(2) - (math.lgamma(2 * n + 1) - 2 * math.lgamma(n + 1))) / math.log(10)
+    assert exact_log10 < logs[-1] < -1000
+
+
+def test_ks_bound_is_continuous_across_the_underflow() -> None:
+    # n > 10000: scipy uses the asymptotic law; scan D across the point where p underflows
+    n = 12000
+    g = np.random.default_rng(3)
+    base = g.normal(size=n)
+    logs = []
+    flags = []
+    for shift in np.linspace(0.60, 0.72, 13):  # log10 p from about -283 to -392
+        out = S.ks_2samp(base + shift, base)
+        logs.append(out["log10_p"])
+        flags.append(out["log10_p_from_bound"])
+    assert 0 < sum(flags) < len(flags)  # both regimes are crossed
+    steps = -np.diff(logs)
+    assert np.all(steps >= 0) and np.all(steps < 15)  # monotone, no jump at the switch
+    assert all(math.isfinite(v) for v in logs)
+
+
+# --------------------------------------------------------------------------- Wilcoxon
+
+
+@pytest.mark.parametrize(("n", "ties", "zeros"), [(20, False, False), (80, True, False),
+                                                   (10, True, True), (40, True, True)])
+def test_wilcoxon_matches_scipy(n: int, ties: bool, zeros: bool) -> None:
+    g = np.random.default_rng(n)
+    y = g.normal(size=n)
+    d = g.normal(0.3, 1.0, n)
+    if ties:
+        d = np.round(d * 2) / 2
+    if zeros:
+        d[:3] = 0.0
+    x = y + d
+    d = x - y  # the differences as the function sees them
+    out = S.wilcoxon_paired(x, y)
+    ref = ss.wilcoxon(x, y)
+    assert out["statistic"] == pytest.approx(float(ref.statistic))
+    assert out["p"] == pytest.approx(float(ref.pvalue), rel=1e-9)
+    assert out["log10_p"] == pytest.approx(math.log10(ref.pvalue), abs=1e-9)
+    nz = d[d != 0]
+    assert out["n_pairs"] == n and out["n_nonzero"] == nz.size
+    assert out["w_plus"] + out["w_minus"] == pytest.approx(nz.size * (nz.size + 1) / 2)
+    assert out["rank_biserial"] == pytest.approx(
+        (out["w_plus"] - out["w_minus"]) / (nz.size * (nz.size + 1) / 2))
+    assert out["median_diff"] == pytest.approx(float(np.median(d)))
+
+
+def test_wilcoxon_w_plus_is_count_of_positive_walsh_averages() -> None:
+    # Tukey's identity (continuous data): W+ = #{i <= j : d_i + d_j > 0}
+    g = np.random.default_rng(7)
+    d = g.normal(0.2, 1.0, 35)
+    out = S.wilcoxon_paired(d, np.zeros_like(d))
+    walsh = sum(1 for i in range(d.size) for j in range(i, d.size) if d[i] + d[j] > 0)
+    assert out["w_plus"] == walsh
+    swapped = S.wilcoxon_paired(np.zeros_like(d), d)
+    assert swapped["rank_biserial"] == pytest.approx(-out["rank_biserial"])
+    assert swapped["p"] == pytest.approx(out["p"])
+
+
+def test_wilcoxon_far_tail_log10_p_from_normal_approximation() -> None:
+    n = 5000
+    x = np.arange(1, n + 1, dtype=float)
+    out = S.wilcoxon_paired(x, np.zeros(n))
+    assert ss.wilcoxon(x, np.zeros(n)).pvalue == 0.0  # scipy underflows
+    mean, sd = n * (n + 1) / 4, math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
+    z = (n * (n + 1) / 2 - mean) / sd
+    assert out["log10_p"] == pytest.approx(_mp_log10_two_sided(z), rel=1e-10)
+    assert out["rank_biserial"] == 1.0 and out["statistic"] == 0.0
+    # continuity: where scipy's asymptotic p is still positive, the same formula agrees
+    m = 600
+    xm = np.arange(1, m + 1, dtype=float)
+    zm = (m * (m + 1) / 4) / math.sqrt(m * (m + 1) * (2 * m + 1) / 24)
+    assert S.wilcoxon_paired(xm, np.zeros(m))["log10_p"] == pytest.approx(
+        _mp_log10_two_sided(zm), rel=1e-9)
+
+
+def test_wilcoxon_all_zero_differences_and_errors() -> None:
+    out = S.wilcoxon_paired([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    assert (out["p"], out["log10_p"], out["rank_biserial"], out["n_nonzero"]) == (1.0, 0.0, 0.0, 0)
+    with pytest.raises(KvasymError, match="same length"):
+        S.wilcoxon_paired([1.0, 2.0], [1.0])
+
+
+# --------------------------------------------------------------------------- energy distance
+
+
+def _brute_energy(x: np.ndarray, y: np.ndarray) -> float:
+    pooled = np.vstack([x, y])
+    keep = [j for j in range(pooled.shape[1]) if pooled[:, j].max() > pooled[:, j].min()]
+    mu = [sum(pooled[:, j]) / len(pooled) for j in keep]
+    sd = [math.sqrt(sum((v - mu[k]) ** 2 for v in pooled[:, j]) / len(pooled))
+          for k, j in enumerate(keep)]
+
+    def std(row: np.ndarray) -> list[float]:
+        return [(row[j] - mu[k]) / sd[k] for k, j in enumerate(keep)]
+
+    xs, ys = [std(r) for r in x], [std(r) for r in y]
+
+    def mean_dist(a: list, b: list) -> float:
+        return sum(math.dist(p, q) for p in a for q in b) / (len(a) * len(b))
+
+    return 2 * mean_dist(xs, ys) - mean_dist(xs, xs) - mean_dist(ys, ys)
+
+
+def test_energy_matches_brute_force_double_loop() -> None:
+    g = np.random.default_rng(11)
+    x = np.c_[g.normal(0, 1, (7, 3)), np.full(7, 5.0)]  # constant coordinate: dropped
+    y = np.c_[g.normal(0.5, 2, (9, 3)), np.full(9, 5.0)]
+    y[:, 1] *= 100.0  # scale differences removed by standardisation
+    out = S.energy_distance(x, y, 0, 1, ("t",))
+    assert out["statistic"] == pytest.approx(_brute_energy(x, y), rel=1e-12)
+    assert (out["n_x"], out["n_y"], out["n_dims"], out["p"]) == (7, 9, 3, 1.0)
+
+
+def test_energy_one_dimensional_relation_to_scipy() -> None:
+    g = np.random.default_rng(12)
+    x, y = g.normal(0, 1, 40), g.exponential(1.0, 25)
+    out = S.energy_distance(x, y, 0, 1, ("t",))
+    pooled_sd = np.r_[x, y].std()
+    # scipy returns sqrt(2E|X-Y| - E|X-X'| - E|Y-Y'|) on raw data; ours is its square on
+    # pooled-standardised data, i.e. divided by the pooled std
+    assert out["statistic"] == pytest.approx(ss.energy_distance(x, y) ** 2 / pooled_sd, rel=1e-10)
+
+
+def test_energy_permutation_p_matches_exhaustive_enumeration() -> None:
+    g = np.random.default_rng(5)
+    x, y = g.normal(0, 1, (4, 2)), g.normal(0.6, 1, (5, 2))
+    pooled = np.vstack([x, y])
+    observed = _brute_energy(x, y)
+    splits = list(itertools.combinations(range(9), 4))
+    hits = 0
+    for idx in splits:
+        rest = [i for i in range(9) if i not in idx]
+        hits += _brute_energy(pooled[list(idx)], pooled[rest]) >= observed - 1e-12
+    p_exact = hits / len(splits)
+    out = S.energy_distance(x, y, 3000, 2, ("perm",))
+    assert 0.05 < p_exact < 0.95
+    assert out["p"] == pytest.approx(p_exact, abs=0.03)  # MC s.e. ~ 0.009
+
+
+def test_energy_permutation_p_uniform_under_null_and_tiny_under_shift() -> None:
+    ps = []
+    for seed in range(40):
+        g = np.random.default_rng(1000 + seed)
+        ps.append(S.energy_distance(g.normal(size=(15, 3)), g.normal(size=(12, 3)), 99, 7,
+                                    ("null", seed))["p"])
+    ps = np.array(ps)
+    assert 0.35 < ps.mean() < 0.65
+    assert 0.1 < np.mean(ps <= 0.5) < 0.9
+    g = np.random.default_rng(99)
+    out = S.energy_distance(g.normal(size=(50, 3)), g.normal(1.5, 1, (50, 3)), 199, 7, ("alt",))
+    assert out["p"] == pytest.approx(1 / 200)
+    assert out["log10_p"] == pytest.approx(math.log10(1 / 200))
+
+
+def test_energy_subsampling_is_seeded_and_reported() -> None:
+    g = np.random.default_rng(4)
+    x, y = g.normal(size=(100, 2)), g.normal(size=(20, 2))
+    a = S.energy_distance(x, y, 50, 3, ("sub", 1), max_n=30)
+    b = S.energy_distance(x, y, 50, 3, ("sub", 1), max_n=30)
+    c = S.energy_distance(x, y, 50, 3, ("sub", 2), max_n=30)
+    assert (a["n_x"], a["n_y"]) == (30, 20)
+    assert a == b
+    assert a["statistic"] != c["statistic"]
+    # the subsample is the seeded choice of 30 distinct rows of x (y is small enough to keep)
+    idx = S._generator(3, ("sub", 1), "energy-subsample", "x").choice(100, 30, replace=False)
+    assert np.unique(idx).size == 30
+    assert a["statistic"] == pytest.approx(_brute_energy(x[np.sort(idx)], y), rel=1e-12)
+
+
+def test_energy_identical_constant_clouds_and_errors() -> None:
+    out = S.energy_distance(np.ones((3, 2)), np.ones((4, 2)), 10, 1, ("c",))
+    assert (out["statistic"], out["p"], out["n_dims"]) == (0.0, 1.0, 0)
+    with pytest.raises(KvasymError, match="coordinates"):
+        S.energy_distance(np.ones((3, 2)), np.ones((3, 3)), 10, 1, ("c",))
+    with pytest.raises(KvasymError, match="NaN"):
+        S.energy_distance([[np.nan]], [[1.0]], 10, 1, ("c",))
+    with pytest.raises(KvasymError, match="max_n"):
+        S.energy_distance(np.zeros((S.ENERGY_MAX_POOLED, 1)), np.zeros((1, 1)), 1, 1, ("c",))
+    with pytest.raises(KvasymError, match="n_permutations"):
+        S.energy_distance([1.0], [2.0], -1, 1, ("c",))
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+
+def test_pooled_quantile_matches_numpy_on_expanded_data() -> None:
+    g = np.random.default_rng(8)
+    clusters = [np.round(g.normal(size=int(g.integers(1, 6))), 1) for _ in range(7)]
+    values = np.concatenate(clusters)
+    ids = np.repeat(np.arange(7), [c.size for c in clusters])
+    order = np.argsort(values, kind="stable")
+    counts = g.integers(0, 4, size=(25, 7)).astype(float)
+    counts[:, 0] += 1  # at least one cluster per row
+    for q in (0.0, 0.1, 0.5, 0.99, 1.0):
+        got = S._pooled_quantile(values[order], ids[order], counts, q)
+        ref = [np.quantile(np.concatenate([np.repeat(clusters[c], int(k)) for c, k in
+                                           enumerate(row)]), q) for row in counts]
+        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("statistic", ["mean", ("quantile", 0.9)])
+@pytest.mark.parametrize("paired", [True, False])
+def test_bootstrap_ratio_matches_explicit_resampling(statistic, paired: bool) -> None:
+    g = np.random.default_rng(9)
+    a = [g.exponential(2.0, int(g.integers(2, 8))) for _ in range(12)]
+    b = [g.exponential(1.0, int(g.integers(2, 8))) for _ in range(12)]
+    out = S.bootstrap_ratio_ci(a, b, statistic=statistic, n_boot=300, base_seed=5,
+                               identity=("r", 1), paired=paired)
+
+    def stat(v: np.ndarray) -> float:
+        return float(np.mean(v)) if statistic == "mean" else float(np.quantile(v, 0.9))
+
+    assert out["estimate"] == pytest.approx(stat(np.concatenate(a)) / stat(np.concatenate(b)))
+    # rebuild the same cluster draws and resample explicitly
+    gen = S._generator(5, ("r", 1), "bootstrap-ratio")
+    ca = S._resample_counts(gen, 300, 12)
+    cb = ca if paired else S._resample_counts(gen, 300, 12)
+
+    def expand(clusters: list, row: np.ndarray) -> np.ndarray:
+        return np.concatenate([np.repeat(clusters[c], int(k)) for c, k in enumerate(row)])
+
+    ratios = [stat(expand(a, ra)) / stat(expand(b, rb)) for ra, rb in zip(ca, cb)]
+    lo, hi = np.quantile(ratios, [0.025, 0.975])
+    assert out["low"] == pytest.approx(lo, rel=1e-10)
+    assert out["high"] == pytest.approx(hi, rel=1e-10)
+    assert out["low"] < out["estimate"] < out["high"]
+
+
+def _correlated_clusters(g: np.random.Generator, n_clusters: int = 30, size: int = 10):
+    shared = g.normal(0.0, 0.6, n_clusters)  # trial effect common to both schemes
+    a = [2.0 * np.exp(s + g.normal(0.0, 0.3, size)) for s in shared]
+    b = [np.exp(s + g.normal(0.0, 0.3, size)) for s in shared]
+    return a, b  # E[a] / E[b] = 2 exactly
+
+
+def test_bootstrap_ratio_coverage_near_nominal() -> None:
+    covered = 0
+    for rep in range(200):
+        # 50 clusters: the percentile bootstrap under-covers slightly with few clusters
+        # (about 0.92 at 30 clusters, 0.94 at 100 in longer runs)
+        a, b = _correlated_clusters(np.random.default_rng(5000 + rep), n_clusters=50)
+        out = S.bootstrap_ratio_ci(a, b, n_boot=300, base_seed=1, identity=("cov", rep))
+        covered += out["low"] <= 2.0 <= out["high"]
+    assert 0.88 <= covered / 200 <= 0.99
+
+
+def test_paired_bootstrap_is_narrower_for_correlated_schemes() -> None:
+    a, b = _correlated_clusters(np.random.default_rng(77))
+    paired = S.bootstrap_ratio_ci(a, b, n_boot=1000, base_seed=1, identity=("w",), paired=True)
+    unpaired = S.bootstrap_ratio_ci(a, b, n_boot=1000, base_seed=1, identity=("w",),
+                                    paired=False)
+    assert (paired["high"] - paired["low"]) < 0.6 * (unpaired["high"] - unpaired["low"])
+
+
+def test_bootstrap_ratio_input_forms_and_errors() -> None:
+    a2 = np.arange(1.0, 13.0).reshape(4, 3)
+    b2 = np.ones((4, 3))
+    from_2d = S.bootstrap_ratio_ci(a2, b2, n_boot=50, base_seed=0, identity=("f",))
+    from_list = S.bootstrap_ratio_ci(list(a2), list(b2), n_boot=50, base_seed=0, identity=("f",))
+    assert from_2d == from_list and from_2d["estimate"] == pytest.approx(6.5)
+    one_d = S.bootstrap_ratio_ci([1.0, 2.0, 3.0], [1.0, 1.0, 1.0], statistic="median",
+                                 n_boot=50, base_seed=0, identity=("f",))
+    assert one_d["estimate"] == pytest.approx(2.0) and one_d["n_clusters_a"] == 3
+    with pytest.raises(KvasymError, match="same number of clusters"):
+        S.bootstrap_ratio_ci([1.0, 2.0], [1.0], n_boot=10, base_seed=0, identity=("f",))
+    with pytest.raises(KvasymError, match="statistic"):
+        S.bootstrap_ratio_ci([1.0], [1.0], statistic="max", n_boot=10, base_seed=0,
+                             identity=("f",))
+    with pytest.raises(KvasymError, match="undefined"):
+        S.bootstrap_ratio_ci([1.0], [0.0], n_boot=10, base_seed=0, identity=("f",))
+    with pytest.raises(KvasymError, match="level"):
+        S.bootstrap_ratio_ci([1.0], [1.0], n_boot=10, base_seed=0, identity=("f",), level=1.5)
+
+
+# --------------------------------------------------------------------------- Holm
+
+
+def _holm_brute(p: list[float]) -> list[float]:
+    idx = [i for i, v in enumerate(p) if not math.isnan(v)]
+    m = len(idx)
+    order = sorted(idx, key=lambda i: p[i])
+    out = [math.nan] * len(p)
+    for rank, i in enumerate(order):
+        out[i] = max(min(1.0, (m - j) * p[order[j]]) for j in range(rank + 1))
+    return out
+
+
+def test_holm_known_example() -> None:
+    np.testing.assert_allclose(S.holm([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02],
+                               rtol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_holm_matches_brute_force_with_nans_and_ties(seed: int) -> None:
+    g = np.random.default_rng(seed)
+    p = g.uniform(0, 0.2, 30) ** 2
+    p[g.integers(0, 30, 4)] = np.nan
+    p[5] = p[6] = 0.01  # ties
+    got = S.holm(p)
+    np.testing.assert_allclose(got, _holm_brute(list(p)), rtol=1e-12)
+    assert np.array_equal(np.isnan(got), np.isnan(p))
+    fin = ~np.isnan(p)
+    assert np.all(np.diff(got[fin][np.argsort(p[fin])]) >= 0)  # monotone in p
+    lg = S.holm_log10(np.log10(p))
+    np.testing.assert_allclose(lg[fin], np.log10(got[fin]), rtol=1e-12, atol=1e-14)
+
+
+def test_holm_log10_survives_underflow_and_shapes() -> None:
+    got = S.holm_log10([-400.0, -500.0, -1.0, np.nan])
+    expected = [-400 + math.log10(2), -500 + math.log10(3), -1.0, math.nan]
+    np.testing.assert_allclose(got, expected, rtol=1e-14)
+    assert S.holm_log10([-0.01, -0.02])[0] == 0.0  # capped at log10 1
+    assert S.holm(np.full((2, 2), 0.01)).shape == (2, 2)
+    assert S.holm([]).shape == (0,)
+    with pytest.raises(KvasymError, match="\\[0, 1\\]"):
+        S.holm([0.5, 1.5])
+    with pytest.raises(KvasymError, match="<= 0"):
+        S.holm_log10([0.5])
+
+
+# --------------------------------------------------------------------------- cell summary
+
+
+def test_cell_summary_known_values() -> None:
+    kl = np.arange(101, dtype=float)  # 0..100
+    out = S.cell_summary(kl, [1.0, 0.8, 0.6, 0.6], {"k_eps_dir": [0.1, 0.3], "t_phi": [2.0]})
+    assert out == {"n": 101, "kl_mean": 50.0, "kl_median": 50.0, "kl_p99": 99.0,
+                   "kl_max": 100.0, "recall_mean": pytest.approx(0.75),
+                   "k_eps_dir_mean": pytest.approx(0.2), "t_phi_mean": 2.0}
+    small = S.cell_summary([0.0, 1.0], [1.0], {})
+    assert small["kl_p99"] == pytest.approx(0.99)  # linear interpolation: 0 + 0.99 * (1 - 0)
+    with pytest.raises(KvasymError, match="kl"):
+        S.cell_summary([], [1.0], {})
+    with pytest.raises(KvasymError, match="collides"):
+        S.cell_summary([1.0], [1.0], {"kl": [1.0]})
+
+
+# --------------------------------------------------------------------------- slope
+
+
+def test_linear_slope_recovers_known_slope_and_matches_polyfit() -> None:
+    g = np.random.default_rng(21)
+    x = g.uniform(0, 10, 300)
+    y = 3.0 - 0.7 * x + g.normal(0, 1.0, 300)
+    out = S.linear_slope_ci(x, y, n_boot=800, base_seed=1, identity=("s",))
+    slope, intercept = np.polyfit(x, y, 1)
+    assert out["slope"] == pytest.approx(slope, rel=1e-10)
+    assert out["intercept"] == pytest.approx(intercept, rel=1e-10)
+    assert out["r"] == pytest.approx(np.corrcoef(x, y)[0, 1], rel=1e-10)
+    assert out["low"] <= -0.7 <= out["high"]
+    # the bootstrap width matches the OLS standard error: 2 * 1.96 * se
+    se = ss.linregress(x, y).stderr
+    assert out["high"] - out["low"] == pytest.approx(2 * 1.96 * se, rel=0.2)
+    assert out["n"] == 300 and out["n_valid"] == 800
+
+
+def test_linear_slope_cluster_bootstrap_matches_explicit_resampling() -> None:
+    g = np.random.default_rng(22)
+    labels = np.repeat(np.arange(10), 6)
+    x = g.uniform(0, 1, 60)
+    y = 2.0 * x + np.repeat(g.normal(0, 1, 10), 6) * x + g.normal(0, 0.1, 60)
+    out = S.linear_slope_ci(x, y, n_boot=200, base_seed=2, identity=("c",), clusters=labels)
+    counts = S._resample_counts(S._generator(2, ("c",), "bootstrap-slope"), 200, 10)
+    slopes = []
+    for row in counts:
+        sel = np.concatenate([np.repeat(np.flatnonzero(labels == c), int(k))
+                              for c, k in enumerate(row)])
+        slopes.append(np.polyfit(x[sel], y[sel], 1)[0])
+    lo, hi = np.quantile(slopes, [0.025, 0.975])
+    assert out["low"] == pytest.approx(lo, rel=1e-8)
+    assert out["high"] == pytest.approx(hi, rel=1e-8)
+    assert out["n_clusters"] == 10
+    naive = S.linear_slope_ci(x, y, n_boot=200, base_seed=2, identity=("c",))
+    assert (out["high"] - out["low"]) > (naive["high"] - naive["low"])
+
+
+def test_linear_slope_errors() -> None:
+    with pytest.raises(KvasymError, match="constant"):
+        S.linear_slope_ci([1.0, 1.0], [1.0, 2.0], n_boot=5, base_seed=0, identity=("e",))
+    with pytest.raises(KvasymError, match="same length"):
+        S.linear_slope_ci([1.0, 2.0], [1.0, 2.0, 3.0], n_boot=5, base_seed=0, identity=("e",))
+    with pytest.raises(KvasymError, match="clusters"):
+        S.linear_slope_ci([1.0, 2.0], [1.0, 2.0], n_boot=5, base_seed=0, identity=("e",),
+                          clusters=[1])
+    with pytest.raises(KvasymError, match="base_seed"):
+        S.linear_slope_ci([1.0, 2.0], [1.0, 2.0], n_boot=5, base_seed=-1, identity=("e",))
+
+
+# --------------------------------------------------------------------------- compare
+
+
+def test_compare_against_direct_scipy_calls() -> None:
+    g = np.random.default_rng(31)
+    a = [g.exponential(1.0, int(g.integers(20, 40))) * (1 + 0.2 * t) for t in range(12)]
+    b = [g.exponential(2.0, int(g.integers(20, 40))) * (1 + 0.2 * t) for t in range(12)]
+    out = S.compare(a, b)
+    pa, pb = np.concatenate(a), np.concatenate(b)
+    ta, tb = np.array([v.mean() for v in a]), np.array([v.mean() for v in b])
+    assert out["mean_a"] == pytest.approx(pa.mean()) and out["mean_b"] == pytest.approx(pb.mean())
+    assert out["ratio_of_means"] == pytest.approx(pa.mean() / pb.mean())
+    assert (out["n_trials"], out["n_a"], out["n_b"]) == (12, pa.size, pb.size)
+    mw = ss.mannwhitneyu(pa, pb, method="asymptotic")
+    assert out["q_u"] == pytest.approx(mw.statistic)
+    assert out["q_p"] == pytest.approx(mw.pvalue, rel=1e-9)
+    assert out["q_log10_p"] == pytest.approx(math.log10(mw.pvalue), abs=1e-9)
+    assert out["q_rank_biserial"] < 0  # a smaller than b
+    ks = ss.ks_2samp(pa, pb)
+    assert out["q_ks_d"] == pytest.approx(ks.statistic) and out["q_ks_p"] == pytest.approx(
+        ks.pvalue, rel=1e-9)
+    wx = ss.wilcoxon(ta, tb)
+    assert out["t_wilcoxon_statistic"] == pytest.approx(wx.statistic)
+    assert out["t_wilcoxon_p"] == pytest.approx(wx.pvalue, rel=1e-9)
+    assert out["t_wilcoxon_rank_biserial"] == pytest.approx(
+        (2 * np.sum(ss.rankdata(np.abs(ta - tb))[ta > tb]) - 78) / 78)  # 78 = 12 * 13 / 2
+    assert out["t_median_diff"] == pytest.approx(np.median(ta - tb))
+    assert out["t_frac_a_greater"] == pytest.approx(np.mean(ta > tb))
+    mwt = ss.mannwhitneyu(ta, tb, method="asymptotic")
+    assert out["t_mw_u"] == pytest.approx(mwt.statistic)
+    assert out["t_mw_p"] == pytest.approx(mwt.pvalue, rel=1e-9)
+    with pytest.raises(KvasymError, match="numbers of trials"):
+        S.compare(a, b[:-1])
+    with pytest.raises(KvasymError, match="no trial"):
+        S.compare([], [])
+    with pytest.raises(KvasymError, match="per-trial"):
+        S.compare("ab", "cd")
+    rows_a, rows_b = np.array([v[:20] for v in a]), np.array([v[:20] for v in b])
+    assert S.compare(rows_a, rows_b) == S.compare(list(rows_a), list(rows_b))

@@ -1,0 +1,28 @@
+# Stage 5: every claim of the paper evaluated from the gathered tables, with a verdict.
+
+
+rule claims:
+    input:
+        claims=STUDY.claims_file,
+        comparisons=rules.gather.output.comparisons,
+        summary=rules.gather.output.summary,
+        trials=rules.gather.output.trials,
+        theory=rules.gather.output.theory,
+    output:
+        json=f"{RESULTS}/claims/claims.json",
+        md=f"{RESULTS}/claims/claims.md",
+        tex="paper/generated/claims.tex",
+    params:
+        base_seed=STUDY.base_seed,
+        n_boot=STUDY.stats["n_boot"],
+    log:
+        f"{RESULTS}/logs/claims.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "kvasym stage claims --claims {input.claims:q} --comparisons {input.comparisons:q}"
+        " --summary {input.summary:q} --trials {input.trials:q} --theory {input.theory:q}"
+        " --base-seed {params.base_seed} --n-boot {params.n_boot}"
+        " --json {output.json:q} --md {output.md:q} --tex {output.tex:q} > {log:q} 2>&1"
