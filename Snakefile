@@ -15,6 +15,8 @@ include: "workflow/rules/quantize.smk"
 include: "workflow/rules/metrics.smk"
 include: "workflow/rules/stats.smk"
 include: "workflow/rules/claims.smk"
+include: "workflow/rules/figures.smk"
+include: "workflow/rules/paper.smk"
 
 
 rule all:
@@ -24,3 +26,5 @@ rule all:
         metrics_tables(),
         rules.gather.output,
         rules.claims.output,
+        rules.figures.output,
+        paper_targets(),

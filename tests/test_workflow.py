@@ -32,6 +32,7 @@ def make_workdir(path: Path) -> Path:
     shutil.copy(ROOT / "Snakefile", path / "Snakefile")
     shutil.copytree(ROOT / "workflow", path / "workflow")
     shutil.copytree(ROOT / "config", path / "config")
+    shutil.copytree(ROOT / "paper", path / "paper", ignore=shutil.ignore_patterns("build", "generated"))
     # Snakemake looks for the default workflow profile in profiles/ beside the Snakefile
     os.symlink("workflow/profiles", path / "profiles")
     return path

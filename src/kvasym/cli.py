@@ -226,6 +226,14 @@ def cmd_stage(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_figures(args: argparse.Namespace) -> int:
+    from .figures_stage import run_from_args
+
+    for path in run_from_args(args):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvasym", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"kvasym {__version__}")
@@ -298,6 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", required=True)
     q.add_argument("--holm", nargs="*", help="log10-p columns to Holm-adjust per metric")
     q.set_defaults(func=cmd_stage)
+    from .figures_stage import add_arguments as figure_arguments
+
+    q = stages.add_parser("figures", help="draw every figure of the paper from the gathered tables")
+    figure_arguments(q)
+    q.set_defaults(func=cmd_figures)
     q = stages.add_parser("claims", help="evaluate the claims ledger from the gathered tables")
     for name in ("claims", "comparisons", "summary", "trials", "theory", "json", "md", "tex"):
         q.add_argument(f"--{name}", required=True)

@@ -1,0 +1,987 @@
+"""The paper's figures, drawn from the gathered tables (one small function per figure).
+
+Every function takes DataFrames with the columns of the pipeline's tables
+(``results/metrics/{per_query,per_key}``, ``results/stats/summary.parquet``,
+``results/theory/theory.parquet``, ``results/stats/comparisons.parquet``) and returns a
+:class:`matplotlib.figure.Figure`; :func:`save_figure` writes ``stem.pdf`` and ``stem.png``
+atomically and closes it. :mod:`kvasym.figures_stage` draws them all for the DAG.
+
+Shared style (:data:`STYLE`): one LaTeX column (:data:`COLUMN_WIDTH` = 3.3 in), 8 pt text,
+units on every axis, legends outside the axes (figure level, or below a panel) so they never
+hide data. Every scheme has one colour and one marker in every figure:
+:data:`SCHEME_COLORS` / :data:`SCHEME_MARKERS` fix them for KV, KQV, QKQV and RKV (Okabe-Ito,
+colour-blind safe); other (user) schemes take :data:`EXTRA_COLORS` / :data:`EXTRA_MARKERS` in
+the order of their sorted names (:func:`scheme_colors`). Artists drawn for a scheme carry
+``gid = "scheme=<name>"`` (tests check their colours through it).
+
+Robustness: a figure whose selection is empty (a small grid, a missing scheme) is still
+drawn, with a title that says what is missing (:func:`nothing_to_show`), never an exception.
+Names from the config or the data are shown literally: ``$`` is escaped for mathtext
+(:func:`safe_text`) and legends are built from explicit handles, so a name starting with
+``_`` is not dropped.
+
+Angles are shown in degrees; KL in nats; Shannon effective bits are ``0.5 log2 SNR`` in bits.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import tempfile
+import textwrap
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: the figures are files, never windows
+
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker as mticker  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+
+from .seeds import rng  # noqa: E402
+
+#: One LaTeX column (inches); figures are drawn at this width unless stated otherwise.
+COLUMN_WIDTH = 3.3
+#: Resolution of the PNG files.
+PNG_DPI = 200
+
+STYLE: dict[str, Any] = {
+    "font.family": "DejaVu Sans",
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "legend.fontsize": 7,
+    "legend.title_fontsize": 7,
+    "figure.titlesize": 8,
+    "figure.labelsize": 8,
+    "axes.linewidth": 0.6,
+    "axes.grid": True,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "grid.linewidth": 0.4,
+    "grid.alpha": 0.5,
+    "lines.linewidth": 1.1,
+    "lines.markersize": 3.5,
+    "xtick.major.width": 0.6,
+    "ytick.major.width": 0.6,
+    "xtick.major.size": 2.5,
+    "ytick.major.size": 2.5,
+    "xtick.minor.size": 1.5,
+    "ytick.minor.size": 1.5,
+    "legend.frameon": False,
+    "legend.handlelength": 1.6,
+    "legend.columnspacing": 1.0,
+    "legend.borderaxespad": 0.2,
+    "mathtext.default": "regular",
+    "text.usetex": False,
+    "pdf.fonttype": 42,  # TrueType in the PDF: editable, and accepted by publishers
+    "savefig.dpi": PNG_DPI,
+    "figure.constrained_layout.h_pad": 0.03,
+    "figure.constrained_layout.w_pad": 0.03,
+}
+
+#: Fixed colours of the built-in schemes (Okabe-Ito): the same in every figure.
+SCHEME_COLORS: dict[str, str] = {
+    "KV": "#D55E00",  # vermillion
+    "KQV": "#0072B2",  # blue
+    "QKQV": "#E69F00",  # orange
+    "RKV": "#009E73",  # bluish green
+}
+SCHEME_MARKERS: dict[str, str] = {"KV": "o", "KQV": "s", "QKQV": "^", "RKV": "D"}
+#: Colours of other schemes, in the order of their sorted names (then cycling).
+EXTRA_COLORS: tuple[str, ...] = (
+    "#CC79A7",  # reddish purple
+    "#56B4E9",  # sky blue
+    "#7F7F7F",  # grey
+    "#8C564B",  # brown
+    "#000000",  # black
+    "#BCBD22",  # olive
+    "#9467BD",  # purple
+    "#17BECF",  # cyan
+)
+EXTRA_MARKERS: tuple[str, ...] = ("v", "P", "X", "*", "h", "<", ">", "p")
+#: Distributions (theory and marginal figures, where colour is not a scheme).
+DISTRIBUTION_COLORS: tuple[str, ...] = (
+    "#333333", "#1B9E77", "#7570B3", "#E7298A", "#66A61E", "#A6761D", "#E6AB02", "#666666", "#D95F02", "#1F78B4",
+)
+DISTRIBUTION_MARKERS: tuple[str, ...] = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<")
+
+METRIC_LABELS: dict[str, str] = {
+    "kl_mean": "mean KL(p ‖ p̂) (nats)",
+    "kl_p99": "p99 KL(p ‖ p̂) (nats)",
+    "kl_median": "median KL(p ‖ p̂) (nats)",
+    "k_eps_dir_mean": "key direction error\n" r"$1-\cos\varphi_K$ (mean)",
+    "v_eps_dir_mean": "value direction error\n" r"$1-\cos\varphi_V$ (mean)",
+    "t_eps_dir_mean": "output direction error\n" r"$1-\cos\varphi_T$ (mean)",
+    "recall_mean": "top-5 recall (fraction)",
+}
+SITE_NAMES = {"k": "K (key cache)", "v": "V (value cache)", "t": "T (attention output)"}
+
+F = TypeVar("F", bound=Callable[..., Figure])
+
+
+# ----------------------------------------------------------------------------- style helpers
+
+
+def styled(func: F) -> F:
+    """Draw inside :data:`STYLE` (an rc context: the caller's settings are left untouched)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Figure:
+        with matplotlib.rc_context(STYLE):
+            return func(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def safe_text(value: Any) -> str:
+    """A config/data name as literal text: ``$`` escaped so mathtext never parses it."""
+    return str(value).replace("$", r"\$")
+
+
+def scheme_order(names: Iterable[str]) -> list[str]:
+    """Built-in schemes in their fixed order (KV, KQV, QKQV, RKV), then the others sorted."""
+    names = {str(n) for n in names}
+    return [s for s in SCHEME_COLORS if s in names] + sorted(names - set(SCHEME_COLORS))
+
+
+def scheme_colors(names: Iterable[str]) -> dict[str, str]:
+    """Colour of each scheme: fixed for the built-ins, palette by sorted name for the others.
+
+    Pass the study's whole scheme list (as :mod:`kvasym.figures_stage` does) so that a user
+    scheme keeps its colour in a figure where another user scheme is absent.
+    """
+    names = {str(n) for n in names}
+    out = {s: c for s, c in SCHEME_COLORS.items() if s in names}
+    for i, name in enumerate(sorted(names - set(SCHEME_COLORS))):
+        out[name] = EXTRA_COLORS[i % len(EXTRA_COLORS)]
+    return out
+
+
+def scheme_markers(names: Iterable[str]) -> dict[str, str]:
+    names = {str(n) for n in names}
+    out = {s: m for s, m in SCHEME_MARKERS.items() if s in names}
+    for i, name in enumerate(sorted(names - set(SCHEME_MARKERS))):
+        out[name] = EXTRA_MARKERS[i % len(EXTRA_MARKERS)]
+    return out
+
+
+def _palette(frame_schemes: Iterable[str], colors: Mapping[str, str] | None) -> tuple[dict[str, str], dict[str, str]]:
+    """Colours (given ones win; missing schemes are filled deterministically) and markers."""
+    names = set(map(str, frame_schemes)) | set(colors or {})
+    filled = scheme_colors(names)
+    filled.update(colors or {})
+    return filled, scheme_markers(names)
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, *, width: float = COLUMN_WIDTH, height: float | None = None,
+               row_height: float = 1.3, extra: float = 0.55, sharex: Any = False, sharey: Any = False) -> tuple[Figure, np.ndarray]:
+    """A constrained-layout figure with an (nrows, ncols) array of axes (never squeezed)."""
+    fig = Figure(figsize=(width, height if height is not None else row_height * nrows + extra), layout="constrained")
+    axes = fig.subplots(nrows, ncols, sharex=sharex, sharey=sharey, squeeze=False)
+    return fig, axes
+
+
+def nothing_to_show(title: str, reason: str, *, width: float = COLUMN_WIDTH) -> Figure:
+    """A placeholder figure: the title says there is nothing to show, the body says why."""
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(width, 1.3), layout="constrained")
+        ax = fig.add_subplot()
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, textwrap.fill(safe_text(reason), 60), ha="center", va="center", transform=ax.transAxes)
+        _suptitle(fig, (f"{title}: nothing to show"))
+    return fig
+
+
+def _scheme_handles(schemes: Sequence[str], colors: Mapping[str, str], markers: Mapping[str, str], *,
+                    line: bool = True) -> list[Line2D]:
+    return [
+        Line2D([], [], color=colors[s], marker=markers[s], linestyle="-" if line else "none",
+               markersize=4, markeredgecolor="black" if not line else colors[s], markeredgewidth=0.4 if not line else 0.0)
+        for s in schemes
+    ]
+
+
+def _figure_legend(fig: Figure, handles: Sequence[Any], labels: Sequence[str], *, ncol: int | None = None,
+                   loc: str = "outside lower center") -> None:
+    """A figure-level legend outside every axes (constrained layout makes room for it)."""
+    if not handles:
+        return
+    ncol = ncol or min(len(handles), 4)
+    fig.legend(_row_major(list(handles), ncol), _row_major([safe_text(label) for label in labels], ncol), loc=loc,
+               ncol=ncol, frameon=False)
+
+
+def _suptitle(fig: Figure, text: str) -> None:
+    """A figure title wrapped to the figure's width (names escaped)."""
+    chars = max(30, int(fig.get_figwidth() * 17))
+    fig.suptitle(textwrap.fill(safe_text(text), chars))
+
+
+def _nested(schemes: Sequence[str], scheme: str, largest: float, step: float, smallest: float) -> float:
+    """Marker size / line width shrinking along the scheme order, so schemes whose points
+    coincide (KQV and RKV share their K side: identical key errors) show as nested markers or
+    a thin line inside a thick one instead of hiding each other."""
+    return max(largest - step * schemes.index(scheme), smallest)
+
+
+def _tag(artist: Any, scheme: str) -> Any:
+    """Mark an artist as drawn for ``scheme`` (tests check its colour through the gid)."""
+    if isinstance(artist, (list, tuple)):
+        for a in artist:
+            _tag(a, scheme)
+    elif hasattr(artist, "lines") and hasattr(artist, "has_xerr"):  # ErrorbarContainer
+        data_line, caplines, barlines = artist.lines
+        for a in [data_line, *caplines, *barlines]:
+            if a is not None:
+                _tag(a, scheme)
+    elif artist is not None:
+        artist.set_gid(f"scheme={scheme}")
+    return artist
+
+
+def _select(frame: pd.DataFrame, **conditions: Any) -> pd.DataFrame:
+    """Rows where every condition holds (floats compared with isclose; None = any)."""
+    if frame is None or frame.empty:
+        return frame.iloc[0:0] if frame is not None else pd.DataFrame()
+    mask = np.ones(len(frame), dtype=bool)
+    for key, value in conditions.items():
+        if value is None:
+            continue
+        if key not in frame.columns:
+            return frame.iloc[0:0]
+        column = frame[key]
+        if isinstance(value, float):
+            mask &= np.isclose(column.to_numpy(dtype=float), value)
+        elif isinstance(value, (list, tuple, set)):
+            mask &= column.isin(list(value)).to_numpy()
+        else:
+            mask &= (column == value).to_numpy()
+    return frame[mask]
+
+
+def _choose(frame: pd.DataFrame, column: str, value: Any) -> tuple[Any, str]:
+    """``value`` or, if None, the first (smallest) value present; the note says which."""
+    if value is not None:
+        return value, ""
+    if frame is None or frame.empty or column not in frame.columns:
+        return None, ""
+    values = sorted(pd.unique(frame[column].dropna()))
+    if not values:
+        return None, ""
+    note = f" (first of {len(values)})" if len(values) > 1 else ""
+    chosen = values[0]
+    return (chosen.item() if isinstance(chosen, np.generic) else chosen), note
+
+
+def _present(frame: pd.DataFrame, column: str, wanted: Sequence[Any] | None) -> list[Any]:
+    """``wanted`` restricted to the values present (order kept), or all present values sorted."""
+    if frame is None or frame.empty or column not in frame.columns:
+        return []
+    present = list(pd.unique(frame[column]))
+    if wanted is None:
+        return sorted(present)
+    present_set = set(present)
+    return [w for w in wanted if w in present_set]
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def _margin_title(ax: Any, text: str) -> None:
+    """A row title on the right of a panel (as seaborn's margin titles)."""
+    ax.annotate(safe_text(text), xy=(1.03, 0.5), xycoords="axes fraction", rotation=-90, ha="left", va="center",
+                fontsize=STYLE["axes.titlesize"])
+
+
+BUDGET_LABEL = "budget n (bits)"
+
+
+def _number(value: float, _pos: Any = None) -> str:
+    """Tick text of a log axis: plain decimals in 1e-3..1e4, else 1e-5 style."""
+    if value <= 0 or not np.isfinite(value):
+        return ""
+    if 1e-3 <= value < 1e4:
+        return f"{value:.6g}"
+    exponent = int(math.floor(math.log10(value) + 1e-9))
+    mantissa = value / 10**exponent
+    return f"1e{exponent}" if abs(mantissa - 1) < 1e-6 else f"{mantissa:.2g}e{exponent}"
+
+
+def _log_axis(ax: Any, which: str = "y", values: Iterable[float] = ()) -> None:
+    """Log scale with readable ticks: 1-2-5 ticks within about a decade, decades otherwise,
+    no minor tick labels (narrow panels would print 2x10^-2, 3x10^-2, ... over each other)."""
+    axis = ax.yaxis if which == "y" else ax.xaxis
+    (ax.set_yscale if which == "y" else ax.set_xscale)("log")
+    v = np.asarray(list(values), dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    decades = math.log10(v.max() / v.min()) if v.size else 10.0
+    subs = (1.0, 2.0, 5.0) if decades < 1.2 else (1.0, 3.0) if decades < 2 else (1.0,)
+    # at most ~5 labels in a panel: the locator strides decades beyond that
+    axis.set_major_locator(mticker.LogLocator(base=10, subs=subs, numticks=5 if decades >= 3 else 8))
+    axis.set_major_formatter(mticker.FuncFormatter(_number))
+    axis.set_minor_formatter(mticker.NullFormatter())
+
+
+def _row_major(items: Sequence[Any], ncol: int) -> list[Any]:
+    """Reorder legend entries so that matplotlib's column-major filling reads row by row."""
+    return [items[k] for c in range(ncol) for k in range(c, len(items), ncol)]
+
+
+def _bottom_xlabel(axes: np.ndarray, text: str) -> None:
+    """The x label on the bottom panel of each column (a figure-level supxlabel would collide
+    with the legend below the axes)."""
+    for ax in axes[-1, :]:
+        if ax.axison:
+            ax.set_xlabel(text)
+
+
+def _positive_floor(values: np.ndarray) -> float:
+    positive = values[np.isfinite(values) & (values > 0)]
+    return float(positive.min()) / 2 if positive.size else 1e-12
+
+
+# ----------------------------------------------------------------------------- saving
+
+
+def save_figure(fig: Figure, stem: str | os.PathLike) -> list[Path]:
+    """Write ``stem.pdf`` and ``stem.png`` (PNG at :data:`PNG_DPI`), each via a temporary file
+    and a rename (no half-written figure under its final name), then close the figure.
+
+    The PDF carries no creation date, so the same figure gives the same bytes on a rerun.
+    """
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    try:
+        with matplotlib.rc_context(STYLE):
+            for fmt, extra in (("pdf", {"metadata": {"CreationDate": None}}), ("png", {"dpi": PNG_DPI, "metadata": {"Software": None}})):
+                target = stem.with_name(f"{stem.name}.{fmt}")
+                fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+                os.close(fd)
+                try:
+                    fig.savefig(tmp, format=fmt, **extra)
+                    os.replace(tmp, target)
+                except BaseException:
+                    Path(tmp).unlink(missing_ok=True)
+                    raise
+                written.append(target)
+    finally:
+        plt.close(fig)  # no-op for a figure pyplot does not manage
+        fig.clear()
+    return written
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+@styled
+def shannon_phi_plane(
+    per_query: pd.DataFrame,
+    site: str,
+    *,
+    sharpness: float | None = None,
+    dim: int | None = None,
+    distributions: Sequence[str] | None = None,
+    budgets: Sequence[int] | None = None,
+    colors: Mapping[str, str] | None = None,
+    max_points: int = 300,
+    seed: int = 0,
+) -> Figure:
+    """Scale error (Shannon effective bits) against direction error phi (degrees) at ``site``.
+
+    Rows: distributions; columns: budgets; one sharpness and one dim. Per scheme: a light
+    random subsample (at most ``max_points``, seeded by the panel's identity) of the points and
+    the median with its interquartile range as a cross. The K and V errors are per-trial
+    aggregates (repeated on each query row), so for those sites each point is one trial.
+    """
+    if site not in SITE_NAMES:
+        raise ValueError(f"site must be one of {', '.join(SITE_NAMES)}, got {site!r}")
+    title = f"Shannon–φ plane at {SITE_NAMES[site]}"
+    x_col, y_col = f"{site}_phi", f"{site}_eff_bits"
+    dim, dim_note = _choose(per_query, "dim", dim)
+    frame = _select(per_query, dim=dim)
+    sharpness, s_note = _choose(frame, "sharpness", sharpness)
+    frame = _select(frame, sharpness=None if sharpness is None else float(sharpness))
+    rows = _present(frame, "distribution", distributions)
+    cols = _present(frame, "budget", budgets)
+    if frame.empty or not rows or not cols or x_col not in frame.columns:
+        return nothing_to_show(title, f"no per-query rows for d = {dim}, sharpness = {sharpness}, "
+                                      f"distributions {list(distributions) if distributions else 'any'}")
+    colors, markers = _palette(frame["scheme"].unique(), colors)
+    schemes = scheme_order(frame["scheme"].unique())
+    fig, axes = new_figure(len(rows), len(cols), row_height=1.25 if len(cols) > 1 else 1.6, extra=0.75,
+                           sharex="row", sharey="row")
+    per_trial = site in ("k", "v")
+    for i, dist in enumerate(rows):
+        for j, budget in enumerate(cols):
+            ax = axes[i, j]
+            cell = _select(frame, distribution=dist, budget=budget)
+            for scheme in schemes:
+                g = cell[cell["scheme"] == scheme]
+                if per_trial:
+                    g = g.drop_duplicates(["trial"])
+                x = np.degrees(g[x_col].to_numpy(dtype=float))
+                y = g[y_col].to_numpy(dtype=float)
+                ok = np.isfinite(x) & np.isfinite(y)
+                x, y = x[ok], y[ok]
+                if x.size == 0:
+                    continue
+                if x.size > max_points:
+                    pick = rng(seed, "figure", "shannon_phi", site, str(dist), int(budget), scheme).choice(x.size, max_points, replace=False)
+                    xs, ys = x[pick], y[pick]
+                else:
+                    xs, ys = x, y
+                _tag(ax.scatter(xs, ys, s=2.5, color=colors[scheme], alpha=0.3, linewidths=0, rasterized=True, zorder=2), scheme)
+                qx, qy = np.percentile(x, [25, 50, 75]), np.percentile(y, [25, 50, 75])
+                # later schemes get smaller markers, so coinciding medians (e.g. KQV and RKV share
+                # their K side) stay visible as nested markers
+                size = _nested(schemes, scheme, 5.5, 0.8, 2.5)
+                _tag(ax.errorbar(qx[1], qy[1], xerr=[[qx[1] - qx[0]], [qx[2] - qx[1]]], yerr=[[qy[1] - qy[0]], [qy[2] - qy[1]]],
+                                 fmt=markers[scheme], color=colors[scheme], markeredgecolor="black", markeredgewidth=0.4,
+                                 markersize=size, elinewidth=1.0, capsize=0, zorder=4 + 0.1 * schemes.index(scheme)), scheme)
+            if i == 0:
+                ax.set_title(f"n = {budget} bits")
+            if j == len(cols) - 1:
+                _margin_title(ax, str(dist))
+            ax.tick_params(labelbottom=True)
+    S = site.upper()
+    _bottom_xlabel(axes, rf"direction error $\varphi_{S}$ (°)" if len(cols) == 1 else rf"$\varphi_{S}$ (degrees)")
+    fig.supylabel(rf"Shannon effective bits $0.5\,\log_2\,\mathrm{{SNR}}_{S}$ (bits)")
+    note = "points: trials" if per_trial else "points: queries"
+    _suptitle(fig, (f"{title}: d = {dim}{dim_note}, sharpness {_fmt(float(sharpness))}{s_note}; "
+                           f"{note}; cross: median and IQR"))
+    _figure_legend(fig, _scheme_handles(schemes, colors, markers, line=False), schemes)
+    return fig
+
+
+@styled
+def kl_ecdf(
+    per_query: pd.DataFrame,
+    *,
+    sharpness: float | None = None,
+    dim: int | None = None,
+    distributions: Sequence[str] | None = None,
+    budgets: Sequence[int] | None = None,
+    colors: Mapping[str, str] | None = None,
+) -> Figure:
+    """Empirical CDF of per-query KL (log x) per scheme, rows = distributions, columns =
+    budgets, with each scheme's mean (dashed) and 99th percentile (dotted) as vertical lines.
+    KL = 0 (exact attention) is drawn at the panel's floor (half the smallest positive KL);
+    an infinite KL counts in the CDF but cannot be drawn (the curve stays below 1)."""
+    title = "ECDF of per-query KL"
+    dim, dim_note = _choose(per_query, "dim", dim)
+    frame = _select(per_query, dim=dim)
+    sharpness, s_note = _choose(frame, "sharpness", sharpness)
+    frame = _select(frame, sharpness=None if sharpness is None else float(sharpness))
+    rows = _present(frame, "distribution", distributions)
+    cols = _present(frame, "budget", budgets)
+    if frame.empty or not rows or not cols:
+        return nothing_to_show(title, f"no per-query rows for d = {dim}, sharpness = {sharpness}")
+    colors, markers = _palette(frame["scheme"].unique(), colors)
+    schemes = scheme_order(frame["scheme"].unique())
+    fig, axes = new_figure(len(rows), len(cols), row_height=1.2 if len(cols) > 1 else 1.5, extra=0.85,
+                           sharex="row", sharey=True)
+    for i, dist in enumerate(rows):
+        floor = _positive_floor(_select(frame, distribution=dist)["kl"].to_numpy(dtype=float))
+        for j, budget in enumerate(cols):
+            ax = axes[i, j]
+            cell = _select(frame, distribution=dist, budget=budget)
+            for scheme in schemes:
+                kl = cell.loc[cell["scheme"] == scheme, "kl"].to_numpy(dtype=float)
+                kl = kl[~np.isnan(kl)]
+                if kl.size == 0:
+                    continue
+                shown = np.sort(np.maximum(kl[np.isfinite(kl)], floor))
+                ecdf = np.arange(1, shown.size + 1) / kl.size
+                _tag(ax.step(shown, ecdf, where="post", color=colors[scheme], lw=_nested(schemes, scheme, 2.0, 0.45, 0.6),
+                             zorder=3 + 0.1 * schemes.index(scheme)), scheme)
+                mean, p99 = float(np.mean(kl)), float(np.quantile(kl, 0.99))
+                for value, style in ((mean, "--"), (p99, ":")):
+                    if np.isfinite(value):
+                        _tag(ax.axvline(max(value, floor), color=colors[scheme], ls=style, lw=0.9, alpha=0.9, zorder=2), scheme)
+            _log_axis(ax, "x", _select(frame, distribution=dist)["kl"].to_numpy(dtype=float))
+            ax.set_ylim(0, 1.02)
+            if i == 0:
+                ax.set_title(f"n = {budget} bits")
+            if j == len(cols) - 1:
+                _margin_title(ax, str(dist))
+            ax.tick_params(labelbottom=True)
+    _bottom_xlabel(axes, "per-query KL (nats)")
+    fig.supylabel("fraction of queries")
+    _suptitle(fig, (f"{title}: d = {dim}{dim_note}, sharpness {_fmt(float(sharpness))}{s_note}"))
+    handles = _scheme_handles(schemes, colors, markers) + [
+        Line2D([], [], color="black", ls="-", lw=1.0), Line2D([], [], color="black", ls="--", lw=0.9),
+        Line2D([], [], color="black", ls=":", lw=0.9),
+    ]
+    for h in handles[: len(schemes)]:
+        h.set_marker("")
+    labels = [*schemes, "ECDF", "mean", "p99"]
+    _figure_legend(fig, handles, labels, ncol=4 if len(labels) <= 8 else 5)
+    return fig
+
+
+def _line_panel(ax: Any, frame: pd.DataFrame, x: str, y: str, schemes: Sequence[str], colors: Mapping[str, str],
+                markers: Mapping[str, str], *, log_y: bool = True) -> int:
+    """Lines of ``y`` against ``x``, one per scheme; returns the number of lines drawn."""
+    drawn, shown = 0, []
+    for scheme in schemes:
+        g = frame[frame["scheme"] == scheme].sort_values(x)
+        xs, ys = g[x].to_numpy(dtype=float), g[y].to_numpy(dtype=float)
+        ok = np.isfinite(xs) & np.isfinite(ys) & ((ys > 0) if log_y else True)
+        if not ok.any():
+            continue
+        _tag(ax.plot(xs[ok], ys[ok], marker=markers[scheme], color=colors[scheme], markersize=_nested(schemes, scheme, 5.0, 0.7, 2.5),
+                     lw=_nested(schemes, scheme, 2.0, 0.45, 0.6), zorder=3 + 0.1 * schemes.index(scheme)), scheme)
+        shown.extend(ys[ok])
+        drawn += 1
+    if log_y and drawn:
+        _log_axis(ax, "y", shown)
+    return drawn
+
+
+@styled
+def budget_crossover(
+    summary: pd.DataFrame,
+    *,
+    distribution: str | None = None,
+    dim: int | None = None,
+    sharpness: float | None = None,
+    metrics: Sequence[str] = ("k_eps_dir_mean", "kl_mean"),
+    colors: Mapping[str, str] | None = None,
+) -> Figure:
+    """``metrics`` (default: key direction error and mean KL) against the budget n, one line
+    per scheme, one panel per metric, for one distribution, dim and sharpness (log y)."""
+    title = "Budget crossover"
+    distribution, d_note = _choose(summary, "distribution", distribution)
+    frame = _select(summary, distribution=distribution)
+    dim, dim_note = _choose(frame, "dim", dim)
+    frame = _select(frame, dim=dim)
+    sharpness, s_note = _choose(frame, "sharpness", sharpness)
+    frame = _select(frame, sharpness=None if sharpness is None else float(sharpness))
+    if frame.empty or frame["budget"].nunique() == 0:
+        return nothing_to_show(title, f"no summary rows for {distribution}, d = {dim}, sharpness = {sharpness}")
+    colors, markers = _palette(frame["scheme"].unique(), colors)
+    schemes = scheme_order(frame["scheme"].unique())
+    fig, axes = new_figure(1, len(metrics), height=2.1)
+    budgets = sorted(frame["budget"].unique())
+    for ax, metric in zip(axes[0], metrics):
+        if metric not in frame.columns or not _line_panel(ax, frame, "budget", metric, schemes, colors, markers):
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xticks(budgets)
+        ax.set_xlabel(BUDGET_LABEL)
+        ax.set_ylabel(METRIC_LABELS.get(metric, safe_text(metric)))
+    one = " (one budget: no crossover to see)" if len(budgets) < 2 else ""
+    _suptitle(fig, (f"{title}: {distribution}{d_note}, d = {dim}{dim_note}, sharpness {_fmt(float(sharpness))}{s_note}{one}"))
+    _figure_legend(fig, _scheme_handles(schemes, colors, markers), schemes)
+    return fig
+
+
+def _sweep_frame(summary: pd.DataFrame, values: Mapping[str, float], dim: Any, budget: Any, sharpness: Any,
+                 column: str) -> tuple[pd.DataFrame, Any, Any, Any, str]:
+    frame = _select(summary, distribution=list(values)) if values else summary.iloc[0:0]
+    dim, dim_note = _choose(frame, "dim", dim)
+    frame = _select(frame, dim=dim)
+    budget, b_note = _choose(frame, "budget", budget)
+    budget = None if budget is None else int(budget)
+    frame = _select(frame, budget=budget)
+    sharpness, s_note = _choose(frame, "sharpness", sharpness)
+    frame = _select(frame, sharpness=None if sharpness is None else float(sharpness)).copy()
+    if "distribution" in frame.columns:
+        frame[column] = frame["distribution"].map({k: float(v) for k, v in values.items()})
+    return frame, dim, budget, sharpness, dim_note + b_note + s_note
+
+
+@styled
+def tail_sweep(
+    summary: pd.DataFrame,
+    nu_by_distribution: Mapping[str, float],
+    *,
+    dim: int | None = None,
+    budget: int | None = None,
+    sharpness: float | None = None,
+    metrics: Sequence[str] = ("k_eps_dir_mean", "kl_mean"),
+    colors: Mapping[str, str] | None = None,
+) -> Figure:
+    """``metrics`` against the Student-t tail index nu (log x; heavier tails to the left), one
+    line per scheme, at one dim, budget and sharpness; ``nu_by_distribution`` names the
+    Student-t instances (distribution -> nu)."""
+    title = "Tail sweep"
+    frame, dim, budget, sharpness, note = _sweep_frame(summary, nu_by_distribution, dim, budget, sharpness, "nu")
+    if frame.empty:
+        return nothing_to_show(title, f"no summary rows of a Student-t distribution ({', '.join(map(str, nu_by_distribution)) or 'none in the config'}) "
+                                      f"at d = {dim}, n = {budget}")
+    colors, markers = _palette(frame["scheme"].unique(), colors)
+    schemes = scheme_order(frame["scheme"].unique())
+    fig, axes = new_figure(1, len(metrics), height=2.1)
+    nus = sorted(frame["nu"].unique())
+    for ax, metric in zip(axes[0], metrics):
+        if metric not in frame.columns or not _line_panel(ax, frame, "nu", metric, schemes, colors, markers):
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xscale("log")
+        ax.set_xticks(nus, [_fmt(v) for v in nus])
+        ax.xaxis.set_minor_locator(mticker.NullLocator())
+        ax.set_xlabel("tail index ν")
+        ax.set_ylabel(METRIC_LABELS.get(metric, safe_text(metric)))
+    one = f"; only one tail index (ν = {_fmt(nus[0])}): no sweep to show" if len(nus) < 2 else ""
+    _suptitle(fig, (f"{title}: d = {dim}, n = {budget}, sharpness {_fmt(float(sharpness))}{note}{one}"))
+    _figure_legend(fig, _scheme_handles(schemes, colors, markers), schemes)
+    return fig
+
+
+REFERENCE_STYLES = ("--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)))
+
+
+@styled
+def rank_sweep(
+    summary: pd.DataFrame,
+    rank_by_distribution: Mapping[str, int],
+    reference_distributions: Sequence[str] = (),
+    *,
+    dims: Sequence[int] | None = None,
+    budget: int | None = None,
+    sharpness: float | None = None,
+    metric: str = "kl_mean",
+    colors: Mapping[str, str] | None = None,
+) -> Figure:
+    """``metric`` (mean KL) against the rank of low-rank data (log2 x), one line per scheme,
+    one panel per dim; each reference distribution (heavy-tailed, say) present at that dim is a
+    horizontal line per scheme (same colour, one line style per reference)."""
+    title = "Rank sweep"
+    names = list(rank_by_distribution)
+    frame = _select(summary, distribution=names) if names else summary.iloc[0:0]
+    budget, b_note = _choose(frame, "budget", budget)
+    budget = None if budget is None else int(budget)
+    sharpness, s_note = _choose(frame, "sharpness", sharpness)
+    dims_present = _present(frame, "dim", dims)
+    if frame.empty or not dims_present:
+        return nothing_to_show(title, f"no summary rows of a low-rank distribution ({', '.join(names) or 'none in the config'})")
+    refs = [r for r in reference_distributions if r in set(summary["distribution"])]
+    frame = _select(frame, budget=budget, sharpness=None if sharpness is None else float(sharpness)).copy()
+    frame["rank"] = frame["distribution"].map({k: float(v) for k, v in rank_by_distribution.items()})
+    reference = _select(summary, distribution=refs, budget=budget, sharpness=None if sharpness is None else float(sharpness)) if refs else summary.iloc[0:0]
+    colors, markers = _palette(set(frame["scheme"]) | set(reference["scheme"]), colors)
+    schemes = scheme_order(set(frame["scheme"]) | set(reference["scheme"]))
+    fig, axes = new_figure(1, len(dims_present), height=2.3, sharey=True)
+    ranks_seen: set[float] = set()
+    ref_styles = {r: REFERENCE_STYLES[i % len(REFERENCE_STYLES)] for i, r in enumerate(refs)}
+    refs_drawn: list[str] = []
+    for ax, d in zip(axes[0], dims_present):
+        panel = _select(frame, dim=d)
+        ranks = sorted(panel["rank"].unique())
+        ranks_seen.update(ranks)
+        if not _line_panel(ax, panel, "rank", metric, schemes, colors, markers):
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        for ref in refs:
+            rows = _select(reference, distribution=ref, dim=d)
+            for scheme in schemes:
+                value = rows.loc[rows["scheme"] == scheme, metric].to_numpy(dtype=float)
+                if value.size and np.isfinite(value[0]) and value[0] > 0:
+                    _tag(ax.axhline(value[0], color=colors[scheme], ls=ref_styles[ref], lw=0.9, alpha=0.85), scheme)
+                    if ref not in refs_drawn:
+                        refs_drawn.append(ref)
+        ax.set_xscale("log", base=2)
+        if ranks:
+            ax.set_xticks(ranks, [_fmt(r) for r in ranks])
+        ax.xaxis.set_minor_locator(mticker.NullLocator())
+        ax.set_xlabel("rank r")
+        ax.set_title(f"d = {d}")
+    if not frame.empty and metric in frame.columns:
+        _log_axis(axes[0, 0], "y", np.r_[frame[metric].to_numpy(dtype=float), reference[metric].to_numpy(dtype=float)])
+    axes[0, 0].set_ylabel(METRIC_LABELS.get(metric, safe_text(metric)))
+    one = "; only one rank: no sweep to show" if len(ranks_seen) < 2 else ""
+    _suptitle(fig, (f"{title}: n = {budget}{b_note}, sharpness {_fmt(float(sharpness))}{s_note}{one}"))
+    handles = _scheme_handles(schemes, colors, markers)
+    labels = list(schemes)
+    for ref in refs_drawn:
+        handles.append(Line2D([], [], color="black", ls=ref_styles[ref], lw=0.9))
+        labels.append(f"{ref} (reference)")
+    _figure_legend(fig, handles, labels, ncol=min(len(handles), 4))
+    return fig
+
+
+THEORY_CHECKS = {
+    "qjl_vs_residual": ("(n−1) bits + QJL\nvs (n−1)-bit residual", math.pi / 2, "π/2"),
+    "qjl_vs_nbit": ("(n−1) bits + QJL\nvs n-bit scalar", 2 * math.pi, "2π"),
+}
+
+
+@styled
+def theory_check(theory: pd.DataFrame, *, dim: int | None = None, distributions: Sequence[str] | None = None) -> Figure:
+    """Measured QJL variance ratios (estimate and CI per distribution) against the budget,
+    the closed form as a black line, and its limits pi/2 and 2 pi as grey dashed lines."""
+    title = "QJL inner-product variance ratios"
+    frame = _select(theory, check=list(THEORY_CHECKS)) if theory is not None and "check" in theory.columns else pd.DataFrame()
+    dim, dim_note = _choose(frame, "dim", dim)
+    frame = _select(frame, dim=dim)
+    dists = _present(frame, "distribution", distributions)
+    frame = _select(frame, distribution=dists) if dists else frame.iloc[0:0]
+    if frame.empty:
+        return nothing_to_show(title, f"no qjl_vs_residual / qjl_vs_nbit rows in the theory table for d = {dim}")
+    fig, axes = new_figure(1, 2, height=2.4)
+    budgets = sorted(frame["budget"].unique())
+    width = 0.5
+    offsets = {d: (k - (len(dists) - 1) / 2) * (width / max(len(dists), 1)) for k, d in enumerate(dists)}
+    for ax, (check, (label, limit, limit_text)) in zip(axes[0], THEORY_CHECKS.items()):
+        rows = frame[frame["check"] == check]
+        for k, dist in enumerate(dists):
+            g = rows[rows["distribution"] == dist].sort_values("budget")
+            if g.empty:
+                continue
+            est, low, high = (g[c].to_numpy(dtype=float) for c in ("estimate", "low", "high"))
+            yerr = np.vstack([np.where(np.isfinite(low), est - low, 0), np.where(np.isfinite(high), high - est, 0)])
+            ax.errorbar(g["budget"].to_numpy(dtype=float) + offsets[dist], est, yerr=np.clip(yerr, 0, None),
+                        fmt=DISTRIBUTION_MARKERS[k % len(DISTRIBUTION_MARKERS)], color=DISTRIBUTION_COLORS[k % len(DISTRIBUTION_COLORS)],
+                        markersize=3.5, elinewidth=0.9, capsize=1.5, lw=0, zorder=3)
+        closed = rows.groupby("budget")["theory"].first().sort_index()
+        if closed.notna().any():
+            ax.plot(closed.index.to_numpy(dtype=float), closed.to_numpy(dtype=float), color="black", lw=1.0, marker="_",
+                    markersize=8, zorder=2)
+        ax.axhline(limit, color="0.45", ls="--", lw=0.8, zorder=1)
+        ax.annotate(limit_text, xy=(1.0, limit), xycoords=("axes fraction", "data"), xytext=(2, 0),
+                    textcoords="offset points", va="center", ha="left", color="0.3")
+        ax.set_xticks(budgets)
+        ax.set_xlim(min(budgets) - 0.6, max(budgets) + 0.6)
+        ax.set_xlabel(BUDGET_LABEL)
+        ax.set_title(label)
+        values = np.r_[rows[["estimate", "low", "high", "theory"]].to_numpy(dtype=float).ravel(), limit]
+        values = values[np.isfinite(values)]
+        pad = 0.08 * (values.max() - values.min() or 1)
+        ax.set_ylim(values.min() - pad, values.max() + pad)
+    axes[0, 0].set_ylabel("variance ratio (×)")
+    _suptitle(fig, (f"{title}: d = {dim}{dim_note}; points = measured (95% CI), line = closed form"))
+    handles = [Line2D([], [], color=DISTRIBUTION_COLORS[k % len(DISTRIBUTION_COLORS)], marker=DISTRIBUTION_MARKERS[k % len(DISTRIBUTION_MARKERS)],
+                      ls="none", markersize=4) for k in range(len(dists))]
+    handles.append(Line2D([], [], color="black", lw=1.0))
+    handles.append(Line2D([], [], color="0.45", ls="--", lw=0.8))
+    labels = [*map(str, dists), "closed form", "limit (π/2, 2π)"]
+    _figure_legend(fig, handles, labels, ncol=3, loc="outside lower center")
+    return fig
+
+
+@styled
+def marginals(samples: Mapping[str, tuple[np.ndarray, int]], *, bins: int = 40, ncols: int = 2) -> Figure:
+    """Histograms (density) of rotated unit-vector coordinates per distribution against the
+    Beta coordinate density of the working dimension, with the one-sample KS test."""
+    from .codebook import coordinate_pdf
+    from .theory import ks_against_beta
+
+    title = "Rotated key coordinates vs the Beta law"
+    items = [(str(name), np.asarray(v, dtype=float), int(d)) for name, (v, d) in samples.items()]
+    items = [(n, v[np.isfinite(v)], d) for n, v, d in items]
+    items = [(n, v, d) for n, v, d in items if v.size]
+    if not items:
+        return nothing_to_show(title, "no samples of rotated coordinates")
+    ncols = max(1, min(ncols, len(items)))
+    nrows = math.ceil(len(items) / ncols)
+    fig, axes = new_figure(nrows, ncols, row_height=1.35, extra=0.45, sharex=True, sharey=True)
+    for ax in axes.ravel()[len(items):]:
+        ax.set_axis_off()
+    top = 0.0
+    half = min(1.0, 4.5 / math.sqrt(min(d for _, _, d in items)))
+    for ax, (name, values, work_dim) in zip(axes.ravel(), items):
+        heights, _, _ = ax.hist(np.clip(values, -half, half), bins=bins, range=(-half, half), density=True, color="0.6",
+                                alpha=0.75, histtype="stepfilled", linewidth=0)
+        grid = np.linspace(-half, half, 401)
+        pdf = coordinate_pdf(grid, work_dim)
+        ax.plot(grid, pdf, color="black", lw=1.0)
+        top = max(top, float(np.max(heights)), float(np.max(pdf)))
+        text = f"n = {values.size}"
+        if values.size >= 2:
+            ks = ks_against_beta(values, work_dim)
+            text = f"KS = {ks['statistic']:.3f}, p = {ks['p']:.2g}\nn = {values.size}"
+        ax.text(0.02, 0.97, text, transform=ax.transAxes, va="top", ha="left", fontsize=6)
+        ax.set_title(safe_text(f"{name} (D = {work_dim})"))
+        ax.set_xlim(-half, half)
+    axes[0, 0].set_ylim(0, 1.3 * top)  # shared: headroom for the KS text
+    fig.supxlabel("rotated unit-vector coordinate (dimensionless)")  # no legend below: no clash
+    fig.supylabel("density")
+    _suptitle(fig, "Rotated key coordinates (grey) vs the unit-vector coordinate law in dimension D (line)")
+    return fig
+
+
+def _slope_label(slopes: pd.DataFrame | None, scheme: str, **cell: Any) -> str:
+    if slopes is None or slopes.empty or "check" not in slopes.columns:
+        return scheme
+    row = _select(slopes, check="jensen_slope", scheme=scheme, **cell)
+    if row.empty:
+        return scheme
+    est, low, high = (float(row[c].iloc[0]) for c in ("estimate", "low", "high"))
+    ci = f"\n[{low:.2g}, {high:.2g}]" if np.isfinite(low) and np.isfinite(high) and high > low else ""
+    return f"{scheme}: {est:.2g}{ci}"
+
+
+@styled
+def jensen_bias(
+    per_key: pd.DataFrame,
+    *,
+    budget: int | None = None,
+    sharpness: float | None = None,
+    dim: int | None = None,
+    distributions: Sequence[str] | None = None,
+    slopes: pd.DataFrame | None = None,
+    n_bins: int = 20,
+    colors: Mapping[str, str] | None = None,
+) -> Figure:
+    """Per key: log(mean attention weight quantized / reference) against the variance of its
+    logit error, as means over ``n_bins`` quantile bins of the variance (with standard errors),
+    one line per scheme, one panel per distribution, one budget and sharpness. With ``slopes``
+    (the theory table), each legend entry shows the fitted Jensen slope and its CI."""
+    from .theory import jensen_points
+
+    title = "Jensen bias"
+    dim, dim_note = _choose(per_key, "dim", dim)
+    frame = _select(per_key, dim=dim)
+    budget, b_note = _choose(frame, "budget", budget)
+    budget = None if budget is None else int(budget)
+    frame = _select(frame, budget=budget)
+    sharpness, s_note = _choose(frame, "sharpness", sharpness)
+    frame = _select(frame, sharpness=None if sharpness is None else float(sharpness))
+    dists = _present(frame, "distribution", distributions)
+    if frame.empty or not dists:
+        return nothing_to_show(title, f"no per-key rows for d = {dim}, n = {budget}, sharpness = {sharpness}")
+    colors, markers = _palette(frame["scheme"].unique(), colors)
+    schemes = scheme_order(frame["scheme"].unique())
+    with_slopes = slopes is not None and not slopes.empty and "check" in slopes.columns
+    fig, axes = new_figure(len(dists), 1, row_height=1.45, extra=0.75 if not with_slopes else 0.55)
+    for ax, dist in zip(axes[:, 0], dists):
+        handles, labels, shown = [], [], []
+        cell = _select(frame, distribution=dist)
+        for scheme in schemes:
+            g = cell[cell["scheme"] == scheme]
+            if g.empty:
+                continue
+            var, excess, _ = jensen_points(g)
+            keep = var > 0
+            var, excess = var[keep], excess[keep]
+            if var.size < 2:
+                continue
+            edges = np.unique(np.quantile(var, np.linspace(0, 1, n_bins + 1)))
+            which = np.clip(np.searchsorted(edges, var, side="right") - 1, 0, max(len(edges) - 2, 0))
+            xs, ys, es = [], [], []
+            for b in np.unique(which):
+                sel = which == b
+                xs.append(float(np.exp(np.mean(np.log(var[sel])))))
+                ys.append(float(np.mean(excess[sel])))
+                es.append(float(np.std(excess[sel], ddof=1) / math.sqrt(sel.sum())) if sel.sum() > 1 else 0.0)
+            _tag(ax.errorbar(xs, ys, yerr=es, color=colors[scheme], marker=markers[scheme], markersize=_nested(schemes, scheme, 4.2, 0.6, 2.2),
+                             lw=_nested(schemes, scheme, 1.5, 0.25, 0.7), elinewidth=0.7, capsize=0,
+                             zorder=3 + 0.1 * schemes.index(scheme)), scheme)
+            shown.extend(xs)
+            handles.append(Line2D([], [], color=colors[scheme], marker=markers[scheme], markersize=3.5))
+            cell_ids = dict(distribution=dist, dim=dim, budget=budget, sharpness=None if sharpness is None else float(sharpness))
+            labels.append(_slope_label(slopes, scheme, **cell_ids) if with_slopes else scheme)
+        ax.axhline(0.0, color="0.4", lw=0.7, ls="-", zorder=1)
+        if shown:
+            _log_axis(ax, "x", shown)
+        else:
+            ax.text(0.5, 0.5, "no keys with positive logit-error variance", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(safe_text(str(dist)))
+        if with_slopes and handles:
+            ax.legend(handles, [safe_text(label) for label in labels], loc="center left", bbox_to_anchor=(1.01, 0.5),
+                      frameon=False, fontsize=6.5, title="fitted slope", title_fontsize=6.5, handlelength=1.2,
+                      labelspacing=0.3)
+    axes[-1, 0].set_xlabel("logit-error variance over queries (logit², log scale)")
+    fig.supylabel("ln(mean ŵ / mean w) (nats)")
+    if not with_slopes:
+        _figure_legend(fig, _scheme_handles(schemes, colors, markers), schemes)
+    slope_note = "; fitted slope: linear fit of the per-key points" if with_slopes else ""
+    _suptitle(fig, f"{title}: d = {dim}{dim_note}, n = {budget}{b_note}, sharpness {_fmt(float(sharpness))}{s_note}; "
+                   f"means of {n_bins} quantile bins ± s.e.{slope_note}")
+    return fig
+
+
+@styled
+def sharpness_sweep(
+    summary: pd.DataFrame,
+    *,
+    dim: int | None = None,
+    budget: int | None = None,
+    distributions: Sequence[str] | None = None,
+    comparisons: pd.DataFrame | None = None,
+    pair: tuple[str, str] = ("QKQV", "KQV"),
+    colors: Mapping[str, str] | None = None,
+) -> Figure:
+    """Per distribution (rows): mean KL of each scheme against the sharpness (log-log), and
+    the ratio ``pair[0] / pair[1]`` of mean KL (QKQV over KQV: above 1 means KQV is better),
+    with its paired bootstrap CI when ``comparisons`` is given."""
+    title = "Sharpness sweep"
+    num, den = pair
+    dim, dim_note = _choose(summary, "dim", dim)
+    frame = _select(summary, dim=dim)
+    budget, b_note = _choose(frame, "budget", budget)
+    budget = None if budget is None else int(budget)
+    frame = _select(frame, budget=budget)
+    dists = _present(frame, "distribution", distributions)
+    if frame.empty or not dists:
+        return nothing_to_show(title, f"no summary rows for d = {dim}, n = {budget}")
+    colors, markers = _palette(frame["scheme"].unique(), colors)
+    schemes = scheme_order(frame["scheme"].unique())
+    fig, axes = new_figure(len(dists), 2, row_height=1.3, extra=0.75, sharex=True)
+    sharp = sorted(frame["sharpness"].unique())
+    for i, dist in enumerate(dists):
+        cell = _select(frame, distribution=dist)
+        ax_kl, ax_ratio = axes[i]
+        if not _line_panel(ax_kl, cell, "sharpness", "kl_mean", schemes, colors, markers):
+            ax_kl.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax_kl.transAxes)
+        a = cell[cell["scheme"] == num].set_index("sharpness")["kl_mean"]
+        b = cell[cell["scheme"] == den].set_index("sharpness")["kl_mean"]
+        common = sorted(set(a.index) & set(b.index))
+        if common:
+            ratio = a.loc[common].to_numpy(dtype=float) / b.loc[common].to_numpy(dtype=float)
+            low = high = None
+            if comparisons is not None and not comparisons.empty and "ratio_mean" in comparisons.columns:
+                low, high = _ratio_ci(comparisons, dist, dim, budget, common, num, den)
+            ax_ratio.plot(common, ratio, color="black", marker="o", markersize=3.5, lw=1.1, zorder=3)
+            if low is not None and np.isfinite(low).any():
+                ax_ratio.fill_between(common, low, high, color="0.5", alpha=0.3, linewidth=0, zorder=2)
+            ax_ratio.axhline(1.0, color="0.4", ls="--", lw=0.8)
+            spread = np.r_[ratio, [] if low is None else low, [] if high is None else high, 1.0]
+            finite = spread[np.isfinite(spread) & (spread > 0)]
+            if finite.size and finite.max() / finite.min() > 10:
+                _log_axis(ax_ratio, "y", finite)
+        else:
+            ax_ratio.text(0.5, 0.5, safe_text(f"{num} or {den} absent"), ha="center", va="center", transform=ax_ratio.transAxes)
+        for ax in (ax_kl, ax_ratio):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sharp, [_fmt(s) for s in sharp])
+            ax.xaxis.set_minor_locator(mticker.NullLocator())
+            ax.tick_params(labelbottom=True)
+        ax_kl.set_ylabel("mean KL (nats)")
+        ax_ratio.set_ylabel("mean-KL ratio (×)")
+        _margin_title(ax_ratio, str(dist))
+        if i == 0:
+            ax_kl.set_title("mean KL per scheme")
+            ax_ratio.set_title(safe_text(f"{num} / {den}"))
+    _bottom_xlabel(axes, "sharpness (logit s.d.)")
+    ci_note = ", shaded: 95% CI" if comparisons is not None and not comparisons.empty else ""
+    _suptitle(fig, f"{title}: d = {dim}{dim_note}, n = {budget}{b_note}; ratio > 1: {den} better{ci_note}")
+    _figure_legend(fig, _scheme_handles(schemes, colors, markers), schemes)
+    return fig
+
+
+def _ratio_ci(comparisons: pd.DataFrame, dist: str, dim: Any, budget: Any, sharpness: Sequence[float], num: str,
+              den: str) -> tuple[np.ndarray, np.ndarray]:
+    """CI of mean KL num/den per sharpness from the comparisons table (either orientation)."""
+    low, high = np.full(len(sharpness), np.nan), np.full(len(sharpness), np.nan)
+    rows = _select(comparisons, metric="kl", distribution=dist, dim=dim, budget=budget)
+    for k, s in enumerate(sharpness):
+        r = _select(rows, sharpness=float(s))
+        fwd = r[(r["scheme_a"] == num) & (r["scheme_b"] == den)]
+        bwd = r[(r["scheme_a"] == den) & (r["scheme_b"] == num)]
+        if not fwd.empty:
+            low[k], high[k] = float(fwd["ratio_mean_low"].iloc[0]), float(fwd["ratio_mean_high"].iloc[0])
+        elif not bwd.empty:
+            lo, hi = float(bwd["ratio_mean_low"].iloc[0]), float(bwd["ratio_mean_high"].iloc[0])
+            low[k], high[k] = (1 / hi if hi else np.nan), (1 / lo if lo else np.nan)
+    return low, high

@@ -1,0 +1,415 @@
+"""The figures: every function on small synthetic tables (the real tables' columns), fixed
+scheme colours, atomic saving, hostile names, empty selections, and the figures stage."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import os
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.colors import to_rgba
+from matplotlib.figure import Figure
+
+from kvasym import figures as fg
+from kvasym.dataset import PER_KEY_SCHEMA, PER_QUERY_SCHEMA
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMES = ("KV", "KQV", "QKQV", "RKV")
+KINDS = {"gaussian": "gaussian", "t1.05": "student_t", "t3": "student_t", "lowrank4": "low_rank", "lowrank16": "low_rank"}
+QUALITY = {"KV": 1.0, "KQV": 0.5, "QKQV": 1.5, "RKV": 0.6}  # larger: worse (synthetic)
+
+
+def _kind(name: str) -> str:
+    return KINDS.get(name, "gaussian")
+
+
+def make_per_query(distributions=("gaussian", "t1.05", "lowrank4"), dims=(64,), schemes=SCHEMES, budgets=(2, 4),
+                   sharpness=(1.0, 4.0), trials=2, queries=12, seed=0) -> pd.DataFrame:
+    gen = np.random.default_rng(seed)
+    rows = []
+    for dist, dim, scheme, budget, s, trial in itertools.product(distributions, dims, schemes, budgets, sharpness, range(trials)):
+        scale = QUALITY.get(scheme, 1.2) * 2.0 ** (-budget) * s
+        cache = {f"{site}_{name}": value for site in ("k", "v") for name, value in (
+            ("snr_db", 6.0 * budget + gen.normal()), ("eff_bits", budget + gen.normal(0, 0.1)),
+            ("phi", 0.6 * scale + abs(gen.normal(0, 0.02))), ("eps_dir", 0.1 * scale))}
+        for q in range(queries):
+            phi_t = abs(gen.normal(0.8 * scale, 0.1))
+            rows.append({
+                "distribution": dist, "kind": _kind(dist), "dim": dim, "scheme": scheme, "budget": budget, "sharpness": s,
+                "trial": trial, "query": q, "kl": float(gen.lognormal(np.log(0.05 * scale), 1.0)) if q else 0.0,
+                "recall_top5": float(gen.integers(0, 6) / 5), **cache,
+                "t_snr_db": 5.0 * budget - 10 * phi_t, "t_eff_bits": budget - 2 * phi_t, "t_phi": phi_t,
+                "t_eps_dir": 1 - np.cos(phi_t), "k_bits_payload": float(budget), "k_bits_side": 0.5,
+                "v_bits_payload": float(budget), "v_bits_side": 0.5,
+            })
+    frame = pd.DataFrame(rows)
+    return frame[PER_QUERY_SCHEMA.names]
+
+
+def make_summary(per_query: pd.DataFrame) -> pd.DataFrame:
+    cell = ["distribution", "kind", "dim", "budget", "sharpness", "scheme"]
+    g = per_query.groupby(cell, sort=True)
+    out = g.agg(kl_mean=("kl", "mean"), kl_median=("kl", "median"), kl_max=("kl", "max"),
+                recall_mean=("recall_top5", "mean"), k_eps_dir_mean=("k_eps_dir", "mean"),
+                t_eps_dir_mean=("t_eps_dir", "mean"), v_eps_dir_mean=("v_eps_dir", "mean"))
+    out["kl_p99"] = g["kl"].quantile(0.99)
+    return out.reset_index()
+
+
+def make_comparisons(summary: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for (dist, kind, dim, budget, s), g in summary.groupby(["distribution", "kind", "dim", "budget", "sharpness"]):
+        by = g.set_index("scheme")["kl_mean"]
+        for a, b in itertools.combinations(list(by.index), 2):
+            r = by[a] / by[b]
+            rows.append({"distribution": dist, "kind": kind, "dim": dim, "budget": budget, "sharpness": s,
+                         "scheme_a": a, "scheme_b": b, "metric": "kl", "ratio_mean": r,
+                         "ratio_mean_low": 0.8 * r, "ratio_mean_high": 1.2 * r})
+    return pd.DataFrame(rows)
+
+
+def make_theory(distributions=("gaussian", "t1.05", "lowrank4"), dims=(64,), budgets=(2, 4), schemes=SCHEMES,
+                sharpness=(1.0, 4.0)) -> pd.DataFrame:
+    rows = []
+    for dist, dim in itertools.product(distributions, dims):
+        base = {"distribution": dist, "kind": _kind(dist), "dim": dim}
+        for budget in budgets:
+            for check, value in (("qjl_vs_residual", np.pi / 2 - 1 / dim), ("qjl_vs_nbit", 1.5 * budget)):
+                rows.append({**base, "check": check, "scheme": "", "budget": budget, "sharpness": np.nan,
+                             "estimate": value * 1.01, "low": value * 0.97, "high": value * 1.05, "theory": value,
+                             "statistic": np.nan, "p": np.nan, "n": 3.0})
+        rows.append({**base, "check": "ks_beta", "scheme": "", "budget": -1, "sharpness": np.nan, "estimate": 0.03,
+                     "low": np.nan, "high": np.nan, "theory": np.nan, "statistic": 0.03, "p": 0.5, "n": 100.0})
+        for scheme, budget, s in itertools.product(schemes, budgets, sharpness):
+            rows.append({**base, "check": "jensen_slope", "scheme": scheme, "budget": budget, "sharpness": s,
+                         "estimate": 0.1, "low": 0.05, "high": 0.15, "theory": np.nan, "statistic": 0.2, "p": np.nan, "n": 64.0})
+    return pd.DataFrame(rows)
+
+
+def make_per_key(distributions=("gaussian", "t1.05", "lowrank4"), dims=(64,), schemes=SCHEMES, budgets=(2, 4),
+                 sharpness=(1.0, 4.0), keys=64, seed=1) -> pd.DataFrame:
+    gen = np.random.default_rng(seed)
+    parts = []
+    for dist, dim, scheme, budget, s in itertools.product(distributions, dims, schemes, budgets, sharpness):
+        var = gen.lognormal(np.log(0.01 * QUALITY.get(scheme, 1.0)), 1.0, keys)
+        ref = gen.dirichlet(np.ones(keys))
+        hat = ref * np.exp(0.5 * var + gen.normal(0, 0.01, keys))
+        parts.append(pd.DataFrame({
+            "distribution": dist, "kind": _kind(dist), "dim": dim, "scheme": scheme, "budget": budget, "sharpness": s,
+            "trial": 0, "key": np.arange(keys), "n_queries": 16, "logit_err_mean": gen.normal(0, 0.01, keys),
+            "logit_err_var": var, "weight_ref_mean": ref, "weight_hat_mean": hat / hat.sum(),
+            "log_weight_excess": np.log(hat / ref), "k_eps_dir": 0.01, "k_snr_db": 20.0,
+        }))
+    return pd.concat(parts, ignore_index=True)[PER_KEY_SCHEMA.names]
+
+
+def make_samples(names=("gaussian", "t1.05", "lowrank4"), dim=64, n=300, seed=2):
+    gen = np.random.default_rng(seed)
+    out = {}
+    for name in names:
+        x = gen.standard_normal((n, dim))
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        out[name] = (x[:, 0], dim)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tables():
+    pq = make_per_query(distributions=("gaussian", "t1.05", "t3", "lowrank4", "lowrank16"))
+    summary = make_summary(pq)
+    return {"per_query": pq, "summary": summary, "comparisons": make_comparisons(summary),
+            "theory": make_theory(), "per_key": make_per_key()}
+
+
+FACETS = ["gaussian", "t1.05", "lowrank4"]
+NU = {"t1.05": 1.05, "t3": 3.0}
+RANK = {"lowrank4": 4, "lowrank16": 16}
+
+
+def draw_all(t, colors=None):
+    """(name, figure, expected number of axes) for every figure function."""
+    return [
+        ("shannon_k", fg.shannon_phi_plane(t["per_query"], "k", sharpness=1.0, dim=64, distributions=FACETS, colors=colors), 6),
+        ("shannon_t", fg.shannon_phi_plane(t["per_query"], "t", sharpness=1.0, dim=64, distributions=FACETS, colors=colors), 6),
+        ("kl_ecdf", fg.kl_ecdf(t["per_query"], sharpness=4.0, dim=64, distributions=FACETS, colors=colors), 6),
+        ("budget_crossover", fg.budget_crossover(t["summary"], distribution="gaussian", dim=64, sharpness=1.0, colors=colors), 2),
+        ("tail_sweep", fg.tail_sweep(t["summary"], NU, dim=64, budget=4, sharpness=1.0, colors=colors), 2),
+        ("rank_sweep", fg.rank_sweep(t["summary"], RANK, ["t1.05", "t3"], budget=4, sharpness=1.0, colors=colors), 1),
+        ("sharpness_sweep", fg.sharpness_sweep(t["summary"], dim=64, budget=4, distributions=FACETS,
+                                               comparisons=t["comparisons"], colors=colors), 6),
+        ("theory_check", fg.theory_check(t["theory"], dim=64), 2),
+        ("marginals", fg.marginals(make_samples()), 4),
+        ("jensen_bias", fg.jensen_bias(t["per_key"], budget=4, sharpness=1.0, dim=64, distributions=FACETS,
+                                       slopes=t["theory"], colors=colors), 3),
+    ]
+
+
+def title_of(fig: Figure) -> str:
+    return fig._suptitle.get_text().replace("\n", " ") if fig._suptitle is not None else ""
+
+
+def scheme_artist_colors(fig: Figure) -> dict[str, set[tuple]]:
+    """Scheme -> the set of RGB colours of the artists tagged with it."""
+    out: dict[str, set[tuple]] = {}
+    for ax in fig.axes:
+        for artist in [*ax.lines, *ax.collections]:
+            gid = artist.get_gid()
+            if not gid or not gid.startswith("scheme="):
+                continue
+            if hasattr(artist, "get_color") and not hasattr(artist, "get_facecolor"):
+                rgba = [to_rgba(artist.get_color())]
+            else:
+                faces = artist.get_facecolor()
+                rgba = [tuple(c) for c in (faces if len(faces) else artist.get_edgecolor())]
+            out.setdefault(gid.removeprefix("scheme="), set()).update(tuple(np.round(c[:3], 4)) for c in rgba)
+    return out
+
+
+def test_every_figure_has_the_expected_axes(tables):
+    for name, fig, n_axes in draw_all(tables):
+        assert isinstance(fig, Figure), name
+        assert len(fig.axes) == n_axes, name
+        assert "nothing to show" not in title_of(fig), name
+        assert fig.get_figwidth() == pytest.approx(fg.COLUMN_WIDTH), name
+
+
+def test_marginals_hide_the_spare_panel():
+    fig = fg.marginals(make_samples())
+    assert sum(ax.axison for ax in fig.axes) == 3
+
+
+def test_scheme_colours_are_fixed_and_identical_across_figures(tables):
+    seen: dict[str, set[tuple]] = {}
+    for name, fig, _ in draw_all(tables):
+        for scheme, rgbs in scheme_artist_colors(fig).items():
+            seen.setdefault(scheme, set()).update(rgbs)
+    assert set(seen) == set(SCHEMES)
+    for scheme, rgbs in seen.items():
+        assert rgbs == {tuple(np.round(to_rgba(fg.SCHEME_COLORS[scheme])[:3], 4))}, scheme
+
+
+def test_user_scheme_colours_follow_sorted_names():
+    colors = fg.scheme_colors(["zeta", "KQV", "alpha", "KV"])
+    assert colors["KV"] == fg.SCHEME_COLORS["KV"] and colors["KQV"] == fg.SCHEME_COLORS["KQV"]
+    assert colors["alpha"] == fg.EXTRA_COLORS[0] and colors["zeta"] == fg.EXTRA_COLORS[1]
+    assert fg.scheme_colors(["alpha", "zeta"]) == {"alpha": fg.EXTRA_COLORS[0], "zeta": fg.EXTRA_COLORS[1]}
+    assert not set(fg.EXTRA_COLORS) & set(fg.SCHEME_COLORS.values())
+    assert fg.scheme_order(["zeta", "RKV", "alpha", "KV"]) == ["KV", "RKV", "alpha", "zeta"]
+
+
+def test_given_colours_are_used_everywhere(tables):
+    pq = tables["per_query"].copy()
+    pq.loc[pq["scheme"] == "RKV", "scheme"] = "mine"
+    colors = fg.scheme_colors(["KV", "KQV", "QKQV", "mine", "another"])
+    fig = fg.kl_ecdf(pq, sharpness=1.0, dim=64, distributions=FACETS, colors=colors)
+    got = scheme_artist_colors(fig)
+    assert got["mine"] == {tuple(np.round(to_rgba(colors["mine"])[:3], 4))}
+
+
+def test_save_figure_writes_pdf_and_png_atomically(tmp_path, monkeypatch):
+    fig = fg.budget_crossover(make_summary(make_per_query(distributions=("gaussian",), trials=1, queries=4)))
+    replaced = []
+    real_replace = os.replace
+
+    def spy(src, dst):
+        replaced.append((Path(src), Path(dst)))
+        assert Path(src).parent == Path(dst).parent and Path(src).name.startswith(".")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    written = fg.save_figure(fig, tmp_path / "sub" / "crossover")
+    assert written == [tmp_path / "sub" / "crossover.pdf", tmp_path / "sub" / "crossover.png"]
+    assert [dst for _, dst in replaced] == written
+    assert (tmp_path / "sub" / "crossover.pdf").read_bytes().startswith(b"%PDF")
+    png = (tmp_path / "sub" / "crossover.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+    width = int.from_bytes(png[16:20], "big")
+    assert width == pytest.approx(fg.COLUMN_WIDTH * fg.PNG_DPI, abs=2)
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["crossover.pdf", "crossover.png"]
+    assert not fig.axes  # closed and cleared
+
+
+def test_save_figure_leaves_nothing_behind_on_failure(tmp_path, monkeypatch):
+    fig = fg.nothing_to_show("x", "y")
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(fig, "savefig", boom)
+    with pytest.raises(RuntimeError):
+        fg.save_figure(fig, tmp_path / "broken")
+    assert list(tmp_path.iterdir()) == []
+
+
+HOSTILE_DIST = "t_1%&$x$"
+HOSTILE_SCHEME = "_my_$s$%&"
+
+
+def test_hostile_names_render(tables, tmp_path):
+    rename_d = {"t1.05": HOSTILE_DIST}
+    rename_s = {"QKQV": HOSTILE_SCHEME}
+    t = {}
+    for key, frame in tables.items():
+        frame = frame.copy()
+        frame["distribution"] = frame["distribution"].replace(rename_d)
+        for col in ("scheme", "scheme_a", "scheme_b"):
+            if col in frame.columns:
+                frame[col] = frame[col].replace(rename_s)
+        t[key] = frame
+    facets = ["gaussian", HOSTILE_DIST, "lowrank4"]
+    figs = [
+        fg.shannon_phi_plane(t["per_query"], "v", sharpness=1.0, distributions=facets),
+        fg.kl_ecdf(t["per_query"], sharpness=1.0, distributions=facets),
+        fg.budget_crossover(t["summary"], distribution=HOSTILE_DIST),
+        fg.tail_sweep(t["summary"], {HOSTILE_DIST: 1.05, "t3": 3}),
+        fg.rank_sweep(t["summary"], RANK, [HOSTILE_DIST]),
+        fg.sharpness_sweep(t["summary"], distributions=facets, comparisons=t["comparisons"], pair=(HOSTILE_SCHEME, "KQV")),
+        fg.theory_check(t["theory"]),
+        fg.marginals({HOSTILE_DIST: make_samples()["gaussian"]}),
+        fg.jensen_bias(t["per_key"], distributions=facets, slopes=t["theory"]),
+    ]
+    for fig in figs:
+        texts = [title_of(fig)] + [txt.get_text() for ax in fig.axes for txt in [ax.title, *ax.texts]]
+        for legend in [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]:
+            texts += [txt.get_text() for txt in legend.get_texts()]
+        joined = "\n".join(texts)
+        assert "$x$" not in joined.replace(r"\$", "")  # every dollar is escaped
+        fig.savefig(io.BytesIO(), format="png", dpi=30)  # drawing parses every text: must not raise
+    # the scheme starting with "_" is in the legends (matplotlib hides such labels by default)
+    fig = fg.budget_crossover(t["summary"], distribution="gaussian")
+    labels = [txt.get_text() for txt in fig.legends[0].get_texts()]
+    assert fg.safe_text(HOSTILE_SCHEME) in labels
+
+
+def test_empty_selections_give_nothing_to_show(tables):
+    t = tables
+    empty = t["per_query"].iloc[0:0]
+    figs = [
+        fg.shannon_phi_plane(t["per_query"], "t", sharpness=99.0),
+        fg.shannon_phi_plane(empty, "k"),
+        fg.kl_ecdf(empty),
+        fg.kl_ecdf(t["per_query"], distributions=["absent"]),
+        fg.budget_crossover(t["summary"], distribution="absent"),
+        fg.budget_crossover(t["summary"].iloc[0:0]),
+        fg.tail_sweep(t["summary"], {}),
+        fg.tail_sweep(t["summary"], {"t9": 9.0}),
+        fg.rank_sweep(t["summary"], {}, []),
+        fg.rank_sweep(t["summary"].iloc[0:0], RANK, ["t3"]),
+        fg.sharpness_sweep(t["summary"], dim=999),
+        fg.theory_check(t["theory"].iloc[0:0]),
+        fg.theory_check(pd.DataFrame()),
+        fg.marginals({}),
+        fg.marginals({"gaussian": (np.array([]), 64)}),
+        fg.jensen_bias(t["per_key"], budget=99),
+        fg.jensen_bias(t["per_key"].iloc[0:0]),
+    ]
+    no_columns = pd.DataFrame()
+    figs += [
+        fg.shannon_phi_plane(no_columns, "k"), fg.kl_ecdf(no_columns), fg.budget_crossover(no_columns),
+        fg.tail_sweep(no_columns, NU), fg.rank_sweep(no_columns, RANK, ["t3"]), fg.sharpness_sweep(no_columns),
+        fg.theory_check(no_columns), fg.jensen_bias(no_columns),
+    ]
+    for fig in figs:
+        assert isinstance(fig, Figure)
+        assert "nothing to show" in title_of(fig)
+
+
+def test_single_point_sweeps_say_so(tables):
+    fig = fg.tail_sweep(tables["summary"], {"t1.05": 1.05}, dim=64, budget=4, sharpness=1.0)
+    assert "only one tail index" in title_of(fig) and len(fig.axes) == 2
+    fig = fg.rank_sweep(tables["summary"], {"lowrank4": 4}, ["t1.05"], budget=4, sharpness=1.0)
+    assert "only one rank" in title_of(fig)
+
+
+def test_missing_pair_in_sharpness_sweep_is_stated(tables):
+    summary = tables["summary"][tables["summary"]["scheme"] != "QKQV"]
+    fig = fg.sharpness_sweep(summary, dim=64, budget=4, distributions=["gaussian"])
+    assert any("absent" in txt.get_text() for ax in fig.axes for txt in ax.texts)
+
+
+def test_bad_site_is_an_error(tables):
+    with pytest.raises(ValueError, match="site"):
+        fg.shannon_phi_plane(tables["per_query"], "q")
+
+
+def test_style_does_not_leak():
+    before = matplotlib.rcParams["font.size"]
+    fg.nothing_to_show("a", "b")
+    assert matplotlib.rcParams["font.size"] == before
+    assert matplotlib.get_backend().lower() == "agg"
+
+
+# ----------------------------------------------------------------------------- the stage
+
+
+def test_figures_slice_from_the_test_config():
+    from kvasym.figures_stage import claims_defaults, figures_slice
+    from kvasym.study import load_study_file
+
+    study = load_study_file(ROOT / "config/test.yaml")
+    sl = figures_slice(study, claims_defaults(ROOT / "config/claims.test.yaml"))
+    assert sl["headline"] == {"distribution": "gaussian", "dim": 64, "sharpness": 1.0, "budget": 4}
+    assert sl["facet_distributions"] == ["gaussian", "t1.05", "lowrank4"]
+    assert sl["rank_references"] == ["t1.05"]
+    assert json.loads(json.dumps(sl)) == sl  # JSON-able
+    paper = load_study_file(ROOT / "config/config.yaml")
+    sl = figures_slice(paper, claims_defaults(ROOT / "config/claims.yaml"))
+    assert sl["headline"] == {"distribution": "gaussian", "dim": 128, "sharpness": 2.0, "budget": 4}
+    assert sl["facet_distributions"] == ["gaussian", "t1.05", "lowrank2", "outliers4"]
+    assert sl["rank_references"] == ["t1.05", "t3"]  # heaviest tail at d = 128, at d = 1024
+    # no claims defaults: first distribution, its first dim, first sharpness, budget 4
+    assert figures_slice(paper, {})["headline"] == {"distribution": "gaussian", "dim": 128, "sharpness": 1.0, "budget": 4}
+
+
+def test_run_figures_writes_every_file(tmp_path, monkeypatch):
+    from kvasym.figures_stage import FIGURES, figure_files, run_figures
+
+    drawn = []
+
+    def fake_save(fig, stem):  # rendering is tested above; here: which figures, which files
+        drawn.append((Path(stem).name, title_of(fig), len(fig.axes)))
+        files = [Path(f"{stem}.{fmt}") for fmt in ("pdf", "png")]
+        for f in files:
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_bytes(b"x")
+        return files
+
+    monkeypatch.setattr(fg, "save_figure", fake_save)
+    pq, pk = make_per_query(trials=1, queries=6), make_per_key(keys=32)
+    summary = make_summary(pq)
+    paths = {}
+    for name, frame in (("summary", summary), ("theory", make_theory()), ("comparisons", make_comparisons(summary))):
+        paths[name] = tmp_path / f"{name}.parquet"
+        frame.to_parquet(paths[name])
+    for table, frame in (("per_query", pq), ("per_key", pk)):
+        files = []
+        for (dist, scheme, budget), g in frame.groupby(["distribution", "scheme", "budget"]):
+            path = tmp_path / "metrics" / table / dist / "d64" / scheme / f"n{budget}.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            g.to_parquet(path)
+            files.append(path)
+        paths[table] = files
+    sl = {
+        "schemes": list(SCHEMES), "budgets": [2, 4], "sharpness": [1.0, 4.0], "base_seed": 0, "seq_len": 8,
+        "n_queries": 4, "trials": 1,
+        "distributions": [{"name": "gaussian", "kind": "gaussian", "params": {}, "dims": [64]},
+                          {"name": "t1.05", "kind": "student_t", "params": {"nu": 1.05}, "dims": [64]},
+                          {"name": "lowrank4", "kind": "low_rank", "params": {"rank": 4, "noise": 0.0}, "dims": [64]}],
+        "headline": {"distribution": "gaussian", "dim": 64, "sharpness": 1.0, "budget": 4},
+        "facet_distributions": FACETS, "rank_references": ["t1.05"], "marginal_trials": 1, "jensen_bins": 10,
+        "max_points": 50,
+    }
+    out = tmp_path / "figures"
+    written = run_figures(sl, {**paths, "data": []}, out)  # no manifests: the marginal figure says so
+    assert sorted(map(str, written)) == sorted(figure_files(out))
+    assert len(written) == 2 * len(FIGURES)
+    assert [name for name, _, _ in drawn] == list(FIGURES)
+    empty = {name for name, title, _ in drawn if "nothing to show" in title}
+    assert empty == {"marginals"}, drawn
+    assert dict((name, n) for name, _, n in drawn)["shannon_phi_k"] == 6
