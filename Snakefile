@@ -10,6 +10,15 @@ configfile: "config/config.yaml"
 
 
 include: "workflow/rules/common.smk"
+
+
+wildcard_constraints:
+    distribution=NAME,
+    scheme=NAME,
+    dim=r"\d+",
+    budget=r"\d+",
+
+
 include: "workflow/rules/data.smk"
 include: "workflow/rules/quantize.smk"
 include: "workflow/rules/metrics.smk"

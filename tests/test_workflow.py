@@ -30,6 +30,7 @@ IDS = ["distribution", "dim", "scheme", "budget", "sharpness", "trial"]
 def make_workdir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / "Snakefile", path / "Snakefile")
+    shutil.copy(ROOT / "environment.yml", path / "environment.yml")  # the rules' conda env
     shutil.copytree(ROOT / "workflow", path / "workflow")
     shutil.copytree(ROOT / "config", path / "config")
     shutil.copytree(ROOT / "paper", path / "paper", ignore=shutil.ignore_patterns("build", "generated"))

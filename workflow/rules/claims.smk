@@ -12,15 +12,17 @@ rule claims:
         json=f"{RESULTS}/claims/claims.json",
         md=f"{RESULTS}/claims/claims.md",
         tex="paper/generated/claims.tex",
-    params:
-        base_seed=STUDY.base_seed,
-        n_boot=STUDY.stats["n_boot"],
     log:
         f"{RESULTS}/logs/claims.log",
+    conda:
+        "../../environment.yml"
     threads: 1
     resources:
         mem_mb=2000,
         runtime=10,
+    params:
+        base_seed=STUDY.base_seed,
+        n_boot=STUDY.stats["n_boot"],
     shell:
         "kvasym stage claims --claims {input.claims:q} --comparisons {input.comparisons:q}"
         " --summary {input.summary:q} --trials {input.trials:q} --theory {input.theory:q}"

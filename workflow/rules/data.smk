@@ -4,14 +4,16 @@
 rule data:
     output:
         f"{RESULTS}/data/{{distribution}}/d{{dim}}.json",
-    params:
-        slice=lambda w: canonical_json(data_slice(w)),
     log:
         f"{RESULTS}/logs/data/{{distribution}}/d{{dim}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/data/{{distribution}}/d{{dim}}.tsv"
+    conda:
+        "../../environment.yml"
     threads: 1
     resources:
         **resources_of("data", data_slice),
+    params:
+        slice=lambda w: canonical_json(data_slice(w)),
     shell:
         "kvasym stage data --slice {params.slice:q} --out {output:q} > {log:q} 2>&1"

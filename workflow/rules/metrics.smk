@@ -8,15 +8,17 @@ rule metrics:
     output:
         per_query=f"{RESULTS}/metrics/per_query/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.parquet",
         per_key=f"{RESULTS}/metrics/per_key/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.parquet",
-    params:
-        slice=lambda w: canonical_json(metrics_slice(w)),
     log:
         f"{RESULTS}/logs/metrics/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/metrics/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.tsv"
+    conda:
+        "../../environment.yml"
     threads: 1
     resources:
         **resources_of("metrics", metrics_slice),
+    params:
+        slice=lambda w: canonical_json(metrics_slice(w)),
     shell:
         "kvasym stage metrics --slice {params.slice:q} --data {input.data:q}"
         " --packed {input.packed:q} --per-query {output.per_query:q}"

@@ -1,31 +1,6 @@
 # Stage 7: LaTeX tables and macros from the gathered tables (jinja2), then the paper PDF.
 # The PDF rule is part of the default target only when latexmk and pdflatex are installed;
 # otherwise every generated source is still written and one line says what to install.
-import shutil
-import sys
-from pathlib import Path
-
-from kvasym.claims import load_claims
-from kvasym.tables import headline_cell, numbers_slice
-
-GENERATED = "paper/generated"
-TABLES = ["results", "tests", "theory", "claims", "disagreements"]
-HEADLINE = headline_cell(STUDY, STUDY.claims_file)
-HAVE_LATEX = all(shutil.which(tool) for tool in ("latexmk", "pdflatex"))
-LATEX_HINT = (
-    "kvasym: no LaTeX engine found, so the paper PDF is skipped (every generated source is still "
-    "written). Debian: apt-get install latexmk texlive-latex-recommended texlive-latex-extra "
-    "texlive-fonts-recommended; conda: add texlive-core to environment.yml."
-)
-
-
-def paper_targets():
-    targets = [f"{GENERATED}/table_{name}.tex" for name in TABLES] + [f"{GENERATED}/numbers.tex"]
-    if HAVE_LATEX:
-        targets.append("paper/build/main.pdf")
-    else:
-        print(LATEX_HINT, file=sys.stderr)
-    return targets
 
 
 rule tables:
@@ -36,15 +11,17 @@ rule tables:
         claims=rules.claims.output.json,
     output:
         [f"{GENERATED}/table_{name}.tex" for name in TABLES],
-    params:
-        headline=lambda w: canonical_json(HEADLINE),
-        out_dir=GENERATED,
     log:
         f"{RESULTS}/logs/tables.log",
+    conda:
+        "../../environment.yml"
     threads: 1
     resources:
         mem_mb=1000,
         runtime=5,
+    params:
+        headline=lambda w: canonical_json(HEADLINE),
+        out_dir=out_dir,
     shell:
         "python -m kvasym.tables tables --summary {input.summary:q} --comparisons {input.comparisons:q}"
         " --theory {input.theory:q} --claims {input.claims:q} --headline {params.headline:q}"
@@ -56,15 +33,19 @@ rule numbers:
         STUDY.claims_file,
     output:
         f"{GENERATED}/numbers.tex",
-    params:
-        slice=lambda w: canonical_json(numbers_slice(STUDY, HEADLINE, load_claims(STUDY.claims_file))),
-        out_dir=GENERATED,
     log:
         f"{RESULTS}/logs/numbers.log",
+    conda:
+        "../../environment.yml"
     threads: 1
     resources:
         mem_mb=1000,
         runtime=5,
+    params:
+        slice=lambda w: canonical_json(
+            numbers_slice(STUDY, HEADLINE, load_claims(STUDY.claims_file))
+        ),
+        out_dir=out_dir,
     shell:
         "python -m kvasym.tables numbers --slice {params.slice:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
@@ -81,6 +62,8 @@ rule paper:
         "paper/build/main.pdf",
     log:
         f"{RESULTS}/logs/paper.log",
+    conda:
+        "../../environment.yml"
     threads: 1
     resources:
         mem_mb=2000,

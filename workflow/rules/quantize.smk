@@ -6,15 +6,17 @@ rule quantize:
         data=rules.data.output[0],
     output:
         f"{RESULTS}/packed/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.npz",
-    params:
-        slice=lambda w: canonical_json(cell_slice(w)),
     log:
         f"{RESULTS}/logs/quantize/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/quantize/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.tsv"
+    conda:
+        "../../environment.yml"
     threads: 1
     resources:
         **resources_of("quantize", cell_slice),
+    params:
+        slice=lambda w: canonical_json(cell_slice(w)),
     shell:
         "kvasym stage quantize --slice {params.slice:q} --data {input.data:q}"
         " --out {output:q} > {log:q} 2>&1"

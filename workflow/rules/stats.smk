@@ -1,18 +1,6 @@
 # Stage 4: statistics per (distribution, dim), theory checks, and the study-wide gathered tables.
 
 
-def per_query_inputs(w):
-    return [
-        f"{RESULTS}/metrics/per_query/{w.distribution}/d{w.dim}/{scheme}/n{budget}.parquet"
-        for scheme in STUDY.schemes
-        for budget in STUDY.budgets
-    ]
-
-
-def per_key_inputs(w):
-    return [p.replace("/per_query/", "/per_key/") for p in per_query_inputs(w)]
-
-
 rule stats:
     input:
         per_query_inputs,
@@ -20,16 +8,18 @@ rule stats:
         comparisons=f"{RESULTS}/stats/comparisons/{{distribution}}/d{{dim}}.parquet",
         summary=f"{RESULTS}/stats/summary/{{distribution}}/d{{dim}}.parquet",
         trials=f"{RESULTS}/stats/trials/{{distribution}}/d{{dim}}.parquet",
-    params:
-        slice=lambda w: canonical_json(STUDY.stats_slice(w.distribution, int(w.dim))),
     log:
         f"{RESULTS}/logs/stats/{{distribution}}/d{{dim}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/stats/{{distribution}}/d{{dim}}.tsv"
+    conda:
+        "../../environment.yml"
     threads: 1
     resources:
         mem_mb=4000,
         runtime=30,
+    params:
+        slice=lambda w: canonical_json(STUDY.stats_slice(w.distribution, int(w.dim))),
     shell:
         "kvasym stage stats --slice {params.slice:q} --per-query {input:q}"
         " --comparisons {output.comparisons:q} --summary {output.summary:q}"
@@ -42,15 +32,19 @@ rule theory:
         per_key=per_key_inputs,
     output:
         f"{RESULTS}/theory/{{distribution}}/d{{dim}}.parquet",
-    params:
-        slice=lambda w: canonical_json(STUDY.theory_slice(w.distribution, int(w.dim))),
     log:
         f"{RESULTS}/logs/theory/{{distribution}}/d{{dim}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/theory/{{distribution}}/d{{dim}}.tsv"
+    conda:
+        "../../environment.yml"
     threads: 1
     resources:
-        **resources_of("theory", lambda w: STUDY.theory_slice(w.distribution, int(w.dim))),
+        **resources_of(
+            "theory", lambda w: STUDY.theory_slice(w.distribution, int(w.dim))
+        ),
+    params:
+        slice=lambda w: canonical_json(STUDY.theory_slice(w.distribution, int(w.dim))),
     shell:
         "kvasym stage theory --slice {params.slice:q} --data {input.data:q}"
         " --per-key {input.per_key:q} --out {output:q} > {log:q} 2>&1"
@@ -69,6 +63,8 @@ rule gather:
         theory=f"{RESULTS}/theory/theory.parquet",
     log:
         f"{RESULTS}/logs/gather.log",
+    conda:
+        "../../environment.yml"
     threads: 1
     resources:
         mem_mb=2000,
