@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from kvasym.cache import row_norms
 from kvasym.errors import KvasymError
 from kvasym.seeds import rng
 
@@ -272,13 +273,6 @@ def _draw(
     )  # pragma: no cover
 
 
-def _row_norms(a: np.ndarray) -> np.ndarray:
-    """Euclidean row norms, scaled by the row's max |entry| so heavy tails cannot overflow."""
-    scale = np.max(np.abs(a), axis=1)
-    safe = np.where(scale > 0, scale, 1.0)
-    return scale * np.sqrt(np.sum((a / safe[:, None]) ** 2, axis=1))
-
-
 def rescale_queries(queries: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Apply the query rule: scale each query so std over keys of ``q . k / sqrt(dim)`` is 1.
 
@@ -299,7 +293,7 @@ def rescale_queries(queries: np.ndarray, keys: np.ndarray) -> np.ndarray:
     factor[ok] = 1.0 / std[ok]
     degenerate = ~ok
     if np.any(degenerate):
-        norms = _row_norms(queries[degenerate])
+        norms = row_norms(queries[degenerate])
         factor[degenerate] = np.where(
             norms > 0, math.sqrt(dim) / np.where(norms > 0, norms, 1.0), 1.0
         )
