@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import stats
 from .errors import KvasymError
 
 HOLDS, FAILS, INCONCLUSIVE, NOT_EVALUATED = "holds", "does not hold", "inconclusive", "not evaluated"
@@ -167,6 +166,8 @@ def stat_distribution_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
     """Ratio of the mean per-trial ``metric`` of distribution ``num`` over ``den`` (same dim,
     budget, scheme, sharpness), unpaired cluster bootstrap over trials; the KS p of both
     distributions' rotated coordinates against the Beta law in the details."""
+    from . import stats  # scipy.stats costs ~1 s to import: not at Snakefile parse time
+
     metric = where.get("metric", "kl")
     a = _trial_values(t, where["num"], where, metric)
     b = _trial_values(t, where["den"], where, metric)
