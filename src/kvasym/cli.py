@@ -166,16 +166,10 @@ def _scheme(args: argparse.Namespace):
 
 def _stage_slice(args: argparse.Namespace, kind: str) -> dict:
     """The config slice of a stage: --slice JSON (from Snakemake), or --config plus the cell."""
-    from .study import load_study_file
+    from .study import load_study_file, parse_slice
 
     if args.slice is not None:
-        try:
-            data = json.loads(args.slice)
-        except ValueError as exc:
-            raise KvasymError(f"--slice is not valid JSON ({exc})") from None
-        if not isinstance(data, dict):
-            raise KvasymError("--slice must be a JSON object")
-        return data
+        return parse_slice(args.slice)
     if args.config is None or args.distribution is None or args.dim is None:
         raise KvasymError("give --slice JSON, or --config FILE with --distribution and --dim")
     study = load_study_file(args.config)

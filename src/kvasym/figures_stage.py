@@ -35,7 +35,6 @@ holds everything the figures depend on besides their input files:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -292,12 +291,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_from_args(args: argparse.Namespace) -> list[Path]:
     """Run the stage from parsed :func:`add_arguments` flags."""
-    try:
-        slice_ = json.loads(args.slice)
-    except ValueError as exc:
-        raise KvasymError(f"--slice is not valid JSON ({exc})") from None
-    if not isinstance(slice_, dict):
-        raise KvasymError("--slice must be a JSON object")
+    from .study import parse_slice
+
+    slice_ = parse_slice(args.slice)
     inputs = {k: getattr(args, k) for k in ("summary", "comparisons", "theory", "per_query", "per_key", "data")}
     written = run_figures(slice_, inputs, args.out_dir)
     for path in written:

@@ -149,6 +149,17 @@ def load_study_file(path: str | os.PathLike, overrides: Mapping[str, Any] | None
         raise KvasymError(f"{path}: {exc}") from None
 
 
+def parse_slice(text: str) -> dict[str, Any]:
+    """A stage's ``--slice`` argument (JSON object) as a dict, or a KvasymError saying why not."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise KvasymError(f"--slice is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise KvasymError("--slice must be a JSON object")
+    return data
+
+
 def canonical_json(data: Mapping[str, Any]) -> str:
     """Sorted, compact JSON: a stable string for Snakemake params (its rerun trigger)."""
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
