@@ -295,8 +295,10 @@ def job_resources(stage: str, slice_: Mapping[str, Any]) -> dict[str, int]:
 
     Jobs loop over trials, so memory follows one trial's float64 arrays (K, V, Q, their
     reconstructions and the n_queries x seq_len attention matrices) plus, for quantize and
-    metrics, the whole cell's packed caches; runtime follows the total work. The constants are
-    generous upper bounds fitted to the ``benchmark:`` files of the paper run.
+    metrics, the whole cell's packed caches; runtime follows the total work. The same formula
+    serves every stage (``stage`` is accepted for when they diverge). The constants are
+    conservative guesses, not a fit: the paper run's ``benchmark:`` files show a peak RSS of
+    403 MB for any job, below the 600 MB floor requested here.
     """
     dim, seq, nq, trials = slice_["dim"], slice_["seq_len"], slice_["n_queries"], slice_["trials"]
     per_trial = 8 * (6 * seq * dim + 2 * nq * dim + 12 * nq * seq)
