@@ -9,6 +9,9 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 
 
@@ -35,5 +38,5 @@ rule all:
         metrics_tables(),
         rules.gather.output,
         rules.claims.output,
-        rules.figures.output,
+        figure_outputs().values(),
         paper_targets(),

@@ -643,3 +643,28 @@ def test_property_deterministic_and_round_trip(
     # the reconstruction error of a unit row is bounded: ||u - u_hat|| <= 1 + ||u_hat||
     rel = np.linalg.norm(out - x, axis=1) / np.linalg.norm(x.astype(np.float64), axis=1)
     assert np.all(rel < 3.0)
+
+
+def test_atomic_target_renames_on_success_and_cleans_up_on_failure(tmp_path):
+    import os
+
+    from kvasym.atomic import atomic_target
+
+    target = tmp_path / "sub" / "x.bin"
+    with atomic_target(target) as tmp:
+        assert tmp.parent == target.parent and tmp.name.startswith(".x.bin.") and not target.exists()
+        tmp.write_bytes(b"done")
+    assert target.read_bytes() == b"done"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask  # an ordinary file, not mkstemp's 0600
+    with pytest.raises(RuntimeError):
+        with atomic_target(target) as tmp:
+            tmp.write_bytes(b"half")
+            raise RuntimeError("killed")
+    assert target.read_bytes() == b"done"  # the old complete file stays
+    assert sorted(p.name for p in target.parent.iterdir()) == ["x.bin"]  # no temporary left
+    with pytest.raises(OSError) as err:
+        with atomic_target(target) as tmp:
+            raise OSError(28, "No space left on device", str(tmp))
+    assert err.value.filename == str(target) and "No space" in err.value.strerror

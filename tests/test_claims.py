@@ -166,3 +166,19 @@ def test_distribution_ratio_with_known_effect():
     (result,) = evaluate_claims(claims, t)
     assert result["estimate"] == pytest.approx(3.0, rel=0.05)
     assert result["low"] > 2.0 and result["verdict"] == HOLDS
+
+
+def test_html_ledger_escapes_and_counts_every_verdict():
+    from kvasym.claims import render_html
+
+    results = [
+        {"id": "C1", "statement": "<script>alert(1)</script> & co", "paper_value": 1.5, "paper_text": None,
+         "estimate": 1.57, "low": 1.5, "high": 1.6, "log10_p": -3.2, "verdict": "holds", "reason": "CI > 1"},
+        {"id": "C2", "statement": "b", "paper_value": None, "paper_text": None, "estimate": None, "low": None,
+         "high": None, "log10_p": None, "verdict": "not evaluated", "reason": "no rows"},
+    ]
+    page = render_html(results)
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt; &amp; co" in page
+    assert "2 claims: 1 holds, 1 not evaluated." in page
+    assert "[1.5, 1.6]" in page and "-3.2" in page and "1.57" in page
+    assert page.count("<tr>") == 3  # header + two claims

@@ -80,7 +80,7 @@ def test_causal_mask_layout():
         (["quantize", "--scheme", "KV", "--bits", "4", "--side", "K", "{nan}", "{out}"], "non-finite"),
         (["quantize", "--scheme", "KV", "--bits", "4", "--side", "K", "{vector}", "{out}"], "2-D"),
         (["quantize", "--scheme", "KV", "--bits", "4", "--side", "K", "{text}", "{out}"], "not a readable"),
-        (["dequantize", "{keys}", "{out}"], "plain array"),
+        (["dequantize", "{keys}", "{out}"], "plain .npy array"),
         (["dequantize", "{truncated}", "{out}"], "not a readable"),
         (
             ["evaluate", "--keys", "{keys}", "--values", "{short}", "--queries", "{queries}", "--scheme", "KV", "--bits", "4"],
@@ -112,3 +112,20 @@ def test_bad_input_one_clear_line(cache_files, tmp_path, argv_tail, message):
     assert "Traceback" not in proc.stderr
     assert message in proc.stderr
     assert not (tmp_path / "out.npz").exists()
+
+
+def test_capture_command_rejects_bad_input_in_one_line(tmp_path):
+    """`kvasym capture` (kvasym.real) is wired into the CLI: bad texts or layers exit 2 with one
+    line naming them, before any model is loaded."""
+    import subprocess
+    import sys
+
+    for args, expected in ((["--texts", str(tmp_path / "missing.txt")], "missing.txt"),
+                           (["--layers", "3-1"], "--layers")):
+        run = subprocess.run([sys.executable, "-m", "kvasym.cli", "capture", "--out", str(tmp_path / "o"), *args],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2, run.stderr
+        last = run.stderr.strip().splitlines()[-1]
+        assert last.startswith("kvasym: error:") and expected in last, run.stderr
+        assert "Traceback" not in run.stderr
+    assert not (tmp_path / "o").exists()

@@ -13,6 +13,8 @@ import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
+
+from kvasym.errors import KvasymError
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
@@ -146,7 +148,7 @@ def draw_all(t, colors=None):
         ("theory_check", fg.theory_check(t["theory"], dim=64), 2),
         ("marginals", fg.marginals(make_samples()), 4),
         ("jensen_bias", fg.jensen_bias(t["per_key"], budget=4, sharpness=1.0, dim=64, distributions=FACETS,
-                                       slopes=t["theory"], colors=colors), 3),
+                                       slopes=t["theory"], colors=colors), 4),  # 2 x 2, one panel off
     ]
 
 
@@ -176,7 +178,9 @@ def test_every_figure_has_the_expected_axes(tables):
         assert isinstance(fig, Figure), name
         assert len(fig.axes) == n_axes, name
         assert "nothing to show" not in title_of(fig), name
-        assert fig.get_figwidth() == pytest.approx(fg.COLUMN_WIDTH), name
+        # grids of panels across budgets or distributions span the text width, the rest a column
+        wide = name.startswith("shannon") or name == "jensen_bias"
+        assert fig.get_figwidth() == pytest.approx(fg.TEXT_WIDTH if wide else fg.COLUMN_WIDTH), name
 
 
 def test_marginals_hide_the_spare_panel():
@@ -233,6 +237,23 @@ def test_save_figure_writes_pdf_and_png_atomically(tmp_path, monkeypatch):
     assert width == pytest.approx(fg.COLUMN_WIDTH * fg.PNG_DPI, abs=2)
     assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["crossover.pdf", "crossover.png"]
     assert not fig.axes  # closed and cleared
+
+
+def test_save_figure_records_provenance_in_both_files(tmp_path):
+    from PIL import Image
+
+    from kvasym.dataset import provenance
+
+    meta = {"figure": "crossover", **provenance({"base_seed": 123, "headline": {"dim": 64}})}
+    fg.save_figure(fg.nothing_to_show("x", "y"), tmp_path / "a", meta)
+    png = Image.open(tmp_path / "a.png")
+    assert png.text["figure"] == "crossover" and png.text["git_commit"] == meta["git_commit"]
+    assert json.loads(png.text["config_slice"]) == {"base_seed": 123, "headline": {"dim": 64}}
+    pdf = (tmp_path / "a.pdf").read_bytes()
+    assert b"/Creator (kvasym " in pdf and b"base_seed" in pdf and meta["git_commit"].encode() in pdf
+    # the same figure twice gives the same bytes (no creation date)
+    fg.save_figure(fg.nothing_to_show("x", "y"), tmp_path / "b", meta)
+    assert (tmp_path / "b.pdf").read_bytes() == pdf
 
 
 def test_save_figure_leaves_nothing_behind_on_failure(tmp_path, monkeypatch):
@@ -372,7 +393,8 @@ def test_run_figures_writes_every_file(tmp_path, monkeypatch):
 
     drawn = []
 
-    def fake_save(fig, stem):  # rendering is tested above; here: which figures, which files
+    def fake_save(fig, stem, provenance=None):  # rendering is tested above; here: which figures, which files
+        assert provenance["figure"] == Path(stem).name and '"headline"' in provenance["config_slice"]
         drawn.append((Path(stem).name, title_of(fig), len(fig.axes)))
         files = [Path(f"{stem}.{fmt}") for fmt in ("pdf", "png")]
         for f in files:
@@ -406,6 +428,18 @@ def test_run_figures_writes_every_file(tmp_path, monkeypatch):
         "max_points": 50,
     }
     out = tmp_path / "figures"
+    # one family reads only its own inputs: the budget crossover needs nothing but the summary
+    drawn.clear()
+    written = run_figures(sl, {"summary": paths["summary"]}, tmp_path / "one", ["budget_crossover"])
+    assert [p.name for p in written] == ["budget_crossover.pdf", "budget_crossover.png"]
+    assert [name for name, _, _ in drawn] == ["budget_crossover"]
+    with pytest.raises(KvasymError, match="jensen_bias need inputs\\['theory'\\]"):
+        run_figures(sl, {"per_key": paths["per_key"]}, tmp_path / "one", ["jensen_bias"])
+    with pytest.raises(KvasymError, match="per_key metrics"):
+        run_figures(sl, {"theory": paths["theory"]}, tmp_path / "one", ["jensen_bias"])
+    with pytest.raises(KvasymError, match="unknown figure family 'jensen'"):
+        run_figures(sl, paths, tmp_path / "one", ["jensen"])
+    drawn.clear()
     written = run_figures(sl, {**paths, "data": []}, out)  # no manifests: the marginal figure says so
     assert sorted(map(str, written)) == sorted(figure_files(out))
     assert len(written) == 2 * len(FIGURES)
@@ -413,3 +447,22 @@ def test_run_figures_writes_every_file(tmp_path, monkeypatch):
     empty = {name for name, title, _ in drawn if "nothing to show" in title}
     assert empty == {"marginals"}, drawn
     assert dict((name, n) for name, _, n in drawn)["shannon_phi_k"] == 6
+
+
+def test_families_partition_the_figures_and_name_their_cells():
+    from kvasym.figures_stage import FAMILIES, FAMILY_INPUTS, FIGURES, family_cells, figure_files
+    from kvasym.figures_stage import claims_defaults, figures_slice
+    from kvasym.study import load_study_file
+
+    names = [n for family in FAMILIES.values() for n in family]
+    assert sorted(names) == sorted(FIGURES) and len(set(names)) == len(names)
+    assert set(FAMILY_INPUTS) == set(FAMILIES)
+    assert figure_files("out", ["shannon_phi"]) == [f"out/shannon_phi_{s}.{f}" for s in "kvt" for f in ("pdf", "png")]
+    paper = load_study_file(ROOT / "config/config.yaml")
+    sl = figures_slice(paper, claims_defaults(ROOT / "config/claims.yaml"))
+    facets = ["gaussian", "t1.05", "lowrank2", "outliers4"]
+    # per-query figures facet by budget (None: every budget); Jensen shows the headline budget
+    assert family_cells(sl, "shannon_phi") == [{"distribution": f, "dim": 128, "budget": None} for f in facets]
+    assert family_cells(sl, "jensen_bias") == [{"distribution": f, "dim": 128, "budget": 4} for f in facets]
+    assert family_cells(sl, "marginals") == [{"distribution": f, "dim": 128, "budget": None} for f in facets]
+    assert family_cells(sl, "budget_crossover") == []  # reads the gathered summary only

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from . import stats
-from .dataset import provenance, write_frame_atomic
+from .dataset import provenance, read_parquet_checked, write_frame_atomic
 from .errors import KvasymError
 from .pipeline import load_manifest, verified_trial
 from .seeds import derived_seed
@@ -56,7 +56,7 @@ def run_stats(
     out_trials: str | os.PathLike,
 ) -> None:
     """Comparisons, summaries and per-trial means of one (distribution, dim)."""
-    frame = pd.concat([pd.read_parquet(p) for p in per_query_paths], ignore_index=True)
+    frame = pd.concat([read_parquet_checked(p) for p in per_query_paths], ignore_index=True)
     settings = slice_["stats"]
     schemes = list(slice_["schemes"])
     missing = set(schemes) - set(frame["scheme"].unique())
@@ -158,7 +158,7 @@ def run_theory(
     rows.append({**base_row, "check": "ks_beta", "scheme": "", "budget": -1, "sharpness": np.nan,
                  "estimate": ks["statistic"], "low": np.nan, "high": np.nan, "theory": np.nan,
                  "statistic": ks["statistic"], "p": ks["p"], "n": ks["n"]})
-    keys = pd.concat([pd.read_parquet(p) for p in per_key_paths], ignore_index=True)
+    keys = pd.concat([read_parquet_checked(p) for p in per_key_paths], ignore_index=True)
     for (scheme, budget, sharpness), g in keys.groupby(["scheme", "budget", "sharpness"], sort=True):
         var, excess, kept = jensen_points(g)
         trials = g["trial"].to_numpy()[kept]
@@ -181,7 +181,7 @@ def gather(paths: Sequence[str | os.PathLike], out: str | os.PathLike, holm_colu
     Families: one per (metric, test) across the whole study, i.e. all distributions, dims,
     budgets, sharpness values and scheme pairs of that metric.
     """
-    frame = pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True)
+    frame = pd.concat([read_parquet_checked(p) for p in paths], ignore_index=True)
     for column in holm_columns:
         adjusted = np.full(len(frame), np.nan)
         for _, index in frame.groupby("metric").groups.items():

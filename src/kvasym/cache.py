@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from .atomic import atomic_target
 from .codebook import lloyd_max_codebook
 from .errors import KvasymError
 from .packing import pack_codes, packed_row_bytes, unpack_codes
@@ -148,11 +148,24 @@ def _store_norms(norms: np.ndarray, norm_dtype: str, what: str) -> np.ndarray:
     too_big = norms > limit
     if np.any(too_big):
         row = int(np.argmax(too_big))
-        raise KvasymError(
-            f"{what} of row {row} is {norms[row]:.3g}, beyond {norm_dtype}'s range ({limit:.3g}); "
-            f"use norm_dtype float32 or rescale the cache"
-        )
+        # float32 is the widest storage offered, so past its range only rescaling helps.
+        remedy = "use norm_dtype float32 or rescale the cache" if norm_dtype == "float16" else "rescale the cache"
+        raise KvasymError(f"{what} of row {row} is {norms[row]:.3g}, beyond {norm_dtype}'s range ({limit:.3g}); {remedy}")
     return norms.astype(norm_dtype)
+
+
+def _check_norms_kept(norms: np.ndarray, stored: np.ndarray, norm_dtype: str) -> None:
+    """A non-zero row whose norm rounds to 0 in ``norm_dtype`` would dequantize to the zero
+    vector: the whole row silently lost. Refuse it (subnormal norms, merely less precise, pass)."""
+    lost = (norms > 0) & (stored == 0)
+    if np.any(lost):
+        row = int(np.argmax(lost))
+        smallest = float(np.finfo(norm_dtype).smallest_subnormal)
+        remedy = "use norm_dtype float32 or rescale the cache" if norm_dtype == "float16" else "rescale the cache"
+        raise KvasymError(
+            f"norm of row {row} is {norms[row]:.3g}, below {norm_dtype}'s smallest positive value "
+            f"({smallest:.3g}): it would be stored as 0 and the row lost; {remedy}"
+        )
 
 
 def check_matrix(x: object, what: str = "input") -> np.ndarray:
@@ -195,7 +208,9 @@ def quantize(
     if scalar_bits < 0 or scalar_bits > 8 or (scalar_bits == 0 and not spec.qjl):
         raise KvasymError(f"side spec {spec.to_dict()} is impossible at budget {budget}")
     dtype = x.dtype
-    norms = _store_norms(row_norms(x), norm_dtype, "norm")
+    exact_norms = row_norms(x)
+    norms = _store_norms(exact_norms, norm_dtype, "norm")
+    _check_norms_kept(exact_norms, norms, norm_dtype)
     stored = norms.astype(np.float64)
     inv = np.divide(1.0, stored, out=np.zeros_like(stored), where=stored > 0)
     if dtype == np.float32 and np.any(inv > np.finfo(np.float32).max):
@@ -298,34 +313,36 @@ def save_packed(path: str | os.PathLike, caches: Mapping[str, PackedCache]) -> N
             raise ValueError(f"cache name {name!r} must not contain '/'")
         for key, value in cache.arrays().items():
             arrays[f"{name}/{key}"] = value
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_target(path) as tmp, open(tmp, "wb") as fh:  # a file object: savez adds no suffix
+        np.savez(fh, **arrays)
 
 
-def load_packed(path: str | os.PathLike) -> dict[str, PackedCache]:
-    """Read every named cache of a file written by :func:`save_packed`."""
+def read_npz_arrays(path: str | os.PathLike, what: str) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` file (no pickles), or a KvasymError naming the file and what
+    it should have been (``what``, e.g. "kvasym packed cache") when it is missing, a plain
+    ``.npy`` array, or not a readable archive."""
     path = Path(path)
     try:
         loaded = np.load(path, allow_pickle=False)
         if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise KvasymError(f"{path} is a plain array, not a kvasym packed cache (.npz)")
+            raise KvasymError(f"{path} is a plain .npy array, not a {what} (.npz)")
         with loaded as npz:
-            arrays = {key: npz[key] for key in npz.files}
+            return {key: npz[key] for key in npz.files}
     except KvasymError:
         raise
     except FileNotFoundError:
         raise KvasymError(f"{path}: no such file") from None
     except Exception as exc:  # noqa: BLE001 - any failure to parse the file is the file's fault
         # zipfile and numpy raise many types for corrupt archives (BadZipFile, EOFError,
-        # NotImplementedError for a mangled compression field, zlib.error, ValueError...)
-        raise KvasymError(f"{path} is not a readable .npz packed cache ({type(exc).__name__}: {exc})") from None
+        # NotImplementedError for a mangled compression field, zlib.error, ValueError for an
+        # object array refused by allow_pickle=False...)
+        raise KvasymError(f"{path} is not a readable .npz {what} ({type(exc).__name__}: {exc})") from None
+
+
+def load_packed(path: str | os.PathLike) -> dict[str, PackedCache]:
+    """Read every named cache of a file written by :func:`save_packed`."""
+    path = Path(path)
+    arrays = read_npz_arrays(path, "packed cache")
     names = sorted({key.split("/", 1)[0] for key in arrays if "/" in key})
     if not names:
         raise KvasymError(f"{path} holds no packed cache")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,14 @@ def _select(frame: pd.DataFrame, what: str, **conditions: Any) -> pd.DataFrame:
     return out
 
 
+def _known(value: Any, available: Any, what: str) -> None:
+    """A metric, check or column name that this statistic can never find is a typo in the claims
+    file, not a cell missing from a smaller grid: fail instead of reporting 'not evaluated'."""
+    known = sorted({str(v) for v in available})
+    if value not in known:
+        raise KvasymError(f"{what} {value!r} does not exist; known: {', '.join(known)}")
+
+
 def _pair_row(t: Tables, where: Mapping[str, Any], metric: str) -> tuple[pd.Series, bool]:
     """The comparison row of (a, b) (or of (b, a), flagged as swapped)."""
     common = dict(distribution=where["distribution"], dim=where["dim"], budget=where["budget"],
@@ -85,8 +94,9 @@ def stat_kl_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
     """Ratio of KL (``which``: mean or p99) of scheme ``a`` over scheme ``b`` in one cell, with
     the paired cluster-bootstrap CI; p from the per-query Mann-Whitney test (as the paper),
     with the per-trial Wilcoxon p and the rank-biserial correlation in the details."""
-    row, swapped = _pair_row(t, where, "kl")
     which = where.get("which", "mean")
+    _known(which, ("mean", "p99"), "which")
+    row, swapped = _pair_row(t, where, "kl")
     est, low, high = row[f"ratio_{which}"], row[f"ratio_{which}_low"], row[f"ratio_{which}_high"]
     sign = -1.0 if swapped else 1.0
     if swapped:
@@ -106,6 +116,7 @@ def stat_kl_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
 def _cell_outcomes(t: Tables, where: Mapping[str, Any], metric: str) -> pd.DataFrame:
     """Per cell: is ``a`` significantly better / worse than ``b`` on ``metric`` (per trial,
     Holm-adjusted paired Wilcoxon at ``alpha``), for the cells matching ``where``'s filters."""
+    _known(metric, t.comparisons["metric"].unique(), "metric")
     rows = t.comparisons[t.comparisons["metric"] == metric]
     forward = rows[(rows["scheme_a"] == where["a"]) & (rows["scheme_b"] == where["b"])]
     backward = rows[(rows["scheme_a"] == where["b"]) & (rows["scheme_b"] == where["a"])]
@@ -156,6 +167,7 @@ def stat_crossover(t: Tables, where: Mapping[str, Any]) -> Measurement:
 
 
 def _trial_values(t: Tables, distribution: str, where: Mapping[str, Any], metric: str) -> np.ndarray:
+    _known(metric, set(t.trials.columns) - {"distribution", "kind", "dim", "scheme", "budget", "sharpness", "trial"}, "metric")
     rows = _select(t.trials, "per-trial", distribution=distribution, dim=where["dim"], budget=where["budget"],
                    scheme=where["scheme"], sharpness=float(where["sharpness"]))
     return rows.sort_values("trial")[metric].to_numpy()
@@ -185,6 +197,7 @@ def stat_distribution_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
 def stat_theory(t: Tables, where: Mapping[str, Any]) -> Measurement:
     """A row of the theory table (``check``): the measured estimate with its CI and the closed
     form (``theory``) in the details."""
+    _known(where["check"], t.theory["check"].unique(), "theory check")
     conditions = dict(check=where["check"], distribution=where["distribution"], dim=where["dim"])
     for key in ("budget", "scheme"):
         if key in where:
@@ -204,6 +217,7 @@ def stat_ranking_disagreement(t: Tables, where: Mapping[str, Any]) -> Measuremen
     """Fraction of groups (distribution, dim, budget, sharpness) in which the best scheme by
     mean KL is not the best by the ``by`` column (e.g. kl_p99, kl_max, or recall_mean)."""
     by = where.get("by", "kl_p99")
+    _known(by, t.summary.columns, "summary column (by)")
     higher_better = by == "recall_mean"
     disagree, groups, examples = 0, 0, []
     for key, g in t.summary.groupby(["distribution", "dim", "budget", "sharpness"]):
@@ -271,16 +285,39 @@ def verdict(m: Measurement, rule: Mapping[str, Any]) -> tuple[str, str]:
     return result, reason
 
 
+FILE_KEYS = {"defaults", "claims"}
+CLAIM_KEYS = {"id", "statement", "paper_value", "paper_text", "statistic", "where", "holds_if"}
+RULE_KEYS = {"op", "value", "max_log10_p"}
+#: Every ``where`` key some statistic reads: a key outside this set is a typo that would
+#: otherwise be ignored silently (and the claim evaluated on the default cell instead).
+WHERE_KEYS = {
+    "distribution", "dim", "sharpness", "alpha", "budget", "a", "b", "which", "metrics", "metric",
+    "better", "budgets", "dims", "distributions", "all_sharpness", "num", "den", "scheme", "check", "by",
+}
+#: Claim ids become LaTeX macro names (digits spelt out, other characters dropped): ASCII only.
+_CLAIM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}$")
+
+
+def _number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def load_claims(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Read and check a claims file; every error names the claim and the key."""
     from .config_io import read_yaml_mapping
 
     data = read_yaml_mapping(path)
-    defaults = data.get("defaults", {})
+    unknown = sorted(set(data) - FILE_KEYS)
+    if unknown:
+        raise KvasymError(f"{path}: unknown top-level key(s) {unknown}; allowed: {sorted(FILE_KEYS)}")
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, Mapping):
+        raise KvasymError(f"{path}: 'defaults' must be a mapping, got {defaults!r}")
+    _check_where_keys(defaults, f"{path}: defaults")
     claims = data.get("claims")
     if not isinstance(claims, list) or not claims:
         raise KvasymError(f"{path}: 'claims' must be a non-empty list")
-    seen = set()
+    seen: dict[str, str] = {}
     out = []
     for i, claim in enumerate(claims):
         where = f"{path}: claims[{i}]"
@@ -290,16 +327,44 @@ def load_claims(path: str | os.PathLike) -> list[dict[str, Any]]:
             if key not in claim:
                 raise KvasymError(f"{where} ({claim.get('id', '?')}) is missing '{key}'")
         cid = str(claim["id"])
-        if cid in seen:
+        extra = sorted(set(claim) - CLAIM_KEYS)
+        if extra:
+            raise KvasymError(f"{where} ({cid}): unknown key(s) {extra}; allowed: {sorted(CLAIM_KEYS)}")
+        if not _CLAIM_ID.match(cid):
+            raise KvasymError(
+                f"{where}: claim id {cid!r} must be 1 to 40 ASCII letters, digits and _.+-, starting with "
+                "a letter or digit (it becomes a LaTeX macro name)"
+            )
+        macro = macro_name(cid, "")
+        if cid in seen.values():
             raise KvasymError(f"{where}: duplicated claim id {cid}")
-        seen.add(cid)
+        # Two ids that differ only in dropped characters (C1-a, C1a) would define the same macro.
+        if macro in seen:
+            raise KvasymError(f"{where}: claim id {cid!r} gives the same LaTeX macro names as {seen[macro]!r}")
+        seen[macro] = cid
         if claim["statistic"] not in STATISTICS:
             raise KvasymError(f"{where} ({cid}): statistic {claim['statistic']!r} does not exist; known: {', '.join(sorted(STATISTICS))}")
         rule = claim["holds_if"]
         if not isinstance(rule, Mapping) or rule.get("op") not in (*OPS, "all") or (rule["op"] != "all" and "value" not in rule):
             raise KvasymError(f"{where} ({cid}): holds_if must be {{op: >=|>|<=|<, value: x}} or {{op: all}}")
-        out.append({**claim, "where": {**defaults, **claim.get("where", {})}})
+        extra = sorted(set(rule) - RULE_KEYS)
+        if extra:
+            raise KvasymError(f"{where} ({cid}): unknown key(s) {extra} in holds_if; allowed: {sorted(RULE_KEYS)}")
+        for key in ("value", "max_log10_p"):
+            if key in rule and not _number(rule[key]):
+                raise KvasymError(f"{where} ({cid}): holds_if.{key} must be a finite number, got {rule[key]!r}")
+        own = claim.get("where") or {}
+        if not isinstance(own, Mapping):
+            raise KvasymError(f"{where} ({cid}): 'where' must be a mapping, got {own!r}")
+        _check_where_keys(own, f"{where} ({cid}): where")
+        out.append({**claim, "where": {**defaults, **own}})
     return out
+
+
+def _check_where_keys(where: Mapping[str, Any], context: str) -> None:
+    extra = sorted(str(k) for k in set(where) - WHERE_KEYS)
+    if extra:
+        raise KvasymError(f"{context}: unknown key(s) {extra}; allowed: {', '.join(sorted(WHERE_KEYS))}")
 
 
 def evaluate_claims(claims: list[dict[str, Any]], tables: Tables) -> list[dict[str, Any]]:
@@ -316,6 +381,8 @@ def evaluate_claims(claims: list[dict[str, Any]], tables: Tables) -> list[dict[s
             continue
         except KeyError as exc:
             raise KvasymError(f"claim {claim['id']}: 'where' lacks the key {exc} that {claim['statistic']} needs") from None
+        except KvasymError as exc:
+            raise KvasymError(f"claim {claim['id']} ({claim['statistic']}): {exc}") from None
         result, reason = verdict(m, claim["holds_if"])
         record.update(estimate=m.estimate, low=m.low, high=m.high, log10_p=m.log10_p, details=m.details,
                       verdict=result, reason=reason)
@@ -365,6 +432,44 @@ def render_markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+_VERDICT_COLORS = {"holds": "#1b7837", "does not hold": "#b2182b", "inconclusive": "#8c6d1f"}
+
+
+def render_html(results: list[dict[str, Any]]) -> str:
+    """The ledger as a self-contained HTML page (the Snakemake report shows it as a result).
+    Every string from the claims file or the data is HTML-escaped."""
+    import html
+
+    def cell(value: Any) -> str:
+        return f"<td>{html.escape(str(value))}</td>"
+
+    rows = []
+    for r in results:
+        ci = "" if r.get("low") is None or r.get("high") is None else f"[{format_number(r['low'])}, {format_number(r['high'])}]"
+        logp = "" if r.get("log10_p") is None else f"{r['log10_p']:.1f}"
+        paper = r.get("paper_text") or ("" if r.get("paper_value") is None else format_number(r["paper_value"]))
+        color = _VERDICT_COLORS.get(r["verdict"], "black")
+        rows.append(
+            "<tr>" + cell(r["id"]) + cell(r["statement"]) + cell(paper) + cell(format_number(r.get("estimate")))
+            + cell(ci) + cell(logp)
+            + f'<td style="color:{color};font-weight:bold">{html.escape(str(r["verdict"]))}</td>'
+            + cell(r["reason"]) + "</tr>"
+        )
+    verdicts = list(dict.fromkeys([*_VERDICT_COLORS, *(r["verdict"] for r in results)]))
+    counts = {v: sum(r["verdict"] == v for r in results) for v in verdicts}
+    summary = ", ".join(f"{n} {html.escape(v)}" for v, n in counts.items() if n)
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Claims ledger</title>\n"
+        "<style>body{font-family:sans-serif;font-size:14px;margin:1em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top}th{background:#eee;text-align:left}</style>"
+        "</head><body>\n<h1>Claims ledger</h1>\n"
+        f"<p>{len(results)} claims: {summary}. Every number is computed by the pipeline from its own data "
+        "(results/stats, results/theory).</p>\n<table>\n<thead><tr><th>id</th><th>claim</th><th>paper</th>"
+        "<th>measured</th><th>95% CI</th><th>log10 p</th><th>verdict</th><th>why</th></tr></thead>\n<tbody>\n"
+        + "\n".join(rows) + "\n</tbody></table>\n</body></html>\n"
+    )
+
+
 _DIGITS = ["Zero", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine"]
 
 
@@ -401,13 +506,17 @@ def run_claims(
     *,
     base_seed: int = 0,
     n_boot: int = 1000,
+    out_html: str | os.PathLike | None = None,
 ) -> list[dict[str, Any]]:
+    from .dataset import read_parquet_checked
     from .pipeline import write_text_atomic
 
     claims = load_claims(claims_path)
-    frames = {name: pd.read_parquet(path) for name, path in tables.items()}
+    frames = {name: read_parquet_checked(path) for name, path in tables.items()}
     results = evaluate_claims(claims, Tables(**frames, base_seed=base_seed, n_boot=n_boot))
     write_text_atomic(json.dumps(_json_safe(results), indent=1) + "\n", out_json)
     write_text_atomic(render_markdown(_json_safe(results)), out_md)
     write_text_atomic(render_latex(_json_safe(results)), out_tex)
+    if out_html is not None:
+        write_text_atomic(render_html(_json_safe(results)), out_html)
     return results

@@ -1,8 +1,9 @@
 """The ``kvasym`` command line: codebooks, quantizing your own caches, evaluating them.
 
 Every failure the user can cause (a wrong shape, NaN, an unknown scheme, a bad file) exits with
-status 2 and one line ``kvasym: error: ...`` on stderr naming the problem; tracebacks are for
-bugs only.
+status 2 and one line ``kvasym: error: ...`` on stderr naming the problem; a failure of the
+machine (full disk, unwritable output folder) exits with status 1 and one such line naming the
+file; tracebacks are for bugs only.
 """
 
 from __future__ import annotations
@@ -11,17 +12,20 @@ import argparse
 import json
 import os
 import sys
-import tempfile
-import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from . import __version__
+from .atomic import atomic_target
 from .errors import KvasymError
 
 EXIT_BAD_INPUT = 2
+#: The environment failed us (disk full, permission denied on an output): not the input's fault.
+EXIT_ENVIRONMENT = 1
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = b"PK"
 
 
 def _load_matrix(path: str, what: str) -> np.ndarray:
@@ -29,41 +33,69 @@ def _load_matrix(path: str, what: str) -> np.ndarray:
     from .cache import check_matrix
 
     p = Path(path)
+    if p.is_dir():
+        raise KvasymError(f"{what} file {path} is a directory, not a .npy/.npz file")
     if not p.is_file():
         raise KvasymError(f"{what} file {path}: no such file")
     try:
+        with p.open("rb") as fh:
+            magic = fh.read(6)
+    except OSError as exc:
+        raise KvasymError(f"{what} file {path} cannot be read ({exc.strerror})") from None
+    # Without this, numpy calls any non-.npy file (CSV, text, torch) "pickled (object) data".
+    if not (magic.startswith(_NPY_MAGIC) or magic.startswith(_ZIP_MAGIC)):  # PK: any zip, even empty
+        raise KvasymError(
+            f"{what} file {path} is not a readable .npy/.npz array: it starts with {magic!r}, not NumPy's "
+            "format (save it with numpy.save)"
+        )
+    try:
         loaded = np.load(p, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise KvasymError(f"{what} file {path} is not a readable .npy/.npz array ({exc})") from None
-    if isinstance(loaded, np.lib.npyio.NpzFile):
-        with loaded:
-            if len(loaded.files) != 1:
-                raise KvasymError(f"{what} file {path} is an .npz with {len(loaded.files)} arrays; give one array")
-            loaded = loaded[loaded.files[0]]
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            with loaded:
+                if len(loaded.files) != 1:
+                    raise KvasymError(f"{what} file {path} is an .npz with {len(loaded.files)} arrays; give one array")
+                # members are decompressed (and CRC-checked) only here, so this read is inside the try
+                loaded = loaded[loaded.files[0]]
+    except KvasymError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - zipfile/zlib/numpy raise many types for a corrupt file
+        raise KvasymError(f"{what} file {path} is not a readable .npy/.npz array ({type(exc).__name__}: {exc})") from None
     return check_matrix(loaded, f"{what} ({path})")
 
 
 def _save_npy_atomic(path: str, array: np.ndarray) -> None:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.save(fh, array)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_target(path) as tmp, open(tmp, "wb") as fh:  # a file object: np.save adds no suffix
+        np.save(fh, array)
 
 
-def _budget(value: str) -> int:
+def _int_in(name: str, low: int, high: int, shown: str) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high], the message naming the flag's range."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer in {shown}, got {value!r}") from None
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer in {shown}, got {number}")
+        return number
+
+    return parse
+
+
+_budget = _int_in("bits", 1, 8, "1..8")
+_seed = _int_in("seed", 0, 2**63 - 1, "0..2^63-1")
+
+
+def _sharpness(value: str) -> float:
+    """The logit multiplier: finite and in (0, 1e6), the range the study's config accepts."""
     try:
-        bits = int(value)
+        number = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"bits must be an integer in 1..8, got {value!r}") from None
-    if not 1 <= bits <= 8:
-        raise argparse.ArgumentTypeError(f"bits must be an integer in 1..8, got {bits}")
-    return bits
+        raise argparse.ArgumentTypeError(f"sharpness must be a number, got {value!r}") from None
+    if not 0 < number < 1e6:  # also False for nan
+        raise argparse.ArgumentTypeError(f"sharpness must be a finite number in (0, 1e6), got {value}")
+    return number
 
 
 def _user_schemes(path: str | None) -> dict | None:
@@ -164,12 +196,27 @@ def _scheme(args: argparse.Namespace):
     return scheme
 
 
+_DATA_KEYS = {"distribution", "dim", "seq_len", "n_queries", "trials", "base_seed"}
+#: Keys each stage reads from its --slice (what kvasym.study.Study's *_slice methods produce).
+SLICE_KEYS = {
+    "data": _DATA_KEYS,
+    "quantize": _DATA_KEYS | {"scheme", "budget", "norm_dtype"},
+    "metrics": _DATA_KEYS | {"scheme", "budget", "norm_dtype", "sharpness", "per_key_trials"},
+    "stats": {"distribution", "dim", "schemes", "base_seed", "stats"},
+    "theory": _DATA_KEYS | {"budgets", "theory"},
+}
+
+
 def _stage_slice(args: argparse.Namespace, kind: str) -> dict:
     """The config slice of a stage: --slice JSON (from Snakemake), or --config plus the cell."""
     from .study import load_study_file, parse_slice
 
     if args.slice is not None:
-        return parse_slice(args.slice)
+        slice_ = parse_slice(args.slice)
+        missing = sorted(SLICE_KEYS[kind] - set(slice_))
+        if missing:
+            raise KvasymError(f"--slice of the {kind} stage lacks key(s) {', '.join(missing)}")
+        return slice_
     if args.config is None or args.distribution is None or args.dim is None:
         raise KvasymError("give --slice JSON, or --config FILE with --distribution and --dim")
     study = load_study_file(args.config)
@@ -193,7 +240,8 @@ def cmd_stage(args: argparse.Namespace) -> int:
         from .claims import run_claims
 
         tables = {"comparisons": args.comparisons, "summary": args.summary, "trials": args.trials, "theory": args.theory}
-        results = run_claims(args.claims, tables, args.json, args.md, args.tex, base_seed=args.base_seed, n_boot=args.n_boot)
+        results = run_claims(args.claims, tables, args.json, args.md, args.tex, base_seed=args.base_seed, n_boot=args.n_boot,
+                             out_html=args.html)
         for r in results:
             print(f"{r['id']:>5}  {r['verdict']:<14} {r.get('reason', '')}")
         return 0
@@ -228,7 +276,16 @@ def cmd_figures(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def cmd_capture(args: argparse.Namespace) -> int:
+    from .real.capture import run_from_args
+
+    run_from_args(args)
+    return 0
+
+
+def build_parser(figures: bool = True) -> argparse.ArgumentParser:
+    """The command line. ``figures=False`` leaves out the figures stage's own options, whose
+    module imports pandas (~0.4 s of CPU): every data, quantize and metrics job pays for it."""
     parser = argparse.ArgumentParser(prog="kvasym", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"kvasym {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -243,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--scheme", required=True, help="KV, KQV, QKQV, RKV or one from --schemes")
         q.add_argument("--bits", type=_budget, required=True, help="budget n, bits per coordinate (1..8)")
         q.add_argument("--schemes", help="YAML file with user-defined schemes (same form as config 'schemes')")
-        q.add_argument("--seed", type=int, default=0, help="base seed for the rotation and QJL draws")
+        q.add_argument("--seed", type=_seed, default=0, help="base seed for the rotation and QJL draws")
         q.add_argument("--norm-dtype", default="float32", choices=["float16", "float32"])
 
     p = sub.add_parser("quantize", help="quantize rows of a .npy matrix into a packed .npz cache")
@@ -264,10 +321,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keys", required=True)
     p.add_argument("--values", required=True)
     p.add_argument("--queries", required=True)
-    p.add_argument("--sharpness", type=float, default=1.0, help="logit multiplier (1 = plain q.k/sqrt(d))")
+    p.add_argument("--sharpness", type=_sharpness, default=1.0, help="logit multiplier (1 = plain q.k/sqrt(d))")
     p.add_argument("--causal", action="store_true", help="query i attends keys 0..i+(n_keys-n_queries)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_evaluate)
+
+    from .real.capture import add_arguments as capture_arguments  # numpy only: the model loads lazily
+
+    p = sub.add_parser("capture", help="capture real K, V and queries from SmolLM2-135M (needs the real-model extra)")
+    capture_arguments(p)
+    p.set_defaults(func=cmd_capture)
 
     stage = sub.add_parser("stage", help="run one stage of the study's DAG (what the Snakemake rules call)")
     stages = stage.add_subparsers(dest="stage", required=True)
@@ -300,30 +363,55 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", required=True)
     q.add_argument("--holm", nargs="*", help="log10-p columns to Holm-adjust per metric")
     q.set_defaults(func=cmd_stage)
-    from .figures_stage import add_arguments as figure_arguments
+    q = stages.add_parser("figures", help="draw the figures of the paper (one family or all) from the gathered tables")
+    if figures:
+        from .figures_stage import add_arguments as figure_arguments
 
-    q = stages.add_parser("figures", help="draw every figure of the paper from the gathered tables")
-    figure_arguments(q)
+        figure_arguments(q)
     q.set_defaults(func=cmd_figures)
     q = stages.add_parser("claims", help="evaluate the claims ledger from the gathered tables")
     for name in ("claims", "comparisons", "summary", "trials", "theory", "json", "md", "tex"):
         q.add_argument(f"--{name}", required=True)
+    q.add_argument("--html", help="also write the ledger as an HTML page (for the Snakemake report)")
     q.add_argument("--base-seed", type=int, default=0)
     q.add_argument("--n-boot", type=int, default=1000)
     q.set_defaults(func=cmd_stage)
     return parser
 
 
+def _say(line: str) -> None:
+    """One line on stderr, best effort: on a full disk even the job's log may refuse it."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    tokens = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(figures=any(t in ("figures", "-h", "--help") for t in tokens))
+    args = parser.parse_args(tokens)
+    if args.command == "stage":
+        # Snakemake sends a stage's stderr to its log file. Writing a first line now gives the
+        # log its first disk block while there may still be room, so that an error line later
+        # (e.g. "No space left on device") still fits: otherwise a full disk shows an empty log.
+        _say(f"kvasym {__version__} stage {args.stage}")
     try:
         return int(args.func(args) or 0)
     except KvasymError as exc:
-        print(f"kvasym: error: {exc}", file=sys.stderr)
+        _say(f"kvasym: error: {exc}")
         return EXIT_BAD_INPUT
     except BrokenPipeError:
         return 1
+    except OSError as exc:
+        # A full disk, an unwritable output folder, a vanished input: one line naming the file
+        # (when the OS says which), not a traceback. pyarrow's OSErrors carry no filename.
+        where = f"{exc.filename}: " if exc.filename else ""
+        reason = exc.strerror if exc.filename and exc.strerror else str(exc)
+        if isinstance(exc, FileExistsError) and not os.path.isdir(exc.filename):
+            reason = "exists and is not a directory"  # mkdir's own "File exists" hides the point
+        _say(f"kvasym: error: {where}{reason}")
+        return EXIT_ENVIRONMENT
 
 
 if __name__ == "__main__":

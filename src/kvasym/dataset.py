@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -24,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__
+from .atomic import atomic_target
 from .errors import KvasymError
 
 IDENTIFIERS = [
@@ -107,14 +107,8 @@ def write_parquet_atomic(table: pa.Table, path: str | os.PathLike, metadata: Map
     meta = dict(table.schema.metadata or {})
     meta.update({k.encode(): v.encode() for k, v in metadata.items()})
     table = table.replace_schema_metadata(meta)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_target(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_frame_atomic(frame: "pd.DataFrame", path: str | os.PathLike, metadata: Mapping[str, str]) -> None:  # noqa: F821
@@ -129,7 +123,28 @@ def read_table(root: str | os.PathLike, table: str = "per_query") -> "pd.DataFra
     folder = Path(root) / table
     if not folder.is_dir():
         raise KvasymError(f"{folder}: no such metrics table (run the pipeline first)")
-    return pq.read_table(folder, schema=SCHEMAS[table]).to_pandas()
+    try:
+        return pq.read_table(folder, schema=SCHEMAS[table]).to_pandas()
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        # a truncated or foreign file somewhere in the dataset: pyarrow's message names it
+        raise KvasymError(f"{folder}: a file of the {table} table is not readable ({exc})") from None
+
+
+def read_parquet_checked(path: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
+    """One Parquet file as a DataFrame, or a KvasymError naming it when it is missing, truncated
+    or not Parquet (a file tampered with between runs: the stage reading it stops here)."""
+    import pandas as pd
+
+    p = Path(path)
+    if not p.is_file():
+        raise KvasymError(f"{p}: no such file")
+    try:
+        return pd.read_parquet(p)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        # pyarrow raises ArrowInvalid (a ValueError) or OSError for truncated or foreign files
+        raise KvasymError(
+            f"{p} is not a readable Parquet table ({type(exc).__name__}: {exc}); delete it and rerun to rebuild it"
+        ) from None
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:

@@ -91,8 +91,12 @@ DISTRIBUTION_KINDS: Mapping[str, Mapping[str, _Param]] = MappingProxyType(
 )
 """Distribution kinds and their parameter schemas (name -> {param: schema})."""
 
-# Names end up in file paths and Snakemake wildcards, so keep them to a safe alphabet.
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+# Names end up in file paths, Snakemake wildcards and LaTeX (escaped), so keep them to a safe
+# ASCII alphabet. The first character must be a letter or digit: "." and ".." would resolve to
+# results/ itself or its parent, and pyarrow's dataset discovery silently skips folders starting
+# with "." or "_", so such a distribution would vanish from read_table without an error. 64
+# characters keep every results path far below the file-name limit of common filesystems.
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 
 
 def _coerce(value: Any, param: _Param, where: str) -> int | float:
@@ -133,8 +137,8 @@ class DistributionSpec:
         # Validate here (not only in from_dict) so a directly constructed spec is checked too.
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
             raise KvasymError(
-                f"distributions[{self.name}].name must be a non-empty string of letters, digits "
-                f"and _.+-, got {self.name!r}"
+                f"distributions[{self.name}].name must be 1 to 64 ASCII letters, digits and _.+-, "
+                f"starting with a letter or digit (it becomes a folder name), got {self.name!r}"
             )
         where = f"distributions[{self.name}]"
         if self.kind is None:

@@ -26,9 +26,9 @@ Angles are shown in degrees; KL in nats; Shannon effective bits are ``0.5 log2 S
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
-import tempfile
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -45,10 +45,14 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
+from .atomic import atomic_target  # noqa: E402
 from .seeds import rng  # noqa: E402
 
 #: One LaTeX column (inches); figures are drawn at this width unless stated otherwise.
 COLUMN_WIDTH = 3.3
+#: The paper's full text width (inches: A4 with 22 mm margins); dense grids of panels are drawn
+#: at this width so they are included at their natural size, never shrunk below 8 pt text.
+TEXT_WIDTH = 6.5
 #: Resolution of the PNG files.
 PNG_DPI = 200
 
@@ -356,27 +360,29 @@ def _positive_floor(values: np.ndarray) -> float:
 # ----------------------------------------------------------------------------- saving
 
 
-def save_figure(fig: Figure, stem: str | os.PathLike) -> list[Path]:
+def save_figure(fig: Figure, stem: str | os.PathLike, provenance: Mapping[str, str] | None = None) -> list[Path]:
     """Write ``stem.pdf`` and ``stem.png`` (PNG at :data:`PNG_DPI`), each via a temporary file
     and a rename (no half-written figure under its final name), then close the figure.
 
-    The PDF carries no creation date, so the same figure gives the same bytes on a rerun.
+    ``provenance`` (e.g. :func:`kvasym.dataset.provenance`: package version, git commit, the
+    config slice with its seed) goes into the files' metadata: the PDF's ``Subject`` (as JSON)
+    and ``Creator``, one PNG text chunk per key. The PDF carries no creation date, so the same
+    figure gives the same bytes on a rerun.
     """
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
+    info = {str(k): str(v) for k, v in (provenance or {}).items()}
+    pdf_meta: dict[str, Any] = {"CreationDate": None}
+    if info:
+        pdf_meta["Creator"] = f"kvasym {info.get('kvasym_version', '')}".strip()
+        pdf_meta["Subject"] = json.dumps(info, sort_keys=True)
     written: list[Path] = []
     try:
         with matplotlib.rc_context(STYLE):
-            for fmt, extra in (("pdf", {"metadata": {"CreationDate": None}}), ("png", {"dpi": PNG_DPI, "metadata": {"Software": None}})):
+            for fmt, extra in (("pdf", {"metadata": pdf_meta}), ("png", {"dpi": PNG_DPI, "metadata": {"Software": None, **info}})):
                 target = stem.with_name(f"{stem.name}.{fmt}")
-                fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-                os.close(fd)
-                try:
+                with atomic_target(target) as tmp:
                     fig.savefig(tmp, format=fmt, **extra)
-                    os.replace(tmp, target)
-                except BaseException:
-                    Path(tmp).unlink(missing_ok=True)
-                    raise
                 written.append(target)
     finally:
         plt.close(fig)  # no-op for a figure pyplot does not manage
@@ -422,8 +428,10 @@ def shannon_phi_plane(
                                       f"distributions {list(distributions) if distributions else 'any'}")
     colors, markers = _palette(frame["scheme"].unique(), colors)
     schemes = scheme_order(frame["scheme"].unique())
-    fig, axes = new_figure(len(rows), len(cols), row_height=1.25 if len(cols) > 1 else 1.6, extra=0.75,
-                           sharex="row", sharey="row")
+    # a page-wide grid: at column width the panels of a 3-budget grid were 1 inch wide
+    wide = len(cols) > 1
+    fig, axes = new_figure(len(rows), len(cols), width=TEXT_WIDTH if wide else COLUMN_WIDTH,
+                           row_height=1.75 if wide else 1.6, extra=0.75, sharex="row", sharey="row")
     per_trial = site in ("k", "v")
     for i, dist in enumerate(rows):
         for j, budget in enumerate(cols):
@@ -444,11 +452,11 @@ def shannon_phi_plane(
                     xs, ys = x[pick], y[pick]
                 else:
                     xs, ys = x, y
-                _tag(ax.scatter(xs, ys, s=2.5, color=colors[scheme], alpha=0.3, linewidths=0, rasterized=True, zorder=2), scheme)
+                _tag(ax.scatter(xs, ys, s=4 if wide else 2.5, color=colors[scheme], alpha=0.3, linewidths=0, rasterized=True, zorder=2), scheme)
                 qx, qy = np.percentile(x, [25, 50, 75]), np.percentile(y, [25, 50, 75])
                 # later schemes get smaller markers, so coinciding medians (e.g. KQV and RKV share
                 # their K side) stay visible as nested markers
-                size = _nested(schemes, scheme, 5.5, 0.8, 2.5)
+                size = _nested(schemes, scheme, 7.0 if wide else 5.5, 1.0 if wide else 0.8, 3.0 if wide else 2.5)
                 _tag(ax.errorbar(qx[1], qy[1], xerr=[[qx[1] - qx[0]], [qx[2] - qx[1]]], yerr=[[qy[1] - qy[0]], [qy[2] - qy[1]]],
                                  fmt=markers[scheme], color=colors[scheme], markeredgecolor="black", markeredgewidth=0.4,
                                  markersize=size, elinewidth=1.0, capsize=0, zorder=4 + 0.1 * schemes.index(scheme)), scheme)
@@ -458,7 +466,7 @@ def shannon_phi_plane(
                 _margin_title(ax, str(dist))
             ax.tick_params(labelbottom=True)
     S = site.upper()
-    _bottom_xlabel(axes, rf"direction error $\varphi_{S}$ (°)" if len(cols) == 1 else rf"$\varphi_{S}$ (degrees)")
+    _bottom_xlabel(axes, rf"direction error $\varphi_{S}$ (degrees)")
     fig.supylabel(rf"Shannon effective bits $0.5\,\log_2\,\mathrm{{SNR}}_{S}$ (bits)")
     note = "points: trials" if per_trial else "points: queries"
     _suptitle(fig, (f"{title}: d = {dim}{dim_note}, sharpness {_fmt(float(sharpness))}{s_note}; "
@@ -855,8 +863,15 @@ def jensen_bias(
     colors, markers = _palette(frame["scheme"].unique(), colors)
     schemes = scheme_order(frame["scheme"].unique())
     with_slopes = slopes is not None and not slopes.empty and "check" in slopes.columns
-    fig, axes = new_figure(len(dists), 1, row_height=1.45, extra=0.75 if not with_slopes else 0.55)
-    for ax, dist in zip(axes[:, 0], dists):
+    # two panels per row at text width (a single column of four panels was taller than a page);
+    # each panel keeps its own legend because the fitted slopes differ by distribution
+    ncols = 2 if len(dists) > 1 else 1
+    nrows = -(-len(dists) // ncols)
+    fig, axes = new_figure(nrows, ncols, width=TEXT_WIDTH if ncols > 1 else COLUMN_WIDTH, row_height=2.0,
+                           extra=0.75 if not with_slopes else 0.55)
+    for ax in axes.flat[len(dists):]:
+        ax.set_axis_off()
+    for ax, dist in zip(axes.flat, dists):
         handles, labels, shown = [], [], []
         cell = _select(frame, distribution=dist)
         for scheme in schemes:
@@ -893,7 +908,11 @@ def jensen_bias(
             ax.legend(handles, [safe_text(label) for label in labels], loc="center left", bbox_to_anchor=(1.01, 0.5),
                       frameon=False, fontsize=6.5, title="fitted slope", title_fontsize=6.5, handlelength=1.2,
                       labelspacing=0.3)
-    axes[-1, 0].set_xlabel("logit-error variance over queries (logit², log scale)")
+    x_label = "logit-error variance over queries (logit², log scale)"
+    if with_slopes:
+        fig.supxlabel(x_label)  # no figure legend below: no clash
+    else:
+        _bottom_xlabel(axes, x_label)
     fig.supylabel("ln(mean ŵ / mean w) (nats)")
     if not with_slopes:
         _figure_legend(fig, _scheme_handles(schemes, colors, markers), schemes)

@@ -1,10 +1,11 @@
-"""The figures stage: every figure of the paper from the gathered tables, in one job.
+"""The figures stage: the figures of the paper from the gathered tables, one job per family.
 
 :func:`run_figures` reads the gathered tables (summary, comparisons, theory), the metrics
 dataset (per-query and per-key tables, only the rows the figures need) and the data manifests
 (to regenerate the keys of the marginal figure with the pipeline's own rotation seeds), draws
-every figure of :mod:`kvasym.figures` and writes ``<out_dir>/<name>.pdf`` and ``.png`` for each
-``name`` in :data:`FIGURES`.
+the figures of the requested :data:`FAMILIES` with :mod:`kvasym.figures` and writes
+``<out_dir>/<name>.pdf`` and ``.png`` for each of their names. Each family reads only its
+:data:`FAMILY_INPUTS`, so the DAG runs one small job per family.
 
 The slice (:func:`figures_slice`, built from the study and the ``defaults`` of its claims file)
 holds everything the figures depend on besides their input files:
@@ -47,28 +48,67 @@ import pyarrow.parquet as pq
 
 from .errors import KvasymError
 
-#: Figure names, in drawing order; each is written as ``<name>.pdf`` and ``<name>.png``.
-FIGURES: tuple[str, ...] = (
-    "shannon_phi_k",
-    "shannon_phi_v",
-    "shannon_phi_t",
-    "kl_ecdf",
-    "budget_crossover",
-    "tail_sweep",
-    "rank_sweep",
-    "sharpness_sweep",
-    "theory_check",
-    "marginals",
-    "jensen_bias",
-)
+#: Figure families: one Snakemake rule (one job) each; every figure is written as
+#: ``<name>.pdf`` and ``<name>.png``.
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "shannon_phi": ("shannon_phi_k", "shannon_phi_v", "shannon_phi_t"),
+    "kl_ecdf": ("kl_ecdf",),
+    "budget_crossover": ("budget_crossover",),
+    "tail_sweep": ("tail_sweep",),
+    "rank_sweep": ("rank_sweep",),
+    "sharpness_sweep": ("sharpness_sweep",),
+    "theory_check": ("theory_check",),
+    "marginals": ("marginals",),
+    "jensen_bias": ("jensen_bias",),
+}
+#: The inputs each family reads (so a rule declares, and a rerun is triggered by, only those):
+#: ``summary``, ``comparisons``, ``theory`` (gathered tables), ``per_query``/``per_key``
+#: (metrics files of :func:`family_cells`), ``data`` (manifests of :func:`family_cells`).
+FAMILY_INPUTS: dict[str, tuple[str, ...]] = {
+    "shannon_phi": ("per_query",),
+    "kl_ecdf": ("per_query",),
+    "budget_crossover": ("summary",),
+    "tail_sweep": ("summary",),
+    "rank_sweep": ("summary",),
+    "sharpness_sweep": ("summary", "comparisons"),
+    "theory_check": ("theory",),
+    "marginals": ("data",),
+    "jensen_bias": ("per_key", "theory"),
+}
+#: Figure names, in drawing order.
+FIGURES: tuple[str, ...] = tuple(name for names in FAMILIES.values() for name in names)
 FORMATS: tuple[str, ...] = ("pdf", "png")
 MAX_FACETS = 4
 HEADLINE_BUDGET = 4
 
 
-def figure_files(out_dir: str | os.PathLike) -> list[str]:
-    """Every file the stage writes under ``out_dir`` (what a rule declares as outputs)."""
-    return [str(Path(out_dir) / f"{name}.{fmt}") for name in FIGURES for fmt in FORMATS]
+def figure_files(out_dir: str | os.PathLike, families: Sequence[str] | None = None) -> list[str]:
+    """Every file the stage writes under ``out_dir`` for ``families`` (default: all)."""
+    names = FIGURES if families is None else [n for f in _check_families(families) for n in FAMILIES[f]]
+    return [str(Path(out_dir) / f"{name}.{fmt}") for name in names for fmt in FORMATS]
+
+
+def _check_families(families: Sequence[str]) -> list[str]:
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        raise KvasymError(f"unknown figure family {unknown[0]!r}; known: {', '.join(FAMILIES)}")
+    return list(families)
+
+
+def family_cells(slice_: Mapping[str, Any], family: str) -> list[dict[str, Any]]:
+    """The metrics cells (``{distribution, dim, budget}``; budget None = every budget) and data
+    cells a family reads: the facet distributions at the headline dim. Per-query figures facet
+    by budget; the Jensen figure shows the headline budget; the marginal figure needs the data
+    manifests only (budget None)."""
+    _check_families([family])
+    inputs = FAMILY_INPUTS[family]
+    if not ({"per_query", "per_key", "data"} & set(inputs)):
+        return []
+    head = slice_["headline"]
+    dims = {d["name"]: d["dims"] for d in slice_["distributions"]}
+    budget = int(head["budget"]) if "per_key" in inputs else None
+    return [{"distribution": name, "dim": int(head["dim"]), "budget": budget}
+            for name in slice_["facet_distributions"] if int(head["dim"]) in dims.get(name, [])]
 
 
 def claims_defaults(path: str | os.PathLike) -> dict[str, Any]:
@@ -228,37 +268,46 @@ def marginal_samples(slice_: Mapping[str, Any], inputs: Mapping[str, Any]) -> di
     return out
 
 
-def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: str | os.PathLike) -> list[Path]:
-    """Draw every figure of :data:`FIGURES`; returns the files written (pdf and png each).
+def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: str | os.PathLike,
+                families: Sequence[str] | None = None) -> list[Path]:
+    """Draw the figures of ``families`` (default: every family of :data:`FAMILIES`); returns
+    the files written (pdf and png each).
 
-    ``inputs``: ``summary``, ``theory`` (required) and ``comparisons`` (optional: CIs of the
-    sharpness sweep) gathered Parquet files; ``per_query`` and ``per_key`` (lists of metrics
-    files, or directories) or ``metrics`` (the dataset root, read with
-    :func:`kvasym.dataset.read_table`); ``data`` (manifest files, or the ``results/data``
-    directory) for the marginal figure.
+    ``inputs`` (only those of :data:`FAMILY_INPUTS` for the families drawn are read):
+    ``summary``, ``theory`` and ``comparisons`` (optional for the sharpness sweep: its CIs)
+    gathered Parquet files; ``per_query`` and ``per_key`` (lists of metrics files, or
+    directories) or ``metrics`` (the dataset root, read with :func:`kvasym.dataset.read_table`);
+    ``data`` (manifest files, or the ``results/data`` directory) for the marginal figure.
     """
     from . import figures as fg
 
+    families = list(FAMILIES) if families is None else _check_families(families)
+    needed = {key for family in families for key in FAMILY_INPUTS[family]}
     for key in ("summary", "theory"):
-        if inputs.get(key) is None:
-            raise KvasymError(f"the figures stage needs inputs['{key}']")
+        if key in needed and inputs.get(key) is None:
+            raise KvasymError(f"the figures {', '.join(f for f in families if key in FAMILY_INPUTS[f])} "
+                              f"need inputs['{key}'] (--{key})")
     head = slice_["headline"]
     dist, dim, sharp, budget = head["distribution"], int(head["dim"]), float(head["sharpness"]), int(head["budget"])
     facets = list(slice_["facet_distributions"])
     colors = fg.scheme_colors(slice_["schemes"])
-    summary = pd.read_parquet(inputs["summary"])
-    theory = pd.read_parquet(inputs["theory"])
-    comparisons = pd.read_parquet(inputs["comparisons"]) if inputs.get("comparisons") else None
-    per_query = _read_metrics(inputs, "per_query", {"dim": [dim], "sharpness": [sharp], "distribution": facets})
-    per_key = _read_metrics(inputs, "per_key", {"dim": [dim], "sharpness": [sharp], "budget": [budget], "distribution": facets})
+    # each input is read once, and only if a family drawn here needs it
+    summary = pd.read_parquet(inputs["summary"]) if "summary" in needed else None
+    theory = pd.read_parquet(inputs["theory"]) if "theory" in needed else None
+    comparisons = pd.read_parquet(inputs["comparisons"]) if "comparisons" in needed and inputs.get("comparisons") else None
+    per_query = (_read_metrics(inputs, "per_query", {"dim": [dim], "sharpness": [sharp], "distribution": facets})
+                 if "per_query" in needed else None)
+    per_key = (_read_metrics(inputs, "per_key", {"dim": [dim], "sharpness": [sharp], "budget": [budget], "distribution": facets})
+               if "per_key" in needed else None)
     specs = slice_["distributions"]
     nu = {d["name"]: float(d["params"]["nu"]) for d in specs if d["kind"] == "student_t"}
     rank = {d["name"]: int(d["params"]["rank"]) for d in specs if d["kind"] == "low_rank"}
     common = dict(sharpness=sharp, dim=dim, distributions=facets, colors=colors)
+    shannon = dict(max_points=slice_["max_points"], seed=slice_["base_seed"], **common)
     drawers = {
-        "shannon_phi_k": lambda: fg.shannon_phi_plane(per_query, "k", max_points=slice_["max_points"], seed=slice_["base_seed"], **common),
-        "shannon_phi_v": lambda: fg.shannon_phi_plane(per_query, "v", max_points=slice_["max_points"], seed=slice_["base_seed"], **common),
-        "shannon_phi_t": lambda: fg.shannon_phi_plane(per_query, "t", max_points=slice_["max_points"], seed=slice_["base_seed"], **common),
+        "shannon_phi_k": lambda: fg.shannon_phi_plane(per_query, "k", **shannon),
+        "shannon_phi_v": lambda: fg.shannon_phi_plane(per_query, "v", **shannon),
+        "shannon_phi_t": lambda: fg.shannon_phi_plane(per_query, "t", **shannon),
         "kl_ecdf": lambda: fg.kl_ecdf(per_query, **common),
         "budget_crossover": lambda: fg.budget_crossover(summary, distribution=dist, dim=dim, sharpness=sharp, colors=colors),
         "tail_sweep": lambda: fg.tail_sweep(summary, nu, dim=dim, budget=budget, sharpness=sharp, colors=colors),
@@ -270,21 +319,28 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
                                               slopes=theory, n_bins=int(slice_["jensen_bins"]), colors=colors),
     }
     assert list(drawers) == list(FIGURES)
+    from .dataset import provenance
+
     out = Path(out_dir)
     written: list[Path] = []
-    for name in FIGURES:
-        written.extend(fg.save_figure(drawers[name](), out / name))
+    for family in families:
+        for name in FAMILIES[family]:
+            # every file says what made it: version, commit, the slice (with its base seed)
+            meta = {"figure": name, **provenance(slice_)}
+            written.extend(fg.save_figure(drawers[name](), out / name, meta))
     return written
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``kvasym stage figures`` (what workflow/rules/figures.smk passes)."""
     parser.add_argument("--slice", required=True, help="the figures slice as JSON (Snakemake passes it)")
-    parser.add_argument("--summary", required=True)
+    parser.add_argument("--family", dest="families", action="append", choices=list(FAMILIES),
+                        help="draw only this figure family (repeatable; default: every family)")
+    parser.add_argument("--summary")
     parser.add_argument("--comparisons")
-    parser.add_argument("--theory", required=True)
-    parser.add_argument("--per-query", dest="per_query", nargs="+", required=True)
-    parser.add_argument("--per-key", dest="per_key", nargs="+", required=True)
+    parser.add_argument("--theory")
+    parser.add_argument("--per-query", dest="per_query", nargs="+", default=[])
+    parser.add_argument("--per-key", dest="per_key", nargs="+", default=[])
     parser.add_argument("--data", nargs="+", default=[], help="data manifests (for the marginal figure)")
     parser.add_argument("--out-dir", dest="out_dir", required=True)
 
@@ -295,7 +351,7 @@ def run_from_args(args: argparse.Namespace) -> list[Path]:
 
     slice_ = parse_slice(args.slice)
     inputs = {k: getattr(args, k) for k in ("summary", "comparisons", "theory", "per_query", "per_key", "data")}
-    written = run_figures(slice_, inputs, args.out_dir)
+    written = run_figures(slice_, inputs, args.out_dir, args.families)
     for path in written:
         print(path)
     return written

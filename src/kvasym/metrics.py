@@ -56,6 +56,10 @@ KL_ROUNDING_TOL = 1e-12
 """Negative KL values no smaller than -KL_ROUNDING_TOL are rounding noise and set to 0."""
 ROUTING_TOPK = 5
 """k of the routing recall reported by :func:`trial_metrics` (column ``recall_top5``)."""
+LOGIT_LIMIT = 1e150
+"""Largest |logit| :func:`trial_metrics` accepts. Past it the per-key logit-error variance (a
+square) overflows float64 and attention is one-hot to the last bit anyway; with the query rule
+of :mod:`kvasym.distributions` logits are O(sharpness), so only foreign caches get here."""
 
 _DB_PER_LOG2 = 10.0 * math.log10(2.0)
 
@@ -218,6 +222,29 @@ def topk_recall(
     return same.sum(axis=-1) / k_row
 
 
+def _check_logit_range(
+    q: np.ndarray, scores: np.ndarray, scores_hat: np.ndarray, sharpness: Sequence[float]
+) -> None:
+    """Refuse logits that are not finite or beyond LOGIT_LIMIT, naming the inputs at fault.
+
+    Finite inputs can still give an infinite q.k (entries near 1e300), which would surface as
+    NaN deep inside the softmax; this says so up front instead."""
+    if not np.all(np.isfinite(q)):
+        raise KvasymError("queries contain non-finite values")
+    s_max = max((abs(float(s)) for s in sharpness), default=1.0)
+    if not math.isfinite(s_max):
+        raise KvasymError(f"sharpness must be finite, got {list(sharpness)}")
+    for what, x in (("keys", scores), ("quantized keys", scores_hat)):
+        finite = np.isfinite(x)
+        peak = float(np.max(np.abs(np.where(finite, x, 0.0)), initial=0.0))
+        if not finite.all() or s_max * peak > LOGIT_LIMIT:
+            shown = "inf (float64 overflow)" if not finite.all() else f"{s_max * peak:.3g}"
+            raise KvasymError(
+                f"attention logits of the {what} reach {shown}, beyond {LOGIT_LIMIT:g}: "
+                "rescale the queries or keys (attention would be one-hot and the logit-error variance overflow)"
+            )
+
+
 def trial_metrics(
     queries: np.ndarray,
     keys: np.ndarray,
@@ -270,9 +297,11 @@ def trial_metrics_multi(
     k, k_hat = _pair(keys, keys_hat, "keys")
     v, v_hat = _pair(values, values_hat, "values")
     q = np.asarray(queries, dtype=np.float64)
-    scores = attention_logits(q, k, 1.0)
-    scores_hat = attention_logits(q, k_hat, 1.0)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow (inf, inf - inf) is reported below
+        scores = attention_logits(q, k, 1.0)
+        scores_hat = attention_logits(q, k_hat, 1.0)
     n_q, n_k = scores.shape
+    _check_logit_range(q, scores, scores_hat, sharpness)
     allowed = np.ones((n_q, n_k), dtype=bool) if mask is None else check_mask(mask, n_q, n_k)
     count = allowed.sum(axis=0)
     cache_columns = {}

@@ -19,13 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .atomic import atomic_target
 from .cache import PackedCache, load_packed, save_packed
 from .cachestats import cache_statistics
 from .dataset import PER_KEY_SCHEMA, PER_QUERY_SCHEMA, provenance, to_table, write_parquet_atomic
@@ -33,7 +33,8 @@ from .distributions import DistributionSpec, TrialData, generate_trial
 from .errors import KvasymError
 from .evaluate import quantize_pair
 from .metrics import trial_metrics_multi
-from .schemes import scheme_from_dict
+from .schemes import Scheme, scheme_from_dict
+from .seeds import derived_seed
 
 DATA_FORMAT = 1
 
@@ -59,16 +60,8 @@ def _write_json_atomic(data: Mapping[str, Any], path: str | os.PathLike) -> None
 
 def write_text_atomic(text: str, path: str | os.PathLike) -> None:
     """Write a text file via a temporary name and a rename (no half-written file, ever)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_target(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def run_data(slice_: Mapping[str, Any], out_json: str | os.PathLike) -> None:
@@ -88,13 +81,14 @@ def run_data(slice_: Mapping[str, Any], out_json: str | os.PathLike) -> None:
 
 
 def load_manifest(path: str | os.PathLike, slice_: Mapping[str, Any]) -> dict[str, str]:
+    data_keys = ("distribution", "dim", "seq_len", "n_queries", "trials", "base_seed")
     try:
         manifest = json.loads(Path(path).read_text())
         digests = {int(t["trial"]): t["sha256"] for t in manifest["trials"]}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise KvasymError(f"{path}: unreadable data manifest ({exc}); delete it and rerun") from None
-    data_keys = ("distribution", "dim", "seq_len", "n_queries", "trials", "base_seed")
-    if manifest.get("format") != DATA_FORMAT or any(manifest["slice"].get(k) != slice_[k] for k in data_keys):
+        made_for = {k: manifest["slice"].get(k) for k in data_keys}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise KvasymError(f"{path}: unreadable data manifest ({type(exc).__name__}: {exc}); delete it and rerun") from None
+    if manifest.get("format") != DATA_FORMAT or any(made_for[k] != slice_[k] for k in data_keys):
         raise KvasymError(f"{path}: data manifest was made for another config slice; rerun the data rule")
     return {str(k): v for k, v in digests.items()}
 
@@ -104,7 +98,8 @@ def verified_trial(slice_: Mapping[str, Any], trial: int, digests: Mapping[str, 
     if trial_digest(data) != digests.get(str(trial)):
         raise KvasymError(
             f"regenerated data of {slice_['distribution']['name']} d={slice_['dim']} trial {trial} "
-            "differs from its manifest digest: the generator is not deterministic on this machine"
+            "differs from its manifest digest: the manifest was changed, or the generator is not "
+            "deterministic on this machine; delete the manifest and rerun"
         )
     return data
 
@@ -145,7 +140,12 @@ def run_metrics(
 ) -> None:
     """Per-query and per-key metrics of one cell, for every sharpness, as Parquet."""
     digests = load_manifest(data_json, slice_)
-    caches = load_packed(packed_npz)
+    try:
+        caches = load_packed(packed_npz)
+    except KvasymError as exc:
+        raise KvasymError(f"{exc}; delete it and rerun to rebuild it") from None
+    scheme_data = dict(slice_["scheme"])
+    scheme = scheme_from_dict(scheme_data.pop("name"), scheme_data)
     ident = {
         "distribution": slice_["distribution"]["name"],
         "kind": slice_["distribution"]["kind"],
@@ -160,9 +160,9 @@ def run_metrics(
         try:
             k_cache, v_cache = caches[_cache_name(trial, "K")], caches[_cache_name(trial, "V")]
         except KeyError:
-            raise KvasymError(f"{packed_npz}: no packed caches for trial {trial}; rerun the quantize rule") from None
-        if k_cache.rows != data.keys.shape[0] or k_cache.dim != data.keys.shape[1]:
-            raise KvasymError(f"{packed_npz}: trial {trial} cache shape does not match the data; rerun quantize")
+            raise KvasymError(f"{packed_npz}: no packed caches for trial {trial}; delete it and rerun to rebuild it") from None
+        for side, cache, matrix in (("K", k_cache, data.keys), ("V", v_cache, data.values)):
+            _check_cache_matches(cache, matrix.shape, slice_, scheme, trial, side, packed_npz)
         keys_hat = k_cache.dequantize("float64")
         values_hat = v_cache.dequantize("float64")
         bits = {
@@ -186,6 +186,42 @@ def run_metrics(
     meta = provenance(slice_)
     write_parquet_atomic(to_table(_concat(query_parts, PER_QUERY_SCHEMA.names), PER_QUERY_SCHEMA), out_per_query, meta)
     write_parquet_atomic(to_table(_concat(key_parts, PER_KEY_SCHEMA.names), PER_KEY_SCHEMA), out_per_key, meta)
+
+
+def _check_cache_matches(
+    cache: PackedCache,
+    shape: tuple[int, ...],
+    slice_: Mapping[str, Any],
+    scheme: Scheme,
+    trial: int,
+    side: str,
+    path: str | os.PathLike,
+) -> None:
+    """The packed cache must be the one this cell's quantize job writes: same shape, scheme side,
+    budget, norm storage and the seeds derived from (distribution, dim, trial, side). A stale
+    file or one copied from another cell would otherwise be measured and labelled as this cell."""
+    spec = scheme.side(side)
+    budget = slice_["budget"]
+    identity = (slice_["distribution"]["name"], slice_["dim"], trial)
+    base = slice_["base_seed"]
+    expected: dict[str, Any] = {
+        "rows": shape[0],
+        "dim": shape[1],
+        "budget": budget,
+        "rotate": spec.rotate,
+        "scalar_bits": spec.scalar_bits(budget),
+        "qjl": spec.qjl,
+        "norm_dtype": slice_["norm_dtype"],
+        "rotation_seed": derived_seed(base, "rotation", *identity, side) if spec.rotate else 0,
+        "qjl_seed": derived_seed(base, "qjl", *identity, side) if spec.qjl else 0,
+    }
+    for key, want in expected.items():
+        got = getattr(cache, key)
+        if got != want:
+            raise KvasymError(
+                f"{path}: trial {trial} side {side} has {key} = {got!r} but cell {scheme.name} n={budget} "
+                f"needs {want!r}: the file is stale or from another cell; delete it and rerun to rebuild it"
+            )
 
 
 def _concat(parts: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, np.ndarray]:

@@ -13,6 +13,8 @@ import hashlib
 
 import numpy as np
 
+from .errors import KvasymError
+
 Identity = tuple[str | int, ...]
 
 
@@ -34,8 +36,9 @@ def identity_words(identity: Identity) -> tuple[int, ...]:
 
 def seed_sequence(base_seed: int, *identity: str | int) -> np.random.SeedSequence:
     """The SeedSequence of one identity under one base seed."""
-    if not isinstance(base_seed, (int, np.integer)) or base_seed < 0:
-        raise ValueError(f"base seed must be a non-negative integer, got {base_seed!r}")
+    # A user-supplied value (config base_seed, CLI --seed): KvasymError, a ValueError subclass.
+    if isinstance(base_seed, bool) or not isinstance(base_seed, (int, np.integer)) or base_seed < 0:
+        raise KvasymError(f"base seed must be a non-negative integer, got {base_seed!r}")
     return np.random.SeedSequence(entropy=int(base_seed), spawn_key=identity_words(identity))
 
 

@@ -205,6 +205,7 @@ def load_study(config: Mapping[str, Any]) -> Study:
         raise KvasymError(f"config key schemes must be a non-empty list of scheme names, got {names!r}")
     if len(set(names)) != len(names):
         raise KvasymError(f"config key schemes has duplicates: {names}")
+    _no_case_clash(names, "schemes")
     schemes: dict[str, Scheme] = {}
     for i, name in enumerate(names):
         if name not in registry:
@@ -242,6 +243,7 @@ def load_study(config: Mapping[str, Any]) -> Study:
         spec = DistributionSpec.from_dict({k: v for k, v in entry.items() if k != "dims"})
         if spec.name in distributions:
             raise KvasymError(f"{where}: duplicated distribution name {spec.name!r}")
+        _no_case_clash([*distributions, spec.name], "distributions[].name")
         own_dims = _int_list(entry["dims"], f"{where}.dims", MIN_DIM, MAX_DIM) if "dims" in entry else dims
         for dim in own_dims:
             for key in ("rank", "n_outliers"):
@@ -253,6 +255,9 @@ def load_study(config: Mapping[str, Any]) -> Study:
         distribution_dims[spec.name] = own_dims
 
     per_key_trials = _int(config.get("per_key_trials", DEFAULTS["per_key_trials"]), "per_key_trials", 0, trials)
+    seq_len = _int(config.get("seq_len", DEFAULTS["seq_len"]), "seq_len", 1, 10_000_000)
+    n_queries = _int(config.get("n_queries", DEFAULTS["n_queries"]), "n_queries", 1, 10_000_000)
+    _check_trial_size(seq_len, n_queries, max(max(d) for d in distribution_dims.values()))
     settings = {}
     for section in ("stats", "theory"):
         given = config.get(section, {})
@@ -271,8 +276,8 @@ def load_study(config: Mapping[str, Any]) -> Study:
         dims=dims,
         budgets=budgets,
         schemes=schemes,
-        seq_len=_int(config.get("seq_len", DEFAULTS["seq_len"]), "seq_len", 1, 10_000_000),
-        n_queries=_int(config.get("n_queries", DEFAULTS["n_queries"]), "n_queries", 1, 10_000_000),
+        seq_len=seq_len,
+        n_queries=n_queries,
         trials=trials,
         per_key_trials=per_key_trials,
         sharpness=tuple(float(s) for s in sharpness),
@@ -282,6 +287,31 @@ def load_study(config: Mapping[str, Any]) -> Study:
         theory=settings["theory"],
         claims_file=_claims_file(config.get("claims_file", DEFAULTS["claims_file"])),
     )
+
+
+#: Largest float64 matrix one trial may need (2**31 entries = 16 GiB): each key is within its
+#: own range, but seq_len x n_queries (the attention matrices) or seq_len x dim (K and V) can
+#: still ask for terabytes, which would only surface as an out-of-memory kill mid-run.
+MAX_TRIAL_ENTRIES = 2**31
+
+
+def _check_trial_size(seq_len: int, n_queries: int, max_dim: int) -> None:
+    for what, rows, cols in (("seq_len x n_queries", seq_len, n_queries), ("seq_len x dims", seq_len, max_dim)):
+        if rows * cols > MAX_TRIAL_ENTRIES:
+            raise KvasymError(
+                f"config keys {what} = {rows} x {cols} = {rows * cols:.3g} float64 entries per trial "
+                f"exceed {MAX_TRIAL_ENTRIES} (16 GiB per matrix); lower seq_len, n_queries or dims"
+            )
+
+
+def _no_case_clash(names: list[str], key: str) -> None:
+    """Names become folder names: two that differ only in case collide on case-insensitive
+    filesystems (macOS, Windows), where one cell would silently overwrite the other."""
+    seen: dict[str, str] = {}
+    for name in names:
+        other = seen.setdefault(name.casefold(), name)
+        if other != name:
+            raise KvasymError(f"config key {key}: {other!r} and {name!r} differ only in case (they become folder names)")
 
 
 def _claims_file(value: Any) -> str:

@@ -489,7 +489,9 @@ def _read_input(key: str, path: str | os.PathLike) -> Any:
         if not isinstance(data, list):
             raise KvasymError(f"{p}: the claims ledger must be a JSON list")
         return data
-    return pd.read_parquet(p)
+    from .dataset import read_parquet_checked
+
+    return read_parquet_checked(p)
 
 
 def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any], tables: Sequence[str] | None = None) -> dict[str, str]:

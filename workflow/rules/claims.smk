@@ -12,6 +12,12 @@ rule claims:
         json=f"{RESULTS}/claims/claims.json",
         md=f"{RESULTS}/claims/claims.md",
         tex="paper/generated/claims.tex",
+        html=report(
+            f"{RESULTS}/claims/claims.html",
+            caption="../report/claims.rst",
+            category="5. Claims",
+            labels={"table": "claims ledger"},
+        ),
     log:
         f"{RESULTS}/logs/claims.log",
     conda:
@@ -27,4 +33,5 @@ rule claims:
         "kvasym stage claims --claims {input.claims:q} --comparisons {input.comparisons:q}"
         " --summary {input.summary:q} --trials {input.trials:q} --theory {input.theory:q}"
         " --base-seed {params.base_seed} --n-boot {params.n_boot}"
-        " --json {output.json:q} --md {output.md:q} --tex {output.tex:q} > {log:q} 2>&1"
+        " --json {output.json:q} --md {output.md:q} --tex {output.tex:q} --html {output.html:q}"
+        " > {log:q} 2>&1"

@@ -1,5 +1,6 @@
 # Config validation (schema, then the library's deeper checks) and the grid's targets.
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -8,8 +9,17 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from kvasym.claims import load_claims
+from kvasym.config_io import read_yaml_mapping
 from kvasym.errors import KvasymError
-from kvasym.figures_stage import FIGURES, FORMATS, claims_defaults, figures_slice
+from kvasym.figures_stage import (
+    FAMILIES,
+    FAMILY_INPUTS,
+    FIGURES,
+    FORMATS,
+    claims_defaults,
+    family_cells,
+    figures_slice,
+)
 from kvasym.study import canonical_json, job_resources, load_study
 from kvasym.tables import headline_cell, numbers_slice
 
@@ -24,6 +34,12 @@ for _var in (
 ):
     os.environ[_var] = "1"
 
+try:
+    # Snakemake's YAML reader keeps the last of two equal keys silently; the library's refuses
+    for _configfile in workflow.configfiles:
+        read_yaml_mapping(_configfile)
+except KvasymError as exc:
+    raise WorkflowError(f"invalid config: {exc}")
 validate(config, schema="../schemas/config.schema.yaml")
 try:
     STUDY = load_study(config)
@@ -105,8 +121,60 @@ def figure_outputs():
     }
 
 
-def figure_metrics(table):
-    return [path for path in metrics_tables() if f"metrics/{table}/" in path]
+FIGURES_SLICE = figures_slice(STUDY, claims_defaults(STUDY.claims_file))
+# the Snakemake report groups the figures by what they show
+FIGURE_SUBCATEGORY = {
+    "shannon_phi": "Errors at the headline cell",
+    "kl_ecdf": "Errors at the headline cell",
+    "budget_crossover": "Sweeps",
+    "tail_sweep": "Sweeps",
+    "rank_sweep": "Sweeps",
+    "sharpness_sweep": "Sweeps",
+    "theory_check": "Theory checks",
+    "marginals": "Theory checks",
+    "jensen_bias": "Theory checks",
+}
+_head = FIGURES_SLICE["headline"]
+HEADLINE_LABEL = (
+    f"{_head['distribution']}, d = {_head['dim']}, "
+    f"sharpness {_head['sharpness']:g}, n = {_head['budget']}"
+)
+
+
+def figure_inputs(family):
+    """The files one figure family reads (kvasym.figures_stage.FAMILY_INPUTS): gathered tables,
+    and the metrics files or data manifests of its facet cells only."""
+    wanted = FAMILY_INPUTS[family]
+    gathered = {
+        "summary": f"{RESULTS}/stats/summary.parquet",
+        "comparisons": f"{RESULTS}/stats/comparisons.parquet",
+        "theory": f"{RESULTS}/theory/theory.parquet",
+    }
+    inputs = {key: path for key, path in gathered.items() if key in wanted}
+    cells = family_cells(FIGURES_SLICE, family)
+    for table in ("per_query", "per_key"):
+        if table in wanted:
+            inputs[table] = [
+                f"{RESULTS}/metrics/{table}/{c['distribution']}/d{c['dim']}/{scheme}/n{budget}.parquet"
+                for c in cells
+                for scheme in STUDY.schemes
+                for budget in (STUDY.budgets if c["budget"] is None else [c["budget"]])
+            ]
+    if "data" in wanted:
+        inputs["data"] = [
+            f"{RESULTS}/data/{c['distribution']}/d{c['dim']}.json" for c in cells
+        ]
+    return inputs
+
+
+def figure_flags(wildcards, input):
+    """The `kvasym stage figures` input flags for a family's named inputs (quoted)."""
+    flags = []
+    for key, paths in input.items():
+        paths = [paths] if isinstance(paths, str) else list(paths)
+        option = f"--{key.replace('_', '-')}"
+        flags.append(" ".join([option, *(shlex.quote(p) for p in paths)]))
+    return " ".join(flags)
 
 
 GENERATED = "paper/generated"

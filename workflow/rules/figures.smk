@@ -1,35 +1,43 @@
-# Stage 6: every figure of the paper (Shannon-phi planes, KL ECDFs, budget, tail, rank and
-# sharpness sweeps, QJL theory check, rotated marginals, Jensen bias) from the gathered tables,
-# the metrics dataset and the data manifests, in one job: results/figures/<name>.{pdf,png}.
+# Stage 6: the figures of the paper, one rule (one job) per figure family of
+# kvasym.figures_stage.FAMILIES. Each reads only its inputs (gathered tables, or the metrics
+# files and data manifests of its facet cells) and writes results/figures/<name>.{pdf,png};
+# the PNGs go into the Snakemake report with the captions of workflow/report/figures/.
 
+for _family, _names in FAMILIES.items():
 
-rule figures:
-    input:
-        summary=rules.gather.output.summary,
-        comparisons=rules.gather.output.comparisons,
-        theory=rules.gather.output.theory,
-        per_query=figure_metrics("per_query"),
-        per_key=figure_metrics("per_key"),
-        data=data_manifests(),
-    output:
-        **figure_outputs(),
-    log:
-        f"{RESULTS}/logs/figures.log",
-    benchmark:
-        f"{RESULTS}/benchmarks/figures.tsv"
-    conda:
-        "../../environment.yml"
-    threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=30,
-    params:
-        slice=lambda w: canonical_json(
-            figures_slice(STUDY, claims_defaults(STUDY.claims_file))
-        ),
-        out_dir=out_dir,
-    shell:
-        "kvasym stage figures --slice {params.slice:q} --summary {input.summary:q}"
-        " --comparisons {input.comparisons:q} --theory {input.theory:q}"
-        " --per-query {input.per_query:q} --per-key {input.per_key:q} --data {input.data:q}"
-        " --out-dir {params.out_dir:q} > {log:q} 2>&1"
+    rule:
+        name:
+            f"figure_{_family}"
+        input:
+            **figure_inputs(_family),
+        output:
+            **{f"{name}_pdf": f"{FIGURES_DIR}/{name}.pdf" for name in _names},
+            **{
+                f"{name}_png": report(
+                    f"{FIGURES_DIR}/{name}.png",
+                    caption=f"../report/figures/{_family}.rst",
+                    category="6. Figures",
+                    subcategory=FIGURE_SUBCATEGORY[_family],
+                    labels={"figure": name, "cell": HEADLINE_LABEL},
+                )
+                for name in _names
+            },
+        log:
+            f"{RESULTS}/logs/figures/{_family}.log",
+        benchmark:
+            f"{RESULTS}/benchmarks/figures/{_family}.tsv"
+        conda:
+            "../../environment.yml"
+        threads: 1
+        resources:
+            # the paper run's benchmarks: at most 18 s and 351 MB RSS per family
+            mem_mb=1500,
+            runtime=10,
+        params:
+            slice=lambda w: canonical_json(FIGURES_SLICE),
+            family=_family,
+            inputs=figure_flags,
+            out_dir=out_dir,
+        shell:
+            "kvasym stage figures --family {params.family} --slice {params.slice:q}"
+            " {params.inputs} --out-dir {params.out_dir:q} > {log:q} 2>&1"

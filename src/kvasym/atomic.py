@@ -1,0 +1,45 @@
+"""Atomic file writes: every result file appears complete under its final name, or not at all.
+
+A job killed mid-write, a full disk or an exception leaves at most a hidden temporary file
+(``.<name>.<random>.tmp`` beside the target, ignored by every reader), never a truncated file
+that looks finished. One helper serves every writer of the library (Parquet tables, packed
+caches, manifests and text, figures, real-model captures).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import write_failed
+
+
+def _default_mode() -> int:
+    """rw for whom the umask allows (mkstemp creates 0600 files; results are ordinary files)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@contextmanager
+def atomic_target(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` to write to; when the block succeeds, rename it
+    onto ``path`` (atomic on POSIX within one filesystem); when it fails, delete it. An OSError
+    (full disk, read-only folder) is re-raised naming ``path``, not the temporary name."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, _default_mode())
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise write_failed(path, exc) from exc
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,838 @@
+"""Bad input, tried as a hostile user would: every case is a row of a parametrized table.
+
+Each row names the input and the behaviour observed: rejected with a :class:`KvasymError` (the
+CLI: ``kvasym: error: ...`` and a non-zero exit) whose one-line message names the offending key,
+file or value, no traceback from inside numpy/pandas, nothing half-written; or *accepted*, for
+inputs that are legitimate (documented below and in config/README.md).
+
+Tables (ids are the pytest ids):
+
+- ``CONFIG_CASES``: the study config, through the library (``kvasym.study.load_study``, what
+  ``kvasym stage --config`` uses) and through the JSON schema + library as
+  ``workflow/rules/common.smk`` runs them; ``SNAKEMAKE_CASES`` replays a handful through the real
+  ``snakemake -n`` to check the message the user actually sees and that results/ is not created.
+- ``NAME_POLICY``: distribution names. Rejected: ``/``, spaces, ``%``, non-ASCII, names starting
+  with ``.``, ``_`` or ``-`` (``..`` escapes results/, and pyarrow's dataset reader silently skips
+  folders starting with ``.`` or ``_``), more than 64 characters, names equal but for case.
+  Accepted and escaped: ``_ . + -`` inside a name (``_`` becomes ``\\_`` in LaTeX).
+- ``CLAIMS_CASES``: the claims ledger (``load_claims``) and claims that name a statistic, metric,
+  check or column that does not exist (evaluated on real tables from a mini run).
+- ``CLI_REJECTED`` / ``CLI_ACCEPTED``: caches given to ``kvasym evaluate`` (and quantize /
+  dequantize). Accepted on purpose: integer and float16 dtypes (converted to float64), zero
+  rows, all-zero K, V or Q, a single key, values whose head_dim differs from the keys' (attention
+  allows it; V is quantized in its own dimension). Rejected although finite: norms beyond the
+  norm dtype's range, non-zero norms that would be stored as 0 (the row silently lost), logits
+  that overflow float64 or pass ``kvasym.metrics.LOGIT_LIMIT``.
+- ``TAMPERED``: intermediates changed between runs (truncated, foreign or stale packed caches,
+  manifests and Parquet tables): the next stage stops with an error naming the file and saying
+  how to rebuild it, and writes nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from snakemake_workdir import ROOT, make_workdir, run_env, snakemake
+
+from kvasym import analysis, pipeline
+from kvasym.claims import evaluate_claims, load_claims, run_claims
+from kvasym.cli import main
+from kvasym.dataset import read_table, to_table, write_parquet_atomic, PER_QUERY_SCHEMA
+from kvasym.errors import KvasymError
+from kvasym.latex import escape_latex
+from kvasym.study import load_study
+
+SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
+TINY = yaml.safe_load((ROOT / "config/test.yaml").read_text())
+
+
+# ---------------------------------------------------------------------------------------------
+# config
+
+
+def _side(scalar: str, qjl: bool, rotate: bool = True) -> dict:
+    return {"rotate": rotate, "scalar_bits": scalar, "qjl": qjl}
+
+
+def _user(name: str, k: dict, v: dict | None = None) -> dict:
+    return {"user_schemes": {name: {"K": k, "V": v or _side("n", False)}}, "schemes": ["KQV", name]}
+
+
+def _dists(*entries: dict) -> dict:
+    return {"distributions": list(entries)}
+
+
+@dataclass(frozen=True)
+class BadConfig:
+    """``change`` updates the tiny config (a key mapped to None is removed); ``message`` must be
+    in the library's error; ``token`` (the offending key or value) in whatever error a Snakemake
+    user sees first (the schema's, or the library's when the schema lets it through)."""
+
+    id: str
+    change: dict[str, Any]
+    message: str
+    token: str
+
+
+CONFIG_CASES = [
+    # unknown keys (typos) at every level
+    BadConfig("typo_top_level_key", {"trails": 3}, "unknown config key(s): trails", "trails"),
+    BadConfig("typo_distribution_key", _dists({"name": "g", "kind": "gaussian", "parms": {}}), "unknown key(s) ['parms']", "parms"),
+    BadConfig("typo_distribution_param", _dists({"name": "t", "kind": "student_t", "params": {"n": 3}}), "distributions[t].n is not a parameter", "n"),
+    BadConfig("typo_stats_key", {"stats": {"nboot": 10}}, "stats.nboot", "nboot"),
+    BadConfig("typo_scheme_side_key", _user("AB", {"rotate": True, "scalar_bit": "n", "qjl": False}), "unknown key(s) ['scalar_bit']", "scalar_bit"),
+    # wrong types
+    BadConfig("dims_not_a_list", {"dims": "64"}, "config key dims must be a non-empty list", "dims"),
+    BadConfig("dims_fraction", {"dims": [64.5]}, "dims[0] must be an integer, got 64.5", "64.5"),
+    BadConfig("dims_bool", {"dims": [True]}, "dims[0] must be an integer, got True", "True"),
+    BadConfig("budget_string", {"budgets": ["4"]}, "budgets[0] must be an integer, got '4'", "'4'"),
+    BadConfig("n_queries_string", {"n_queries": "16"}, "n_queries must be an integer, got '16'", "n_queries"),
+    BadConfig("nu_string", _dists({"name": "t", "kind": "student_t", "params": {"nu": "2"}}), "distributions[t].nu must be a number > 1, got '2'", "nu"),
+    BadConfig("params_not_mapping", _dists({"name": "lr", "kind": "low_rank", "params": [2]}), "distributions[lr].params must be a mapping", "params"),
+    BadConfig("distributions_not_list", {"distributions": {"name": "g", "kind": "gaussian"}}, "distributions must be a non-empty list", "distributions"),
+    BadConfig("claims_file_not_string", {"claims_file": 3}, "claims_file must be a path", "claims_file"),
+    # dimensions
+    BadConfig("dim_below_3", {"dims": [2]}, "dims[0] must be in 3..16384, got 2", "dims"),
+    BadConfig("dim_absurd", {"dims": [10**9]}, "dims[0] must be in 3..16384, got 1000000000", "dims"),
+    BadConfig("dims_empty", {"dims": []}, "dims must be a non-empty list", "dims"),
+    BadConfig("dims_duplicated", {"dims": [64, 64]}, "dims has duplicates", "dims"),
+    BadConfig("distribution_dim_below_3", _dists({"name": "g", "kind": "gaussian", "dims": [2]}), "distributions[0].dims[0] must be in 3..16384", "dims"),
+    BadConfig("dims_missing", {"dims": None}, "missing required key(s): dims", "dims"),
+    # budgets and schemes
+    BadConfig("budget_0", {"budgets": [0]}, "budgets[0] must be in 1..8, got 0", "budgets"),
+    BadConfig("budget_9", {"budgets": [2, 9]}, "budgets[1] must be in 1..8, got 9", "budgets"),
+    BadConfig("scheme_scalar_below_zero", _user("Q3", _side("n-3", True)), "scheme Q3 side K at budget n=2: scalar_bits n-3 = -1 < 0 is impossible", "Q3"),
+    BadConfig("scheme_overspends", _user("QX", _side("n", True)), "scheme QX side K at budget n=2: spends 3 bits", "QX"),
+    BadConfig("scheme_underspends", _user("QY", _side("n-1", False)), "scheme QY side K at budget n=2: spends 1 bits", "QY"),
+    BadConfig("scheme_unknown", {"schemes": ["KQV", "XYZ"]}, "schemes[1] = 'XYZ' is not a known scheme", "XYZ"),
+    BadConfig("scheme_duplicated", {"schemes": ["KV", "KV"]}, "schemes has duplicates", "KV"),
+    BadConfig("scheme_redefines_builtin", {"user_schemes": {"KV": {"K": _side("n", False), "V": _side("n", False)}}}, "redefines the built-in scheme KV", "KV"),
+    BadConfig("scheme_name_with_slash", {"user_schemes": {"a/b": {"K": _side("n", False), "V": _side("n", False)}}}, "scheme name 'a/b'", "a/b"),
+    BadConfig("scheme_names_differ_by_case", {**_user("kv", _side("n", False)), "schemes": ["KV", "kv"]}, "'KV' and 'kv' differ only in case", "kv"),
+    # distribution parameters
+    BadConfig("nu_equal_1", _dists({"name": "t", "kind": "student_t", "params": {"nu": 1}}), "distributions[t].nu must be a number > 1, got 1", "nu"),
+    BadConfig("nu_below_1", _dists({"name": "t", "kind": "student_t", "params": {"nu": 0.5}}), "distributions[t].nu must be a number > 1, got 0.5", "nu"),
+    BadConfig("nu_nan", _dists({"name": "t", "kind": "student_t", "params": {"nu": float("nan")}}), "distributions[t].nu must be a number > 1, got nan", "nu"),
+    BadConfig("nu_missing", _dists({"name": "t", "kind": "student_t"}), "distributions[t].nu is missing", "nu"),
+    BadConfig("rank_above_dim", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 65}}), "distributions[lr].rank = 65 exceeds dim = 64", "rank"),
+    BadConfig("rank_above_own_dim", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 16}, "dims": [8]}), "rank = 16 exceeds dim = 8", "rank"),
+    BadConfig("rank_0", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 0}}), "distributions[lr].rank must be an integer >= 1, got 0", "rank"),
+    BadConfig("rank_fraction", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 2.5}}), "rank must be an integer >= 1, got 2.5", "rank"),
+    BadConfig("noise_negative", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 2, "noise": -1}}), "noise must be a number >= 0", "noise"),
+    BadConfig("outliers_above_dim", _dists({"name": "c", "kind": "concentrated", "params": {"n_outliers": 100, "outlier_scale": 3}}), "n_outliers = 100 exceeds dim = 64", "n_outliers"),
+    BadConfig("kind_unknown", _dists({"name": "g", "kind": "gauss"}), "kind must be one of", "gauss"),
+    # sizes and counts
+    BadConfig("trials_0", {"trials": 0}, "trials must be in 1..100000, got 0", "trials"),
+    BadConfig("n_queries_0", {"n_queries": 0}, "n_queries must be in 1..10000000, got 0", "n_queries"),
+    BadConfig("seq_len_0", {"seq_len": 0}, "seq_len must be in 1..10000000, got 0", "seq_len"),
+    BadConfig("seq_len_absurd", {"seq_len": 10**12}, "seq_len must be in 1..10000000", "seq_len"),
+    BadConfig("attention_matrix_absurd", {"seq_len": 10**6, "n_queries": 10**5}, "seq_len x n_queries", "seq_len"),
+    BadConfig("per_key_trials_above_trials", {"per_key_trials": 5}, "per_key_trials must be in 0..3, got 5", "per_key_trials"),
+    BadConfig("stats_n_boot_0", {"stats": {"n_boot": 0}}, "stats.n_boot must be in", "n_boot"),
+    BadConfig("sharpness_0", {"sharpness": [0.0]}, "sharpness[0] must be a positive number", "sharpness"),
+    BadConfig("sharpness_inf", {"sharpness": [float("inf")]}, "sharpness[0] must be a positive number, got inf", "sharpness"),
+    BadConfig("norm_dtype_float64", {"norm_dtype": "float64"}, "norm_dtype must be float16 or float32", "float64"),
+    BadConfig("base_seed_negative", {"base_seed": -1}, "base_seed must be in 0..", "base_seed"),
+    BadConfig("base_seed_above_2_63", {"base_seed": 2**64}, "base_seed must be in 0..9223372036854775807", "base_seed"),
+    # names (see NAME_POLICY for the accepted ones)
+    BadConfig("names_duplicated", _dists({"name": "a", "kind": "gaussian"}, {"name": "a", "kind": "gaussian"}), "duplicated distribution name 'a'", "a"),
+    BadConfig("names_differ_by_case", _dists({"name": "gauss", "kind": "gaussian"}, {"name": "Gauss", "kind": "gaussian"}), "'gauss' and 'Gauss' differ only in case", "Gauss"),
+    BadConfig("name_with_slash", _dists({"name": "a/b", "kind": "gaussian"}), "distributions[a/b].name", "a/b"),
+    BadConfig("name_with_space", _dists({"name": "a b", "kind": "gaussian"}), "distributions[a b].name", "a b"),
+    BadConfig("name_with_percent", _dists({"name": "a%b", "kind": "gaussian"}), "distributions[a%b].name", "a%b"),
+    BadConfig("name_unicode", _dists({"name": "gauß", "kind": "gaussian"}), "distributions[gauß].name", "gauß"),
+    BadConfig("name_dotdot", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "..", "kind": "gaussian"}), "distributions[..].name", ".."),
+    BadConfig("name_dot", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": ".", "kind": "gaussian"}), "distributions[.].name", "."),
+    BadConfig("name_hidden", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": ".t3", "kind": "gaussian"}), "distributions[.t3].name", ".t3"),
+    BadConfig("name_leading_underscore", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "_t3", "kind": "gaussian"}), "distributions[_t3].name", "_t3"),
+    BadConfig("name_leading_dash", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "-t3", "kind": "gaussian"}), "distributions[-t3].name", "-t3"),
+    BadConfig("name_too_long", _dists({"name": "g" * 65, "kind": "gaussian"}), "1 to 64 ASCII letters", "g" * 65),
+    BadConfig("name_empty", _dists({"name": "", "kind": "gaussian"}), "distributions[].name", "name"),
+    BadConfig("name_not_string", _dists({"name": 5, "kind": "gaussian"}), "distributions[5].name", "5"),
+    BadConfig("config_not_mapping", {"__whole__": [1, 2]}, "the config must be a mapping", "mapping"),
+]
+
+
+def _mutated(change: dict[str, Any]) -> Any:
+    if "__whole__" in change:
+        return copy.deepcopy(change["__whole__"])
+    config = copy.deepcopy(TINY)
+    for key, value in change.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = copy.deepcopy(value)
+    return config
+
+
+@pytest.mark.parametrize("case", CONFIG_CASES, ids=[c.id for c in CONFIG_CASES])
+def test_bad_config_library(case: BadConfig) -> None:
+    """The library alone (as `kvasym stage --config` uses it) rejects every case, naming it."""
+    with pytest.raises(KvasymError) as info:
+        load_study(_mutated(case.change))
+    message = str(info.value)
+    assert case.message in message
+    assert "\n" not in message, "one line"
+
+
+@pytest.mark.parametrize("case", CONFIG_CASES, ids=[c.id for c in CONFIG_CASES])
+def test_bad_config_schema_then_library(case: BadConfig) -> None:
+    """What common.smk does: the JSON schema first, then the library; the first error a
+    Snakemake user sees names the offending key or value."""
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    config = _mutated(case.change)
+    with pytest.raises((WorkflowError, KvasymError)) as info:
+        if isinstance(config, dict):
+            validate(config, str(SCHEMA))
+        load_study(config)
+    assert case.token in str(info.value)
+
+
+def test_config_cases_table_is_large_enough() -> None:
+    assert len(CONFIG_CASES) >= 35
+    assert len({c.id for c in CONFIG_CASES}) == len(CONFIG_CASES)
+
+
+#: Distribution names that are valid: they make safe folder names and are escaped in LaTeX.
+NAME_POLICY = ["t1.05", "low_rank_8", "x+y", "A-1", "0lead", "g" * 64]
+
+
+@pytest.mark.parametrize("name", NAME_POLICY)
+def test_accepted_names_are_safe_paths_latex_and_dataset_members(tmp_path, name: str) -> None:
+    from snakemake.utils import validate
+
+    config = _mutated(_dists({"name": "gaussian", "kind": "gaussian"}, {"name": name, "kind": "gaussian"}))
+    validate(config, str(SCHEMA))
+    study = load_study(config)
+    assert name in study.distributions
+    # a folder directly under results/<stage>/, never outside it
+    folder = (tmp_path / "results/metrics/per_query" / name).resolve()
+    assert folder.parent == (tmp_path / "results/metrics/per_query").resolve()
+    # LaTeX: every special character escaped ("_" -> "\_"), nothing else touched
+    escaped = escape_latex(name)
+    assert escaped.replace(r"\_", "") .count("_") == 0
+    assert escaped.replace(r"\_", "_") == name
+    # the metrics dataset reader sees the folder (pyarrow skips names starting with "." or "_")
+    for dist in ("gaussian", name):
+        row = {f.name: np.zeros(1) for f in PER_QUERY_SCHEMA}
+        row.update(distribution=np.array([dist]), kind=np.array(["gaussian"]), scheme=np.array(["KV"]))
+        write_parquet_atomic(to_table(row, PER_QUERY_SCHEMA), tmp_path / f"per_query/{dist}/d64/KV/n2.parquet", {})
+    assert sorted(read_table(tmp_path, "per_query")["distribution"]) == sorted(["gaussian", name])
+
+
+#: (id, config change, what the user must see) through the real `snakemake -n`.
+SNAKEMAKE_CASES = [
+    ("typo_top_level_key", {"trails": 3}, "'trails' was unexpected"),
+    ("rank_above_dim", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "lr", "kind": "low_rank", "params": {"rank": 100}}),
+     "invalid config: distributions[lr].rank = 100 exceeds dim = 64"),
+    ("name_dotdot", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "..", "kind": "gaussian"}), "distributions[..].name"),
+    ("names_duplicated", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "gaussian", "kind": "gaussian"}),
+     "duplicated distribution name 'gaussian'"),
+    ("claims_unknown_statistic", {"claims_file": "bad_claims.yaml"}, "statistic 'kl_ratioo' does not exist"),
+]
+
+
+@pytest.fixture(scope="module")
+def dry_workdir(tmp_path_factory) -> Path:
+    workdir = make_workdir(tmp_path_factory.mktemp("dry"))
+    claims = yaml.safe_load((workdir / "config/claims.test.yaml").read_text())
+    claims["claims"][2]["statistic"] = "kl_ratioo"
+    (workdir / "bad_claims.yaml").write_text(yaml.safe_dump(claims, sort_keys=False))
+    return workdir
+
+
+@pytest.mark.parametrize("case_id, change, message", SNAKEMAKE_CASES, ids=[c[0] for c in SNAKEMAKE_CASES])
+def test_bad_config_through_snakemake_dry_run(dry_workdir: Path, case_id: str, change: dict, message: str) -> None:
+    config = _mutated(change)
+    (dry_workdir / f"{case_id}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    proc = snakemake(dry_workdir, "-n", configfile=f"{case_id}.yaml", timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-2000:]
+    assert message in out, out[-3000:]
+    # no traceback from inside numpy, pandas or pyarrow: the error was raised on purpose
+    for lib in ("numpy", "pandas", "pyarrow"):
+        assert f"site-packages/{lib}/" not in out, out[-3000:]
+    assert not (dry_workdir / "results").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# claims ledger
+
+
+def _ledger(mutate: Callable[[dict], None] | None = None, text: str | None = None) -> Callable[[Path], Path]:
+    def write(folder: Path) -> Path:
+        path = folder / "claims.yaml"
+        if text is not None:
+            path.write_text(text)
+            return path
+        data = yaml.safe_load((ROOT / "config/claims.test.yaml").read_text())
+        if mutate is not None:
+            mutate(data)
+        path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+        return path
+
+    return write
+
+
+def _set(index: int, key: str, value: Any) -> Callable[[dict], None]:
+    def mutate(data: dict) -> None:
+        data["claims"][index][key] = value
+
+    return mutate
+
+
+def _append(claim: dict) -> Callable[[dict], None]:
+    return lambda data: data["claims"].append(claim)
+
+
+_C = {"statement": "s", "statistic": "tail_to_mean", "holds_if": {"op": ">=", "value": 1.0}}
+
+#: (id, ledger writer, message) for load_claims: structural errors, caught before any job.
+CLAIMS_CASES = [
+    ("statistic_does_not_exist", _ledger(_set(0, "statistic", "kl_ratioo")), "statistic 'kl_ratioo' does not exist"),
+    ("claim_key_typo", _ledger(lambda d: d["claims"][0].update(wher=d["claims"][0].pop("where"))), "unknown key(s) ['wher']"),
+    ("holds_if_key_typo", _ledger(_set(2, "holds_if", {"op": ">", "value": 1.0, "max_log_p": -23})), "unknown key(s) ['max_log_p'] in holds_if"),
+    ("holds_if_value_not_number", _ledger(_set(0, "holds_if", {"op": ">=", "value": "big"})), "holds_if.value must be a finite number, got 'big'"),
+    ("holds_if_op_unknown", _ledger(_set(0, "holds_if", {"op": "=>", "value": 1})), "holds_if must be"),
+    ("where_key_typo", _ledger(_set(0, "where", {"check": "qjl_vs_residual", "budgt": 4})), "unknown key(s) ['budgt']"),
+    ("where_not_mapping", _ledger(_set(0, "where", [1, 2])), "'where' must be a mapping"),
+    ("defaults_not_mapping", _ledger(lambda d: d.update(defaults=[1])), "'defaults' must be a mapping"),
+    ("top_level_typo", _ledger(lambda d: d.update(claim=d.pop("claims"))), "unknown top-level key(s) ['claim']"),
+    ("claims_empty", _ledger(lambda d: d.update(claims=[])), "'claims' must be a non-empty list"),
+    ("claim_missing_statistic", _ledger(lambda d: d["claims"][0].pop("statistic")), "is missing 'statistic'"),
+    ("claim_id_duplicated", _ledger(_append({"id": "C2", **_C})), "duplicated claim id C2"),
+    ("claim_id_unicode", _ledger(_append({"id": "C2é", **_C})), "claim id 'C2é'"),
+    ("claim_ids_same_macro", _ledger(_append({"id": "C1-a", **_C})), "same LaTeX macro names as 'C1a'"),
+    ("yaml_duplicate_key", _ledger(text="claims:\n  - {id: X1, statement: s, statistic: tail_to_mean, holds_if: {op: '>=', value: 1}, holds_if: {op: all}}\n"),
+     "found duplicate key 'holds_if'"),
+    ("yaml_syntax_error", _ledger(text="claims: [\n"), "is not valid YAML (line"),
+    ("file_missing", lambda folder: folder / "nope.yaml", "nope.yaml: no such file"),
+]
+
+
+@pytest.mark.parametrize("case_id, write, message", CLAIMS_CASES, ids=[c[0] for c in CLAIMS_CASES])
+def test_bad_claims_file(tmp_path, case_id: str, write, message: str) -> None:
+    path = write(tmp_path)
+    with pytest.raises(KvasymError) as info:
+        load_claims(path)
+    assert message in str(info.value)
+    assert str(path.name) in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# a mini run of every library stage (data .. claims), for the claims and tampering cases
+
+MINI = {
+    **{k: v for k, v in TINY.items() if k not in ("distributions",)},
+    "dims": [16],
+    "budgets": [2, 4],
+    "schemes": ["KV", "KQV"],
+    "seq_len": 32,
+    "n_queries": 4,
+    "trials": 3,
+    "per_key_trials": 1,
+    "sharpness": [1.0],
+    "distributions": [{"name": "gaussian", "kind": "gaussian"}, {"name": "t1.05", "kind": "student_t", "params": {"nu": 1.05}}],
+    "stats": {"n_boot": 20, "n_permutations": 10, "energy_max_n": 16},
+    "theory": {"trials": 3, "n_probes": 16, "n_boot": 20},
+}
+
+
+@dataclass
+class MiniRun:
+    root: Path
+    study: Any
+    paths: dict[str, Path] = field(default_factory=dict)
+
+    def cell(self, dist: str, scheme: str, budget: int) -> dict[str, Path]:
+        base = f"{dist}/d16/{scheme}/n{budget}"
+        return {
+            "packed": self.root / f"packed/{base}.npz",
+            "per_query": self.root / f"metrics/per_query/{base}.parquet",
+            "per_key": self.root / f"metrics/per_key/{base}.parquet",
+        }
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory) -> MiniRun:
+    root = tmp_path_factory.mktemp("mini")
+    study = load_study(MINI)
+    run = MiniRun(root, study)
+    stats_out = {kind: [] for kind in ("comparisons", "summary", "trials", "theory")}
+    for dist, dim in study.data_cells():
+        data = root / f"data/{dist}/d{dim}.json"
+        pipeline.run_data(study.data_slice(dist, dim), data)
+        for _, _, scheme, budget in (c for c in study.cells() if c[0] == dist):
+            cell = run.cell(dist, scheme, budget)
+            pipeline.run_quantize(study.cell_slice(dist, dim, scheme, budget), data, cell["packed"])
+            pipeline.run_metrics(study.metrics_slice(dist, dim, scheme, budget), data, cell["packed"], cell["per_query"], cell["per_key"])
+        per_query = [run.cell(dist, s, b)["per_query"] for s in study.schemes for b in study.budgets]
+        per_key = [run.cell(dist, s, b)["per_key"] for s in study.schemes for b in study.budgets]
+        outs = {kind: root / f"stats/{kind}/{dist}/d{dim}.parquet" for kind in ("comparisons", "summary", "trials")}
+        analysis.run_stats(study.stats_slice(dist, dim), per_query, outs["comparisons"], outs["summary"], outs["trials"])
+        theory = root / f"theory/{dist}/d{dim}.parquet"
+        analysis.run_theory(study.theory_slice(dist, dim), data, per_key, theory)
+        for kind, path in {**outs, "theory": theory}.items():
+            stats_out[kind].append(path)
+    for kind, paths in stats_out.items():
+        holm = ("q_log10_p", "t_wilcoxon_log10_p", "t_mw_log10_p", "q_ks_log10_p", "energy_log10_p") if kind == "comparisons" else ()
+        analysis.gather(paths, root / f"gathered/{kind}.parquet", holm)
+        run.paths[kind] = root / f"gathered/{kind}.parquet"
+        run.paths[f"{kind}_parts"] = paths
+    return run
+
+
+def _tables(run: MiniRun) -> dict[str, Path]:
+    return {k: run.paths[k] for k in ("comparisons", "summary", "trials", "theory")}
+
+
+def _claims_with(tmp_path: Path, claim: dict) -> Path:
+    path = tmp_path / "claims.yaml"
+    base = {"defaults": {"distribution": "gaussian", "dim": 16, "sharpness": 1.0, "alpha": 0.05},
+            "claims": [{"id": "C1", "statement": "tail", **{k: v for k, v in _C.items() if k != "statement"}}, claim]}
+    path.write_text(yaml.safe_dump(base, sort_keys=False))
+    return path
+
+
+#: Claims naming something that can never exist in the tables: an error at the claims stage,
+#: not "not evaluated" (which is for cells absent from a smaller grid).
+CLAIMS_EVAL_CASES = [
+    ("cells_better_metric_typo", {"statistic": "cells_better", "where": {"a": "KQV", "b": "KV", "metrics": ["klx"]}, "holds_if": {"op": "all"}},
+     "metric 'klx' does not exist"),
+    ("theory_check_typo", {"statistic": "theory", "where": {"check": "ks_betta"}, "holds_if": {"op": ">", "value": 0.01}},
+     "theory check 'ks_betta' does not exist"),
+    ("ranking_by_typo", {"statistic": "ranking_disagreement", "where": {"by": "kl_p999"}, "holds_if": {"op": ">=", "value": 0.1}},
+     "summary column (by) 'kl_p999' does not exist"),
+    ("kl_ratio_which_typo", {"statistic": "kl_ratio", "where": {"a": "KV", "b": "KQV", "budget": 4, "which": "median"}, "holds_if": {"op": ">", "value": 1}},
+     "which 'median' does not exist"),
+    ("distribution_ratio_metric_typo", {"statistic": "distribution_ratio", "where": {"num": "gaussian", "den": "t1.05", "budget": 4, "scheme": "KQV", "metric": "kll"},
+                                         "holds_if": {"op": ">=", "value": 2}}, "metric 'kll' does not exist"),
+]
+
+
+@pytest.mark.parametrize("case_id, claim, message", CLAIMS_EVAL_CASES, ids=[c[0] for c in CLAIMS_EVAL_CASES])
+def test_claim_naming_a_missing_statistic_fails_the_stage(mini: MiniRun, tmp_path, case_id, claim, message) -> None:
+    path = _claims_with(tmp_path, {"id": "X1", "statement": case_id, **claim})
+    outputs = [tmp_path / "claims.json", tmp_path / "claims.md", tmp_path / "claims.tex"]
+    with pytest.raises(KvasymError) as info:
+        run_claims(path, _tables(mini), *outputs)
+    assert message in str(info.value) and "X1" in str(info.value)
+    assert not any(p.exists() for p in outputs), "nothing half-written"
+
+
+def test_claim_on_a_cell_outside_the_grid_is_not_evaluated(mini: MiniRun, tmp_path) -> None:
+    """The contrast: a valid claim about a distribution this grid lacks is reported, not fatal."""
+    claim = {"id": "X2", "statement": "absent", "statistic": "distribution_ratio",
+             "where": {"num": "lowrank8", "den": "t1.05", "budget": 4, "scheme": "KQV"}, "holds_if": {"op": ">=", "value": 2}}
+    results = evaluate_claims(load_claims(_claims_with(tmp_path, claim)), _load_tables(mini))
+    assert results[1]["verdict"] == "not evaluated"
+
+
+def _load_tables(run: MiniRun):
+    from kvasym.claims import Tables
+
+    return Tables(**{k: pd.read_parquet(p) for k, p in _tables(run).items()})
+
+
+# ---------------------------------------------------------------------------------------------
+# caches given to the CLI
+
+
+@pytest.fixture(scope="module")
+def arrays(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("cli")
+    rng = np.random.default_rng(0)
+    k, v, q = rng.standard_normal((40, 16)), rng.standard_normal((40, 16)), rng.standard_normal((6, 16))
+    save = lambda name, a: np.save(folder / name, a)  # noqa: E731
+    save("K.npy", k), save("V.npy", v), save("Q.npy", q)
+    save("k_rank3.npy", rng.standard_normal((2, 40, 16)))
+    save("k_rank1.npy", rng.standard_normal(16))
+    save("k_0d.npy", np.float64(3.0))
+    save("v_30.npy", rng.standard_normal((30, 16)))
+    save("v_dim8.npy", rng.standard_normal((40, 8)))
+    save("q_dim8.npy", rng.standard_normal((6, 8)))
+    bad = k.copy()
+    bad[3, 2] = np.nan
+    save("k_nan.npy", bad)
+    bad = k.copy()
+    bad[0, 0] = np.inf
+    save("k_inf.npy", bad)
+    bad = v.copy()
+    bad[1, 1] = np.nan
+    save("v_nan.npy", bad)
+    bad = q.copy()
+    bad[0, 0] = -np.inf
+    save("q_ninf.npy", bad)
+    save("k_bool.npy", k > 0)
+    save("k_complex.npy", k.astype(complex))
+    save("k_str.npy", np.array([["a", "b", "c"]]))
+    save("k_struct.npy", np.zeros((4, 3), dtype=[("a", "f8")]))
+    np.save(folder / "k_object.npy", np.array([[1, 2, 3]], dtype=object), allow_pickle=True)
+    save("k_empty_rows.npy", np.zeros((0, 16)))
+    save("k_empty_cols.npy", np.zeros((40, 0)))
+    save("k_dim2.npy", k[:, :2]), save("v_dim2.npy", v[:, :2]), save("q_dim2.npy", q[:, :2])
+    save("k_huge.npy", k * 1e300)
+    save("k_1e5.npy", k * 1e5)
+    save("k_1e20.npy", k * 1e20)
+    save("q_1e300.npy", q * 1e300)
+    save("q_1e200.npy", q * 1e200)
+    save("k_2rows.npy", k[:2]), save("v_2rows.npy", v[:2])
+    # accepted inputs
+    save("k_int32.npy", np.round(k * 10).astype(np.int32))
+    save("k_uint8.npy", np.round(np.abs(k) * 10).astype(np.uint8))
+    save("k_f16.npy", k.astype(np.float16))
+    zero_row = k.copy()
+    zero_row[5] = 0
+    save("k_zero_row.npy", zero_row)
+    save("k_zeros.npy", np.zeros((40, 16))), save("v_zeros.npy", np.zeros((40, 16))), save("q_zeros.npy", np.zeros((6, 16)))
+    save("k_1row.npy", k[:1]), save("v_1row.npy", v[:1])
+    save("k_tiny.npy", k * 1e-300)
+    save("k_1e-9.npy", k * 1e-9)
+    np.savez(folder / "k_one.npz", a=k)
+    # files that are not (good) arrays
+    np.savez(folder / "two.npz", a=k, b=v)
+    np.savez(folder / "none.npz")
+    raw = (folder / "two.npz").read_bytes()
+    (folder / "trunc.npz").write_bytes(raw[: len(raw) // 2])
+    corrupt = bytearray((folder / "k_one.npz").read_bytes())
+    corrupt[200:260] = b"\0" * 60  # inside the member's data: the zip CRC check fails on read
+    (folder / "crc.npz").write_bytes(bytes(corrupt))
+    (folder / "trunc.npy").write_bytes((folder / "K.npy").read_bytes()[:300])
+    (folder / "text.npy").write_text("hello, I am not an array\n")
+    np.savetxt(folder / "K.csv", k, delimiter=",")
+    (folder / "empty.npy").write_bytes(b"")
+    import pickle
+
+    (folder / "pickle.npy").write_bytes(pickle.dumps(k))
+    (folder / "adir").mkdir()
+    (folder / "schemes_list.yaml").write_text("schemes: [1, 2]\n")
+    (folder / "schemes_broken.yaml").write_text("schemes: {A: [\n")
+    (folder / "schemes_over.yaml").write_text("schemes:\n  OVER:\n    K: {rotate: true, scalar_bits: n, qjl: true}\n    V: {rotate: true, scalar_bits: n, qjl: false}\n")
+    (folder / "a_file").write_text("x")
+    return folder
+
+
+def _evaluate(keys="K.npy", values="V.npy", queries="Q.npy", *extra: str) -> list[str]:
+    return ["evaluate", "--keys", keys, "--values", values, "--queries", queries, "--scheme", "KQV", "--bits", "4", "--json", *extra]
+
+
+#: (id, argv, message): rejected with exit status 2 and one line naming the problem.
+CLI_REJECTED = [
+    ("keys_rank3", _evaluate("k_rank3.npy"), "keys (k_rank3.npy) must be 2-D (rows are vectors), got shape (2, 40, 16)"),
+    ("keys_rank1", _evaluate("k_rank1.npy"), "must be 2-D (rows are vectors), got shape (16,)"),
+    ("keys_scalar", _evaluate("k_0d.npy"), "must be 2-D (rows are vectors), got shape ()"),
+    ("values_fewer_rows", _evaluate("K.npy", "v_30.npy"), "keys have 40 rows but values have 30"),
+    ("queries_other_head_dim", _evaluate("K.npy", "V.npy", "q_dim8.npy"), "queries have head_dim 8 but keys have 16"),
+    ("keys_nan", _evaluate("k_nan.npy"), "keys (k_nan.npy) has 1 non-finite values (first at row 3, column 2)"),
+    ("keys_inf", _evaluate("k_inf.npy"), "keys (k_inf.npy) has 1 non-finite values (first at row 0, column 0)"),
+    ("values_nan", _evaluate("K.npy", "v_nan.npy"), "values (v_nan.npy) has 1 non-finite values"),
+    ("queries_minus_inf", _evaluate("K.npy", "V.npy", "q_ninf.npy"), "queries (q_ninf.npy) has 1 non-finite values"),
+    ("keys_bool", _evaluate("k_bool.npy"), "must be a numeric array, got dtype bool"),
+    ("keys_complex", _evaluate("k_complex.npy"), "must be a numeric array, got dtype complex128"),
+    ("keys_strings", _evaluate("k_str.npy"), "must be a numeric array, got dtype <U1"),
+    ("keys_structured", _evaluate("k_struct.npy"), "must be a numeric array"),
+    ("keys_object_pickle", _evaluate("k_object.npy"), "keys file k_object.npy is not a readable .npy/.npz array"),
+    ("keys_no_rows", _evaluate("k_empty_rows.npy"), "keys (k_empty_rows.npy) is empty (shape (0, 16))"),
+    ("keys_no_columns", _evaluate("k_empty_cols.npy"), "is empty (shape (40, 0))"),
+    ("head_dim_2", _evaluate("k_dim2.npy", "v_dim2.npy", "q_dim2.npy"), "need at least 3 coordinates"),
+    ("npz_two_arrays", _evaluate("two.npz"), "keys file two.npz is an .npz with 2 arrays; give one array"),
+    ("npz_no_arrays", _evaluate("none.npz"), "is an .npz with 0 arrays"),
+    ("npz_truncated", _evaluate("trunc.npz"), "keys file trunc.npz is not a readable .npy/.npz array"),
+    ("npz_bad_crc", _evaluate("crc.npz"), "keys file crc.npz is not a readable .npy/.npz array (BadZipFile"),
+    ("npy_truncated", _evaluate("trunc.npy"), "keys file trunc.npy is not a readable .npy/.npz array"),
+    ("text_file", _evaluate("text.npy"), "keys file text.npy is not a readable .npy/.npz array: it starts with b'hello,'"),
+    ("csv_file", _evaluate("K.csv"), "keys file K.csv is not a readable .npy/.npz array: it starts with"),
+    ("empty_file", _evaluate("empty.npy"), "keys file empty.npy is not a readable .npy/.npz array"),
+    ("pickle_file", _evaluate("pickle.npy"), "keys file pickle.npy is not a readable .npy/.npz array"),
+    ("directory", _evaluate("adir"), "keys file adir is a directory"),
+    ("missing_file", _evaluate("nope.npy"), "keys file nope.npy: no such file"),
+    ("causal_more_queries_than_keys", _evaluate("k_2rows.npy", "v_2rows.npy", "Q.npy", "--causal"), "a causal mask needs n_queries <= n_keys, got 6 > 2"),
+    ("norm_beyond_float32", _evaluate("k_huge.npy"), "norm of row 0 is"),
+    ("norm_beyond_float16", _evaluate("k_1e5.npy", "V.npy", "Q.npy", "--norm-dtype", "float16"), "beyond float16's range (6.55e+04); use norm_dtype float32"),
+    ("norm_underflows_float32", _evaluate("k_tiny.npy"), "below float32's smallest positive value (1.4e-45): it would be stored as 0"),
+    ("norm_underflows_float16", _evaluate("k_1e-9.npy", "V.npy", "Q.npy", "--norm-dtype", "float16"), "below float16's smallest positive value"),
+    ("logits_overflow", _evaluate("k_1e20.npy", "V.npy", "q_1e300.npy"), "attention logits of the keys reach inf"),
+    ("logits_beyond_limit", _evaluate("K.npy", "V.npy", "q_1e200.npy"), "attention logits of the keys reach"),
+    ("sharpness_inf", _evaluate("K.npy", "V.npy", "Q.npy", "--sharpness", "inf"), "argument --sharpness: sharpness must be a finite number in (0, 1e6), got inf"),
+    ("sharpness_nan", _evaluate("K.npy", "V.npy", "Q.npy", "--sharpness", "nan"), "got nan"),
+    ("sharpness_0", _evaluate("K.npy", "V.npy", "Q.npy", "--sharpness", "0"), "in (0, 1e6), got 0"),
+    ("sharpness_negative", _evaluate("K.npy", "V.npy", "Q.npy", "--sharpness", "-1"), "in (0, 1e6), got -1"),
+    ("sharpness_word", _evaluate("K.npy", "V.npy", "Q.npy", "--sharpness", "sharp"), "sharpness must be a number, got 'sharp'"),
+    ("seed_negative", _evaluate("K.npy", "V.npy", "Q.npy", "--seed", "-1"), "argument --seed: seed must be an integer in 0..2^63-1, got -1"),
+    ("seed_2_64", _evaluate("K.npy", "V.npy", "Q.npy", "--seed", str(2**64)), "seed must be an integer in 0..2^63-1"),
+    ("bits_0", ["evaluate", "--keys", "K.npy", "--values", "V.npy", "--queries", "Q.npy", "--scheme", "KQV", "--bits", "0"], "bits must be an integer in 1..8, got 0"),
+    ("scheme_unknown", ["evaluate", "--keys", "K.npy", "--values", "V.npy", "--queries", "Q.npy", "--scheme", "KVQ", "--bits", "4"], "unknown scheme 'KVQ'"),
+    ("schemes_file_not_mapping", _evaluate("K.npy", "V.npy", "Q.npy", "--schemes", "schemes_list.yaml"), "schemes_list.yaml: 'schemes' must be a mapping"),
+    ("schemes_file_bad_yaml", _evaluate("K.npy", "V.npy", "Q.npy", "--schemes", "schemes_broken.yaml"), "schemes_broken.yaml is not valid YAML (line"),
+    ("scheme_overspends", ["evaluate", "--keys", "K.npy", "--values", "V.npy", "--queries", "Q.npy", "--scheme", "OVER", "--bits", "4",
+                           "--schemes", "schemes_over.yaml"], "scheme OVER side K at budget n=4: spends 5 bits"),
+    ("stage_slice_not_json", ["stage", "data", "--slice", "{dim: 3", "--out", "out/d.json"], "--slice is not valid JSON"),
+    ("stage_slice_not_object", ["stage", "data", "--slice", "[1, 2]", "--out", "out/d.json"], "--slice must be a JSON object"),
+    ("stage_slice_missing_keys", ["stage", "quantize", "--slice", '{"dim": 16}', "--data", "d.json", "--out", "out/q.npz"],
+     "--slice of the quantize stage lacks key(s) base_seed, budget, distribution"),
+    ("dequantize_plain_array", ["dequantize", "K.npy", "out/k.npy"], "is a plain .npy array, not a packed cache"),
+    ("dequantize_truncated", ["dequantize", "trunc.npz", "out/k.npy"], "trunc.npz is not a readable .npz packed cache"),
+    ("dequantize_foreign_npz", ["dequantize", "two.npz", "out/k.npy"], "two.npz holds no packed cache"),
+]
+
+
+def _run_cli(argv: list[str], cwd: Path, capsys) -> tuple[int, str]:
+    """cli.main in-process (argparse errors exit via SystemExit, as on the command line)."""
+    import os
+
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+    finally:
+        os.chdir(old)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case_id, argv, message", CLI_REJECTED, ids=[c[0] for c in CLI_REJECTED])
+def test_cli_rejects_bad_cache(arrays: Path, capsys, case_id: str, argv: list[str], message: str) -> None:
+    shutil.rmtree(arrays / "out", ignore_errors=True)
+    code, err = _run_cli(argv, arrays, capsys)
+    assert code == 2, err
+    assert message in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1].startswith("kvasym") and ": error: " in lines[-1] and message in lines[-1]
+    assert not (arrays / "out").exists(), "nothing written"
+
+
+#: A few of the same cases through a real subprocess: exit status 2, no traceback at all.
+SUBPROCESS_IDS = ["npz_bad_crc", "text_file", "logits_overflow", "seed_negative", "keys_nan", "stage_slice_missing_keys"]
+
+
+@pytest.mark.parametrize("case_id", SUBPROCESS_IDS)
+def test_cli_subprocess_one_line_no_traceback(arrays: Path, case_id: str) -> None:
+    _, argv, message = next(c for c in CLI_REJECTED if c[0] == case_id)
+    proc = subprocess.run([sys.executable, "-m", "kvasym.cli", *argv], cwd=arrays, capture_output=True, text=True, env=run_env())
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr
+    assert message in proc.stderr
+    # one error line (argparse prints its usage lines above it)
+    assert [line for line in proc.stderr.splitlines() if "error:" in line] == proc.stderr.strip().splitlines()[-1:]
+
+
+#: (id, argv) accepted on purpose: exit 0 and finite, in-range metrics.
+CLI_ACCEPTED = [
+    ("keys_int32", _evaluate("k_int32.npy")),
+    ("keys_uint8", _evaluate("k_uint8.npy")),
+    ("keys_float16", _evaluate("k_f16.npy")),
+    ("keys_one_zero_row", _evaluate("k_zero_row.npy")),
+    ("keys_all_zero", _evaluate("k_zeros.npy")),
+    ("values_all_zero", _evaluate("K.npy", "v_zeros.npy")),
+    ("queries_all_zero", _evaluate("K.npy", "V.npy", "q_zeros.npy")),
+    ("single_key", _evaluate("k_1row.npy", "v_1row.npy")),
+    ("values_other_head_dim", _evaluate("K.npy", "v_dim8.npy")),
+    ("keys_single_array_npz", _evaluate("k_one.npz")),
+    ("causal", _evaluate("K.npy", "V.npy", "Q.npy", "--causal")),
+]
+
+
+@pytest.mark.parametrize("case_id, argv", CLI_ACCEPTED, ids=[c[0] for c in CLI_ACCEPTED])
+def test_cli_accepts_legitimate_cache(arrays: Path, capsys, case_id: str, argv: list[str]) -> None:
+    import os
+
+    old = os.getcwd()
+    os.chdir(arrays)
+    try:
+        code = main(argv)
+    finally:
+        os.chdir(old)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.err == ""
+    summary = json.loads(captured.out)
+    for key, value in summary.items():
+        if isinstance(value, float):
+            assert math.isfinite(value), key
+    assert summary["kl_mean"] >= 0 and summary["kl_max"] >= summary["kl_mean"]
+    assert 0 <= summary["recall_top5_mean"] <= 1
+
+
+def test_cli_write_failure_is_one_line(arrays: Path, capsys) -> None:
+    """An output path that cannot be created (its parent is a file): exit 1, the path named."""
+    code, err = _run_cli(["quantize", "--scheme", "KV", "--bits", "2", "--side", "K", "K.npy", "a_file/k.npz"], arrays, capsys)
+    assert code == 1
+    assert err.startswith("kvasym: error: a_file") and "not a directory" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_cli_bad_input_leaves_existing_output_untouched(arrays: Path, capsys) -> None:
+    out = arrays / "keep.npz"
+    assert _run_cli(["quantize", "--scheme", "KV", "--bits", "2", "--side", "K", "K.npy", "keep.npz"], arrays, capsys)[0] == 0
+    before = out.read_bytes()
+    code, _ = _run_cli(["quantize", "--scheme", "KV", "--bits", "2", "--side", "K", "k_nan.npy", "keep.npz"], arrays, capsys)
+    assert code == 2 and out.read_bytes() == before
+
+
+def test_cli_tables_are_large_enough() -> None:
+    assert len(CLI_REJECTED) >= 35
+    assert len({c[0] for c in CLI_REJECTED + CLI_ACCEPTED}) == len(CLI_REJECTED) + len(CLI_ACCEPTED)
+
+
+# ---------------------------------------------------------------------------------------------
+# intermediates tampered with between runs
+
+
+def _truncate(path: Path, keep: float = 0.5) -> None:
+    raw = path.read_bytes()
+    path.write_bytes(raw[: int(len(raw) * keep)])
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(np.random.default_rng(1).bytes(path.stat().st_size))
+
+
+def _flip_member_byte(path: Path) -> None:
+    """Change one byte inside the codes array of the first cache (the zip CRC must catch it)."""
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("t0.K/codes.npy")
+    raw = bytearray(path.read_bytes())
+    offset = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra) + 140
+    raw[offset] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+def _rename_members(path: Path, mapping: dict[str, str]) -> None:
+    """Rewrite the .npz with caches renamed (t0 <-> t1): a valid file, the wrong trial's data."""
+    with np.load(path) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    renamed = {}
+    for key, value in arrays.items():
+        name, rest = key.split("/", 1)
+        renamed[f"{mapping.get(name, name)}/{rest}"] = value
+    np.savez(path, **renamed)
+
+
+@dataclass(frozen=True)
+class Tamper:
+    id: str
+    stage: str  # which stage reads the tampered file: metrics, stats, theory, gather, claims
+    target: str  # packed, data, per_query, per_key, gathered, stats_part
+    action: Callable[[Path, "MiniRun"], None]
+    message: str
+
+
+TAMPERED = [
+    Tamper("packed_truncated", "metrics", "packed", lambda p, r: _truncate(p), "is not a readable .npz packed cache"),
+    Tamper("packed_empty", "metrics", "packed", lambda p, r: p.write_bytes(b""), "is not a readable .npz packed cache"),
+    Tamper("packed_garbage", "metrics", "packed", lambda p, r: _garbage(p), "is not a readable .npz packed cache"),
+    Tamper("packed_byte_flipped", "metrics", "packed", lambda p, r: _flip_member_byte(p), "BadZipFile"),
+    Tamper("packed_from_other_budget", "metrics", "packed",
+           lambda p, r: shutil.copy(r.cell("gaussian", "KQV", 2)["packed"], p), "has budget = 2 but cell KQV n=4 needs 4"),
+    Tamper("packed_from_other_scheme", "metrics", "packed",
+           lambda p, r: shutil.copy(r.cell("gaussian", "KV", 4)["packed"], p), "but cell KQV n=4 needs"),
+    Tamper("packed_from_other_distribution", "metrics", "packed",
+           lambda p, r: shutil.copy(r.cell("t1.05", "KQV", 4)["packed"], p), "rotation_seed"),
+    Tamper("packed_trials_swapped", "metrics", "packed",
+           lambda p, r: _rename_members(p, {"t0.K": "t1.K", "t1.K": "t0.K", "t0.V": "t1.V", "t1.V": "t0.V"}), "trial 0 side K has rotation_seed"),
+    Tamper("packed_trial_missing", "metrics", "packed", lambda p, r: _rename_members(p, {"t2.K": "x2.K", "t2.V": "x2.V"}), "no packed caches for trial 2"),
+    Tamper("manifest_truncated", "metrics", "data", lambda p, r: _truncate(p), "unreadable data manifest"),
+    Tamper("manifest_not_object", "metrics", "data", lambda p, r: p.write_text("[1, 2]"), "unreadable data manifest"),
+    Tamper("manifest_other_slice", "metrics", "data",
+           lambda p, r: p.write_text(p.read_text().replace('"seq_len": 32', '"seq_len": 33')), "made for another config slice"),
+    Tamper("manifest_digest_changed", "metrics", "data",
+           lambda p, r: p.write_text(json.dumps({**json.loads(p.read_text()), "trials": [{"trial": t, "sha256": "0" * 64} for t in range(3)]})),
+           "differs from its manifest digest"),
+    Tamper("per_query_truncated", "stats", "per_query", lambda p, r: _truncate(p), "is not a readable Parquet table"),
+    Tamper("per_query_garbage", "stats", "per_query", lambda p, r: _garbage(p), "is not a readable Parquet table"),
+    Tamper("per_query_deleted", "stats", "per_query", lambda p, r: p.unlink(), "no such file"),
+    Tamper("per_key_truncated", "theory", "per_key", lambda p, r: _truncate(p, 0.8), "is not a readable Parquet table"),
+    Tamper("stats_part_truncated", "gather", "stats_part", lambda p, r: _truncate(p), "is not a readable Parquet table"),
+    Tamper("gathered_table_truncated", "claims", "gathered", lambda p, r: _truncate(p), "is not a readable Parquet table"),
+]
+
+
+def _copy_run(run: MiniRun, dest: Path) -> MiniRun:
+    shutil.copytree(run.root, dest)
+    moved = MiniRun(dest, run.study)
+    moved.paths = {
+        k: ([dest / Path(p).relative_to(run.root) for p in v] if isinstance(v, list) else dest / Path(v).relative_to(run.root))
+        for k, v in run.paths.items()
+    }
+    return moved
+
+
+@pytest.mark.parametrize("case", TAMPERED, ids=[c.id for c in TAMPERED])
+def test_tampered_intermediate_is_detected(mini: MiniRun, tmp_path, case: Tamper) -> None:
+    run = _copy_run(mini, tmp_path / "run")
+    study, dist, dim, scheme, budget = run.study, "gaussian", 16, "KQV", 4
+    cell = run.cell(dist, scheme, budget)
+    data = run.root / f"data/{dist}/d{dim}.json"
+    target = {
+        "packed": cell["packed"], "data": data, "per_query": cell["per_query"], "per_key": cell["per_key"],
+        "gathered": run.paths["comparisons"], "stats_part": run.paths["summary_parts"][0],
+    }[case.target]
+    case.action(target, run)
+    out = tmp_path / "out"
+    with pytest.raises(KvasymError) as info:
+        if case.stage == "metrics":
+            pipeline.run_metrics(study.metrics_slice(dist, dim, scheme, budget), data, cell["packed"], out / "pq.parquet", out / "pk.parquet")
+        elif case.stage == "stats":
+            paths = [run.cell(dist, s, b)["per_query"] for s in study.schemes for b in study.budgets]
+            analysis.run_stats(study.stats_slice(dist, dim), paths, out / "c.parquet", out / "s.parquet", out / "t.parquet")
+        elif case.stage == "theory":
+            paths = [run.cell(dist, s, b)["per_key"] for s in study.schemes for b in study.budgets]
+            analysis.run_theory(study.theory_slice(dist, dim), data, paths, out / "theory.parquet")
+        elif case.stage == "gather":
+            analysis.gather(run.paths["summary_parts"], out / "summary.parquet")
+        else:
+            run_claims(ROOT / "config/claims.test.yaml", _tables(run), out / "c.json", out / "c.md", out / "c.tex")
+    message = str(info.value)
+    assert case.message in message, message
+    assert "\n" not in message
+    if case.stage != "metrics" or case.target == "packed":
+        assert target.name in message, "the message names the file"
+    if case.target in ("packed", "per_query", "per_key", "gathered", "stats_part") and "no such file" not in case.message:
+        assert "delete it and rerun" in message
+    assert not out.exists() or not any(out.iterdir()), "nothing written"
+
+
+def test_tampered_packed_cache_through_the_stage_command(mini: MiniRun, tmp_path) -> None:
+    """What the Snakemake rule runs: exit status 2 and one line in the job's log."""
+    from kvasym.study import canonical_json
+
+    run = _copy_run(mini, tmp_path / "run")
+    cell = run.cell("gaussian", "KQV", 4)
+    _truncate(cell["packed"])
+    slice_ = canonical_json(run.study.metrics_slice("gaussian", 16, "KQV", 4))
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvasym.cli", "stage", "metrics", "--slice", slice_, "--data", str(run.root / "data/gaussian/d16.json"),
+         "--packed", str(cell["packed"]), "--per-query", str(tmp_path / "pq.parquet"), "--per-key", str(tmp_path / "pk.parquet")],
+        capture_output=True, text=True, env=run_env(),
+    )
+    assert proc.returncode == 2
+    # the stage names itself first (so its log has content even on a full disk), then the error
+    assert proc.stderr.startswith("kvasym ") and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("kvasym: error: ") and "n4.npz" in last
+    assert not (tmp_path / "pq.parquet").exists()
+
+
+def test_untampered_mini_run_is_sane(mini: MiniRun) -> None:
+    """The baseline every tampering case departs from: the stages agree with each other."""
+    df = pd.concat([pd.read_parquet(mini.cell(d, s, b)["per_query"]) for d, _, s, b in mini.study.cells()])
+    assert np.isfinite(df.select_dtypes("number").to_numpy()).all()
+    assert (df["kl"] >= 0).all() and df["recall_top5"].between(0, 1).all()

@@ -1,0 +1,116 @@
+"""The cluster path, for real: the tiny config through Snakemake's SLURM executor plugin on a
+single-node Slurm stood up on this machine (workflow/scripts/local_slurm.sh), with the
+workflow's own profile (workflow/profiles/slurm), and its results compared with a local run.
+
+Needs root and apt (to install slurm-wlm and munge) or a running Slurm whose node is idle;
+otherwise it skips and says so. CI runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from snakemake_workdir import ROOT, make_workdir, run_env, snakemake_cmd
+
+from kvasym.dataset import read_table
+
+pytestmark = pytest.mark.slow
+LOCAL_SLURM = ROOT / "workflow" / "scripts" / "local_slurm.sh"
+IDS = ["distribution", "dim", "scheme", "budget", "sharpness", "trial"]
+RUN_TIMEOUT = 600  # the whole Slurm run; the issue's bound for this CI step
+
+
+def _node_idle() -> bool:
+    if shutil.which("sinfo") is None:
+        return False
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True)
+    return out.returncode == 0 and out.stdout.strip().startswith("idle")
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """An idle single-node Slurm: the one running, or one started here (and stopped after)."""
+    if _node_idle():
+        yield "already running"
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        pytest.skip("SLURM NOT AVAILABLE: no idle Slurm node, and installing one needs root and apt-get; "
+                    "the cluster profile was NOT exercised (run workflow/scripts/local_slurm.sh up as root)")
+    up = subprocess.run([str(LOCAL_SLURM), "up"], capture_output=True, text=True, timeout=300)
+    assert up.returncode == 0, f"local_slurm.sh up failed:\n{up.stdout[-2000:]}\n{up.stderr[-3000:]}"
+    yield "started"
+    subprocess.run([str(LOCAL_SLURM), "down"], capture_output=True, timeout=60)
+
+
+def _run_bounded(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str, float]:
+    """Run Snakemake; on timeout send SIGINT (the plugin then cancels its Slurm jobs), then kill."""
+    start = time.monotonic()
+    log = cwd / "slurm_run.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, text=True, env=run_env())
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            code = -1
+    return code, log.read_text(errors="replace"), time.monotonic() - start
+
+
+def _sorted(workdir: Path, table: str) -> pd.DataFrame:
+    df = read_table(workdir / "results/metrics", table)
+    keys = IDS + (["query"] if table == "per_query" else ["key"])
+    return df.sort_values(keys).reset_index(drop=True)
+
+
+def test_tiny_config_through_slurm_matches_a_local_run(slurm, tiny_local_run, tmp_path):
+    workdir = make_workdir(tmp_path / "slurm")
+    cmd = snakemake_cmd("--profile", "profiles/slurm", "--slurm-status-command", "squeue")
+    code, log, wall = _run_bounded(cmd, workdir, RUN_TIMEOUT)
+    assert code == 0, f"Slurm run failed or timed out after {wall:.0f} s:\n{log[-5000:]}"
+    submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", log)
+    groups = re.findall(r"Job \S+ has been submitted with SLURM jobid \d+ \(log: \S*/group_cell_", log)
+    # one group job per (distribution, d) data cell of the tiny grid, one job per summary rule
+    assert len(groups) == 3, log[-3000:]
+    summary_rules = ["gather", "claims", "tables", "numbers"] + [f"figure_{f}" for f in (
+        "shannon_phi", "kl_ecdf", "budget_crossover", "tail_sweep", "rank_sweep", "sharpness_sweep",
+        "theory_check", "marginals", "jensen_bias")]
+    latex = all(shutil.which(t) for t in ("latexmk", "pdflatex"))
+    assert len(submitted) == len(groups) + len(summary_rules) + int(latex), log[-3000:]
+    print(f"\nSlurm run of the tiny config: {len(submitted)} Slurm jobs ({len(groups)} group jobs), {wall:.0f} s wall")
+
+    # the same numbers as the local run, to the bit
+    for table in ("per_query", "per_key"):
+        pd.testing.assert_frame_equal(_sorted(workdir, table), _sorted(tiny_local_run, table), check_exact=True)
+    for rel in ("results/stats/comparisons.parquet", "results/stats/summary.parquet", "results/stats/trials.parquet",
+                "results/theory/theory.parquet"):
+        pd.testing.assert_frame_equal(pd.read_parquet(workdir / rel), pd.read_parquet(tiny_local_run / rel),
+                                      check_exact=True, obj=rel)
+    assert json.loads((workdir / "results/claims/claims.json").read_text()) == \
+        json.loads((tiny_local_run / "results/claims/claims.json").read_text())
+    for npz in sorted((tiny_local_run / "results/packed").rglob("*.npz")):
+        with np.load(npz) as a, np.load(workdir / npz.relative_to(tiny_local_run)) as b:
+            assert a.files == b.files
+            for key in a.files:
+                np.testing.assert_array_equal(a[key], b[key], err_msg=f"{npz.name}:{key}")
+    for name in ("jensen_bias.png", "kl_ecdf.pdf"):
+        assert (workdir / "results/figures" / name).stat().st_size > 1000
+    if latex:
+        assert (workdir / "paper/build/main.pdf").is_file()
+    # nothing left in the queue
+    queue = subprocess.run(["squeue", "-h", "-t", "PD,R"], capture_output=True, text=True).stdout.strip()
+    assert queue == "", queue
