@@ -1,0 +1,136 @@
+"""The study's metrics on a real capture: every (layer, KV head) cache of a SmolLM2 capture,
+quantized by each scheme and budget, read by its own model's queries.
+
+For layer ``l`` and KV head ``h`` the cache is ``K = k_post_rope[l, h]`` and ``V = v[l, h]``
+(T, head_dim); the queries are those of every query head ``g`` with
+``kv_head_of_query_head[g] == h`` (grouped-query attention: ``g // group``), stacked, each
+under the capture's causal mask (query ``i`` sees key ``j`` iff ``positions[j] <=
+positions[i]``). Logits are ``q.k / sqrt(head_dim)``: sharpness 1 is the model's own attention.
+
+``rope="pre"`` quantizes the keys before RoPE (``k_pre_rope``) and rotates the reconstruction
+with the capture's RoPE tables, the way a cache that stores pre-RoPE keys would be read; the
+reference is the same in both cases (the post-RoPE keys). Rotation and QJL seeds derive from
+(base seed, text, layer, KV head, side), so every scheme and budget sees the same random
+rotation of the same cache (the paired design of the synthetic study).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import KvasymError
+from ..evaluate import quantize_pair
+from ..metrics import trial_metrics_multi
+from ..schemes import Scheme
+from .capture import Capture
+
+ROPE_MODES = ("post", "pre")
+
+
+def _rope_base(capture: Capture) -> float:
+    base = capture.metadata.get("rope_base")
+    if not isinstance(base, (int, float)) or not np.isfinite(base) or base <= 0:
+        raise KvasymError(f"capture metadata has no valid rope_base (got {base!r}): cannot apply RoPE to pre-RoPE keys")
+    return float(base)
+
+
+def capture_cells(capture: Capture, layers: Sequence[int] | None = None) -> list[tuple[int, int]]:
+    """The (layer, KV head) pairs to evaluate: ``layers`` (model layer numbers, default all
+    captured) times every KV head."""
+    captured = [int(x) for x in capture.layers]
+    chosen = captured if layers is None else [int(x) for x in layers]
+    missing = sorted(set(chosen) - set(captured))
+    if missing:
+        raise KvasymError(f"layers {missing} are not in the capture (captured: {captured})")
+    return [(layer, head) for layer in chosen for head in range(capture.k_post_rope.shape[1])]
+
+
+def evaluate_capture(
+    capture: Capture,
+    schemes: Sequence[Scheme],
+    budgets: Sequence[int],
+    *,
+    name: str,
+    base_seed: int,
+    layers: Sequence[int] | None = None,
+    rope: str = "post",
+    sharpness: Sequence[float] = (1.0,),
+    norm_dtype: str = "float32",
+) -> dict[str, np.ndarray]:
+    """Per-query metrics of every scheme and budget on every (layer, KV head) of ``capture``.
+
+    Returns columns (equal length): identifiers ``text`` (= ``name``), ``layer``, ``kv_head``,
+    ``query_head``, ``position``, ``scheme``, ``budget``, ``rope``, ``sharpness``, then every
+    per-query column of :func:`kvasym.metrics.trial_metrics_multi` (KL, top-5 recall, the
+    six-dimensional error framework). A query at position 0 sees one key: its KL is 0 by
+    construction, and it is kept (dropping it would bias nothing and hide the mask).
+    """
+    if rope not in ROPE_MODES:
+        raise KvasymError(f"rope must be one of {ROPE_MODES}, got {rope!r}")
+    if not schemes or not budgets:
+        raise KvasymError("evaluate_capture needs at least one scheme and one budget")
+    cells = capture_cells(capture, layers)
+    layer_index = {int(x): i for i, x in enumerate(capture.layers)}
+    heads = np.asarray(capture.kv_head_of_query_head)
+    positions = np.asarray(capture.positions)
+    allowed = capture.causal_mask()
+    n_tokens = positions.size
+    if rope == "pre":
+        from .gguf_model import apply_rope, rope_tables  # pure numpy: no model needed
+
+        cos, sin = rope_tables(positions, capture.k_post_rope.shape[-1], _rope_base(capture), np.float64)
+    columns: dict[str, list[np.ndarray]] = {}
+
+    def add(name_: str, value: np.ndarray) -> None:
+        columns.setdefault(name_, []).append(value)
+
+    for layer, kv_head in cells:
+        li = layer_index[layer]
+        query_heads = np.flatnonzero(heads == kv_head)
+        if query_heads.size == 0:
+            raise KvasymError(f"no query head reads KV head {kv_head} (kv_head_of_query_head = {heads.tolist()})")
+        keys = np.asarray(capture.k_post_rope[li, kv_head], dtype=np.float64)
+        stored = keys if rope == "post" else np.asarray(capture.k_pre_rope[li, kv_head], dtype=np.float64)
+        values = np.asarray(capture.v[li, kv_head], dtype=np.float64)
+        queries = np.concatenate([np.asarray(capture.q_post_rope[li, g], dtype=np.float64) for g in query_heads])
+        mask = np.tile(allowed, (query_heads.size, 1))
+        for scheme in schemes:
+            for budget in budgets:
+                packed = quantize_pair(stored, values, scheme, int(budget), base_seed=base_seed,
+                                       identity=(name, layer, kv_head), norm_dtype=norm_dtype)
+                keys_hat = packed["K"].dequantize("float64")
+                if rope == "pre":
+                    keys_hat = apply_rope(keys_hat, cos, sin)
+                values_hat = packed["V"].dequantize("float64")
+                results = trial_metrics_multi(queries, keys, values, keys_hat, values_hat, list(sharpness), mask=mask)
+                for s, (per_query, _per_key) in zip(sharpness, results):
+                    n = queries.shape[0]
+                    add("text", np.full(n, name, dtype=object))
+                    add("layer", np.full(n, layer, dtype=np.int32))
+                    add("kv_head", np.full(n, kv_head, dtype=np.int32))
+                    add("query_head", np.repeat(query_heads.astype(np.int32), n_tokens))
+                    add("position", np.tile(positions.astype(np.int32), query_heads.size))
+                    add("scheme", np.full(n, scheme.name, dtype=object))
+                    add("budget", np.full(n, int(budget), dtype=np.int32))
+                    add("rope", np.full(n, rope, dtype=object))
+                    add("sharpness", np.full(n, float(s)))
+                    for key, column in per_query.items():
+                        add(key, np.asarray(column))
+    return {key: np.concatenate(parts) for key, parts in columns.items()}
+
+
+def summarize(columns: dict[str, Any]) -> Any:
+    """Mean and 99th-percentile KL, mean top-5 recall and mean output direction error per
+    (text, layer, kv_head, scheme, budget, rope, sharpness): the heat-map table."""
+    import pandas as pd
+
+    frame = pd.DataFrame(columns)
+    keys = ["text", "layer", "kv_head", "scheme", "budget", "rope", "sharpness"]
+    grouped = frame.groupby(keys, sort=True)
+    out = grouped.agg(kl_mean=("kl", "mean"), recall_top5_mean=("recall_top5", "mean"),
+                      t_eps_dir_mean=("t_eps_dir", "mean"), n_queries=("kl", "size"))
+    out["kl_p99"] = grouped["kl"].quantile(0.99)
+    return out.reset_index()
