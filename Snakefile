@@ -25,6 +25,7 @@ wildcard_constraints:
 include: "workflow/rules/data.smk"
 include: "workflow/rules/quantize.smk"
 include: "workflow/rules/metrics.smk"
+include: "workflow/rules/real.smk"
 include: "workflow/rules/stats.smk"
 include: "workflow/rules/claims.smk"
 include: "workflow/rules/figures.smk"

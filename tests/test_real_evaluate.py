@@ -8,7 +8,7 @@ import pytest
 
 from kvasym.errors import KvasymError
 from kvasym.evaluate import quantize_pair
-from kvasym.real.capture import Capture
+from kvasym.real.capture import CAPTURE_FORMAT, CAPTURE_FORMAT_VERSION, Capture
 from kvasym.real.evaluate import evaluate_capture, summarize
 from kvasym.real.gguf_model import apply_rope, rope_tables
 from kvasym.schemes import get_scheme
@@ -30,7 +30,10 @@ def make_capture(seed: int = 0) -> Capture:
         k_pre_rope=k_pre.astype(np.float32), k_post_rope=apply_rope(k_pre, cos, sin).astype(np.float32),
         v=rng.standard_normal((len(LAYERS), HKV, T, D)).astype(np.float32),
         q_pre_rope=q_pre.astype(np.float32), q_post_rope=apply_rope(q_pre, cos, sin).astype(np.float32),
-        token_nll_nats=np.ones(T - 1), metadata={"rope_base": BASE},
+        token_nll_nats=np.ones(T - 1),
+        metadata={"rope_base": BASE, "format": CAPTURE_FORMAT, "format_version": CAPTURE_FORMAT_VERSION,
+                  "n_tokens": T, "n_heads": HQ, "n_kv_heads": HKV, "head_dim": D, "layers": LAYERS,
+                  "n_layers_model": max(LAYERS) + 1},
     )
 
 
@@ -99,3 +102,73 @@ def test_bad_requests_name_the_problem():
     capture.metadata["rope_base"] = None
     with pytest.raises(KvasymError, match="rope_base"):
         evaluate_capture(capture, [get_scheme("KV")], [4], name="c", base_seed=0, rope="pre")
+
+
+def test_real_metrics_table_feeds_the_stats_stage(tmp_path):
+    """run_real_metrics writes the synthetic study's per-query schema (one trial per text, layer
+    and KV head), and the unchanged stats stage turns it into comparisons for the real rows."""
+    import json as _json
+
+    import pandas as pd
+
+    from kvasym.analysis import run_stats
+    from kvasym.dataset import read_metadata
+    from kvasym.real.capture import write_capture
+    from kvasym.real.evaluate import run_real_metrics
+
+    paths = []
+    for i, text in enumerate(("a", "b")):
+        capture = make_capture(seed=i)
+        capture.metadata["name"] = text
+        paths.append(str(write_capture(capture, tmp_path / f"{text}.npz")))
+    files = []
+    for scheme in ("KQV", "QKQV"):
+        slice_ = {"distribution": "smollm2", "scheme": {"name": scheme, **get_scheme(scheme).to_dict()}, "budget": 4,
+                  "sharpness": [1.0], "base_seed": 3, "norm_dtype": "float32", "layers": None}
+        out = tmp_path / f"{scheme}.parquet"
+        run_real_metrics(slice_, paths, str(out))
+        files.append(str(out))
+    frame = pd.read_parquet(files[0])
+    assert set(frame["distribution"]) == {"smollm2"} and set(frame["kind"]) == {"smollm2"}
+    assert sorted(frame["trial"].unique()) == list(range(2 * len(LAYERS) * HKV))
+    assert (frame.groupby("trial").size() == (HQ // HKV) * T).all()
+    trial_map = _json.loads(read_metadata(files[0])["trial_map"])
+    assert trial_map[0] == {"trial": 0, "text": "a", "layer": 0, "kv_head": 0}
+    assert trial_map[-1] == {"trial": 2 * len(LAYERS) * HKV - 1, "text": "b", "layer": 3, "kv_head": 1}
+    assert frame["k_bits_payload"].eq(4).all()  # d = 8 is a power of two: the payload is the budget
+    stats_slice = {"distribution": "smollm2", "dim": D, "schemes": ["KQV", "QKQV"], "base_seed": 3,
+                   "stats": {"n_boot": 50, "n_permutations": 10, "energy_max_n": 64}}
+    outs = {k: tmp_path / f"{k}.parquet" for k in ("comparisons", "summary", "trials")}
+    run_stats(stats_slice, files, outs["comparisons"], outs["summary"], outs["trials"])
+    summary = pd.read_parquet(outs["summary"])
+    assert set(summary["scheme"]) == {"KQV", "QKQV"} and set(summary["distribution"]) == {"smollm2"}
+    assert len(pd.read_parquet(outs["comparisons"])) > 0
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ([1], "must be a mapping"),
+        ({"textz": "all"}, "unknown key"),
+        ({"texts": ["no_such_text"]}, "not among the shipped texts"),
+        ({"texts": []}, "non-empty list"),
+        ({"max_tokens": 1}, "max_tokens must be an integer in 2..8192"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"layers": [30]}, "layers must be 'all' or distinct layer numbers in 0..29"),
+        ({"layers": [1, 1]}, "distinct"),
+    ],
+)
+def test_real_settings_reject_bad_config(value, message):
+    from kvasym.real import real_settings
+
+    with pytest.raises(KvasymError, match=message):
+        real_settings(value)
+
+
+def test_real_settings_defaults():
+    from kvasym.real import N_LAYERS, real_settings, shipped_texts
+
+    assert real_settings(None) is None
+    settings = real_settings({})
+    assert settings == {"texts": shipped_texts(), "max_tokens": 512, "layers": list(range(N_LAYERS))}
+    assert len(settings["texts"]) >= 4

@@ -23,6 +23,7 @@ import pytest
 from snakemake_workdir import ROOT, make_workdir, run_env, snakemake_cmd
 
 from kvasym.dataset import read_table
+from kvasym.real import missing_extra_reason
 
 pytestmark = pytest.mark.slow
 LOCAL_SLURM = ROOT / "workflow" / "scripts" / "local_slurm.sh"
@@ -83,9 +84,13 @@ def test_tiny_config_through_slurm_matches_a_local_run(slurm, tiny_local_run, tm
     code, log, wall = _run_bounded(cmd, workdir, RUN_TIMEOUT)
     assert code == 0, f"Slurm run failed or timed out after {wall:.0f} s:\n{log[-5000:]}"
     submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", log)
-    groups = re.findall(r"Job \S+ has been submitted with SLURM jobid \d+ \(log: \S*/group_cell_", log)
-    # one group job per (distribution, d) data cell of the tiny grid, one job per summary rule
-    assert len(groups) == 3, log[-3000:]
+    groups = re.findall(r"has been submitted with SLURM jobid \d+ \(log: \S*/group_", log)
+    cells = re.findall(r"has been submitted with SLURM jobid \d+ \(log: \S*/group_cell_data_", log)
+    # one group job per (distribution, d) data cell of the tiny grid; with the real extra, one
+    # group for the captures and their metrics plus the two real stats jobs; one job per summary rule
+    assert len(cells) == 3, log[-3000:]
+    real = missing_extra_reason() is None
+    assert len(groups) == len(cells) + (3 if real else 0), log[-3000:]
     summary_rules = ["gather", "claims", "tables", "numbers"] + [f"figure_{f}" for f in (
         "shannon_phi", "kl_ecdf", "budget_crossover", "tail_sweep", "rank_sweep", "sharpness_sweep",
         "theory_check", "marginals", "jensen_bias")]

@@ -268,6 +268,18 @@ def cmd_stage(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_real(args: argparse.Namespace) -> int:
+    from .real.evaluate import run_real_metrics
+    from .study import parse_slice
+
+    slice_ = parse_slice(args.slice)
+    missing = sorted({"distribution", "scheme", "budget", "sharpness", "base_seed", "norm_dtype"} - set(slice_))
+    if missing:
+        raise KvasymError(f"--slice of the real stage lacks key(s) {', '.join(missing)}")
+    run_real_metrics(slice_, args.captures, args.out)
+    return 0
+
+
 def cmd_figures(args: argparse.Namespace) -> int:
     from .figures_stage import run_from_args
 
@@ -369,6 +381,11 @@ def build_parser(figures: bool = True) -> argparse.ArgumentParser:
 
         figure_arguments(q)
     q.set_defaults(func=cmd_figures)
+    q = stages.add_parser("real", help="per-query metrics of one real cell (SmolLM2 captures) in the study's schema")
+    q.add_argument("--slice", required=True, help="distribution, scheme, budget, sharpness, base_seed, norm_dtype, layers")
+    q.add_argument("--captures", nargs="+", required=True, help="capture .npz files (kvasym capture)")
+    q.add_argument("--out", required=True, help="the per-query Parquet file")
+    q.set_defaults(func=cmd_real)
     q = stages.add_parser("claims", help="evaluate the claims ledger from the gathered tables")
     for name in ("claims", "comparisons", "summary", "trials", "theory", "json", "md", "tex"):
         q.add_argument(f"--{name}", required=True)

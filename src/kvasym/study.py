@@ -38,6 +38,7 @@ TOP_KEYS = {
     "stats",
     "theory",
     "claims_file",
+    "real",  # validated by kvasym.real.real_settings (the real-model rows; optional)
 }
 DISTRIBUTION_KEYS = {"name", "kind", "params", "dims"}
 #: Defaults of optional keys; workflow/schemas/config.schema.yaml states the same (tested).

@@ -44,6 +44,9 @@ import pandas as pd
 
 from .errors import KvasymError
 from .latex import escape_latex
+from .real import HEAD_DIM as REAL_HEAD_DIM
+from .real import REAL_POST_ROPE as REAL_POST
+from .real import REAL_PRE_ROPE as REAL_PRE
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 
@@ -735,6 +738,11 @@ def numbers_macros(slice_: Mapping[str, Any]) -> dict[str, str]:
         "GitCommit": escape_latex(commit),
         "GitCommitShort": escape_latex(commit[:12]),
         "KvasymVersion": escape_latex(str(slice_["version"])),
+        # the real-model rows (kvasym.real): names with digits live here, not in the prose
+        "RealModel": "SmolLM2-135M",
+        "RealHeadDim": str(REAL_HEAD_DIM),
+        "RealDistribution": escape_latex(REAL_POST),
+        "RealPreRopeDistribution": escape_latex(REAL_PRE),
     }
     m.update(FORMULAS)
     for claim in slice_.get("claims", []):

@@ -11,6 +11,9 @@ from snakemake.utils import validate
 from kvasym.claims import load_claims
 from kvasym.config_io import read_yaml_mapping
 from kvasym.errors import KvasymError
+from kvasym.real import HEAD_DIM as REAL_HEAD_DIM
+from kvasym.real import TEXTS_DIR, missing_extra_reason, real_settings
+from kvasym.real.evaluate import REAL_DISTRIBUTIONS
 from kvasym.figures_stage import (
     FAMILIES,
     FAMILY_INPUTS,
@@ -47,6 +50,28 @@ except KvasymError as exc:
     raise WorkflowError(f"invalid config: {exc}")
 
 RESULTS = "results"
+
+# Real-model rows (SmolLM2-135M captures): only with a `real:` config section and the extra.
+try:
+    REAL = real_settings(config.get("real"))
+except KvasymError as exc:
+    raise WorkflowError(f"invalid config: {exc}")
+_shadowed = sorted(set(STUDY.distributions) & set(REAL_DISTRIBUTIONS))
+if _shadowed:
+    raise WorkflowError(
+        f"invalid config: distribution name(s) {_shadowed} are reserved for the real-model rows"
+    )
+REAL_MISSING = missing_extra_reason() if REAL else None
+if REAL and REAL_MISSING:
+    print(
+        f"kvasym: the real-model rows are skipped: {REAL_MISSING}",
+        file=sys.stderr,
+    )
+REAL_CELLS = (
+    [(name, REAL_HEAD_DIM) for name in REAL_DISTRIBUTIONS]
+    if REAL and not REAL_MISSING
+    else []
+)
 NAME = "[A-Za-z0-9_.+-]+"
 
 
@@ -63,10 +88,24 @@ def metrics_tables():
 
 
 def stats_tables(kind):
+    """The stats parts gathered: every synthetic data cell, then the real cells (if any)."""
     return [
         f"{RESULTS}/stats/{kind}/{dist}/d{dim}.parquet"
-        for dist, dim in STUDY.data_cells()
+        for dist, dim in [*STUDY.data_cells(), *REAL_CELLS]
     ]
+
+
+def real_slice(w):
+    """What one real metrics job depends on besides its captures."""
+    return {
+        "distribution": w.distribution,
+        "scheme": {"name": w.scheme, **STUDY.schemes[w.scheme].to_dict()},
+        "budget": int(w.budget),
+        "sharpness": [1.0],  # the model's own attention
+        "base_seed": STUDY.base_seed,
+        "norm_dtype": STUDY.norm_dtype,
+        "layers": REAL["layers"],
+    }
 
 
 def theory_tables():

@@ -49,3 +49,50 @@ def missing_extra_reason() -> str | None:
 
 
 __all__ = ["INSTALL_COMMANDS", "TEXTS_DIR", "RealExtraMissing", "missing_extra_reason"]
+
+
+#: Distribution names of the real rows: keys quantized after RoPE (what a cache stores), before it.
+REAL_POST_ROPE = "smollm2"
+REAL_PRE_ROPE = "smollm2-prerope"
+#: SmolLM2-135M's attention geometry (the capture tests check the GGUF file agrees).
+HEAD_DIM = 64
+N_LAYERS = 30
+REAL_KEYS = {"texts", "max_tokens", "layers"}
+MAX_TOKENS_LIMIT = 8192  # the model's context length
+
+
+def shipped_texts() -> list[str]:
+    """Names (file stems) of the texts shipped in :data:`TEXTS_DIR`, sorted."""
+    return sorted(p.stem for p in TEXTS_DIR.glob("*.txt"))
+
+
+def real_settings(value: object) -> dict | None:
+    """The config's ``real`` section, validated: ``texts`` ("all" or names of shipped texts),
+    ``max_tokens`` (tokens kept per text, 2..8192, default 512) and ``layers`` ("all" or layer
+    numbers 0..29). None when the section is absent (no real rows)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise KvasymError(f"config key real must be a mapping with {sorted(REAL_KEYS)}, got {value!r}")
+    unknown = set(value) - REAL_KEYS
+    if unknown:
+        raise KvasymError(f"config key real: unknown key(s) {sorted(unknown)}; allowed: {sorted(REAL_KEYS)}")
+    known = shipped_texts()
+    texts = value.get("texts", "all")
+    if texts == "all":
+        texts = known
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise KvasymError(f"config key real.texts must be 'all' or a non-empty list of text names, got {texts!r}")
+    missing = [t for t in texts if t not in known]
+    if missing or len(set(texts)) != len(texts):
+        raise KvasymError(f"config key real.texts: {missing or texts} not among the shipped texts {known} (or repeated)")
+    max_tokens = value.get("max_tokens", 512)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 2 <= max_tokens <= MAX_TOKENS_LIMIT:
+        raise KvasymError(f"config key real.max_tokens must be an integer in 2..{MAX_TOKENS_LIMIT}, got {max_tokens!r}")
+    layers = value.get("layers", "all")
+    if layers == "all":
+        layers = list(range(N_LAYERS))
+    if (not isinstance(layers, list) or not layers or len(set(layers)) != len(layers)
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < N_LAYERS for x in layers)):
+        raise KvasymError(f"config key real.layers must be 'all' or distinct layer numbers in 0..{N_LAYERS - 1}, got {layers!r}")
+    return {"texts": list(texts), "max_tokens": int(max_tokens), "layers": sorted(layers)}

@@ -16,6 +16,7 @@ rotation of the same cache (the paired design of the synthetic study).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from ..errors import KvasymError
 from ..evaluate import quantize_pair
 from ..metrics import trial_metrics_multi
 from ..schemes import Scheme
+from . import REAL_POST_ROPE, REAL_PRE_ROPE
 from .capture import Capture
 
 ROPE_MODES = ("post", "pre")
@@ -106,8 +108,12 @@ def evaluate_capture(
                     keys_hat = apply_rope(keys_hat, cos, sin)
                 values_hat = packed["V"].dequantize("float64")
                 results = trial_metrics_multi(queries, keys, values, keys_hat, values_hat, list(sharpness), mask=mask)
+                bits = {f"{side.lower()}_bits_{part}": packed[side].bits_per_coordinate()[part]
+                        for side in ("K", "V") for part in ("payload", "side")}
                 for s, (per_query, _per_key) in zip(sharpness, results):
                     n = queries.shape[0]
+                    for key, value in bits.items():
+                        add(key, np.full(n, value))
                     add("text", np.full(n, name, dtype=object))
                     add("layer", np.full(n, layer, dtype=np.int32))
                     add("kv_head", np.full(n, kv_head, dtype=np.int32))
@@ -134,3 +140,56 @@ def summarize(columns: dict[str, Any]) -> Any:
                       t_eps_dir_mean=("t_eps_dir", "mean"), n_queries=("kl", "size"))
     out["kl_p99"] = grouped["kl"].quantile(0.99)
     return out.reset_index()
+
+
+#: Distribution names of the real rows in the study's tables: keys quantized after RoPE (what a
+#: deployed cache stores) and before it.
+REAL_DISTRIBUTIONS: dict[str, str] = {REAL_POST_ROPE: "post", REAL_PRE_ROPE: "pre"}
+REAL_KIND = "smollm2"
+
+
+def run_real_metrics(slice_: dict[str, Any], capture_paths: Sequence[str], out_per_query: str) -> None:
+    """The per-query metrics table of one real cell (distribution, scheme, budget), in the
+    synthetic study's schema (:data:`kvasym.dataset.PER_QUERY_SCHEMA`), so the stats, gather and
+    claims stages read real rows like any other distribution.
+
+    ``slice_``: ``distribution`` (a key of :data:`REAL_DISTRIBUTIONS`), ``scheme`` (its dict),
+    ``budget``, ``sharpness`` (list), ``base_seed``, ``norm_dtype``, ``layers`` (list or None).
+    A trial is one (text, layer, KV head) cache, numbered in the order of ``capture_paths``, then
+    layer, then KV head (the map is stored in the file's metadata as ``trial_map``); a query is
+    one (query head, position) of the group reading that KV head.
+    """
+    from ..dataset import PER_QUERY_SCHEMA, provenance, to_table, write_parquet_atomic
+    from ..schemes import scheme_from_dict
+    from .capture import load_capture
+
+    name = slice_["distribution"]
+    if name not in REAL_DISTRIBUTIONS:
+        raise KvasymError(f"real distribution must be one of {list(REAL_DISTRIBUTIONS)}, got {name!r}")
+    spec = dict(slice_["scheme"])
+    scheme = scheme_from_dict(spec.pop("name"), spec)
+    budget = int(slice_["budget"])
+    parts: list[dict[str, np.ndarray]] = []
+    trial_map: list[dict[str, Any]] = []
+    for path in capture_paths:
+        capture = load_capture(path)
+        text = capture.metadata.get("name") or str(path).rsplit("/", 1)[-1].removesuffix(".npz")
+        cols = evaluate_capture(capture, [scheme], [budget], name=str(text), base_seed=int(slice_["base_seed"]),
+                                layers=slice_.get("layers"), rope=REAL_DISTRIBUTIONS[name],
+                                sharpness=slice_["sharpness"], norm_dtype=slice_["norm_dtype"])
+        cells = list(dict.fromkeys(zip(cols["layer"].tolist(), cols["kv_head"].tolist())))
+        index = {cell: len(trial_map) + i for i, cell in enumerate(cells)}
+        trial_map += [{"trial": index[c], "text": str(text), "layer": c[0], "kv_head": c[1]} for c in cells]
+        trial = np.array([index[c] for c in zip(cols["layer"].tolist(), cols["kv_head"].tolist())], dtype=np.int32)
+        n = trial.size
+        part = {key: cols[key] for key in PER_QUERY_SCHEMA.names if key in cols}
+        part.update({
+            "distribution": np.full(n, name, dtype=object), "kind": np.full(n, REAL_KIND, dtype=object),
+            "dim": np.full(n, capture.k_post_rope.shape[-1], dtype=np.int32), "trial": trial,
+        })
+        parts.append(part)
+    if not parts:
+        raise KvasymError("run_real_metrics needs at least one capture")
+    columns = {key: np.concatenate([p[key] for p in parts]) for key in PER_QUERY_SCHEMA.names}
+    meta = {**provenance(slice_), "trial_map": json.dumps(trial_map)}
+    write_parquet_atomic(to_table(columns, PER_QUERY_SCHEMA), out_per_query, meta)

@@ -1,0 +1,58 @@
+# Real-model rows: SmolLM2-135M captures of the shipped texts (kvasym capture), evaluated per
+# (distribution, scheme, budget) into the same per-query schema as the synthetic cells, so the
+# stats, gather and claims stages read them as distributions smollm2 (keys quantized after
+# RoPE) and smollm2-prerope. Active only with a `real:` config section and the real extra.
+
+
+rule capture:
+    output:
+        npz=f"{RESULTS}/real/captures/{{text}}.npz",
+        json=f"{RESULTS}/real/captures/{{text}}.json",
+    log:
+        f"{RESULTS}/logs/real/capture/{{text}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/real/capture/{{text}}.tsv"
+    conda:
+        "../../environment.yml"
+    threads: 1
+    resources:
+        # measured: 1.43 GB peak RSS and 54 s for all four texts at every layer
+        mem_mb=3000,
+        runtime=20,
+    params:
+        text=lambda w: str(TEXTS_DIR / f"{w.text}.txt"),
+        max_tokens=lambda w: REAL["max_tokens"],
+        layers=lambda w: ",".join(map(str, REAL["layers"])),
+        out_dir=out_dir,
+    shell:
+        "kvasym capture --texts {params.text:q} --out {params.out_dir:q}"
+        " --max-tokens {params.max_tokens} --layers {params.layers} > {log:q} 2>&1"
+
+
+rule real_metrics:
+    input:
+        captures=lambda w: [
+            f"{RESULTS}/real/captures/{text}.npz" for text in REAL["texts"]
+        ],
+    output:
+        f"{RESULTS}/metrics/per_query/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.parquet",
+    log:
+        f"{RESULTS}/logs/real/metrics/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/real/metrics/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.tsv"
+    wildcard_constraints:
+        distribution="|".join(REAL_DISTRIBUTIONS),
+    conda:
+        "../../environment.yml"
+    threads: 1
+    resources:
+        mem_mb=3000,
+        runtime=30,
+    params:
+        slice=lambda w: canonical_json(real_slice(w)),
+    shell:
+        "kvasym stage real --slice {params.slice:q} --captures {input.captures:q}"
+        " --out {output:q} > {log:q} 2>&1"
+
+
+ruleorder: real_metrics > metrics
