@@ -41,6 +41,7 @@ from snakemake_workdir import ROOT, make_workdir, run_env, snakemake, snakemake_
 
 from kvasym.cache import load_packed
 from kvasym.dataset import read_table
+from kvasym.real.capture import load_capture
 from kvasym.study import load_study_file
 
 pytestmark = pytest.mark.slow
@@ -85,6 +86,8 @@ def assert_nothing_corrupt(workdir: Path) -> None:
         try:
             if path.suffix == ".parquet":
                 pq.read_table(path)
+            elif path.suffix == ".npz" and "real" in path.relative_to(workdir).parts:
+                load_capture(path)  # a real-model capture (config real:), validated array by array
             elif path.suffix == ".npz":
                 load_packed(path)
             else:
