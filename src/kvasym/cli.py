@@ -204,6 +204,7 @@ SLICE_KEYS = {
     "metrics": _DATA_KEYS | {"scheme", "budget", "norm_dtype", "sharpness", "per_key_trials"},
     "stats": {"distribution", "dim", "schemes", "base_seed", "stats"},
     "theory": _DATA_KEYS | {"budgets", "theory"},
+    "real": {"distribution", "scheme", "budget", "sharpness", "base_seed", "norm_dtype"},
 }
 
 
@@ -270,13 +271,8 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 def cmd_real(args: argparse.Namespace) -> int:
     from .real.evaluate import run_real_metrics
-    from .study import parse_slice
 
-    slice_ = parse_slice(args.slice)
-    missing = sorted({"distribution", "scheme", "budget", "sharpness", "base_seed", "norm_dtype"} - set(slice_))
-    if missing:
-        raise KvasymError(f"--slice of the real stage lacks key(s) {', '.join(missing)}")
-    run_real_metrics(slice_, args.captures, args.out)
+    run_real_metrics(_stage_slice(args, "real"), args.captures, args.out)
     return 0
 
 

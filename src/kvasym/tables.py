@@ -45,6 +45,7 @@ import pandas as pd
 from .errors import KvasymError
 from .latex import escape_latex
 from .real import HEAD_DIM as REAL_HEAD_DIM
+from .real import REAL_MODEL_NAME
 from .real import REAL_POST_ROPE as REAL_POST
 from .real import REAL_PRE_ROPE as REAL_PRE
 
@@ -739,7 +740,7 @@ def numbers_macros(slice_: Mapping[str, Any]) -> dict[str, str]:
         "GitCommitShort": escape_latex(commit[:12]),
         "KvasymVersion": escape_latex(str(slice_["version"])),
         # the real-model rows (kvasym.real): names with digits live here, not in the prose
-        "RealModel": "SmolLM2-135M",
+        "RealModel": escape_latex(REAL_MODEL_NAME),
         "RealHeadDim": str(REAL_HEAD_DIM),
         "RealDistribution": escape_latex(REAL_POST),
         "RealPreRopeDistribution": escape_latex(REAL_PRE),

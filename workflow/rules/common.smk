@@ -184,12 +184,12 @@ def figure_inputs(family):
     """The files one figure family reads (kvasym.figures_stage.FAMILY_INPUTS): gathered tables,
     and the metrics files or data manifests of its facet cells only."""
     wanted = FAMILY_INPUTS[family]
-    gathered = {
-        "summary": f"{RESULTS}/stats/summary.parquet",
-        "comparisons": f"{RESULTS}/stats/comparisons.parquet",
-        "theory": f"{RESULTS}/theory/theory.parquet",
+    gathered = rules.gather.output  # included before the figure rules that call this
+    inputs = {
+        key: gathered[key]
+        for key in ("summary", "comparisons", "theory")
+        if key in wanted
     }
-    inputs = {key: path for key, path in gathered.items() if key in wanted}
     cells = family_cells(FIGURES_SLICE, family)
     for table in ("per_query", "per_key"):
         if table in wanted:

@@ -51,6 +51,8 @@ def missing_extra_reason() -> str | None:
 __all__ = ["INSTALL_COMMANDS", "TEXTS_DIR", "RealExtraMissing", "missing_extra_reason"]
 
 
+#: The model the real rows come from (as the paper names it).
+REAL_MODEL_NAME = "SmolLM2-135M"
 #: Distribution names of the real rows: keys quantized after RoPE (what a cache stores), before it.
 REAL_POST_ROPE = "smollm2"
 REAL_PRE_ROPE = "smollm2-prerope"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -173,7 +174,7 @@ def run_real_metrics(slice_: dict[str, Any], capture_paths: Sequence[str], out_p
     trial_map: list[dict[str, Any]] = []
     for path in capture_paths:
         capture = load_capture(path)
-        text = capture.metadata.get("name") or str(path).rsplit("/", 1)[-1].removesuffix(".npz")
+        text = capture.metadata.get("name") or Path(path).stem
         cols = evaluate_capture(capture, [scheme], [budget], name=str(text), base_seed=int(slice_["base_seed"]),
                                 layers=slice_.get("layers"), rope=REAL_DISTRIBUTIONS[name],
                                 sharpness=slice_["sharpness"], norm_dtype=slice_["norm_dtype"])
