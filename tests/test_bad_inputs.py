@@ -164,6 +164,24 @@ CONFIG_CASES = [
     BadConfig("name_empty", _dists({"name": "", "kind": "gaussian"}), "distributions[].name", "name"),
     BadConfig("name_not_string", _dists({"name": 5, "kind": "gaussian"}), "distributions[5].name", "5"),
     BadConfig("config_not_mapping", {"__whole__": [1, 2]}, "the config must be a mapping", "mapping"),
+    # bring-your-own caches (kind: file); the file itself is read when the DAG is built (SNAKEMAKE_CASES)
+    BadConfig("file_without_path", _dists({"name": "g", "kind": "gaussian"}, {"name": "mine", "kind": "file"}),
+              "distributions[mine].params.path must be the path of a cache file, got None", "path"),
+    BadConfig("file_suffix", _dists({"name": "g", "kind": "gaussian"}, {"name": "mine", "kind": "file", "params": {"path": "c.pt"}}),
+              "distributions[mine].params.path = 'c.pt' must end in one of .npz, .safetensors, .npy", "c.pt"),
+    BadConfig("file_causal_string", _dists({"name": "g", "kind": "gaussian"},
+                                           {"name": "mine", "kind": "file", "params": {"path": "c.npz", "causal": "yes"}}),
+              "distributions[mine].params.causal must be true or false, got 'yes'", "causal"),
+    BadConfig("file_with_dims", _dists({"name": "g", "kind": "gaussian"},
+                                       {"name": "mine", "kind": "file", "params": {"path": "c.npz"}, "dims": [64]}),
+              "distributions[mine]: a file distribution takes no dims", "dims"),
+    BadConfig("file_unknown_param", _dists({"name": "g", "kind": "gaussian"},
+                                           {"name": "mine", "kind": "file", "params": {"path": "c.npz", "queries": 8}}),
+              "distributions[mine].params: unknown key(s) ['queries']", "queries"),
+    BadConfig("file_name_clash", _dists({"name": "g", "kind": "gaussian"}, {"name": "G", "kind": "file", "params": {"path": "c.npz"}}),
+              "'g' and 'G' differ only in case", "G"),
+    BadConfig("file_only", _dists({"name": "mine", "kind": "file", "params": {"path": "c.npz"}}),
+              "config key distributions has no synthetic distribution", "synthetic"),
 ]
 
 
@@ -245,6 +263,14 @@ SNAKEMAKE_CASES = [
     ("names_duplicated", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "gaussian", "kind": "gaussian"}),
      "duplicated distribution name 'gaussian'"),
     ("claims_unknown_statistic", {"claims_file": "bad_claims.yaml"}, "statistic 'kl_ratioo' does not exist"),
+    ("file_missing", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "mine", "kind": "file", "params": {"path": "nope.npz"}}),
+     "invalid config: distributions[mine].params.path: cache file nope.npz: no such file"),
+    ("file_bad_layout", _dists({"name": "gaussian", "kind": "gaussian"},
+                               {"name": "mine", "kind": "file", "params": {"path": "q_heads.npz"}}),
+     "invalid config: distributions[mine].params.path: cache file q_heads.npz: 3 query heads are not a multiple of 2 KV heads"),
+    ("file_reserved_name", _dists({"name": "gaussian", "kind": "gaussian"},
+                                  {"name": "smollm2", "kind": "file", "params": {"path": "q_heads.npz"}}),
+     "reserved for the real-model rows"),
 ]
 
 
@@ -254,6 +280,9 @@ def dry_workdir(tmp_path_factory) -> Path:
     claims = yaml.safe_load((workdir / "config/claims.test.yaml").read_text())
     claims["claims"][2]["statistic"] = "kl_ratioo"
     (workdir / "bad_claims.yaml").write_text(yaml.safe_dump(claims, sort_keys=False))
+    rng = np.random.default_rng(0)
+    np.savez(workdir / "q_heads.npz", k=rng.standard_normal((2, 24, 16)), v=rng.standard_normal((2, 24, 16)),
+             q=rng.standard_normal((3, 24, 16)))
     return workdir
 
 
@@ -525,7 +554,70 @@ def arrays(tmp_path_factory) -> Path:
     (folder / "schemes_broken.yaml").write_text("schemes: {A: [\n")
     (folder / "schemes_over.yaml").write_text("schemes:\n  OVER:\n    K: {rotate: true, scalar_bits: n, qjl: true}\n    V: {rotate: true, scalar_bits: n, qjl: false}\n")
     (folder / "a_file").write_text("x")
+    _write_cache_files(folder / "caches", rng)
     return folder
+
+
+def _write_cache_files(folder: Path, rng: np.random.Generator) -> None:
+    """Bring-your-own cache files (kvasym.cachefile), good and bad, for ``kvasym evaluate --cache``."""
+    from safetensors.numpy import save_file
+
+    folder.mkdir()
+    k = rng.standard_normal((2, 2, 24, 16)).astype(np.float32)
+    v = rng.standard_normal((2, 2, 24, 16)).astype(np.float32)
+    q = rng.standard_normal((2, 4, 24, 16)).astype(np.float32)
+    npz = lambda name, **arrays: np.savez(folder / name, **arrays)  # noqa: E731
+    npz("good.npz", k=k, v=v, q=q, layers=np.array([3, 11]))
+    npz("good_rank2.npz", keys=k[0, 0], values=v[0, 0])
+    npz("good_int.npz", k=np.round(k * 8).astype(np.int16), v=v)
+    save_file({"k": k, "v": v}, str(folder / "good.safetensors"))
+    np.save(folder / "good.npy", np.stack([k, v]))
+    npz("rank5.npz", k=k[None], v=v[None])
+    npz("rank1.npz", k=k[0, 0, 0], v=v[0, 0, 0])
+    npz("q_head_dim.npz", k=k, v=v, q=q[..., :8])
+    npz("v_positions.npz", k=k, v=v[:, :, :20])
+    npz("q_rank.npz", k=k, v=v, q=q[0])
+    npz("q_layers.npz", k=k, v=v, q=q[:1])
+    npz("q_heads.npz", k=k, v=v, q=q[:, :3])
+    npz("q_positions.npz", k=k, v=v, q=np.concatenate([q, q], axis=2))
+    bad = k.copy()
+    bad[1, 0, 5, 2] = np.nan
+    npz("k_nan.npz", k=bad, v=v)
+    bad = v.copy()
+    bad[0, 1, 0, 0] = np.inf
+    npz("v_inf.npz", k=k, v=bad)
+    bad = q.copy()
+    bad[0, 3, 2, 1] = -np.inf
+    npz("q_ninf.npz", k=k, v=v, q=bad)
+    npz("empty.npz", k=k[:, :, :0], v=v[:, :, :0])
+    npz("one_position.npz", k=k[:, :, :1], v=v[:, :, :1])
+    npz("head_dim_2.npz", k=k[..., :2], v=v[..., :2])
+    npz("k_bool.npz", k=k > 0, v=v)
+    npz("k_complex.npz", k=k.astype(np.complex64), v=v)
+    npz("unknown_name.npz", key=k, v=v)
+    npz("no_values.npz", k=k)
+    npz("two_keys.npz", k=k, keys=k, v=v)
+    npz("layers_shape.npz", k=k, v=v, layers=np.array([1, 2, 3]))
+    npz("layers_duplicated.npz", k=k, v=v, layers=np.array([4, 4]))
+    npz("layers_float.npz", k=k, v=v, layers=np.array([0.0, 1.0]))
+    npz("groups_out_of_range.npz", k=k, v=v, q=q, kv_head_of_query_head=np.array([0, 1, 2, 1]))
+    npz("groups_without_q.npz", k=k, v=v, kv_head_of_query_head=np.array([0, 1]))
+    npz("groups_unread_head.npz", k=k, v=v, q=q, kv_head_of_query_head=np.array([0, 0, 0, 0]))
+    np.save(folder / "npy_three.npy", np.stack([k, v, v]))
+    raw = (folder / "good.npz").read_bytes()
+    (folder / "truncated.npz").write_bytes(raw[: len(raw) // 2])
+    (folder / "garbage.safetensors").write_bytes(b"\xff" * 64)
+    (folder / "cache.pt").write_bytes(b"torch")
+    (folder / "adir.npz").mkdir()
+    import struct
+
+    header = json.dumps({"k": {"dtype": "BF16", "shape": [24, 16], "data_offsets": [0, 768]},
+                         "v": {"dtype": "F32", "shape": [24, 16], "data_offsets": [768, 2304]}}).encode()
+    (folder / "bf16.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(2304))
+
+
+def _cache(name: str, *extra: str) -> list[str]:
+    return ["evaluate", "--cache", f"caches/{name}", "--scheme", "KQV", "--bits", "4", "--json", *extra]
 
 
 def _evaluate(keys="K.npy", values="V.npy", queries="Q.npy", *extra: str) -> list[str]:
@@ -589,11 +681,48 @@ CLI_REJECTED = [
     ("dequantize_plain_array", ["dequantize", "K.npy", "out/k.npy"], "is a plain .npy array, not a packed cache"),
     ("dequantize_truncated", ["dequantize", "trunc.npz", "out/k.npy"], "trunc.npz is not a readable .npz packed cache"),
     ("dequantize_foreign_npz", ["dequantize", "two.npz", "out/k.npy"], "two.npz holds no packed cache"),
+    # bring-your-own cache files (kvasym.cachefile)
+    ("cache_rank5", _cache("rank5.npz"), "keys 'k' must have rank 2, 3 or 4 ((T, d), (H_kv, T, d) or (L, H_kv, T, d)), got shape (1, 2, 2, 24, 16)"),
+    ("cache_rank1", _cache("rank1.npz"), "keys 'k' must have rank 2, 3 or 4"),
+    ("cache_q_head_dim", _cache("q_head_dim.npz"), "queries have head_dim 8 but keys have head_dim 16"),
+    ("cache_v_positions", _cache("v_positions.npz"), "values 'v' shape (2, 2, 20, 16) does not match keys shape (2, 2, 24, 16)"),
+    ("cache_q_rank", _cache("q_rank.npz"), "queries 'q' have rank 3 (shape (4, 24, 16)) but keys have rank 4"),
+    ("cache_q_layers", _cache("q_layers.npz"), "queries have 1 layers but keys have 2"),
+    ("cache_q_heads", _cache("q_heads.npz"), "3 query heads are not a multiple of 2 KV heads"),
+    ("cache_q_positions", _cache("q_positions.npz"), "48 query positions but only 24 cached positions"),
+    ("cache_k_nan", _cache("k_nan.npz"), "array 'k' has 1 non-finite values (NaN/Inf), first at index (1, 0, 5, 2)"),
+    ("cache_v_inf", _cache("v_inf.npz"), "array 'v' has 1 non-finite values (NaN/Inf), first at index (0, 1, 0, 0)"),
+    ("cache_q_minus_inf", _cache("q_ninf.npz"), "array 'q' has 1 non-finite values (NaN/Inf), first at index (0, 3, 2, 1)"),
+    ("cache_empty", _cache("empty.npz"), "empty cache (keys shape (2, 2, 0, 16)"),
+    ("cache_one_position", _cache("one_position.npz"), "1 cached position(s); at least 2 are needed"),
+    ("cache_head_dim_2", _cache("head_dim_2.npz"), "head_dim 2 (keys) / 2 (values); at least 3 are needed"),
+    ("cache_bool", _cache("k_bool.npz"), "array 'k' has dtype bool; expected a float or integer type"),
+    ("cache_complex", _cache("k_complex.npz"), "array 'k' has dtype complex64"),
+    ("cache_bfloat16", _cache("bf16.safetensors"), "array 'k' has dtype BF16; expected a float or integer type (convert bfloat16 to float32"),
+    ("cache_unknown_name", _cache("unknown_name.npz"), "unknown array name(s) ['key']; allowed: k, keys, v, values, q, queries"),
+    ("cache_no_values", _cache("no_values.npz"), "no values array (name it v or values)"),
+    ("cache_two_key_arrays", _cache("two_keys.npz"), "arrays 'k' and 'keys' both give the keys; keep one"),
+    ("cache_layers_shape", _cache("layers_shape.npz"), "layers has shape (3,), expected (2,)"),
+    ("cache_layers_duplicated", _cache("layers_duplicated.npz"), "'layers' has duplicates: [4, 4]"),
+    ("cache_layers_float", _cache("layers_float.npz"), "'layers' must hold integers, got dtype float64"),
+    ("cache_groups_out_of_range", _cache("groups_out_of_range.npz"), "'kv_head_of_query_head' must be in 0..1, got [0, 1, 2, 1]"),
+    ("cache_groups_without_q", _cache("groups_without_q.npz"), "kv_head_of_query_head without queries"),
+    ("cache_groups_unread_head", _cache("groups_unread_head.npz"), "no query head reads KV head(s) [1]"),
+    ("cache_npy_three", _cache("npy_three.npy"), "a .npy cache is one array of shape (2, [L,] [H,] T, d) stacking K and V, got shape (3,"),
+    ("cache_truncated", _cache("truncated.npz"), "cache file caches/truncated.npz is not a readable .npz file"),
+    ("cache_garbage_safetensors", _cache("garbage.safetensors"), "cache file caches/garbage.safetensors is not a readable .safetensors file"),
+    ("cache_suffix", _cache("cache.pt"), "unsupported suffix '.pt'; use one of .npz, .safetensors, .npy"),
+    ("cache_directory", _cache("adir.npz"), "cache file caches/adir.npz is a directory"),
+    ("cache_missing", _cache("nope.npz"), "cache file caches/nope.npz: no such file"),
+    ("cache_and_matrices", _cache("good.npz", "--keys", "K.npy"), "give --cache or --keys/--values/--queries, not both"),
+    ("matrices_incomplete", ["evaluate", "--keys", "K.npy", "--scheme", "KQV", "--bits", "4"], "missing --queries, --values"),
+    ("cache_n_queries_0", _cache("good.safetensors", "--n-queries", "0"), "n-queries must be an integer in 1..100000, got 0"),
 ]
 
 
-def _run_cli(argv: list[str], cwd: Path, capsys) -> tuple[int, str]:
-    """cli.main in-process (argparse errors exit via SystemExit, as on the command line)."""
+def _run_cli_output(argv: list[str], cwd: Path, capsys) -> tuple[int, str, str]:
+    """cli.main in-process (argparse errors exit via SystemExit, as on the command line):
+    exit code, stdout, stderr."""
     import os
 
     old = os.getcwd()
@@ -605,7 +734,13 @@ def _run_cli(argv: list[str], cwd: Path, capsys) -> tuple[int, str]:
             code = int(exc.code or 0)
     finally:
         os.chdir(old)
-    return code, capsys.readouterr().err
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _run_cli(argv: list[str], cwd: Path, capsys) -> tuple[int, str]:
+    code, _out, err = _run_cli_output(argv, cwd, capsys)
+    return code, err
 
 
 @pytest.mark.parametrize("case_id, argv, message", CLI_REJECTED, ids=[c[0] for c in CLI_REJECTED])
@@ -652,23 +787,38 @@ CLI_ACCEPTED = [
 
 @pytest.mark.parametrize("case_id, argv", CLI_ACCEPTED, ids=[c[0] for c in CLI_ACCEPTED])
 def test_cli_accepts_legitimate_cache(arrays: Path, capsys, case_id: str, argv: list[str]) -> None:
-    import os
-
-    old = os.getcwd()
-    os.chdir(arrays)
-    try:
-        code = main(argv)
-    finally:
-        os.chdir(old)
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    assert captured.err == ""
-    summary = json.loads(captured.out)
+    code, out, err = _run_cli_output(argv, arrays, capsys)
+    assert code == 0, err
+    assert err == ""
+    summary = json.loads(out)
     for key, value in summary.items():
         if isinstance(value, float):
             assert math.isfinite(value), key
     assert summary["kl_mean"] >= 0 and summary["kl_max"] >= summary["kl_mean"]
     assert 0 <= summary["recall_top5_mean"] <= 1
+
+
+#: (id, argv, expected) bring-your-own caches accepted on purpose: every documented format and rank.
+CACHE_ACCEPTED = [
+    ("npz_gqa_queries", _cache("good.npz"), {"layers": [3, 11], "kv_heads": 2, "n_queries": 2 * 24}),
+    ("npz_rank2_long_names", _cache("good_rank2.npz"), {"layers": [0], "kv_heads": 1, "n_queries": 64}),
+    ("npz_integer_keys", _cache("good_int.npz"), {"layers": [0, 1], "kv_heads": 2, "n_queries": 64}),
+    ("safetensors_no_queries", _cache("good.safetensors", "--n-queries", "10"), {"layers": [0, 1], "kv_heads": 2, "n_queries": 10}),
+    ("npy_stacked", _cache("good.npy", "--no-causal"), {"layers": [0, 1], "kv_heads": 2, "n_queries": 64}),
+]
+
+
+@pytest.mark.parametrize("case_id, argv, expected", CACHE_ACCEPTED, ids=[c[0] for c in CACHE_ACCEPTED])
+def test_cli_accepts_documented_cache_files(arrays: Path, capsys, case_id: str, argv: list[str], expected: dict) -> None:
+    code, out, err = _run_cli_output(argv, arrays, capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    heads = report["heads"]
+    assert sorted({h["layer"] for h in heads}) == expected["layers"]
+    assert len(heads) == len(expected["layers"]) * expected["kv_heads"]
+    assert {h["n_queries"] for h in heads} == {expected["n_queries"]}
+    assert report["overall"]["n_queries"] == expected["n_queries"] * len(heads)
+    assert all(0 <= h["kl_mean"] <= h["kl_max"] and 0 <= h["recall_top5_mean"] <= 1 for h in heads)
 
 
 def test_cli_write_failure_is_one_line(arrays: Path, capsys) -> None:

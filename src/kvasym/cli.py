@@ -164,6 +164,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .evaluate import evaluate_cache
 
     scheme = _scheme(args)
+    matrices = [flag for flag in ("keys", "values", "queries") if getattr(args, flag) is not None]
+    if args.cache is not None:
+        if matrices:
+            raise KvasymError(f"give --cache or --keys/--values/--queries, not both (got --cache and --{matrices[0]})")
+        return _evaluate_cache_file(args, scheme)
+    if len(matrices) != 3:
+        missing = sorted({"keys", "values", "queries"} - set(matrices))
+        raise KvasymError(f"give --cache FILE, or all of --keys, --values, --queries (missing --{', --'.join(missing)})")
     keys = _load_matrix(args.keys, "keys")
     values = _load_matrix(args.values, "values")
     queries = _load_matrix(args.queries, "queries")
@@ -176,7 +184,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         sharpness=args.sharpness,
         seed=args.seed,
         norm_dtype=args.norm_dtype,
-        causal=args.causal,
+        causal=bool(args.causal),
     )
     if args.json:
         print(json.dumps(summary, indent=1, sort_keys=True))
@@ -185,6 +193,43 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         for key, value in summary.items():
             shown = f"{value:.6g}" if isinstance(value, float) else str(value)
             print(f"{key:<{width}}  {shown}")
+    return 0
+
+
+def _evaluate_cache_file(args: argparse.Namespace, scheme) -> int:
+    """``kvasym evaluate --cache``: every (layer, KV head) of a dumped cache, then all of them."""
+    import pandas as pd
+
+    from .cachefile import describe, evaluate_cache_file, inspect_cache_file, load_cache_file
+
+    layout = inspect_cache_file(args.cache)  # header errors before a large read
+    cache = load_cache_file(args.cache)
+    columns, trial_map = evaluate_cache_file(
+        cache, scheme, args.bits, name=Path(args.cache).stem, base_seed=args.seed, n_queries=args.n_queries,
+        sharpness=[args.sharpness], causal=args.causal is not False, norm_dtype=args.norm_dtype)
+    frame = pd.DataFrame({key: columns[key] for key in ("trial", "kl", "recall_top5", "t_eps_dir")})
+    heads = pd.DataFrame(trial_map).set_index("trial")
+
+    def summary(part: pd.DataFrame) -> dict[str, float | int]:
+        return {"n_queries": int(len(part)), "kl_mean": float(part["kl"].mean()),
+                "kl_p99": float(part["kl"].quantile(0.99)), "kl_max": float(part["kl"].max()),
+                "recall_top5_mean": float(part["recall_top5"].mean()), "t_eps_dir_mean": float(part["t_eps_dir"].mean())}
+
+    rows = [{"layer": int(heads.loc[t, "layer"]), "kv_head": int(heads.loc[t, "kv_head"]), **summary(part)}
+            for t, part in frame.groupby("trial", sort=True)]
+    overall = summary(frame)
+    bits = {key: float(columns[key][0]) for key in columns if "_bits_" in key}
+    if args.json:
+        print(json.dumps({"file": args.cache, "scheme": scheme.name, "budget": args.bits, "layout": layout.__dict__,
+                          "bits": bits, "heads": rows, "overall": overall}, indent=1, sort_keys=True))
+        return 0
+    print(f"{args.cache}: {describe(layout)}")
+    print(f"{scheme.name} at n={args.bits}: K {bits['k_bits_payload']:.4g}+{bits['k_bits_side']:.4g}, "
+          f"V {bits['v_bits_payload']:.4g}+{bits['v_bits_side']:.4g} bits/coordinate (payload+side)")
+    names = ["kl_mean", "kl_p99", "kl_max", "recall_top5_mean", "t_eps_dir_mean"]
+    print(f"{'layer':>5} {'kv_head':>7} " + " ".join(f"{n:>16}" for n in names))
+    for row in [*rows, {"layer": "all", "kv_head": "", **overall}]:
+        print(f"{row['layer']!s:>5} {row['kv_head']!s:>7} " + " ".join(f"{row[n]:>16.6g}" for n in names))
     return 0
 
 
@@ -205,6 +250,7 @@ SLICE_KEYS = {
     "stats": {"distribution", "dim", "schemes", "base_seed", "stats"},
     "theory": _DATA_KEYS | {"budgets", "theory"},
     "real": {"distribution", "scheme", "budget", "sharpness", "base_seed", "norm_dtype"},
+    "file": {"distribution", "dim", "scheme", "budget", "sharpness", "n_queries", "base_seed", "norm_dtype"},
 }
 
 
@@ -276,6 +322,13 @@ def cmd_real(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_file(args: argparse.Namespace) -> int:
+    from .cachefile import run_file_metrics
+
+    run_file_metrics(_stage_slice(args, "file"), args.cache, args.out)
+    return 0
+
+
 def cmd_figures(args: argparse.Namespace) -> int:
     from .figures_stage import run_from_args
 
@@ -324,13 +377,23 @@ def build_parser(figures: bool = True) -> argparse.ArgumentParser:
     p.add_argument("output")
     p.set_defaults(func=cmd_dequantize)
 
-    p = sub.add_parser("evaluate", help="attention metrics of one scheme on your own K, V, queries")
+    p = sub.add_parser(
+        "evaluate",
+        help="attention metrics of one scheme on your own cache: --cache FILE, or --keys/--values/--queries matrices",
+        description="Either --cache FILE (every layer and KV head of a dumped cache, layout in "
+        "kvasym.cachefile / config/README.md) or the three 2-D matrices --keys, --values, --queries.",
+    )
     common(p)
-    p.add_argument("--keys", required=True)
-    p.add_argument("--values", required=True)
-    p.add_argument("--queries", required=True)
-    p.add_argument("--sharpness", type=_sharpness, default=1.0, help="logit multiplier (1 = plain q.k/sqrt(d))")
-    p.add_argument("--causal", action="store_true", help="query i attends keys 0..i+(n_keys-n_queries)")
+    p.add_argument("--cache", help="a cache file (.npz/.safetensors/.npy): k, v, optional q, layers, kv_head_of_query_head")
+    p.add_argument("--keys", help="(n_keys, d) .npy matrix (without --cache)")
+    p.add_argument("--values", help="(n_keys, d_v) .npy matrix (without --cache)")
+    p.add_argument("--queries", help="(n_queries, d) .npy matrix (without --cache)")
+    p.add_argument("--sharpness", type=_sharpness, default=1.0,
+                   help="logit multiplier (1 = plain q.k/sqrt(d)); with --cache, only for the drawn queries of a file without q")
+    p.add_argument("--n-queries", type=_int_in("n-queries", 1, 100_000, "1..100000"), default=64,
+                   help="with --cache and no q in the file: queries drawn per KV head (the keys-family rule)")
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
+                   help="query i attends keys 0..i+(n_keys-n_queries) (default: on with --cache, off with matrices)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_evaluate)
 
@@ -382,6 +445,12 @@ def build_parser(figures: bool = True) -> argparse.ArgumentParser:
     q.add_argument("--captures", nargs="+", required=True, help="capture .npz files (kvasym capture)")
     q.add_argument("--out", required=True, help="the per-query Parquet file")
     q.set_defaults(func=cmd_real)
+    q = stages.add_parser("file", help="per-query metrics of one bring-your-own cache cell (distribution kind file)")
+    q.add_argument("--slice", required=True,
+                   help="distribution, dim, scheme, budget, sharpness, n_queries, base_seed, norm_dtype")
+    q.add_argument("--cache", required=True, help="the cache file (.npz/.safetensors/.npy)")
+    q.add_argument("--out", required=True, help="the per-query Parquet file")
+    q.set_defaults(func=cmd_file)
     q = stages.add_parser("claims", help="evaluate the claims ledger from the gathered tables")
     for name in ("claims", "comparisons", "summary", "trials", "theory", "json", "md", "tex"):
         q.add_argument(f"--{name}", required=True)

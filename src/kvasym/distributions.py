@@ -96,7 +96,7 @@ DISTRIBUTION_KINDS: Mapping[str, Mapping[str, _Param]] = MappingProxyType(
 # results/ itself or its parent, and pyarrow's dataset discovery silently skips folders starting
 # with "." or "_", so such a distribution would vanish from read_table without an error. 64
 # characters keep every results path far below the file-name limit of common filesystems.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 
 
 def _coerce(value: Any, param: _Param, where: str) -> int | float:
@@ -135,7 +135,7 @@ class DistributionSpec:
 
     def __post_init__(self) -> None:
         # Validate here (not only in from_dict) so a directly constructed spec is checked too.
-        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+        if not isinstance(self.name, str) or not NAME_PATTERN.match(self.name):
             raise KvasymError(
                 f"distributions[{self.name}].name must be 1 to 64 ASCII letters, digits and _.+-, "
                 f"starting with a letter or digit (it becomes a folder name), got {self.name!r}"

@@ -6,11 +6,13 @@ evaluate`` (a cache dumped from the user's own model).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 
 from .cache import PackedCache, quantize
 from .errors import KvasymError
-from .metrics import trial_metrics
+from .metrics import trial_metrics, trial_metrics_multi
 from .schemes import SIDES, Scheme
 from .seeds import derived_seed
 
@@ -40,6 +42,41 @@ def quantize_pair(
             meta={"scheme": scheme.name, "side": side},
         )
     return out
+
+
+def head_metrics(
+    stored_keys: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    queries: np.ndarray,
+    scheme: Scheme,
+    budget: int,
+    *,
+    base_seed: int,
+    identity: tuple[str | int, ...],
+    sharpness: Sequence[float],
+    mask: np.ndarray | None = None,
+    norm_dtype: str = "float32",
+    reconstruct_keys: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> list[tuple[dict[str, np.ndarray], dict[str, float]]]:
+    """One attention head of a real cache: quantize ``stored_keys`` and ``values`` with
+    ``scheme`` at ``budget``, read them with ``queries`` against the reference ``keys``, and
+    return, per sharpness, the per-query metric columns and the measured bits per coordinate
+    (``k_bits_payload``, ``k_bits_side``, ``v_bits_payload``, ``v_bits_side``).
+
+    ``reconstruct_keys`` maps the dequantized stored keys to the space of ``keys`` (e.g. RoPE
+    for keys stored before it); ``mask`` (n_queries, n_keys) says which keys each query sees.
+    """
+    packed = quantize_pair(stored_keys, values, scheme, int(budget), base_seed=base_seed,
+                           identity=identity, norm_dtype=norm_dtype)
+    keys_hat = packed["K"].dequantize("float64")
+    if reconstruct_keys is not None:
+        keys_hat = reconstruct_keys(keys_hat)
+    values_hat = packed["V"].dequantize("float64")
+    bits = {f"{side.lower()}_bits_{part}": packed[side].bits_per_coordinate()[part]
+            for side in SIDES for part in ("payload", "side")}
+    results = trial_metrics_multi(queries, keys, values, keys_hat, values_hat, list(sharpness), mask=mask)
+    return [(per_query, bits) for per_query, _per_key in results]
 
 
 def causal_mask(n_queries: int, n_keys: int) -> np.ndarray:

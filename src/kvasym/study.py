@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .codebook import MAX_DIM, MIN_DIM
@@ -74,6 +74,29 @@ class Study:
     stats: dict[str, int]
     theory: dict[str, int]
     claims_file: str
+    #: Bring-your-own caches (distributions of kind ``file``, :mod:`kvasym.cachefile`), in
+    #: config order: ``{name: {"name", "kind": "file", "params": {"path", "causal"}}}``. They
+    #: have no generated data, theory or per-key tables; their dim is the file's head_dim.
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def file_slice(self, distribution: str, dim: int, scheme: str, budget: int) -> dict[str, Any]:
+        """Everything a file cell's metrics job depends on besides the file itself."""
+        if distribution not in self.files:
+            raise KvasymError(f"unknown file distribution {distribution!r}")
+        if scheme not in self.schemes:
+            raise KvasymError(f"unknown scheme {scheme!r}")
+        spec = self.schemes[scheme].to_dict()
+        spec.pop("description", None)
+        return {
+            "distribution": self.files[distribution],
+            "dim": int(dim),
+            "scheme": {"name": scheme, **spec},
+            "budget": int(budget),
+            "sharpness": list(self.sharpness),
+            "n_queries": self.n_queries,
+            "base_seed": self.base_seed,
+            "norm_dtype": self.norm_dtype,
+        }
 
     def data_cells(self) -> Iterator[tuple[str, int]]:
         """(distribution, dim) pairs, in config order."""
@@ -234,6 +257,7 @@ def load_study(config: Mapping[str, Any]) -> Study:
         raise KvasymError("config key distributions must be a non-empty list of {name, kind, params}")
     distributions: dict[str, DistributionSpec] = {}
     distribution_dims: dict[str, tuple[int, ...]] = {}
+    files: dict[str, dict[str, Any]] = {}
     for i, entry in enumerate(raw):
         where = f"distributions[{i}]"
         if not isinstance(entry, Mapping):
@@ -241,10 +265,17 @@ def load_study(config: Mapping[str, Any]) -> Study:
         extra = set(entry) - DISTRIBUTION_KEYS
         if extra:
             raise KvasymError(f"{where}: unknown key(s) {sorted(extra)}; allowed: {sorted(DISTRIBUTION_KEYS)}")
+        if entry.get("kind") == FILE_KIND:
+            file_spec = _file_distribution(entry, where)
+            if file_spec["name"] in distributions or file_spec["name"] in files:
+                raise KvasymError(f"{where}: duplicated distribution name {file_spec['name']!r}")
+            _no_case_clash([*distributions, *files, file_spec["name"]], "distributions[].name")
+            files[file_spec["name"]] = file_spec
+            continue
         spec = DistributionSpec.from_dict({k: v for k, v in entry.items() if k != "dims"})
-        if spec.name in distributions:
+        if spec.name in distributions or spec.name in files:
             raise KvasymError(f"{where}: duplicated distribution name {spec.name!r}")
-        _no_case_clash([*distributions, spec.name], "distributions[].name")
+        _no_case_clash([*distributions, *files, spec.name], "distributions[].name")
         own_dims = _int_list(entry["dims"], f"{where}.dims", MIN_DIM, MAX_DIM) if "dims" in entry else dims
         for dim in own_dims:
             for key in ("rank", "n_outliers"):
@@ -255,6 +286,11 @@ def load_study(config: Mapping[str, Any]) -> Study:
         distributions[spec.name] = spec
         distribution_dims[spec.name] = own_dims
 
+    if not distributions:
+        raise KvasymError(
+            "config key distributions has no synthetic distribution (gaussian, student_t, low_rank, "
+            "concentrated): the study's headline and theory checks need one; file caches are evaluated beside it"
+        )
     per_key_trials = _int(config.get("per_key_trials", DEFAULTS["per_key_trials"]), "per_key_trials", 0, trials)
     seq_len = _int(config.get("seq_len", DEFAULTS["seq_len"]), "seq_len", 1, 10_000_000)
     n_queries = _int(config.get("n_queries", DEFAULTS["n_queries"]), "n_queries", 1, 10_000_000)
@@ -287,7 +323,42 @@ def load_study(config: Mapping[str, Any]) -> Study:
         stats=settings["stats"],
         theory=settings["theory"],
         claims_file=_claims_file(config.get("claims_file", DEFAULTS["claims_file"])),
+        files=files,
     )
+
+
+FILE_KIND = "file"
+#: Parameters of a ``file`` distribution and their defaults (None: required).
+FILE_PARAMS: dict[str, Any] = {"path": None, "causal": True}
+
+
+def _file_distribution(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A bring-your-own cache entry ``{name, kind: file, params: {path, causal}}``, checked
+    without reading the file (the DAG reads its header: kvasym.cachefile.inspect_cache_file)."""
+    from .cachefile import SUFFIXES
+    from .distributions import NAME_PATTERN
+
+    name = entry.get("name")
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise KvasymError(f"{where}.name must match {NAME_PATTERN.pattern}, got {name!r}")
+    where = f"distributions[{name}]"
+    if "dims" in entry:
+        raise KvasymError(f"{where}: a file distribution takes no dims (its dim is the file's head_dim)")
+    params = entry.get("params", {})
+    if not isinstance(params, Mapping):
+        raise KvasymError(f"{where}.params must be a mapping with path (and optionally causal)")
+    unknown = sorted(set(params) - set(FILE_PARAMS))
+    if unknown:
+        raise KvasymError(f"{where}.params: unknown key(s) {unknown}; allowed: {sorted(FILE_PARAMS)}")
+    path = params.get("path")
+    if not isinstance(path, str) or not path.strip():
+        raise KvasymError(f"{where}.params.path must be the path of a cache file, got {path!r}")
+    if not path.lower().endswith(SUFFIXES):
+        raise KvasymError(f"{where}.params.path = {path!r} must end in one of {', '.join(SUFFIXES)}")
+    causal = params.get("causal", FILE_PARAMS["causal"])
+    if not isinstance(causal, bool):
+        raise KvasymError(f"{where}.params.causal must be true or false, got {causal!r}")
+    return {"name": name, "kind": FILE_KIND, "params": {"path": path, "causal": causal}}
 
 
 #: Largest float64 matrix one trial may need (2**31 entries = 16 GiB): each key is within its

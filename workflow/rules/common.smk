@@ -1,5 +1,6 @@
 # Config validation (schema, then the library's deeper checks) and the grid's targets.
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from kvasym.cachefile import inspect_cache_file
 from kvasym.claims import load_claims
 from kvasym.config_io import read_yaml_mapping
 from kvasym.errors import KvasymError
@@ -56,7 +58,9 @@ try:
     REAL = real_settings(config.get("real"))
 except KvasymError as exc:
     raise WorkflowError(f"invalid config: {exc}")
-_shadowed = sorted(set(STUDY.distributions) & set(REAL_DISTRIBUTIONS))
+_shadowed = sorted(
+    (set(STUDY.distributions) | set(STUDY.files)) & set(REAL_DISTRIBUTIONS)
+)
 if _shadowed:
     raise WorkflowError(
         f"invalid config: distribution name(s) {_shadowed} are reserved for the real-model rows"
@@ -75,6 +79,24 @@ REAL_CELLS = (
 NAME = "[A-Za-z0-9_.+-]+"
 
 
+def _file_cells():
+    """(name, head_dim) of every bring-your-own cache (kind: file), read from the file headers
+    now, so a missing or malformed file stops the DAG before any job runs."""
+    cells = []
+    for name, spec in STUDY.files.items():
+        try:
+            layout = inspect_cache_file(spec["params"]["path"])
+        except KvasymError as exc:
+            raise WorkflowError(
+                f"invalid config: distributions[{name}].params.path: {exc}"
+            )
+        cells.append((name, layout.head_dim))
+    return cells
+
+
+FILE_CELLS = _file_cells()
+
+
 def data_manifests():
     return [f"{RESULTS}/data/{dist}/d{dim}.json" for dist, dim in STUDY.data_cells()]
 
@@ -88,10 +110,10 @@ def metrics_tables():
 
 
 def stats_tables(kind):
-    """The stats parts gathered: every synthetic data cell, then the real cells (if any)."""
+    """The stats parts gathered: every synthetic data cell, then the file and real cells."""
     return [
         f"{RESULTS}/stats/{kind}/{dist}/d{dim}.parquet"
-        for dist, dim in [*STUDY.data_cells(), *REAL_CELLS]
+        for dist, dim in [*STUDY.data_cells(), *FILE_CELLS, *REAL_CELLS]
     ]
 
 

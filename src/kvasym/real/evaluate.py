@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KvasymError
-from ..evaluate import quantize_pair
-from ..metrics import trial_metrics_multi
+from ..evaluate import head_metrics
 from ..schemes import Scheme
 from . import REAL_POST_ROPE, REAL_PRE_ROPE
 from .capture import Capture
@@ -100,18 +99,13 @@ def evaluate_capture(
         values = np.asarray(capture.v[li, kv_head], dtype=np.float64)
         queries = np.concatenate([np.asarray(capture.q_post_rope[li, g], dtype=np.float64) for g in query_heads])
         mask = np.tile(allowed, (query_heads.size, 1))
+        reconstruct = None if rope == "post" else (lambda k_hat: apply_rope(k_hat, cos, sin))
         for scheme in schemes:
             for budget in budgets:
-                packed = quantize_pair(stored, values, scheme, int(budget), base_seed=base_seed,
-                                       identity=(name, layer, kv_head), norm_dtype=norm_dtype)
-                keys_hat = packed["K"].dequantize("float64")
-                if rope == "pre":
-                    keys_hat = apply_rope(keys_hat, cos, sin)
-                values_hat = packed["V"].dequantize("float64")
-                results = trial_metrics_multi(queries, keys, values, keys_hat, values_hat, list(sharpness), mask=mask)
-                bits = {f"{side.lower()}_bits_{part}": packed[side].bits_per_coordinate()[part]
-                        for side in ("K", "V") for part in ("payload", "side")}
-                for s, (per_query, _per_key) in zip(sharpness, results):
+                results = head_metrics(stored, keys, values, queries, scheme, int(budget), base_seed=base_seed,
+                                       identity=(name, layer, kv_head), sharpness=list(sharpness), mask=mask,
+                                       norm_dtype=norm_dtype, reconstruct_keys=reconstruct)
+                for s, (per_query, bits) in zip(sharpness, results):
                     n = queries.shape[0]
                     for key, value in bits.items():
                         add(key, np.full(n, value))

@@ -1,0 +1,33 @@
+# Bring-your-own caches: distributions of kind `file` (kvasym.cachefile), one metrics job per
+# (distribution, scheme, budget) over every layer and KV head of the file, into the synthetic
+# study's per-query schema, so stats, gather, claims and tables read them like any distribution.
+# The file itself is the job's input: replacing it reruns its cells.
+
+if FILE_CELLS:
+
+    rule file_metrics:
+        input:
+            cache=lambda w: STUDY.files[w.distribution]["params"]["path"],
+        output:
+            f"{RESULTS}/metrics/per_query/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.parquet",
+        log:
+            f"{RESULTS}/logs/files/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.log",
+        benchmark:
+            f"{RESULTS}/benchmarks/files/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.tsv"
+        wildcard_constraints:
+            distribution="|".join(re.escape(name) for name in STUDY.files),
+        conda:
+            "../../environment.yml"
+        threads: 1
+        resources:
+            mem_mb=lambda w, input: 1000 + 3 * input.size_mb,
+            runtime=30,
+        params:
+            slice=lambda w: canonical_json(
+                STUDY.file_slice(w.distribution, int(w.dim), w.scheme, int(w.budget))
+            ),
+        shell:
+            "kvasym stage file --slice {params.slice:q} --cache {input.cache:q}"
+            " --out {output:q} > {log:q} 2>&1"
+
+    ruleorder: file_metrics > metrics
