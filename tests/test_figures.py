@@ -388,7 +388,7 @@ def test_figures_slice_from_the_test_config():
     assert figures_slice(paper, {})["headline"] == {"distribution": "gaussian", "dim": 128, "sharpness": 1.0, "budget": 4}
 
 
-def test_run_figures_writes_every_file(tmp_path, monkeypatch):
+def test_run_figures_writes_every_file(tmp_path, monkeypatch, real_rows):
     from kvasym.figures_stage import FIGURES, figure_files, run_figures
 
     drawn = []
@@ -417,6 +417,7 @@ def test_run_figures_writes_every_file(tmp_path, monkeypatch):
             g.to_parquet(path)
             files.append(path)
         paths[table] = files
+    paths["real_per_query"] = real_rows["headline"]
     sl = {
         "schemes": list(SCHEMES), "budgets": [2, 4], "sharpness": [1.0, 4.0], "base_seed": 0, "seq_len": 8,
         "n_queries": 4, "trials": 1,
@@ -466,3 +467,311 @@ def test_families_partition_the_figures_and_name_their_cells():
     assert family_cells(sl, "jensen_bias") == [{"distribution": f, "dim": 128, "budget": 4} for f in facets]
     assert family_cells(sl, "marginals") == [{"distribution": f, "dim": 128, "budget": None} for f in facets]
     assert family_cells(sl, "budget_crossover") == []  # reads the gathered summary only
+
+
+# ----------------------------------------------------------------------------- the real-model heat map
+
+REAL_SCHEMES = ["QKQV", "KV", "RKV", "KQV"]  # a config order that is not the fixed scheme order
+REAL_BUDGET = 4
+
+
+def _short_capture(capture, n_tokens: int):
+    """The first ``n_tokens`` positions of a capture (texts of different lengths)."""
+    from dataclasses import replace
+
+    cut = {name: getattr(capture, name)[..., :n_tokens, :] for name in ("k_pre_rope", "k_post_rope", "v", "q_pre_rope",
+                                                                       "q_post_rope")}
+    return replace(capture, token_ids=capture.token_ids[:n_tokens], positions=capture.positions[:n_tokens],
+                   token_nll_nats=capture.token_nll_nats[: n_tokens - 1], metadata={**capture.metadata, "n_tokens": n_tokens},
+                   **cut)
+
+
+@pytest.fixture(scope="module")
+def real_rows(tmp_path_factory):
+    """Genuine real per-query files (kvasym.real.evaluate.run_real_metrics) of two fake captures
+    of different lengths (tests/test_real_evaluate.py's make_capture: layers 0 and 3, 2 KV heads
+    read by 2 query heads each), for both real distributions and every scheme, at n = 4 (and one
+    file at n = 2), plus the captures."""
+    from test_real_evaluate import make_capture
+
+    from kvasym.real.capture import write_capture
+    from kvasym.real.evaluate import REAL_DISTRIBUTIONS, run_real_metrics
+    from kvasym.schemes import get_scheme
+
+    tmp = tmp_path_factory.mktemp("real_rows")
+    captures = {"alpha": make_capture(seed=0), "beta": _short_capture(make_capture(seed=1), 7)}
+    paths = []
+    for text, capture in captures.items():
+        capture.metadata["name"] = text
+        paths.append(str(write_capture(capture, tmp / f"{text}.npz")))
+    files: dict[tuple[str, str, int], Path] = {}
+    for dist, scheme, budget in [*itertools.product(REAL_DISTRIBUTIONS, REAL_SCHEMES, [REAL_BUDGET]), ("smollm2", "KV", 2)]:
+        slice_ = {"distribution": dist, "scheme": {"name": scheme, **get_scheme(scheme).to_dict()}, "budget": budget,
+                  "sharpness": [1.0], "base_seed": 11, "norm_dtype": "float32", "layers": None}
+        out = tmp / "metrics" / "per_query" / dist / "d8" / scheme / f"n{budget}.parquet"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        run_real_metrics(slice_, paths, str(out))
+        files[(dist, scheme, budget)] = out
+    return {"files": files, "captures": captures, "headline": [f for (_, _, b), f in files.items() if b == REAL_BUDGET]}
+
+
+def brute_force_means(captures, dist: str, scheme: str, budget: int) -> pd.DataFrame:
+    """Mean KL per (layer, kv_head) straight from evaluate_capture (which labels every query with
+    its layer and KV head: no trial map involved), pooled over the texts."""
+    from kvasym.real.evaluate import REAL_DISTRIBUTIONS, evaluate_capture
+    from kvasym.schemes import get_scheme
+
+    frames = [pd.DataFrame(evaluate_capture(c, [get_scheme(scheme)], [budget], name=text, base_seed=11,
+                                            rope=REAL_DISTRIBUTIONS[dist]))
+              for text, c in captures.items()]
+    frame = pd.concat(frames, ignore_index=True)
+    return frame.groupby(["layer", "kv_head"])["kl"].agg(["mean", "size"])
+
+
+def test_real_kl_means_match_a_brute_force_mean(real_rows):
+    from kvasym.figures_stage import real_kl_means
+
+    means = real_kl_means([*real_rows["headline"], real_rows["files"][("smollm2", "KV", 2)]], budget=REAL_BUDGET)
+    assert list(means.columns) == ["distribution", "scheme", "budget", "layer", "kv_head", "kl_mean", "n_queries"]
+    assert len(means) == 2 * len(REAL_SCHEMES) * 2 * 2  # distributions x schemes x layers x KV heads
+    assert set(means["budget"]) == {REAL_BUDGET}  # the n = 2 file adds nothing at n = 4
+    assert sorted(means["layer"].unique()) == [0, 3]  # model layer numbers, not indices
+    for dist, scheme in [("smollm2", "QKQV"), ("smollm2-prerope", "KV")]:
+        expected = brute_force_means(real_rows["captures"], dist, scheme, REAL_BUDGET)
+        got = means[(means["distribution"] == dist) & (means["scheme"] == scheme)].set_index(["layer", "kv_head"])
+        np.testing.assert_allclose(got["kl_mean"].to_numpy(), expected.loc[got.index, "mean"].to_numpy(), rtol=1e-12)
+        # every query weighs the same: 2 query heads x (12 + 7) positions per cell
+        assert (got["n_queries"] == 2 * (12 + 7)).all() and (expected["size"] == 2 * (12 + 7)).all()
+    # pooled over queries, which is not the mean of the two texts' means (the texts differ in length)
+    per_text = pd.read_parquet(real_rows["files"][("smollm2", "QKQV", REAL_BUDGET)])
+    assert not np.isclose(per_text.groupby("trial")["kl"].mean().mean(), per_text["kl"].mean())
+
+
+def _panels(fig):
+    """{(distribution, scheme): AxesImage} of a heat map figure."""
+    out = {}
+    for ax in fig.axes:
+        for image in ax.images:
+            dist, scheme = image.get_gid().removeprefix("heatmap=").split("|")
+            out[(dist, scheme)] = (ax, image)
+    return out
+
+
+def test_real_heatmap_draws_the_means_on_one_log_scale(real_rows, tmp_path, monkeypatch):
+    from matplotlib.colors import LogNorm
+
+    from kvasym.figures_stage import run_figures
+
+    figures = {}
+
+    def keep(fig, stem, provenance=None):
+        figures[Path(stem).name] = (fig, provenance)
+        return [Path(f"{stem}.{fmt}") for fmt in ("pdf", "png")]
+
+    monkeypatch.setattr(fg, "save_figure", keep)
+    slice_ = {"schemes": REAL_SCHEMES, "headline": {"distribution": "gaussian", "dim": 64, "sharpness": 1.0, "budget": REAL_BUDGET},
+              "facet_distributions": [], "distributions": [], "base_seed": 0, "max_points": 10}
+    written = run_figures(slice_, {"real_per_query": [str(p) for p in real_rows["headline"]]}, tmp_path, ["real_heatmap"])
+    assert [p.name for p in written] == ["real_kl_heatmap.pdf", "real_kl_heatmap.png"]
+    fig, provenance = figures["real_kl_heatmap"]
+    assert provenance["figure"] == "real_kl_heatmap"
+    panels = _panels(fig)
+    # 2 x 4 panels (rows: post-RoPE then pre-RoPE; columns: the schemes in config order) + one colour bar
+    assert len(fig.axes) == 2 * 4 + 1 and len(panels) == 8
+    grid = [[None] * 4 for _ in range(2)]
+    for (dist, scheme), (ax, _) in panels.items():
+        grid[["smollm2", "smollm2-prerope"].index(dist)][REAL_SCHEMES.index(scheme)] = ax
+    axes_order = [ax for ax in fig.axes if ax.images]
+    assert axes_order == [ax for row in grid for ax in row]  # row-major: the grid is laid out as named
+    assert [ax.get_title() for ax in grid[0]] == REAL_SCHEMES
+    assert [ax.get_title() for ax in grid[1]] == [""] * 4
+    margins = [t.get_text() for t in grid[0][-1].texts + grid[1][-1].texts if t.get_rotation() == 270]
+    assert margins[0].startswith("smollm2\n") and "post-RoPE" in margins[0]
+    assert margins[1].startswith("smollm2-prerope\n") and "pre-RoPE" in margins[1]
+    assert [t.get_text() for t in grid[0][0].get_yticklabels()] == ["0", "3"]  # model layer numbers
+    assert [t.get_text() for t in grid[1][0].get_xticklabels()] == ["0", "1"]  # KV heads
+    assert grid[1][0].get_xlabel() == "KV head" and grid[0][0].get_ylabel() == "layer"
+    assert fig.get_figwidth() == pytest.approx(fg.TEXT_WIDTH)
+    title = title_of(fig)
+    assert "SmolLM2-135M" in title and f"n = {REAL_BUDGET} bits" in title and "query heads and positions" in title
+    # each panel's array: rows = layers (0, 3), columns = KV heads (0, 1), = the brute-force means
+    values = []
+    for (dist, scheme), (ax, image) in panels.items():
+        expected = brute_force_means(real_rows["captures"], dist, scheme, REAL_BUDGET)["mean"].unstack("kv_head")
+        assert list(expected.index) == [0, 3] and list(expected.columns) == [0, 1]
+        drawn = np.ma.getdata(image.get_array())
+        assert drawn.shape == (2, 2) and not np.ma.is_masked(image.get_array())
+        np.testing.assert_allclose(drawn, expected.to_numpy(), rtol=1e-12)
+        values.append(drawn)
+        # the cells are large enough to carry their values
+        assert sorted(t.get_text() for t in ax.texts if t.get_rotation() == 0) == sorted(f"{v:.2g}" for v in drawn.ravel())
+    values = np.concatenate([v.ravel() for v in values])
+    # one shared logarithmic norm from the smallest to the largest mean, one colour bar
+    norms = {id(image.norm) for _, image in panels.values()}
+    norm = next(iter(panels.values()))[1].norm
+    assert len(norms) == 1 and isinstance(norm, LogNorm)
+    assert norm.vmin == pytest.approx(values.min()) and norm.vmax == pytest.approx(values.max())
+    bars = [ax for ax in fig.axes if not ax.images]
+    assert len(bars) == 1 and "mean KL" in bars[0].get_xlabel()
+    # KQV and RKV share their key side: identical KL, identical panels
+    np.testing.assert_array_equal(panels[("smollm2", "KQV")][1].get_array(), panels[("smollm2", "RKV")][1].get_array())
+
+
+def test_real_heatmap_renders_to_files(real_rows, tmp_path):
+    from kvasym.figures_stage import _real_heatmap, real_kl_means
+
+    fig = _real_heatmap(real_kl_means(real_rows["headline"], budget=REAL_BUDGET), REAL_SCHEMES, REAL_BUDGET)
+    written = fg.save_figure(fig, tmp_path / "real_kl_heatmap")
+    assert written[0].read_bytes().startswith(b"%PDF") and written[1].read_bytes().startswith(b"\x89PNG")
+
+
+def _means_frame(layers=(0, 5, 29), heads=(0, 1, 2), schemes=("KV", "QKQV"), dists=("smollm2", "smollm2-prerope")):
+    rows = [{"distribution": d, "scheme": s, "budget": 4, "layer": l, "kv_head": h,
+             "kl_mean": (1e-3 if s == "KV" else 1e-1) * (1 + l + h), "n_queries": 10}
+            for d, s, l, h in itertools.product(dists, schemes, layers, heads)]
+    return pd.DataFrame(rows)
+
+
+def test_real_heatmap_grey_cells_missing_panels_and_many_layers():
+    means = _means_frame()
+    means.loc[0, "kl_mean"] = 0.0  # exact attention: not on a log scale
+    means = means[~((means["distribution"] == "smollm2-prerope") & (means["scheme"] == "QKQV"))]  # a missing panel
+    fig = fg.real_kl_heatmap(means, distributions=["smollm2", "smollm2-prerope"], schemes=["KV", "QKQV"], budget=4)
+    panels = _panels(fig)
+    assert len(panels) == 4 and fig.get_figwidth() == pytest.approx(fg.COLUMN_WIDTH)  # two columns: one LaTeX column
+    first = panels[("smollm2", "KV")][1].get_array()
+    assert first.mask[0, 0] and first.mask.sum() == 1  # the zero is grey, the rest drawn
+    missing_ax, missing = panels[("smollm2-prerope", "QKQV")]
+    assert missing.get_array().mask.all() and any(t.get_text() == "no data" for t in missing_ax.texts)
+    assert "grey: no finite positive mean" in title_of(fig)
+    # 30 layers: no values written in the cells, at most ~10 layer labels per panel
+    fig = fg.real_kl_heatmap(_means_frame(layers=range(30)), schemes=["KV", "QKQV", "RKV", "KQV"])
+    ax, image = _panels(fig)[("smollm2", "KV")]
+    assert image.get_array().shape == (30, 3)
+    assert not [t for t in ax.texts if t.get_rotation() == 0]
+    assert 5 <= len(ax.get_yticks()) <= 10
+
+
+def test_real_heatmap_empty_and_hostile_inputs():
+    for frame, kwargs in [(pd.DataFrame(), {}), (None, {}), (_means_frame(), {"distributions": ["absent"]}),
+                          (_means_frame(), {"budget": 2}), (_means_frame().assign(kl_mean=0.0), {})]:
+        assert "nothing to show" in title_of(fg.real_kl_heatmap(frame, **kwargs))
+    hostile = _means_frame(schemes=("KV", HOSTILE_SCHEME), dists=(HOSTILE_DIST,))
+    fig = fg.real_kl_heatmap(hostile, row_labels={HOSTILE_DIST: HOSTILE_DIST + "\n(x)"}, model="m$x$")
+    texts = [title_of(fig)] + [t.get_text() for ax in fig.axes for t in [ax.title, *ax.texts]]
+    assert "$x$" not in "\n".join(texts).replace(r"\$", "")
+    fig.savefig(io.BytesIO(), format="png", dpi=30)
+    with pytest.raises(ValueError, match="one row per"):
+        fg.real_kl_heatmap(pd.concat([_means_frame(), _means_frame().head(1)]))
+
+
+def _rewrite(src: Path, dst: Path, *, drop_trial_map: bool = False, trial_map=None, columns=None) -> Path:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(src)
+    meta = dict(table.schema.metadata)
+    if drop_trial_map:
+        meta.pop(b"trial_map")
+    if trial_map is not None:
+        meta[b"trial_map"] = trial_map.encode() if isinstance(trial_map, str) else json.dumps(trial_map).encode()
+    if columns is not None:
+        table = table.select(columns)
+    pq.write_table(table.replace_schema_metadata(meta), dst)
+    return dst
+
+
+def test_real_kl_means_rejects_files_without_a_complete_trial_map(real_rows, tmp_path):
+    from kvasym.dataset import read_metadata
+    from kvasym.figures_stage import real_kl_means
+
+    good = real_rows["files"][("smollm2", "KV", REAL_BUDGET)]
+    trial_map = json.loads(read_metadata(good)["trial_map"])
+    cases = [
+        ("no_map.parquet", {"drop_trial_map": True}, "no trial_map in the Parquet metadata"),
+        ("short_map.parquet", {"trial_map": trial_map[:-1]}, r"trial\(s\) 7 are not in its trial_map"),
+        ("bad_json.parquet", {"trial_map": "[{"}, "not valid JSON"),
+        ("not_a_list.parquet", {"trial_map": {"trial": 0}}, "JSON list"),
+        ("no_layer.parquet", {"trial_map": [{k: v for k, v in e.items() if k != "layer"} for e in trial_map]}, "lacks layer"),
+        ("twice.parquet", {"trial_map": [*trial_map, trial_map[0]]}, "lists trial 0 twice"),
+        ("float.parquet", {"trial_map": [{**e, "kv_head": 0.5} for e in trial_map]}, "not an integer"),
+        ("no_kl.parquet", {"columns": ["distribution", "scheme", "budget", "sharpness", "trial"]}, "no column"),
+    ]
+    for name, change, message in cases:
+        bad = _rewrite(good, tmp_path / name, **change)
+        with pytest.raises(KvasymError, match=message) as info:
+            real_kl_means([good, bad], budget=REAL_BUDGET)
+        assert name in str(info.value)  # the error names the file
+    (tmp_path / "garbage.parquet").write_bytes(b"not parquet")
+    with pytest.raises(KvasymError, match="garbage.parquet"):
+        real_kl_means([tmp_path / "garbage.parquet"], budget=REAL_BUDGET)
+    # an empty map is fine for an empty file only
+    assert real_kl_means([], budget=REAL_BUDGET).empty
+
+
+def test_real_family_inputs_flags_and_dag_presence(tmp_path, monkeypatch):
+    import argparse
+
+    from kvasym import figures_stage as fs
+    from kvasym.study import load_study_file
+
+    assert fs.FAMILIES["real_heatmap"] == ("real_kl_heatmap",)
+    assert fs.FAMILY_INPUTS["real_heatmap"] == ("real_per_query",)
+    assert fs.REAL_FAMILIES == ("real_heatmap",)
+    assert not any("real_per_query" in fs.FAMILY_INPUTS[f] for f in fs.FAMILIES if f != "real_heatmap")
+    # the DAG has the family only with real-model rows
+    assert fs.dag_families(True) == fs.FAMILIES
+    assert fs.dag_families(False) == {f: n for f, n in fs.FAMILIES.items() if f != "real_heatmap"}
+    assert fs.figure_files("out", ["real_heatmap"]) == ["out/real_kl_heatmap.pdf", "out/real_kl_heatmap.png"]
+    sl = fs.figures_slice(load_study_file(ROOT / "config/test.yaml"))
+    assert fs.family_cells(sl, "real_heatmap") == []  # no synthetic cells: the real files are its inputs
+    # the input name real_per_query is the flag --real-per-query (common.smk's figure_flags: "_" -> "-")
+    parser = argparse.ArgumentParser()
+    fs.add_arguments(parser)
+    args = parser.parse_args(["--slice", "{}", "--family", "real_heatmap", "--real-per-query", "a b.parquet", "c.parquet",
+                              "--out-dir", str(tmp_path)])
+    seen = {}
+    monkeypatch.setattr(fs, "run_figures", lambda s, inputs, out, families: seen.update(inputs=inputs, families=families) or [])
+    monkeypatch.setattr("kvasym.study.parse_slice", lambda text: {})
+    fs.run_from_args(args)
+    assert seen["families"] == ["real_heatmap"]
+    assert seen["inputs"]["real_per_query"] == ["a b.parquet", "c.parquet"]
+    # every family has a caption for the Snakemake report
+    for family in fs.FAMILIES:
+        assert (ROOT / "workflow/report/figures" / f"{family}.rst").is_file(), family
+
+
+@pytest.mark.slow
+def test_the_dag_has_the_real_heatmap_only_with_real_rows(tmp_path):
+    """Dry runs of the tiny config: with real-model rows the heat map is a job reading the real
+    rows' per-query files at n = 4 and the paper needs it; with no `real:` section anywhere the
+    DAG never mentions it (and still builds)."""
+    import yaml
+    from snakemake_workdir import make_workdir, snakemake
+
+    from kvasym.real import missing_extra_reason
+
+    workdir = make_workdir(tmp_path / "wd")
+    if missing_extra_reason() is None:
+        proc = snakemake(workdir, "-n", "-p", "paper")
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-3000:]
+        assert "rule figure_real_heatmap:" in out
+        files = [f"results/metrics/per_query/{d}/d64/{s}/n4.parquet" for d in ("smollm2", "smollm2-prerope")
+                 for s in ("KV", "KQV", "QKQV", "RKV")]
+        assert "--family real_heatmap" in out and "--real-per-query " + " ".join(files) in out
+        paper_inputs = out.split("rule paper:")[1].split("output:")[0]
+        assert "results/figures/real_kl_heatmap.pdf" in paper_inputs
+    # no real rows: the Snakefile's config/config.yaml is read too, so drop the section from both
+    for name in ("config.yaml", "test.yaml"):
+        path = workdir / "config" / name
+        config = yaml.safe_load(path.read_text())
+        config.pop("real", None)
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+    proc = snakemake(workdir, "-n", "-p")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "rule figure_jensen_bias:" in out and "rule all:" in out
+    assert "real_heatmap" not in out
+    assert "real_kl_heatmap" not in out
+    assert "rule real_metrics:" not in out and "rule capture:" not in out  # the synthetic study alone
+    assert not (workdir / "results").exists()

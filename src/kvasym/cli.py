@@ -332,8 +332,7 @@ def cmd_file(args: argparse.Namespace) -> int:
 def cmd_figures(args: argparse.Namespace) -> int:
     from .figures_stage import run_from_args
 
-    for path in run_from_args(args):
-        print(path)
+    run_from_args(args)  # prints each file written
     return 0
 
 

@@ -7,6 +7,9 @@ into one line on stderr and a non-zero exit; it is never left to surface as a nu
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 
 class KvasymError(ValueError):
     """Bad input: the message names what is wrong and where."""
@@ -19,3 +22,18 @@ def write_failed(path: object, exc: OSError) -> OSError:
     the CLI prints ``kvasym: error: <path>: <reason>`` from this.
     """
     return OSError(exc.errno, exc.strerror or str(exc), str(path))
+
+
+def exit_status(action: Callable[[], object]) -> int:
+    """Run a command-line action: 0 when it returns, 2 and one ``kvasym: error:`` line for
+    bad input (:class:`KvasymError`), 1 and the path for a failed write (OSError)."""
+    try:
+        action()
+    except KvasymError as exc:
+        print(f"kvasym: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"kvasym: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -31,11 +31,16 @@ holds everything the figures depend on besides their input files:
 ``marginal_trials``, ``jensen_bins``, ``max_points``
     the marginal figure's trials (one coordinate per key per trial), the Jensen figure's bins,
     and the points per scheme and panel of the Shannon-phi planes.
+
+The real-model heat map (family ``real_heatmap``) reads the per-query files of the real rows
+(:data:`kvasym.real.evaluate.REAL_DISTRIBUTIONS`) at the headline budget; it exists in the DAG
+only when the real rows do (:func:`dag_families`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -60,10 +65,12 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "theory_check": ("theory_check",),
     "marginals": ("marginals",),
     "jensen_bias": ("jensen_bias",),
+    "real_heatmap": ("real_kl_heatmap",),
 }
 #: The inputs each family reads (so a rule declares, and a rerun is triggered by, only those):
 #: ``summary``, ``comparisons``, ``theory`` (gathered tables), ``per_query``/``per_key``
-#: (metrics files of :func:`family_cells`), ``data`` (manifests of :func:`family_cells`).
+#: (metrics files of :func:`family_cells`), ``data`` (manifests of :func:`family_cells`),
+#: ``real_per_query`` (the real rows' per-query files at the headline budget, every scheme).
 FAMILY_INPUTS: dict[str, tuple[str, ...]] = {
     "shannon_phi": ("per_query",),
     "kl_ecdf": ("per_query",),
@@ -74,7 +81,10 @@ FAMILY_INPUTS: dict[str, tuple[str, ...]] = {
     "theory_check": ("theory",),
     "marginals": ("data",),
     "jensen_bias": ("per_key", "theory"),
+    "real_heatmap": ("real_per_query",),
 }
+#: Families drawn from the real-model rows: in the DAG only when those rows are.
+REAL_FAMILIES: tuple[str, ...] = tuple(f for f, inputs in FAMILY_INPUTS.items() if "real_per_query" in inputs)
 #: Figure names, in drawing order.
 FIGURES: tuple[str, ...] = tuple(name for names in FAMILIES.values() for name in names)
 FORMATS: tuple[str, ...] = ("pdf", "png")
@@ -86,6 +96,12 @@ def figure_files(out_dir: str | os.PathLike, families: Sequence[str] | None = No
     """Every file the stage writes under ``out_dir`` for ``families`` (default: all)."""
     names = FIGURES if families is None else [n for f in _check_families(families) for n in FAMILIES[f]]
     return [str(Path(out_dir) / f"{name}.{fmt}") for name in names for fmt in FORMATS]
+
+
+def dag_families(with_real: bool) -> dict[str, tuple[str, ...]]:
+    """The families (and their figures) of a DAG: every family, less :data:`REAL_FAMILIES`
+    when the DAG has no real-model rows."""
+    return {f: names for f, names in FAMILIES.items() if with_real or f not in REAL_FAMILIES}
 
 
 def _check_families(families: Sequence[str]) -> list[str]:
@@ -221,6 +237,89 @@ def _read_metrics(inputs: Mapping[str, Any], table: str, keep: Mapping[str, Any]
     return pd.concat(out, ignore_index=True)
 
 
+#: The columns the real heat map reads from a real per-query file.
+REAL_COLUMNS: tuple[str, ...] = ("distribution", "scheme", "budget", "sharpness", "trial", "kl")
+
+
+def read_trial_map(path: str | os.PathLike, metadata: Mapping[bytes, bytes] | None) -> pd.DataFrame:
+    """The ``trial_map`` of a real per-query file (``trial``, ``layer``, ``kv_head``; one row
+    per trial) from its Parquet key-value ``metadata``; a :class:`KvasymError` naming the file
+    when it is absent or malformed."""
+    raw = (metadata or {}).get(b"trial_map")
+    if raw is None:
+        raise KvasymError(f"{path}: no trial_map in the Parquet metadata (real-model per-query files, written by "
+                          "kvasym.real.evaluate.run_real_metrics, map each trial to its text, layer and KV head)")
+    try:
+        entries = json.loads(raw)
+    except ValueError as exc:
+        raise KvasymError(f"{path}: its trial_map is not valid JSON ({exc})") from None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise KvasymError(f"{path}: its trial_map must be a JSON list of {{trial, text, layer, kv_head}} objects")
+    wanted = ["trial", "layer", "kv_head"]
+    if not entries:
+        return pd.DataFrame({k: np.zeros(0, dtype=np.int64) for k in wanted})
+    frame = pd.DataFrame(entries)
+    absent = [k for k in wanted if k not in frame.columns or frame[k].isna().any()]
+    if absent:
+        raise KvasymError(f"{path}: its trial_map lacks {', '.join(absent)} for some trial")
+    frame = frame[wanted]
+    numeric = frame.apply(pd.to_numeric, errors="coerce")
+    if numeric.isna().any().any() or not np.all(numeric.to_numpy(dtype=float) == np.round(numeric.to_numpy(dtype=float))):
+        raise KvasymError(f"{path}: its trial_map has a trial, layer or kv_head that is not an integer")
+    frame = numeric.astype(np.int64)
+    if frame["trial"].duplicated().any():
+        raise KvasymError(f"{path}: its trial_map lists trial {int(frame.loc[frame['trial'].duplicated(), 'trial'].iloc[0])} twice")
+    return frame
+
+
+def real_kl_means(files: Any, *, budget: int, sharpness: float = 1.0) -> pd.DataFrame:
+    """Mean per-query KL per (distribution, scheme, layer, KV head) of real per-query files
+    (:func:`kvasym.real.evaluate.run_real_metrics`) at ``budget`` and ``sharpness`` (1: the
+    model's own attention): the mean over every query (query head, position) of every text,
+    each query weighing the same. Reads only :data:`REAL_COLUMNS` and the ``trial_map``
+    (trial -> text, layer, KV head) of each file; a file without the map, without a column, or
+    with a trial absent from its map is a :class:`KvasymError` naming the file.
+
+    Returns columns ``distribution``, ``scheme``, ``budget``, ``layer``, ``kv_head``,
+    ``kl_mean`` and ``n_queries``, sorted.
+    """
+    import pyarrow as pa
+
+    out_columns = ["distribution", "scheme", "budget", "layer", "kv_head", "kl_mean", "n_queries"]
+    keys = ["distribution", "scheme", "layer", "kv_head"]
+    parts = []
+    for path in _files(files):
+        try:
+            source = pq.ParquetFile(path)
+            schema = source.schema_arrow
+        except (OSError, pa.ArrowException) as exc:
+            raise KvasymError(f"cannot read the real per-query file {path}: {exc}") from None
+        absent = [c for c in REAL_COLUMNS if c not in schema.names]
+        if absent:
+            raise KvasymError(f"{path}: no column(s) {', '.join(absent)} (not a per-query metrics file?)")
+        trial_map = read_trial_map(path, schema.metadata)
+        try:
+            frame = source.read(columns=list(REAL_COLUMNS)).to_pandas()
+        except (OSError, pa.ArrowException) as exc:
+            raise KvasymError(f"cannot read the real per-query file {path}: {exc}") from None
+        trials = np.unique(frame["trial"].to_numpy())
+        unmapped = np.setdiff1d(trials, trial_map["trial"].to_numpy())
+        if unmapped.size:
+            shown = ", ".join(map(str, unmapped[:5].tolist())) + (", ..." if unmapped.size > 5 else "")
+            raise KvasymError(f"{path}: trial(s) {shown} are not in its trial_map ({unmapped.size} of {trials.size} trials)")
+        keep = (frame["budget"].to_numpy() == int(budget)) & np.isclose(frame["sharpness"].to_numpy(dtype=float), float(sharpness))
+        sums = (frame[keep].groupby(["distribution", "scheme", "trial"], sort=False)["kl"]
+                .agg(kl_sum="sum", n_queries="count").reset_index())
+        parts.append(sums.merge(trial_map, on="trial", how="left", validate="many_to_one"))
+    if not parts:
+        return pd.DataFrame({c: [] for c in out_columns})
+    pooled = pd.concat(parts, ignore_index=True).groupby(keys, sort=True)[["kl_sum", "n_queries"]].sum().reset_index()
+    pooled = pooled[pooled["n_queries"] > 0]
+    pooled["kl_mean"] = pooled["kl_sum"] / pooled["n_queries"]
+    pooled["budget"] = int(budget)
+    return pooled[out_columns].astype({"layer": np.int64, "kv_head": np.int64, "n_queries": np.int64}).reset_index(drop=True)
+
+
 def _manifest_path(inputs: Mapping[str, Any], name: str, dim: int) -> Path | None:
     for path in _files(inputs.get("data")):
         if path.is_dir():
@@ -277,7 +376,9 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
     ``summary``, ``theory`` and ``comparisons`` (optional for the sharpness sweep: its CIs)
     gathered Parquet files; ``per_query`` and ``per_key`` (lists of metrics files, or
     directories) or ``metrics`` (the dataset root, read with :func:`kvasym.dataset.read_table`);
-    ``data`` (manifest files, or the ``results/data`` directory) for the marginal figure.
+    ``data`` (manifest files, or the ``results/data`` directory) for the marginal figure;
+    ``real_per_query`` (the real rows' per-query files at the headline budget) for the real heat
+    map (without them it says there is nothing to show).
     """
     from . import figures as fg
 
@@ -299,6 +400,7 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
                  if "per_query" in needed else None)
     per_key = (_read_metrics(inputs, "per_key", {"dim": [dim], "sharpness": [sharp], "budget": [budget], "distribution": facets})
                if "per_key" in needed else None)
+    real = real_kl_means(inputs.get("real_per_query"), budget=budget) if "real_per_query" in needed else None
     specs = slice_["distributions"]
     nu = {d["name"]: float(d["params"]["nu"]) for d in specs if d["kind"] == "student_t"}
     rank = {d["name"]: int(d["params"]["rank"]) for d in specs if d["kind"] == "low_rank"}
@@ -317,6 +419,7 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
         "marginals": lambda: fg.marginals(marginal_samples(slice_, inputs)),
         "jensen_bias": lambda: fg.jensen_bias(per_key, budget=budget, sharpness=sharp, dim=dim, distributions=facets,
                                               slopes=theory, n_bins=int(slice_["jensen_bins"]), colors=colors),
+        "real_kl_heatmap": lambda: _real_heatmap(real, slice_["schemes"], budget),
     }
     assert list(drawers) == list(FIGURES)
     from .dataset import provenance
@@ -331,6 +434,19 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
     return written
 
 
+def _real_heatmap(means: pd.DataFrame, schemes: Sequence[str], budget: int) -> Any:
+    """The real heat map: rows the real distributions (keys quantized after RoPE, then before),
+    columns the study's schemes in config order."""
+    from . import figures as fg
+    from .real import REAL_MODEL_NAME
+    from .real.evaluate import REAL_DISTRIBUTIONS
+
+    labels = {name: f"{name}\n({mode}-RoPE keys)" for name, mode in REAL_DISTRIBUTIONS.items()}
+    order = sorted(REAL_DISTRIBUTIONS, key=lambda name: REAL_DISTRIBUTIONS[name] != "post")
+    return fg.real_kl_heatmap(means, distributions=order, schemes=list(schemes), budget=budget, row_labels=labels,
+                              model=REAL_MODEL_NAME)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``kvasym stage figures`` (what workflow/rules/figures.smk passes)."""
     parser.add_argument("--slice", required=True, help="the figures slice as JSON (Snakemake passes it)")
@@ -342,6 +458,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-query", dest="per_query", nargs="+", default=[])
     parser.add_argument("--per-key", dest="per_key", nargs="+", default=[])
     parser.add_argument("--data", nargs="+", default=[], help="data manifests (for the marginal figure)")
+    parser.add_argument("--real-per-query", dest="real_per_query", nargs="+", default=[],
+                        help="the real rows' per-query files at the headline budget (for the real heat map)")
     parser.add_argument("--out-dir", dest="out_dir", required=True)
 
 
@@ -350,7 +468,7 @@ def run_from_args(args: argparse.Namespace) -> list[Path]:
     from .study import parse_slice
 
     slice_ = parse_slice(args.slice)
-    inputs = {k: getattr(args, k) for k in ("summary", "comparisons", "theory", "per_query", "per_key", "data")}
+    inputs = {k: getattr(args, k) for k in ("summary", "comparisons", "theory", "per_query", "per_key", "data", "real_per_query")}
     written = run_figures(slice_, inputs, args.out_dir, args.families)
     for path in written:
         print(path)

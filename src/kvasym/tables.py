@@ -19,6 +19,12 @@ from the logarithm so a p that underflowed to 0 still prints, e.g. -30.4 -> ``$4
 Which value is bold (the best of a column in a group) is computed in Python
 (:func:`best_flags`), never typed in a template.
 
+``table_real`` sets the real-model rows (:mod:`kvasym.real`) beside the synthetic headline
+distribution and compares the statistics of real and synthetic caches (:func:`real_context`);
+it reads the gathered summary and, optionally, the real caches' statistics
+(:mod:`kvasym.real.cachestats`) and the synthetic data manifests. Without real rows it is a
+short paragraph with the command that adds them, so the paper never shows a placeholder.
+
 Entry points for the DAG: :func:`render_tables` (the tables) and :func:`render_numbers` (the
 ``\\newcommand`` macros of every number the prose quotes that is not a claim macro), with
 :func:`headline_cell` and :func:`numbers_slice` to build their arguments from the study; also
@@ -59,8 +65,13 @@ TABLES: dict[str, tuple[str, str]] = {
     "table_theory": ("table_theory.tex.j2", "theory"),
     "table_claims": ("table_claims.tex.j2", "claims"),
     "table_disagreements": ("table_disagreements.tex.j2", "claims"),
+    "table_real": ("table_real.tex.j2", "summary"),
 }
 INPUT_KEYS = ("summary", "comparisons", "theory", "claims")
+#: Optional inputs of ``table_real`` (given only when the DAG has real-model rows): the real
+#: caches' statistics (``results/real/cachestats.parquet``, :mod:`kvasym.real.cachestats`) and
+#: the data manifests of the synthetic distributions at the headline dim (their statistics).
+REAL_INPUT_KEYS = ("real_cachestats", "data_manifests")
 
 #: Columns of the main results table: summary column -> which direction is better.
 RESULT_COLUMNS: dict[str, str] = {
@@ -218,6 +229,16 @@ def bits(payload: Any, side: Any) -> Latex:
     return Latex(f"${float(payload):.3g} + {float(side):.3g}$")
 
 
+def mediqr(median: Any, iqr: Any, digits: int = DIGITS) -> Latex:
+    """A median with its interquartile range in small type: ``$114$ {\\scriptsize($0.118$)}``;
+    the range is left out when missing, ``--`` when the median is."""
+    if _missing(median):
+        return Latex("--")
+    if _missing(iqr):
+        return Latex(f"${sig(median, digits)}$")
+    return Latex(f"${sig(median, digits)}$ {{\\scriptsize(${sig(iqr, digits)}$)}}")
+
+
 def escape(value: Any) -> Latex:
     """The ``escape`` filter: any value as literal text."""
     return value if isinstance(value, Latex) else Latex(escape_latex(str(value)))
@@ -251,6 +272,7 @@ FILTERS = {
     "pvalue_raw": pvalue_raw,
     "ci": ci,
     "bits": bits,
+    "mediqr": mediqr,
 }
 
 
@@ -477,11 +499,256 @@ def claims_context(claims: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
+# real keys beside synthetic ones (table_real)
+# --------------------------------------------------------------------------------------------
+
+#: Columns of the real-vs-synthetic results table: summary column -> which direction is better.
+REAL_RESULT_COLUMNS: dict[str, str] = {
+    "kl_mean": "lower",
+    "kl_p99": "lower",
+    "recall_top5_mean": "higher",
+    "t_eps_dir_mean": "lower",
+}
+#: The real rows' attention sharpness: the model's own logit scale 1/sqrt(d)
+#: (``real_slice`` in workflow/rules/common.smk).
+REAL_SHARPNESS = 1.0
+#: The real distributions in table order, and what each quantizes.
+REAL_ROPE_LABELS: dict[str, str] = {REAL_POST: "K after RoPE", REAL_PRE: "K before RoPE"}
+#: Statistics of :func:`kvasym.cachestats.cache_statistics` (the cache-statistics table's columns).
+CACHE_STATISTICS = ("excess_kurtosis", "participation_ratio", "top_channel_energy", "mean_energy")
+#: Row labels of the tensors: the data manifests' ``keys``/``values`` and the capture arrays.
+TENSOR_LABELS: dict[str, str] = {
+    "keys": "K",
+    "values": "V",
+    "k_post_rope": "K after RoPE",
+    "k_pre_rope": "K before RoPE",
+    "v": "V",
+    "q_post_rope": "Q after RoPE",
+    "q_pre_rope": "Q before RoPE",
+}
+REAL_CACHESTATS_COLUMNS = ("text", "layer", "kv_head", "head", "tensor", "head_dim", *CACHE_STATISTICS)
+MANIFEST_STATS_COLUMNS = ("distribution", "kind", "dim", "trial", "tensor", *CACHE_STATISTICS)
+
+
+def median_iqr(values: Sequence[Any]) -> tuple[float, float]:
+    """(median, interquartile range = 75th - 25th percentile, linear interpolation) of the
+    finite values; (nan, nan) when there are none."""
+    arr = np.asarray(values, dtype=float)
+    arr = arr[np.isfinite(arr)]
+    if arr.size == 0:
+        return math.nan, math.nan
+    q25, q50, q75 = np.quantile(arr, [0.25, 0.5, 0.75])
+    return float(q50), float(q75 - q25)
+
+
+def manifest_statistics(manifest: Mapping[str, Any], where: str = "data manifest") -> pd.DataFrame:
+    """The per-trial cache statistics of one data manifest (:func:`kvasym.pipeline.run_data`)
+    as rows (:data:`MANIFEST_STATS_COLUMNS`, ``tensor`` = ``keys`` or ``values``)."""
+    try:
+        spec = manifest["slice"]["distribution"]
+        name, kind, dim = str(spec["name"]), str(spec["kind"]), int(manifest["slice"]["dim"])
+        trials = manifest["trials"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise KvasymError(f"{where}: not a data manifest (lacks slice.distribution.name/kind, slice.dim or trials: {exc!r})") from None
+    if not isinstance(trials, list) or not trials:
+        raise KvasymError(f"{where}: the data manifest lists no trials")
+    rows = []
+    for i, trial in enumerate(trials):
+        for tensor in ("keys", "values"):
+            stats = trial.get(tensor) if isinstance(trial, Mapping) else None
+            if not isinstance(stats, Mapping):
+                raise KvasymError(f"{where}: trial {i} has no '{tensor}' statistics (rerun the data rule)")
+            missing = [s for s in CACHE_STATISTICS if s not in stats]
+            if missing:
+                raise KvasymError(f"{where}: trial {i} '{tensor}' statistics lack {missing} (rerun the data rule)")
+            try:
+                values = {s: float(stats[s]) for s in CACHE_STATISTICS}
+            except (TypeError, ValueError) as exc:
+                raise KvasymError(f"{where}: trial {i} '{tensor}' statistics are not numbers ({exc})") from None
+            rows.append({"distribution": name, "kind": kind, "dim": dim, "trial": int(trial.get("trial", i)),
+                         "tensor": tensor, **values})
+    return pd.DataFrame(rows, columns=list(MANIFEST_STATS_COLUMNS))
+
+
+def _stat_row(frame: pd.DataFrame, source: str, tensor: str, dim: int) -> dict[str, Any]:
+    row: dict[str, Any] = {"source": source, "tensor": TENSOR_LABELS.get(tensor, tensor), "dim": int(dim),
+                           "n": int(len(frame))}
+    for stat in CACHE_STATISTICS:
+        row[stat] = median_iqr(frame[stat].to_numpy(dtype=float))
+    if "head_dim" in frame.columns:
+        fraction = frame["participation_ratio"].to_numpy(dtype=float) / frame["head_dim"].to_numpy(dtype=float)
+    else:
+        fraction = frame["participation_ratio"].to_numpy(dtype=float) / float(dim)
+    row["pr_fraction"] = median_iqr(fraction)
+    return row
+
+
+def _real_results(summary: pd.DataFrame, headline: Mapping[str, Any]) -> dict[str, Any]:
+    """The side-by-side results: the synthetic headline distribution, then each real distribution."""
+    synthetic = _at(summary, "summary", headline, ["distribution", "dim", "sharpness"])
+    real_all = summary[summary["distribution"].isin(list(REAL_ROPE_LABELS))]
+    real = real_all[np.isclose(real_all["sharpness"].to_numpy(dtype=float), REAL_SHARPNESS)]
+    if real.empty:
+        raise KvasymError(f"the summary's real rows have no sharpness {REAL_SHARPNESS:g} (the model's own attention)")
+    groups = [{"distribution": str(headline["distribution"]), "real": False, "what": "synthetic",
+               "dim": int(headline["dim"]), "sharpness": float(headline["sharpness"]), "frame": synthetic}]
+    for name, what in REAL_ROPE_LABELS.items():
+        part = real[real["distribution"] == name]
+        if part.empty:
+            continue
+        dims = sorted({int(x) for x in part["dim"]})
+        if len(dims) != 1:
+            raise KvasymError(f"the summary's real distribution {name} has several dims {dims}")
+        groups.append({"distribution": name, "real": True, "what": what, "dim": dims[0],
+                       "sharpness": REAL_SHARPNESS, "frame": part})
+    schemes = list(dict.fromkeys([*_unique(synthetic["scheme"]), *_unique(real["scheme"])]))
+    budgets = sorted({int(b) for g in groups for b in g["frame"]["budget"]})
+    rows_by_budget = []
+    for budget in budgets:
+        cells: dict[str, list[dict[str, Any]]] = {s: [] for s in schemes}
+        for g in groups:
+            f = g["frame"]
+            at = f[f["budget"] == budget]
+            values = {}
+            for scheme in schemes:
+                hit = at[at["scheme"] == scheme]
+                if len(hit) > 1:
+                    raise KvasymError(f"the summary has {len(hit)} rows for {g['distribution']}, d={g['dim']}, "
+                                      f"n={budget}, {scheme}")
+                values[scheme] = {c: (float(hit[c].iloc[0]) if len(hit) else math.nan) for c in REAL_RESULT_COLUMNS}
+            flags = {c: best_flags([values[s][c] for s in schemes], better) for c, better in REAL_RESULT_COLUMNS.items()}
+            for i, scheme in enumerate(schemes):
+                cells[scheme].append({**values[scheme], "best": {c: flags[c][i] for c in REAL_RESULT_COLUMNS}})
+        rows_by_budget.append({"budget": budget, "rows": [{"scheme": str(s), "cells": cells[s]} for s in schemes]})
+    real_trials = sorted({int(x) for x in real["n_trials"]}) if "n_trials" in real.columns else []
+    real_queries = sorted({int(x) for x in real["n_queries"]})
+    return {
+        "groups": [{k: v for k, v in g.items() if k != "frame"} for g in groups],
+        "dims": list(dict.fromkeys(g["dim"] for g in groups)),
+        "sharpness_values": list(dict.fromkeys(g["sharpness"] for g in groups)),
+        "budgets": rows_by_budget,
+        "n_trials": real_trials[0] if len(real_trials) == 1 else None,
+        "n_queries": real_queries[0] if len(real_queries) == 1 else None,
+        "real_dim": groups[1]["dim"] if len(groups) > 1 else None,
+        "heatmap_budget": headline_budget(real, headline),
+    }
+
+
+def _statistics_rows(cachestats: pd.DataFrame | None, manifests: pd.DataFrame | None,
+                     headline: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The cache-statistics table: synthetic distributions at the headline dim (per trial, K
+    and V), then the real tensors (per text, layer and head)."""
+    if cachestats is None and manifests is None:
+        return None
+    synthetic_rows: list[dict[str, Any]] = []
+    n_trials: list[int] = []
+    if manifests is not None:
+        _require(manifests, "data-manifest statistics", MANIFEST_STATS_COLUMNS)
+        at_dim = manifests[manifests["dim"] == int(headline["dim"])]
+        if at_dim.empty:
+            raise KvasymError(f"no data manifest at the headline dim {int(headline['dim'])} "
+                              f"(have dims {sorted({int(d) for d in manifests['dim']})})")
+        for dist in _unique(at_dim["distribution"]):
+            d = at_dim[at_dim["distribution"] == dist]
+            n_trials.append(int(d["trial"].nunique()))
+            for tensor in ("keys", "values"):
+                part = d[d["tensor"] == tensor]
+                if not part.empty:
+                    synthetic_rows.append(_stat_row(part, str(dist), tensor, int(headline["dim"])))
+    real_rows: list[dict[str, Any]] = []
+    texts = layers = None
+    if cachestats is not None:
+        _require(cachestats, "real cache statistics", REAL_CACHESTATS_COLUMNS)
+        if cachestats.empty:
+            raise KvasymError("the real cache statistics table is empty")
+        present = _unique(cachestats["tensor"])
+        order = [t for t in TENSOR_LABELS if t in present] + [t for t in present if t not in TENSOR_LABELS]
+        for tensor in order:
+            part = cachestats[cachestats["tensor"] == tensor]
+            dims = sorted({int(x) for x in part["head_dim"]})
+            if len(dims) != 1:
+                raise KvasymError(f"the real cache statistics of {tensor} mix head dims {dims}")
+            real_rows.append(_stat_row(part, REAL_MODEL_NAME, str(tensor), dims[0]))
+        texts = int(cachestats["text"].nunique())
+        layers = int(cachestats["layer"].nunique())
+    for rows in (synthetic_rows, real_rows):
+        for i, row in enumerate(rows):
+            row["show_source"] = i == 0 or rows[i - 1]["source"] != row["source"]
+    trials = sorted(set(n_trials))
+    return {
+        "synthetic": synthetic_rows,
+        "real": real_rows,
+        "synthetic_dim": int(headline["dim"]),
+        "synthetic_trials": trials[0] if len(trials) == 1 else None,
+        "real_dim": real_rows[0]["dim"] if real_rows else None,
+        "n_texts": texts,
+        "n_layers": layers,
+    }
+
+
+def real_context(
+    summary: pd.DataFrame,
+    headline: Mapping[str, Any],
+    cachestats: pd.DataFrame | None = None,
+    manifests: pd.DataFrame | None = None,
+) -> dict[str, Any]:
+    """Real keys beside synthetic ones (``table_real``).
+
+    Without real rows in ``summary`` (distributions :data:`kvasym.real.REAL_POST_ROPE` and
+    :data:`~kvasym.real.REAL_PRE_ROPE`): ``has_real`` False and the command that adds them.
+    With them: the results of every budget and scheme for the synthetic headline distribution
+    (its dim and sharpness) and each real distribution (sharpness :data:`REAL_SHARPNESS`), bold
+    flags per distribution, budget and column; the cache-statistics rows (median and IQR) when
+    ``cachestats`` (:mod:`kvasym.real.cachestats`'s table) and/or ``manifests``
+    (:func:`manifest_statistics` rows) are given; and the heat-map figure's budget.
+    """
+    from .metrics import ROUTING_TOPK
+    from .real import INSTALL_COMMANDS
+
+    _require(summary, "summary", ["distribution", "dim", "budget", "sharpness", "scheme", "n_queries",
+                                  *REAL_RESULT_COLUMNS])
+    base = {"has_real": False, "model": REAL_MODEL_NAME, "install": INSTALL_COMMANDS, "topk": ROUTING_TOPK,
+            "top_channels": _top_channels(), "tail_percentile": TAIL_PERCENTILE, "post_name": REAL_POST}
+    if not summary["distribution"].isin(list(REAL_ROPE_LABELS)).any():
+        return base
+    return {**base, "has_real": True, **_real_results(summary, headline),
+            "stats": _statistics_rows(cachestats, manifests, headline)}
+
+
+def _top_channels() -> int:
+    from .cachestats import TOP_CHANNELS
+
+    return TOP_CHANNELS
+
+
+# --------------------------------------------------------------------------------------------
 # rendering to files
 # --------------------------------------------------------------------------------------------
 
 
-def _read_input(key: str, path: str | os.PathLike) -> Any:
+def read_data_manifests(paths: Sequence[str | os.PathLike]) -> pd.DataFrame:
+    """The per-trial cache statistics of data manifests (:func:`manifest_statistics`), one
+    frame; a missing, unreadable or malformed manifest raises a KvasymError naming it."""
+    frames = []
+    for path in paths:
+        p = Path(path)
+        if not p.is_file():
+            raise KvasymError(f"table input 'data_manifests': {p}: no such file")
+        try:
+            manifest = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise KvasymError(f"{p}: not a readable data manifest ({type(exc).__name__}: {exc})") from None
+        if not isinstance(manifest, Mapping):
+            raise KvasymError(f"{p}: a data manifest must be a JSON object")
+        frames.append(manifest_statistics(manifest, str(p)))
+    if not frames:
+        raise KvasymError("table input 'data_manifests': no manifest given")
+    return pd.concat(frames, ignore_index=True)
+
+
+def _read_input(key: str, path: Any) -> Any:
+    if key == "data_manifests":
+        return read_data_manifests([path] if isinstance(path, (str, os.PathLike)) else list(path))
     p = Path(path)
     if not p.exists():
         raise KvasymError(f"table input {key!r}: {p}: no such file")
@@ -495,12 +762,17 @@ def _read_input(key: str, path: str | os.PathLike) -> Any:
         return data
     from .dataset import read_parquet_checked
 
-    return read_parquet_checked(p)
+    frame = read_parquet_checked(p)
+    if key == "real_cachestats":
+        _require(frame, f"real cache statistics ({p})", REAL_CACHESTATS_COLUMNS)
+    return frame
 
 
 def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any], tables: Sequence[str] | None = None) -> dict[str, str]:
     """Render tables from in-memory inputs (``summary``/``comparisons``/``theory`` DataFrames,
-    ``claims`` the parsed claims.json list): table name -> LaTeX text."""
+    ``claims`` the parsed claims.json list; for ``table_real``, optionally ``real_cachestats``
+    (:mod:`kvasym.real.cachestats`'s table) and ``data_manifests`` (:func:`manifest_statistics`
+    rows)): table name -> LaTeX text."""
     names = list(TABLES) if tables is None else list(tables)
     unknown = set(names) - set(TABLES)
     if unknown:
@@ -511,6 +783,10 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any], tables: 
         template, key = TABLES[name]
         if key not in frames:
             raise KvasymError(f"table {name} needs the input {key!r}")
+        if name == "table_real":
+            context = real_context(frames[key], headline, frames.get("real_cachestats"), frames.get("data_manifests"))
+            out[name] = render_template(template, **context)
+            continue
         if key not in contexts:
             if key == "summary":
                 contexts[key] = results_context(frames[key], headline)
@@ -525,7 +801,7 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any], tables: 
 
 
 def render_tables(
-    inputs: Mapping[str, str | os.PathLike],
+    inputs: Mapping[str, Any],
     headline: Mapping[str, Any],
     out_dir: str | os.PathLike,
     tables: Sequence[str] | None = None,
@@ -534,7 +810,9 @@ def render_tables(
 
     ``inputs``: ``summary``, ``comparisons``, ``theory`` (Parquet, ``results/stats/*.parquet``
     and ``results/theory/theory.parquet``) and ``claims`` (``results/claims/claims.json``);
-    only the inputs of the requested ``tables`` (default: all) are needed.
+    only the inputs of the requested ``tables`` (default: all) are needed. Optional, read by
+    ``table_real`` only: ``real_cachestats`` (``results/real/cachestats.parquet``) and
+    ``data_manifests`` (a list of ``results/data/<dist>/d<dim>.json``).
     ``headline``: ``dim`` and ``sharpness`` (the main-results and tests tables), optional
     ``budget`` (the tests table; default the largest budget). Returns the written paths.
     """
@@ -545,6 +823,8 @@ def render_tables(
     missing = sorted(needed - set(inputs))
     if missing:
         raise KvasymError(f"render_tables: missing input(s) {missing} (have {sorted(inputs)})")
+    if "table_real" in names:
+        needed |= {key for key in REAL_INPUT_KEYS if inputs.get(key)}
     frames = {key: _read_input(key, inputs[key]) for key in sorted(needed)}
     texts = table_texts(frames, headline, names)
     out = Path(out_dir)
@@ -800,6 +1080,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     t = sub.add_parser("tables", help="render the LaTeX tables")
     for key in INPUT_KEYS:
         t.add_argument(f"--{key}", help=f"the {key} input")
+    t.add_argument("--real-cachestats", help="table_real: the real caches' statistics (kvasym.real.cachestats)")
+    t.add_argument("--data-manifests", nargs="+", help="table_real: data manifests of the synthetic distributions")
     t.add_argument("--headline", required=True, help='JSON, e.g. {"dim": 128, "sharpness": 2.0, "budget": 4}')
     t.add_argument("--out-dir", required=True)
     t.add_argument("--table", action="append", choices=list(TABLES), help="only this table (repeatable)")
@@ -812,7 +1094,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "tables":
-            inputs = {k: getattr(args, k) for k in INPUT_KEYS if getattr(args, k)}
+            inputs = {k: getattr(args, k) for k in (*INPUT_KEYS, *REAL_INPUT_KEYS) if getattr(args, k)}
             for path in render_tables(inputs, json.loads(args.headline), args.out_dir, args.table):
                 print(path)
         else:

@@ -14,14 +14,14 @@ from kvasym.claims import load_claims
 from kvasym.config_io import read_yaml_mapping
 from kvasym.errors import KvasymError
 from kvasym.real import HEAD_DIM as REAL_HEAD_DIM
+from kvasym.real import REAL_MODEL_NAME
 from kvasym.real import TEXTS_DIR, missing_extra_reason, real_settings
 from kvasym.real.evaluate import REAL_DISTRIBUTIONS
 from kvasym.figures_stage import (
-    FAMILIES,
     FAMILY_INPUTS,
-    FIGURES,
     FORMATS,
     claims_defaults,
+    dag_families,
     family_cells,
     figures_slice,
 )
@@ -171,13 +171,17 @@ def per_key_inputs(w):
     ]
 
 
+# the figures: what each family draws, reads and is shown as in the report
 FIGURES_DIR = f"{RESULTS}/figures"
+# the figure families of this DAG: the real-model heat map only with real-model rows
+FIGURE_FAMILIES = dag_families(bool(REAL_CELLS))
 
 
 def figure_outputs():
     return {
         f"{name}_{fmt}": f"{FIGURES_DIR}/{name}.{fmt}"
-        for name in FIGURES
+        for names in FIGURE_FAMILIES.values()
+        for name in names
         for fmt in FORMATS
     }
 
@@ -194,12 +198,20 @@ FIGURE_SUBCATEGORY = {
     "theory_check": "Theory checks",
     "marginals": "Theory checks",
     "jensen_bias": "Theory checks",
+    "real_heatmap": "Real model",
 }
 _head = FIGURES_SLICE["headline"]
 HEADLINE_LABEL = (
     f"{_head['distribution']}, d = {_head['dim']}, "
     f"sharpness {_head['sharpness']:g}, n = {_head['budget']}"
 )
+
+
+def figure_label(family):
+    """The cell a family's figures show (the report's "cell" label)."""
+    if "real_per_query" in FAMILY_INPUTS[family]:
+        return f"{REAL_MODEL_NAME}, d = {REAL_HEAD_DIM}, n = {_head['budget']}"
+    return HEADLINE_LABEL
 
 
 def figure_inputs(family):
@@ -225,6 +237,13 @@ def figure_inputs(family):
         inputs["data"] = [
             f"{RESULTS}/data/{c['distribution']}/d{c['dim']}.json" for c in cells
         ]
+    if "real_per_query" in wanted:
+        # every scheme of every real distribution at the headline budget
+        inputs["real_per_query"] = [
+            f"{RESULTS}/metrics/per_query/{dist}/d{dim}/{scheme}/n{_head['budget']}.parquet"
+            for dist, dim in REAL_CELLS
+            for scheme in STUDY.schemes
+        ]
     return inputs
 
 
@@ -239,8 +258,51 @@ def figure_flags(wildcards, input):
 
 
 GENERATED = "paper/generated"
-TABLES = ["results", "tests", "theory", "claims", "disagreements"]
+TABLES = ["results", "tests", "theory", "claims", "disagreements", "real"]
 HEADLINE = headline_cell(STUDY, STUDY.claims_file)
+
+
+def real_capture_files():
+    """The real-model captures (rule capture), one per configured text."""
+    if not REAL_CELLS:
+        raise WorkflowError(
+            "the real-model rows are not configured or their extra is missing: "
+            f"{REAL_MISSING or 'add a real: section to the config'}"
+        )
+    return [f"{RESULTS}/real/captures/{text}.npz" for text in REAL["texts"]]
+
+
+def real_table_inputs(wildcards):
+    """The real table's extra inputs, only with real rows: the real caches' statistics and the
+    data manifests of the synthetic distributions at the headline dim."""
+    if not REAL_CELLS:
+        return {}
+    return {
+        "real_cachestats": rules.real_cachestats.output[0],
+        "data_manifests": [
+            f"{RESULTS}/data/{dist}/d{dim}.json"
+            for dist, dim in STUDY.data_cells()
+            if dim == HEADLINE["dim"]
+        ],
+    }
+
+
+def real_table_flags(wildcards, input):
+    """The `python -m kvasym.tables tables` flags of real_table_inputs (quoted), or nothing."""
+    if not REAL_CELLS:
+        return ""
+    manifests = input.data_manifests
+    manifests = [manifests] if isinstance(manifests, str) else list(manifests)
+    return " ".join(
+        [
+            "--real-cachestats",
+            shlex.quote(input.real_cachestats),
+            "--data-manifests",
+            *(shlex.quote(p) for p in manifests),
+        ]
+    )
+
+
 HAVE_LATEX = all(shutil.which(tool) for tool in ("latexmk", "pdflatex"))
 LATEX_HINT = (
     "kvasym: no LaTeX engine found, so the paper PDF is skipped (every generated source is still "

@@ -1,9 +1,11 @@
 # Stage 6: the figures of the paper, one rule (one job) per figure family of
-# kvasym.figures_stage.FAMILIES. Each reads only its inputs (gathered tables, or the metrics
-# files and data manifests of its facet cells) and writes results/figures/<name>.{pdf,png};
-# the PNGs go into the Snakemake report with the captions of workflow/report/figures/.
+# kvasym.figures_stage.FAMILIES (FIGURE_FAMILIES: the real-model heat map only when the DAG has
+# real-model rows). Each reads only its inputs (gathered tables, or the metrics files and data
+# manifests of its facet cells, or the real rows' per-query files) and writes
+# results/figures/<name>.{pdf,png}; the PNGs go into the Snakemake report with the captions of
+# workflow/report/figures/.
 
-for _family, _names in FAMILIES.items():
+for _family, _names in FIGURE_FAMILIES.items():
 
     rule:
         name:
@@ -18,7 +20,7 @@ for _family, _names in FAMILIES.items():
                     caption=f"../report/figures/{_family}.rst",
                     category="6. Figures",
                     subcategory=FIGURE_SUBCATEGORY[_family],
-                    labels={"figure": name, "cell": HEADLINE_LABEL},
+                    labels={"figure": name, "cell": figure_label(_family)},
                 )
                 for name in _names
             },

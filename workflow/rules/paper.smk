@@ -5,6 +5,8 @@
 
 rule tables:
     input:
+        # with real-model rows: the real caches' statistics and the synthetic data manifests
+        unpack(real_table_inputs),
         summary=rules.gather.output.summary,
         comparisons=rules.gather.output.comparisons,
         theory=rules.gather.output.theory,
@@ -21,10 +23,11 @@ rule tables:
         runtime=5,
     params:
         headline=lambda w: canonical_json(HEADLINE),
+        real=real_table_flags,
         out_dir=out_dir,
     shell:
         "python -m kvasym.tables tables --summary {input.summary:q} --comparisons {input.comparisons:q}"
-        " --theory {input.theory:q} --claims {input.claims:q} --headline {params.headline:q}"
+        " --theory {input.theory:q} --claims {input.claims:q} {params.real} --headline {params.headline:q}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 

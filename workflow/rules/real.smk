@@ -56,3 +56,28 @@ rule real_metrics:
 
 
 ruleorder: real_metrics > metrics
+
+
+rule real_cachestats:
+    # Statistics of the real caches (kurtosis, participation ratio, outlier channels, mean
+    # energy) per text, layer and head, for the real-vs-synthetic table (kvasym.real.cachestats).
+    input:
+        captures=lambda w: real_capture_files(),
+    output:
+        f"{RESULTS}/real/cachestats.parquet",
+    log:
+        f"{RESULTS}/logs/real/cachestats.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/real/cachestats.tsv"
+    # on a cluster it runs in the captures' group job (ignored when running locally)
+    group:
+        "real"
+    conda:
+        "../../environment.yml"
+    threads: 1
+    resources:
+        # one capture in memory at a time, one layer of it in float64
+        mem_mb=3000,
+        runtime=10,
+    shell:
+        "python -m kvasym.real.cachestats --captures {input.captures:q} --out {output:q} > {log:q} 2>&1"

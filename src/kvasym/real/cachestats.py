@@ -1,0 +1,176 @@
+"""Descriptive statistics of real caches: :func:`kvasym.cachestats.cache_statistics` of every
+(text, layer, head) matrix of SmolLM2 captures, for comparison with the synthetic families.
+
+For every capture (one text) and every captured layer, each of these tensors is summarized per
+head, one (tokens, head_dim) matrix at a time (all tokens of the text):
+
+===================  ====================  ===============================================
+``tensor``           heads                 what
+===================  ====================  ===============================================
+``k_post_rope``      KV heads              keys as the cache stores them (after RoPE)
+``k_pre_rope``       KV heads              keys before RoPE
+``v``                KV heads              values
+``q_post_rope``      query heads           queries after RoPE
+``q_pre_rope``       query heads           queries before RoPE
+===================  ====================  ===============================================
+
+Columns of the table (:data:`COLUMNS`): ``text``, ``layer`` (the model's layer number),
+``kv_head`` (for queries: the KV head the query head reads), ``head`` (the head within its
+tensor: the KV head for K and V, the query head for Q), ``tensor``, ``head_dim``, ``n_rows``
+(tokens) and the statistics of :func:`kvasym.cachestats.cache_statistics` (``excess_kurtosis``,
+``participation_ratio``, ``top_channel_energy``, ``mean_energy``).
+
+The statistics are computed for all heads of a layer at once (:func:`batched_cache_statistics`,
+the same arithmetic as :func:`~kvasym.cachestats.cache_statistics` on a stack of matrices, one
+layer in memory at a time); the tests check it equals ``cache_statistics`` slice by slice.
+
+Command line (what the DAG rule ``real_cachestats`` calls)::
+
+    python -m kvasym.real.cachestats --captures a.npz b.npz --out results/real/cachestats.parquet
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..cachestats import TOP_CHANNELS
+from ..errors import KvasymError, exit_status
+from .capture import HEAD_ARRAYS, Capture
+
+#: The statistics columns, in :func:`kvasym.cachestats.cache_statistics`'s order.
+STATISTICS = ("excess_kurtosis", "participation_ratio", "top_channel_energy", "mean_energy")
+#: Tensors summarized, in table order: keys after and before RoPE, values, queries.
+TENSORS = ("k_post_rope", "k_pre_rope", "v", "q_post_rope", "q_pre_rope")
+KEY_COLUMNS = ("text", "layer", "kv_head", "head", "tensor")
+COLUMNS = (*KEY_COLUMNS, "head_dim", "n_rows", *STATISTICS)
+CACHESTATS_FORMAT = "kvasym.real.cachestats/1"
+
+
+def batched_cache_statistics(x: np.ndarray) -> dict[str, np.ndarray]:
+    """:func:`kvasym.cachestats.cache_statistics` of each (rows, dim) matrix of a
+    (..., rows, dim) stack: a dict of arrays of shape ``x.shape[:-2]``, float64.
+
+    The arithmetic is the same (each matrix scaled by its own peak first, coordinates pooled
+    for the kurtosis after centring each channel, participation ratio from the smaller Gram
+    matrix, energy share of the :data:`~kvasym.cachestats.TOP_CHANNELS` strongest channels,
+    share of energy in the mean row), only vectorized over the leading axes.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim < 2:
+        raise KvasymError(f"batched_cache_statistics needs a (..., rows, dim) array, got shape {x.shape}")
+    rows, dim = x.shape[-2:]
+    batch = x.shape[:-2]
+    if rows == 0 or dim == 0:
+        zeros = np.zeros(batch)
+        return {name: zeros.copy() for name in STATISTICS}
+    peak = np.max(np.abs(x), axis=(-2, -1), keepdims=True)
+    z = np.divide(x, peak, out=x.copy(), where=peak > 0)
+    energy = np.sum(z * z, axis=-2)  # (..., dim)
+    total = np.sum(energy, axis=-1)
+    mean_row = z.mean(axis=-2, keepdims=True)
+    centred = z - mean_row
+    m2 = np.mean(centred**2, axis=(-2, -1))
+    m4 = np.mean(centred**4, axis=(-2, -1))
+    safe_m2 = np.where(m2 > 0, m2, 1.0)
+    kurtosis = np.where(m2 > 0, m4 / safe_m2**2 - 3.0, 0.0)
+    ct = np.swapaxes(centred, -1, -2)
+    gram = ct @ centred if dim <= rows else centred @ ct
+    frob2 = np.sum(gram * gram, axis=(-2, -1))
+    trace = np.trace(gram, axis1=-2, axis2=-1)
+    ok = (frob2 > 0) & (rows >= 2)
+    pr = np.where(ok, trace**2 / np.where(ok, frob2, 1.0), 0.0)
+    top = np.sum(np.sort(energy, axis=-1)[..., ::-1][..., :TOP_CHANNELS], axis=-1)
+    has = total > 0
+    safe_total = np.where(has, total, 1.0)
+    top_share = np.where(has, top / safe_total, 0.0)
+    mean_share = np.where(has, rows * np.sum(mean_row[..., 0, :] ** 2, axis=-1) / safe_total, 0.0)
+    return {
+        "excess_kurtosis": kurtosis,
+        "participation_ratio": pr,
+        "top_channel_energy": top_share,
+        "mean_energy": mean_share,
+    }
+
+
+def capture_statistics(capture: Capture, text: str, tensors: Sequence[str] = TENSORS) -> dict[str, np.ndarray]:
+    """The statistics of every (layer, head) matrix of ``tensors`` in one capture, as columns
+    (:data:`COLUMNS`), in the order tensor, layer, head."""
+    unknown = [t for t in tensors if t not in HEAD_ARRAYS]
+    if unknown:
+        raise KvasymError(f"unknown tensor(s) {unknown}; a capture holds {list(HEAD_ARRAYS)}")
+    kv_of_query = np.asarray(capture.kv_head_of_query_head, dtype=np.int64)
+    parts: dict[str, list[np.ndarray]] = {c: [] for c in COLUMNS}
+    for tensor in tensors:
+        array = getattr(capture, tensor)  # (L, H, T, D)
+        n_layers, n_heads, n_rows, head_dim = array.shape
+        heads = np.arange(n_heads)
+        kv_heads = kv_of_query[heads] if HEAD_ARRAYS[tensor] == "n_heads" else heads
+        for li in range(n_layers):
+            stats = batched_cache_statistics(array[li])  # one layer in float64 at a time
+            parts["text"].append(np.full(n_heads, text, dtype=object))
+            parts["layer"].append(np.full(n_heads, int(capture.layers[li]), dtype=np.int64))
+            parts["kv_head"].append(kv_heads.astype(np.int64))
+            parts["head"].append(heads.astype(np.int64))
+            parts["tensor"].append(np.full(n_heads, tensor, dtype=object))
+            parts["head_dim"].append(np.full(n_heads, head_dim, dtype=np.int64))
+            parts["n_rows"].append(np.full(n_heads, n_rows, dtype=np.int64))
+            for name in STATISTICS:
+                parts[name].append(stats[name])
+    return {c: np.concatenate(v) if v else np.array([]) for c, v in parts.items()}
+
+
+def captures_statistics(capture_paths: Sequence[str | os.PathLike]) -> Any:
+    """:func:`capture_statistics` of every capture file (read with
+    :func:`kvasym.real.capture.load_capture`, which names a bad file), as one DataFrame.
+    The text is the capture's metadata ``name`` (else the file stem)."""
+    import pandas as pd
+
+    from .capture import load_capture
+
+    if not capture_paths:
+        raise KvasymError("real cache statistics need at least one capture file")
+    frames = []
+    seen: dict[str, str] = {}
+    for path in capture_paths:
+        capture = load_capture(path)
+        text = str(capture.metadata.get("name") or Path(path).stem)
+        if text in seen:
+            raise KvasymError(f"{path}: text {text!r} was already read from {seen[text]}")
+        seen[text] = str(path)
+        frames.append(pd.DataFrame(capture_statistics(capture, text)))
+        del capture
+    frame = pd.concat(frames, ignore_index=True)
+    return frame[list(COLUMNS)]
+
+
+def run_real_cachestats(capture_paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> Path:
+    """Write the statistics of every capture to ``out`` (Parquet, atomically) with provenance
+    metadata (the captures' texts, files and the statistics' definition); returns ``out``."""
+    from ..dataset import provenance, write_frame_atomic
+
+    frame = captures_statistics(capture_paths)
+    slice_ = {"format": CACHESTATS_FORMAT, "captures": [Path(p).name for p in capture_paths],
+              "top_channels": TOP_CHANNELS, "tensors": list(TENSORS)}
+    meta = {**provenance(slice_), "texts": json.dumps(sorted(set(frame["text"])))}
+    write_frame_atomic(frame, out, meta)
+    return Path(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvasym.real.cachestats", description=__doc__.splitlines()[0])
+    parser.add_argument("--captures", nargs="+", required=True, help="capture .npz files (kvasym capture)")
+    parser.add_argument("--out", required=True, help="the Parquet table to write")
+    args = parser.parse_args(argv)
+    return exit_status(lambda: print(run_real_cachestats(args.captures, args.out)))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
