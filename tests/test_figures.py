@@ -761,17 +761,19 @@ def test_the_dag_has_the_real_heatmap_only_with_real_rows(tmp_path):
         assert "--family real_heatmap" in out and "--real-per-query " + " ".join(files) in out
         paper_inputs = out.split("rule paper:")[1].split("output:")[0]
         assert "results/figures/real_kl_heatmap.pdf" in paper_inputs
-    # no real rows: the Snakefile's config/config.yaml is read too, so drop the section from both
+    # no real rows, switched off from the command line (the config files keep their section)
+    switched_off = snakemake(workdir, "-n", "-p", "--config", "real=off")
+    # ... or with no `real:` section anywhere (the Snakefile's config/config.yaml is read too)
     for name in ("config.yaml", "test.yaml"):
         path = workdir / "config" / name
         config = yaml.safe_load(path.read_text())
         config.pop("real", None)
         path.write_text(yaml.safe_dump(config, sort_keys=False))
-    proc = snakemake(workdir, "-n", "-p")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
-    assert "rule figure_jensen_bias:" in out and "rule all:" in out
-    assert "real_heatmap" not in out
-    assert "real_kl_heatmap" not in out
-    assert "rule real_metrics:" not in out and "rule capture:" not in out  # the synthetic study alone
+    for proc in (switched_off, snakemake(workdir, "-n", "-p")):
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-3000:]
+        assert "rule figure_jensen_bias:" in out and "rule all:" in out
+        assert "real_heatmap" not in out
+        assert "real_kl_heatmap" not in out
+        assert "rule real_metrics:" not in out and "rule capture:" not in out  # the synthetic study alone
     assert not (workdir / "results").exists()

@@ -149,6 +149,8 @@ def test_real_metrics_table_feeds_the_stats_stage(tmp_path):
     "value, message",
     [
         ([1], "must be a mapping"),
+        ("on", "must be a mapping"),
+        (True, "must be a mapping"),
         ({"textz": "all"}, "unknown key"),
         ({"texts": ["no_such_text"]}, "not among the shipped texts"),
         ({"texts": []}, "non-empty list"),
@@ -169,6 +171,7 @@ def test_real_settings_defaults():
     from kvasym.real import N_LAYERS, real_settings, shipped_texts
 
     assert real_settings(None) is None
+    assert real_settings("off") is None and real_settings(False) is None  # --config real=off; YAML `off`
     settings = real_settings({})
     assert settings == {"texts": shipped_texts(), "max_tokens": 512, "layers": list(range(N_LAYERS))}
     assert len(settings["texts"]) >= 4

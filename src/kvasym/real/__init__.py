@@ -71,8 +71,9 @@ def shipped_texts() -> list[str]:
 def real_settings(value: object) -> dict | None:
     """The config's ``real`` section, validated: ``texts`` ("all" or names of shipped texts),
     ``max_tokens`` (tokens kept per text, 2..8192, default 512) and ``layers`` ("all" or layer
-    numbers 0..29). None when the section is absent (no real rows)."""
-    if value is None:
+    numbers 0..29). None when the section is absent or ``off``/false (no real rows: the config
+    file's section can be switched off from the command line, ``--config real=off``)."""
+    if value is None or value is False or value == "off":
         return None
     if not isinstance(value, dict):
         raise KvasymError(f"config key real must be a mapping with {sorted(REAL_KEYS)}, got {value!r}")
