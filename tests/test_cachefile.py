@@ -184,3 +184,17 @@ def test_file_distributions_run_through_the_dag(tmp_path):
     assert gather.returncode == 0, gather.stderr[-3000:]
     command = next(line for line in gather.stdout.splitlines() if "kvasym stage gather --inputs" in line and "summary" in line)
     assert "results/stats/summary/gqa/d8.parquet" in command and "results/stats/summary/plain/d8.parquet" in command
+
+
+def test_head_dim_that_is_not_a_power_of_two_follows_the_padding_rule(tmp_path):
+    """d = 24: rotated sides are zero-padded to 32 and store every padded coordinate, so the
+    measured payload is n * 32 / 24 bits per coordinate (the study's documented padding rule)."""
+    rng = np.random.default_rng(5)
+    np.savez(tmp_path / "d24.npz", k=rng.standard_normal((1, 2, 30, 24)), v=rng.standard_normal((1, 2, 30, 24)),
+             q=rng.standard_normal((1, 4, 30, 24)))
+    cache = load_cache_file(tmp_path / "d24.npz")
+    columns, _ = evaluate_cache_file(cache, get_scheme("KQV"), 4, name="d24", base_seed=0, n_queries=8, sharpness=[1.0])
+    assert columns["k_bits_payload"][0] == pytest.approx(4 * 32 / 24)
+    assert np.all(np.isfinite(columns["kl"])) and np.all(columns["kl"] >= 0)
+    unrotated, _ = evaluate_cache_file(cache, get_scheme("KV"), 4, name="d24", base_seed=0, n_queries=8, sharpness=[1.0])
+    assert unrotated["k_bits_payload"][0] == pytest.approx(4.0)
