@@ -69,9 +69,6 @@ rule real_cachestats:
         f"{RESULTS}/logs/real/cachestats.log",
     benchmark:
         f"{RESULTS}/benchmarks/real/cachestats.tsv"
-    # on a cluster it runs in the captures' group job (ignored when running locally)
-    group:
-        "real"
     conda:
         "../../environment.yml"
     threads: 1
