@@ -22,16 +22,14 @@ import pandas as pd
 import pytest
 
 from kvasym import tables
-from kvasym.cachestats import TOP_CHANNELS, cache_statistics
+from kvasym.cachestats import STATISTICS, TOP_CHANNELS, batched_cache_statistics, cache_statistics
 from kvasym.errors import KvasymError
 from kvasym.latex import escape_latex
 from kvasym.pipeline import run_data
 from kvasym.real import INSTALL_COMMANDS, REAL_MODEL_NAME
 from kvasym.real.cachestats import (
     COLUMNS,
-    STATISTICS,
     TENSORS,
-    batched_cache_statistics,
     capture_statistics,
     captures_statistics,
     main as cachestats_main,
@@ -441,8 +439,8 @@ def test_bad_inputs_name_the_file_or_column(tmp_path):
         render(data_manifests=[not_manifest])
     other_dim = tmp_path / "d64.json"
     other_dim.write_text(json.dumps({"slice": {"distribution": {"name": "g", "kind": "gaussian"}, "dim": 64},
-                                     "trials": [{"keys": dict.fromkeys(tables.CACHE_STATISTICS, 1.0),
-                                                 "values": dict.fromkeys(tables.CACHE_STATISTICS, 1.0)}]}))
+                                     "trials": [{"keys": dict.fromkeys(STATISTICS, 1.0),
+                                                 "values": dict.fromkeys(STATISTICS, 1.0)}]}))
     with pytest.raises(KvasymError, match=r"no data manifest at the headline dim 128 \(have dims \[64\]\)"):
         render(data_manifests=[other_dim])
     assert not out.exists() or not list(out.iterdir())  # nothing half-written

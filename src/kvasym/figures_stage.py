@@ -52,6 +52,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from .errors import KvasymError
+from .real import REAL_SHARPNESS
 
 #: Figure families: one Snakemake rule (one job) each; every figure is written as
 #: ``<name>.pdf`` and ``<name>.png``.
@@ -272,7 +273,7 @@ def read_trial_map(path: str | os.PathLike, metadata: Mapping[bytes, bytes] | No
     return frame
 
 
-def real_kl_means(files: Any, *, budget: int, sharpness: float = 1.0) -> pd.DataFrame:
+def real_kl_means(files: Any, *, budget: int, sharpness: float = REAL_SHARPNESS) -> pd.DataFrame:
     """Mean per-query KL per (distribution, scheme, layer, KV head) of real per-query files
     (:func:`kvasym.real.evaluate.run_real_metrics`) at ``budget`` and ``sharpness`` (1: the
     model's own attention): the mean over every query (query head, position) of every text,

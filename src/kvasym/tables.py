@@ -48,12 +48,14 @@ import jinja2
 import numpy as np
 import pandas as pd
 
+from .cachestats import STATISTICS, TOP_CHANNELS
 from .errors import KvasymError
 from .latex import escape_latex
 from .real import HEAD_DIM as REAL_HEAD_DIM
 from .real import REAL_MODEL_NAME
 from .real import REAL_POST_ROPE as REAL_POST
 from .real import REAL_PRE_ROPE as REAL_PRE
+from .real import REAL_SHARPNESS
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 
@@ -509,13 +511,9 @@ REAL_RESULT_COLUMNS: dict[str, str] = {
     "recall_top5_mean": "higher",
     "t_eps_dir_mean": "lower",
 }
-#: The real rows' attention sharpness: the model's own logit scale 1/sqrt(d)
-#: (``real_slice`` in workflow/rules/common.smk).
-REAL_SHARPNESS = 1.0
 #: The real distributions in table order, and what each quantizes.
 REAL_ROPE_LABELS: dict[str, str] = {REAL_POST: "K after RoPE", REAL_PRE: "K before RoPE"}
 #: Statistics of :func:`kvasym.cachestats.cache_statistics` (the cache-statistics table's columns).
-CACHE_STATISTICS = ("excess_kurtosis", "participation_ratio", "top_channel_energy", "mean_energy")
 #: Row labels of the tensors: the data manifests' ``keys``/``values`` and the capture arrays.
 TENSOR_LABELS: dict[str, str] = {
     "keys": "K",
@@ -526,8 +524,8 @@ TENSOR_LABELS: dict[str, str] = {
     "q_post_rope": "Q after RoPE",
     "q_pre_rope": "Q before RoPE",
 }
-REAL_CACHESTATS_COLUMNS = ("text", "layer", "kv_head", "head", "tensor", "head_dim", *CACHE_STATISTICS)
-MANIFEST_STATS_COLUMNS = ("distribution", "kind", "dim", "trial", "tensor", *CACHE_STATISTICS)
+REAL_CACHESTATS_COLUMNS = ("text", "layer", "kv_head", "head", "tensor", "head_dim", *STATISTICS)
+MANIFEST_STATS_COLUMNS = ("distribution", "kind", "dim", "trial", "tensor", *STATISTICS)
 
 
 def median_iqr(values: Sequence[Any]) -> tuple[float, float]:
@@ -558,11 +556,11 @@ def manifest_statistics(manifest: Mapping[str, Any], where: str = "data manifest
             stats = trial.get(tensor) if isinstance(trial, Mapping) else None
             if not isinstance(stats, Mapping):
                 raise KvasymError(f"{where}: trial {i} has no '{tensor}' statistics (rerun the data rule)")
-            missing = [s for s in CACHE_STATISTICS if s not in stats]
+            missing = [s for s in STATISTICS if s not in stats]
             if missing:
                 raise KvasymError(f"{where}: trial {i} '{tensor}' statistics lack {missing} (rerun the data rule)")
             try:
-                values = {s: float(stats[s]) for s in CACHE_STATISTICS}
+                values = {s: float(stats[s]) for s in STATISTICS}
             except (TypeError, ValueError) as exc:
                 raise KvasymError(f"{where}: trial {i} '{tensor}' statistics are not numbers ({exc})") from None
             rows.append({"distribution": name, "kind": kind, "dim": dim, "trial": int(trial.get("trial", i)),
@@ -573,7 +571,7 @@ def manifest_statistics(manifest: Mapping[str, Any], where: str = "data manifest
 def _stat_row(frame: pd.DataFrame, source: str, tensor: str, dim: int) -> dict[str, Any]:
     row: dict[str, Any] = {"source": source, "tensor": TENSOR_LABELS.get(tensor, tensor), "dim": int(dim),
                            "n": int(len(frame))}
-    for stat in CACHE_STATISTICS:
+    for stat in STATISTICS:
         row[stat] = median_iqr(frame[stat].to_numpy(dtype=float))
     if "head_dim" in frame.columns:
         fraction = frame["participation_ratio"].to_numpy(dtype=float) / frame["head_dim"].to_numpy(dtype=float)
@@ -708,17 +706,12 @@ def real_context(
     _require(summary, "summary", ["distribution", "dim", "budget", "sharpness", "scheme", "n_queries",
                                   *REAL_RESULT_COLUMNS])
     base = {"has_real": False, "model": REAL_MODEL_NAME, "install": INSTALL_COMMANDS, "topk": ROUTING_TOPK,
-            "top_channels": _top_channels(), "tail_percentile": TAIL_PERCENTILE, "post_name": REAL_POST}
+            "top_channels": TOP_CHANNELS, "tail_percentile": TAIL_PERCENTILE, "post_name": REAL_POST}
     if not summary["distribution"].isin(list(REAL_ROPE_LABELS)).any():
         return base
     return {**base, "has_real": True, **_real_results(summary, headline),
             "stats": _statistics_rows(cachestats, manifests, headline)}
 
-
-def _top_channels() -> int:
-    from .cachestats import TOP_CHANNELS
-
-    return TOP_CHANNELS
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from kvasym.claims import load_claims
 from kvasym.config_io import read_yaml_mapping
 from kvasym.errors import KvasymError
 from kvasym.real import HEAD_DIM as REAL_HEAD_DIM
-from kvasym.real import REAL_MODEL_NAME
+from kvasym.real import REAL_MODEL_NAME, REAL_SHARPNESS
 from kvasym.real import TEXTS_DIR, missing_extra_reason, real_settings
 from kvasym.real.evaluate import REAL_DISTRIBUTIONS
 from kvasym.figures_stage import (
@@ -123,7 +123,7 @@ def real_slice(w):
         "distribution": w.distribution,
         "scheme": {"name": w.scheme, **STUDY.schemes[w.scheme].to_dict()},
         "budget": int(w.budget),
-        "sharpness": [1.0],  # the model's own attention
+        "sharpness": [REAL_SHARPNESS],  # the model's own attention
         "base_seed": STUDY.base_seed,
         "norm_dtype": STUDY.norm_dtype,
         "layers": REAL["layers"],

@@ -58,6 +58,8 @@ REAL_POST_ROPE = "smollm2"
 REAL_PRE_ROPE = "smollm2-prerope"
 #: SmolLM2-135M's attention geometry (the capture tests check the GGUF file agrees).
 HEAD_DIM = 64
+#: The real rows' attention sharpness: 1, the model's own logits q.k / sqrt(head_dim).
+REAL_SHARPNESS = 1.0
 N_LAYERS = 30
 REAL_KEYS = {"texts", "max_tokens", "layers"}
 MAX_TOKENS_LIMIT = 8192  # the model's context length

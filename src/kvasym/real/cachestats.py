@@ -20,9 +20,8 @@ tensor: the KV head for K and V, the query head for Q), ``tensor``, ``head_dim``
 (tokens) and the statistics of :func:`kvasym.cachestats.cache_statistics` (``excess_kurtosis``,
 ``participation_ratio``, ``top_channel_energy``, ``mean_energy``).
 
-The statistics are computed for all heads of a layer at once (:func:`batched_cache_statistics`,
-the same arithmetic as :func:`~kvasym.cachestats.cache_statistics` on a stack of matrices, one
-layer in memory at a time); the tests check it equals ``cache_statistics`` slice by slice.
+The statistics are computed for all heads of a layer at once
+(:func:`kvasym.cachestats.batched_cache_statistics`, one layer in memory at a time).
 
 Command line (what the DAG rule ``real_cachestats`` calls)::
 
@@ -41,63 +40,15 @@ from typing import Any
 
 import numpy as np
 
-from ..cachestats import TOP_CHANNELS
+from ..cachestats import STATISTICS, TOP_CHANNELS, batched_cache_statistics
 from ..errors import KvasymError, exit_status
 from .capture import HEAD_ARRAYS, Capture
 
-#: The statistics columns, in :func:`kvasym.cachestats.cache_statistics`'s order.
-STATISTICS = ("excess_kurtosis", "participation_ratio", "top_channel_energy", "mean_energy")
 #: Tensors summarized, in table order: keys after and before RoPE, values, queries.
 TENSORS = ("k_post_rope", "k_pre_rope", "v", "q_post_rope", "q_pre_rope")
 KEY_COLUMNS = ("text", "layer", "kv_head", "head", "tensor")
 COLUMNS = (*KEY_COLUMNS, "head_dim", "n_rows", *STATISTICS)
 CACHESTATS_FORMAT = "kvasym.real.cachestats/1"
-
-
-def batched_cache_statistics(x: np.ndarray) -> dict[str, np.ndarray]:
-    """:func:`kvasym.cachestats.cache_statistics` of each (rows, dim) matrix of a
-    (..., rows, dim) stack: a dict of arrays of shape ``x.shape[:-2]``, float64.
-
-    The arithmetic is the same (each matrix scaled by its own peak first, coordinates pooled
-    for the kurtosis after centring each channel, participation ratio from the smaller Gram
-    matrix, energy share of the :data:`~kvasym.cachestats.TOP_CHANNELS` strongest channels,
-    share of energy in the mean row), only vectorized over the leading axes.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    if x.ndim < 2:
-        raise KvasymError(f"batched_cache_statistics needs a (..., rows, dim) array, got shape {x.shape}")
-    rows, dim = x.shape[-2:]
-    batch = x.shape[:-2]
-    if rows == 0 or dim == 0:
-        zeros = np.zeros(batch)
-        return {name: zeros.copy() for name in STATISTICS}
-    peak = np.max(np.abs(x), axis=(-2, -1), keepdims=True)
-    z = np.divide(x, peak, out=x.copy(), where=peak > 0)
-    energy = np.sum(z * z, axis=-2)  # (..., dim)
-    total = np.sum(energy, axis=-1)
-    mean_row = z.mean(axis=-2, keepdims=True)
-    centred = z - mean_row
-    m2 = np.mean(centred**2, axis=(-2, -1))
-    m4 = np.mean(centred**4, axis=(-2, -1))
-    safe_m2 = np.where(m2 > 0, m2, 1.0)
-    kurtosis = np.where(m2 > 0, m4 / safe_m2**2 - 3.0, 0.0)
-    ct = np.swapaxes(centred, -1, -2)
-    gram = ct @ centred if dim <= rows else centred @ ct
-    frob2 = np.sum(gram * gram, axis=(-2, -1))
-    trace = np.trace(gram, axis1=-2, axis2=-1)
-    ok = (frob2 > 0) & (rows >= 2)
-    pr = np.where(ok, trace**2 / np.where(ok, frob2, 1.0), 0.0)
-    top = np.sum(np.sort(energy, axis=-1)[..., ::-1][..., :TOP_CHANNELS], axis=-1)
-    has = total > 0
-    safe_total = np.where(has, total, 1.0)
-    top_share = np.where(has, top / safe_total, 0.0)
-    mean_share = np.where(has, rows * np.sum(mean_row[..., 0, :] ** 2, axis=-1) / safe_total, 0.0)
-    return {
-        "excess_kurtosis": kurtosis,
-        "participation_ratio": pr,
-        "top_channel_energy": top_share,
-        "mean_energy": mean_share,
-    }
 
 
 def capture_statistics(capture: Capture, text: str, tensors: Sequence[str] = TENSORS) -> dict[str, np.ndarray]:
