@@ -411,9 +411,10 @@ def main(argv: list[str] | None = None) -> int:
                 ref = DenseReference(dim, spec, budget)
                 samples = time_samples(
                     {
-                        "ours": lambda: ours(x, spec, budget),
-                        "copy": lambda: x.copy(),
-                        "ref": lambda: ref.roundtrip(x),
+                        # x bound now: it is deleted after this dimension's rows
+                        "ours": lambda x=x, spec=spec, ref=ref: ours(x, spec, budget),
+                        "copy": lambda x=x: x.copy(),
+                        "ref": lambda x=x, ref=ref: ref.roundtrip(x),
                     },
                     repeats,
                 )

@@ -48,8 +48,14 @@ import pytest
 import yaml
 from snakemake_workdir import ROOT, make_workdir, run_env, snakemake
 
-from kvasym import analysis, pipeline
-from kvasym.claims import evaluate_claims, load_claims, run_claims
+from kvasym.claims import evaluate_claims, load_claims
+from kvasym.stages.claims import run_claims
+from kvasym.stages.data import run_data
+from kvasym.stages.gather import HOLM_FAMILIES, gather
+from kvasym.stages.metrics import run_metrics
+from kvasym.stages.quantize import run_quantize
+from kvasym.stages.stats import run_stats
+from kvasym.stages.theory import run_theory
 from kvasym.cli import main
 from kvasym.dataset import read_table, to_table, write_parquet_atomic, PER_QUERY_SCHEMA
 from kvasym.errors import KvasymError
@@ -91,97 +97,157 @@ class BadConfig:
 CONFIG_CASES = [
     # unknown keys (typos) at every level
     BadConfig("typo_top_level_key", {"trails": 3}, "unknown config key(s): trails", "trails"),
-    BadConfig("typo_distribution_key", _dists({"name": "g", "kind": "gaussian", "parms": {}}), "unknown key(s) ['parms']", "parms"),
-    BadConfig("typo_distribution_param", _dists({"name": "t", "kind": "student_t", "params": {"n": 3}}), "distributions[t].n is not a parameter", "n"),
+    BadConfig("typo_distribution_key", _dists({"name": "g", "kind": "gaussian", "parms": {}}),
+              "unknown config key(s): distributions[0].parms", "parms"),
+    BadConfig("typo_distribution_param", _dists({"name": "t", "kind": "student_t", "params": {"n": 3}}),
+              "unknown config key(s): distributions[0].params.n; allowed: nu", "n"),
     BadConfig("typo_stats_key", {"stats": {"nboot": 10}}, "stats.nboot", "nboot"),
-    BadConfig("typo_scheme_side_key", _user("AB", {"rotate": True, "scalar_bit": "n", "qjl": False}), "unknown key(s) ['scalar_bit']", "scalar_bit"),
+    BadConfig("typo_scheme_side_key", _user("AB", {"rotate": True, "scalar_bit": "n", "qjl": False}),
+              "unknown config key(s): user_schemes.AB.K.scalar_bit", "scalar_bit"),
     # wrong types
-    BadConfig("dims_not_a_list", {"dims": "64"}, "config key dims must be a non-empty list", "dims"),
-    BadConfig("dims_fraction", {"dims": [64.5]}, "dims[0] must be an integer, got 64.5", "64.5"),
-    BadConfig("dims_bool", {"dims": [True]}, "dims[0] must be an integer, got True", "True"),
-    BadConfig("budget_string", {"budgets": ["4"]}, "budgets[0] must be an integer, got '4'", "'4'"),
-    BadConfig("n_queries_string", {"n_queries": "16"}, "n_queries must be an integer, got '16'", "n_queries"),
-    BadConfig("nu_string", _dists({"name": "t", "kind": "student_t", "params": {"nu": "2"}}), "distributions[t].nu must be a number > 1, got '2'", "nu"),
-    BadConfig("params_not_mapping", _dists({"name": "lr", "kind": "low_rank", "params": [2]}), "distributions[lr].params must be a mapping", "params"),
-    BadConfig("distributions_not_list", {"distributions": {"name": "g", "kind": "gaussian"}}, "distributions must be a non-empty list", "distributions"),
-    BadConfig("claims_file_not_string", {"claims_file": 3}, "claims_file must be a path", "claims_file"),
+    BadConfig("dims_not_a_list", {"dims": "64"}, "config key dims: must be a list, got '64'", "dims"),
+    BadConfig("dims_fraction", {"dims": [64.5]}, "config key dims[0]: must be an integer, got 64.5", "64.5"),
+    BadConfig("dims_bool", {"dims": [True]}, "config key dims[0]: must be an integer, got True", "True"),
+    BadConfig("budget_string", {"budgets": ["4"]}, "config key budgets[0]: must be an integer, got '4'", "'4'"),
+    BadConfig("n_queries_string", {"n_queries": "16"},
+              "config key n_queries: must be an integer, got '16'", "n_queries"),
+    BadConfig("nu_string", _dists({"name": "t", "kind": "student_t", "params": {"nu": "2"}}),
+              "config key distributions[0].params.nu: must be a number, got '2'", "nu"),
+    BadConfig("params_not_mapping", _dists({"name": "lr", "kind": "low_rank", "params": [2]}),
+              "config key distributions[0].params: must be a mapping, got [2]", "params"),
+    BadConfig("distributions_not_list", {"distributions": {"name": "g", "kind": "gaussian"}},
+              "config key distributions: must be a list", "distributions"),
+    BadConfig("claims_file_not_string", {"claims_file": 3},
+              "config key claims_file: must be a path to a YAML file, got 3", "claims_file"),
     # dimensions
-    BadConfig("dim_below_3", {"dims": [2]}, "dims[0] must be in 3..16384, got 2", "dims"),
-    BadConfig("dim_absurd", {"dims": [10**9]}, "dims[0] must be in 3..16384, got 1000000000", "dims"),
-    BadConfig("dims_empty", {"dims": []}, "dims must be a non-empty list", "dims"),
-    BadConfig("dims_duplicated", {"dims": [64, 64]}, "dims has duplicates", "dims"),
-    BadConfig("distribution_dim_below_3", _dists({"name": "g", "kind": "gaussian", "dims": [2]}), "distributions[0].dims[0] must be in 3..16384", "dims"),
+    BadConfig("dim_below_3", {"dims": [2]}, "config key dims[0]: must be in 3..16384, got 2", "dims"),
+    BadConfig("dim_absurd", {"dims": [10**9]}, "config key dims[0]: must be in 3..16384, got 1000000000", "dims"),
+    BadConfig("dims_empty", {"dims": []}, "config key dims: must be a non-empty list, got []", "dims"),
+    BadConfig("dims_duplicated", {"dims": [64, 64]}, "config key dims: has duplicates: [64, 64]", "dims"),
+    BadConfig("distribution_dim_below_3", _dists({"name": "g", "kind": "gaussian", "dims": [2]}),
+              "config key distributions[0].dims[0]: must be in 3..16384, got 2", "dims"),
     BadConfig("dims_missing", {"dims": None}, "missing required key(s): dims", "dims"),
     # budgets and schemes
-    BadConfig("budget_0", {"budgets": [0]}, "budgets[0] must be in 1..8, got 0", "budgets"),
-    BadConfig("budget_9", {"budgets": [2, 9]}, "budgets[1] must be in 1..8, got 9", "budgets"),
+    BadConfig("budget_0", {"budgets": [0]}, "config key budgets[0]: must be in 1..8, got 0", "budgets"),
+    BadConfig("budget_9", {"budgets": [2, 9]}, "config key budgets[1]: must be in 1..8, got 9", "budgets"),
     BadConfig("scheme_scalar_below_zero", _user("Q3", _side("n-3", True)), "scheme Q3 side K at budget n=2: scalar_bits n-3 = -1 < 0 is impossible", "Q3"),
     BadConfig("scheme_overspends", _user("QX", _side("n", True)), "scheme QX side K at budget n=2: spends 3 bits", "QX"),
     BadConfig("scheme_underspends", _user("QY", _side("n-1", False)), "scheme QY side K at budget n=2: spends 1 bits", "QY"),
     BadConfig("scheme_unknown", {"schemes": ["KQV", "XYZ"]}, "schemes[1] = 'XYZ' is not a known scheme", "XYZ"),
-    BadConfig("scheme_duplicated", {"schemes": ["KV", "KV"]}, "schemes has duplicates", "KV"),
+    BadConfig("scheme_duplicated", {"schemes": ["KV", "KV"]}, "config key schemes: has duplicates: ['KV', 'KV']", "KV"),
     BadConfig("scheme_redefines_builtin", {"user_schemes": {"KV": {"K": _side("n", False), "V": _side("n", False)}}}, "redefines the built-in scheme KV", "KV"),
-    BadConfig("scheme_name_with_slash", {"user_schemes": {"a/b": {"K": _side("n", False), "V": _side("n", False)}}}, "scheme name 'a/b'", "a/b"),
+    BadConfig("scheme_name_with_slash", {"user_schemes": {"a/b": {"K": _side("n", False), "V": _side("n", False)}}},
+              "config key user_schemes: must be a scheme name: a letter, then up to 39 letters", "a/b"),
     BadConfig("scheme_names_differ_by_case", {**_user("kv", _side("n", False)), "schemes": ["KV", "kv"]}, "'KV' and 'kv' differ only in case", "kv"),
     # distribution parameters
-    BadConfig("nu_equal_1", _dists({"name": "t", "kind": "student_t", "params": {"nu": 1}}), "distributions[t].nu must be a number > 1, got 1", "nu"),
-    BadConfig("nu_below_1", _dists({"name": "t", "kind": "student_t", "params": {"nu": 0.5}}), "distributions[t].nu must be a number > 1, got 0.5", "nu"),
-    BadConfig("nu_nan", _dists({"name": "t", "kind": "student_t", "params": {"nu": float("nan")}}), "distributions[t].nu must be a number > 1, got nan", "nu"),
-    BadConfig("nu_missing", _dists({"name": "t", "kind": "student_t"}), "distributions[t].nu is missing", "nu"),
+    BadConfig("nu_equal_1", _dists({"name": "t", "kind": "student_t", "params": {"nu": 1}}),
+              "config key distributions[0].params.nu: must be > 1, got 1", "nu"),
+    BadConfig("nu_below_1", _dists({"name": "t", "kind": "student_t", "params": {"nu": 0.5}}),
+              "config key distributions[0].params.nu: must be > 1, got 0.5", "nu"),
+    BadConfig("nu_nan", _dists({"name": "t", "kind": "student_t", "params": {"nu": float("nan")}}),
+              "config key distributions[0].params.nu: must be a finite number, got nan", "nu"),
+    BadConfig("nu_missing", _dists({"name": "t", "kind": "student_t"}),
+              "config key distributions[0].params: missing required key(s): nu", "nu"),
     BadConfig("rank_above_dim", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 65}}), "distributions[lr].rank = 65 exceeds dim = 64", "rank"),
     BadConfig("rank_above_own_dim", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 16}, "dims": [8]}), "rank = 16 exceeds dim = 8", "rank"),
-    BadConfig("rank_0", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 0}}), "distributions[lr].rank must be an integer >= 1, got 0", "rank"),
-    BadConfig("rank_fraction", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 2.5}}), "rank must be an integer >= 1, got 2.5", "rank"),
-    BadConfig("noise_negative", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 2, "noise": -1}}), "noise must be a number >= 0", "noise"),
+    BadConfig("rank_0", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 0}}),
+              "config key distributions[0].params.rank: must be >= 1, got 0", "rank"),
+    BadConfig("rank_fraction", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 2.5}}),
+              "config key distributions[0].params.rank: must be an integer, got 2.5", "rank"),
+    BadConfig("noise_negative", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 2, "noise": -1}}),
+              "config key distributions[0].params.noise: must be >= 0, got -1", "noise"),
     BadConfig("outliers_above_dim", _dists({"name": "c", "kind": "concentrated", "params": {"n_outliers": 100, "outlier_scale": 3}}), "n_outliers = 100 exceeds dim = 64", "n_outliers"),
-    BadConfig("kind_unknown", _dists({"name": "g", "kind": "gauss"}), "kind must be one of", "gauss"),
+    BadConfig("kind_unknown", _dists({"name": "g", "kind": "gauss"}),
+              "config key distributions[0].kind: must be one of gaussian, student_t", "gauss"),
     # sizes and counts
-    BadConfig("trials_0", {"trials": 0}, "trials must be in 1..100000, got 0", "trials"),
-    BadConfig("n_queries_0", {"n_queries": 0}, "n_queries must be in 1..10000000, got 0", "n_queries"),
-    BadConfig("seq_len_0", {"seq_len": 0}, "seq_len must be in 1..10000000, got 0", "seq_len"),
-    BadConfig("seq_len_absurd", {"seq_len": 10**12}, "seq_len must be in 1..10000000", "seq_len"),
+    BadConfig("trials_0", {"trials": 0}, "config key trials: must be in 1..100000, got 0", "trials"),
+    BadConfig("n_queries_0", {"n_queries": 0}, "config key n_queries: must be in 1..10000000, got 0", "n_queries"),
+    BadConfig("seq_len_0", {"seq_len": 0}, "config key seq_len: must be in 1..10000000, got 0", "seq_len"),
+    BadConfig("seq_len_absurd", {"seq_len": 10**12}, "config key seq_len: must be in 1..10000000", "seq_len"),
     BadConfig("attention_matrix_absurd", {"seq_len": 10**6, "n_queries": 10**5}, "seq_len x n_queries", "seq_len"),
-    BadConfig("per_key_trials_above_trials", {"per_key_trials": 5}, "per_key_trials must be in 0..3, got 5", "per_key_trials"),
-    BadConfig("stats_n_boot_0", {"stats": {"n_boot": 0}}, "stats.n_boot must be in", "n_boot"),
-    BadConfig("sharpness_0", {"sharpness": [0.0]}, "sharpness[0] must be a positive number", "sharpness"),
-    BadConfig("sharpness_inf", {"sharpness": [float("inf")]}, "sharpness[0] must be a positive number, got inf", "sharpness"),
-    BadConfig("norm_dtype_float64", {"norm_dtype": "float64"}, "norm_dtype must be float16 or float32", "float64"),
-    BadConfig("base_seed_negative", {"base_seed": -1}, "base_seed must be in 0..", "base_seed"),
-    BadConfig("base_seed_above_2_63", {"base_seed": 2**64}, "base_seed must be in 0..9223372036854775807", "base_seed"),
+    BadConfig("per_key_trials_above_trials", {"per_key_trials": 5},
+              "config key per_key_trials: must be in 0..trials = 0..3, got 5", "per_key_trials"),
+    BadConfig("stats_n_boot_0", {"stats": {"n_boot": 0}},
+              "config key stats.n_boot: must be in 1..10000000, got 0", "n_boot"),
+    BadConfig("sharpness_0", {"sharpness": [0.0]},
+              "config key sharpness[0]: must be > 0 and < 1000000, got 0.0", "sharpness"),
+    BadConfig("sharpness_inf", {"sharpness": [float("inf")]},
+              "config key sharpness[0]: must be a finite number, got inf", "sharpness"),
+    BadConfig("norm_dtype_float64", {"norm_dtype": "float64"},
+              "config key norm_dtype: must be one of float16, float32, got 'float64'", "float64"),
+    BadConfig("base_seed_negative", {"base_seed": -1},
+              "config key base_seed: must be in 0..9223372036854775807, got -1", "base_seed"),
+    BadConfig("base_seed_above_2_63", {"base_seed": 2**64},
+              "config key base_seed: must be in 0..9223372036854775807, got 18446744073709551616", "base_seed"),
     # names (see NAME_POLICY for the accepted ones)
     BadConfig("names_duplicated", _dists({"name": "a", "kind": "gaussian"}, {"name": "a", "kind": "gaussian"}), "duplicated distribution name 'a'", "a"),
     BadConfig("names_differ_by_case", _dists({"name": "gauss", "kind": "gaussian"}, {"name": "Gauss", "kind": "gaussian"}), "'gauss' and 'Gauss' differ only in case", "Gauss"),
-    BadConfig("name_with_slash", _dists({"name": "a/b", "kind": "gaussian"}), "distributions[a/b].name", "a/b"),
-    BadConfig("name_with_space", _dists({"name": "a b", "kind": "gaussian"}), "distributions[a b].name", "a b"),
-    BadConfig("name_with_percent", _dists({"name": "a%b", "kind": "gaussian"}), "distributions[a%b].name", "a%b"),
-    BadConfig("name_unicode", _dists({"name": "gauß", "kind": "gaussian"}), "distributions[gauß].name", "gauß"),
-    BadConfig("name_dotdot", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "..", "kind": "gaussian"}), "distributions[..].name", ".."),
-    BadConfig("name_dot", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": ".", "kind": "gaussian"}), "distributions[.].name", "."),
-    BadConfig("name_hidden", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": ".t3", "kind": "gaussian"}), "distributions[.t3].name", ".t3"),
-    BadConfig("name_leading_underscore", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "_t3", "kind": "gaussian"}), "distributions[_t3].name", "_t3"),
-    BadConfig("name_leading_dash", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "-t3", "kind": "gaussian"}), "distributions[-t3].name", "-t3"),
+    BadConfig("name_with_slash", _dists({"name": "a/b", "kind": "gaussian"}),
+              "config key distributions[0].name: must be 1 to 64 ASCII letters", "a/b"),
+    BadConfig("name_with_space", _dists({"name": "a b", "kind": "gaussian"}),
+              "config key distributions[0].name: must be 1 to 64 ASCII letters", "a b"),
+    BadConfig("name_with_percent", _dists({"name": "a%b", "kind": "gaussian"}),
+              "config key distributions[0].name: must be 1 to 64 ASCII letters", "a%b"),
+    BadConfig("name_unicode", _dists({"name": "gauß", "kind": "gaussian"}),
+              "config key distributions[0].name: must be 1 to 64 ASCII letters", "gauß"),
+    BadConfig("name_dotdot", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "..", "kind": "gaussian"}),
+              "config key distributions[1].name: must be 1 to 64 ASCII letters", ".."),
+    BadConfig("name_dot", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": ".", "kind": "gaussian"}),
+              "config key distributions[1].name: must be 1 to 64 ASCII letters", "."),
+    BadConfig("name_hidden", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": ".t3", "kind": "gaussian"}),
+              "config key distributions[1].name: must be 1 to 64 ASCII letters", ".t3"),
+    BadConfig("name_leading_underscore",
+              _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "_t3", "kind": "gaussian"}),
+              "config key distributions[1].name: must be 1 to 64 ASCII letters", "_t3"),
+    BadConfig("name_leading_dash",
+              _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "-t3", "kind": "gaussian"}),
+              "config key distributions[1].name: must be 1 to 64 ASCII letters", "-t3"),
     BadConfig("name_too_long", _dists({"name": "g" * 65, "kind": "gaussian"}), "1 to 64 ASCII letters", "g" * 65),
-    BadConfig("name_empty", _dists({"name": "", "kind": "gaussian"}), "distributions[].name", "name"),
-    BadConfig("name_not_string", _dists({"name": 5, "kind": "gaussian"}), "distributions[5].name", "5"),
+    BadConfig("name_empty", _dists({"name": "", "kind": "gaussian"}),
+              "config key distributions[0].name: must be 1 to 64 ASCII letters, digits and _ . + -, "
+              "starting with a letter or digit, got ''",
+              "name"),
+    BadConfig("name_not_string", _dists({"name": 5, "kind": "gaussian"}),
+              "config key distributions[0].name: must be 1 to 64 ASCII letters", "5"),
     BadConfig("config_not_mapping", {"__whole__": [1, 2]}, "the config must be a mapping", "mapping"),
     # bring-your-own caches (kind: file); the file itself is read when the DAG is built (SNAKEMAKE_CASES)
     BadConfig("file_without_path", _dists({"name": "g", "kind": "gaussian"}, {"name": "mine", "kind": "file"}),
-              "distributions[mine].params.path must be the path of a cache file, got None", "path"),
+              "config key distributions[1].params: missing required key(s): path", "path"),
     BadConfig("file_suffix", _dists({"name": "g", "kind": "gaussian"}, {"name": "mine", "kind": "file", "params": {"path": "c.pt"}}),
               "distributions[mine].params.path = 'c.pt' must end in one of .npz, .safetensors, .npy", "c.pt"),
     BadConfig("file_causal_string", _dists({"name": "g", "kind": "gaussian"},
                                            {"name": "mine", "kind": "file", "params": {"path": "c.npz", "causal": "yes"}}),
-              "distributions[mine].params.causal must be true or false, got 'yes'", "causal"),
+              "config key distributions[1].params.causal: must be true or false, got 'yes'", "causal"),
     BadConfig("file_with_dims", _dists({"name": "g", "kind": "gaussian"},
                                        {"name": "mine", "kind": "file", "params": {"path": "c.npz"}, "dims": [64]}),
               "distributions[mine]: a file distribution takes no dims", "dims"),
     BadConfig("file_unknown_param", _dists({"name": "g", "kind": "gaussian"},
                                            {"name": "mine", "kind": "file", "params": {"path": "c.npz", "queries": 8}}),
-              "distributions[mine].params: unknown key(s) ['queries']", "queries"),
+              "unknown config key(s): distributions[1].params.queries; allowed: causal, path", "queries"),
     BadConfig("file_name_clash", _dists({"name": "g", "kind": "gaussian"}, {"name": "G", "kind": "file", "params": {"path": "c.npz"}}),
               "'g' and 'G' differ only in case", "G"),
     BadConfig("file_only", _dists({"name": "mine", "kind": "file", "params": {"path": "c.npz"}}),
               "config key distributions has no synthetic distribution", "synthetic"),
+    # the headline cell: typed by the schema, then checked against the grid
+    BadConfig("headline_typo", {"headline": {"budgt": 4}}, "unknown config key(s): headline.budgt", "budgt"),
+    BadConfig("headline_dim_string", {"headline": {"dim": "64"}},
+              "config key headline.dim: must be an integer, got '64'", "headline"),
+    BadConfig("headline_distribution_absent", {"headline": {"distribution": "t3"}},
+              "config key headline.distribution: must be a synthetic distribution of the grid", "headline"),
+    BadConfig("headline_distribution_file", {**_dists({"name": "g", "kind": "gaussian"},
+                                                      {"name": "mine", "kind": "file", "params": {"path": "c.npz"}}),
+                                             "headline": {"distribution": "mine"}},
+              "(a file distribution cannot be the headline)", "headline"),
+    BadConfig("headline_dim_outside_grid", {"headline": {"dim": 128}},
+              "config key headline.dim: must be a dim of gaussian (64), got 128", "headline.dim"),
+    BadConfig("headline_sharpness_outside_grid", {"headline": {"sharpness": 2.0}},
+              "config key headline.sharpness: must be one of sharpness (1, 4), got 2.0", "headline.sharpness"),
+    BadConfig("headline_budget_outside_grid", {"headline": {"budget": 3}},
+              "config key headline.budget: must be one of budgets (2, 4), got 3", "headline.budget"),
+    # the real-model rows' section (its texts are checked by kvasym.real.real_settings)
+    BadConfig("real_max_tokens_1", {"real": {"max_tokens": 1}},
+              "config key real.max_tokens: must be in 2..8192, got 1", "max_tokens"),
+    BadConfig("real_on", {"real": "on"}, "config key real: must be a mapping, or off (or false), got 'on'", "real"),
 ]
 
 
@@ -259,7 +325,9 @@ SNAKEMAKE_CASES = [
     ("typo_top_level_key", {"trails": 3}, "'trails' was unexpected"),
     ("rank_above_dim", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "lr", "kind": "low_rank", "params": {"rank": 100}}),
      "invalid config: distributions[lr].rank = 100 exceeds dim = 64"),
-    ("name_dotdot", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "..", "kind": "gaussian"}), "distributions[..].name"),
+    # the schema's error, as Snakemake's validate prints it
+    ("name_dotdot", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "..", "kind": "gaussian"}),
+     "On instance['distributions'][1]['name']"),
     ("names_duplicated", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "gaussian", "kind": "gaussian"}),
      "duplicated distribution name 'gaussian'"),
     ("claims_unknown_statistic", {"claims_file": "bad_claims.yaml"}, "statistic 'kl_ratioo' does not exist"),
@@ -368,7 +436,7 @@ def test_bad_claims_file(tmp_path, case_id: str, write, message: str) -> None:
 # a mini run of every library stage (data .. claims), for the claims and tampering cases
 
 MINI = {
-    **{k: v for k, v in TINY.items() if k not in ("distributions",)},
+    **{k: v for k, v in TINY.items() if k not in ("distributions", "headline")},  # headline: the default rule
     "dims": [16],
     "budgets": [2, 4],
     "schemes": ["KV", "KQV"],
@@ -406,22 +474,21 @@ def mini(tmp_path_factory) -> MiniRun:
     stats_out = {kind: [] for kind in ("comparisons", "summary", "trials", "theory")}
     for dist, dim in study.data_cells():
         data = root / f"data/{dist}/d{dim}.json"
-        pipeline.run_data(study.data_slice(dist, dim), data)
+        run_data(study.data_slice(dist, dim), data)
         for _, _, scheme, budget in (c for c in study.cells() if c[0] == dist):
             cell = run.cell(dist, scheme, budget)
-            pipeline.run_quantize(study.cell_slice(dist, dim, scheme, budget), data, cell["packed"])
-            pipeline.run_metrics(study.metrics_slice(dist, dim, scheme, budget), data, cell["packed"], cell["per_query"], cell["per_key"])
+            run_quantize(study.cell_slice(dist, dim, scheme, budget), data, cell["packed"])
+            run_metrics(study.metrics_slice(dist, dim, scheme, budget), data, cell["packed"], cell["per_query"], cell["per_key"])
         per_query = [run.cell(dist, s, b)["per_query"] for s in study.schemes for b in study.budgets]
         per_key = [run.cell(dist, s, b)["per_key"] for s in study.schemes for b in study.budgets]
         outs = {kind: root / f"stats/{kind}/{dist}/d{dim}.parquet" for kind in ("comparisons", "summary", "trials")}
-        analysis.run_stats(study.stats_slice(dist, dim), per_query, outs["comparisons"], outs["summary"], outs["trials"])
+        run_stats(study.stats_slice(dist, dim), per_query, outs["comparisons"], outs["summary"], outs["trials"])
         theory = root / f"theory/{dist}/d{dim}.parquet"
-        analysis.run_theory(study.theory_slice(dist, dim), data, per_key, theory)
+        run_theory(study.theory_slice(dist, dim), data, per_key, theory)
         for kind, path in {**outs, "theory": theory}.items():
             stats_out[kind].append(path)
     for kind, paths in stats_out.items():
-        holm = ("q_log10_p", "t_wilcoxon_log10_p", "t_mw_log10_p", "q_ks_log10_p", "energy_log10_p") if kind == "comparisons" else ()
-        analysis.gather(paths, root / f"gathered/{kind}.parquet", holm)
+        gather(paths, root / f"gathered/{kind}.parquet", HOLM_FAMILIES[kind])
         run.paths[kind] = root / f"gathered/{kind}.parquet"
         run.paths[f"{kind}_parts"] = paths
     return run
@@ -431,9 +498,13 @@ def _tables(run: MiniRun) -> dict[str, Path]:
     return {k: run.paths[k] for k in ("comparisons", "summary", "trials", "theory")}
 
 
+#: The headline cell of the mini grid, which the claims' where starts from.
+MINI_HEADLINE = {"distribution": "gaussian", "dim": 16, "sharpness": 1.0, "budget": 4}
+
+
 def _claims_with(tmp_path: Path, claim: dict) -> Path:
     path = tmp_path / "claims.yaml"
-    base = {"defaults": {"distribution": "gaussian", "dim": 16, "sharpness": 1.0, "alpha": 0.05},
+    base = {"defaults": {"alpha": 0.05},
             "claims": [{"id": "C1", "statement": "tail", **{k: v for k, v in _C.items() if k != "statement"}}, claim]}
     path.write_text(yaml.safe_dump(base, sort_keys=False))
     return path
@@ -460,7 +531,7 @@ def test_claim_naming_a_missing_statistic_fails_the_stage(mini: MiniRun, tmp_pat
     path = _claims_with(tmp_path, {"id": "X1", "statement": case_id, **claim})
     outputs = [tmp_path / "claims.json", tmp_path / "claims.md", tmp_path / "claims.tex"]
     with pytest.raises(KvasymError) as info:
-        run_claims(path, _tables(mini), *outputs)
+        run_claims(path, _tables(mini), *outputs, headline=MINI_HEADLINE)
     assert message in str(info.value) and "X1" in str(info.value)
     assert not any(p.exists() for p in outputs), "nothing half-written"
 
@@ -469,7 +540,7 @@ def test_claim_on_a_cell_outside_the_grid_is_not_evaluated(mini: MiniRun, tmp_pa
     """The contrast: a valid claim about a distribution this grid lacks is reported, not fatal."""
     claim = {"id": "X2", "statement": "absent", "statistic": "distribution_ratio",
              "where": {"num": "lowrank8", "den": "t1.05", "budget": 4, "scheme": "KQV"}, "holds_if": {"op": ">=", "value": 2}}
-    results = evaluate_claims(load_claims(_claims_with(tmp_path, claim)), _load_tables(mini))
+    results = evaluate_claims(load_claims(_claims_with(tmp_path, claim), MINI_HEADLINE), _load_tables(mini))
     assert results[1]["verdict"] == "not evaluated"
 
 
@@ -939,17 +1010,18 @@ def test_tampered_intermediate_is_detected(mini: MiniRun, tmp_path, case: Tamper
     out = tmp_path / "out"
     with pytest.raises(KvasymError) as info:
         if case.stage == "metrics":
-            pipeline.run_metrics(study.metrics_slice(dist, dim, scheme, budget), data, cell["packed"], out / "pq.parquet", out / "pk.parquet")
+            run_metrics(study.metrics_slice(dist, dim, scheme, budget), data, cell["packed"], out / "pq.parquet", out / "pk.parquet")
         elif case.stage == "stats":
             paths = [run.cell(dist, s, b)["per_query"] for s in study.schemes for b in study.budgets]
-            analysis.run_stats(study.stats_slice(dist, dim), paths, out / "c.parquet", out / "s.parquet", out / "t.parquet")
+            run_stats(study.stats_slice(dist, dim), paths, out / "c.parquet", out / "s.parquet", out / "t.parquet")
         elif case.stage == "theory":
             paths = [run.cell(dist, s, b)["per_key"] for s in study.schemes for b in study.budgets]
-            analysis.run_theory(study.theory_slice(dist, dim), data, paths, out / "theory.parquet")
+            run_theory(study.theory_slice(dist, dim), data, paths, out / "theory.parquet")
         elif case.stage == "gather":
-            analysis.gather(run.paths["summary_parts"], out / "summary.parquet")
+            gather(run.paths["summary_parts"], out / "summary.parquet")
         else:
-            run_claims(ROOT / "config/claims.test.yaml", _tables(run), out / "c.json", out / "c.md", out / "c.tex")
+            run_claims(ROOT / "config/claims.test.yaml", _tables(run), out / "c.json", out / "c.md", out / "c.tex",
+                       headline=run.study.headline)
     message = str(info.value)
     assert case.message in message, message
     assert "\n" not in message

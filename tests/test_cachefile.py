@@ -22,7 +22,6 @@ from kvasym.cachefile import (
     inspect_cache_file,
     keys_family_queries,
     load_cache_file,
-    run_file_metrics,
 )
 from kvasym.evaluate import quantize_pair
 from kvasym.schemes import get_scheme
@@ -134,6 +133,7 @@ def test_drawn_queries_do_not_depend_on_scheme_or_budget(tmp_path):
 
 def test_run_file_metrics_checks_the_planned_dim(tmp_path):
     from kvasym.errors import KvasymError
+    from kvasym.stages.file_metrics import run_file_metrics
 
     np.savez(tmp_path / "c.npz", k=K, v=V)
     spec = get_scheme("KQV").to_dict()

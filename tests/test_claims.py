@@ -17,11 +17,10 @@ from kvasym.claims import (
     Tables,
     evaluate_claims,
     load_claims,
-    macro_name,
-    render_latex,
     verdict,
 )
 from kvasym.errors import KvasymError
+from kvasym.render.claims import claim_macro, render_html, render_latex
 
 
 @pytest.mark.parametrize(
@@ -136,17 +135,33 @@ def test_shipped_ledgers_load():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
+    headline = {"distribution": "gaussian", "dim": 64, "sharpness": 1.0, "budget": 4}
     for name in ("claims.yaml", "claims.test.yaml"):
-        claims = load_claims(root / "config" / name)
+        claims = load_claims(root / "config" / name, headline)
         assert len({c["id"] for c in claims}) == len(claims)
+        # the headline fills each claim's cell unless the claim names its own
+        import yaml
+
+        raw = {str(c["id"]): c.get("where") or {} for c in yaml.safe_load((root / "config" / name).read_text())["claims"]}
+        for claim in claims:
+            for key in ("distribution", "dim", "sharpness"):
+                assert claim["where"][key] == raw[claim["id"]].get(key, headline[key]), (claim["id"], key)
 
 
-def test_macro_names_are_letters_only_and_latex_escapes():
-    assert macro_name("C10", "estimate") == "ClaimCOneZeroEstimate"
-    assert macro_name("C5m", "low") == "ClaimCFivemLow"
+def test_claim_macros_keep_the_id_and_latex_escapes():
+    assert claim_macro("C10", "Estimate") == "claim:C10:Estimate"
+    assert claim_macro("C5m", "Low") == "claim:C5m:Low"
     tex = render_latex([{"id": "C1", "estimate": 1.5, "low": math.nan, "high": None, "log10_p": None,
-                         "verdict": "holds", "paper_text": "50% & more_"}])
-    assert r"\newcommand{\ClaimCOneEstimate}{1.5}" in tex
+                         "verdict": "holds", "paper_text": "50% & more_"},
+                        {"id": "C2r", "estimate": 0.000457, "low": 2, "high": None, "log10_p": -23.44,
+                         "verdict": "holds", "paper_value": 2.25}])
+    # the one formatter: 3 significant figures, trailing zeros kept, the same digits as the tables
+    assert r"\expandafter\newcommand\csname claim:C1:Estimate\endcsname{\ensuremath{1.50}}" in tex
+    assert r"\csname claim:C2r:Estimate\endcsname{\ensuremath{4.57\times10^{-4}}}" in tex
+    assert r"\csname claim:C2r:Low\endcsname{\ensuremath{2.00}}" in tex
+    assert r"\csname claim:C2r:LogP\endcsname{-23.4}" in tex
+    assert r"\csname claim:C2r:Paper\endcsname{\ensuremath{2.25}}" in tex
+    assert r"\csname claim:C1:Low\endcsname{n/a}" in tex
     assert r"50\% \& more\_" in tex
 
 
@@ -169,8 +184,6 @@ def test_distribution_ratio_with_known_effect():
 
 
 def test_html_ledger_escapes_and_counts_every_verdict():
-    from kvasym.claims import render_html
-
     results = [
         {"id": "C1", "statement": "<script>alert(1)</script> & co", "paper_value": 1.5, "paper_text": None,
          "estimate": 1.57, "low": 1.5, "high": 1.6, "log10_p": -3.2, "verdict": "holds", "reason": "CI > 1"},
@@ -180,5 +193,5 @@ def test_html_ledger_escapes_and_counts_every_verdict():
     page = render_html(results)
     assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt; &amp; co" in page
     assert "2 claims: 1 holds, 1 not evaluated." in page
-    assert "[1.5, 1.6]" in page and "-3.2" in page and "1.57" in page
+    assert "[1.50, 1.60]" in page and "-3.2" in page and "1.57" in page
     assert page.count("<tr>") == 3  # header + two claims

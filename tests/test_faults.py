@@ -75,7 +75,7 @@ def final_outputs(workdir: Path) -> list[Path]:
     return [
         p for p in results.rglob("*")
         if p.is_file() and p.suffix in FINAL_SUFFIXES and not p.name.startswith(".")
-        and not p.relative_to(results).parts[0] in ("logs", "benchmarks")
+        and p.relative_to(results).parts[0] not in ("logs", "benchmarks")
     ]
 
 

@@ -370,26 +370,27 @@ def test_style_does_not_leak():
 
 
 def test_figures_slice_from_the_test_config():
-    from kvasym.figures_stage import claims_defaults, figures_slice
+    from kvasym.figure_registry import figures_slice
     from kvasym.study import load_study_file
 
     study = load_study_file(ROOT / "config/test.yaml")
-    sl = figures_slice(study, claims_defaults(ROOT / "config/claims.test.yaml"))
+    sl = figures_slice(study)
     assert sl["headline"] == {"distribution": "gaussian", "dim": 64, "sharpness": 1.0, "budget": 4}
     assert sl["facet_distributions"] == ["gaussian", "t1.05", "lowrank4"]
     assert sl["rank_references"] == ["t1.05"]
     assert json.loads(json.dumps(sl)) == sl  # JSON-able
     paper = load_study_file(ROOT / "config/config.yaml")
-    sl = figures_slice(paper, claims_defaults(ROOT / "config/claims.yaml"))
+    sl = figures_slice(paper)
     assert sl["headline"] == {"distribution": "gaussian", "dim": 128, "sharpness": 2.0, "budget": 4}
     assert sl["facet_distributions"] == ["gaussian", "t1.05", "lowrank2", "outliers4"]
     assert sl["rank_references"] == ["t1.05", "t3"]  # heaviest tail at d = 128, at d = 1024
-    # no claims defaults: first distribution, its first dim, first sharpness, budget 4
-    assert figures_slice(paper, {})["headline"] == {"distribution": "gaussian", "dim": 128, "sharpness": 1.0, "budget": 4}
+    # the headline is the study's own (config key headline), the one tables and claims read
+    assert sl["headline"] == paper.headline
 
 
 def test_run_figures_writes_every_file(tmp_path, monkeypatch, real_rows):
-    from kvasym.figures_stage import FIGURES, figure_files, run_figures
+    from kvasym.figure_registry import FIGURES, figure_files
+    from kvasym.stages.figure import run_figures
 
     drawn = []
 
@@ -451,8 +452,8 @@ def test_run_figures_writes_every_file(tmp_path, monkeypatch, real_rows):
 
 
 def test_families_partition_the_figures_and_name_their_cells():
-    from kvasym.figures_stage import FAMILIES, FAMILY_INPUTS, FIGURES, family_cells, figure_files
-    from kvasym.figures_stage import claims_defaults, figures_slice
+    from kvasym.figure_registry import FAMILIES, FAMILY_INPUTS, FIGURES, family_cells, figure_files
+    from kvasym.figure_registry import figures_slice
     from kvasym.study import load_study_file
 
     names = [n for family in FAMILIES.values() for n in family]
@@ -460,7 +461,7 @@ def test_families_partition_the_figures_and_name_their_cells():
     assert set(FAMILY_INPUTS) == set(FAMILIES)
     assert figure_files("out", ["shannon_phi"]) == [f"out/shannon_phi_{s}.{f}" for s in "kvt" for f in ("pdf", "png")]
     paper = load_study_file(ROOT / "config/config.yaml")
-    sl = figures_slice(paper, claims_defaults(ROOT / "config/claims.yaml"))
+    sl = figures_slice(paper)
     facets = ["gaussian", "t1.05", "lowrank2", "outliers4"]
     # per-query figures facet by budget (None: every budget); Jensen shows the headline budget
     assert family_cells(sl, "shannon_phi") == [{"distribution": f, "dim": 128, "budget": None} for f in facets]
@@ -495,7 +496,8 @@ def real_rows(tmp_path_factory):
     from test_real_evaluate import make_capture
 
     from kvasym.real.capture import write_capture
-    from kvasym.real.evaluate import REAL_DISTRIBUTIONS, run_real_metrics
+    from kvasym.real.evaluate import REAL_DISTRIBUTIONS
+    from kvasym.stages.real_metrics import run_real_metrics
     from kvasym.schemes import get_scheme
 
     tmp = tmp_path_factory.mktemp("real_rows")
@@ -529,7 +531,7 @@ def brute_force_means(captures, dist: str, scheme: str, budget: int) -> pd.DataF
 
 
 def test_real_kl_means_match_a_brute_force_mean(real_rows):
-    from kvasym.figures_stage import real_kl_means
+    from kvasym.stages.figure import real_kl_means
 
     means = real_kl_means([*real_rows["headline"], real_rows["files"][("smollm2", "KV", 2)]], budget=REAL_BUDGET)
     assert list(means.columns) == ["distribution", "scheme", "budget", "layer", "kv_head", "kl_mean", "n_queries"]
@@ -560,7 +562,7 @@ def _panels(fig):
 def test_real_heatmap_draws_the_means_on_one_log_scale(real_rows, tmp_path, monkeypatch):
     from matplotlib.colors import LogNorm
 
-    from kvasym.figures_stage import run_figures
+    from kvasym.stages.figure import run_figures
 
     figures = {}
 
@@ -618,7 +620,7 @@ def test_real_heatmap_draws_the_means_on_one_log_scale(real_rows, tmp_path, monk
 
 
 def test_real_heatmap_renders_to_files(real_rows, tmp_path):
-    from kvasym.figures_stage import _real_heatmap, real_kl_means
+    from kvasym.stages.figure import _real_heatmap, real_kl_means
 
     fig = _real_heatmap(real_kl_means(real_rows["headline"], budget=REAL_BUDGET), REAL_SCHEMES, REAL_BUDGET)
     written = fg.save_figure(fig, tmp_path / "real_kl_heatmap")
@@ -626,9 +628,9 @@ def test_real_heatmap_renders_to_files(real_rows, tmp_path):
 
 
 def _means_frame(layers=(0, 5, 29), heads=(0, 1, 2), schemes=("KV", "QKQV"), dists=("smollm2", "smollm2-prerope")):
-    rows = [{"distribution": d, "scheme": s, "budget": 4, "layer": l, "kv_head": h,
-             "kl_mean": (1e-3 if s == "KV" else 1e-1) * (1 + l + h), "n_queries": 10}
-            for d, s, l, h in itertools.product(dists, schemes, layers, heads)]
+    rows = [{"distribution": d, "scheme": s, "budget": 4, "layer": layer, "kv_head": h,
+             "kl_mean": (1e-3 if s == "KV" else 1e-1) * (1 + layer + h), "n_queries": 10}
+            for d, s, layer, h in itertools.product(dists, schemes, layers, heads)]
     return pd.DataFrame(rows)
 
 
@@ -682,7 +684,7 @@ def _rewrite(src: Path, dst: Path, *, drop_trial_map: bool = False, trial_map=No
 
 def test_real_kl_means_rejects_files_without_a_complete_trial_map(real_rows, tmp_path):
     from kvasym.dataset import read_metadata
-    from kvasym.figures_stage import real_kl_means
+    from kvasym.stages.figure import real_kl_means
 
     good = real_rows["files"][("smollm2", "KV", REAL_BUDGET)]
     trial_map = json.loads(read_metadata(good)["trial_map"])
@@ -711,7 +713,7 @@ def test_real_kl_means_rejects_files_without_a_complete_trial_map(real_rows, tmp
 def test_real_family_inputs_flags_and_dag_presence(tmp_path, monkeypatch):
     import argparse
 
-    from kvasym import figures_stage as fs
+    from kvasym import figure_registry as fs
     from kvasym.study import load_study_file
 
     assert fs.FAMILIES["real_heatmap"] == ("real_kl_heatmap",)
@@ -722,17 +724,21 @@ def test_real_family_inputs_flags_and_dag_presence(tmp_path, monkeypatch):
     assert fs.dag_families(True) == fs.FAMILIES
     assert fs.dag_families(False) == {f: n for f, n in fs.FAMILIES.items() if f != "real_heatmap"}
     assert fs.figure_files("out", ["real_heatmap"]) == ["out/real_kl_heatmap.pdf", "out/real_kl_heatmap.png"]
-    sl = fs.figures_slice(load_study_file(ROOT / "config/test.yaml"))
-    assert fs.family_cells(sl, "real_heatmap") == []  # no synthetic cells: the real files are its inputs
+    from kvasym import figure_registry as registry
+
+    sl = registry.figures_slice(load_study_file(ROOT / "config/test.yaml"))
+    assert registry.family_cells(sl, "real_heatmap") == []  # no synthetic cells: the real files are its inputs
     # the input name real_per_query is the flag --real-per-query (common.smk's figure_flags: "_" -> "-")
     parser = argparse.ArgumentParser()
-    fs.add_arguments(parser)
+    from kvasym.stages import figure as figure_stage
+
+    figure_stage.add_arguments(parser)
     args = parser.parse_args(["--slice", "{}", "--family", "real_heatmap", "--real-per-query", "a b.parquet", "c.parquet",
                               "--out-dir", str(tmp_path)])
     seen = {}
-    monkeypatch.setattr(fs, "run_figures", lambda s, inputs, out, families: seen.update(inputs=inputs, families=families) or [])
+    monkeypatch.setattr(figure_stage, "run_figures", lambda s, inputs, out, families: seen.update(inputs=inputs, families=families) or [])
     monkeypatch.setattr("kvasym.study.parse_slice", lambda text: {})
-    fs.run_from_args(args)
+    figure_stage.run_from_args(args)
     assert seen["families"] == ["real_heatmap"]
     assert seen["inputs"]["real_per_query"] == ["a b.parquet", "c.parquet"]
     # every family has a caption for the Snakemake report

@@ -28,8 +28,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvasym import analysis, stats, tables
-from kvasym.claims import load_claims, macro_name, render_latex
+from kvasym import stats
+from kvasym.render import format as fmt
+from kvasym.render import numbers, tables
+from kvasym.stages import stats as stats_stage
+from kvasym.claims import load_claims
+from kvasym.cli import main
+from kvasym.render.claims import CLAIM_FIELDS, render_latex
 from kvasym.errors import KvasymError
 from kvasym.latex import escape_latex
 from kvasym.study import load_study_file
@@ -39,7 +44,6 @@ PAPER = ROOT / "paper"
 HAND_WRITTEN = [PAPER / "main.tex", *sorted((PAPER / "sections").glob("*.tex"))]
 FIGURES = ("shannon_phi_k", "shannon_phi_v", "shannon_phi_t", "kl_ecdf", "budget_crossover", "tail_sweep",
            "rank_sweep", "theory_check", "marginals", "jensen_bias", "sharpness_sweep")
-CLAIM_FIELDS = {"Estimate", "Low", "High", "LogP", "Verdict", "Paper"}  # kvasym.claims.render_latex
 COMMIT = "feedc0de0123456789abcdef0123456789abcdef"
 APT_INSTALL = ("apt-get update && apt-get install -y --no-install-recommends latexmk texlive-latex-recommended "
                "texlive-latex-extra texlive-fonts-recommended poppler-utils")
@@ -53,7 +57,9 @@ _UNIT = r"(?:pt|mm|cm|in|ex|em|bp|sp|pc|dd|cc|mu|\\(?:textwidth|linewidth|column
 #: Commands whose (first) braced argument is a name, a path or a key, never prose.
 _NAME_ARG = (r"label|ref|eqref|pageref|autoref|cref|Cref|nameref|cite[a-zA-Z]*|input|include|includegraphics|"
              r"usepackage|RequirePackage|documentclass|graphicspath|url|href|hypersetup|IfFileExists|"
-             r"kvtable|kvfigure|kvgraphic|begin|end")
+             r"kvtable|kvfigure|kvgraphic|begin|end|"
+             # a claim's id, as in config/claims.yaml (a name, not a number: C2r)
+             r"claim|claimid|claimci|claimverdict|claimlogp")
 _ALLOWED = [
     # \newcommand{\x}[2][default] (arity and default)
     re.compile(r"\\(?:new|renew|provide)command\*?\{\\[A-Za-z@]+\}(?:\[[^\]]*\])*"),
@@ -94,7 +100,7 @@ def typed_digits(text: str) -> list[tuple[int, str]]:
         r"at $d = 1024$",
         r"a 1-bit sketch",
         r"\emph{4}",
-        r"\claim{C2}{Estimate}",
+        r"\claim{C2}{Estimate} is 2.25",
         r"top-5 recall",
         r"the 99th percentile",
         r"\textbf{0.027}",
@@ -121,7 +127,7 @@ def test_digit_checker_catches_typed_numbers(snippet):
         r"\usepackage[T1]{fontenc}\usepackage[scaled=.92]{helvet}",
         r"\documentclass[11pt,a4paper]{article}",
         r"\parbox{.8\linewidth}{x}",
-        r"\claim{CTwo}{Estimate} at $n = \HeadlineBudget$",
+        r"\claim{C2}{Estimate} at $n = \HeadlineBudget$",
     ],
 )
 def test_digit_checker_allows_latex_syntax(snippet):
@@ -155,13 +161,13 @@ def paper_study():
 
 @pytest.fixture(scope="module")
 def paper_claims(paper_study):
-    return load_claims(ROOT / paper_study.claims_file)
+    return load_claims(ROOT / paper_study.claims_file, paper_study.headline)
 
 
 @pytest.fixture(scope="module")
 def paper_numbers(paper_study, paper_claims):
-    headline = tables.headline_cell(paper_study, ROOT / paper_study.claims_file)
-    return tables.numbers_macros(tables.numbers_slice(paper_study, headline, paper_claims, commit=COMMIT))
+    headline = paper_study.headline
+    return numbers.numbers_macros(numbers.numbers_slice(paper_study, headline, paper_claims, commit=COMMIT))
 
 
 def _prose() -> str:
@@ -169,7 +175,7 @@ def _prose() -> str:
 
 
 def test_quoted_claims_and_fields_exist(paper_claims, paper_numbers):
-    ids = {macro_name(c["id"], "")[len("Claim"):]: c["id"] for c in paper_claims}
+    ids = {c["id"]: c["id"] for c in paper_claims}
     prose = _prose()
     uses = re.findall(r"\\claim\{([^{}]*)\}\{([^{}]*)\}", prose)
     uses += [(cid, "Id") for cid in re.findall(r"\\claim(?:id|ci|verdict|logp)\{([^{}]*)\}", prose)]
@@ -178,7 +184,7 @@ def test_quoted_claims_and_fields_exist(paper_claims, paper_numbers):
         if cid == "#1":
             continue  # the helpers' own definitions
         assert cid in ids, f"\\claim{{{cid}}}: no such claim in config/claims.yaml (known: {sorted(ids)})"
-        name = f"Claim{cid}{field}"
+        name = f"claim:{cid}:{field}"
         assert field in CLAIM_FIELDS or name in paper_numbers, f"\\claim{{{cid}}}{{{field}}}: no macro {name}"
     quoted = {cid for cid, _ in uses}
     missing = sorted(ids[c] for c in set(ids) - quoted)
@@ -209,7 +215,7 @@ CELL = ["distribution", "kind", "dim", "budget", "sharpness"]
 
 
 def _summary_columns() -> list[str]:
-    coords = {m: np.ones(3) for m in analysis.SUMMARY_METRICS}
+    coords = {m: np.ones(3) for m in stats_stage.SUMMARY_METRICS}
     return [*CELL, "scheme", "n_trials", "n_queries", *stats.cell_summary(np.ones(3), np.ones(3), coords)]
 
 
@@ -255,7 +261,7 @@ def make_comparisons(dists, schemes, budgets=(2, 4), dim=64, sharpness=(1.0, 4.0
             for s in sharpness:
                 for i, a in enumerate(schemes):
                     for b in schemes[i + 1:]:
-                        for metric in (*analysis.COMPARED_METRICS, "error6d"):
+                        for metric in (*stats_stage.COMPARED_METRICS, "error6d"):
                             row = {c: np.nan for c in cols}
                             row.update(distribution=dist, kind="gaussian", dim=dim, budget=budget, sharpness=s,
                                        scheme_a=a, scheme_b=b, metric=metric, per_trial_only=False, n_trials=3.0,
@@ -395,19 +401,21 @@ def _assert_escaped(text: str, names) -> None:
 
 def test_hostile_names_are_escaped_in_numbers(tmp_path):
     study = load_study_file(ROOT / "config" / "test.yaml")
-    slice_ = tables.numbers_slice(study, {**HEADLINE, "distribution": "a_b"},
+    slice_ = numbers.numbers_slice(study, {**HEADLINE, "distribution": "a_b"},
                                   [{"id": "C2", "statement": "R&D: 50% of #1", "holds_if": {"op": ">", "value": 1},
                                     "where": {"a": "$x$", "b": "t~é", "metrics": ["kl", "t_eps_dir"], "better": {"x": 1}}}],
                                   commit="abc_def", version="0.1.0")
     schemes = ["#1", "$x$", "t~1", "é", "q^z", "{bb}", "back\\slash", "<>", "R&D"]
     slice_["schemes"] = schemes
-    path = tables.render_numbers(slice_, tmp_path)
+    path = numbers.render_numbers(slice_, tmp_path)
     text = path.read_text(encoding="utf-8")
     _assert_escaped(text, ["a_b", "R&D: 50% of #1", "$x$", "t~é", "abc_def", "t_eps_dir"] + schemes)
     names = re.findall(r"\\newcommand\{\\([^}]*)\}", text)
     assert names and all(n.isalpha() for n in names)
+    claim_names = re.findall(r"\\csname (claim:[^\\]*)\\endcsname", text)
+    assert "claim:C2:WhereMetrics" in claim_names and len(claim_names) == len(set(claim_names))
     assert len(names) == len(set(names))
-    assert "\\newcommand{\\ClaimCTwoWhereMetrics}{kl, t\\_eps\\_dir}" in text
+    assert "\\expandafter\\newcommand\\csname claim:C2:WhereMetrics\\endcsname{kl, t\\_eps\\_dir}" in text
     assert "\\newcommand{\\GitCommit}{abc\\_def}" in text
 
 
@@ -418,13 +426,13 @@ def test_numbers_cover_the_grid(paper_numbers):
     assert paper_numbers["HeadlineDim"] == "128" and paper_numbers["HeadlineSharpness"] == "2"
     assert paper_numbers["TailNuMin"] == "1.05"
     assert paper_numbers["GitCommitShort"] == COMMIT[:12]
-    assert paper_numbers["ClaimCTwoMaxLogP"] == "-23"
-    assert paper_numbers["ClaimCFiveWhereDim"] == "1024"
-    assert paper_numbers["ClaimCOneZeroId"] == "C10"
+    assert paper_numbers["claim:C2:MaxLogP"] == "-23"
+    assert paper_numbers["claim:C5:WhereDim"] == "1024"
+    assert paper_numbers["claim:C10:Id"] == "C10"
 
 
 def test_finalize_escapes_strings_even_without_the_filter_and_refuses_raw_floats():
-    env = tables.environment()
+    env = fmt.environment()
     assert env.from_string(r"\VAR{name}").render(name="a_b & c") == r"a\_b \& c"
     assert env.from_string(r"\VAR{name|escape}").render(name="50%") == r"50\%"
     assert env.from_string(r"\VAR{x|sig}").render(x=0.054894) == "0.0549"
@@ -439,15 +447,15 @@ def test_finalize_escapes_strings_even_without_the_filter_and_refuses_raw_floats
 
 def test_missing_variable_raises():
     with pytest.raises(jinja2.UndefinedError):
-        tables.environment().from_string(r"\VAR{missing}").render()
+        fmt.environment().from_string(r"\VAR{missing}").render()
     with pytest.raises(jinja2.UndefinedError):
-        tables.environment().from_string(r"\BLOCK{for r in rows}\VAR{r.nope}\BLOCK{endfor}").render(rows=[{"a": 1}])
+        fmt.environment().from_string(r"\BLOCK{for r in rows}\VAR{r.nope}\BLOCK{endfor}").render(rows=[{"a": 1}])
 
 
 @pytest.mark.parametrize("template", sorted({t for t, _ in tables.TABLES.values()}))
 def test_every_template_refuses_an_incomplete_context(template):
     with pytest.raises(jinja2.UndefinedError):
-        tables.render_template(template)
+        fmt.render_template(template)
 
 
 # --------------------------------------------------------------------------------------------
@@ -477,7 +485,7 @@ def test_every_template_refuses_an_incomplete_context(template):
     ],
 )
 def test_sig(x, digits, expected):
-    assert tables.sig(x, digits) == expected
+    assert fmt.sig(x, digits) == expected
 
 
 @pytest.mark.parametrize(
@@ -499,18 +507,18 @@ def test_sig(x, digits, expected):
     ],
 )
 def test_pvalue_from_log10(log10_p, digits, expected):
-    assert tables.pvalue(log10_p, digits) == expected
+    assert fmt.pvalue(log10_p, digits) == expected
 
 
 def test_cell_formats():
-    assert tables.num(0.054894) == "$0.0549$"
-    assert tables.num(0.054894, bold=True) == r"$\mathbf{0.0549}$"
-    assert tables.num(math.nan) == "--"
-    assert tables.ci(5.6025, 5.3199, 6.0309) == r"$5.60\ [5.32, 6.03]$"
-    assert tables.ci(0.922, math.nan, math.nan) == "$0.922$"
-    assert tables.bits(4.0, 0.5078125) == "$4 + 0.508$"
-    assert tables.plain(2.0) == "2" and tables.plain(1.05) == "1.05"
-    assert tables.pvalue_raw(0.0) == "$0$" and tables.pvalue_raw(1e-40) == r"$1\times10^{-40}$"
+    assert fmt.num(0.054894) == "$0.0549$"
+    assert fmt.num(0.054894, bold=True) == r"$\mathbf{0.0549}$"
+    assert fmt.num(math.nan) == "--"
+    assert fmt.ci(5.6025, 5.3199, 6.0309) == r"$5.60\ [5.32, 6.03]$"
+    assert fmt.ci(0.922, math.nan, math.nan) == "$0.922$"
+    assert fmt.bits(4.0, 0.5078125) == "$4 + 0.508$"
+    assert fmt.plain(2.0) == "2" and fmt.plain(1.05) == "1.05"
+    assert fmt.pvalue_raw(0.0) == "$0$" and fmt.pvalue_raw(1e-40) == r"$1\times10^{-40}$"
 
 
 # --------------------------------------------------------------------------------------------
@@ -591,24 +599,23 @@ def test_command_line(tmp_path, capsys):
     args = ["tables", "--headline", json.dumps(HEADLINE), "--out-dir", str(tmp_path / "out")]
     for key, path in inputs.items():
         args += [f"--{key}", str(path)]
-    assert tables.main(args) == 0
+    assert main(["stage", *args]) == 0
     assert (tmp_path / "out" / "table_tests.tex").is_file()
-    assert tables.main(["numbers", "--config", str(ROOT / "config" / "test.yaml"), "--commit", COMMIT,
+    assert main(['stage', "numbers", "--config", str(ROOT / "config" / "test.yaml"), "--commit", COMMIT,
                         "--out-dir", str(tmp_path / "out")]) == 0
     assert f"\\newcommand{{\\GitCommit}}{{{COMMIT}}}" in (tmp_path / "out" / "numbers.tex").read_text()
-    assert tables.main(["tables", "--headline", "{}", "--summary", str(tmp_path / "nope.parquet"),
+    assert main(['stage', "tables", "--headline", "{}", "--summary", str(tmp_path / "nope.parquet"),
                         "--table", "table_results", "--out-dir", str(tmp_path)]) == 2
     assert "no such file" in capsys.readouterr().err
 
 
-def test_headline_cell_checks_the_grid(tmp_path):
+def test_the_headline_is_the_studys_and_claims_files_cannot_move_it(tmp_path):
     study = load_study_file(ROOT / "config" / "test.yaml")
-    assert tables.headline_cell(study, ROOT / study.claims_file) == {
-        "distribution": "gaussian", "dim": 64, "sharpness": 1.0, "budget": 4, "alpha": 0.05}
+    assert study.headline == {"distribution": "gaussian", "dim": 64, "sharpness": 1.0, "budget": 4}
     bad = tmp_path / "claims.yaml"
     bad.write_text("defaults: {distribution: gaussian, dim: 64, sharpness: 2.0}\nclaims: []\n")
-    with pytest.raises(KvasymError, match="sharpness"):
-        tables.headline_cell(study, bad)
+    with pytest.raises(KvasymError, match=r"defaults\.dim: the headline cell is the config's `headline` key"):
+        load_claims(bad, study.headline)
 
 
 # --------------------------------------------------------------------------------------------
@@ -657,8 +664,8 @@ def test_paper_compiles_with_generated_files(tmp_path, paper_study, paper_claims
     results = _claims_results(paper_claims)
     results[2]["estimate"] = 3.14159  # C2
     (generated / "claims.tex").write_text(render_latex(results), encoding="utf-8")
-    headline = tables.headline_cell(paper_study, ROOT / paper_study.claims_file)
-    tables.render_numbers(tables.numbers_slice(paper_study, headline, paper_claims, commit=COMMIT), generated)
+    headline = paper_study.headline
+    numbers.render_numbers(numbers.numbers_slice(paper_study, headline, paper_claims, commit=COMMIT), generated)
     frames = synthetic_frames(["gaussian", "R&D_50%"], ["KV", "KQV", "#1", "é~"], claim_ids=["C2", "a_b"])
     frames = {**frames, "summary": make_summary(["gaussian", "R&D_50%"], ["KV", "KQV", "#1", "é~"], dim=128,
                                                 sharpness=(2.0,)),
@@ -682,7 +689,7 @@ def test_paper_compiles_with_generated_files(tmp_path, paper_study, paper_claims
     except ImportError:
         pass
     text = _latexmk(paper)
-    assert "3.14" in text  # the C2 estimate, through \claim{CTwo}{Estimate}
+    assert "3.14" in text  # the C2 estimate, through \claim{C2}{Estimate}
     assert COMMIT[:12] in text and COMMIT in text
     assert "$4\\times" not in text and "4 × 10" in text  # a p-value of the tests table, typeset
     assert "R&D_50%" in text and "é~" in text  # hostile names typeset literally
@@ -696,7 +703,7 @@ def test_paper_compiles_without_tables_claims_or_figures(tmp_path):
     _need_latex()
     paper = _paper_copy(tmp_path)
     study = load_study_file(ROOT / "config" / "test.yaml")
-    tables.render_numbers(tables.numbers_slice(study, tables.headline_cell(study, ROOT / study.claims_file),
+    numbers.render_numbers(numbers.numbers_slice(study, study.headline,
                                                load_claims(ROOT / study.claims_file), commit=COMMIT), paper / "generated")
     text = _latexmk(paper)
     assert "table table_results has not been generated" in text

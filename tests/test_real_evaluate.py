@@ -111,10 +111,10 @@ def test_real_metrics_table_feeds_the_stats_stage(tmp_path):
 
     import pandas as pd
 
-    from kvasym.analysis import run_stats
+    from kvasym.stages.stats import run_stats
     from kvasym.dataset import read_metadata
     from kvasym.real.capture import write_capture
-    from kvasym.real.evaluate import run_real_metrics
+    from kvasym.stages.real_metrics import run_real_metrics
 
     paths = []
     for i, text in enumerate(("a", "b")):

@@ -14,26 +14,26 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from kvasym import tables
+from kvasym.cli import main
+from kvasym.render import format as fmt
+from kvasym.stages.real_cachestats import run_real_cachestats
+from kvasym.render import numbers, tables
 from kvasym.cachestats import STATISTICS, TOP_CHANNELS, batched_cache_statistics, cache_statistics
 from kvasym.errors import KvasymError
 from kvasym.latex import escape_latex
-from kvasym.pipeline import run_data
+from kvasym.stages.data import run_data
 from kvasym.real import INSTALL_COMMANDS, REAL_MODEL_NAME
 from kvasym.real.cachestats import (
     COLUMNS,
     TENSORS,
     capture_statistics,
     captures_statistics,
-    main as cachestats_main,
-    run_real_cachestats,
 )
 from kvasym.real.capture import write_capture
 from kvasym.study import load_study_file
@@ -106,7 +106,7 @@ def test_captures_to_parquet_and_command_line(tmp_path, capsys):
         capture.metadata["name"] = text
         paths.append(write_capture(capture, tmp_path / f"{text}.npz"))
     out = tmp_path / "real" / "cachestats.parquet"
-    assert cachestats_main(["--captures", *map(str, paths), "--out", str(out)]) == 0
+    assert main(["stage", "real_cachestats", "--captures", *map(str, paths), "--out", str(out)]) == 0
     assert str(out) in capsys.readouterr().out
     frame = pd.read_parquet(out)
     assert list(frame.columns) == list(COLUMNS)
@@ -122,7 +122,7 @@ def test_captures_to_parquet_and_command_line(tmp_path, capsys):
         run_real_cachestats([paths[0], paths[0]], tmp_path / "x.parquet")
     broken = tmp_path / "broken.npz"
     broken.write_bytes(b"PK\x03\x04 not a zip")
-    assert cachestats_main(["--captures", str(broken), "--out", str(tmp_path / "y.parquet")]) == 2
+    assert main(["stage", "real_cachestats", "--captures", str(broken), "--out", str(tmp_path / "y.parquet")]) == 2
     assert "broken.npz" in capsys.readouterr().err
     assert not (tmp_path / "y.parquet").exists()
     with pytest.raises(KvasymError, match="at least one capture"):
@@ -205,7 +205,7 @@ def test_results_cells_hold_their_own_values_and_bold_the_best():
                     better = tables.REAL_RESULT_COLUMNS[column]
                     values = [expected_value(dist, s, budget, column) for s in SCHEMES]
                     best = min(values) if better == "lower" else max(values)
-                    plain = tables.sig(value)
+                    plain = fmt.sig(value)
                     assert cell == (f"$\\mathbf{{{plain}}}$" if value == best else f"${plain}$"), \
                         (budget, scheme, dist, column, cell)
     # spot checks against strings typed by hand
@@ -228,7 +228,7 @@ def test_missing_cells_print_a_dash_and_never_bold():
     text = tables.table_texts({"summary": frame}, HEADLINE, ["table_real"])["table_real"]
     rows = data_rows(text, 14)
     assert rows[("2", "KV")][10:14] == ["--"] * 4
-    assert rows[("4", "KV")][10] == f"${tables.sig(expected_value('smollm2-prerope', 'KV', 4, 'kl_mean'))}$"
+    assert rows[("4", "KV")][10] == f"${fmt.sig(expected_value('smollm2-prerope', 'KV', 4, 'kl_mean'))}$"
 
 
 def test_only_the_post_rope_rows():
@@ -296,8 +296,8 @@ def test_median_iqr_against_numpy():
         assert iqr == pytest.approx(np.percentile(x, 75) - np.percentile(x, 25), rel=1e-14, abs=1e-15)
     assert tables.median_iqr([1.0, np.nan, 3.0, np.inf]) == (2.0, 1.0)  # non-finite values left out
     assert all(math.isnan(v) for v in tables.median_iqr([np.nan]))
-    assert tables.mediqr(113.71, 0.1181) == "$114$ {\\scriptsize($0.118$)}"
-    assert tables.mediqr(0.5, math.nan) == "$0.500$" and tables.mediqr(math.nan, 1.0) == "--"
+    assert fmt.mediqr(113.71, 0.1181) == "$114$ {\\scriptsize($0.118$)}"
+    assert fmt.mediqr(0.5, math.nan) == "$0.500$" and fmt.mediqr(math.nan, 1.0) == "--"
 
 
 def _manifests(tmp_path: Path) -> list[Path]:
@@ -331,7 +331,7 @@ def _expected_cells(values: np.ndarray, dims: np.ndarray | float, stat: str) -> 
     if stat == "pr_fraction":
         values = values / dims
     q25, q50, q75 = np.percentile(values, [25, 50, 75])
-    return tables.mediqr(q50, q75 - q25)
+    return fmt.mediqr(q50, q75 - q25)
 
 
 def test_statistics_rows_are_medians_and_iqrs_of_their_own_matrices(tmp_path):
@@ -453,12 +453,12 @@ def test_command_line_flags(tmp_path, capsys):
     pd.DataFrame(capture_statistics(make_capture(), "t")).to_parquet(stats_path)
     args = ["tables", "--summary", str(summary_path), "--headline", json.dumps(HEADLINE), "--out-dir",
             str(tmp_path / "out"), "--table", "table_real"]
-    assert tables.main([*args, "--real-cachestats", str(stats_path)]) == 0
+    assert main(['stage', *args, "--real-cachestats", str(stats_path)]) == 0
     text = (tmp_path / "out" / "table_real.tex").read_text(encoding="utf-8")
     assert "\\label{tab:real_stats}" in text and "\\label{tab:real}" in text
-    assert tables.main([*args, "--real-cachestats", str(tmp_path / "nope.parquet")]) == 2
+    assert main(['stage', *args, "--real-cachestats", str(tmp_path / "nope.parquet")]) == 2
     assert "nope.parquet: no such file" in capsys.readouterr().err
-    assert tables.main([*args, "--data-manifests", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 2
+    assert main(['stage', *args, "--data-manifests", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 2
     assert "a.json: no such file" in capsys.readouterr().err
 
 
@@ -469,15 +469,16 @@ def test_command_line_flags(tmp_path, capsys):
 
 def test_paper_compiles_with_the_real_table(tmp_path):
     _need_latex()
-    from kvasym.claims import load_claims, render_latex
+    from kvasym.claims import load_claims
+    from kvasym.render.claims import render_latex
 
     study = load_study_file(ROOT / "config" / "config.yaml")
-    claims = load_claims(ROOT / study.claims_file)
-    headline = tables.headline_cell(study, ROOT / study.claims_file)
+    claims = load_claims(ROOT / study.claims_file, study.headline)
+    headline = study.headline
     paper = _paper_copy(tmp_path)
     generated = paper / "generated"
     (generated / "claims.tex").write_text(render_latex(_claims_results(claims)), encoding="utf-8")
-    tables.render_numbers(tables.numbers_slice(study, headline, claims, commit="c0ffee"), generated)
+    numbers.render_numbers(numbers.numbers_slice(study, headline, claims, commit="c0ffee"), generated)
     summary = real_summary()
     stats = pd.DataFrame(capture_statistics(make_capture(), "t"))
     manifests = pd.concat([tables.manifest_statistics(json.loads(p.read_text()), str(p))

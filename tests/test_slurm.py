@@ -23,7 +23,7 @@ import pytest
 from snakemake_workdir import ROOT, make_workdir, run_env, snakemake_cmd
 
 from kvasym.dataset import read_table
-from kvasym.figures_stage import dag_families
+from kvasym.figure_registry import dag_families
 from kvasym.real import missing_extra_reason
 
 pytestmark = pytest.mark.slow

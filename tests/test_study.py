@@ -16,9 +16,14 @@ SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text
 TINY = yaml.safe_load((ROOT / "config/test.yaml").read_text())
 
 
-def test_schema_defaults_equal_library_defaults():
-    schema_defaults = {k: v["default"] for k, v in SCHEMA["properties"].items() if "default" in v}
-    assert schema_defaults == DEFAULTS
+def test_library_defaults_are_the_schema_defaults():
+    """kvasym.study.DEFAULTS is derived from the schema (one source): every optional key with a
+    default, nested sections filled key by key."""
+    from kvasym.config_schema import defaults
+
+    assert DEFAULTS == defaults()
+    assert set(DEFAULTS) == {k for k, v in SCHEMA["properties"].items() if "default" in v}
+    assert DEFAULTS["stats"] == {k: v["default"] for k, v in SCHEMA["properties"]["stats"]["properties"].items()}
 
 
 def test_schema_top_level_keys_equal_library_keys():

@@ -43,3 +43,16 @@ def atomic_target(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(text: str, path: str | os.PathLike) -> None:
+    """Write a UTF-8 text file via a temporary name and a rename (no half-written file, ever)."""
+    with atomic_target(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json_atomic(data: object, path: str | os.PathLike) -> None:
+    """:func:`write_text_atomic` of ``data`` as indented JSON with sorted keys."""
+    import json
+
+    write_text_atomic(json.dumps(data, indent=1, sort_keys=True) + "\n", path)

@@ -16,6 +16,14 @@ Dequantization uses only what the packed cache holds (codes, stored norms, seeds
 The measured size is split into payload (codes and sign bits, padding included) and side
 information (norms, residual norms and the two 64-bit seeds), both in bits per coordinate of
 the original ``rows x dim`` matrix.
+
+References
+----------
+.. [1] Zandieh, A., Daliri, M., Hadian, M., Mirrokni, V. (2025) "TurboQuant: Online Vector
+   Quantization with Near-optimal Distortion Rate", arXiv:2504.19874 (norm, rotation, Beta
+   codebook).
+.. [2] Zandieh, A., Daliri, M., Han, I. (2024/2025) "QJL: 1-Bit Quantized JL Transform for KV
+   Cache Quantization with Zero Overhead", arXiv:2406.03482 (the residual sketch).
 """
 
 from __future__ import annotations
@@ -37,6 +45,19 @@ from .scalar import ThresholdEncoder
 from .schemes import SideSpec
 from .sketch import QJLSketch
 
+__all__ = [
+    "PACKED_FORMAT",
+    "NORM_DTYPES",
+    "SEED_BITS",
+    "PackedCache",
+    "row_norms",
+    "check_matrix",
+    "quantize",
+    "save_packed",
+    "read_npz_arrays",
+    "load_packed",
+]
+
 PACKED_FORMAT = 1
 NORM_DTYPES = ("float16", "float32")
 SEED_BITS = 64
@@ -44,7 +65,37 @@ SEED_BITS = 64
 
 @dataclass(frozen=True)
 class PackedCache:
-    """One quantized matrix: bit-packed codes, norms, QJL signs and the seeds to rebuild R, S."""
+    """One quantized matrix: bit-packed codes, norms, QJL signs and the seeds to rebuild R, S.
+
+    Parameters
+    ----------
+    dim : int
+        Columns of the original matrix.
+    rows : int
+        Rows (vectors) of the original matrix.
+    budget : int
+        Bits per coordinate ``n`` of the scheme.
+    rotate : bool
+        Whether the rows were rotated (randomized WHT, zero-padded to a power of two).
+    scalar_bits : int
+        Lloyd-Max bits per coordinate (0 for pure QJL).
+    qjl : bool
+        Whether a QJL sketch of the residual is stored.
+    rotation_seed, qjl_seed : int
+        Seeds of the rotation and of the QJL matrix (0 when unused).
+    norm_dtype : str
+        Storage dtype of the norms, ``"float16"`` or ``"float32"``.
+    codes : numpy.ndarray
+        ``(rows, packed_row_bytes(work_dim, scalar_bits))`` uint8 packed codes.
+    norms : numpy.ndarray
+        ``(rows,)`` row norms in ``norm_dtype``.
+    qjl_signs : numpy.ndarray
+        ``(rows, ceil(work_dim / 8))`` uint8 packed signs, empty when not ``qjl``.
+    residual_norms : numpy.ndarray
+        ``(rows,)`` residual norms in ``norm_dtype``, empty when not ``qjl``.
+    meta : dict, optional
+        Free metadata stored in the header (not compared).
+    """
 
     dim: int
     rows: int
@@ -63,28 +114,51 @@ class PackedCache:
 
     @property
     def work_dim(self) -> int:
-        """Coordinates quantized per row: padded to a power of two when rotated."""
+        """Coordinates quantized per row: padded to a power of two when rotated (else ``dim``)."""
         return next_power_of_two(self.dim) if self.rotate else self.dim
 
     @property
     def payload_bits(self) -> int:
+        """Bits of codes and QJL signs, padding included: ``8 * (codes.size + qjl_signs.size)``."""
         return 8 * (self.codes.size + self.qjl_signs.size)
 
     @property
     def side_bits(self) -> int:
+        """Bits of side information: stored norms, residual norms and one 64-bit seed per
+        random map in use (rotation, QJL)."""
         norm_bits = 8 * (self.norms.nbytes + self.residual_norms.nbytes)
         seeds = (1 if self.rotate else 0) + (1 if self.qjl else 0)
         return norm_bits + SEED_BITS * seeds
 
     def bits_per_coordinate(self) -> dict[str, float]:
-        """Measured bits per original coordinate: payload, side information and their total."""
+        """Measured bits per original coordinate: payload, side information and their total.
+
+        Returns
+        -------
+        dict of str to float
+            ``payload = payload_bits / (rows * dim)``, ``side = side_bits / (rows * dim)`` and
+            ``total = payload + side`` (the denominator is at least 1).
+        """
         coords = max(self.rows * self.dim, 1)
         payload = self.payload_bits / coords
         side = self.side_bits / coords
         return {"payload": payload, "side": side, "total": payload + side}
 
     def dequantize(self, dtype: str = "float64") -> np.ndarray:
-        """Reconstruct the (rows, dim) matrix from the packed data alone."""
+        """Reconstruct the (rows, dim) matrix from the packed data alone.
+
+        Parameters
+        ----------
+        dtype : str, optional
+            Arithmetic and output dtype (default ``"float64"``).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``x_hat = ||x|| * R^{-1}(centroids[codes] + r_hat)`` per row, with ``r_hat`` the QJL
+            estimate of the residual (if ``qjl``) and ``R^{-1}`` the inverse rotation (if
+            ``rotate``); norms are the stored (rounded) ones.
+        """
         work = self.work_dim
         if self.scalar_bits > 0:
             book = lloyd_max_codebook(work, self.scalar_bits)
@@ -101,6 +175,15 @@ class PackedCache:
         return unit
 
     def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays written by :func:`save_packed`.
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            ``header`` (UTF-8 JSON as uint8: format, shape, scheme side, seeds as decimal
+            strings, ``norm_dtype`` and ``meta``), ``codes``, ``norms``, ``qjl_signs`` and
+            ``residual_norms``.
+        """
         header = {
             "format": PACKED_FORMAT,
             "dim": self.dim,
@@ -128,6 +211,17 @@ def row_norms(x: np.ndarray) -> np.ndarray:
 
     float32 rows are summed in float64 (their squares cannot overflow it); float64 rows whose
     sum of squares leaves float64's safe range are rescaled by their max |entry| first.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        2-D float32 or float64 matrix.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(rows,)`` float64 norms ``sqrt(sum_j x_ij^2)``; for a rescaled row
+        ``m * sqrt(sum_j (x_ij / m)^2)`` with ``m = max_j |x_ij|``.
     """
     squares = np.einsum("ij,ij->i", x, x, dtype=np.float64)
     risky = ~((squares > 1e-290) & (squares < 1e290)) & (x.dtype != np.float32)
@@ -169,7 +263,25 @@ def _check_norms_kept(norms: np.ndarray, stored: np.ndarray, norm_dtype: str) ->
 
 
 def check_matrix(x: object, what: str = "input") -> np.ndarray:
-    """A finite 2-D float matrix with at least one row and one column, or a clear KvasymError."""
+    """A finite 2-D float matrix with at least one row and one column, or a clear KvasymError.
+
+    Parameters
+    ----------
+    x : object
+        Anything ``numpy.asarray`` accepts.
+    what : str, optional
+        Name used in error messages (default ``"input"``).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``x`` itself as float32 or float64; integer arrays are converted to float64.
+
+    Raises
+    ------
+    KvasymError
+        If ``x`` is not numeric (bool included), not 2-D, empty, or has a non-finite value.
+    """
     array = np.asarray(x)
     if array.dtype.kind not in "fiu" or array.dtype.kind == "b":
         raise KvasymError(f"{what} must be a numeric array, got dtype {array.dtype}")
@@ -201,6 +313,49 @@ def quantize(
     The side spec is applied as given at ``budget``; checking that a scheme spends exactly the
     budget is :meth:`Scheme.validate_budget`'s job (the theory stage quantizes with an
     (n-1)-bit scalar side on purpose).
+
+    Parameters
+    ----------
+    x : array_like
+        ``(rows, dim)`` finite matrix, one vector per row.
+    spec : SideSpec
+        How the side is quantized (rotation, scalar width, QJL).
+    budget : int
+        Bits per coordinate ``n``; the scalar width is ``spec.scalar_bits(budget)``.
+    rotation_seed : int
+        Seed of the rotation (stored only when ``spec.rotate``).
+    qjl_seed : int
+        Seed of the QJL matrix (stored only when ``spec.qjl``).
+    norm_dtype : str, optional
+        Storage dtype of the norms, ``"float32"`` (default) or ``"float16"``.
+    meta : mapping, optional
+        Metadata kept in the cache header.
+
+    Returns
+    -------
+    PackedCache
+        The packed codes, stored norms, QJL signs and residual norms, and the seeds.
+
+    Raises
+    ------
+    KvasymError
+        If ``x`` is not a finite non-empty 2-D numeric matrix, the spec is impossible at
+        ``budget`` (scalar width < 0 or > 8, or nothing stored), the working dimension is
+        below 3, ``norm_dtype`` is unknown, or a norm (or residual norm) is beyond the range of
+        ``norm_dtype`` or a non-zero norm would be stored as 0.
+
+    Notes
+    -----
+    Per row: ``u = x / ||x||``; ``u <- R u`` if rotated; ``codes = Q_b(u)`` with the Lloyd-Max
+    codebook of the working dimension; if ``qjl``, ``sign(S r)`` and ``||r||`` of the residual
+    ``r = u - centroids[codes]`` with ``m`` = working dimension sign bits.
+
+    References
+    ----------
+    .. [1] Zandieh, A., Daliri, M., Hadian, M., Mirrokni, V. (2025) "TurboQuant: Online Vector
+       Quantization with Near-optimal Distortion Rate", arXiv:2504.19874.
+    .. [2] Zandieh, A., Daliri, M., Han, I. (2024/2025) "QJL: 1-Bit Quantized JL Transform for
+       KV Cache Quantization with Zero Overhead", arXiv:2406.03482.
     """
     x = check_matrix(x)
     rows, dim = x.shape
@@ -305,7 +460,20 @@ def _check_consistent(cache: PackedCache, where: str) -> None:
 
 
 def save_packed(path: str | os.PathLike, caches: Mapping[str, PackedCache]) -> None:
-    """Write named caches into one .npz atomically (a temporary file renamed into place)."""
+    """Write named caches into one .npz atomically (a temporary file renamed into place).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Destination ``.npz`` file (written as given, no suffix added).
+    caches : mapping of str to PackedCache
+        Caches by name; array ``<name>/<key>`` holds each of :meth:`PackedCache.arrays`.
+
+    Raises
+    ------
+    ValueError
+        If a cache name contains ``"/"``.
+    """
     path = Path(path)
     arrays: dict[str, np.ndarray] = {}
     for name, cache in caches.items():
@@ -320,7 +488,25 @@ def save_packed(path: str | os.PathLike, caches: Mapping[str, PackedCache]) -> N
 def read_npz_arrays(path: str | os.PathLike, what: str) -> dict[str, np.ndarray]:
     """Every array of an ``.npz`` file (no pickles), or a KvasymError naming the file and what
     it should have been (``what``, e.g. "kvasym packed cache") when it is missing, a plain
-    ``.npy`` array, or not a readable archive."""
+    ``.npy`` array, or not a readable archive.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file to read (``allow_pickle=False``).
+    what : str
+        What the file should be, for error messages.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Every array of the archive, loaded into memory.
+
+    Raises
+    ------
+    KvasymError
+        If the file is missing, is a plain ``.npy`` array, or cannot be parsed as an ``.npz``.
+    """
     path = Path(path)
     try:
         loaded = np.load(path, allow_pickle=False)
@@ -340,7 +526,24 @@ def read_npz_arrays(path: str | os.PathLike, what: str) -> dict[str, np.ndarray]
 
 
 def load_packed(path: str | os.PathLike) -> dict[str, PackedCache]:
-    """Read every named cache of a file written by :func:`save_packed`."""
+    """Read every named cache of a file written by :func:`save_packed`.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        An ``.npz`` file written by :func:`save_packed`.
+
+    Returns
+    -------
+    dict of str to PackedCache
+        The caches by name (sorted), bit-identical to those saved.
+
+    Raises
+    ------
+    KvasymError
+        If the file is unreadable, holds no cache, a header is malformed or of another
+        :data:`PACKED_FORMAT`, or an array's shape or dtype disagrees with its header.
+    """
     path = Path(path)
     arrays = read_npz_arrays(path, "packed cache")
     names = sorted({key.split("/", 1)[0] for key in arrays if "/" in key})

@@ -19,7 +19,6 @@ statistic that does not exist, or a malformed rule, is an error: the stage fails
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -30,13 +29,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .cells import MissingCell, pair_ratio, select_cells
 from .errors import KvasymError
 
 HOLDS, FAILS, INCONCLUSIVE, NOT_EVALUATED = "holds", "does not hold", "inconclusive", "not evaluated"
-
-
-class MissingCell(Exception):
-    """The claim's cells are not part of this grid (a smaller config)."""
 
 
 @dataclass
@@ -58,20 +54,6 @@ class Tables:
     n_boot: int = 1000
 
 
-def _select(frame: pd.DataFrame, what: str, **conditions: Any) -> pd.DataFrame:
-    mask = np.ones(len(frame), dtype=bool)
-    for key, value in conditions.items():
-        if value is None:
-            continue
-        column = frame[key]
-        mask &= np.isclose(column, value) if isinstance(value, float) else (column == value).to_numpy()
-    out = frame[mask]
-    if out.empty:
-        shown = ", ".join(f"{k}={v}" for k, v in conditions.items() if v is not None)
-        raise MissingCell(f"no {what} rows for {shown}")
-    return out
-
-
 def _known(value: Any, available: Any, what: str) -> None:
     """A metric, check or column name that this statistic can never find is a typo in the claims
     file, not a cell missing from a smaller grid: fail instead of reporting 'not evaluated'."""
@@ -80,29 +62,23 @@ def _known(value: Any, available: Any, what: str) -> None:
         raise KvasymError(f"{what} {value!r} does not exist; known: {', '.join(known)}")
 
 
-def _pair_row(t: Tables, where: Mapping[str, Any], metric: str) -> tuple[pd.Series, bool]:
-    """The comparison row of (a, b) (or of (b, a), flagged as swapped)."""
-    common = dict(distribution=where["distribution"], dim=where["dim"], budget=where["budget"],
-                  sharpness=float(where["sharpness"]), metric=metric)
-    try:
-        return _select(t.comparisons, "comparison", scheme_a=where["a"], scheme_b=where["b"], **common).iloc[0], False
-    except MissingCell:
-        return _select(t.comparisons, "comparison", scheme_a=where["b"], scheme_b=where["a"], **common).iloc[0], True
+def _pair_cell(where: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(distribution=where["distribution"], dim=where["dim"], budget=where["budget"],
+                sharpness=float(where["sharpness"]))
 
 
 def stat_kl_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
     """Ratio of KL (``which``: mean or p99) of scheme ``a`` over scheme ``b`` in one cell, with
-    the paired cluster-bootstrap CI; p from the per-query Mann-Whitney test (as the paper),
-    with the per-trial Wilcoxon p and the rank-biserial correlation in the details."""
+    the paired cluster-bootstrap CI (oriented by :func:`kvasym.cells.pair_ratio`); p from the
+    per-query Mann-Whitney test (as the paper), with the per-trial Wilcoxon p and the
+    rank-biserial correlation (of ``a`` against ``b``) in the details."""
     which = where.get("which", "mean")
     _known(which, ("mean", "p99"), "which")
-    row, swapped = _pair_row(t, where, "kl")
-    est, low, high = row[f"ratio_{which}"], row[f"ratio_{which}_low"], row[f"ratio_{which}_high"]
-    sign = -1.0 if swapped else 1.0
-    if swapped:
-        est, low, high = 1 / est, 1 / high, 1 / low
+    ratio = pair_ratio(t.comparisons, where["a"], where["b"], which=which, **_pair_cell(where))
+    row = ratio["row"]
+    sign = -1.0 if ratio["swapped"] else 1.0
     return Measurement(
-        float(est), float(low), float(high), float(row["q_log10_p"]),
+        ratio["estimate"], ratio["low"], ratio["high"], float(row["q_log10_p"]),
         {
             "rank_biserial": sign * float(row["q_rank_biserial"]),
             "per_trial_wilcoxon_log10_p": float(row["t_wilcoxon_log10_p"]),
@@ -168,7 +144,7 @@ def stat_crossover(t: Tables, where: Mapping[str, Any]) -> Measurement:
 
 def _trial_values(t: Tables, distribution: str, where: Mapping[str, Any], metric: str) -> np.ndarray:
     _known(metric, set(t.trials.columns) - {"distribution", "kind", "dim", "scheme", "budget", "sharpness", "trial"}, "metric")
-    rows = _select(t.trials, "per-trial", distribution=distribution, dim=where["dim"], budget=where["budget"],
+    rows = select_cells(t.trials, "per-trial", distribution=distribution, dim=where["dim"], budget=where["budget"],
                    scheme=where["scheme"], sharpness=float(where["sharpness"]))
     return rows.sort_values("trial")[metric].to_numpy()
 
@@ -204,7 +180,7 @@ def stat_theory(t: Tables, where: Mapping[str, Any]) -> Measurement:
             conditions[key] = where[key]
     if "sharpness" in where and where["check"] == "jensen_slope":
         conditions["sharpness"] = float(where["sharpness"])
-    row = _select(t.theory, "theory", **conditions).iloc[0]
+    row = select_cells(t.theory, "theory", **conditions).iloc[0]
     details = {"theory": float(row["theory"]), "n": float(row["n"])}
     if not math.isnan(row["theory"]):
         details["relative_to_theory"] = float(row["estimate"] / row["theory"])
@@ -235,7 +211,7 @@ def stat_ranking_disagreement(t: Tables, where: Mapping[str, Any]) -> Measuremen
 def stat_tail_to_mean(t: Tables, where: Mapping[str, Any]) -> Measurement:
     """Median over cells (optionally one ``budget``) of p99 KL / mean KL: how optimistic the
     mean is about the worst queries. Min and max over cells in the details."""
-    frame = t.summary if "budget" not in where else _select(t.summary, "summary", budget=where["budget"])
+    frame = t.summary if "budget" not in where else select_cells(t.summary, "summary", budget=where["budget"])
     ratio = (frame["kl_p99"] / frame["kl_mean"]).replace([np.inf, -np.inf], np.nan).dropna()
     if ratio.empty:
         raise MissingCell("no summary rows with positive mean KL")
@@ -294,7 +270,7 @@ WHERE_KEYS = {
     "distribution", "dim", "sharpness", "alpha", "budget", "a", "b", "which", "metrics", "metric",
     "better", "budgets", "dims", "distributions", "all_sharpness", "num", "den", "scheme", "check", "by",
 }
-#: Claim ids become LaTeX macro names (digits spelt out, other characters dropped): ASCII only.
+#: Claim ids name LaTeX macros as typed (``\\csname claim:<id>:<field>\\endcsname``): ASCII only.
 _CLAIM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}$")
 
 
@@ -302,8 +278,18 @@ def _number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def load_claims(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Read and check a claims file; every error names the claim and the key."""
+#: The headline cell's keys: set by the config's ``headline`` (:attr:`kvasym.study.Study.headline`),
+#: never by a claims file's ``defaults``, so claims, tables and figures share one headline.
+HEADLINE_WHERE_KEYS = ("distribution", "dim", "sharpness")
+
+
+def load_claims(path: str | os.PathLike, headline: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Read and check a claims file; every error names the claim and the key.
+
+    Each claim's ``where`` is the headline cell's distribution, dim and sharpness (``headline``,
+    the study's :attr:`~kvasym.study.Study.headline`), then the file's ``defaults``, then the
+    claim's own ``where``: later ones win.
+    """
     from .config_io import read_yaml_mapping
 
     data = read_yaml_mapping(path)
@@ -314,6 +300,12 @@ def load_claims(path: str | os.PathLike) -> list[dict[str, Any]]:
     if not isinstance(defaults, Mapping):
         raise KvasymError(f"{path}: 'defaults' must be a mapping, got {defaults!r}")
     _check_where_keys(defaults, f"{path}: defaults")
+    cell_keys = sorted(set(defaults) & set(HEADLINE_WHERE_KEYS))
+    if cell_keys:
+        raise KvasymError(
+            f"{path}: defaults.{cell_keys[0]}: the headline cell is the config's `headline` key (claims, tables and "
+            "figures read it), not a claims-file default; move it there")
+    base = {key: headline[key] for key in HEADLINE_WHERE_KEYS if headline and key in headline}
     claims = data.get("claims")
     if not isinstance(claims, list) or not claims:
         raise KvasymError(f"{path}: 'claims' must be a non-empty list")
@@ -333,15 +325,11 @@ def load_claims(path: str | os.PathLike) -> list[dict[str, Any]]:
         if not _CLAIM_ID.match(cid):
             raise KvasymError(
                 f"{where}: claim id {cid!r} must be 1 to 40 ASCII letters, digits and _.+-, starting with "
-                "a letter or digit (it becomes a LaTeX macro name)"
+                "a letter or digit (it names the claim's LaTeX macros)"
             )
-        macro = macro_name(cid, "")
-        if cid in seen.values():
+        if cid in seen:
             raise KvasymError(f"{where}: duplicated claim id {cid}")
-        # Two ids that differ only in dropped characters (C1-a, C1a) would define the same macro.
-        if macro in seen:
-            raise KvasymError(f"{where}: claim id {cid!r} gives the same LaTeX macro names as {seen[macro]!r}")
-        seen[macro] = cid
+        seen[cid] = cid
         if claim["statistic"] not in STATISTICS:
             raise KvasymError(f"{where} ({cid}): statistic {claim['statistic']!r} does not exist; known: {', '.join(sorted(STATISTICS))}")
         rule = claim["holds_if"]
@@ -357,7 +345,7 @@ def load_claims(path: str | os.PathLike) -> list[dict[str, Any]]:
         if not isinstance(own, Mapping):
             raise KvasymError(f"{where} ({cid}): 'where' must be a mapping, got {own!r}")
         _check_where_keys(own, f"{where} ({cid}): where")
-        out.append({**claim, "where": {**defaults, **own}})
+        out.append({**claim, "where": {**base, **defaults, **own}})
     return out
 
 
@@ -400,123 +388,3 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, (np.floating, np.integer)):
         return _json_safe(value.item())
     return value
-
-
-def format_number(x: float | None, digits: int = 3) -> str:
-    """Significant-figure formatting shared by the ledger and the paper's macros."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    if x == 0:
-        return "0"
-    if abs(x) >= 1e4 or abs(x) < 1e-3:
-        return f"{x:.{digits - 1}e}"
-    return f"{x:.{digits}g}"
-
-
-def render_markdown(results: list[dict[str, Any]]) -> str:
-    lines = [
-        "# Claims ledger",
-        "",
-        "Every number below is computed by the pipeline from its own data (`results/stats`, `results/theory`).",
-        "",
-        "| id | claim | paper | measured | 95% CI | log10 p | verdict | why |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in results:
-        ci = "" if r.get("low") is None or r.get("high") is None else f"[{format_number(r['low'])}, {format_number(r['high'])}]"
-        logp = "" if r.get("log10_p") is None else f"{r['log10_p']:.1f}"
-        paper = r.get("paper_text") or ("" if r.get("paper_value") is None else format_number(r["paper_value"]))
-        lines.append(
-            f"| {r['id']} | {r['statement']} | {paper} | {format_number(r.get('estimate'))} | {ci} | {logp} | **{r['verdict']}** | {r['reason']} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-_VERDICT_COLORS = {"holds": "#1b7837", "does not hold": "#b2182b", "inconclusive": "#8c6d1f"}
-
-
-def render_html(results: list[dict[str, Any]]) -> str:
-    """The ledger as a self-contained HTML page (the Snakemake report shows it as a result).
-    Every string from the claims file or the data is HTML-escaped."""
-    import html
-
-    def cell(value: Any) -> str:
-        return f"<td>{html.escape(str(value))}</td>"
-
-    rows = []
-    for r in results:
-        ci = "" if r.get("low") is None or r.get("high") is None else f"[{format_number(r['low'])}, {format_number(r['high'])}]"
-        logp = "" if r.get("log10_p") is None else f"{r['log10_p']:.1f}"
-        paper = r.get("paper_text") or ("" if r.get("paper_value") is None else format_number(r["paper_value"]))
-        color = _VERDICT_COLORS.get(r["verdict"], "black")
-        rows.append(
-            "<tr>" + cell(r["id"]) + cell(r["statement"]) + cell(paper) + cell(format_number(r.get("estimate")))
-            + cell(ci) + cell(logp)
-            + f'<td style="color:{color};font-weight:bold">{html.escape(str(r["verdict"]))}</td>'
-            + cell(r["reason"]) + "</tr>"
-        )
-    verdicts = list(dict.fromkeys([*_VERDICT_COLORS, *(r["verdict"] for r in results)]))
-    counts = {v: sum(r["verdict"] == v for r in results) for v in verdicts}
-    summary = ", ".join(f"{n} {html.escape(v)}" for v, n in counts.items() if n)
-    return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Claims ledger</title>\n"
-        "<style>body{font-family:sans-serif;font-size:14px;margin:1em}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top}th{background:#eee;text-align:left}</style>"
-        "</head><body>\n<h1>Claims ledger</h1>\n"
-        f"<p>{len(results)} claims: {summary}. Every number is computed by the pipeline from its own data "
-        "(results/stats, results/theory).</p>\n<table>\n<thead><tr><th>id</th><th>claim</th><th>paper</th>"
-        "<th>measured</th><th>95% CI</th><th>log10 p</th><th>verdict</th><th>why</th></tr></thead>\n<tbody>\n"
-        + "\n".join(rows) + "\n</tbody></table>\n</body></html>\n"
-    )
-
-
-_DIGITS = ["Zero", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine"]
-
-
-def macro_name(claim_id: str, field_name: str) -> str:
-    """A LaTeX macro name (letters only) for one number of one claim, e.g. C2, ratio -> \\ClaimCTwoRatio."""
-    letters = "".join(_DIGITS[int(c)] if c.isdigit() else c for c in claim_id if c.isalnum())
-    return "Claim" + letters + field_name[:1].upper() + field_name[1:]
-
-
-def render_latex(results: list[dict[str, Any]]) -> str:
-    from .latex import escape_latex
-
-    lines = ["% Generated by the kvasym claims stage: do not edit.", ""]
-    for r in results:
-        values = {
-            "Estimate": format_number(r.get("estimate")),
-            "Low": format_number(r.get("low")),
-            "High": format_number(r.get("high")),
-            "LogP": "n/a" if r.get("log10_p") is None else f"{r['log10_p']:.1f}",
-            "Verdict": r["verdict"],
-            "Paper": r.get("paper_text") or format_number(r.get("paper_value")),
-        }
-        for name, value in values.items():
-            lines.append(f"\\newcommand{{\\{macro_name(r['id'], name)}}}{{{escape_latex(str(value))}}}")
-    return "\n".join(lines) + "\n"
-
-
-def run_claims(
-    claims_path: str | os.PathLike,
-    tables: Mapping[str, str | os.PathLike],
-    out_json: str | os.PathLike,
-    out_md: str | os.PathLike,
-    out_tex: str | os.PathLike,
-    *,
-    base_seed: int = 0,
-    n_boot: int = 1000,
-    out_html: str | os.PathLike | None = None,
-) -> list[dict[str, Any]]:
-    from .dataset import read_parquet_checked
-    from .pipeline import write_text_atomic
-
-    claims = load_claims(claims_path)
-    frames = {name: read_parquet_checked(path) for name, path in tables.items()}
-    results = evaluate_claims(claims, Tables(**frames, base_seed=base_seed, n_boot=n_boot))
-    write_text_atomic(json.dumps(_json_safe(results), indent=1) + "\n", out_json)
-    write_text_atomic(render_markdown(_json_safe(results)), out_md)
-    write_text_atomic(render_latex(_json_safe(results)), out_tex)
-    if out_html is not None:
-        write_text_atomic(render_html(_json_safe(results)), out_html)
-    return results

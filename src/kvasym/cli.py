@@ -241,101 +241,6 @@ def _scheme(args: argparse.Namespace):
     return scheme
 
 
-_DATA_KEYS = {"distribution", "dim", "seq_len", "n_queries", "trials", "base_seed"}
-#: Keys each stage reads from its --slice (what kvasym.study.Study's *_slice methods produce).
-SLICE_KEYS = {
-    "data": _DATA_KEYS,
-    "quantize": _DATA_KEYS | {"scheme", "budget", "norm_dtype"},
-    "metrics": _DATA_KEYS | {"scheme", "budget", "norm_dtype", "sharpness", "per_key_trials"},
-    "stats": {"distribution", "dim", "schemes", "base_seed", "stats"},
-    "theory": _DATA_KEYS | {"budgets", "theory"},
-    "real": {"distribution", "scheme", "budget", "sharpness", "base_seed", "norm_dtype"},
-    "file": {"distribution", "dim", "scheme", "budget", "sharpness", "n_queries", "base_seed", "norm_dtype"},
-}
-
-
-def _stage_slice(args: argparse.Namespace, kind: str) -> dict:
-    """The config slice of a stage: --slice JSON (from Snakemake), or --config plus the cell."""
-    from .study import load_study_file, parse_slice
-
-    if args.slice is not None:
-        slice_ = parse_slice(args.slice)
-        missing = sorted(SLICE_KEYS[kind] - set(slice_))
-        if missing:
-            raise KvasymError(f"--slice of the {kind} stage lacks key(s) {', '.join(missing)}")
-        return slice_
-    if args.config is None or args.distribution is None or args.dim is None:
-        raise KvasymError("give --slice JSON, or --config FILE with --distribution and --dim")
-    study = load_study_file(args.config)
-    if kind == "data":
-        return study.data_slice(args.distribution, args.dim)
-    if kind == "stats":
-        return study.stats_slice(args.distribution, args.dim)
-    if kind == "theory":
-        return study.theory_slice(args.distribution, args.dim)
-    if args.scheme is None or args.budget is None:
-        raise KvasymError(f"the {kind} stage needs --scheme and --budget with --config")
-    if kind == "quantize":
-        return study.cell_slice(args.distribution, args.dim, args.scheme, args.budget)
-    return study.metrics_slice(args.distribution, args.dim, args.scheme, args.budget)
-
-
-def cmd_stage(args: argparse.Namespace) -> int:
-    from . import pipeline
-
-    if args.stage == "claims":
-        from .claims import run_claims
-
-        tables = {"comparisons": args.comparisons, "summary": args.summary, "trials": args.trials, "theory": args.theory}
-        results = run_claims(args.claims, tables, args.json, args.md, args.tex, base_seed=args.base_seed, n_boot=args.n_boot,
-                             out_html=args.html)
-        for r in results:
-            print(f"{r['id']:>5}  {r['verdict']:<14} {r.get('reason', '')}")
-        return 0
-    if args.stage == "gather":
-        from .analysis import gather
-
-        gather(args.inputs, args.out, args.holm or ())
-        return 0
-    slice_ = _stage_slice(args, args.stage)
-    if args.stage in ("stats", "theory"):
-        from . import analysis
-
-        if args.stage == "stats":
-            analysis.run_stats(slice_, args.per_query, args.comparisons, args.summary, args.trials)
-        else:
-            analysis.run_theory(slice_, args.data, args.per_key, args.out)
-        return 0
-    if args.stage == "data":
-        pipeline.run_data(slice_, args.out)
-    elif args.stage == "quantize":
-        pipeline.run_quantize(slice_, args.data, args.out)
-    else:
-        pipeline.run_metrics(slice_, args.data, args.packed, args.per_query, args.per_key)
-    return 0
-
-
-def cmd_real(args: argparse.Namespace) -> int:
-    from .real.evaluate import run_real_metrics
-
-    run_real_metrics(_stage_slice(args, "real"), args.captures, args.out)
-    return 0
-
-
-def cmd_file(args: argparse.Namespace) -> int:
-    from .cachefile import run_file_metrics
-
-    run_file_metrics(_stage_slice(args, "file"), args.cache, args.out)
-    return 0
-
-
-def cmd_figures(args: argparse.Namespace) -> int:
-    from .figures_stage import run_from_args
-
-    run_from_args(args)  # prints each file written
-    return 0
-
-
 def cmd_capture(args: argparse.Namespace) -> int:
     from .real.capture import run_from_args
 
@@ -343,9 +248,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser(figures: bool = True) -> argparse.ArgumentParser:
-    """The command line. ``figures=False`` leaves out the figures stage's own options, whose
-    module imports pandas (~0.4 s of CPU): every data, quantize and metrics job pays for it."""
+def build_parser(stage_name: str | None = None) -> argparse.ArgumentParser:
+    """The command line. Of the ``kvasym stage`` subcommands only ``stage_name`` (all when None,
+    none when "") imports its module and declares its flags: a data or metrics job must not pay for the
+    figure stage's pandas and matplotlib imports."""
     parser = argparse.ArgumentParser(prog="kvasym", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"kvasym {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -402,61 +308,10 @@ def build_parser(figures: bool = True) -> argparse.ArgumentParser:
     capture_arguments(p)
     p.set_defaults(func=cmd_capture)
 
-    stage = sub.add_parser("stage", help="run one stage of the study's DAG (what the Snakemake rules call)")
-    stages = stage.add_subparsers(dest="stage", required=True)
-    many = {"per_query_list", "per_key_list"}
-    for name, outputs in (
-        ("data", ("out",)),
-        ("quantize", ("data", "out")),
-        ("metrics", ("data", "packed", "per_query", "per_key")),
-        ("stats", ("per_query_list", "comparisons", "summary", "trials")),
-        ("theory", ("data", "per_key_list", "out")),
-    ):
-        q = stages.add_parser(name)
-        q.add_argument("--slice", help="the stage's config slice as JSON (Snakemake passes it)")
-        q.add_argument("--config", help="or: a config YAML, with the cell below")
-        q.add_argument("--distribution")
-        q.add_argument("--dim", type=int)
-        if name in ("quantize", "metrics"):
-            q.add_argument("--scheme")
-            q.add_argument("--budget", type=int)
-        for out in outputs:
-            dest = out.removesuffix("_list")
-            flag = f"--{dest.replace('_', '-')}"
-            if out in many:
-                q.add_argument(flag, dest=dest, required=True, nargs="+")
-            else:
-                q.add_argument(flag, dest=dest, required=True)
-        q.set_defaults(func=cmd_stage)
-    q = stages.add_parser("gather", help="concatenate tables, with Holm-adjusted log10 p columns")
-    q.add_argument("--inputs", nargs="+", required=True)
-    q.add_argument("--out", required=True)
-    q.add_argument("--holm", nargs="*", help="log10-p columns to Holm-adjust per metric")
-    q.set_defaults(func=cmd_stage)
-    q = stages.add_parser("figures", help="draw the figures of the paper (one family or all) from the gathered tables")
-    if figures:
-        from .figures_stage import add_arguments as figure_arguments
+    from .stages import add_stage_parsers
 
-        figure_arguments(q)
-    q.set_defaults(func=cmd_figures)
-    q = stages.add_parser("real", help="per-query metrics of one real cell (SmolLM2 captures) in the study's schema")
-    q.add_argument("--slice", required=True, help="distribution, scheme, budget, sharpness, base_seed, norm_dtype, layers")
-    q.add_argument("--captures", nargs="+", required=True, help="capture .npz files (kvasym capture)")
-    q.add_argument("--out", required=True, help="the per-query Parquet file")
-    q.set_defaults(func=cmd_real)
-    q = stages.add_parser("file", help="per-query metrics of one bring-your-own cache cell (distribution kind file)")
-    q.add_argument("--slice", required=True,
-                   help="distribution, dim, scheme, budget, sharpness, n_queries, base_seed, norm_dtype")
-    q.add_argument("--cache", required=True, help="the cache file (.npz/.safetensors/.npy)")
-    q.add_argument("--out", required=True, help="the per-query Parquet file")
-    q.set_defaults(func=cmd_file)
-    q = stages.add_parser("claims", help="evaluate the claims ledger from the gathered tables")
-    for name in ("claims", "comparisons", "summary", "trials", "theory", "json", "md", "tex"):
-        q.add_argument(f"--{name}", required=True)
-    q.add_argument("--html", help="also write the ledger as an HTML page (for the Snakemake report)")
-    q.add_argument("--base-seed", type=int, default=0)
-    q.add_argument("--n-boot", type=int, default=1000)
-    q.set_defaults(func=cmd_stage)
+    stage = sub.add_parser("stage", help="run one stage of the study's DAG (what the Snakemake rule of that name calls)")
+    add_stage_parsers(stage.add_subparsers(dest="stage", required=True), only=stage_name)
     return parser
 
 
@@ -470,7 +325,10 @@ def _say(line: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     tokens = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(figures=any(t in ("figures", "-h", "--help") for t in tokens))
+    from .stages import STAGES
+
+    stage_name = tokens[1] if len(tokens) > 1 and tokens[0] == "stage" and tokens[1] in STAGES else None
+    parser = build_parser(stage_name or "")  # "": list the stages without importing any
     args = parser.parse_args(tokens)
     if args.command == "stage":
         # Snakemake sends a stage's stderr to its log file. Writing a first line now gives the

@@ -28,6 +28,15 @@ large d it tends to Max's (1960) Gaussian values 0.3634, 0.1175, 0.03454, 0.0094
 Codebooks are cached in memory and on disk (JSON keyed by d, bits and
 :data:`CODEBOOK_FORMAT`), in ``$KVASYM_CACHE_DIR`` or ``~/.cache/kvasym``, so a pipeline computes
 each one once.
+
+References
+----------
+.. [1] Max, J. (1960) "Quantizing for minimum distortion", IRE Trans. Inf. Theory 6(1):7-12.
+.. [2] Lloyd, S. (1982) "Least squares quantization in PCM", IEEE Trans. Inf. Theory
+   28(2):129-137.
+.. [3] Zandieh, A., Daliri, M., Hadian, M., Mirrokni, V. (2025) "TurboQuant: Online Vector
+   Quantization with Near-optimal Distortion Rate", arXiv:2504.19874 (scalar codebooks for
+   this Beta coordinate law after a random rotation).
 """
 
 from __future__ import annotations
@@ -45,6 +54,24 @@ import numpy as np
 # and pipeline jobs that only read codebooks should not pay scipy's ~0.4 s import.
 
 from .errors import KvasymError
+
+__all__ = [
+    "TOLERANCE",
+    "MAX_ITERATIONS",
+    "CODEBOOK_FORMAT",
+    "MIN_DIM",
+    "MAX_DIM",
+    "MAX_BITS",
+    "Codebook",
+    "validate_dim_bits",
+    "log_normalizer",
+    "coordinate_pdf",
+    "coordinate_sf",
+    "coordinate_cdf",
+    "lloyd_max_codebook",
+    "cache_dir",
+    "compute_codebook",
+]
 
 #: Convergence tolerance: the centroid condition holds to within this, i.e.
 #: max_i |c_i - E[x | cell_i]| < TOLERANCE / sqrt(d) (float64 evaluation noise is ~1e-12).
@@ -67,6 +94,32 @@ class Codebook:
     ``centroids`` (length 2^bits, increasing) and ``thresholds`` (length 2^bits - 1) are in
     unit-vector coordinate units; ``mse_per_coordinate`` is ``C(f, b)`` and
     ``mse_per_vector = dim * C`` is the expected ||u - Q(u)||^2 of a uniform unit vector u.
+
+    Parameters
+    ----------
+    dim : int
+        Dimension ``d`` of the unit vectors whose coordinates are quantized.
+    bits : int
+        Bits per coordinate ``b``; the codebook has ``L = 2**b`` levels.
+    centroids : numpy.ndarray
+        Reconstruction levels ``c_0 < ... < c_{L-1}`` (read-only, symmetric: ``c_i = -c_{L-1-i}``).
+    thresholds : numpy.ndarray
+        Cell edges ``t_i = (c_i + c_{i+1}) / 2`` (read-only); code ``j`` is the number of
+        thresholds ``<= x``.
+    mse_per_coordinate : float
+        ``C = sum_i E[(x - c_i)^2; t_{i-1} < x < t_i]`` under the coordinate law ``f_d``.
+    iterations : int
+        Newton iterations the solver used.
+
+    See Also
+    --------
+    lloyd_max_codebook : the cached constructor.
+
+    References
+    ----------
+    .. [1] Max, J. (1960) "Quantizing for minimum distortion", IRE Trans. Inf. Theory 6(1):7-12.
+    .. [2] Lloyd, S. (1982) "Least squares quantization in PCM", IEEE Trans. Inf. Theory
+       28(2):129-137.
     """
 
     dim: int
@@ -78,13 +131,24 @@ class Codebook:
 
     @property
     def levels(self) -> int:
+        """Number of reconstruction levels, ``2**bits``."""
         return 1 << self.bits
 
     @property
     def mse_per_vector(self) -> float:
+        """``dim * mse_per_coordinate``: E||u - Q(u)||^2 for u uniform on the unit sphere."""
         return self.dim * self.mse_per_coordinate
 
     def to_json(self) -> dict:
+        """The codebook as a JSON-ready dict (the on-disk cache format).
+
+        Returns
+        -------
+        dict
+            ``format`` (:data:`CODEBOOK_FORMAT`), ``dim``, ``bits``, ``centroids`` and
+            ``thresholds`` (lists), ``mse`` (per vector), ``mse_per_coordinate``,
+            ``iterations`` and ``tolerance`` (:data:`TOLERANCE`).
+        """
         return {
             "format": CODEBOOK_FORMAT,
             "dim": self.dim,
@@ -99,6 +163,24 @@ class Codebook:
 
     @classmethod
     def from_json(cls, data: dict) -> Codebook:
+        """Rebuild a codebook from :meth:`to_json` output (arrays read-only).
+
+        Parameters
+        ----------
+        data : dict
+            A mapping with at least ``dim``, ``bits``, ``centroids``, ``thresholds``,
+            ``mse_per_coordinate`` and ``iterations``.
+
+        Returns
+        -------
+        Codebook
+
+        Raises
+        ------
+        KeyError, TypeError, ValueError
+            If a field is missing or not convertible (the disk cache treats this as a corrupt
+            entry and recomputes it).
+        """
         centroids = np.asarray(data["centroids"], dtype=np.float64)
         thresholds = np.asarray(data["thresholds"], dtype=np.float64)
         centroids.setflags(write=False)
@@ -114,6 +196,20 @@ class Codebook:
 
 
 def validate_dim_bits(dim: int, bits: int) -> None:
+    """Check that a codebook of ``dim`` dimensions and ``bits`` bits can be computed.
+
+    Parameters
+    ----------
+    dim : int
+        Dimension, an integer (Python or numpy, not bool) in ``MIN_DIM..MAX_DIM``.
+    bits : int
+        Bits, an integer (not bool) in ``1..MAX_BITS``.
+
+    Raises
+    ------
+    KvasymError
+        If either is out of range or not an integer.
+    """
     if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or not MIN_DIM <= dim <= MAX_DIM:
         raise KvasymError(
             f"codebook dimension must be an integer in {MIN_DIM}..{MAX_DIM}, got {dim!r}"
@@ -123,14 +219,44 @@ def validate_dim_bits(dim: int, bits: int) -> None:
 
 
 def log_normalizer(dim: int) -> float:
-    """log c_d, the log of the density's normalizing constant (via gammaln: no overflow)."""
+    """log c_d, the log of the density's normalizing constant (via gammaln: no overflow).
+
+    Parameters
+    ----------
+    dim : int
+        Dimension ``d >= 2``.
+
+    Returns
+    -------
+    float
+        ``log c_d = lgamma(d/2) - log(pi)/2 - lgamma((d-1)/2)``, so that
+        ``c_d = Gamma(d/2) / (sqrt(pi) Gamma((d-1)/2))``.
+    """
     from scipy import special
 
     return special.gammaln(dim / 2) - 0.5 * np.log(np.pi) - special.gammaln((dim - 1) / 2)
 
 
 def coordinate_pdf(x: np.ndarray, dim: int) -> np.ndarray:
-    """Density f_d of one coordinate of a uniform unit vector in R^dim (zero outside [-1, 1])."""
+    """Density f_d of one coordinate of a uniform unit vector in R^dim (zero outside [-1, 1]).
+
+    Parameters
+    ----------
+    x : array_like
+        Points (any shape).
+    dim : int
+        Dimension ``d``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``f_d(x) = c_d (1 - x^2)^((d-3)/2)`` for ``|x| < 1``, else 0 (float64, shape of ``x``).
+
+    Notes
+    -----
+    ``(x + 1)/2 ~ Beta(a, a)`` with ``a = (d-1)/2``; ``f_d`` tends to the N(0, 1/d) density as
+    ``d`` grows. At ``d = 3`` it is uniform on [-1, 1].
+    """
     x = np.asarray(x, dtype=np.float64)
     inside = np.abs(x) < 1
     one_minus = np.where(inside, 1 - x * x, 1.0)
@@ -140,7 +266,21 @@ def coordinate_pdf(x: np.ndarray, dim: int) -> np.ndarray:
 
 
 def coordinate_sf(t: np.ndarray, dim: int) -> np.ndarray:
-    """P(x > t) for the coordinate law in dimension dim (accurate in the upper tail)."""
+    """P(x > t) for the coordinate law in dimension dim (accurate in the upper tail).
+
+    Parameters
+    ----------
+    t : array_like
+        Points (values outside [-1, 1] are clipped).
+    dim : int
+        Dimension ``d``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``S_d(t) = 1 - I_u(a, a)`` with ``u = (t + 1)/2``, ``a = (d-1)/2``, computed by
+        ``scipy.special.betaincc`` (no cancellation in the upper tail).
+    """
     from scipy import special
 
     a = 0.5 * (dim - 1)
@@ -149,7 +289,21 @@ def coordinate_sf(t: np.ndarray, dim: int) -> np.ndarray:
 
 
 def coordinate_cdf(t: np.ndarray, dim: int) -> np.ndarray:
-    """P(x <= t) for the coordinate law in dimension dim."""
+    """P(x <= t) for the coordinate law in dimension dim.
+
+    Parameters
+    ----------
+    t : array_like
+        Points (values outside [-1, 1] are clipped).
+    dim : int
+        Dimension ``d``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``F_d(t) = I_u(a, a)`` (regularized incomplete beta function) with ``u = (t + 1)/2``
+        and ``a = (d-1)/2``.
+    """
     from scipy import special
 
     a = 0.5 * (dim - 1)
@@ -195,6 +349,34 @@ def lloyd_max_codebook(dim: int, bits: int, *, use_disk_cache: bool = True) -> C
     """The Lloyd-Max codebook for unit-vector coordinates in dimension ``dim`` with ``bits`` bits.
 
     Cached in memory and (unless ``use_disk_cache`` is false) on disk.
+
+    Parameters
+    ----------
+    dim : int
+        Dimension ``d`` (``MIN_DIM..MAX_DIM``).
+    bits : int
+        Bits per coordinate (``1..MAX_BITS``).
+    use_disk_cache : bool, optional
+        Read and write the JSON cache in :func:`cache_dir` and memoize in memory (default);
+        if false, compute afresh with :func:`compute_codebook`.
+
+    Returns
+    -------
+    Codebook
+        The quantizer satisfying both Lloyd-Max conditions for the law ``f_d``.
+
+    Raises
+    ------
+    KvasymError
+        If ``dim`` or ``bits`` is out of range, or the solver does not converge.
+
+    References
+    ----------
+    .. [1] Max, J. (1960) "Quantizing for minimum distortion", IRE Trans. Inf. Theory 6(1):7-12.
+    .. [2] Lloyd, S. (1982) "Least squares quantization in PCM", IEEE Trans. Inf. Theory
+       28(2):129-137.
+    .. [3] Zandieh, A., Daliri, M., Hadian, M., Mirrokni, V. (2025) "TurboQuant: Online Vector
+       Quantization with Near-optimal Distortion Rate", arXiv:2504.19874.
     """
     validate_dim_bits(dim, bits)
     dim, bits = int(dim), int(bits)
@@ -221,7 +403,14 @@ def _cached_codebook(dim: int, bits: int) -> Codebook:
 
 
 def cache_dir() -> Path:
-    """Where codebooks are cached: $KVASYM_CACHE_DIR, else ~/.cache/kvasym/codebooks."""
+    """Where codebooks are cached: $KVASYM_CACHE_DIR, else ~/.cache/kvasym/codebooks.
+
+    Returns
+    -------
+    pathlib.Path
+        ``$KVASYM_CACHE_DIR/codebooks`` if the variable is set and non-empty, else
+        ``~/.cache/kvasym/codebooks`` (not created here).
+    """
     root = os.environ.get("KVASYM_CACHE_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "kvasym"
     return base / "codebooks"
@@ -249,6 +438,39 @@ def compute_codebook(dim: int, bits: int) -> Codebook:
     ``f^(1/3)`` is again this family of laws, in dimension ``(d + 6) / 3``. A step that would
     break the ordering of the centroids is halved; the result satisfies both Lloyd conditions
     (the tests check them independently).
+
+    Parameters
+    ----------
+    dim : int
+        Dimension ``d`` (``MIN_DIM..MAX_DIM``).
+    bits : int
+        Bits per coordinate (``1..MAX_BITS``).
+
+    Returns
+    -------
+    Codebook
+        Centroids with ``max_i |c_i - E[x | cell_i]| < TOLERANCE / sqrt(d)``, thresholds at the
+        midpoints, and the exact MSE ``C = sum_i (E[x^2; cell_i] - P(cell_i) c_i^2)``.
+
+    Raises
+    ------
+    KvasymError
+        If ``dim`` or ``bits`` is out of range, or Newton's method does not converge within
+        :data:`MAX_ITERATIONS` iterations.
+
+    Notes
+    -----
+    Lloyd-Max conditions (Max 1960; Lloyd 1982): ``t_i = (c_i + c_{i+1}) / 2`` and
+    ``c_i = E[x | t_{i-1} < x < t_i]``. Newton solves ``F(c) = centroid(midpoints(c)) - c = 0``;
+    the start is the compander ``c_i = 2 I^{-1}_{p_i}(a', a') - 1`` with ``p_i = (i + 1/2)/L``
+    and ``a' = ((d + 6)/3 - 1)/2`` (the law in dimension ``(d + 6)/3``, proportional to
+    ``f_d^(1/3)``).
+
+    References
+    ----------
+    .. [1] Max, J. (1960) "Quantizing for minimum distortion", IRE Trans. Inf. Theory 6(1):7-12.
+    .. [2] Lloyd, S. (1982) "Least squares quantization in PCM", IEEE Trans. Inf. Theory
+       28(2):129-137.
     """
     from scipy import special
 

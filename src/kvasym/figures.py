@@ -253,24 +253,14 @@ def _tag(artist: Any, scheme: str) -> Any:
     return artist
 
 
-def _select(frame: pd.DataFrame, **conditions: Any) -> pd.DataFrame:
-    """Rows where every condition holds (floats compared with isclose; None = any)."""
+def _select(frame: pd.DataFrame | None, **conditions: Any) -> pd.DataFrame:
+    """Rows where every condition holds (:func:`kvasym.cells.select_cells`; floats compared with
+    isclose, None = any), empty when nothing matches: a figure draws an empty panel and says so."""
+    from .cells import select_cells
+
     if frame is None or frame.empty:
         return frame.iloc[0:0] if frame is not None else pd.DataFrame()
-    mask = np.ones(len(frame), dtype=bool)
-    for key, value in conditions.items():
-        if value is None:
-            continue
-        if key not in frame.columns:
-            return frame.iloc[0:0]
-        column = frame[key]
-        if isinstance(value, float):
-            mask &= np.isclose(column.to_numpy(dtype=float), value)
-        elif isinstance(value, (list, tuple, set)):
-            mask &= column.isin(list(value)).to_numpy()
-        else:
-            mask &= (column == value).to_numpy()
-    return frame[mask]
+    return select_cells(frame, "figure input", required=False, **conditions)
 
 
 def _choose(frame: pd.DataFrame, column: str, value: Any) -> tuple[Any, str]:
@@ -997,18 +987,16 @@ def sharpness_sweep(
 
 def _ratio_ci(comparisons: pd.DataFrame, dist: str, dim: Any, budget: Any, sharpness: Sequence[float], num: str,
               den: str) -> tuple[np.ndarray, np.ndarray]:
-    """CI of mean KL num/den per sharpness from the comparisons table (either orientation)."""
+    """CI of mean KL num/den per sharpness, oriented by :func:`kvasym.cells.pair_ratio`."""
+    from .cells import MissingCell, pair_ratio
+
     low, high = np.full(len(sharpness), np.nan), np.full(len(sharpness), np.nan)
-    rows = _select(comparisons, metric="kl", distribution=dist, dim=dim, budget=budget)
     for k, s in enumerate(sharpness):
-        r = _select(rows, sharpness=float(s))
-        fwd = r[(r["scheme_a"] == num) & (r["scheme_b"] == den)]
-        bwd = r[(r["scheme_a"] == den) & (r["scheme_b"] == num)]
-        if not fwd.empty:
-            low[k], high[k] = float(fwd["ratio_mean_low"].iloc[0]), float(fwd["ratio_mean_high"].iloc[0])
-        elif not bwd.empty:
-            lo, hi = float(bwd["ratio_mean_low"].iloc[0]), float(bwd["ratio_mean_high"].iloc[0])
-            low[k], high[k] = (1 / hi if hi else np.nan), (1 / lo if lo else np.nan)
+        try:
+            ratio = pair_ratio(comparisons, num, den, distribution=dist, dim=dim, budget=budget, sharpness=float(s))
+        except MissingCell:
+            continue  # no comparison at this sharpness: the panel shows the point without a band
+        low[k], high[k] = ratio["low"], ratio["high"]
     return low, high
 
 

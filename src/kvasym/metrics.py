@@ -34,6 +34,11 @@ Conventions (documented constants, chosen so results hold no NaN and no infinity
   set to 0, anything more negative is left as is (it would reveal a bug).
 - Top-k recall ``|topk(p) & topk(p_hat)| / k``; ties are broken by key index (the lower index
   ranks first); with fewer than ``k`` allowed keys, ``k`` becomes the number of allowed keys.
+
+References
+----------
+.. [1] Kullback, S., Leibler, R. A. (1951) "On information and sufficiency", Ann. Math. Statist.
+   22(1):79-86.
 """
 
 from __future__ import annotations
@@ -45,6 +50,21 @@ import numpy as np
 
 from kvasym.attention import attend_logits, attention_logits, check_mask
 from kvasym.errors import KvasymError
+
+__all__ = [
+    "SNR_CAP_LOG2",
+    "EFF_BITS_CAP",
+    "SNR_DB_CAP",
+    "KL_ROUNDING_TOL",
+    "ROUTING_TOPK",
+    "LOGIT_LIMIT",
+    "error_coordinates",
+    "matrix_coordinates",
+    "kl_divergence",
+    "topk_recall",
+    "trial_metrics",
+    "trial_metrics_multi",
+]
 
 SNR_CAP_LOG2 = 104.0
 """log2 of the SNR cap: SNR is clipped to [2**-104, 2**104] (eff_bits in [-52, 52])."""
@@ -120,6 +140,27 @@ def error_coordinates(x: np.ndarray, x_hat: np.ndarray) -> dict[str, np.ndarray]
     Returns float64 arrays of shape ``x.shape[:-1]``: ``snr`` (power ratio, capped),
     ``snr_db`` (dB), ``eff_bits`` (bits), ``phi`` (radians), ``eps_dir`` (unitless).
     Inputs must be finite and of equal shape.
+
+    Parameters
+    ----------
+    x : array_like
+        Reference vectors along the last axis.
+    x_hat : array_like
+        Estimates, same shape as ``x``.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        ``snr = clip(||x||^2 / ||x - x_hat||^2, 2**-104, 2**104)``,
+        ``snr_db = 10 log10 snr``, ``eff_bits = 0.5 log2 snr``,
+        ``phi = 2 atan2(||u - v||, ||u + v||)`` for the unit vectors ``u, v`` of ``x, x_hat``
+        (0 if both are zero, pi/2 if exactly one is), ``eps_dir = 2 sin^2(phi / 2)``
+        ``= 1 - cos(phi)``.
+
+    Raises
+    ------
+    KvasymError
+        If the shapes differ, there is no coordinate, or a value is not finite.
     """
     a, b = _pair(x, x_hat)
     log2_snr = _log2_snr(_norms(a), _norms(a - b))
@@ -138,6 +179,24 @@ def matrix_coordinates(x: np.ndarray, x_hat: np.ndarray) -> dict[str, float]:
 
     ``snr``, ``snr_db``, ``eff_bits``: whole-matrix SNR ``sum ||x_i||^2 / sum ||x_i - x_hat_i||^2``;
     ``phi``, ``eps_dir``: mean over rows of the per-row angle (radians) and ``eps_dir``.
+
+    Parameters
+    ----------
+    x : array_like
+        ``(rows, dim)`` reference matrix.
+    x_hat : array_like
+        Its estimate, same shape.
+
+    Returns
+    -------
+    dict of str to float
+        ``snr``, ``snr_db``, ``eff_bits`` (capped as in :func:`error_coordinates`), ``phi``,
+        ``eps_dir``.
+
+    Raises
+    ------
+    KvasymError
+        If the inputs are not finite 2-D matrices of equal shape.
     """
     a, b = _pair(x, x_hat)
     if a.ndim != 2:
@@ -161,6 +220,31 @@ def kl_divergence(
     ``0 log 0 = 0``: entries with ``p = 0`` (including masked ones, log p = -inf) contribute
     nothing; an optional boolean ``mask`` (True = allowed) excludes entries explicitly. An
     entry with ``p > 0`` and ``q = 0`` gives +inf, the true value.
+
+    Parameters
+    ----------
+    log_p : array_like
+        Log-probabilities of the reference ``p``.
+    log_q : array_like
+        Log-probabilities of the approximation ``q``, same shape.
+    mask : array_like, optional
+        Boolean, same shape, True = allowed.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``KL(p || q) = sum_j p_j (log p_j - log q_j)`` over the support of ``p`` (and the
+        mask), per row; values in ``[-KL_ROUNDING_TOL, 0)`` are set to 0.
+
+    Raises
+    ------
+    KvasymError
+        If the shapes differ or the mask is not boolean of the same shape.
+
+    References
+    ----------
+    .. [1] Kullback, S., Leibler, R. A. (1951) "On information and sufficiency", Ann. Math.
+       Statist. 22(1):79-86.
     """
     lp = np.asarray(log_p, dtype=np.float64)
     lq = np.asarray(log_q, dtype=np.float64)
@@ -202,6 +286,28 @@ def topk_recall(
 
     Ties are broken by index (lower first). ``k`` is reduced to the number of keys, or per
     row to the number of allowed keys under ``mask`` (bool, True = allowed).
+
+    Parameters
+    ----------
+    p : array_like
+        ``(n_rows, n_keys)`` reference attention weights.
+    p_hat : array_like
+        Approximate weights, same shape.
+    k : int, optional
+        Size of the top set (default :data:`ROUTING_TOPK`).
+    mask : array_like, optional
+        Boolean ``(n_rows, n_keys)``, True = allowed; masked keys never enter a top set.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``|topk(p) & topk(p_hat)| / k_row`` per row, ``k_row = min(k, allowed keys)``.
+
+    Raises
+    ------
+    KvasymError
+        If ``p`` and ``p_hat`` are not 2-D of equal shape, ``k`` is not an integer >= 1, or
+        the mask is invalid.
     """
     a = np.asarray(p, dtype=np.float64)
     b = np.asarray(p_hat, dtype=np.float64)
@@ -273,6 +379,37 @@ def trial_metrics(
     in the averaged columns (impossible without a mask). For small errors
     ``log p_hat - log p ~= e - E_p[e]``; Jensen predicts larger weight for keys with larger
     logit-error variance.
+
+    Parameters
+    ----------
+    queries : array_like
+        ``(n_queries, dim)``.
+    keys, values : array_like
+        Reference caches, ``(n_keys, dim)`` and ``(n_keys, value_dim)``.
+    keys_hat, values_hat : array_like
+        Quantized caches, same shapes.
+    sharpness : float
+        Logit multiplier (see :func:`kvasym.attention.attention_logits`).
+    mask : array_like, optional
+        Boolean ``(n_queries, n_keys)``, True = allowed.
+
+    Returns
+    -------
+    per_query : dict of str to numpy.ndarray
+        Columns listed above, ``n_queries`` rows.
+    per_key : dict of str to numpy.ndarray
+        Columns listed above, ``n_keys`` rows.
+
+    Raises
+    ------
+    KvasymError
+        On shape mismatches, non-finite inputs, logits beyond :data:`LOGIT_LIMIT`, or an
+        invalid mask.
+
+    References
+    ----------
+    .. [1] Kullback, S., Leibler, R. A. (1951) "On information and sufficiency", Ann. Math.
+       Statist. 22(1):79-86.
     """
     ((per_query, per_key),) = trial_metrics_multi(
         queries, keys, values, keys_hat, values_hat, [sharpness], mask
@@ -293,6 +430,23 @@ def trial_metrics_multi(
 
     The cache errors (K and V aggregates, per-key coordinates) and the raw scores
     ``Q K^T / sqrt(d)`` do not depend on the sharpness: they are computed once.
+
+    Parameters
+    ----------
+    queries, keys, values, keys_hat, values_hat, mask
+        As in :func:`trial_metrics`.
+    sharpness : sequence of float
+        Logit multipliers, one result each.
+
+    Returns
+    -------
+    list of tuple
+        ``[(per_query, per_key), ...]`` in the order of ``sharpness``.
+
+    Raises
+    ------
+    KvasymError
+        As :func:`trial_metrics`; also if a sharpness is not finite.
     """
     k, k_hat = _pair(keys, keys_hat, "keys")
     v, v_hat = _pair(values, values_hat, "values")

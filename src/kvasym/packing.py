@@ -11,9 +11,24 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = ["packed_row_bytes", "pack_codes", "unpack_codes", "pack_signs", "unpack_signs"]
+
 
 def packed_row_bytes(n_codes: int, bits: int) -> int:
-    """Bytes one packed row of ``n_codes`` codes of ``bits`` bits occupies."""
+    """Bytes one packed row of ``n_codes`` codes of ``bits`` bits occupies.
+
+    Parameters
+    ----------
+    n_codes : int
+        Codes per row.
+    bits : int
+        Bits per code.
+
+    Returns
+    -------
+    int
+        ``ceil(n_codes * bits / 8)``.
+    """
     return -(-n_codes * bits // 8)
 
 
@@ -23,7 +38,27 @@ def _check_bits(bits: int) -> None:
 
 
 def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Pack a (rows, n) array of codes < 2**bits into (rows, packed_row_bytes(n, bits)) uint8."""
+    """Pack a (rows, n) array of codes < 2**bits into (rows, packed_row_bytes(n, bits)) uint8.
+
+    Parameters
+    ----------
+    codes : array_like
+        2-D array of codes, cast to uint8; each must be ``< 2**bits`` (not checked: higher bits
+        would spill into the neighbouring code).
+    bits : int
+        Bits per code, 1..8.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(rows, ceil(n * bits / 8))`` uint8; code ``j`` of a row occupies bits
+        ``b*j .. b*j + b - 1`` of the row's little-endian bit stream, unused high bits are 0.
+
+    Raises
+    ------
+    ValueError
+        If ``bits`` is not in 1..8 (or ``codes`` is not 2-D).
+    """
     _check_bits(bits)
     codes = np.asarray(codes, dtype=np.uint8)
     rows, n = codes.shape
@@ -56,7 +91,27 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
 
 
 def unpack_codes(packed: np.ndarray, bits: int, n_codes: int) -> np.ndarray:
-    """Inverse of :func:`pack_codes`: (rows, n_codes) uint8 codes."""
+    """Inverse of :func:`pack_codes`: (rows, n_codes) uint8 codes.
+
+    Parameters
+    ----------
+    packed : array_like
+        ``(rows, packed_row_bytes(n_codes, bits))`` uint8.
+    bits : int
+        Bits per code, 1..8.
+    n_codes : int
+        Codes per row.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(rows, n_codes)`` uint8 codes in ``0..2**bits - 1``.
+
+    Raises
+    ------
+    ValueError
+        If ``bits`` is not in 1..8 or ``packed`` does not have the expected row length.
+    """
     _check_bits(bits)
     packed = np.asarray(packed, dtype=np.uint8)
     rows = packed.shape[0]
@@ -85,10 +140,35 @@ def unpack_codes(packed: np.ndarray, bits: int, n_codes: int) -> np.ndarray:
 
 
 def pack_signs(negative: np.ndarray) -> np.ndarray:
-    """Pack a (rows, m) boolean array (True = negative sign) to (rows, ceil(m/8)) uint8."""
+    """Pack a (rows, m) boolean array (True = negative sign) to (rows, ceil(m/8)) uint8.
+
+    Parameters
+    ----------
+    negative : array_like
+        Booleans (True = negative sign), packed along the last axis.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``numpy.packbits(negative, axis=-1, bitorder="little")``: bit ``j`` of a row is bit
+        ``j mod 8`` of byte ``j // 8``.
+    """
     return np.packbits(np.asarray(negative, dtype=bool), axis=-1, bitorder="little")
 
 
 def unpack_signs(packed: np.ndarray, m: int) -> np.ndarray:
-    """Inverse of :func:`pack_signs`: (rows, m) booleans, True = negative."""
+    """Inverse of :func:`pack_signs`: (rows, m) booleans, True = negative.
+
+    Parameters
+    ----------
+    packed : numpy.ndarray
+        uint8 array from :func:`pack_signs`.
+    m : int
+        Number of signs per row.
+
+    Returns
+    -------
+    numpy.ndarray
+        Booleans, last axis of length ``m``.
+    """
     return np.unpackbits(packed, axis=-1, count=m, bitorder="little").astype(bool)

@@ -14,6 +14,14 @@ of order at most :data:`MAX_FACTOR`: each factor is one small BLAS matmul over a
 the batch. With bounded factor order this is ``O(d log d)`` per row like the butterfly, but
 makes ``log_F d`` passes over memory instead of ``log_2 d``, which is what costs time in numpy.
 :func:`fwht_butterfly` is the textbook butterfly, kept as the independent reference in tests.
+
+References
+----------
+.. [1] Ailon, N., Chazelle, B. (2009) "The fast Johnson-Lindenstrauss transform and approximate
+   nearest neighbors", SIAM J. Comput. 39(1):302-322 (the randomized Hadamard transform ``H D``).
+.. [2] Zandieh, A., Daliri, M., Hadian, M., Mirrokni, V. (2025) "TurboQuant: Online Vector
+   Quantization with Near-optimal Distortion Rate", arXiv:2504.19874 (a random rotation before
+   scalar quantization).
 """
 
 from __future__ import annotations
@@ -25,12 +33,37 @@ import numpy as np
 
 from .errors import KvasymError
 
+__all__ = [
+    "MAX_FACTOR",
+    "next_power_of_two",
+    "hadamard_matrix",
+    "fwht",
+    "fwht_butterfly",
+    "RandomizedHadamard",
+]
+
 #: Largest Hadamard factor applied as one matmul (a measured sweet spot for numpy + OpenBLAS).
 MAX_FACTOR = 32
 
 
 def next_power_of_two(dim: int) -> int:
-    """Smallest power of two >= dim."""
+    """Smallest power of two >= dim.
+
+    Parameters
+    ----------
+    dim : int
+        A positive dimension.
+
+    Returns
+    -------
+    int
+        ``2**ceil(log2 dim)`` (``dim`` itself when it is a power of two).
+
+    Raises
+    ------
+    KvasymError
+        If ``dim < 1``.
+    """
     if dim < 1:
         raise KvasymError(f"dimension must be >= 1, got {dim}")
     return 1 << (int(dim) - 1).bit_length()
@@ -38,7 +71,26 @@ def next_power_of_two(dim: int) -> int:
 
 @lru_cache(maxsize=None)
 def hadamard_matrix(order: int, dtype: str = "float64") -> np.ndarray:
-    """Unnormalized Sylvester Hadamard matrix of a power-of-two order (entries +-1)."""
+    """Unnormalized Sylvester Hadamard matrix of a power-of-two order (entries +-1).
+
+    Parameters
+    ----------
+    order : int
+        Matrix order, a power of two.
+    dtype : str, optional
+        Output dtype name (default ``"float64"``).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``H_order`` (read-only, memoized), with ``H_1 = [1]`` and
+        ``H_2k = [[H_k, H_k], [H_k, -H_k]]``; symmetric, ``H H = order * I``.
+
+    Raises
+    ------
+    KvasymError
+        If ``order`` is not a positive power of two.
+    """
     if order < 1 or order & (order - 1):
         raise KvasymError(f"Hadamard order must be a power of two, got {order}")
     h = np.ones((1, 1), dtype=np.float64)
@@ -62,6 +114,21 @@ def fwht(x: np.ndarray) -> np.ndarray:
     """Unnormalized Walsh-Hadamard transform along the last axis (length a power of two).
 
     Returns a new array ``x @ H`` in the dtype of ``x`` (float32 or float64).
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Float32 or float64 array whose last axis has power-of-two length ``D``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``x @ H_D`` (same shape and dtype as ``x``).
+
+    Notes
+    -----
+    ``H_D`` is the Kronecker product of Sylvester factors ``H_f`` (``f <= MAX_FACTOR``), each
+    applied as one matmul over a reshaped view: ``O(D log D)`` work per row.
     """
     order = x.shape[-1]
     lead = x.shape[:-1]
@@ -82,7 +149,18 @@ def fwht(x: np.ndarray) -> np.ndarray:
 
 
 def fwht_butterfly(x: np.ndarray) -> np.ndarray:
-    """Textbook in-place butterfly WHT (unnormalized), the reference for :func:`fwht`."""
+    """Textbook in-place butterfly WHT (unnormalized), the reference for :func:`fwht`.
+
+    Parameters
+    ----------
+    x : array_like
+        Array whose last axis has power-of-two length ``D``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``x @ H_D`` in float64, by ``log2 D`` stages of ``(a, b) -> (a + b, a - b)``.
+    """
     y = np.array(x, dtype=np.float64, copy=True)
     order = y.shape[-1]
     h = 1
@@ -103,6 +181,24 @@ class RandomizedHadamard:
 
     ``forward`` maps rows of length ``dim`` to rows of length ``padded_dim``; ``inverse`` maps
     back. Both keep the input's float dtype (float32 or float64).
+
+    Parameters
+    ----------
+    dim : int
+        Length of the input rows.
+    seed : int
+        Seed of the random signs: ``Generator(PCG64(seed)).integers(0, 2, padded_dim)``, 1 -> +1
+        and 0 -> -1.
+
+    Notes
+    -----
+    ``R x = H_D S x / sqrt(D)`` with ``S = diag(signs)`` and ``D = padded_dim``; ``R`` is
+    orthogonal and ``R^{-1} y = S H_D y / sqrt(D)``. Rows shorter than ``D`` are zero-padded.
+
+    References
+    ----------
+    .. [1] Ailon, N., Chazelle, B. (2009) "The fast Johnson-Lindenstrauss transform and
+       approximate nearest neighbors", SIAM J. Comput. 39(1):302-322.
     """
 
     dim: int
@@ -110,13 +206,32 @@ class RandomizedHadamard:
 
     @property
     def padded_dim(self) -> int:
+        """Working dimension ``D``: ``dim`` rounded up to a power of two."""
         return next_power_of_two(self.dim)
 
     @property
     def signs(self) -> np.ndarray:
+        """The ``padded_dim`` random signs (+-1.0, float64, read-only) drawn from ``seed``."""
         return _signs(self.padded_dim, int(self.seed))
 
     def forward(self, x: np.ndarray) -> np.ndarray:
+        """Rotate rows: ``y = H_D S pad(x) / sqrt(D)``.
+
+        Parameters
+        ----------
+        x : array_like
+            Rows of length ``dim`` (any leading shape); non-float input is cast to float64.
+
+        Returns
+        -------
+        numpy.ndarray
+            Rows of length ``padded_dim``, in the dtype of ``x`` (float32 or float64).
+
+        Raises
+        ------
+        KvasymError
+            If the last axis of ``x`` is not ``dim``.
+        """
         x = _as_float(x)
         if x.shape[-1] != self.dim:
             raise KvasymError(f"rotation expects rows of length {self.dim}, got {x.shape[-1]}")
@@ -129,6 +244,23 @@ class RandomizedHadamard:
         return fwht(scaled) * x.dtype.type(1.0 / np.sqrt(padded))
 
     def inverse(self, y: np.ndarray) -> np.ndarray:
+        """Undo :meth:`forward`: ``x = (S H_D y / sqrt(D))[..., :dim]``.
+
+        Parameters
+        ----------
+        y : array_like
+            Rows of length ``padded_dim``.
+
+        Returns
+        -------
+        numpy.ndarray
+            Rows of length ``dim`` (the padding coordinates dropped), dtype of ``y``.
+
+        Raises
+        ------
+        KvasymError
+            If the last axis of ``y`` is not ``padded_dim``.
+        """
         y = _as_float(y)
         padded = self.padded_dim
         if y.shape[-1] != padded:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = ["CELLS_PER_GAP", "MAX_CELLS", "ThresholdEncoder"]
+
 #: Grid cells per smallest threshold gap (>= 2 keeps one threshold per cell).
 CELLS_PER_GAP = 2
 
@@ -34,6 +36,28 @@ class ThresholdEncoder:
 
     Tables are built per input dtype from the thresholds rounded to that dtype, because the
     comparison happens in that dtype: a float32 threshold can round across a grid edge.
+
+    Parameters
+    ----------
+    thresholds : array_like
+        1..255 finite, strictly increasing values ``t_0 < ... < t_{K-1}`` (e.g.
+        :attr:`kvasym.codebook.Codebook.thresholds`).
+
+    Raises
+    ------
+    ValueError
+        If ``thresholds`` is not 1-D, is empty, has more than 255 values, a non-finite value, or
+        is not strictly increasing.
+
+    See Also
+    --------
+    numpy.searchsorted : the reference, ``searchsorted(t, x, side="right")``.
+
+    Notes
+    -----
+    ``code(x) = #{j : t_j <= x}``, computed as
+    ``below[g] + (x >= inside[g])`` with ``g = floor((x - lo) / width)`` on a grid whose cells
+    hold at most one threshold each (see the module docstring).
     """
 
     def __init__(self, thresholds: np.ndarray) -> None:
@@ -49,7 +73,20 @@ class ThresholdEncoder:
         return self._tables[dtype]
 
     def encode(self, x: np.ndarray) -> np.ndarray:
-        """Codes in 0..len(thresholds) as uint8, same shape as ``x`` (finite values expected)."""
+        """Codes in 0..len(thresholds) as uint8, same shape as ``x`` (finite values expected).
+
+        Parameters
+        ----------
+        x : array_like
+            Values to encode; float32 and float64 are compared in their own dtype, anything
+            else is cast to float64 first.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``uint8`` codes ``#{j : t_j <= x}`` (a value equal to a threshold goes to the upper
+            cell), identical to ``np.searchsorted(t.astype(x.dtype), x, side="right")``.
+        """
         x = np.asarray(x)
         if x.dtype not in (np.float32, np.float64):
             x = x.astype(np.float64)

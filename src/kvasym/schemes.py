@@ -13,6 +13,14 @@ scalar bits with QJL (pure QJL at n = 1) is allowed.
 Built in: the paper's KV, KQV, QKQV and ``RKV`` (rotated scalar on both sides, no QJL: the
 TurboQuant_mse construction deployed systems use). Users add schemes in config, in the same
 mapping form as :data:`BUILTIN_SCHEMES`.
+
+References
+----------
+.. [1] Zandieh, A., Daliri, M., Han, I. (2024/2025) "QJL: 1-Bit Quantized JL Transform for KV
+   Cache Quantization with Zero Overhead", arXiv:2406.03482 (the 1-bit residual sketch).
+.. [2] Zandieh, A., Daliri, M., Hadian, M., Mirrokni, V. (2025) "TurboQuant: Online Vector
+   Quantization with Near-optimal Distortion Rate", arXiv:2504.19874 (rotation + scalar
+   codebook, and its (n-1)-bit + QJL inner-product variant).
 """
 
 from __future__ import annotations
@@ -22,6 +30,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .errors import KvasymError
+
+__all__ = [
+    "MIN_BUDGET",
+    "MAX_BUDGET",
+    "MAX_SCALAR_BITS",
+    "SIDES",
+    "SideSpec",
+    "Scheme",
+    "scheme_from_dict",
+    "BUILTIN_SCHEMES",
+    "scheme_registry",
+    "get_scheme",
+]
 
 MIN_BUDGET = 1
 MAX_BUDGET = 8
@@ -33,37 +54,104 @@ _RELATIVE = re.compile(r"^n(?:\s*-\s*(\d+))?$")
 
 @dataclass(frozen=True)
 class SideSpec:
-    """How one cache side is quantized: ``scalar_offset`` bits below the budget, + QJL or not."""
+    """How one cache side is quantized: ``scalar_offset`` bits below the budget, + QJL or not.
+
+    Parameters
+    ----------
+    rotate : bool
+        Apply the randomized Walsh-Hadamard rotation before the scalar quantizer.
+    scalar_offset : int
+        ``k`` in ``scalar_bits = n - k``.
+    qjl : bool
+        Add the 1-bit QJL sketch of the scalar quantizer's residual.
+    """
 
     rotate: bool
     scalar_offset: int
     qjl: bool
 
     def scalar_bits(self, budget: int) -> int:
+        """Scalar bits per coordinate at ``budget``: ``budget - scalar_offset`` (may be < 0).
+
+        Parameters
+        ----------
+        budget : int
+            Bits per coordinate ``n``.
+
+        Returns
+        -------
+        int
+        """
         return budget - self.scalar_offset
 
     @property
     def scalar_bits_expr(self) -> str:
+        """The scalar width as written in config: ``"n"`` or ``"n-k"``."""
         return "n" if self.scalar_offset == 0 else f"n-{self.scalar_offset}"
 
     def to_dict(self) -> dict:
+        """The config mapping ``{rotate, scalar_bits, qjl}`` of this side (inverse of parsing)."""
         return {"rotate": self.rotate, "scalar_bits": self.scalar_bits_expr, "qjl": self.qjl}
 
 
 @dataclass(frozen=True)
 class Scheme:
+    """A named quantization scheme: one :class:`SideSpec` per cache side.
+
+    Parameters
+    ----------
+    name : str
+        Scheme name (a letter, then up to 39 letters, digits, ``_ . + -``).
+    K : SideSpec
+        How keys are quantized.
+    V : SideSpec
+        How values are quantized.
+    description : str, optional
+        Free text for tables and the paper.
+    """
+
     name: str
     K: SideSpec
     V: SideSpec
     description: str = ""
 
     def side(self, side: str) -> SideSpec:
+        """The spec of cache side ``"K"`` or ``"V"``.
+
+        Parameters
+        ----------
+        side : str
+            ``"K"`` or ``"V"``.
+
+        Returns
+        -------
+        SideSpec
+
+        Raises
+        ------
+        KvasymError
+            If ``side`` is not one of :data:`SIDES`.
+        """
         if side not in SIDES:
             raise KvasymError(f"cache side must be one of {', '.join(SIDES)}, got {side!r}")
         return self.K if side == "K" else self.V
 
     def validate_budget(self, budget: int) -> None:
-        """Raise KvasymError unless this scheme is realisable at ``budget`` bits per coordinate."""
+        """Raise KvasymError unless this scheme is realisable at ``budget`` bits per coordinate.
+
+        Parameters
+        ----------
+        budget : int
+            Bits per coordinate ``n``.
+
+        Raises
+        ------
+        KvasymError
+            If ``budget`` is not an integer in ``MIN_BUDGET..MAX_BUDGET``, or on some side the
+            scalar width is negative or above :data:`MAX_SCALAR_BITS`, or
+            ``scalar_bits + (1 if qjl) != budget``, or the side stores nothing (0 scalar bits,
+            no QJL). The message names the scheme, the side and the budget.
+        """
         if isinstance(budget, bool) or not isinstance(budget, int) or not MIN_BUDGET <= budget <= MAX_BUDGET:
             raise KvasymError(f"budget must be an integer in {MIN_BUDGET}..{MAX_BUDGET}, got {budget!r}")
         for side in SIDES:
@@ -85,6 +173,7 @@ class Scheme:
                 raise KvasymError(f"{where}: no scalar bits and no QJL stores nothing")
 
     def to_dict(self) -> dict:
+        """The config mapping ``{K: {...}, V: {...}[, description]}`` of this scheme."""
         out = {"K": self.K.to_dict(), "V": self.V.to_dict()}
         if self.description:
             out["description"] = self.description
@@ -112,7 +201,27 @@ def _parse_side(data: object, where: str) -> SideSpec:
 
 
 def scheme_from_dict(name: str, data: object) -> Scheme:
-    """Parse one scheme from its config mapping ``{K: {...}, V: {...}, description: ...}``."""
+    """Parse one scheme from its config mapping ``{K: {...}, V: {...}, description: ...}``.
+
+    Parameters
+    ----------
+    name : str
+        Scheme name: a letter, then up to 39 letters, digits, ``_``, ``.``, ``+`` or ``-``.
+    data : mapping
+        ``K`` and ``V`` (each ``{rotate: bool, scalar_bits: "n" | "n-k", qjl: bool}``) and an
+        optional ``description`` string; no other key.
+
+    Returns
+    -------
+    Scheme
+        The parsed scheme (the budget is not checked here: see :meth:`Scheme.validate_budget`).
+
+    Raises
+    ------
+    KvasymError
+        If the name is invalid, or a key is missing, unknown or of the wrong type; the message
+        gives the config path (``schemes.<name>.<side>.<key>``).
+    """
     if not isinstance(name, str) or not _NAME.match(name):
         raise KvasymError(
             f"scheme name {name!r} must start with a letter and use only letters, digits, '_', '.', '+', '-' (max 40)"
@@ -157,7 +266,24 @@ BUILTIN_SCHEMES: dict[str, dict] = {
 
 
 def scheme_registry(user_schemes: Mapping | None = None) -> dict[str, Scheme]:
-    """Built-in schemes plus the user's (a user scheme may not silently redefine a built-in)."""
+    """Built-in schemes plus the user's (a user scheme may not silently redefine a built-in).
+
+    Parameters
+    ----------
+    user_schemes : mapping, optional
+        ``{name: mapping}`` in the form of :data:`BUILTIN_SCHEMES`.
+
+    Returns
+    -------
+    dict of str to Scheme
+        The built-in schemes, then the user's.
+
+    Raises
+    ------
+    KvasymError
+        If a user scheme is invalid, or reuses a built-in name with a different definition
+        (an identical copy is accepted).
+    """
     registry = {name: scheme_from_dict(name, spec) for name, spec in BUILTIN_SCHEMES.items()}
     for name, spec in (user_schemes or {}).items():
         if name in registry and spec != BUILTIN_SCHEMES.get(name):
@@ -167,6 +293,25 @@ def scheme_registry(user_schemes: Mapping | None = None) -> dict[str, Scheme]:
 
 
 def get_scheme(name: str, user_schemes: Mapping | None = None) -> Scheme:
+    """The scheme called ``name`` among the built-in and user schemes.
+
+    Parameters
+    ----------
+    name : str
+        Scheme name, e.g. ``"KQV"``.
+    user_schemes : mapping, optional
+        User schemes (see :func:`scheme_registry`).
+
+    Returns
+    -------
+    Scheme
+
+    Raises
+    ------
+    KvasymError
+        If no scheme has that name (the message lists the known ones), or a user scheme is
+        invalid.
+    """
     registry = scheme_registry(user_schemes)
     if name not in registry:
         raise KvasymError(f"unknown scheme {name!r}; known: {', '.join(sorted(registry))}")

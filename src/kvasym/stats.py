@@ -138,6 +138,25 @@ def _tie_term(values: np.ndarray) -> float:
 def mann_whitney(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
     """Two-sided Mann-Whitney U test, normal approximation with tie and continuity corrections.
 
+    Parameters
+    ----------
+    x : array_like
+        First sample, 1-D (infinite values allowed, NaN not).
+    y : array_like
+        Second sample, 1-D.
+
+    Returns
+    -------
+    dict
+        Keys ``u, z, p, log10_p, rank_biserial, n_x, n_y`` (definitions in the Notes).
+
+    Raises
+    ------
+    KvasymError
+        If a sample is not 1-D, is empty or contains NaN.
+
+    Notes
+    -----
     Definitions (n1 = len(x), n2 = len(y), N = n1 + n2; ranks of the pooled sample, ties get
     their average rank, R1 = sum of the ranks of x):
 
@@ -157,7 +176,12 @@ def mann_whitney(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
     If all N values are equal (sigma = 0) there is no evidence of a difference: ``z = 0``,
     ``p = 1``, ``log10_p = 0``. Infinite values are allowed (they are ranked); NaN is not.
 
-    Returns keys ``u, z, p, log10_p, rank_biserial, n_x, n_y``.
+    References
+    ----------
+    .. [1] Mann, H. B., Whitney, D. R. (1947) "On a test of whether one of two random variables is
+       stochastically larger than the other", Ann. Math. Statist. 18(1):50-60.
+    .. [2] Kerby, D. S. (2014) "The simple difference formula: an approach to teaching nonparametric
+       correlation", Comprehensive Psychology 3:11.IT.3.1 (rank-biserial correlation).
     """
     xa = _as_1d(x, "x")
     ya = _as_1d(y, "y")
@@ -189,6 +213,25 @@ def mann_whitney(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
 def ks_2samp(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
     """Two-sample two-sided Kolmogorov-Smirnov test (``scipy.stats.ks_2samp``, method "auto").
 
+    Parameters
+    ----------
+    x : array_like
+        First sample, 1-D (no NaN).
+    y : array_like
+        Second sample, 1-D.
+
+    Returns
+    -------
+    dict
+        Keys ``d, p, log10_p, log10_p_from_bound, n_x, n_y`` (definitions in the Notes).
+
+    Raises
+    ------
+    KvasymError
+        If a sample is not 1-D, is empty or contains NaN.
+
+    Notes
+    -----
     - ``d`` = sup_t |F_x(t) - F_y(t)| (scipy's statistic), in [0, 1].
     - ``p`` = scipy's two-sided p-value (exact for small samples, asymptotic otherwise).
     - ``log10_p`` = log10(p) when p > 0. When p underflowed to 0.0, the leading term of the
@@ -198,7 +241,12 @@ def ks_2samp(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
       finite, conservative (upper) approximation of log10 p.
     - ``log10_p_from_bound`` is 1 when that fallback was used, else 0.
 
-    Returns keys ``d, p, log10_p, log10_p_from_bound, n_x, n_y``.
+    References
+    ----------
+    .. [1] Kolmogorov, A. N. (1933) "Sulla determinazione empirica di una legge di distribuzione",
+       Giornale dell'Istituto Italiano degli Attuari 4:83-91.
+    .. [2] Smirnov, N. (1948) "Table for estimating the goodness of fit of empirical distributions",
+       Ann. Math. Statist. 19(2):279-281.
     """
     xa = _as_1d(x, "x")
     ya = _as_1d(y, "y")
@@ -228,6 +276,26 @@ def ks_2samp(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
 def wilcoxon_paired(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
     """Two-sided paired Wilcoxon signed-rank test on the differences ``d = x - y``.
 
+    Parameters
+    ----------
+    x : array_like
+        First member of each pair, 1-D, finite.
+    y : array_like
+        Second member of each pair, same length.
+
+    Returns
+    -------
+    dict
+        Keys ``statistic, w_plus, w_minus, p, log10_p, rank_biserial, median_diff, n_pairs,
+        n_nonzero`` (definitions in the Notes).
+
+    Raises
+    ------
+    KvasymError
+        If a sample is not 1-D, is empty, has a NaN or infinite value, or the lengths differ.
+
+    Notes
+    -----
     Zero differences are dropped (``zero_method="wilcox"``); the n' remaining |d| are ranked
     (average ranks for ties). W+ = sum of the ranks of positive d, W- = of negative d,
     W+ + W- = n'(n' + 1) / 2.
@@ -248,8 +316,11 @@ def wilcoxon_paired(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
     If every difference is zero, there is no evidence either way: ``statistic = 0``, ``p = 1``,
     ``log10_p = 0``, ``rank_biserial = 0``.
 
-    Returns keys ``statistic, w_plus, w_minus, p, log10_p, rank_biserial, median_diff,
-    n_pairs, n_nonzero``.
+    References
+    ----------
+    .. [1] Wilcoxon, F. (1945) "Individual comparisons by ranking methods", Biometrics Bulletin 1(6):80-83.
+    .. [2] Kerby, D. S. (2014) "The simple difference formula: an approach to teaching nonparametric
+       correlation", Comprehensive Psychology 3:11.IT.3.1 (rank-biserial correlation).
     """
     xa = _as_1d(x, "x", allow_inf=False)
     ya = _as_1d(y, "y", allow_inf=False)
@@ -339,6 +410,35 @@ def energy_distance(
 ) -> dict[str, float | int]:
     """Energy distance between two clouds of d-dimensional points, with a permutation p-value.
 
+    Parameters
+    ----------
+    x : array_like
+        First cloud, ``(n, d)`` (a 1-D array is ``d = 1``), finite.
+    y : array_like
+        Second cloud, ``(m, d)``.
+    n_permutations : int
+        Number of label permutations (>= 0; 0 gives ``p = 1``).
+    base_seed : int
+        Non-negative base seed of the generators.
+    identity : sequence of (str or int)
+        Identity of the comparison; generators are ``rng(base_seed, *identity, <purpose>)``.
+    max_n : int, optional
+        Largest number of rows used per sample (subsampled without replacement beyond it).
+
+    Returns
+    -------
+    dict
+        Keys ``statistic, p, log10_p, n_x, n_y, n_dims, n_permutations``.
+
+    Raises
+    ------
+    KvasymError
+        If a cloud is empty, not 1-D or 2-D, or not finite; the numbers of coordinates differ;
+        ``n_permutations``, ``max_n``, ``base_seed`` or ``identity`` is invalid; or the pooled
+        sample exceeds :data:`ENERGY_MAX_POOLED`.
+
+    Notes
+    -----
     ``x`` (n x d) and ``y`` (m x d) hold one point per row (a 1-D array is d = 1).
 
     1. Subsampling: if ``max_n`` is given and a sample has more than ``max_n`` rows, ``max_n``
@@ -362,7 +462,10 @@ def energy_distance(
        once; the permutations are evaluated by matrix products with the label-indicator matrix,
        :data:`PERMUTATION_CHUNK` permutations at a time.
 
-    Returns keys ``statistic, p, log10_p, n_x, n_y, n_dims, n_permutations``.
+    References
+    ----------
+    .. [1] Szekely, G. J., Rizzo, M. L. (2013) "Energy statistics: A class of statistics based on
+       distances", J. Stat. Plan. Inference 143(8):1249-1272.
     """
     xa = _as_cloud(x, "x")
     ya = _as_cloud(y, "y")
@@ -514,6 +617,40 @@ def bootstrap_ratio_ci(
 ) -> dict[str, float | int]:
     """Ratio ``statistic(a) / statistic(b)`` with a percentile CLUSTER-bootstrap interval.
 
+    Parameters
+    ----------
+    a : array_like or list of array_like
+        Numerator data: 1-D (one value per cluster), 2-D (one row per cluster) or a list of 1-D
+        arrays (one per cluster); finite.
+    b : array_like or list of array_like
+        Denominator data, same forms.
+    statistic : str or tuple, optional
+        ``"mean"`` (default), ``"median"`` or ``("quantile", q)`` with ``q`` in [0, 1].
+    n_boot : int
+        Number of bootstrap replicates (>= 1).
+    base_seed : int
+        Non-negative base seed of the generators.
+    identity : sequence of (str or int)
+        Identity of the comparison; generators are ``rng(base_seed, *identity, <purpose>)``.
+    level : float, optional
+        Confidence level in (0, 1) (default 0.95).
+    paired : bool, optional
+        Resample the same clusters for ``a`` and ``b`` (default True).
+
+    Returns
+    -------
+    dict
+        Keys ``estimate, low, high, stat_a, stat_b, n_boot, level, n_clusters_a, n_clusters_b``.
+
+    Raises
+    ------
+    KvasymError
+        If statistic(pooled b) is 0 (the ratio is undefined), ``paired`` is true and the numbers
+        of clusters differ, or an argument is invalid (NaN or infinite values, empty clusters,
+        ``n_boot < 1``, ``level`` outside (0, 1), unknown ``statistic``).
+
+    Notes
+    -----
     ``a`` and ``b`` are either 1-D arrays (one value per cluster), 2-D arrays (one row per
     cluster) or lists of 1-D arrays (one array per cluster; clusters = trials, values = e.g.
     per-query KL). ``statistic`` is ``"mean"``, ``"median"`` or ``("quantile", q)``, always
@@ -531,10 +668,9 @@ def bootstrap_ratio_ci(
       A replicate with a zero denominator gives +-inf (or NaN for 0/0) and is kept (NaN ones are
       ignored by the quantile).
 
-    Raises if statistic(pooled b) is 0 (the ratio is undefined).
-
-    Returns keys ``estimate, low, high, stat_a, stat_b, n_boot, level, n_clusters_a,
-    n_clusters_b``.
+    References
+    ----------
+    .. [1] Efron, B., Tibshirani, R. J. (1993) "An Introduction to the Bootstrap", Chapman & Hall.
     """
     q = _parse_statistic(statistic)
     n_boot = _check_int(n_boot, "n_boot", minimum=1)
@@ -578,10 +714,32 @@ def bootstrap_ratio_ci(
 def holm(p_values: ArrayLike) -> np.ndarray:
     """Holm-Bonferroni adjusted p-values (same shape as the input; NaN passed through).
 
+    Parameters
+    ----------
+    p_values : array_like
+        p-values in [0, 1] (any shape; NaN allowed and passed through).
+
+    Returns
+    -------
+    numpy.ndarray
+        Adjusted p-values, same shape, float64.
+
+    Raises
+    ------
+    KvasymError
+        If a non-NaN value is outside [0, 1].
+
+    Notes
+    -----
     With the m non-NaN p-values sorted ascending, p_(1) <= ... <= p_(m):
     ``adj_(i) = max_{j <= i} min(1, (m - j + 1) p_(j))`` (step-down, monotone in p, capped
     at 1). Reject H_(i) at family-wise level alpha iff adj_(i) <= alpha. Values must lie in
     [0, 1].
+
+    References
+    ----------
+    .. [1] Holm, S. (1979) "A simple sequentially rejective multiple test procedure", Scand. J.
+       Statist. 6(2):65-70.
     """
     p = np.asarray(p_values, dtype=np.float64)
     finite = ~np.isnan(p)
@@ -603,9 +761,31 @@ def holm(p_values: ArrayLike) -> np.ndarray:
 def holm_log10(log10_p: ArrayLike) -> np.ndarray:
     """Holm-Bonferroni adjustment in log10 space: the log10 of :func:`holm` of ``10**log10_p``.
 
+    Parameters
+    ----------
+    log10_p : array_like
+        log10 p-values, <= 0 (NaN passed through, ``-inf`` allowed).
+
+    Returns
+    -------
+    numpy.ndarray
+        Adjusted log10 p-values, same shape, float64.
+
+    Raises
+    ------
+    KvasymError
+        If a value is above 1e-12 or ``+inf``.
+
+    Notes
+    -----
     ``adj_(i) = max_{j <= i} min(0, log10(m - j + 1) + l_(j))`` for the m non-NaN values sorted
     ascending, so p-values like 1e-400 (log10 = -400) survive. NaN passed through; ``-inf``
     (p = 0) stays ``-inf``. Values must be <= 0 (tiny positive rounding up to 1e-12 is read as 0).
+
+    References
+    ----------
+    .. [1] Holm, S. (1979) "A simple sequentially rejective multiple test procedure", Scand. J.
+       Statist. 6(2):65-70.
     """
     lp = np.asarray(log10_p, dtype=np.float64)
     finite = ~np.isnan(lp)
@@ -632,6 +812,29 @@ def cell_summary(kl: ArrayLike, recall: ArrayLike,
                  coords: Mapping[str, ArrayLike]) -> dict[str, float | int]:
     """Summary of one cell (scheme x budget x distribution ...) from its per-query arrays.
 
+    Parameters
+    ----------
+    kl : array_like
+        Per-query KL divergences, 1-D, no NaN.
+    recall : array_like
+        Per-query routing recall, 1-D, no NaN.
+    coords : mapping of str to array_like
+        Further per-query (or per-trial) arrays to average, by name.
+
+    Returns
+    -------
+    dict
+        ``n, kl_mean, kl_median, kl_p99, kl_max, recall_mean`` and ``<name>_mean`` per entry of
+        ``coords``.
+
+    Raises
+    ------
+    KvasymError
+        If an array is not 1-D, is empty or has NaN; ``coords`` is not a mapping; a name is not a
+        non-empty string or collides with a summary key.
+
+    Notes
+    -----
     - ``kl_mean``, ``kl_median``, ``kl_p99`` (``numpy.quantile(kl, 0.99)``, linear method),
       ``kl_max`` of the KL divergences; ``n`` = number of KL values.
     - ``recall_mean`` = mean routing recall.
@@ -674,6 +877,36 @@ def linear_slope_ci(
 ) -> dict[str, float | int]:
     """OLS fit ``y = intercept + slope * x`` with a percentile (cluster) bootstrap CI of the slope.
 
+    Parameters
+    ----------
+    x : array_like
+        Regressor, 1-D, finite, at least 2 values, not constant.
+    y : array_like
+        Response, same length, finite.
+    n_boot : int
+        Number of bootstrap replicates (>= 1).
+    base_seed : int
+        Non-negative base seed of the generators.
+    identity : sequence of (str or int)
+        Identity of the comparison; generators are ``rng(base_seed, *identity, <purpose>)``.
+    clusters : array_like, optional
+        One label per point; clusters are resampled as wholes (default: the points themselves).
+    level : float, optional
+        Confidence level in (0, 1) (default 0.95).
+
+    Returns
+    -------
+    dict
+        Keys ``slope, intercept, low, high, r, n, n_clusters, n_boot, n_valid, level``.
+
+    Raises
+    ------
+    KvasymError
+        If ``x`` is constant, the lengths differ, a value is NaN or infinite, there are fewer than
+        2 points, ``clusters`` has the wrong shape, or ``n_boot`` or ``level`` is invalid.
+
+    Notes
+    -----
     - ``slope`` = sum((x - xbar)(y - ybar)) / sum((x - xbar)^2), ``intercept`` = ybar -
       slope * xbar, ``r`` = Pearson correlation (0 when y is constant), ``n`` = number of points.
     - Bootstrap: with ``clusters=None`` the points are resampled with replacement; otherwise
@@ -683,7 +916,9 @@ def linear_slope_ci(
       slope and are ignored by the quantiles (``n_valid`` counts the others).
     - ``low``, ``high`` = (1 - level)/2 and (1 + level)/2 quantiles of the replicate slopes.
 
-    Returns keys ``slope, intercept, low, high, r, n, n_clusters, n_boot, n_valid, level``.
+    References
+    ----------
+    .. [1] Efron, B., Tibshirani, R. J. (1993) "An Introduction to the Bootstrap", Chapman & Hall.
     """
     xa = _as_1d(x, "x", allow_inf=False, min_size=2)
     ya = _as_1d(y, "y", allow_inf=False, min_size=2)
@@ -752,6 +987,26 @@ def compare(a_by_trial: Sequence[ArrayLike],
             b_by_trial: Sequence[ArrayLike]) -> dict[str, float | int]:
     """Compare a per-query metric (e.g. KL) of scheme A with scheme B over paired trials.
 
+    Parameters
+    ----------
+    a_by_trial : sequence of array_like
+        Per-query values of scheme A, one 1-D array per trial (or a 2-D array, one row per trial).
+    b_by_trial : sequence of array_like
+        Per-query values of scheme B for the same trials.
+
+    Returns
+    -------
+    dict
+        The keys listed in the Notes.
+
+    Raises
+    ------
+    KvasymError
+        If an argument is not a sequence of 1-D arrays (or a 2-D array), the numbers of trials
+        differ, there is no trial, or a trial's array is empty or has NaN.
+
+    Notes
+    -----
     ``a_by_trial[t]`` and ``b_by_trial[t]`` are the per-query values of trial t (the same trial,
     i.e. the same data, for both schemes); the numbers of trials must match. A 2-D array is read
     as one row per trial.
@@ -772,6 +1027,16 @@ def compare(a_by_trial: Sequence[ArrayLike],
 
     The per-query tests treat queries as independent, which they are not within a trial; the
     per-trial tests are the conservative ones.
+
+    References
+    ----------
+    .. [1] Mann, H. B., Whitney, D. R. (1947) "On a test of whether one of two random variables is
+       stochastically larger than the other", Ann. Math. Statist. 18(1):50-60.
+    .. [2] Wilcoxon, F. (1945) "Individual comparisons by ranking methods", Biometrics Bulletin 1(6):80-83.
+    .. [3] Kerby, D. S. (2014) "The simple difference formula: an approach to teaching nonparametric
+       correlation", Comprehensive Psychology 3:11.IT.3.1 (rank-biserial correlation).
+    .. [4] Smirnov, N. (1948) "Table for estimating the goodness of fit of empirical distributions",
+       Ann. Math. Statist. 19(2):279-281.
     """
     for name, arg in (("a_by_trial", a_by_trial), ("b_by_trial", b_by_trial)):
         if isinstance(arg, (str, bytes)) or not hasattr(arg, "__len__") \

@@ -1,9 +1,10 @@
 """The study's grid: a validated view of the config and the cells it spans.
 
-The config (``config/config.yaml``, documented in ``config/README.md``) is checked in two steps:
-the JSON schema (``workflow/schemas/config.schema.yaml``, types, ranges, unknown keys) and then
-:func:`load_study`, which checks what a schema cannot (schemes realisable at every budget, ranks
-within every dimension, unique names) and names the offending key in a :class:`KvasymError`.
+The config (``config/config.yaml``, documented in ``config/README.md``) is checked in two steps,
+both in :func:`load_study`: the JSON schema ``workflow/schemas/config.schema.yaml`` (types, ranges,
+unknown keys, defaults: :func:`kvasym.config_schema.validate_config`), then what spans several keys
+(schemes realisable at every budget, ranks within every dimension, unique names, the headline cell
+in the grid). Either step names the offending key in a one-line :class:`KvasymError`.
 
 A *cell* is (distribution, dim, scheme, budget); its data depend on (distribution, dim, trial)
 only, so every scheme and budget sees the same keys, values and queries (a paired design).
@@ -12,49 +13,23 @@ only, so every scheme and budget sees the same keys, values and queries (a paire
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .codebook import MAX_DIM, MIN_DIM
+from .config_schema import defaults, load_schema, validate_config
 from .distributions import DistributionSpec
 from .errors import KvasymError
-from .schemes import MAX_BUDGET, MIN_BUDGET, Scheme, scheme_registry
+from .schemes import Scheme, scheme_registry
 
-TOP_KEYS = {
-    "base_seed",
-    "norm_dtype",
-    "dims",
-    "budgets",
-    "schemes",
-    "user_schemes",
-    "seq_len",
-    "n_queries",
-    "trials",
-    "per_key_trials",
-    "sharpness",
-    "distributions",
-    "stats",
-    "theory",
-    "claims_file",
-    "real",  # validated by kvasym.real.real_settings (the real-model rows; optional)
-}
-DISTRIBUTION_KEYS = {"name", "kind", "params", "dims"}
-#: Defaults of optional keys; workflow/schemas/config.schema.yaml states the same (tested).
-DEFAULTS: dict[str, Any] = {
-    "base_seed": 0,
-    "norm_dtype": "float32",
-    "user_schemes": {},
-    "seq_len": 256,
-    "n_queries": 32,
-    "trials": 8,
-    "per_key_trials": 2,
-    "sharpness": [1.0],
-    "stats": {"n_boot": 1000, "n_permutations": 200, "energy_max_n": 512},
-    "theory": {"trials": 8, "n_probes": 256, "n_boot": 1000},
-    "claims_file": "config/claims.yaml",
-}
+#: Defaults of the optional keys, as the schema states them (nested mappings filled key by key).
+DEFAULTS: dict[str, Any] = defaults()
+#: The config's top-level keys (``real`` is validated further by kvasym.real.real_settings).
+TOP_KEYS = frozenset(load_schema()["properties"])
+#: Budget of the headline cell when the config names none: this one if the grid has it, else the largest.
+HEADLINE_BUDGET = 4
 
 
 @dataclass(frozen=True)
@@ -78,6 +53,10 @@ class Study:
     #: config order: ``{name: {"name", "kind": "file", "params": {"path", "causal"}}}``. They
     #: have no generated data, theory or per-key tables; their dim is the file's head_dim.
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The one headline cell read by claims, tables and figures: ``{"distribution": str,
+    #: "dim": int, "sharpness": float, "budget": int}``, from the config's ``headline`` (fields
+    #: left out: :func:`headline_default`), always a cell of the grid.
+    headline: dict[str, Any] = field(default_factory=dict)
 
     def file_slice(self, distribution: str, dim: int, scheme: str, budget: int) -> dict[str, Any]:
         """Everything a file cell's metrics job depends on besides the file itself."""
@@ -189,176 +168,149 @@ def canonical_json(data: Mapping[str, Any]) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
-def _int(value: Any, key: str, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise KvasymError(f"config key {key} must be an integer, got {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        bound = f">= {lo}" if hi is None else f"in {lo}..{hi}"
-        raise KvasymError(f"config key {key} must be {bound}, got {value}")
-    return value
-
-
-def _int_list(value: Any, key: str, lo: int, hi: int) -> tuple[int, ...]:
-    if not isinstance(value, list) or not value:
-        raise KvasymError(f"config key {key} must be a non-empty list, got {value!r}")
-    items = tuple(_int(v, f"{key}[{i}]", lo, hi) for i, v in enumerate(value))
-    if len(set(items)) != len(items):
-        raise KvasymError(f"config key {key} has duplicates: {list(items)}")
-    return items
-
-
 def load_study(config: Mapping[str, Any]) -> Study:
-    """Validate a config mapping (after the JSON schema filled defaults) into a :class:`Study`."""
-    if not isinstance(config, Mapping):
-        raise KvasymError("the config must be a mapping")
-    unknown = set(config) - TOP_KEYS
-    if unknown:
-        raise KvasymError(f"unknown config key(s): {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(TOP_KEYS))}")
-    missing = {"dims", "budgets", "schemes", "distributions"} - set(config)
-    if missing:
-        raise KvasymError(f"config is missing required key(s): {', '.join(sorted(missing))}")
+    """Validate a config mapping into a :class:`Study`: first the schema (types, ranges, unknown
+    keys, defaults: :func:`kvasym.config_schema.validate_config`), then what spans several keys.
 
-    dims = _int_list(config["dims"], "dims", MIN_DIM, MAX_DIM)
-    budgets = _int_list(config["budgets"], "budgets", MIN_BUDGET, MAX_BUDGET)
-    user = config.get("user_schemes", DEFAULTS["user_schemes"])
-    if not isinstance(user, Mapping):
-        raise KvasymError("config key user_schemes must be a mapping of name -> {K: ..., V: ...}")
-    registry = scheme_registry(user)
-    names = config["schemes"]
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        raise KvasymError(f"config key schemes must be a non-empty list of scheme names, got {names!r}")
-    if len(set(names)) != len(names):
-        raise KvasymError(f"config key schemes has duplicates: {names}")
+    The checks kept here: schemes known (built-in or ``user_schemes``, which may not redefine a
+    built-in) and realisable at every budget; scheme and distribution names unique and not equal
+    but for case; a ``file`` distribution without ``dims`` and with a cache file suffix; ranks and
+    outlier counts within every dim of their distribution; at least one synthetic distribution;
+    ``per_key_trials`` <= ``trials``; one trial's matrices within :data:`MAX_TRIAL_ENTRIES`; the
+    ``headline`` cell in the grid. ``real`` is checked by :func:`kvasym.real.real_settings`.
+    """
+    cfg = validate_config(config)
+    budgets: tuple[int, ...] = tuple(cfg["budgets"])
+    registry = scheme_registry(cfg["user_schemes"])
+    names: list[str] = cfg["schemes"]
     _no_case_clash(names, "schemes")
     schemes: dict[str, Scheme] = {}
     for i, name in enumerate(names):
         if name not in registry:
-            raise KvasymError(f"config key schemes[{i}] = {name!r} is not a known scheme; known: {', '.join(sorted(registry))}")
+            known = ", ".join(sorted(registry))
+            raise KvasymError(f"config key schemes[{i}] = {name!r} is not a known scheme; known: {known}")
         for budget in budgets:
             registry[name].validate_budget(budget)
         schemes[name] = registry[name]
 
-    sharpness = config.get("sharpness", DEFAULTS["sharpness"])
-    if not isinstance(sharpness, list) or not sharpness:
-        raise KvasymError(f"config key sharpness must be a non-empty list of positive numbers, got {sharpness!r}")
-    for i, s in enumerate(sharpness):
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 < s < 1e6:
-            raise KvasymError(f"config key sharpness[{i}] must be a positive number, got {s!r}")
-    if len(set(sharpness)) != len(sharpness):
-        raise KvasymError(f"config key sharpness has duplicates: {sharpness}")
-
-    norm_dtype = config.get("norm_dtype", DEFAULTS["norm_dtype"])
-    if norm_dtype not in ("float16", "float32"):
-        raise KvasymError(f"config key norm_dtype must be float16 or float32, got {norm_dtype!r}")
-
-    trials = _int(config.get("trials", DEFAULTS["trials"]), "trials", 1, 100_000)
-    raw = config["distributions"]
-    if not isinstance(raw, list) or not raw:
-        raise KvasymError("config key distributions must be a non-empty list of {name, kind, params}")
+    dims: tuple[int, ...] = tuple(cfg["dims"])
     distributions: dict[str, DistributionSpec] = {}
     distribution_dims: dict[str, tuple[int, ...]] = {}
     files: dict[str, dict[str, Any]] = {}
-    for i, entry in enumerate(raw):
+    for i, entry in enumerate(cfg["distributions"]):
         where = f"distributions[{i}]"
-        if not isinstance(entry, Mapping):
-            raise KvasymError(f"{where} must be a mapping with name, kind, params")
-        extra = set(entry) - DISTRIBUTION_KEYS
-        if extra:
-            raise KvasymError(f"{where}: unknown key(s) {sorted(extra)}; allowed: {sorted(DISTRIBUTION_KEYS)}")
-        if entry.get("kind") == FILE_KIND:
-            file_spec = _file_distribution(entry, where)
-            if file_spec["name"] in distributions or file_spec["name"] in files:
-                raise KvasymError(f"{where}: duplicated distribution name {file_spec['name']!r}")
-            _no_case_clash([*distributions, *files, file_spec["name"]], "distributions[].name")
-            files[file_spec["name"]] = file_spec
+        name = entry["name"]
+        if name in distributions or name in files:
+            raise KvasymError(f"{where}: duplicated distribution name {name!r}")
+        _no_case_clash([*distributions, *files, name], "distributions[].name")
+        if entry["kind"] == FILE_KIND:
+            files[name] = _file_distribution(entry)
             continue
         spec = DistributionSpec.from_dict({k: v for k, v in entry.items() if k != "dims"})
-        if spec.name in distributions or spec.name in files:
-            raise KvasymError(f"{where}: duplicated distribution name {spec.name!r}")
-        _no_case_clash([*distributions, *files, spec.name], "distributions[].name")
-        own_dims = _int_list(entry["dims"], f"{where}.dims", MIN_DIM, MAX_DIM) if "dims" in entry else dims
+        own_dims = tuple(entry.get("dims", dims))
         for dim in own_dims:
             for key in ("rank", "n_outliers"):
                 if key in spec.params and spec.params[key] > dim:
-                    raise KvasymError(
-                        f"distributions[{spec.name}].{key} = {spec.params[key]} exceeds dim = {dim}"
-                    )
+                    raise KvasymError(f"distributions[{spec.name}].{key} = {spec.params[key]} exceeds dim = {dim}")
         distributions[spec.name] = spec
         distribution_dims[spec.name] = own_dims
-
     if not distributions:
         raise KvasymError(
             "config key distributions has no synthetic distribution (gaussian, student_t, low_rank, "
             "concentrated): the study's headline and theory checks need one; file caches are evaluated beside it"
         )
-    per_key_trials = _int(config.get("per_key_trials", DEFAULTS["per_key_trials"]), "per_key_trials", 0, trials)
-    seq_len = _int(config.get("seq_len", DEFAULTS["seq_len"]), "seq_len", 1, 10_000_000)
-    n_queries = _int(config.get("n_queries", DEFAULTS["n_queries"]), "n_queries", 1, 10_000_000)
-    _check_trial_size(seq_len, n_queries, max(max(d) for d in distribution_dims.values()))
-    settings = {}
-    for section in ("stats", "theory"):
-        given = config.get(section, {})
-        if not isinstance(given, Mapping):
-            raise KvasymError(f"config key {section} must be a mapping")
-        extra = set(given) - set(DEFAULTS[section])
-        if extra:
-            raise KvasymError(f"unknown config key(s) {', '.join(f'{section}.{k}' for k in sorted(extra))}")
-        settings[section] = {
-            key: _int(given.get(key, default), f"{section}.{key}", 1, 10**7)
-            for key, default in DEFAULTS[section].items()
-        }
+
+    trials, per_key_trials = cfg["trials"], cfg["per_key_trials"]
+    if per_key_trials > trials:
+        raise KvasymError(f"config key per_key_trials: must be in 0..trials = 0..{trials}, got {per_key_trials}")
+    _check_trial_size(cfg["seq_len"], cfg["n_queries"], max(max(d) for d in distribution_dims.values()))
+    sharpness = tuple(float(s) for s in cfg["sharpness"])
     return Study(
-        base_seed=_int(config.get("base_seed", DEFAULTS["base_seed"]), "base_seed", 0, 2**63 - 1),
-        norm_dtype=norm_dtype,
+        base_seed=cfg["base_seed"],
+        norm_dtype=cfg["norm_dtype"],
         dims=dims,
         budgets=budgets,
         schemes=schemes,
-        seq_len=seq_len,
-        n_queries=n_queries,
+        seq_len=cfg["seq_len"],
+        n_queries=cfg["n_queries"],
         trials=trials,
         per_key_trials=per_key_trials,
-        sharpness=tuple(float(s) for s in sharpness),
+        sharpness=sharpness,
         distributions=distributions,
         distribution_dims=distribution_dims,
-        stats=settings["stats"],
-        theory=settings["theory"],
-        claims_file=_claims_file(config.get("claims_file", DEFAULTS["claims_file"])),
+        stats=dict(cfg["stats"]),
+        theory=dict(cfg["theory"]),
+        claims_file=cfg["claims_file"],
         files=files,
+        headline=_headline(cfg.get("headline", {}), distribution_dims, sharpness, budgets, files),
     )
 
 
+def headline_default(
+    distribution_dims: Mapping[str, tuple[int, ...]], sharpness: tuple[float, ...], budgets: tuple[int, ...]
+) -> dict[str, Any]:
+    """The headline cell of a grid whose config names none: the first synthetic distribution
+    (``distribution_dims`` holds only those, in config order), its first dim, the first
+    sharpness, and :data:`HEADLINE_BUDGET` if the grid has it, else the largest budget."""
+    distribution = next(iter(distribution_dims))
+    return {
+        "distribution": distribution,
+        "dim": int(distribution_dims[distribution][0]),
+        "sharpness": float(sharpness[0]),
+        "budget": int(HEADLINE_BUDGET if HEADLINE_BUDGET in budgets else max(budgets)),
+    }
+
+
+def _headline(
+    given: Mapping[str, Any],
+    distribution_dims: Mapping[str, tuple[int, ...]],
+    sharpness: tuple[float, ...],
+    budgets: tuple[int, ...],
+    files: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The config's ``headline`` (already typed by the schema), its missing fields filled in, each
+    checked against the grid. A given distribution's dim defaults to that distribution's first."""
+    distribution = given.get("distribution", next(iter(distribution_dims)))
+    if distribution not in distribution_dims:
+        why = " (a file distribution cannot be the headline)" if distribution in files else ""
+        raise KvasymError(
+            f"config key headline.distribution: must be a synthetic distribution of the grid "
+            f"({', '.join(distribution_dims)}), got {distribution!r}{why}"
+        )
+    default = headline_default({distribution: distribution_dims[distribution]}, sharpness, budgets)
+    dims = distribution_dims[distribution]
+    dim = given.get("dim", default["dim"])
+    if dim not in dims:
+        listed = ", ".join(map(str, dims))
+        raise KvasymError(f"config key headline.dim: must be a dim of {distribution} ({listed}), got {dim}")
+    chosen = given.get("sharpness", default["sharpness"])
+    grid = [s for s in sharpness if math.isclose(s, chosen, rel_tol=1e-12)]
+    if not grid:
+        listed = ", ".join(f"{s:g}" for s in sharpness)
+        raise KvasymError(f"config key headline.sharpness: must be one of sharpness ({listed}), got {chosen}")
+    budget = given.get("budget", default["budget"])
+    if budget not in budgets:
+        listed = ", ".join(map(str, budgets))
+        raise KvasymError(f"config key headline.budget: must be one of budgets ({listed}), got {budget}")
+    return {"distribution": distribution, "dim": int(dim), "sharpness": grid[0], "budget": int(budget)}
+
+
 FILE_KIND = "file"
-#: Parameters of a ``file`` distribution and their defaults (None: required).
-FILE_PARAMS: dict[str, Any] = {"path": None, "causal": True}
 
 
-def _file_distribution(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """A bring-your-own cache entry ``{name, kind: file, params: {path, causal}}``, checked
-    without reading the file (the DAG reads its header: kvasym.cachefile.inspect_cache_file)."""
+def _file_distribution(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A bring-your-own cache entry ``{name, kind: file, params: {path, causal}}`` (typed and
+    default-filled by the schema), checked without reading the file (the DAG reads its header:
+    kvasym.cachefile.inspect_cache_file)."""
     from .cachefile import SUFFIXES
-    from .distributions import NAME_PATTERN
 
-    name = entry.get("name")
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise KvasymError(f"{where}.name must match {NAME_PATTERN.pattern}, got {name!r}")
-    where = f"distributions[{name}]"
+    where = f"distributions[{entry['name']}]"
     if "dims" in entry:
         raise KvasymError(f"{where}: a file distribution takes no dims (its dim is the file's head_dim)")
-    params = entry.get("params", {})
-    if not isinstance(params, Mapping):
-        raise KvasymError(f"{where}.params must be a mapping with path (and optionally causal)")
-    unknown = sorted(set(params) - set(FILE_PARAMS))
-    if unknown:
-        raise KvasymError(f"{where}.params: unknown key(s) {unknown}; allowed: {sorted(FILE_PARAMS)}")
-    path = params.get("path")
-    if not isinstance(path, str) or not path.strip():
-        raise KvasymError(f"{where}.params.path must be the path of a cache file, got {path!r}")
-    if not path.lower().endswith(SUFFIXES):
-        raise KvasymError(f"{where}.params.path = {path!r} must end in one of {', '.join(SUFFIXES)}")
-    causal = params.get("causal", FILE_PARAMS["causal"])
-    if not isinstance(causal, bool):
-        raise KvasymError(f"{where}.params.causal must be true or false, got {causal!r}")
-    return {"name": name, "kind": FILE_KIND, "params": {"path": path, "causal": causal}}
+    params = entry["params"]
+    if not params["path"].lower().endswith(SUFFIXES):
+        raise KvasymError(f"{where}.params.path = {params['path']!r} must end in one of {', '.join(SUFFIXES)}")
+    return {"name": entry["name"], "kind": FILE_KIND, "params": {"path": params["path"], "causal": params["causal"]}}
 
 
 #: Largest float64 matrix one trial may need (2**31 entries = 16 GiB): each key is within its
@@ -383,13 +335,9 @@ def _no_case_clash(names: list[str], key: str) -> None:
     for name in names:
         other = seen.setdefault(name.casefold(), name)
         if other != name:
-            raise KvasymError(f"config key {key}: {other!r} and {name!r} differ only in case (they become folder names)")
-
-
-def _claims_file(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise KvasymError(f"config key claims_file must be a path to a YAML file, got {value!r}")
-    return value
+            raise KvasymError(
+                f"config key {key}: {other!r} and {name!r} differ only in case (they become folder names)"
+            )
 
 
 def job_resources(stage: str, slice_: Mapping[str, Any]) -> dict[str, int]:

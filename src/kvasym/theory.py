@@ -21,6 +21,13 @@
 3. Jensen's bias (claim C9): per key, the log attention-weight excess
    ``log(mean_i p_hat_ij / mean_i p_ij)`` against the key's logit-error variance over queries;
    a positive slope means keys with noisier inner products are systematically over-weighted.
+
+References
+----------
+.. [1] Zandieh, A., Daliri, M., Han, I. (2024/2025) "QJL: 1-Bit Quantized JL Transform for KV
+   Cache Quantization with Zero Overhead", arXiv:2406.03482.
+.. [2] Zandieh, A., Daliri, M., Hadian, M., Mirrokni, V. (2025) "TurboQuant: Online Vector
+   Quantization with Near-optimal Distortion Rate", arXiv:2504.19874.
 """
 
 from __future__ import annotations
@@ -36,9 +43,61 @@ from .rotation import RandomizedHadamard
 from .schemes import SideSpec
 from .seeds import derived_seed, rng
 
+__all__ = [
+    "qjl_closed_forms",
+    "inner_product_errors",
+    "rotated_marginal_sample",
+    "ks_against_beta",
+    "jensen_points",
+]
+
 
 def qjl_closed_forms(dim: int, budget: int) -> dict[str, float]:
-    """Theory of the two variance ratios at ``budget`` (uses the working dimension's codebooks)."""
+    """Theory of the two variance ratios at ``budget`` (uses the working dimension's codebooks).
+
+    Parameters
+    ----------
+    dim : int
+        Head dimension ``d`` of the keys. The working dimension is the next power of two,
+        ``D = 2**ceil(log2 d)`` (the rotation's zero padding).
+    budget : int
+        Bits per coordinate ``n`` (1..8): the QJL side spends ``n - 1`` scalar bits + 1 sign bit.
+
+    Returns
+    -------
+    dict of str to float
+        ``vs_residual``: predicted ``MSE(QJL-corrected) / MSE((n-1)-bit scalar residual)``;
+        ``vs_nbit``: predicted ``MSE(QJL-corrected) / MSE(n-bit scalar)``, both for the
+        inner product with an isotropic probe ``q ~ N(0, I)``.
+
+    Raises
+    ------
+    KvasymError
+        If the working dimension or a needed codebook width is outside the codebook's range
+        (``budget`` outside 1..8, ``D < 3`` or ``D > MAX_DIM``).
+
+    Notes
+    -----
+    With ``m = D`` sign bits, ``E_q Var_S <q, r_hat> = ((pi/2) D - 1) ||r||^2 / m`` against
+    ``E_q <q, r>^2 = ||r||^2``, hence
+
+        vs_residual = pi/2 - 1/D,
+        vs_nbit     = (pi/2 - 1/D) * D(n-1) / D(n),
+
+    with ``D(b)`` the per-vector MSE of the ``b``-bit Lloyd-Max codebook in dimension ``D``
+    (:attr:`~kvasym.codebook.Codebook.mse_per_vector`) and ``D(0) = 1`` (no scalar bits: the
+    residual is the whole unit vector). As ``D -> inf``, ``vs_residual -> pi/2`` and ``D(b)``
+    tends to the Gaussian Lloyd-Max MSE (Max 1960), e.g. ``vs_nbit(n=1) -> (pi/2) / (1 - 2/pi)``;
+    as ``n`` grows ``D(n-1)/D(n) -> 4`` and ``vs_nbit -> 2 pi``. Exact for power-of-two
+    ``dim``; for other ``dim`` an approximation (the padding is not modelled).
+
+    References
+    ----------
+    .. [1] Zandieh, A., Daliri, M., Han, I. (2024/2025) "QJL: 1-Bit Quantized JL Transform for
+       KV Cache Quantization with Zero Overhead", arXiv:2406.03482.
+    .. [2] Max, J. (1960) "Quantizing for minimum distortion", IRE Trans. Inf. Theory
+       6(1):7-12.
+    """
     work = 1 << (dim - 1).bit_length()
     residual = np.pi / 2 - 1 / work
     d_lower = 1.0 if budget == 1 else lloyd_max_codebook(work, budget - 1).mse_per_vector
@@ -60,6 +119,45 @@ def inner_product_errors(
     (probe, key) pairs and their count ``n``: the (n-1)-bit scalar + QJL side, the same
     (n-1)-bit scalar without correction, and the n-bit scalar side, all rotated and sharing
     the rotation and QJL seeds of the pipeline's K side.
+
+    Parameters
+    ----------
+    keys : numpy.ndarray
+        Keys of one trial, shape ``(n_keys, dim)`` (computed in float64).
+    budget : int
+        Bits per coordinate ``n``.
+    base_seed : int
+        The study's base seed.
+    identity : sequence of (str or int)
+        The trial's identity ``(distribution, dim, trial)``: the rotation and QJL seeds are
+        ``derived_seed(base_seed, "rotation" | "qjl", *identity, "K")`` (those of the pipeline's
+        K side) and the probes come from ``rng(base_seed, "theory-probes", *identity)``.
+    n_probes : int, optional
+        Number of probe queries ``q ~ N(0, I_dim)`` (default 256).
+
+    Returns
+    -------
+    dict of str to float
+        ``ss_qjl``, ``ss_residual``, ``ss_nbit``: ``sum_{q, k} <q, k_hat - k>^2`` under each
+        quantizer; ``n = n_probes * n_keys``. ``ss / n`` is the mean squared inner-product error.
+
+    Raises
+    ------
+    KvasymError
+        If the keys are not a finite 2-D matrix, or a norm does not fit the float32 storage.
+
+    Notes
+    -----
+    At ``budget = 1`` the uncorrected residual side has no bits at all: its estimate is the zero
+    vector, so ``ss_residual = sum <q, k>^2`` (the convention ``D(0) = 1`` of
+    :func:`qjl_closed_forms`). For isotropic keys and power-of-two ``dim``,
+    ``E[ss_qjl] = (pi/2 - 1/dim) E[ss_residual]`` and
+    ``E[ss_residual] / E[ss_nbit] = D(n-1) / D(n)``.
+
+    References
+    ----------
+    .. [1] Zandieh, A., Daliri, M., Han, I. (2024/2025) "QJL: 1-Bit Quantized JL Transform for
+       KV Cache Quantization with Zero Overhead", arXiv:2406.03482.
     """
     keys = np.asarray(keys, dtype=np.float64)
     dim = keys.shape[1]
@@ -86,7 +184,31 @@ def inner_product_errors(
 
 
 def rotated_marginal_sample(keys: np.ndarray, rotation_seed: int) -> tuple[np.ndarray, int]:
-    """One rotated unit-vector coordinate per key (index ``key mod D``) and the dimension D."""
+    """One rotated unit-vector coordinate per key (index ``key mod D``) and the dimension D.
+
+    Parameters
+    ----------
+    keys : numpy.ndarray
+        Keys, shape ``(n_keys, dim)``.
+    rotation_seed : int
+        Seed of the :class:`~kvasym.rotation.RandomizedHadamard` rotation (the pipeline's K-side
+        rotation seed).
+
+    Returns
+    -------
+    sample : numpy.ndarray
+        ``(R u_i)[i mod D]`` for every key ``i`` with a non-zero norm, ``u_i = k_i / ||k_i||``
+        (zero keys are dropped; the index still counts them), float64.
+    work_dim : int
+        The working dimension ``D`` (``dim`` padded to a power of two).
+
+    Notes
+    -----
+    If the ``u_i`` are uniform on the sphere ``S^{D-1}`` (e.g. isotropic Gaussian keys of a
+    power-of-two dimension), each sample follows ``f_D(x) = c_D (1 - x^2)^((D-3)/2)``, i.e.
+    ``(x + 1)/2 ~ Beta((D-1)/2, (D-1)/2)``; taking a different coordinate per key keeps two
+    samples from ever coming from the same vector.
+    """
     keys = np.asarray(keys, dtype=np.float64)
     norms = np.linalg.norm(keys, axis=1)
     unit = keys / np.where(norms > 0, norms, 1.0)[:, None]
@@ -97,7 +219,26 @@ def rotated_marginal_sample(keys: np.ndarray, rotation_seed: int) -> tuple[np.nd
 
 
 def ks_against_beta(sample: np.ndarray, work_dim: int) -> dict[str, float]:
-    """One-sample KS of coordinates against the unit-vector coordinate law in ``work_dim``."""
+    """One-sample KS of coordinates against the unit-vector coordinate law in ``work_dim``.
+
+    Parameters
+    ----------
+    sample : numpy.ndarray
+        Coordinates, 1-D (e.g. from :func:`rotated_marginal_sample`).
+    work_dim : int
+        Dimension ``D`` of the law ``(x + 1)/2 ~ Beta((D-1)/2, (D-1)/2)``.
+
+    Returns
+    -------
+    dict of str to float
+        ``statistic``: ``sup_t |F_n(t) - F_D(t)|``; ``p``: two-sided p-value of
+        ``scipy.stats.kstest``; ``n``: sample size.
+
+    Raises
+    ------
+    KvasymError
+        If the sample has fewer than two values.
+    """
     from scipy import stats as sps
 
     if sample.size < 2:
@@ -108,7 +249,31 @@ def ks_against_beta(sample: np.ndarray, work_dim: int) -> dict[str, float]:
 
 
 def jensen_points(per_key: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(logit-error variance, log weight excess, mask of the rows kept): finite keys only."""
+    """(logit-error variance, log weight excess, mask of the rows kept): finite keys only.
+
+    Parameters
+    ----------
+    per_key : mapping of str to array_like
+        Per-key columns of :func:`kvasym.metrics.trial_metrics` (a dict or a DataFrame):
+        ``weight_ref_mean``, ``weight_hat_mean`` and ``logit_err_var``.
+
+    Returns
+    -------
+    var : numpy.ndarray
+        ``logit_err_var`` of the rows kept.
+    excess : numpy.ndarray
+        ``log(weight_hat_mean) - log(weight_ref_mean)`` of the rows kept.
+    kept : numpy.ndarray
+        Boolean mask over the input rows: both values finite (a zero or NaN weight mean, or a
+        NaN variance, drops the row).
+
+    Notes
+    -----
+    Jensen's inequality: a zero-mean logit error ``e`` multiplies a key's unnormalized weight
+    by ``exp(e)``, and ``E exp(e) > exp(E e) = 1`` (``exp(s^2/2)`` for Gaussian ``e`` of
+    variance ``s^2``), so keys with noisier logits gain weight on average. The study regresses
+    ``excess`` on ``var`` (claim C9: a positive slope).
+    """
     ref = np.asarray(per_key["weight_ref_mean"], dtype=np.float64)
     hat = np.asarray(per_key["weight_hat_mean"], dtype=np.float64)
     var = np.asarray(per_key["logit_err_var"], dtype=np.float64)

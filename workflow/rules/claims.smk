@@ -24,14 +24,14 @@ rule claims:
         "../../environment.yml"
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=10,
+        **resources_of("claims"),
     params:
         base_seed=STUDY.base_seed,
         n_boot=STUDY.stats["n_boot"],
+        headline=headline_param,
     shell:
         "kvasym stage claims --claims {input.claims:q} --comparisons {input.comparisons:q}"
         " --summary {input.summary:q} --trials {input.trials:q} --theory {input.theory:q}"
-        " --base-seed {params.base_seed} --n-boot {params.n_boot}"
+        " --base-seed {params.base_seed} --n-boot {params.n_boot} --headline {params.headline:q}"
         " --json {output.json:q} --md {output.md:q} --tex {output.tex:q} --html {output.html:q}"
         " > {log:q} 2>&1"

@@ -1,4 +1,6 @@
-# Config validation (schema, then the library's deeper checks) and the grid's targets.
+# Config validation (schema, then the library's cross-field checks), the grid's targets and the
+# rules' input functions. Everything else (slices, resources, the figure registry, the Holm
+# families, the headline cell) lives in the library; this file only maps wildcards onto it.
 import os
 import re
 import shlex
@@ -13,20 +15,21 @@ from kvasym.cachefile import inspect_cache_file
 from kvasym.claims import load_claims
 from kvasym.config_io import read_yaml_mapping
 from kvasym.errors import KvasymError
-from kvasym.real import HEAD_DIM as REAL_HEAD_DIM
-from kvasym.real import REAL_MODEL_NAME, REAL_SHARPNESS
-from kvasym.real import TEXTS_DIR, missing_extra_reason, real_settings
-from kvasym.real.evaluate import REAL_DISTRIBUTIONS
-from kvasym.figures_stage import (
-    FAMILY_INPUTS,
+from kvasym.figure_registry import (
+    FIGURE_FAMILIES as FIGURE_REGISTRY,
     FORMATS,
-    claims_defaults,
     dag_families,
     family_cells,
     figures_slice,
 )
-from kvasym.study import canonical_json, job_resources, load_study
-from kvasym.tables import headline_cell, numbers_slice
+from kvasym.real import HEAD_DIM as REAL_HEAD_DIM
+from kvasym.real import REAL_MODEL_NAME, REAL_SHARPNESS
+from kvasym.real import TEXTS_DIR, missing_extra_reason, real_settings
+from kvasym.real.evaluate import REAL_DISTRIBUTIONS
+from kvasym.render.numbers import numbers_slice
+from kvasym.resources import job_resources
+from kvasym.stages.paper import LATEX_PACKAGES, have_latex
+from kvasym.study import canonical_json, load_study
 
 # Every job runs with threads: 1 and parallelism comes from jobs. BLAS must not spawn its own
 # threads: on a busy 2-core machine OpenBLAS's spinning threads made a 64x1024 matmul 14x
@@ -148,11 +151,52 @@ def metrics_slice(w):
     return STUDY.metrics_slice(w.distribution, int(w.dim), w.scheme, int(w.budget))
 
 
-def resources_of(stage, slicer):
-    return {
-        key: (lambda w, key=key: job_resources(stage, slicer(w))[key])
-        for key in ("mem_mb", "runtime")
-    }
+def stats_slice(w):
+    return STUDY.stats_slice(w.distribution, int(w.dim))
+
+
+def theory_slice(w):
+    return STUDY.theory_slice(w.distribution, int(w.dim))
+
+
+def file_slice(w):
+    return STUDY.file_slice(w.distribution, int(w.dim), w.scheme, int(w.budget))
+
+
+SLICES = {
+    "data": data_slice,
+    "quantize": cell_slice,
+    "metrics": metrics_slice,
+    "stats": stats_slice,
+    "theory": theory_slice,
+    "file_metrics": file_slice,
+    "real_metrics": real_slice,
+}
+
+
+def slice_param(stage):
+    """The ``--slice`` param of a grid stage: its config slice of the job's wildcards, as JSON."""
+    return lambda w: canonical_json(SLICES[stage](w))
+
+
+def resources_of(stage):
+    """A rule's resources (kvasym.resources.job_resources): from the job's slice for grid
+    stages, from the input size for file_metrics, fixed otherwise."""
+
+    def request(key):
+        def of(w, input):
+            sliced = (
+                SLICES[stage](w)
+                if stage in ("data", "quantize", "metrics", "theory")
+                else None
+            )
+            return job_resources(
+                stage, sliced, input.size_mb if stage == "file_metrics" else 0
+            )[key]
+
+        return of
+
+    return {"mem_mb": request("mem_mb"), "runtime": request("runtime")}
 
 
 def per_query_inputs(w):
@@ -186,38 +230,25 @@ def figure_outputs():
     }
 
 
-FIGURES_SLICE = figures_slice(STUDY, claims_defaults(STUDY.claims_file))
-# the Snakemake report groups the figures by what they show
-FIGURE_SUBCATEGORY = {
-    "shannon_phi": "Errors at the headline cell",
-    "kl_ecdf": "Errors at the headline cell",
-    "budget_crossover": "Sweeps",
-    "tail_sweep": "Sweeps",
-    "rank_sweep": "Sweeps",
-    "sharpness_sweep": "Sweeps",
-    "theory_check": "Theory checks",
-    "marginals": "Theory checks",
-    "jensen_bias": "Theory checks",
-    "real_heatmap": "Real model",
-}
-_head = FIGURES_SLICE["headline"]
+FIGURES_SLICE = figures_slice(STUDY)
+HEADLINE = STUDY.headline
 HEADLINE_LABEL = (
-    f"{_head['distribution']}, d = {_head['dim']}, "
-    f"sharpness {_head['sharpness']:g}, n = {_head['budget']}"
+    f"{HEADLINE['distribution']}, d = {HEADLINE['dim']}, "
+    f"sharpness {HEADLINE['sharpness']:g}, n = {HEADLINE['budget']}"
 )
 
 
 def figure_label(family):
     """The cell a family's figures show (the report's "cell" label)."""
-    if "real_per_query" in FAMILY_INPUTS[family]:
-        return f"{REAL_MODEL_NAME}, d = {REAL_HEAD_DIM}, n = {_head['budget']}"
+    if "real_per_query" in FIGURE_REGISTRY[family].inputs:
+        return f"{REAL_MODEL_NAME}, d = {REAL_HEAD_DIM}, n = {HEADLINE['budget']}"
     return HEADLINE_LABEL
 
 
 def figure_inputs(family):
-    """The files one figure family reads (kvasym.figures_stage.FAMILY_INPUTS): gathered tables,
-    and the metrics files or data manifests of its facet cells only."""
-    wanted = FAMILY_INPUTS[family]
+    """The files one figure family reads (kvasym.figure_registry.FIGURE_FAMILIES): gathered
+    tables, and the metrics files or data manifests of its facet cells only."""
+    wanted = FIGURE_REGISTRY[family].inputs
     gathered = rules.gather.output  # included before the figure rules that call this
     inputs = {
         key: gathered[key]
@@ -240,7 +271,7 @@ def figure_inputs(family):
     if "real_per_query" in wanted:
         # every scheme of every real distribution at the headline budget
         inputs["real_per_query"] = [
-            f"{RESULTS}/metrics/per_query/{dist}/d{dim}/{scheme}/n{_head['budget']}.parquet"
+            f"{RESULTS}/metrics/per_query/{dist}/d{dim}/{scheme}/n{HEADLINE['budget']}.parquet"
             for dist, dim in REAL_CELLS
             for scheme in STUDY.schemes
         ]
@@ -248,7 +279,7 @@ def figure_inputs(family):
 
 
 def figure_flags(wildcards, input):
-    """The `kvasym stage figures` input flags for a family's named inputs (quoted)."""
+    """The `kvasym stage figure` input flags for a family's named inputs (quoted)."""
     flags = []
     for key, paths in input.items():
         paths = [paths] if isinstance(paths, str) else list(paths)
@@ -259,10 +290,9 @@ def figure_flags(wildcards, input):
 
 GENERATED = "paper/generated"
 TABLES = ["results", "tests", "theory", "claims", "disagreements", "real"]
-HEADLINE = headline_cell(STUDY, STUDY.claims_file)
 
 
-def real_capture_files():
+def real_capture_files(wildcards=None):
     """The real-model captures (rule capture), one per configured text."""
     if not REAL_CELLS:
         raise WorkflowError(
@@ -288,7 +318,7 @@ def real_table_inputs(wildcards):
 
 
 def real_table_flags(wildcards, input):
-    """The `python -m kvasym.tables tables` flags of real_table_inputs (quoted), or nothing."""
+    """The `kvasym stage tables` flags of real_table_inputs (quoted), or nothing."""
     if not REAL_CELLS:
         return ""
     manifests = input.data_manifests
@@ -303,11 +333,10 @@ def real_table_flags(wildcards, input):
     )
 
 
-HAVE_LATEX = all(shutil.which(tool) for tool in ("latexmk", "pdflatex"))
+HAVE_LATEX = have_latex()
 LATEX_HINT = (
     "kvasym: no LaTeX engine found, so the paper PDF is skipped (every generated source is still "
-    "written). Debian: apt-get install latexmk texlive-latex-recommended texlive-latex-extra "
-    "texlive-fonts-recommended; conda: add texlive-core to environment.yml."
+    f"written). Debian: apt-get install {LATEX_PACKAGES}; conda: add texlive-core to environment.yml."
 )
 
 
@@ -325,3 +354,44 @@ def paper_targets():
 def out_dir(wildcards, output):
     """The folder of a rule's first output (a param derived from the output, not hardcoded)."""
     return os.path.dirname(output[0])
+
+
+def gather_flags(wildcards, input, output):
+    """The `kvasym stage gather` flags: each table's parts and its gathered file (quoted)."""
+    flags = []
+    for table in ("comparisons", "summary", "trials", "theory"):
+        parts = input[table]
+        parts = [parts] if isinstance(parts, str) else list(parts)
+        flags.append(" ".join([f"--{table}", *(shlex.quote(p) for p in parts)]))
+        flags.append(f"--out-{table} {shlex.quote(output[table])}")
+    return " ".join(flags)
+
+
+def real_layers(wildcards):
+    return ",".join(map(str, REAL["layers"]))
+
+
+def real_captures(wildcards):
+    return [f"{RESULTS}/real/captures/{text}.npz" for text in REAL["texts"]]
+
+
+def text_file(wildcards):
+    return str(TEXTS_DIR / f"{wildcards.text}.txt")
+
+
+def file_cache(wildcards):
+    return STUDY.files[wildcards.distribution]["params"]["path"]
+
+
+def numbers_param(wildcards):
+    return canonical_json(
+        numbers_slice(STUDY, HEADLINE, load_claims(STUDY.claims_file, HEADLINE))
+    )
+
+
+def headline_param(wildcards):
+    return canonical_json(HEADLINE)
+
+
+def figures_param(wildcards):
+    return canonical_json(FIGURES_SLICE)

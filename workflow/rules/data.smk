@@ -12,8 +12,8 @@ rule data:
         "../../environment.yml"
     threads: 1
     resources:
-        **resources_of("data", data_slice),
+        **resources_of("data"),
     params:
-        slice=lambda w: canonical_json(data_slice(w)),
+        slice=slice_param("data"),
     shell:
         "kvasym stage data --slice {params.slice:q} --out {output:q} > {log:q} 2>&1"

@@ -1,5 +1,5 @@
 # Stage 6: the figures of the paper, one rule (one job) per figure family of
-# kvasym.figures_stage.FAMILIES (FIGURE_FAMILIES: the real-model heat map only when the DAG has
+# kvasym.figure_registry.FIGURE_FAMILIES (FIGURE_FAMILIES: the real-model heat map only when the DAG has
 # real-model rows). Each reads only its inputs (gathered tables, or the metrics files and data
 # manifests of its facet cells, or the real rows' per-query files) and writes
 # results/figures/<name>.{pdf,png}; the PNGs go into the Snakemake report with the captions of
@@ -19,7 +19,7 @@ for _family, _names in FIGURE_FAMILIES.items():
                     f"{FIGURES_DIR}/{name}.png",
                     caption=f"../report/figures/{_family}.rst",
                     category="6. Figures",
-                    subcategory=FIGURE_SUBCATEGORY[_family],
+                    subcategory=FIGURE_REGISTRY[_family].report_group,
                     labels={"figure": name, "cell": figure_label(_family)},
                 )
                 for name in _names
@@ -32,14 +32,12 @@ for _family, _names in FIGURE_FAMILIES.items():
             "../../environment.yml"
         threads: 1
         resources:
-            # the paper run's benchmarks: at most 18 s and 351 MB RSS per family
-            mem_mb=1500,
-            runtime=10,
+            **resources_of("figure"),
         params:
-            slice=lambda w: canonical_json(FIGURES_SLICE),
+            slice=figures_param,
             family=_family,
             inputs=figure_flags,
             out_dir=out_dir,
         shell:
-            "kvasym stage figures --family {params.family} --slice {params.slice:q}"
+            "kvasym stage figure --family {params.family} --slice {params.slice:q}"
             " {params.inputs} --out-dir {params.out_dir:q} > {log:q} 2>&1"

@@ -7,7 +7,7 @@ if FILE_CELLS:
 
     rule file_metrics:
         input:
-            cache=lambda w: STUDY.files[w.distribution]["params"]["path"],
+            cache=file_cache,
         output:
             f"{RESULTS}/metrics/per_query/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.parquet",
         log:
@@ -20,14 +20,11 @@ if FILE_CELLS:
             "../../environment.yml"
         threads: 1
         resources:
-            mem_mb=lambda w, input: 1000 + 3 * input.size_mb,
-            runtime=30,
+            **resources_of("file_metrics"),
         params:
-            slice=lambda w: canonical_json(
-                STUDY.file_slice(w.distribution, int(w.dim), w.scheme, int(w.budget))
-            ),
+            slice=slice_param("file_metrics"),
         shell:
-            "kvasym stage file --slice {params.slice:q} --cache {input.cache:q}"
+            "kvasym stage file_metrics --slice {params.slice:q} --cache {input.cache:q}"
             " --out {output:q} > {log:q} 2>&1"
 
     ruleorder: file_metrics > metrics

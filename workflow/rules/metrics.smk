@@ -16,9 +16,9 @@ rule metrics:
         "../../environment.yml"
     threads: 1
     resources:
-        **resources_of("metrics", metrics_slice),
+        **resources_of("metrics"),
     params:
-        slice=lambda w: canonical_json(metrics_slice(w)),
+        slice=slice_param("metrics"),
     shell:
         "kvasym stage metrics --slice {params.slice:q} --data {input.data:q}"
         " --packed {input.packed:q} --per-query {output.per_query:q}"

@@ -19,14 +19,13 @@ rule tables:
         "../../environment.yml"
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=5,
+        **resources_of("tables"),
     params:
-        headline=lambda w: canonical_json(HEADLINE),
+        headline=headline_param,
         real=real_table_flags,
         out_dir=out_dir,
     shell:
-        "python -m kvasym.tables tables --summary {input.summary:q} --comparisons {input.comparisons:q}"
+        "kvasym stage tables --summary {input.summary:q} --comparisons {input.comparisons:q}"
         " --theory {input.theory:q} --claims {input.claims:q} {params.real} --headline {params.headline:q}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
@@ -42,15 +41,12 @@ rule numbers:
         "../../environment.yml"
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=5,
+        **resources_of("numbers"),
     params:
-        slice=lambda w: canonical_json(
-            numbers_slice(STUDY, HEADLINE, load_claims(STUDY.claims_file))
-        ),
+        slice=numbers_param,
         out_dir=out_dir,
     shell:
-        "python -m kvasym.tables numbers --slice {params.slice:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        "kvasym stage numbers --slice {params.slice:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule paper:
@@ -69,7 +65,6 @@ rule paper:
         "../../environment.yml"
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=10,
+        **resources_of("paper"),
     shell:
-        "latexmk -pdf -interaction=nonstopmode -halt-on-error -outdir=build -cd {input.main:q} > {log:q} 2>&1"
+        "kvasym stage paper --main {input.main:q} > {log:q} 2>&1"

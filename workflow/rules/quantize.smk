@@ -14,9 +14,9 @@ rule quantize:
         "../../environment.yml"
     threads: 1
     resources:
-        **resources_of("quantize", cell_slice),
+        **resources_of("quantize"),
     params:
-        slice=lambda w: canonical_json(cell_slice(w)),
+        slice=slice_param("quantize"),
     shell:
         "kvasym stage quantize --slice {params.slice:q} --data {input.data:q}"
         " --out {output:q} > {log:q} 2>&1"

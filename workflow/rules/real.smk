@@ -16,24 +16,20 @@ rule capture:
         "../../environment.yml"
     threads: 1
     resources:
-        # measured: 1.43 GB peak RSS and 54 s for all four texts at every layer
-        mem_mb=3000,
-        runtime=20,
+        **resources_of("capture"),
     params:
-        text=lambda w: str(TEXTS_DIR / f"{w.text}.txt"),
-        max_tokens=lambda w: REAL["max_tokens"],
-        layers=lambda w: ",".join(map(str, REAL["layers"])),
+        text=text_file,
+        max_tokens=REAL["max_tokens"] if REAL else None,
+        layers=real_layers,
         out_dir=out_dir,
     shell:
-        "kvasym capture --texts {params.text:q} --out {params.out_dir:q}"
+        "kvasym stage capture --texts {params.text:q} --out {params.out_dir:q}"
         " --max-tokens {params.max_tokens} --layers {params.layers} > {log:q} 2>&1"
 
 
 rule real_metrics:
     input:
-        captures=lambda w: [
-            f"{RESULTS}/real/captures/{text}.npz" for text in REAL["texts"]
-        ],
+        captures=real_captures,
     output:
         f"{RESULTS}/metrics/per_query/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.parquet",
     log:
@@ -46,12 +42,11 @@ rule real_metrics:
         "../../environment.yml"
     threads: 1
     resources:
-        mem_mb=3000,
-        runtime=30,
+        **resources_of("real_metrics"),
     params:
-        slice=lambda w: canonical_json(real_slice(w)),
+        slice=slice_param("real_metrics"),
     shell:
-        "kvasym stage real --slice {params.slice:q} --captures {input.captures:q}"
+        "kvasym stage real_metrics --slice {params.slice:q} --captures {input.captures:q}"
         " --out {output:q} > {log:q} 2>&1"
 
 
@@ -62,7 +57,7 @@ rule real_cachestats:
     # Statistics of the real caches (kurtosis, participation ratio, outlier channels, mean
     # energy) per text, layer and head, for the real-vs-synthetic table (kvasym.real.cachestats).
     input:
-        captures=lambda w: real_capture_files(),
+        captures=real_capture_files,
     output:
         f"{RESULTS}/real/cachestats.parquet",
     log:
@@ -74,7 +69,6 @@ rule real_cachestats:
     threads: 1
     resources:
         # one capture in memory at a time, one layer of it in float64
-        mem_mb=3000,
-        runtime=10,
+        **resources_of("real_cachestats"),
     shell:
-        "python -m kvasym.real.cachestats --captures {input.captures:q} --out {output:q} > {log:q} 2>&1"
+        "kvasym stage real_cachestats --captures {input.captures:q} --out {output:q} > {log:q} 2>&1"

@@ -16,10 +16,9 @@ rule stats:
         "../../environment.yml"
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=30,
+        **resources_of("stats"),
     params:
-        slice=lambda w: canonical_json(STUDY.stats_slice(w.distribution, int(w.dim))),
+        slice=slice_param("stats"),
     shell:
         "kvasym stage stats --slice {params.slice:q} --per-query {input:q}"
         " --comparisons {output.comparisons:q} --summary {output.summary:q}"
@@ -40,11 +39,9 @@ rule theory:
         "../../environment.yml"
     threads: 1
     resources:
-        **resources_of(
-            "theory", lambda w: STUDY.theory_slice(w.distribution, int(w.dim))
-        ),
+        **resources_of("theory"),
     params:
-        slice=lambda w: canonical_json(STUDY.theory_slice(w.distribution, int(w.dim))),
+        slice=slice_param("theory"),
     shell:
         "kvasym stage theory --slice {params.slice:q} --data {input.data:q}"
         " --per-key {input.per_key:q} --out {output:q} > {log:q} 2>&1"
@@ -52,10 +49,10 @@ rule theory:
 
 rule gather:
     input:
-        comparisons=lambda w: stats_tables("comparisons"),
-        summary=lambda w: stats_tables("summary"),
-        trials=lambda w: stats_tables("trials"),
-        theory=lambda w: theory_tables(),
+        comparisons=stats_tables("comparisons"),
+        summary=stats_tables("summary"),
+        trials=stats_tables("trials"),
+        theory=theory_tables(),
     output:
         comparisons=f"{RESULTS}/stats/comparisons.parquet",
         summary=f"{RESULTS}/stats/summary.parquet",
@@ -67,11 +64,9 @@ rule gather:
         "../../environment.yml"
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=10,
+        **resources_of("gather"),
+    params:
+        tables=gather_flags,
     shell:
-        "(kvasym stage gather --inputs {input.comparisons:q} --out {output.comparisons:q}"
-        " --holm q_log10_p t_wilcoxon_log10_p t_mw_log10_p q_ks_log10_p energy_log10_p"
-        " && kvasym stage gather --inputs {input.summary:q} --out {output.summary:q}"
-        " && kvasym stage gather --inputs {input.trials:q} --out {output.trials:q}"
-        " && kvasym stage gather --inputs {input.theory:q} --out {output.theory:q}) > {log:q} 2>&1"
+        # the Holm families are the library's (kvasym.stages.gather.HOLM_FAMILIES)
+        "kvasym stage gather {params.tables} > {log:q} 2>&1"

@@ -23,25 +23,21 @@ tensor: the KV head for K and V, the query head for Q), ``tensor``, ``head_dim``
 The statistics are computed for all heads of a layer at once
 (:func:`kvasym.cachestats.batched_cache_statistics`, one layer in memory at a time).
 
-Command line (what the DAG rule ``real_cachestats`` calls)::
-
-    python -m kvasym.real.cachestats --captures a.npz b.npz --out results/real/cachestats.parquet
+The DAG's rule ``real_cachestats`` writes them with ``kvasym stage real_cachestats``
+(:mod:`kvasym.stages.real_cachestats`).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..cachestats import STATISTICS, TOP_CHANNELS, batched_cache_statistics
-from ..errors import KvasymError, exit_status
+from ..cachestats import STATISTICS, batched_cache_statistics
+from ..errors import KvasymError
 from .capture import HEAD_ARRAYS, Capture
 
 #: Tensors summarized, in table order: keys after and before RoPE, values, queries.
@@ -100,28 +96,3 @@ def captures_statistics(capture_paths: Sequence[str | os.PathLike]) -> Any:
         del capture
     frame = pd.concat(frames, ignore_index=True)
     return frame[list(COLUMNS)]
-
-
-def run_real_cachestats(capture_paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> Path:
-    """Write the statistics of every capture to ``out`` (Parquet, atomically) with provenance
-    metadata (the captures' texts, files and the statistics' definition); returns ``out``."""
-    from ..dataset import provenance, write_frame_atomic
-
-    frame = captures_statistics(capture_paths)
-    slice_ = {"format": CACHESTATS_FORMAT, "captures": [Path(p).name for p in capture_paths],
-              "top_channels": TOP_CHANNELS, "tensors": list(TENSORS)}
-    meta = {**provenance(slice_), "texts": json.dumps(sorted(set(frame["text"])))}
-    write_frame_atomic(frame, out, meta)
-    return Path(out)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvasym.real.cachestats", description=__doc__.splitlines()[0])
-    parser.add_argument("--captures", nargs="+", required=True, help="capture .npz files (kvasym capture)")
-    parser.add_argument("--out", required=True, help="the Parquet table to write")
-    args = parser.parse_args(argv)
-    return exit_status(lambda: print(run_real_cachestats(args.captures, args.out)))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -16,9 +16,7 @@ rotation of the same cache (the paired design of the synthetic study).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -141,50 +139,3 @@ def summarize(columns: dict[str, Any]) -> Any:
 #: deployed cache stores) and before it.
 REAL_DISTRIBUTIONS: dict[str, str] = {REAL_POST_ROPE: "post", REAL_PRE_ROPE: "pre"}
 REAL_KIND = "smollm2"
-
-
-def run_real_metrics(slice_: dict[str, Any], capture_paths: Sequence[str], out_per_query: str) -> None:
-    """The per-query metrics table of one real cell (distribution, scheme, budget), in the
-    synthetic study's schema (:data:`kvasym.dataset.PER_QUERY_SCHEMA`), so the stats, gather and
-    claims stages read real rows like any other distribution.
-
-    ``slice_``: ``distribution`` (a key of :data:`REAL_DISTRIBUTIONS`), ``scheme`` (its dict),
-    ``budget``, ``sharpness`` (list), ``base_seed``, ``norm_dtype``, ``layers`` (list or None).
-    A trial is one (text, layer, KV head) cache, numbered in the order of ``capture_paths``, then
-    layer, then KV head (the map is stored in the file's metadata as ``trial_map``); a query is
-    one (query head, position) of the group reading that KV head.
-    """
-    from ..dataset import PER_QUERY_SCHEMA, provenance, to_table, write_parquet_atomic
-    from ..schemes import scheme_from_dict
-    from .capture import load_capture
-
-    name = slice_["distribution"]
-    if name not in REAL_DISTRIBUTIONS:
-        raise KvasymError(f"real distribution must be one of {list(REAL_DISTRIBUTIONS)}, got {name!r}")
-    spec = dict(slice_["scheme"])
-    scheme = scheme_from_dict(spec.pop("name"), spec)
-    budget = int(slice_["budget"])
-    parts: list[dict[str, np.ndarray]] = []
-    trial_map: list[dict[str, Any]] = []
-    for path in capture_paths:
-        capture = load_capture(path)
-        text = capture.metadata.get("name") or Path(path).stem
-        cols = evaluate_capture(capture, [scheme], [budget], name=str(text), base_seed=int(slice_["base_seed"]),
-                                layers=slice_.get("layers"), rope=REAL_DISTRIBUTIONS[name],
-                                sharpness=slice_["sharpness"], norm_dtype=slice_["norm_dtype"])
-        cells = list(dict.fromkeys(zip(cols["layer"].tolist(), cols["kv_head"].tolist())))
-        index = {cell: len(trial_map) + i for i, cell in enumerate(cells)}
-        trial_map += [{"trial": index[c], "text": str(text), "layer": c[0], "kv_head": c[1]} for c in cells]
-        trial = np.array([index[c] for c in zip(cols["layer"].tolist(), cols["kv_head"].tolist())], dtype=np.int32)
-        n = trial.size
-        part = {key: cols[key] for key in PER_QUERY_SCHEMA.names if key in cols}
-        part.update({
-            "distribution": np.full(n, name, dtype=object), "kind": np.full(n, REAL_KIND, dtype=object),
-            "dim": np.full(n, capture.k_post_rope.shape[-1], dtype=np.int32), "trial": trial,
-        })
-        parts.append(part)
-    if not parts:
-        raise KvasymError("run_real_metrics needs at least one capture")
-    columns = {key: np.concatenate([p[key] for p in parts]) for key in PER_QUERY_SCHEMA.names}
-    meta = {**provenance(slice_), "trial_map": json.dumps(trial_map)}
-    write_parquet_atomic(to_table(columns, PER_QUERY_SCHEMA), out_per_query, meta)

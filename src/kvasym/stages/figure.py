@@ -1,4 +1,4 @@
-"""The figures stage: the figures of the paper from the gathered tables, one job per family.
+"""Stage ``figure`` (rules ``figure_<family>``): the figures of the paper, one job per family.
 
 :func:`run_figures` reads the gathered tables (summary, comparisons, theory), the metrics
 dataset (per-query and per-key tables, only the rows the figures need) and the data manifests
@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,151 +50,9 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from .errors import KvasymError
-from .real import REAL_SHARPNESS
-
-#: Figure families: one Snakemake rule (one job) each; every figure is written as
-#: ``<name>.pdf`` and ``<name>.png``.
-FAMILIES: dict[str, tuple[str, ...]] = {
-    "shannon_phi": ("shannon_phi_k", "shannon_phi_v", "shannon_phi_t"),
-    "kl_ecdf": ("kl_ecdf",),
-    "budget_crossover": ("budget_crossover",),
-    "tail_sweep": ("tail_sweep",),
-    "rank_sweep": ("rank_sweep",),
-    "sharpness_sweep": ("sharpness_sweep",),
-    "theory_check": ("theory_check",),
-    "marginals": ("marginals",),
-    "jensen_bias": ("jensen_bias",),
-    "real_heatmap": ("real_kl_heatmap",),
-}
-#: The inputs each family reads (so a rule declares, and a rerun is triggered by, only those):
-#: ``summary``, ``comparisons``, ``theory`` (gathered tables), ``per_query``/``per_key``
-#: (metrics files of :func:`family_cells`), ``data`` (manifests of :func:`family_cells`),
-#: ``real_per_query`` (the real rows' per-query files at the headline budget, every scheme).
-FAMILY_INPUTS: dict[str, tuple[str, ...]] = {
-    "shannon_phi": ("per_query",),
-    "kl_ecdf": ("per_query",),
-    "budget_crossover": ("summary",),
-    "tail_sweep": ("summary",),
-    "rank_sweep": ("summary",),
-    "sharpness_sweep": ("summary", "comparisons"),
-    "theory_check": ("theory",),
-    "marginals": ("data",),
-    "jensen_bias": ("per_key", "theory"),
-    "real_heatmap": ("real_per_query",),
-}
-#: Families drawn from the real-model rows: in the DAG only when those rows are.
-REAL_FAMILIES: tuple[str, ...] = tuple(f for f, inputs in FAMILY_INPUTS.items() if "real_per_query" in inputs)
-#: Figure names, in drawing order.
-FIGURES: tuple[str, ...] = tuple(name for names in FAMILIES.values() for name in names)
-FORMATS: tuple[str, ...] = ("pdf", "png")
-MAX_FACETS = 4
-HEADLINE_BUDGET = 4
-
-
-def figure_files(out_dir: str | os.PathLike, families: Sequence[str] | None = None) -> list[str]:
-    """Every file the stage writes under ``out_dir`` for ``families`` (default: all)."""
-    names = FIGURES if families is None else [n for f in _check_families(families) for n in FAMILIES[f]]
-    return [str(Path(out_dir) / f"{name}.{fmt}") for name in names for fmt in FORMATS]
-
-
-def dag_families(with_real: bool) -> dict[str, tuple[str, ...]]:
-    """The families (and their figures) of a DAG: every family, less :data:`REAL_FAMILIES`
-    when the DAG has no real-model rows."""
-    return {f: names for f, names in FAMILIES.items() if with_real or f not in REAL_FAMILIES}
-
-
-def _check_families(families: Sequence[str]) -> list[str]:
-    unknown = [f for f in families if f not in FAMILIES]
-    if unknown:
-        raise KvasymError(f"unknown figure family {unknown[0]!r}; known: {', '.join(FAMILIES)}")
-    return list(families)
-
-
-def family_cells(slice_: Mapping[str, Any], family: str) -> list[dict[str, Any]]:
-    """The metrics cells (``{distribution, dim, budget}``; budget None = every budget) and data
-    cells a family reads: the facet distributions at the headline dim. Per-query figures facet
-    by budget; the Jensen figure shows the headline budget; the marginal figure needs the data
-    manifests only (budget None)."""
-    _check_families([family])
-    inputs = FAMILY_INPUTS[family]
-    if not ({"per_query", "per_key", "data"} & set(inputs)):
-        return []
-    head = slice_["headline"]
-    dims = {d["name"]: d["dims"] for d in slice_["distributions"]}
-    budget = int(head["budget"]) if "per_key" in inputs else None
-    return [{"distribution": name, "dim": int(head["dim"]), "budget": budget}
-            for name in slice_["facet_distributions"] if int(head["dim"]) in dims.get(name, [])]
-
-
-def claims_defaults(path: str | os.PathLike) -> dict[str, Any]:
-    """The ``defaults`` mapping of a claims file ({} if the file or the key is absent)."""
-    from .config_io import read_yaml_mapping
-
-    if not Path(path).is_file():
-        return {}
-    defaults = read_yaml_mapping(path).get("defaults", {})
-    return dict(defaults) if isinstance(defaults, Mapping) else {}
-
-
-def _extreme(specs: Sequence[Mapping[str, Any]], kind: str) -> list[str]:
-    """Instances of ``kind`` from the most to the least extreme."""
-    items = [s for s in specs if s["kind"] == kind]
-    if kind == "student_t":
-        items.sort(key=lambda s: float(s["params"]["nu"]))
-    elif kind == "low_rank":
-        items.sort(key=lambda s: int(s["params"]["rank"]))
-    elif kind == "concentrated":
-        items.sort(key=lambda s: -float(s["params"]["outlier_scale"]) ** 2 * int(s["params"]["n_outliers"]))
-    return [s["name"] for s in items]
-
-
-def figures_slice(study: Any, defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The figures stage's slice from a :class:`kvasym.study.Study` and the claims defaults."""
-    defaults = dict(defaults or {})
-    distributions = [
-        {**study.distributions[name].to_dict(), "dims": list(study.distribution_dims[name])}
-        for name in study.distributions
-    ]
-    names = [d["name"] for d in distributions]
-    head = defaults.get("distribution")
-    head = head if head in study.distributions else names[0]
-    own_dims = list(study.distribution_dims[head])
-    dim = defaults.get("dim")
-    dim = int(dim) if isinstance(dim, int) and dim in own_dims else own_dims[0]
-    sharp = defaults.get("sharpness")
-    sharpness = float(sharp) if isinstance(sharp, (int, float)) and any(np.isclose(float(sharp), study.sharpness)) else float(study.sharpness[0])
-    budget = defaults.get("budget")
-    if not (isinstance(budget, int) and budget in study.budgets):
-        budget = HEADLINE_BUDGET if HEADLINE_BUDGET in study.budgets else max(study.budgets)
-    at_dim = [d for d in distributions if dim in d["dims"]]
-    facets = [head]
-    for kind in ("student_t", "low_rank", "concentrated", "gaussian"):
-        for name in _extreme(at_dim, kind)[:1]:
-            if name not in facets and len(facets) < MAX_FACETS:
-                facets.append(name)
-    # rank sweep references: at each dim with low-rank data, its heaviest-tailed Student-t
-    references: list[str] = []
-    for d in sorted({d for spec in distributions if spec["kind"] == "low_rank" for d in spec["dims"]}):
-        heaviest = _extreme([spec for spec in distributions if d in spec["dims"]], "student_t")[:1]
-        references += [name for name in heaviest if name not in references]
-    return {
-        "schemes": list(study.schemes),
-        "budgets": list(study.budgets),
-        "sharpness": list(study.sharpness),
-        "distributions": distributions,
-        "base_seed": int(study.base_seed),
-        "seq_len": int(study.seq_len),
-        "n_queries": int(study.n_queries),
-        "trials": int(study.trials),
-        "headline": {"distribution": head, "dim": dim, "sharpness": sharpness, "budget": int(budget)},
-        "facet_distributions": facets,
-        "rank_references": references,
-        "marginal_trials": int(min(study.trials, study.theory.get("trials", study.trials), 4)),
-        "jensen_bins": 20,
-        "max_points": 300,
-    }
-
+from ..errors import KvasymError
+from ..figure_registry import FAMILIES, FAMILY_INPUTS, FIGURES, _check_families
+from ..real import REAL_SHARPNESS
 
 def _files(value: Any) -> list[Path]:
     if value is None:
@@ -209,7 +66,7 @@ def _read_metrics(inputs: Mapping[str, Any], table: str, keep: Mapping[str, Any]
     """Rows of a metrics table matching ``keep`` (column -> allowed values), file by file so
     the whole table never sits in memory. ``inputs[table]`` lists the files (or names a
     directory), else ``inputs['metrics']`` is the dataset root (``results/metrics``)."""
-    from .dataset import SCHEMAS, read_table
+    from ..dataset import SCHEMAS, read_table
 
     sources = _files(inputs.get(table))
     if not sources and inputs.get("metrics") is not None:
@@ -336,9 +193,9 @@ def marginal_samples(slice_: Mapping[str, Any], inputs: Mapping[str, Any]) -> di
     """Rotated key coordinates of each facet distribution at the headline dim, regenerated
     from the data slice, checked against the manifest, rotated with the K-side rotation seed
     of the pipeline (``derived_seed(base, "rotation", name, dim, trial, "K")``)."""
-    from .pipeline import load_manifest, verified_trial
-    from .seeds import derived_seed
-    from .theory import rotated_marginal_sample
+    from ..manifest import load_manifest, verified_trial
+    from ..seeds import derived_seed
+    from ..theory import rotated_marginal_sample
 
     specs = {d["name"]: d for d in slice_["distributions"]}
     dim = int(slice_["headline"]["dim"])
@@ -381,7 +238,7 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
     ``real_per_query`` (the real rows' per-query files at the headline budget) for the real heat
     map (without them it says there is nothing to show).
     """
-    from . import figures as fg
+    from .. import figures as fg
 
     families = list(FAMILIES) if families is None else _check_families(families)
     needed = {key for family in families for key in FAMILY_INPUTS[family]}
@@ -423,7 +280,7 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
         "real_kl_heatmap": lambda: _real_heatmap(real, slice_["schemes"], budget),
     }
     assert list(drawers) == list(FIGURES)
-    from .dataset import provenance
+    from ..dataset import provenance
 
     out = Path(out_dir)
     written: list[Path] = []
@@ -438,9 +295,9 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
 def _real_heatmap(means: pd.DataFrame, schemes: Sequence[str], budget: int) -> Any:
     """The real heat map: rows the real distributions (keys quantized after RoPE, then before),
     columns the study's schemes in config order."""
-    from . import figures as fg
-    from .real import REAL_MODEL_NAME
-    from .real.evaluate import REAL_DISTRIBUTIONS
+    from .. import figures as fg
+    from ..real import REAL_MODEL_NAME
+    from ..real.evaluate import REAL_DISTRIBUTIONS
 
     labels = {name: f"{name}\n({mode}-RoPE keys)" for name, mode in REAL_DISTRIBUTIONS.items()}
     order = sorted(REAL_DISTRIBUTIONS, key=lambda name: REAL_DISTRIBUTIONS[name] != "post")
@@ -449,7 +306,7 @@ def _real_heatmap(means: pd.DataFrame, schemes: Sequence[str], budget: int) -> A
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``kvasym stage figures`` (what workflow/rules/figures.smk passes)."""
+    """The flags of ``kvasym stage figure`` (what workflow/rules/figures.smk passes)."""
     parser.add_argument("--slice", required=True, help="the figures slice as JSON (Snakemake passes it)")
     parser.add_argument("--family", dest="families", action="append", choices=list(FAMILIES),
                         help="draw only this figure family (repeatable; default: every family)")
@@ -466,7 +323,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_from_args(args: argparse.Namespace) -> list[Path]:
     """Run the stage from parsed :func:`add_arguments` flags."""
-    from .study import parse_slice
+    from ..study import parse_slice
 
     slice_ = parse_slice(args.slice)
     inputs = {k: getattr(args, k) for k in ("summary", "comparisons", "theory", "per_query", "per_key", "data", "real_per_query")}
@@ -476,18 +333,5 @@ def run_from_args(args: argparse.Namespace) -> list[Path]:
     return written
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m kvasym.figures_stage`` (same flags as ``kvasym stage figures``)."""
-    parser = argparse.ArgumentParser(prog="kvasym stage figures", description="draw every figure of the study")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        run_from_args(args)
-    except KvasymError as exc:
-        print(f"kvasym: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def run(args: argparse.Namespace) -> None:
+    run_from_args(args)  # prints each file written

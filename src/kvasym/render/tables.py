@@ -1,23 +1,11 @@
-"""LaTeX tables and the paper's number macros, rendered with jinja2 from the DAG's own tables.
+"""The paper's LaTeX tables, rendered with jinja2 from the DAG's gathered tables.
 
-Templates live in ``kvasym/templates/*.tex.j2`` and use LaTeX-safe delimiters:
-
-- ``\\VAR{expr}`` prints an expression, ``\\BLOCK{for ...}`` ... ``\\BLOCK{endfor}`` are statements,
-  ``\\#{ a comment }`` is a template comment (no line statements, so ``%%`` stays a LaTeX comment);
-- undefined variables raise (:class:`jinja2.StrictUndefined`);
-- nothing is HTML-escaped (``autoescape=False``), but every value printed by ``\\VAR{}`` goes
-  through :func:`_finalize`: a plain ``str`` (a name from the config, a claim statement, a
-  verdict) is escaped with :func:`kvasym.latex.escape_latex`; only :class:`Latex` strings, which
-  the number filters and the explicit ``escape`` filter return, are printed as they are; a
-  float that no number filter formatted is an error. So no string from config or data can
-  reach the output unescaped, even if a template forgets ``|escape``.
-
-Number filters (also usable from Python): :func:`sig` (significant figures), :func:`num` (a
-table cell, math mode, optional bold), :func:`pvalue` (a p-value given as log10 p, rendered
-from the logarithm so a p that underflowed to 0 still prints, e.g. -30.4 -> ``$4\\times10^{-31}$``),
-:func:`ci` (estimate [low, high]), :func:`bits` (payload + side), :func:`plain`.
-Which value is bold (the best of a column in a group) is computed in Python
-(:func:`best_flags`), never typed in a template.
+Each table is a pure function of DataFrames (``*_context``) and a template of
+``kvasym/templates`` (:mod:`kvasym.render.format` explains the delimiters and the escaping).
+Which value is bold (the best of a column in a group) is computed here (:func:`best_flags`),
+never typed in a template. Rows are selected with :func:`kvasym.cells.select_cells`, the one
+cell accessor (a missing cell is an error naming it); the headline cell is the study's
+(:attr:`kvasym.study.Study.headline`).
 
 ``table_real`` sets the real-model rows (:mod:`kvasym.real`) beside the synthetic headline
 distribution and compares the statistics of real and synthetic caches (:func:`real_context`);
@@ -25,39 +13,30 @@ it reads the gathered summary and, optionally, the real caches' statistics
 (:mod:`kvasym.real.cachestats`) and the synthetic data manifests. Without real rows it is a
 short paragraph with the command that adds them, so the paper never shows a placeholder.
 
-Entry points for the DAG: :func:`render_tables` (the tables) and :func:`render_numbers` (the
-``\\newcommand`` macros of every number the prose quotes that is not a claim macro), with
-:func:`headline_cell` and :func:`numbers_slice` to build their arguments from the study; also
-``python -m kvasym.tables tables|numbers ...`` (see :func:`main`).
+The DAG's entry point is :func:`render_tables` (stage ``tables``, :mod:`kvasym.stages.tables`).
 """
 
 from __future__ import annotations
 
-import argparse
-import inspect
 import json
 import math
 import os
-import sys
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import numpy as np
 import pandas as pd
 
-from .cachestats import STATISTICS, TOP_CHANNELS
-from .errors import KvasymError
-from .latex import escape_latex
-from .real import HEAD_DIM as REAL_HEAD_DIM
-from .real import REAL_MODEL_NAME
-from .real import REAL_POST_ROPE as REAL_POST
-from .real import REAL_PRE_ROPE as REAL_PRE
-from .real import REAL_SHARPNESS
-
-TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+from ..cachestats import STATISTICS, TOP_CHANNELS
+from ..errors import KvasymError
+from ..real import REAL_MODEL_NAME
+from ..real import REAL_POST_ROPE as REAL_POST
+from ..real import REAL_PRE_ROPE as REAL_PRE
+from ..real import REAL_SHARPNESS
+from ..cells import MissingCell, cell_of, pair_ratio, select_cells
+from .format import _missing, render_template
+from .numbers import TAIL_PERCENTILE
 
 #: Table name -> (template, the ``inputs`` key it reads). ``render_tables`` writes
 #: ``<out_dir>/<name>.tex`` for each.
@@ -84,227 +63,6 @@ RESULT_COLUMNS: dict[str, str] = {
     "v_eps_dir_mean": "lower",
     "t_eps_dir_mean": "lower",
 }
-#: Bits a QJL side spends per coordinate (m = d sign bits): the "1" of "(n-1) scalar + 1 QJL".
-QJL_BITS = 1
-#: The percentile of the ``kl_p99`` column (``numpy.quantile(kl, 0.99)`` in
-#: :func:`kvasym.stats.cell_summary`), quoted by the prose as "the 99th percentile".
-TAIL_PERCENTILE = 99
-#: Significant figures of table numbers.
-DIGITS = 3
-#: p >= this is printed as a decimal, smaller p in scientific notation.
-P_DECIMAL_MIN = 0.01
-
-
-class Latex(str):
-    """A string that is already valid LaTeX (formatted numbers, escaped text): printed as is."""
-
-
-# --------------------------------------------------------------------------------------------
-# number formatting
-# --------------------------------------------------------------------------------------------
-
-
-def _missing(x: Any) -> bool:
-    if x is None:
-        return True
-    try:
-        return bool(pd.isna(x))
-    except (TypeError, ValueError):
-        return False
-
-
-def _fixed(x: float, digits: int) -> str:
-    """``x`` rounded to ``digits`` significant figures, trailing zeros kept (0.05 -> 0.0500)."""
-    exponent = math.floor(math.log10(abs(x)))
-    rounded = round(x, digits - 1 - exponent)
-    if rounded != 0 and math.floor(math.log10(abs(rounded))) != exponent:  # 9.996 -> 10.0
-        exponent += 1
-        rounded = round(x, digits - 1 - exponent)
-    decimals = max(digits - 1 - exponent, 0)
-    return f"{rounded:.{decimals}f}"
-
-
-def _scientific(mantissa_log10: float, digits: int) -> tuple[str, int]:
-    """(mantissa text, exponent) of 10**mantissa_log10 with ``digits`` significant figures."""
-    exponent = math.floor(mantissa_log10)
-    mantissa = round(10 ** (mantissa_log10 - exponent), digits - 1)
-    if mantissa >= 10:
-        mantissa /= 10
-        exponent += 1
-        mantissa = round(mantissa, digits - 1)
-    return f"{mantissa:.{digits - 1}f}", exponent
-
-
-def sig(x: Any, digits: int = DIGITS) -> Latex:
-    """``x`` to ``digits`` significant figures, as math-mode content (no ``$``).
-
-    Trailing zeros are kept: ``0.054894 -> 0.0549``, ``1.6 -> 1.60``, ``4.0 -> 4.00``,
-    ``-0.10677 -> -0.107``. Scientific notation for ``|x| >= 1e4`` or ``|x| < 1e-3``:
-    ``123456 -> 1.23\\times10^{5}``, ``0.000123 -> 1.23\\times10^{-4}``. ``0 -> 0``, NaN or
-    None -> ``n/a``.
-    """
-    if _missing(x):
-        return Latex("n/a")
-    x = float(x)
-    if math.isinf(x):
-        return Latex("\\infty" if x > 0 else "-\\infty")
-    if x == 0:
-        return Latex("0")
-    if digits < 1:
-        raise KvasymError(f"sig: digits must be >= 1, got {digits}")
-    if 1e-3 <= abs(x) < 1e4:
-        text = _fixed(x, digits)
-        if abs(float(text)) < 1e4:
-            return Latex(text)
-    mantissa, exponent = _scientific(math.log10(abs(x)), digits)
-    return Latex(f"{'-' if x < 0 else ''}{mantissa}\\times10^{{{exponent}}}")
-
-
-def plain(x: Any) -> Latex:
-    """A config value as typed: integers without a decimal point (2.0 -> 2), others as %g."""
-    if _missing(x):
-        return Latex("n/a")
-    if isinstance(x, (bool, np.bool_)):
-        raise KvasymError(f"plain: a boolean is not a number: {x!r}")
-    x = float(x)
-    return Latex(str(int(x)) if x.is_integer() and abs(x) < 1e15 else f"{x:g}")
-
-
-def num(x: Any, digits: int = DIGITS, bold: bool = False) -> Latex:
-    """A table cell: ``$0.0549$``, ``$\\mathbf{0.0549}$`` when ``bold``, ``--`` when missing."""
-    if _missing(x):
-        return Latex("--")
-    text = sig(x, digits)
-    return Latex(f"$\\mathbf{{{text}}}$" if bold else f"${text}$")
-
-
-def count(x: Any) -> Latex:
-    """An integer count."""
-    if _missing(x):
-        return Latex("--")
-    if float(x) != int(x):
-        raise KvasymError(f"count: {x!r} is not an integer")
-    return Latex(str(int(x)))
-
-
-def pvalue(log10_p: Any, digits: int = 1) -> Latex:
-    """A p-value from its log10, as a math-mode cell.
-
-    ``-30.4 -> $4\\times10^{-31}$`` (10**-30.4 = 3.98e-31), ``-0.4325 -> $0.37$``, ``0 -> $1$``;
-    computed from the logarithm, so a p that underflowed to 0 in floating point still renders
-    (``-400.2 -> $6\\times10^{-401}$``). ``-inf`` -> ``$0$`` (an exact zero), missing -> ``--``.
-    """
-    if _missing(log10_p):
-        return Latex("--")
-    lp = min(float(log10_p), 0.0)
-    if math.isinf(lp):
-        return Latex("$0$")
-    if lp >= math.log10(P_DECIMAL_MIN):
-        p = 10**lp
-        return Latex(f"${'1' if p >= 0.995 else f'{p:.2g}'}$")
-    mantissa, exponent = _scientific(lp, digits)
-    return Latex(f"${mantissa}\\times10^{{{exponent}}}$")
-
-
-def pvalue_raw(p: Any, digits: int = 1) -> Latex:
-    """:func:`pvalue` of a p given on the linear scale."""
-    if _missing(p):
-        return Latex("--")
-    return pvalue(math.log10(p) if p > 0 else -math.inf, digits)
-
-
-def ci(estimate: Any, low: Any = None, high: Any = None, digits: int = DIGITS, bold: bool = False) -> Latex:
-    """``$5.60\\ [5.32, 6.03]$``; the interval is left out when missing."""
-    if _missing(estimate):
-        return Latex("--")
-    est = sig(estimate, digits)
-    est = Latex(f"\\mathbf{{{est}}}") if bold else est
-    if _missing(low) or _missing(high):
-        return Latex(f"${est}$")
-    return Latex(f"${est}\\ [{sig(low, digits)}, {sig(high, digits)}]$")
-
-
-def bits(payload: Any, side: Any) -> Latex:
-    """Measured bits per coordinate, payload + side information: ``$4 + 0.25$``."""
-    if _missing(payload) or _missing(side):
-        return Latex("--")
-    return Latex(f"${float(payload):.3g} + {float(side):.3g}$")
-
-
-def mediqr(median: Any, iqr: Any, digits: int = DIGITS) -> Latex:
-    """A median with its interquartile range in small type: ``$114$ {\\scriptsize($0.118$)}``;
-    the range is left out when missing, ``--`` when the median is."""
-    if _missing(median):
-        return Latex("--")
-    if _missing(iqr):
-        return Latex(f"${sig(median, digits)}$")
-    return Latex(f"${sig(median, digits)}$ {{\\scriptsize(${sig(iqr, digits)}$)}}")
-
-
-def escape(value: Any) -> Latex:
-    """The ``escape`` filter: any value as literal text."""
-    return value if isinstance(value, Latex) else Latex(escape_latex(str(value)))
-
-
-def _finalize(value: Any) -> Any:
-    """Applied to every ``\\VAR{}``: escape plain strings, refuse unformatted floats."""
-    if isinstance(value, Latex):
-        return value
-    if isinstance(value, str):
-        return escape_latex(value)
-    if isinstance(value, (bool, np.bool_)):
-        raise KvasymError(f"template printed a boolean ({value!r}); format it explicitly")
-    if isinstance(value, (int, np.integer)):
-        return str(int(value))
-    if isinstance(value, (float, np.floating)):
-        raise KvasymError(f"template printed an unformatted number {value!r}; use a number filter (sig, num, plain, ...)")
-    if value is None:
-        raise KvasymError("template printed None; format it with a filter that handles missing values")
-    return escape_latex(str(value))
-
-
-FILTERS = {
-    "escape": escape,
-    "e": escape,
-    "sig": sig,
-    "num": num,
-    "plain": plain,
-    "count": count,
-    "pvalue": pvalue,
-    "pvalue_raw": pvalue_raw,
-    "ci": ci,
-    "bits": bits,
-    "mediqr": mediqr,
-}
-
-
-@lru_cache(maxsize=1)
-def environment() -> jinja2.Environment:
-    """The jinja2 environment of the LaTeX templates (see the module docstring)."""
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
-        block_start_string="\\BLOCK{",
-        block_end_string="}",
-        variable_start_string="\\VAR{",
-        variable_end_string="}",
-        comment_start_string="\\#{",
-        comment_end_string="}",
-        line_statement_prefix=None,
-        line_comment_prefix=None,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-        undefined=jinja2.StrictUndefined,
-        finalize=_finalize,
-    )
-    env.filters.update(FILTERS)
-    return env
-
-
-def render_template(name: str, **context: Any) -> str:
-    """Render one template of ``kvasym/templates`` (missing variables raise)."""
-    return environment().get_template(name).render(**context)
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,33 +88,22 @@ def _unique(series: pd.Series) -> list[Any]:
 
 
 def _at(frame: pd.DataFrame, what: str, headline: Mapping[str, Any], keys: Sequence[str]) -> pd.DataFrame:
-    """Rows of ``frame`` at the headline's ``keys`` (sharpness compared with a tolerance)."""
-    mask = np.ones(len(frame), dtype=bool)
-    for key in keys:
-        if key not in headline:
-            raise KvasymError(f"headline lacks '{key}' (needed by the {what} table)")
-        if key == "sharpness":
-            mask &= np.isclose(frame["sharpness"].to_numpy(dtype=float), float(headline[key]))
-        else:
-            mask &= (frame[key] == headline[key]).to_numpy()
-    out = frame[mask]
-    if out.empty:
-        shown = ", ".join(f"{k}={headline[k]}" for k in keys)
-        raise KvasymError(f"the {what} table has no rows at the headline cell ({shown})")
-    return out
+    """Rows of ``frame`` at the headline's ``keys`` (:func:`kvasym.cells.select_cells`)."""
+    missing = [key for key in keys if key not in headline]
+    if missing:
+        raise KvasymError(f"headline lacks '{missing[0]}' (needed by the {what} table)")
+    cell = cell_of(headline, tuple(keys))
+    try:
+        return select_cells(frame, what, **cell)
+    except MissingCell:
+        shown = ", ".join(f"{k}={v}" for k, v in cell.items())
+        raise MissingCell(f"the {what} table has no rows at the headline cell ({shown})") from None
 
 
 def _require(frame: pd.DataFrame, what: str, columns: Sequence[str]) -> None:
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise KvasymError(f"the {what} table lacks column(s) {missing}")
-
-
-def headline_budget(frame: pd.DataFrame, headline: Mapping[str, Any]) -> int:
-    """The headline's budget, or the largest budget of ``frame`` when it names none."""
-    if headline.get("budget") is not None:
-        return int(headline["budget"])
-    return int(frame["budget"].max())
 
 
 def results_context(summary: pd.DataFrame, headline: Mapping[str, Any]) -> dict[str, Any]:
@@ -389,7 +136,7 @@ def results_context(summary: pd.DataFrame, headline: Mapping[str, Any]) -> dict[
             budgets.append({"budget": int(budget), "rows": rows})
         groups.append({"distribution": str(dist), "kind": str(d["kind"].iloc[0]), "budgets": budgets})
     n_queries = sorted({int(x) for x in frame["n_queries"]})
-    from .metrics import ROUTING_TOPK
+    from ..metrics import ROUTING_TOPK
 
     return {
         "topk": ROUTING_TOPK,
@@ -407,7 +154,7 @@ def tests_context(comparisons: pd.DataFrame, headline: Mapping[str, Any]) -> dic
         "ratio_mean_low", "ratio_mean_high", "q_rank_biserial", "q_ks_d", "q_log10_p", "q_log10_p_holm",
         "t_wilcoxon_log10_p_holm", "energy", "energy_log10_p_holm", "n_a", "n_trials",
     ])
-    budget = headline_budget(comparisons, headline)
+    budget = int(headline["budget"])
     frame = _at(comparisons, "comparisons", {**headline, "budget": budget}, ["dim", "sharpness", "budget"])
     kl = frame[frame["metric"] == "kl"]
     energy = frame[frame["metric"] == "error6d"].set_index(["distribution", "scheme_a", "scheme_b"])
@@ -421,9 +168,11 @@ def tests_context(comparisons: pd.DataFrame, headline: Mapping[str, Any]) -> dic
             e = energy.loc[key] if key in energy.index else None
             if isinstance(e, pd.DataFrame):
                 e = e.iloc[0]
+            # the pair as stored (a before b in config order), read through the one orientation
+            ratio = pair_ratio(kl, str(r["scheme_a"]), str(r["scheme_b"]), distribution=dist)
             rows.append({
                 "a": str(r["scheme_a"]), "b": str(r["scheme_b"]),
-                "ratio": float(r["ratio_mean"]), "ratio_low": float(r["ratio_mean_low"]), "ratio_high": float(r["ratio_mean_high"]),
+                "ratio": ratio["estimate"], "ratio_low": ratio["low"], "ratio_high": ratio["high"],
                 "rank_biserial": float(r["q_rank_biserial"]), "ks_d": float(r["q_ks_d"]),
                 "q_log10_p": float(r["q_log10_p"]), "q_log10_p_holm": float(r["q_log10_p_holm"]),
                 "t_log10_p_holm": float(r["t_wilcoxon_log10_p_holm"]),
@@ -628,7 +377,7 @@ def _real_results(summary: pd.DataFrame, headline: Mapping[str, Any]) -> dict[st
         "n_trials": real_trials[0] if len(real_trials) == 1 else None,
         "n_queries": real_queries[0] if len(real_queries) == 1 else None,
         "real_dim": groups[1]["dim"] if len(groups) > 1 else None,
-        "heatmap_budget": headline_budget(real, headline),
+        "heatmap_budget": int(headline["budget"]),
     }
 
 
@@ -700,8 +449,8 @@ def real_context(
     ``cachestats`` (:mod:`kvasym.real.cachestats`'s table) and/or ``manifests``
     (:func:`manifest_statistics` rows) are given; and the heat-map figure's budget.
     """
-    from .metrics import ROUTING_TOPK
-    from .real import INSTALL_COMMANDS
+    from ..metrics import ROUTING_TOPK
+    from ..real import INSTALL_COMMANDS
 
     _require(summary, "summary", ["distribution", "dim", "budget", "sharpness", "scheme", "n_queries",
                                   *REAL_RESULT_COLUMNS])
@@ -753,7 +502,7 @@ def _read_input(key: str, path: Any) -> Any:
         if not isinstance(data, list):
             raise KvasymError(f"{p}: the claims ledger must be a JSON list")
         return data
-    from .dataset import read_parquet_checked
+    from ..dataset import read_parquet_checked
 
     frame = read_parquet_checked(p)
     if key == "real_cachestats":
@@ -809,7 +558,7 @@ def render_tables(
     ``headline``: ``dim`` and ``sharpness`` (the main-results and tests tables), optional
     ``budget`` (the tests table; default the largest budget). Returns the written paths.
     """
-    from .pipeline import write_text_atomic
+    from ..atomic import write_text_atomic
 
     names = list(TABLES) if tables is None else list(tables)
     needed = {TABLES[n][1] for n in names if n in TABLES}
@@ -827,284 +576,3 @@ def render_tables(
         write_text_atomic(text, path)
         written.append(path)
     return written
-
-
-# --------------------------------------------------------------------------------------------
-# numbers.tex: the macros of every number the prose quotes that is not a claim macro
-# --------------------------------------------------------------------------------------------
-
-#: Formulas the prose typesets (math-mode content). They hold digits, so they live here and
-#: not in the hand-written sources, which quote only macros.
-FORMULAS: dict[str, str] = {
-    "PiHalf": r"\pi/2",
-    "TwoPi": r"2\pi",
-    "NMinusOne": rf"n-{QJL_BITS}",
-    "LogTen": r"\log_{10}",
-    "BetaLaw": r"\mathrm{Beta}\bigl((d-1)/2,\,(d-1)/2\bigr)",
-    "BetaDensity": r"f(x) \propto (1-x^2)^{(d-3)/2}",
-    "BetaMap": r"(x+1)/2",
-    "SymInterval": r"[-1, 1]",
-    "GaussianLimit": r"\mathcal{N}(0, 1/d)",
-    "SphereDim": r"d-1",
-    "JensenIneq": r"\mathbb{E}[e^{s+e}] = e^{s}\,\mathbb{E}[e^{e}] > e^{s}",
-    "QJLReconstruction": r"\hat r = \frac{\sqrt{\pi/2}}{m}\,\lVert r\rVert\, S^{\top}\operatorname{sign}(S r)",
-    "QJLVariance": r"\operatorname{Var}\langle q, \hat r\rangle \approx \frac{\pi}{2}\,\frac{\lVert r\rVert^{2}\lVert q\rVert^{2}}{m}",
-    "QJLRatioResidual": r"\pi/2 - 1/d",
-    "QJLRatioNbit": r"(\pi/2 - 1/d)\,D(n-1)/D(n)",
-    "CodebookRatioLimit": r"D(n-1)/D(n) \to 4",
-    "LogitDef": r"\ell = s\, q K^{\top}/\sqrt{d}",
-    "SNRDef": r"\mathrm{SNR} = \lVert x\rVert^{2}/\lVert x-\hat x\rVert^{2}",
-    "ShannonBits": r"\tfrac{1}{2}\log_{2}\mathrm{SNR}",
-    "EpsDirDef": r"\varepsilon_{\mathrm{dir}} = 1-\cos\varphi",
-    "RecallDef": r"\lvert \mathrm{top}_k(p)\cap \mathrm{top}_k(\hat p)\rvert / k",
-}
-
-
-def _default_level() -> float:
-    from . import stats
-
-    return float(inspect.signature(stats.bootstrap_ratio_ci).parameters["level"].default)
-
-
-def headline_cell(study: Any, claims_path: str | os.PathLike | None = None) -> dict[str, Any]:
-    """The headline cell: ``distribution``, ``dim``, ``sharpness`` from the claims file's
-    ``defaults`` (the cell every claim is evaluated at unless it says otherwise), ``budget``
-    from its defaults or else the study's largest budget. Checked against the study's grid."""
-    from .config_io import read_yaml_mapping
-
-    defaults = dict(read_yaml_mapping(claims_path or study.claims_file).get("defaults") or {})
-    first = next(iter(study.distributions))
-    dist = defaults.get("distribution", first)
-    if dist not in study.distributions:
-        raise KvasymError(f"headline distribution {dist!r} is not in the grid ({', '.join(study.distributions)})")
-    dims = study.distribution_dims[dist]
-    dim = int(defaults.get("dim", dims[0]))
-    if dim not in dims:
-        raise KvasymError(f"headline dim {dim} is not a dim of {dist} ({list(dims)})")
-    sharpness = float(defaults.get("sharpness", study.sharpness[0]))
-    if not any(math.isclose(sharpness, s) for s in study.sharpness):
-        raise KvasymError(f"headline sharpness {sharpness:g} is not in the grid ({list(study.sharpness)})")
-    budget = int(defaults.get("budget", max(study.budgets)))
-    if budget not in study.budgets:
-        raise KvasymError(f"headline budget {budget} is not in the grid ({list(study.budgets)})")
-    return {"distribution": dist, "dim": dim, "sharpness": sharpness, "budget": budget,
-            "alpha": float(defaults.get("alpha", 0.05))}
-
-
-def numbers_slice(
-    study: Any,
-    headline: Mapping[str, Any],
-    claims: Sequence[Mapping[str, Any]] = (),
-    *,
-    commit: str | None = None,
-    version: str | None = None,
-) -> dict[str, Any]:
-    """Everything ``numbers.tex`` depends on, as a JSON-able dict (a Snakemake params value:
-    it changes, the macros are rewritten). ``claims``: :func:`kvasym.claims.load_claims`'s list.
-    ``commit``/``version`` default to the checkout's git commit and the package version."""
-    from . import __version__
-    from .dataset import git_commit
-
-    return {
-        "distributions": [
-            {**study.distributions[n].to_dict(), "dims": list(study.distribution_dims[n])} for n in study.distributions
-        ],
-        "schemes": list(study.schemes),
-        "budgets": list(study.budgets),
-        "sharpness": list(study.sharpness),
-        "trials": study.trials,
-        "n_queries": study.n_queries,
-        "seq_len": study.seq_len,
-        "per_key_trials": study.per_key_trials,
-        "base_seed": study.base_seed,
-        "norm_dtype": study.norm_dtype,
-        "stats": dict(study.stats),
-        "theory": dict(study.theory),
-        "headline": dict(headline),
-        "claims": [
-            {"id": str(c["id"]), "statement": str(c.get("statement", "")), "holds_if": dict(c.get("holds_if") or {}),
-             "where": dict(c.get("where") or {})}
-            for c in claims
-        ],
-        "commit": commit if commit is not None else git_commit(),
-        "version": version if version is not None else __version__,
-    }
-
-
-def _join(values: Sequence[Any]) -> str:
-    return ", ".join(plain(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else escape_latex(str(v)) for v in values)
-
-
-def _camel(key: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in key.replace("-", "_").split("_") if part).translate(
-        {ord(c): None for c in "0123456789."}
-    )
-
-
-_OPS = {">=": r"$\geq$", ">": "$>$", "<=": r"$\leq$", "<": "$<$", "all": "all cells"}
-
-
-def numbers_macros(slice_: Mapping[str, Any]) -> dict[str, str]:
-    """Macro name -> LaTeX body (already escaped) of every number/name the prose quotes."""
-    from .claims import macro_name
-    from .metrics import ROUTING_TOPK
-
-    dists = slice_["distributions"]
-    by_kind: dict[str, list[Mapping[str, Any]]] = {}
-    for d in dists:
-        by_kind.setdefault(d["kind"], []).append(d)
-    dims = list(dict.fromkeys(dim for d in dists for dim in d["dims"]))
-    nus = sorted(float(d["params"]["nu"]) for d in by_kind.get("student_t", []))
-    ranks = sorted(int(d["params"]["rank"]) for d in by_kind.get("low_rank", []))
-    outliers = by_kind.get("concentrated", [])
-    n_data_cells = sum(len(d["dims"]) for d in dists)
-    headline = slice_["headline"]
-    commit = str(slice_["commit"])
-    m: dict[str, str] = {
-        "NumDistributions": str(len(dists)),
-        "DistributionList": _join([d["name"] for d in dists]),
-        "NumDataCells": str(n_data_cells),
-        "NumSchemes": str(len(slice_["schemes"])),
-        "SchemeList": _join(slice_["schemes"]),
-        "NumBudgets": str(len(slice_["budgets"])),
-        "GridBudgets": _join(slice_["budgets"]),
-        "BudgetMin": str(min(slice_["budgets"])),
-        "BudgetMax": str(max(slice_["budgets"])),
-        "NumDims": str(len(dims)),
-        "GridDims": _join(dims),
-        "NumSharpness": str(len(slice_["sharpness"])),
-        "GridSharpness": _join(slice_["sharpness"]),
-        "NumTrials": str(slice_["trials"]),
-        "NumQueries": str(slice_["n_queries"]),
-        "SeqLen": str(slice_["seq_len"]),
-        "QueriesPerCell": str(slice_["trials"] * slice_["n_queries"]),
-        "NumCells": str(n_data_cells * len(slice_["schemes"]) * len(slice_["budgets"])),
-        "NumPairs": str(len(slice_["schemes"]) * (len(slice_["schemes"]) - 1) // 2),
-        "PerKeyTrials": str(slice_["per_key_trials"]),
-        "NBoot": str(slice_["stats"]["n_boot"]),
-        "NPermutations": str(slice_["stats"]["n_permutations"]),
-        "EnergyMaxN": str(slice_["stats"]["energy_max_n"]),
-        "TheoryTrials": str(min(slice_["theory"]["trials"], slice_["trials"])),
-        "TheoryProbes": str(slice_["theory"]["n_probes"]),
-        "TheoryBoot": str(slice_["theory"]["n_boot"]),
-        "BaseSeed": str(slice_["base_seed"]),
-        "NormDtype": escape_latex(slice_["norm_dtype"]),
-        "NumTailDistributions": str(len(nus)),
-        "TailNuList": _join(nus) if nus else "n/a",
-        "TailNuMin": plain(nus[0]) if nus else "n/a",
-        "TailNuMax": plain(nus[-1]) if nus else "n/a",
-        "NumLowRankDistributions": str(len(ranks)),
-        "RankList": _join(ranks) if ranks else "n/a",
-        "NumConcentratedDistributions": str(len(outliers)),
-        "OutlierChannels": _join([d["params"]["n_outliers"] for d in outliers]) if outliers else "n/a",
-        "OutlierScale": _join([d["params"]["outlier_scale"] for d in outliers]) if outliers else "n/a",
-        "HeadlineDistribution": escape_latex(str(headline["distribution"])),
-        "HeadlineDim": str(int(headline["dim"])),
-        "HeadlineSharpness": plain(headline["sharpness"]),
-        "HeadlineBudget": str(int(headline["budget"])),
-        "AlphaLevel": plain(headline.get("alpha", 0.05)),
-        "CILevel": plain(round(100 * _default_level(), 6)) + r"\%",
-        "QJLBits": str(QJL_BITS),
-        "TopK": str(ROUTING_TOPK),
-        "TailPercentile": str(TAIL_PERCENTILE),
-        "PiHalfValue": f"{math.pi / 2:.4f}",
-        "TwoPiValue": f"{2 * math.pi:.4f}",
-        "GitCommit": escape_latex(commit),
-        "GitCommitShort": escape_latex(commit[:12]),
-        "KvasymVersion": escape_latex(str(slice_["version"])),
-        # the real-model rows (kvasym.real): names with digits live here, not in the prose
-        "RealModel": escape_latex(REAL_MODEL_NAME),
-        "RealHeadDim": str(REAL_HEAD_DIM),
-        "RealDistribution": escape_latex(REAL_POST),
-        "RealPreRopeDistribution": escape_latex(REAL_PRE),
-    }
-    m.update(FORMULAS)
-    for claim in slice_.get("claims", []):
-        cid = claim["id"]
-        rule = claim.get("holds_if", {})
-        fields = {
-            "Id": escape_latex(cid),
-            "Statement": escape_latex(claim.get("statement", "")),
-            "Op": _OPS.get(str(rule.get("op")), escape_latex(str(rule.get("op")))),
-            "Threshold": plain(rule["value"]) if "value" in rule else "n/a",
-            "MaxLogP": plain(rule["max_log10_p"]) if "max_log10_p" in rule else "n/a",
-            "MaxP": f"10^{{{plain(rule['max_log10_p'])}}}" if "max_log10_p" in rule else r"\textnormal{n/a}",
-        }
-        for key, value in claim.get("where", {}).items():
-            name = "Where" + _camel(str(key))
-            if isinstance(value, bool) or isinstance(value, Mapping):
-                continue
-            if isinstance(value, (list, tuple)):
-                if all(not isinstance(v, (Mapping, list, tuple)) for v in value):
-                    fields[name] = _join(value)
-            elif isinstance(value, (int, float)):
-                fields[name] = plain(value)
-            else:
-                fields[name] = escape_latex(str(value))
-        for field, body in fields.items():
-            m[macro_name(cid, field)] = body
-    bad = [k for k in m if not k.isalpha()]
-    if bad:
-        raise KvasymError(f"macro names must be letters only: {bad}")
-    return m
-
-
-def render_numbers(slice_: Mapping[str, Any], out_dir: str | os.PathLike) -> Path:
-    """Write ``<out_dir>/numbers.tex`` (atomically) from :func:`numbers_slice`'s dict; returns
-    its path. Each macro is ``\\newcommand``: a clash with a claims macro fails the LaTeX build."""
-    from .pipeline import write_text_atomic
-
-    macros = numbers_macros(slice_)
-    lines = ["% Generated by kvasym.tables.render_numbers: do not edit.", ""]
-    lines += [f"\\newcommand{{\\{name}}}{{{body}}}" for name, body in macros.items()]
-    path = Path(out_dir) / "numbers.tex"
-    write_text_atomic("\n".join(lines) + "\n", path)
-    return path
-
-
-# --------------------------------------------------------------------------------------------
-# command line (for shell rules): python -m kvasym.tables tables|numbers ...
-# --------------------------------------------------------------------------------------------
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvasym.tables", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("tables", help="render the LaTeX tables")
-    for key in INPUT_KEYS:
-        t.add_argument(f"--{key}", help=f"the {key} input")
-    t.add_argument("--real-cachestats", help="table_real: the real caches' statistics (kvasym.real.cachestats)")
-    t.add_argument("--data-manifests", nargs="+", help="table_real: data manifests of the synthetic distributions")
-    t.add_argument("--headline", required=True, help='JSON, e.g. {"dim": 128, "sharpness": 2.0, "budget": 4}')
-    t.add_argument("--out-dir", required=True)
-    t.add_argument("--table", action="append", choices=list(TABLES), help="only this table (repeatable)")
-    n = sub.add_parser("numbers", help="write numbers.tex")
-    src = n.add_mutually_exclusive_group(required=True)
-    src.add_argument("--slice", help="numbers_slice JSON (what the DAG passes as params)")
-    src.add_argument("--config", help="a config YAML: the slice is computed from it and its claims file")
-    n.add_argument("--commit", help="with --config: the commit to print (default: the checkout's, via git)")
-    n.add_argument("--out-dir", required=True)
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "tables":
-            inputs = {k: getattr(args, k) for k in (*INPUT_KEYS, *REAL_INPUT_KEYS) if getattr(args, k)}
-            for path in render_tables(inputs, json.loads(args.headline), args.out_dir, args.table):
-                print(path)
-        else:
-            if args.slice:
-                slice_ = json.loads(args.slice)
-            else:
-                from .claims import load_claims
-                from .study import load_study_file
-
-                study = load_study_file(args.config)
-                slice_ = numbers_slice(study, headline_cell(study), load_claims(study.claims_file), commit=args.commit)
-            print(render_numbers(slice_, args.out_dir))
-    except (KvasymError, json.JSONDecodeError) as exc:
-        print(f"kvasym.tables: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

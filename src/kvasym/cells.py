@@ -1,0 +1,127 @@
+"""The one cell accessor of the gathered tables, and the one orientation of scheme-pair ratios.
+
+A *cell* is a row set of a gathered table picked by column values: (distribution, dim, budget,
+sharpness, scheme ...). Claims, tables and figures select rows only with :func:`select_cells`,
+which compares floats with :func:`numpy.isclose` (a sharpness of 2 matches 2.0000000001), takes a
+list as "any of", ``None`` as "any", and raises :class:`MissingCell` naming the table and the
+cell when nothing matches (unless ``required=False``, for a figure panel that may be empty).
+
+The ``stats`` stage stores a pair's KL ratio once, as ``scheme_a / scheme_b`` with ``a`` before
+``b`` in config order. Whoever prints or tests a ratio reads it with :func:`pair_ratio`, which
+returns it in the orientation asked for (inverting the estimate and swapping the interval's
+ends when the pair is stored the other way round): the claims, the tests table and the
+sharpness figure print the same number for the same pair.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .errors import KvasymError
+
+__all__ = ["MissingCell", "PairRatio", "pair_ratio", "select_cells"]
+
+
+class MissingCell(KvasymError):
+    """The cell asked for has no rows in this table (a smaller grid, or a typo in a cell)."""
+
+
+def select_cells(frame: pd.DataFrame, what: str, *, required: bool = True, **conditions: Any) -> pd.DataFrame:
+    """Rows of ``frame`` where every condition holds.
+
+    Parameters
+    ----------
+    frame
+        A gathered table (summary, comparisons, trials, theory) or a metrics table.
+    what
+        The table's name, for the error message.
+    required
+        Raise :class:`MissingCell` when no row matches (default); ``False`` returns the empty frame.
+    **conditions
+        Column -> value. Floats are compared with :func:`numpy.isclose`; lists, tuples and sets
+        mean "any of"; ``None`` means "any value".
+
+    Raises
+    ------
+    KvasymError
+        A condition names a column the table lacks.
+    MissingCell
+        ``required`` and no row matches.
+    """
+    mask = np.ones(len(frame), dtype=bool)
+    for key, value in conditions.items():
+        if value is None:
+            continue
+        if key not in frame.columns:
+            raise KvasymError(f"the {what} table has no column {key!r} (columns: {', '.join(map(str, frame.columns))})")
+        column = frame[key]
+        if isinstance(value, (list, tuple, set)):
+            mask &= column.isin(list(value)).to_numpy()
+        elif isinstance(value, float):
+            mask &= np.isclose(column.to_numpy(dtype=float), value)
+        else:
+            mask &= (column == value).to_numpy()
+    out = frame[mask]
+    if out.empty and required:
+        shown = ", ".join(f"{k}={v}" for k, v in conditions.items() if v is not None)
+        raise MissingCell(f"no {what} rows for {shown}")
+    return out
+
+
+class PairRatio(dict):
+    """``estimate``, ``low``, ``high`` of a ratio ``a / b``, ``swapped`` (stored as ``b / a``)
+    and ``row`` (the comparisons row it came from)."""
+
+
+def pair_ratio(comparisons: pd.DataFrame, a: str, b: str, *, metric: str = "kl", which: str = "mean",
+               **cell: Any) -> PairRatio:
+    """The ratio of scheme ``a``'s statistic over scheme ``b``'s in one cell, with its CI.
+
+    Parameters
+    ----------
+    comparisons
+        The gathered comparisons table (columns ``scheme_a``, ``scheme_b``, ``metric``,
+        ``ratio_<which>``, ``ratio_<which>_low``, ``ratio_<which>_high``).
+    a, b
+        The numerator and denominator schemes, in the orientation to print.
+    which
+        ``mean`` or ``p99`` (the statistic whose ratio the stats stage bootstrapped).
+    **cell
+        The cell's columns (distribution, dim, budget, sharpness), as for :func:`select_cells`.
+
+    Notes
+    -----
+    If the table stores the pair as ``b / a`` with interval ``[l, h]``, the ratio ``a / b`` is
+    ``1 / estimate`` with interval ``[1 / h, 1 / l]`` (the map x -> 1/x is decreasing on x > 0,
+    so a percentile interval maps to the percentile interval of the inverse).
+    """
+    rows = select_cells(comparisons, "comparisons", metric=metric, **cell)
+    forward = rows[(rows["scheme_a"] == a) & (rows["scheme_b"] == b)]
+    backward = rows[(rows["scheme_a"] == b) & (rows["scheme_b"] == a)]
+    if forward.empty and backward.empty:
+        shown = ", ".join(f"{k}={v}" for k, v in cell.items() if v is not None)
+        raise MissingCell(f"no comparisons rows for the pair {a}/{b}, metric={metric}, {shown}")
+    swapped = forward.empty
+    row = (backward if swapped else forward).iloc[0]
+    est, low, high = (float(row[f"ratio_{which}{suffix}"]) for suffix in ("", "_low", "_high"))
+    if swapped:
+        est, low, high = _inverse(est), _inverse(high), _inverse(low)
+    return PairRatio(estimate=est, low=low, high=high, swapped=swapped, row=row)
+
+
+def _inverse(x: float) -> float:
+    return math.nan if not math.isfinite(x) or x == 0 else 1.0 / x
+
+
+def cell_of(mapping: Mapping[str, Any], keys: tuple[str, ...] = ("distribution", "dim", "budget", "sharpness")
+            ) -> dict[str, Any]:
+    """The cell columns of ``mapping`` (a claim's ``where``, a headline), sharpness as float."""
+    out = {key: mapping[key] for key in keys if key in mapping}
+    if "sharpness" in out:
+        out["sharpness"] = float(out["sharpness"])
+    return out

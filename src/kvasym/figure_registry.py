@@ -1,0 +1,152 @@
+"""The figure registry: every figure family of the paper in one table, and the cells it reads.
+
+Each family is one Snakemake rule (``figure_<family>``, one job) that runs ``kvasym stage figure
+--family <family>`` (:mod:`kvasym.stages.figure`) and writes ``<name>.pdf`` and ``<name>.png``
+for each of its figures. :data:`FIGURE_FAMILIES` says, per family, which figures it draws,
+which inputs it reads (so a rule declares, and a rerun is triggered by, only those) and under
+which heading the Snakemake report shows it. :func:`figures_slice` is the stage's config slice.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+from .errors import KvasymError
+
+__all__ = ["FAMILIES", "FAMILY_INPUTS", "FIGURES", "FIGURE_FAMILIES", "FORMATS", "REAL_FAMILIES", "FigureFamily",
+           "dag_families", "family_cells", "figure_files", "figures_slice"]
+
+
+@dataclass(frozen=True)
+class FigureFamily:
+    """One figure family: its figure names, the inputs it reads and its report heading.
+
+    ``inputs``: ``summary``, ``comparisons``, ``theory`` (gathered tables), ``per_query`` /
+    ``per_key`` (metrics files of :func:`family_cells`), ``data`` (manifests of
+    :func:`family_cells`), ``real_per_query`` (the real rows' per-query files at the headline
+    budget, every scheme).
+    """
+
+    names: tuple[str, ...]
+    inputs: tuple[str, ...]
+    report_group: str
+
+
+#: Every figure family, in drawing order.
+FIGURE_FAMILIES: dict[str, FigureFamily] = {
+    "shannon_phi": FigureFamily(("shannon_phi_k", "shannon_phi_v", "shannon_phi_t"), ("per_query",),
+                                "Errors at the headline cell"),
+    "kl_ecdf": FigureFamily(("kl_ecdf",), ("per_query",), "Errors at the headline cell"),
+    "budget_crossover": FigureFamily(("budget_crossover",), ("summary",), "Sweeps"),
+    "tail_sweep": FigureFamily(("tail_sweep",), ("summary",), "Sweeps"),
+    "rank_sweep": FigureFamily(("rank_sweep",), ("summary",), "Sweeps"),
+    "sharpness_sweep": FigureFamily(("sharpness_sweep",), ("summary", "comparisons"), "Sweeps"),
+    "theory_check": FigureFamily(("theory_check",), ("theory",), "Theory checks"),
+    "marginals": FigureFamily(("marginals",), ("data",), "Theory checks"),
+    "jensen_bias": FigureFamily(("jensen_bias",), ("per_key", "theory"), "Theory checks"),
+    "real_heatmap": FigureFamily(("real_kl_heatmap",), ("real_per_query",), "Real model"),
+}
+#: Family -> its figure names (a view of :data:`FIGURE_FAMILIES`).
+FAMILIES: dict[str, tuple[str, ...]] = {f: spec.names for f, spec in FIGURE_FAMILIES.items()}
+#: Family -> the inputs it reads (a view of :data:`FIGURE_FAMILIES`).
+FAMILY_INPUTS: dict[str, tuple[str, ...]] = {f: spec.inputs for f, spec in FIGURE_FAMILIES.items()}
+#: Families drawn from the real-model rows: in the DAG only when those rows are.
+REAL_FAMILIES: tuple[str, ...] = tuple(f for f, inputs in FAMILY_INPUTS.items() if "real_per_query" in inputs)
+#: Figure names, in drawing order.
+FIGURES: tuple[str, ...] = tuple(name for names in FAMILIES.values() for name in names)
+FORMATS: tuple[str, ...] = ("pdf", "png")
+MAX_FACETS = 4
+
+
+def figure_files(out_dir: str | os.PathLike, families: Sequence[str] | None = None) -> list[str]:
+    """Every file the stage writes under ``out_dir`` for ``families`` (default: all)."""
+    names = FIGURES if families is None else [n for f in _check_families(families) for n in FAMILIES[f]]
+    return [str(Path(out_dir) / f"{name}.{fmt}") for name in names for fmt in FORMATS]
+
+
+def dag_families(with_real: bool) -> dict[str, tuple[str, ...]]:
+    """The families (and their figures) of a DAG: every family, less :data:`REAL_FAMILIES`
+    when the DAG has no real-model rows."""
+    return {f: names for f, names in FAMILIES.items() if with_real or f not in REAL_FAMILIES}
+
+
+def _check_families(families: Sequence[str]) -> list[str]:
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        raise KvasymError(f"unknown figure family {unknown[0]!r}; known: {', '.join(FAMILIES)}")
+    return list(families)
+
+
+def family_cells(slice_: Mapping[str, Any], family: str) -> list[dict[str, Any]]:
+    """The metrics cells (``{distribution, dim, budget}``; budget None = every budget) and data
+    cells a family reads: the facet distributions at the headline dim. Per-query figures facet
+    by budget; the Jensen figure shows the headline budget; the marginal figure needs the data
+    manifests only (budget None)."""
+    _check_families([family])
+    inputs = FAMILY_INPUTS[family]
+    if not ({"per_query", "per_key", "data"} & set(inputs)):
+        return []
+    head = slice_["headline"]
+    dims = {d["name"]: d["dims"] for d in slice_["distributions"]}
+    budget = int(head["budget"]) if "per_key" in inputs else None
+    return [{"distribution": name, "dim": int(head["dim"]), "budget": budget}
+            for name in slice_["facet_distributions"] if int(head["dim"]) in dims.get(name, [])]
+
+
+def _extreme(specs: Sequence[Mapping[str, Any]], kind: str) -> list[str]:
+    """Instances of ``kind`` from the most to the least extreme."""
+    items = [s for s in specs if s["kind"] == kind]
+    if kind == "student_t":
+        items.sort(key=lambda s: float(s["params"]["nu"]))
+    elif kind == "low_rank":
+        items.sort(key=lambda s: int(s["params"]["rank"]))
+    elif kind == "concentrated":
+        items.sort(key=lambda s: -float(s["params"]["outlier_scale"]) ** 2 * int(s["params"]["n_outliers"]))
+    return [s["name"] for s in items]
+
+
+def figures_slice(study: Any) -> dict[str, Any]:
+    """The figure stage's slice from a :class:`kvasym.study.Study`: the grid, the study's
+    headline cell (:attr:`~kvasym.study.Study.headline`), the facet distributions and the
+    rank-sweep references."""
+    distributions = [
+        {**study.distributions[name].to_dict(), "dims": list(study.distribution_dims[name])}
+        for name in study.distributions
+    ]
+    head = dict(study.headline)
+    dim = int(head["dim"])
+    at_dim = [d for d in distributions if dim in d["dims"]]
+    facets = [head["distribution"]]
+    for kind in ("student_t", "low_rank", "concentrated", "gaussian"):
+        for name in _extreme(at_dim, kind)[:1]:
+            if name not in facets and len(facets) < MAX_FACETS:
+                facets.append(name)
+    # rank sweep references: at each dim with low-rank data, its heaviest-tailed Student-t
+    references: list[str] = []
+    for d in sorted({d for spec in distributions if spec["kind"] == "low_rank" for d in spec["dims"]}):
+        heaviest = _extreme([spec for spec in distributions if d in spec["dims"]], "student_t")[:1]
+        references += [name for name in heaviest if name not in references]
+    return {
+        "schemes": list(study.schemes),
+        "budgets": list(study.budgets),
+        "sharpness": list(study.sharpness),
+        "distributions": distributions,
+        "base_seed": int(study.base_seed),
+        "seq_len": int(study.seq_len),
+        "n_queries": int(study.n_queries),
+        "trials": int(study.trials),
+        "headline": {"distribution": head["distribution"], "dim": dim, "sharpness": float(head["sharpness"]),
+                     "budget": int(head["budget"])},
+        "facet_distributions": facets,
+        "rank_references": references,
+        "marginal_trials": int(min(study.trials, study.theory.get("trials", study.trials), 4)),
+        "jensen_bins": 20,
+        "max_points": 300,
+    }
+
+

@@ -1,0 +1,126 @@
+"""The claims ledger rendered for people: Markdown, HTML (the Snakemake report) and LaTeX macros.
+
+Every number goes through the one formatter (:mod:`kvasym.render.format`): the ledger, the
+report and the paper print the same digits. Claim ids reach LaTeX unmangled: each number of a
+claim is a macro named by the claim's id as typed in ``config/claims.yaml``, defined with
+``\\csname`` (:func:`claim_macro`) and read in the prose as ``\\claim{C2r}{Estimate}``, so
+``git grep C2r`` finds the claim, its macros and every sentence that quotes it.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..latex import escape_latex
+from .format import sig, sig_text
+
+__all__ = ["CLAIM_FIELDS", "claim_macro", "claim_macro_definition", "render_html", "render_latex",
+           "render_markdown"]
+
+#: The fields of every evaluated claim that ``claims.tex`` defines (``\claim{<id>}{<field>}``).
+CLAIM_FIELDS = ("Estimate", "Low", "High", "LogP", "Verdict", "Paper")
+_VERDICT_COLORS = {"holds": "#1b7837", "does not hold": "#b2182b", "inconclusive": "#8c6d1f"}
+
+
+def claim_macro(claim_id: str, field: str) -> str:
+    """The control-sequence name of one field of one claim: ``claim:C2r:Estimate``.
+
+    The id is kept as typed (``[A-Za-z0-9][A-Za-z0-9_.+-]*``, checked by
+    :func:`kvasym.claims.load_claims`); ``\\csname`` accepts those characters, so no spelling
+    of digits as words is needed and a claim id greps to its macros.
+    """
+    return f"claim:{claim_id}:{field}"
+
+
+def claim_macro_definition(claim_id: str, field: str, body: str) -> str:
+    """``\\expandafter\\newcommand\\csname claim:<id>:<field>\\endcsname{<body>}``: a second
+    definition of the same field is a LaTeX error, as with any ``\\newcommand``."""
+    return f"\\expandafter\\newcommand\\csname {claim_macro(claim_id, field)}\\endcsname{{{body}}}"
+
+
+def _log10_p_text(value: Any) -> str:
+    return "n/a" if value is None else f"{float(value):.1f}"
+
+
+def _paper_text(r: Mapping[str, Any]) -> str:
+    return r.get("paper_text") or ("" if r.get("paper_value") is None else sig_text(r["paper_value"]))
+
+
+def _ci_text(r: Mapping[str, Any]) -> str:
+    if r.get("low") is None or r.get("high") is None:
+        return ""
+    return f"[{sig_text(r['low'])}, {sig_text(r['high'])}]"
+
+
+def render_markdown(results: Sequence[Mapping[str, Any]]) -> str:
+    """The ledger as a Markdown table (``results/claims/claims.md``)."""
+    lines = [
+        "# Claims ledger",
+        "",
+        "Every number below is computed by the pipeline from its own data (`results/stats`, `results/theory`).",
+        "",
+        "| id | claim | paper | measured | 95% CI | log10 p | verdict | why |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        logp = "" if r.get("log10_p") is None else _log10_p_text(r["log10_p"])
+        lines.append(f"| {r['id']} | {r['statement']} | {_paper_text(r)} | {sig_text(r.get('estimate'))} | "
+                     f"{_ci_text(r)} | {logp} | **{r['verdict']}** | {r['reason']} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_html(results: Sequence[Mapping[str, Any]]) -> str:
+    """The ledger as a self-contained HTML page (the Snakemake report shows it as a result).
+    Every string from the claims file or the data is HTML-escaped."""
+
+    def cell(value: Any) -> str:
+        return f"<td>{html.escape(str(value))}</td>"
+
+    rows = []
+    for r in results:
+        logp = "" if r.get("log10_p") is None else _log10_p_text(r["log10_p"])
+        color = _VERDICT_COLORS.get(r["verdict"], "black")
+        rows.append(
+            "<tr>" + cell(r["id"]) + cell(r["statement"]) + cell(_paper_text(r)) + cell(sig_text(r.get("estimate")))
+            + cell(_ci_text(r)) + cell(logp)
+            + f'<td style="color:{color};font-weight:bold">{html.escape(str(r["verdict"]))}</td>'
+            + cell(r["reason"]) + "</tr>"
+        )
+    verdicts = list(dict.fromkeys([*_VERDICT_COLORS, *(r["verdict"] for r in results)]))
+    counts = {v: sum(r["verdict"] == v for r in results) for v in verdicts}
+    summary = ", ".join(f"{n} {html.escape(v)}" for v, n in counts.items() if n)
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Claims ledger</title>\n"
+        "<style>body{font-family:sans-serif;font-size:14px;margin:1em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top}th{background:#eee;text-align:left}</style>"
+        "</head><body>\n<h1>Claims ledger</h1>\n"
+        f"<p>{len(results)} claims: {summary}. Every number is computed by the pipeline from its own data "
+        "(results/stats, results/theory).</p>\n<table>\n<thead><tr><th>id</th><th>claim</th><th>paper</th>"
+        "<th>measured</th><th>95% CI</th><th>log10 p</th><th>verdict</th><th>why</th></tr></thead>\n<tbody>\n"
+        + "\n".join(rows) + "\n</tbody></table>\n</body></html>\n"
+    )
+
+
+def _number_macro(x: Any) -> str:
+    """A number for text or math mode: ``\\ensuremath{4.57\\times10^{-4}}``; ``n/a`` when missing."""
+    text = sig(x)
+    return "n/a" if text == "n/a" else f"\\ensuremath{{{text}}}"
+
+
+def render_latex(results: Sequence[Mapping[str, Any]]) -> str:
+    """``claims.tex``: one macro per field of :data:`CLAIM_FIELDS` of every claim."""
+    lines = ["% Generated by the kvasym claims stage (kvasym.render.claims): do not edit.", ""]
+    for r in results:
+        paper = r.get("paper_text")
+        values = {
+            "Estimate": _number_macro(r.get("estimate")),
+            "Low": _number_macro(r.get("low")),
+            "High": _number_macro(r.get("high")),
+            "LogP": escape_latex(_log10_p_text(r.get("log10_p"))),
+            "Verdict": escape_latex(str(r["verdict"])),
+            "Paper": escape_latex(str(paper)) if paper else _number_macro(r.get("paper_value")),
+        }
+        lines += [claim_macro_definition(str(r["id"]), name, value) for name, value in values.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,74 @@
+"""What each DAG job asks a scheduler for: memory (MB) and runtime (minutes), per stage.
+
+Grid stages (data, quantize, metrics, theory) scale with their slice (:func:`job_resources`);
+the others have a fixed request (:data:`FIXED_RESOURCES`), set above the peaks that the paper
+run's ``benchmark:`` files record; ``file_metrics`` grows with its cache file. On one machine
+Snakemake uses ``mem_mb`` only to avoid running jobs that would not fit together; on Slurm
+these are the job's ``--mem`` and ``--time``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["FIXED_RESOURCES", "SLICE_STAGES", "job_resources"]
+
+#: Stages whose request follows the size of their config slice.
+SLICE_STAGES = ("data", "quantize", "metrics", "theory")
+#: Stage -> (mem_mb, runtime in minutes) of the stages with a fixed request. Measured peaks
+#: (paper grid, 2 cores): figure families at most 18 s and 351 MB RSS; capture 1.43 GB and 54 s
+#: for all four texts at every layer; real_metrics 16 s and 220 MB; the rest under 400 MB.
+FIXED_RESOURCES: dict[str, tuple[int, int]] = {
+    "stats": (4000, 30),
+    "gather": (2000, 10),
+    "claims": (2000, 10),
+    "figure": (1500, 10),
+    "tables": (1000, 5),
+    "numbers": (1000, 5),
+    "paper": (2000, 10),
+    "capture": (3000, 20),
+    "real_metrics": (3000, 30),
+    "real_cachestats": (3000, 10),
+    "file_metrics": (1000, 30),
+}
+#: file_metrics holds the cache in float64 beside its reconstruction: MB per MB of file.
+FILE_MEMORY_FACTOR = 3
+
+
+def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb: float = 0.0) -> dict[str, int]:
+    """Memory (MB) and runtime (minutes) to request for one job of ``stage``.
+
+    Parameters
+    ----------
+    stage
+        A stage of :data:`kvasym.stages.STAGES`.
+    slice_
+        The job's config slice (needed by :data:`SLICE_STAGES`): ``dim``, ``seq_len``,
+        ``n_queries``, ``trials`` and optionally ``sharpness``.
+    input_mb
+        The size of the job's input files (``file_metrics``: the cache file).
+
+    Notes
+    -----
+    Grid jobs loop over trials, so memory follows one trial's float64 arrays (K, V, Q, their
+    reconstructions and the ``n_queries x seq_len`` attention matrices) plus, for quantize and
+    metrics, the whole cell's packed caches; runtime follows the total work. The constants are
+    conservative guesses, not a fit: the paper run's ``benchmark:`` files show a peak RSS of
+    403 MB for any job, below the 600 MB floor requested here.
+    """
+    if stage in SLICE_STAGES:
+        if slice_ is None:
+            raise ValueError(f"the resources of stage {stage} follow its slice; give it")
+        dim, seq, nq, trials = slice_["dim"], slice_["seq_len"], slice_["n_queries"], slice_["trials"]
+        per_trial = 8 * (6 * seq * dim + 2 * nq * dim + 12 * nq * seq)
+        packed = trials * 2 * seq * (dim + 64)  # <= 8 bits per coordinate + norms, both sides
+        mem_mb = 600 + (3 * per_trial + 2 * packed) // 2**20
+        work = trials * seq * dim * (1 + (len(slice_.get("sharpness", [])) or 1))
+        return {"mem_mb": int(mem_mb), "runtime": int(2 + work // 50_000_000)}
+    if stage not in FIXED_RESOURCES:
+        raise ValueError(f"no resource model for stage {stage!r}")
+    mem_mb, runtime = FIXED_RESOURCES[stage]
+    if stage == "file_metrics":
+        mem_mb += int(FILE_MEMORY_FACTOR * input_mb)
+    return {"mem_mb": int(mem_mb), "runtime": int(runtime)}

@@ -1,0 +1,63 @@
+"""The ``--slice`` of grid stages: the narrow config slice a job depends on.
+
+Snakemake passes it as JSON (built by :class:`kvasym.study.Study`'s ``*_slice`` methods); by
+hand, ``--config FILE`` with the cell's ``--distribution``/``--dim`` (and ``--scheme``/
+``--budget``) builds the same slice from a config file.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..errors import KvasymError
+
+_DATA_KEYS = {"distribution", "dim", "seq_len", "n_queries", "trials", "base_seed"}
+#: Keys each stage reads from its slice (what the study's *_slice methods produce).
+SLICE_KEYS: dict[str, set[str]] = {
+    "data": _DATA_KEYS,
+    "quantize": _DATA_KEYS | {"scheme", "budget", "norm_dtype"},
+    "metrics": _DATA_KEYS | {"scheme", "budget", "norm_dtype", "sharpness", "per_key_trials"},
+    "stats": {"distribution", "dim", "schemes", "base_seed", "stats"},
+    "theory": _DATA_KEYS | {"budgets", "theory"},
+    "real_metrics": {"distribution", "scheme", "budget", "sharpness", "base_seed", "norm_dtype"},
+    "file_metrics": {"distribution", "dim", "scheme", "budget", "sharpness", "n_queries", "base_seed", "norm_dtype"},
+}
+#: Stages whose slice can also be built from --config and a cell.
+_FROM_CONFIG = {"data": "data_slice", "stats": "stats_slice", "theory": "theory_slice", "quantize": "cell_slice",
+                "metrics": "metrics_slice"}
+
+
+def add_slice_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
+    """``--slice`` and, for the synthetic grid's stages, ``--config`` with the cell's flags."""
+    parser.add_argument("--slice", required=stage not in _FROM_CONFIG,
+                        help=f"the {stage} stage's config slice as JSON (Snakemake passes it): "
+                        + ", ".join(sorted(SLICE_KEYS[stage])))
+    if stage in _FROM_CONFIG:
+        parser.add_argument("--config", help="or: a config YAML, with the cell below")
+        parser.add_argument("--distribution")
+        parser.add_argument("--dim", type=int)
+        if stage in ("quantize", "metrics"):
+            parser.add_argument("--scheme")
+            parser.add_argument("--budget", type=int)
+
+
+def stage_slice(args: argparse.Namespace, stage: str) -> dict[str, Any]:
+    """The slice of ``stage``: ``--slice`` checked for its keys, or built from ``--config``."""
+    from ..study import load_study_file, parse_slice
+
+    if args.slice is not None:
+        slice_ = parse_slice(args.slice)
+        missing = sorted(SLICE_KEYS[stage] - set(slice_))
+        if missing:
+            raise KvasymError(f"--slice of the {stage} stage lacks key(s) {', '.join(missing)}")
+        return slice_
+    if getattr(args, "config", None) is None or args.distribution is None or args.dim is None:
+        raise KvasymError("give --slice JSON, or --config FILE with --distribution and --dim")
+    study = load_study_file(args.config)
+    method = getattr(study, _FROM_CONFIG[stage])
+    if stage in ("quantize", "metrics"):
+        if args.scheme is None or args.budget is None:
+            raise KvasymError(f"the {stage} stage needs --scheme and --budget with --config")
+        return method(args.distribution, args.dim, args.scheme, args.budget)
+    return method(args.distribution, args.dim)

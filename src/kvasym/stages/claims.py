@@ -1,0 +1,69 @@
+"""Stage ``claims`` (rule ``claims``): every claim of the paper evaluated from the gathered tables.
+
+Reads the claims file and the gathered comparisons, summary, trials and theory tables,
+evaluates each claim (:func:`kvasym.claims.evaluate_claims`) and writes the ledger as JSON,
+Markdown, HTML (the report) and LaTeX macros (:mod:`kvasym.render.claims`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ..atomic import write_text_atomic
+from ..claims import Tables, _json_safe, evaluate_claims, load_claims
+from ..render.claims import render_html, render_latex, render_markdown
+
+TABLES = ("comparisons", "summary", "trials", "theory")
+
+
+def run_claims(
+    claims_path: str | os.PathLike,
+    tables: Mapping[str, str | os.PathLike],
+    out_json: str | os.PathLike,
+    out_md: str | os.PathLike,
+    out_tex: str | os.PathLike,
+    *,
+    base_seed: int = 0,
+    n_boot: int = 1000,
+    out_html: str | os.PathLike | None = None,
+    headline: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Evaluate the claims of ``claims_path`` on the gathered ``tables`` and write the ledger."""
+    from ..dataset import read_parquet_checked
+
+    claims = load_claims(claims_path, headline=headline)
+    frames = {name: read_parquet_checked(path) for name, path in tables.items()}
+    results = evaluate_claims(claims, Tables(**frames, base_seed=base_seed, n_boot=n_boot))
+    safe = _json_safe(results)
+    write_text_atomic(json.dumps(safe, indent=1) + "\n", out_json)
+    write_text_atomic(render_markdown(safe), out_md)
+    write_text_atomic(render_latex(safe), out_tex)
+    if out_html is not None:
+        write_text_atomic(render_html(safe), out_html)
+    return results
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--claims", required=True, help="the claims file (config/claims.yaml)")
+    for name in TABLES:
+        parser.add_argument(f"--{name}", required=True, help=f"the gathered {name} table")
+    parser.add_argument("--headline", help="the study's headline cell as JSON (fills each claim's where)")
+    for name in ("json", "md", "tex"):
+        parser.add_argument(f"--{name}", required=True, help=f"the ledger as {name}")
+    parser.add_argument("--html", help="also write the ledger as an HTML page (for the Snakemake report)")
+    parser.add_argument("--base-seed", type=int, default=0)
+    parser.add_argument("--n-boot", type=int, default=1000)
+
+
+def run(args: argparse.Namespace) -> None:
+    from ..study import parse_slice
+
+    headline = parse_slice(args.headline) if args.headline else None
+    results = run_claims(args.claims, {name: getattr(args, name) for name in TABLES}, args.json, args.md, args.tex,
+                         base_seed=args.base_seed, n_boot=args.n_boot, out_html=args.html, headline=headline)
+    for r in results:
+        print(f"{r['id']:>5}  {r['verdict']:<14} {r.get('reason', '')}")

@@ -1,0 +1,66 @@
+"""Stage ``gather`` (rule ``gather``): the study-wide tables.
+
+Concatenates the per-(distribution, dim) tables of one kind (comparisons, summary, trials,
+theory) and, for the comparisons, adds a Holm-adjusted column for each p-value family of
+:data:`HOLM_FAMILIES`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .. import stats
+from ..dataset import read_parquet_checked, write_frame_atomic
+
+#: The gathered tables (one ``gather`` call each) and the log10-p columns Holm-adjusted in them.
+#: A family is one (metric, test) across the whole study: every distribution, dim, budget,
+#: sharpness and scheme pair of that metric (Holm 1979 controls the family-wise error rate).
+HOLM_FAMILIES: dict[str, tuple[str, ...]] = {
+    "comparisons": ("q_log10_p", "t_wilcoxon_log10_p", "t_mw_log10_p", "q_ks_log10_p", "energy_log10_p"),
+    "summary": (),
+    "trials": (),
+    "theory": (),
+}
+
+
+def gather(paths: Sequence[str | os.PathLike], out: str | os.PathLike, holm_columns: Sequence[str] = ()) -> None:
+    """Concatenate tables; for each ``holm_columns`` log10-p column add a Holm-adjusted one.
+
+    Families: one per (metric, test) across the whole study, i.e. all distributions, dims,
+    budgets, sharpness values and scheme pairs of that metric.
+    """
+    frame = pd.concat([read_parquet_checked(p) for p in paths], ignore_index=True)
+    for column in holm_columns:
+        adjusted = np.full(len(frame), np.nan)
+        for _, index in frame.groupby("metric").groups.items():
+            values = frame.loc[index, column].to_numpy(dtype=float)
+            adjusted[np.asarray(index)] = stats.holm_log10(values)
+        frame[f"{column}_holm"] = adjusted
+    write_frame_atomic(frame, out, {"sources": str(len(paths))})
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for table in HOLM_FAMILIES:
+        parser.add_argument(f"--{table}", nargs="+", default=[], help=f"the per-(distribution, dim) {table} tables")
+        parser.add_argument(f"--out-{table}", dest=f"out_{table}", help=f"the gathered {table} table")
+
+
+def run(args: argparse.Namespace) -> None:
+    from ..errors import KvasymError
+
+    done = 0
+    for table, holm in HOLM_FAMILIES.items():
+        parts, out = getattr(args, table), getattr(args, f"out_{table}")
+        if bool(parts) != bool(out):
+            raise KvasymError(f"give both --{table} and --out-{table}, or neither")
+        if out:
+            gather(parts, out, holm)
+            done += 1
+    if not done:
+        raise KvasymError("nothing to gather: give --TABLE inputs and --out-TABLE for at least one of "
+                          + ", ".join(HOLM_FAMILIES))

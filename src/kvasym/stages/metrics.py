@@ -1,0 +1,137 @@
+"""Stage ``metrics`` (rule ``metrics``): per-query and per-key metrics of one cell.
+
+The packed caches of the cell are dequantized from the file (never from memory), checked to be
+the ones this cell's quantize job writes, and compared with the regenerated data (checked
+against the manifest) at every sharpness of the slice: one per-query and one per-key Parquet
+file, parts of the two datasets ``results/metrics/{per_query,per_key}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..cache import PackedCache, load_packed
+from ..dataset import PER_KEY_SCHEMA, PER_QUERY_SCHEMA, provenance, to_table, write_parquet_atomic
+from ..errors import KvasymError
+from ..manifest import load_manifest, verified_trial
+from ..metrics import trial_metrics_multi
+from ..schemes import Scheme, scheme_from_dict
+from ..seeds import derived_seed
+from ._slice import add_slice_arguments, stage_slice
+from .quantize import packed_cache_name
+
+
+def run_metrics(
+    slice_: Mapping[str, Any],
+    data_json: str | os.PathLike,
+    packed_npz: str | os.PathLike,
+    out_per_query: str | os.PathLike,
+    out_per_key: str | os.PathLike,
+) -> None:
+    """Per-query and per-key metrics of one cell, for every sharpness, as Parquet."""
+    digests = load_manifest(data_json, slice_)
+    try:
+        caches = load_packed(packed_npz)
+    except KvasymError as exc:
+        raise KvasymError(f"{exc}; delete it and rerun to rebuild it") from None
+    scheme_data = dict(slice_["scheme"])
+    scheme = scheme_from_dict(scheme_data.pop("name"), scheme_data)
+    ident = {
+        "distribution": slice_["distribution"]["name"],
+        "kind": slice_["distribution"]["kind"],
+        "dim": slice_["dim"],
+        "scheme": slice_["scheme"]["name"],
+        "budget": slice_["budget"],
+    }
+    query_parts: list[dict[str, np.ndarray]] = []
+    key_parts: list[dict[str, np.ndarray]] = []
+    for trial in range(slice_["trials"]):
+        data = verified_trial(slice_, trial, digests)
+        try:
+            k_cache, v_cache = caches[packed_cache_name(trial, "K")], caches[packed_cache_name(trial, "V")]
+        except KeyError:
+            raise KvasymError(f"{packed_npz}: no packed caches for trial {trial}; delete it and rerun to rebuild it") from None
+        for side, cache, matrix in (("K", k_cache, data.keys), ("V", v_cache, data.values)):
+            _check_cache_matches(cache, matrix.shape, slice_, scheme, trial, side, packed_npz)
+        keys_hat = k_cache.dequantize("float64")
+        values_hat = v_cache.dequantize("float64")
+        bits = {
+            f"{side}_bits_{part}": cache.bits_per_coordinate()[part]
+            for side, cache in (("k", k_cache), ("v", v_cache))
+            for part in ("payload", "side")
+        }
+        results = trial_metrics_multi(
+            data.queries, data.keys, data.values, keys_hat, values_hat, slice_["sharpness"]
+        )
+        for sharpness, (per_query, per_key) in zip(slice_["sharpness"], results):
+            rows = len(per_query["kl"])
+            common = {**ident, "sharpness": sharpness, "trial": trial}
+            query_parts.append(
+                {**{k: np.full(rows, v) for k, v in common.items()}, **per_query,
+                 **{k: np.full(rows, v) for k, v in bits.items()}}
+            )
+            if trial < slice_["per_key_trials"]:
+                n_keys = len(per_key["key"])
+                key_parts.append({**{k: np.full(n_keys, v) for k, v in common.items()}, **per_key})
+    meta = provenance(slice_)
+    write_parquet_atomic(to_table(_concat(query_parts, PER_QUERY_SCHEMA.names), PER_QUERY_SCHEMA), out_per_query, meta)
+    write_parquet_atomic(to_table(_concat(key_parts, PER_KEY_SCHEMA.names), PER_KEY_SCHEMA), out_per_key, meta)
+
+
+def _check_cache_matches(
+    cache: PackedCache,
+    shape: tuple[int, ...],
+    slice_: Mapping[str, Any],
+    scheme: Scheme,
+    trial: int,
+    side: str,
+    path: str | os.PathLike,
+) -> None:
+    """The packed cache must be the one this cell's quantize job writes: same shape, scheme side,
+    budget, norm storage and the seeds derived from (distribution, dim, trial, side). A stale
+    file or one copied from another cell would otherwise be measured and labelled as this cell."""
+    spec = scheme.side(side)
+    budget = slice_["budget"]
+    identity = (slice_["distribution"]["name"], slice_["dim"], trial)
+    base = slice_["base_seed"]
+    expected: dict[str, Any] = {
+        "rows": shape[0],
+        "dim": shape[1],
+        "budget": budget,
+        "rotate": spec.rotate,
+        "scalar_bits": spec.scalar_bits(budget),
+        "qjl": spec.qjl,
+        "norm_dtype": slice_["norm_dtype"],
+        "rotation_seed": derived_seed(base, "rotation", *identity, side) if spec.rotate else 0,
+        "qjl_seed": derived_seed(base, "qjl", *identity, side) if spec.qjl else 0,
+    }
+    for key, want in expected.items():
+        got = getattr(cache, key)
+        if got != want:
+            raise KvasymError(
+                f"{path}: trial {trial} side {side} has {key} = {got!r} but cell {scheme.name} n={budget} "
+                f"needs {want!r}: the file is stale or from another cell; delete it and rerun to rebuild it"
+            )
+
+
+def _concat(parts: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, np.ndarray]:
+    if not parts:
+        return {name: np.zeros(0) for name in names}
+    return {name: np.concatenate([np.asarray(p[name]) for p in parts]) for name in names}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_slice_arguments(parser, "metrics")
+    parser.add_argument("--data", required=True, help="the data manifest of the cell's (distribution, dim)")
+    parser.add_argument("--packed", required=True, help="the cell's packed caches (.npz)")
+    parser.add_argument("--per-query", dest="per_query", required=True, help="the per-query Parquet file")
+    parser.add_argument("--per-key", dest="per_key", required=True, help="the per-key Parquet file")
+
+
+def run(args: argparse.Namespace) -> None:
+    run_metrics(stage_slice(args, "metrics"), args.data, args.packed, args.per_query, args.per_key)

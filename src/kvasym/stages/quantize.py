@@ -1,0 +1,51 @@
+"""Stage ``quantize`` (rule ``quantize``): the packed K and V caches of one cell.
+
+For every trial of (distribution, dim) the data are regenerated, checked against the manifest,
+quantized with the cell's scheme and budget (rotation and QJL seeds derived from the trial's
+identity and the cache side) and stored as ``t<trial>.K`` / ``t<trial>.V`` in one ``.npz``:
+the compressed artifact itself, with its measured bits per coordinate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ..cache import PackedCache, save_packed
+from ..evaluate import quantize_pair
+from ..manifest import load_manifest, verified_trial
+from ..schemes import scheme_from_dict
+from ._slice import add_slice_arguments, stage_slice
+
+
+def packed_cache_name(trial: int, side: str) -> str:
+    """The name of one trial's cache side inside a cell's packed file."""
+    return f"t{trial}.{side}"
+
+
+def run_quantize(slice_: Mapping[str, Any], data_json: str | os.PathLike, out_npz: str | os.PathLike) -> None:
+    """Packed K and V caches of every trial of one cell, in one .npz."""
+    digests = load_manifest(data_json, slice_)
+    scheme_data = dict(slice_["scheme"])
+    scheme = scheme_from_dict(scheme_data.pop("name"), scheme_data)
+    caches: dict[str, PackedCache] = {}
+    for trial in range(slice_["trials"]):
+        data = verified_trial(slice_, trial, digests)
+        identity = (slice_["distribution"]["name"], slice_["dim"], trial)
+        pair = quantize_pair(data.keys, data.values, scheme, slice_["budget"], base_seed=slice_["base_seed"],
+                             identity=identity, norm_dtype=slice_["norm_dtype"])
+        for side, cache in pair.items():
+            caches[packed_cache_name(trial, side)] = cache
+    save_packed(out_npz, caches)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_slice_arguments(parser, "quantize")
+    parser.add_argument("--data", required=True, help="the data manifest of the cell's (distribution, dim)")
+    parser.add_argument("--out", required=True, help="the packed caches (.npz)")
+
+
+def run(args: argparse.Namespace) -> None:
+    run_quantize(stage_slice(args, "quantize"), args.data, args.out)

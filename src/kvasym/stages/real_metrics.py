@@ -1,0 +1,79 @@
+"""Stage ``real_metrics`` (rule ``real_metrics``): per-query metrics of one real-model cell.
+
+Every (text, layer, KV head) cache of the SmolLM2 captures is one trial of distribution
+``smollm2`` (keys quantized after RoPE) or ``smollm2-prerope`` (before), read by its group's real
+queries under the causal mask (:func:`kvasym.real.evaluate.evaluate_capture`), written in the
+synthetic study's per-query schema so the stats, gather and claims stages read it like any
+distribution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import KvasymError
+from ..real.evaluate import REAL_DISTRIBUTIONS, REAL_KIND, evaluate_capture
+from ._slice import add_slice_arguments, stage_slice
+
+
+def run_real_metrics(slice_: dict[str, Any], capture_paths: Sequence[str], out_per_query: str) -> None:
+    """The per-query metrics table of one real cell (distribution, scheme, budget), in the
+    synthetic study's schema (:data:`kvasym.dataset.PER_QUERY_SCHEMA`), so the stats, gather and
+    claims stages read real rows like any other distribution.
+
+    ``slice_``: ``distribution`` (a key of :data:`REAL_DISTRIBUTIONS`), ``scheme`` (its dict),
+    ``budget``, ``sharpness`` (list), ``base_seed``, ``norm_dtype``, ``layers`` (list or None).
+    A trial is one (text, layer, KV head) cache, numbered in the order of ``capture_paths``, then
+    layer, then KV head (the map is stored in the file's metadata as ``trial_map``); a query is
+    one (query head, position) of the group reading that KV head.
+    """
+    from ..dataset import PER_QUERY_SCHEMA, provenance, to_table, write_parquet_atomic
+    from ..schemes import scheme_from_dict
+    from ..real.capture import load_capture
+
+    name = slice_["distribution"]
+    if name not in REAL_DISTRIBUTIONS:
+        raise KvasymError(f"real distribution must be one of {list(REAL_DISTRIBUTIONS)}, got {name!r}")
+    spec = dict(slice_["scheme"])
+    scheme = scheme_from_dict(spec.pop("name"), spec)
+    budget = int(slice_["budget"])
+    parts: list[dict[str, np.ndarray]] = []
+    trial_map: list[dict[str, Any]] = []
+    for path in capture_paths:
+        capture = load_capture(path)
+        text = capture.metadata.get("name") or Path(path).stem
+        cols = evaluate_capture(capture, [scheme], [budget], name=str(text), base_seed=int(slice_["base_seed"]),
+                                layers=slice_.get("layers"), rope=REAL_DISTRIBUTIONS[name],
+                                sharpness=slice_["sharpness"], norm_dtype=slice_["norm_dtype"])
+        cells = list(dict.fromkeys(zip(cols["layer"].tolist(), cols["kv_head"].tolist())))
+        index = {cell: len(trial_map) + i for i, cell in enumerate(cells)}
+        trial_map += [{"trial": index[c], "text": str(text), "layer": c[0], "kv_head": c[1]} for c in cells]
+        trial = np.array([index[c] for c in zip(cols["layer"].tolist(), cols["kv_head"].tolist())], dtype=np.int32)
+        n = trial.size
+        part = {key: cols[key] for key in PER_QUERY_SCHEMA.names if key in cols}
+        part.update({
+            "distribution": np.full(n, name, dtype=object), "kind": np.full(n, REAL_KIND, dtype=object),
+            "dim": np.full(n, capture.k_post_rope.shape[-1], dtype=np.int32), "trial": trial,
+        })
+        parts.append(part)
+    if not parts:
+        raise KvasymError("run_real_metrics needs at least one capture")
+    columns = {key: np.concatenate([p[key] for p in parts]) for key in PER_QUERY_SCHEMA.names}
+    meta = {**provenance(slice_), "trial_map": json.dumps(trial_map)}
+    write_parquet_atomic(to_table(columns, PER_QUERY_SCHEMA), out_per_query, meta)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_slice_arguments(parser, "real_metrics")
+    parser.add_argument("--captures", nargs="+", required=True, help="capture .npz files (stage capture)")
+    parser.add_argument("--out", required=True, help="the per-query Parquet file")
+
+
+def run(args: argparse.Namespace) -> None:
+    run_real_metrics(stage_slice(args, "real_metrics"), args.captures, args.out)

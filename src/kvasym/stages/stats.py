@@ -1,0 +1,122 @@
+"""Stage ``stats`` (rule ``stats``): the statistics of one (distribution, dim).
+
+For every budget, sharpness and pair of schemes (in config order, ``a`` before ``b``), the tests
+of :func:`kvasym.stats.compare` on each metric, per query and per trial; paired
+cluster-bootstrap CIs of the ratio of mean and of p99 KL (stored as ``a / b``: read them
+oriented with :func:`kvasym.cells.pair_ratio`); the energy distance between the
+six-dimensional error clouds; per-cell summaries and per-trial means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .. import stats
+from ..dataset import provenance, read_parquet_checked, write_frame_atomic
+from ..errors import KvasymError
+from ._slice import add_slice_arguments, stage_slice
+
+#: Metrics compared between schemes. The K and V ones are per-trial aggregates repeated on each
+#: query row, so only their per-trial tests are meaningful (the per-query ones are reported but
+#: flagged by ``per_trial_only``).
+COMPARED_METRICS = ("kl", "recall_top5", "t_eps_dir", "t_snr_db", "k_eps_dir", "k_snr_db", "v_eps_dir", "v_snr_db")
+PER_TRIAL_ONLY = {"k_eps_dir", "k_snr_db", "v_eps_dir", "v_snr_db"}
+#: The six coordinates of the error framework: scale (Shannon bits) and direction at K, V, T.
+ERROR_6D = ("k_eff_bits", "k_phi", "v_eff_bits", "v_phi", "t_eff_bits", "t_phi")
+SUMMARY_METRICS = (
+    "recall_top5", "t_eps_dir", "t_phi", "t_snr_db", "t_eff_bits", "k_eps_dir", "k_phi", "k_snr_db",
+    "k_eff_bits", "v_eps_dir", "v_phi", "v_snr_db", "v_eff_bits",
+    "k_bits_payload", "k_bits_side", "v_bits_payload", "v_bits_side",
+)
+CELL = ["distribution", "kind", "dim", "budget", "sharpness"]
+
+
+def _by_trial(frame: pd.DataFrame, metric: str) -> list[np.ndarray]:
+    return [g[metric].to_numpy() for _, g in frame.groupby("trial", sort=True)]
+
+
+def run_stats(
+    slice_: Mapping[str, Any],
+    per_query_paths: Sequence[str | os.PathLike],
+    out_comparisons: str | os.PathLike,
+    out_summary: str | os.PathLike,
+    out_trials: str | os.PathLike,
+) -> None:
+    """Comparisons, summaries and per-trial means of one (distribution, dim)."""
+    frame = pd.concat([read_parquet_checked(p) for p in per_query_paths], ignore_index=True)
+    settings = slice_["stats"]
+    schemes = list(slice_["schemes"])
+    missing = set(schemes) - set(frame["scheme"].unique())
+    if missing:
+        raise KvasymError(f"metrics of scheme(s) {sorted(missing)} are missing from the stats inputs")
+    rows: list[dict[str, Any]] = []
+    summaries: list[dict[str, Any]] = []
+    for (budget, sharpness), group in frame.groupby(["budget", "sharpness"], sort=True):
+        cell = {
+            "distribution": slice_["distribution"],
+            "kind": str(group["kind"].iloc[0]),
+            "dim": int(slice_["dim"]),
+            "budget": int(budget),
+            "sharpness": float(sharpness),
+        }
+        per_scheme = {s: g.sort_values(["trial", "query"]) for s, g in group.groupby("scheme")}
+        for scheme in schemes:
+            g = per_scheme[scheme]
+            summary = stats.cell_summary(
+                g["kl"].to_numpy(), g["recall_top5"].to_numpy(), {m: g[m].to_numpy() for m in SUMMARY_METRICS}
+            )
+            summaries.append({**cell, "scheme": scheme, "n_trials": int(g["trial"].nunique()), "n_queries": len(g), **summary})
+        for a, b in combinations(schemes, 2):
+            ga, gb = per_scheme[a], per_scheme[b]
+            identity = (slice_["distribution"], int(slice_["dim"]), int(budget), float(sharpness).hex(), a, b)
+            for metric in COMPARED_METRICS:
+                result = stats.compare(_by_trial(ga, metric), _by_trial(gb, metric))
+                row = {**cell, "scheme_a": a, "scheme_b": b, "metric": metric, "per_trial_only": metric in PER_TRIAL_ONLY, **result}
+                if metric == "kl":
+                    for label, statistic in (("mean", "mean"), ("p99", ("quantile", 0.99))):
+                        ci = stats.bootstrap_ratio_ci(
+                            _by_trial(ga, "kl"), _by_trial(gb, "kl"), statistic=statistic,
+                            n_boot=settings["n_boot"], base_seed=slice_["base_seed"],
+                            identity=(*identity, "kl", label), paired=True,
+                        )
+                        row.update({f"ratio_{label}": ci["estimate"], f"ratio_{label}_low": ci["low"], f"ratio_{label}_high": ci["high"]})
+                rows.append(row)
+            energy = stats.energy_distance(
+                ga[list(ERROR_6D)].to_numpy(), gb[list(ERROR_6D)].to_numpy(),
+                n_permutations=settings["n_permutations"], base_seed=slice_["base_seed"],
+                identity=(*identity, "error6d"), max_n=settings["energy_max_n"],
+            )
+            rows.append({**cell, "scheme_a": a, "scheme_b": b, "metric": "error6d", "per_trial_only": False,
+                         "energy": energy["statistic"], "energy_p": energy["p"],
+                         "energy_log10_p": energy["log10_p"], "n_a": energy["n_x"], "n_b": energy["n_y"]})
+    trial_means = (
+        frame.groupby(["distribution", "kind", "dim", "scheme", "budget", "sharpness", "trial"], sort=True)[
+            ["kl", *SUMMARY_METRICS]
+        ]
+        .mean()
+        .reset_index()
+    )
+    meta = provenance(slice_)
+    write_frame_atomic(pd.DataFrame(rows), out_comparisons, meta)
+    write_frame_atomic(pd.DataFrame(summaries), out_summary, meta)
+    write_frame_atomic(trial_means, out_trials, meta)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_slice_arguments(parser, "stats")
+    parser.add_argument("--per-query", dest="per_query", nargs="+", required=True,
+                        help="the per-query files of every scheme and budget of the (distribution, dim)")
+    parser.add_argument("--comparisons", required=True)
+    parser.add_argument("--summary", required=True)
+    parser.add_argument("--trials", required=True)
+
+
+def run(args: argparse.Namespace) -> None:
+    run_stats(stage_slice(args, "stats"), args.per_query, args.comparisons, args.summary, args.trials)

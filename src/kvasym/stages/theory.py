@@ -1,0 +1,95 @@
+"""Stage ``theory`` (rule ``theory``): theory checks of one (distribution, dim).
+
+Measured QJL inner-product error-variance ratios against their closed forms
+(:func:`kvasym.theory.qjl_closed_forms`), the KS test of rotated key coordinates against the
+Beta law, and the Jensen-bias slope of the attention-weight excess on the logit error variance
+from the per-key tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .. import stats
+from ..dataset import provenance, read_parquet_checked, write_frame_atomic
+from ..manifest import load_manifest, verified_trial
+from ..seeds import derived_seed
+from ..theory import inner_product_errors, jensen_points, ks_against_beta, qjl_closed_forms, rotated_marginal_sample
+from ._slice import add_slice_arguments, stage_slice
+
+
+def run_theory(
+    slice_: Mapping[str, Any],
+    data_json: str | os.PathLike,
+    per_key_paths: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+) -> None:
+    """Theory checks of one (distribution, dim): QJL ratios, Beta marginals, Jensen slopes."""
+    digests = load_manifest(data_json, slice_)
+    name, dim, base = slice_["distribution"]["name"], int(slice_["dim"]), int(slice_["base_seed"])
+    settings = slice_["theory"]
+    rows: list[dict[str, Any]] = []
+    n_trials = min(int(settings["trials"]), int(slice_["trials"]))
+    sums: dict[int, list[dict[str, float]]] = {b: [] for b in slice_["budgets"]}
+    marginal: list[np.ndarray] = []
+    work_dim = dim
+    for trial in range(n_trials):
+        data = verified_trial(slice_, trial, digests)
+        identity = (name, dim, trial)
+        for budget in slice_["budgets"]:
+            sums[budget].append(
+                inner_product_errors(data.keys, budget, base_seed=base, identity=identity, n_probes=settings["n_probes"])
+            )
+        sample, work_dim = rotated_marginal_sample(data.keys, derived_seed(base, "rotation", *identity, "K"))
+        marginal.append(sample)
+    base_row = {"distribution": name, "kind": slice_["distribution"]["kind"], "dim": dim}
+    for budget, per_trial in sums.items():
+        theory = qjl_closed_forms(dim, budget)
+        for check, num, den, key in (
+            ("qjl_vs_residual", "ss_qjl", "ss_residual", "vs_residual"),
+            ("qjl_vs_nbit", "ss_qjl", "ss_nbit", "vs_nbit"),
+        ):
+            # ratio of mean squared errors, clusters = trials (sums over (probe, key) pairs)
+            a = [np.array([t[num] / t["n"]]) for t in per_trial]
+            b = [np.array([t[den] / t["n"]]) for t in per_trial]
+            ci = stats.bootstrap_ratio_ci(a, b, statistic="mean", n_boot=settings["n_boot"], base_seed=base,
+                                          identity=(name, dim, budget, check), paired=True)
+            rows.append({**base_row, "check": check, "scheme": "", "budget": budget, "sharpness": np.nan,
+                         "estimate": ci["estimate"], "low": ci["low"], "high": ci["high"], "theory": theory[key],
+                         "statistic": np.nan, "p": np.nan, "n": float(len(per_trial))})
+    ks = ks_against_beta(np.concatenate(marginal), work_dim)
+    rows.append({**base_row, "check": "ks_beta", "scheme": "", "budget": -1, "sharpness": np.nan,
+                 "estimate": ks["statistic"], "low": np.nan, "high": np.nan, "theory": np.nan,
+                 "statistic": ks["statistic"], "p": ks["p"], "n": ks["n"]})
+    keys = pd.concat([read_parquet_checked(p) for p in per_key_paths], ignore_index=True)
+    for (scheme, budget, sharpness), g in keys.groupby(["scheme", "budget", "sharpness"], sort=True):
+        var, excess, kept = jensen_points(g)
+        trials = g["trial"].to_numpy()[kept]
+        if var.size < 3 or np.ptp(var) == 0:
+            continue  # no variance to regress on (e.g. a lossless cell)
+        fit = stats.linear_slope_ci(var, excess, n_boot=settings["n_boot"], base_seed=base,
+                                    identity=(name, dim, scheme, int(budget), float(sharpness).hex(), "jensen"),
+                                    clusters=trials)
+        # one trial gives no between-cluster spread: report the slope without an interval
+        low, high = (fit["low"], fit["high"]) if fit["n_clusters"] >= 2 else (np.nan, np.nan)
+        rows.append({**base_row, "check": "jensen_slope", "scheme": scheme, "budget": int(budget),
+                     "sharpness": float(sharpness), "estimate": fit["slope"], "low": low, "high": high,
+                     "theory": np.nan, "statistic": fit["r"], "p": np.nan, "n": float(fit["n"])})
+    write_frame_atomic(pd.DataFrame(rows), out, provenance(slice_))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_slice_arguments(parser, "theory")
+    parser.add_argument("--data", required=True, help="the data manifest")
+    parser.add_argument("--per-key", dest="per_key", nargs="+", required=True, help="the per-key files of the cell")
+    parser.add_argument("--out", required=True)
+
+
+def run(args: argparse.Namespace) -> None:
+    run_theory(stage_slice(args, "theory"), args.data, args.per_key, args.out)

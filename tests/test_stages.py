@@ -1,0 +1,73 @@
+"""One home per stage: a rule's name is its stage's name, its module's name and its
+``kvasym stage`` subcommand, and every rule calls its stage the same way."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kvasym.cli import main
+from kvasym.resources import FIXED_RESOURCES, SLICE_STAGES, job_resources
+from kvasym.stages import STAGES, stage_module
+
+ROOT = Path(__file__).resolve().parents[1]
+RULES = sorted((ROOT / "workflow/rules").glob("*.smk"))
+
+
+def _rules() -> dict[str, str]:
+    """Rule name -> its text (up to the next rule), from every rule file."""
+    out = {}
+    for path in RULES:
+        text = path.read_text()
+        for match in re.finditer(r"^\s*rule (\w+):\n(.*?)(?=^\s*rule \w*:|\Z)", text, re.M | re.S):
+            out[match.group(1)] = match.group(2)
+    return out
+
+
+def test_every_rule_runs_the_stage_of_its_own_name():
+    rules = _rules()
+    assert {"data", "quantize", "metrics", "stats", "theory", "gather", "claims", "tables", "numbers", "paper",
+            "capture", "real_metrics", "real_cachestats", "file_metrics"} <= set(rules)
+    for name, body in rules.items():
+        called = re.findall(r"kvasym stage (\w+)", body)
+        assert called == [name], f"rule {name} calls {called or 'no stage'}; it must call `kvasym stage {name}`"
+        assert "python -m" not in body, f"rule {name} reaches the library another way"
+    figures = (ROOT / "workflow/rules/figures.smk").read_text()
+    assert 'f"figure_{_family}"' in figures and re.findall(r"kvasym stage (\w+)", figures) == ["figure"]
+    assert set(STAGES) == set(rules) | {"figure"}, "a stage without a rule, or a rule without a stage"
+
+
+def test_rules_hold_no_lambdas_and_no_resource_numbers():
+    for path in RULES:
+        text = path.read_text()
+        if path.name == "common.smk":
+            continue
+        assert "lambda" not in text, f"{path.name}: input functions live in common.smk"
+        assert not re.search(r"mem_mb\s*=\s*\d|runtime\s*=\s*\d", text), f"{path.name}: resources come from kvasym.resources"
+
+
+@pytest.mark.parametrize("name", list(STAGES))
+def test_each_stage_module_has_one_entry_point(name, capsys):
+    module = stage_module(name)
+    assert module.__name__ == f"kvasym.stages.{name}"
+    assert callable(module.add_arguments) and callable(module.run)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["stage", name, "--help"])
+    assert exit_info.value.code == 0
+    assert STAGES[name] in " ".join(capsys.readouterr().out.split())
+
+
+def test_resources_cover_every_stage():
+    for name in STAGES:
+        if name in SLICE_STAGES:
+            request = job_resources(name, {"dim": 128, "seq_len": 256, "n_queries": 32, "trials": 32, "sharpness": [1.0]})
+        else:
+            request = job_resources(name, input_mb=100.0)
+        assert request["mem_mb"] >= 600 and request["runtime"] >= 2, name
+    assert job_resources("file_metrics", input_mb=100.0)["mem_mb"] == FIXED_RESOURCES["file_metrics"][0] + 300
+    with pytest.raises(ValueError, match="follow its slice"):
+        job_resources("metrics")
+    with pytest.raises(ValueError, match="no resource model"):
+        job_resources("nope")
