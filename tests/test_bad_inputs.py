@@ -415,7 +415,9 @@ CLAIMS_CASES = [
     ("claim_missing_statistic", _ledger(lambda d: d["claims"][0].pop("statistic")), "is missing 'statistic'"),
     ("claim_id_duplicated", _ledger(_append({"id": "C2", **_C})), "duplicated claim id C2"),
     ("claim_id_unicode", _ledger(_append({"id": "C2é", **_C})), "claim id 'C2é'"),
-    ("claim_ids_same_macro", _ledger(_append({"id": "C1-a", **_C})), "same LaTeX macro names as 'C1a'"),
+    # the headline cell is the config's; a claims file that sets it would give claims another cell
+    ("defaults_move_the_headline", _ledger(lambda d: d.update(defaults={"dim": 64, "alpha": 0.05})),
+     "defaults.dim: the headline cell is the config's `headline` key"),
     ("yaml_duplicate_key", _ledger(text="claims:\n  - {id: X1, statement: s, statistic: tail_to_mean, holds_if: {op: '>=', value: 1}, holds_if: {op: all}}\n"),
      "found duplicate key 'holds_if'"),
     ("yaml_syntax_error", _ledger(text="claims: [\n"), "is not valid YAML (line"),

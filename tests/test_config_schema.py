@@ -302,8 +302,14 @@ def test_bad_config_file_names_the_file(tmp_path):
                                {"name": "gaussian", "kind": "gaussian"}]},
             {"distribution": "t3", "dim": 32, "sharpness": 1.0, "budget": 4},
         ),
-        ({"headline": {"distribution": "lowrank4"}}, {"distribution": "lowrank4", "dim": 64, "sharpness": 1.0, "budget": 4}),
-        ({"headline": {"sharpness": 4, "budget": 2}}, {"distribution": "gaussian", "dim": 64, "sharpness": 4.0, "budget": 2}),
+        (
+            {"headline": {"distribution": "lowrank4"}},
+            {"distribution": "lowrank4", "dim": 64, "sharpness": 1.0, "budget": 4},
+        ),
+        (
+            {"headline": {"sharpness": 4, "budget": 2}},
+            {"distribution": "gaussian", "dim": 64, "sharpness": 4.0, "budget": 2},
+        ),
         (
             {"dims": [32, 64], "headline": {"dim": 64}},
             {"distribution": "gaussian", "dim": 64, "sharpness": 1.0, "budget": 4},

@@ -91,7 +91,18 @@ class QJLSketch:
     seed: int
 
     def matrix(self, dtype: str = "float32") -> np.ndarray:
-        """The ``(rows, dim)`` Gaussian matrix ``S`` in ``dtype`` (see :func:`gaussian_matrix`)."""
+        """The ``(rows, dim)`` Gaussian matrix ``S`` in ``dtype`` (see :func:`gaussian_matrix`).
+
+        Parameters
+        ----------
+        dtype : str, optional
+            Output dtype name (default ``"float32"``).
+
+        Returns
+        -------
+        numpy.ndarray
+            The read-only matrix, the same float32-rounded values in every dtype.
+        """
         return gaussian_matrix(self.rows, self.dim, int(self.seed), dtype)
 
     def encode(self, residual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

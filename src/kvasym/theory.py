@@ -59,7 +59,7 @@ def qjl_closed_forms(dim: int, budget: int) -> dict[str, float]:
     ----------
     dim : int
         Head dimension ``d`` of the keys. The working dimension is the next power of two,
-        ``D = 2**ceil(log2 d)`` (the rotation's zero padding).
+        ``w = 2**ceil(log2 d)`` (the rotation's zero padding).
     budget : int
         Bits per coordinate ``n`` (1..8): the QJL side spends ``n - 1`` scalar bits + 1 sign bit.
 
@@ -74,22 +74,22 @@ def qjl_closed_forms(dim: int, budget: int) -> dict[str, float]:
     ------
     KvasymError
         If the working dimension or a needed codebook width is outside the codebook's range
-        (``budget`` outside 1..8, ``D < 3`` or ``D > MAX_DIM``).
+        (``budget`` outside 1..8, ``w < 3`` or ``w > MAX_DIM``).
 
     Notes
     -----
-    With ``m = D`` sign bits, ``E_q Var_S <q, r_hat> = ((pi/2) D - 1) ||r||^2 / m`` against
+    With ``m = w`` sign bits, ``E_q Var_S <q, r_hat> = ((pi/2) w - 1) ||r||^2 / m`` against
     ``E_q <q, r>^2 = ||r||^2``, hence
 
-        vs_residual = pi/2 - 1/D,
-        vs_nbit     = (pi/2 - 1/D) * D(n-1) / D(n),
+        vs_residual = pi/2 - 1/w,
+        vs_nbit     = (pi/2 - 1/w) * D(n-1) / D(n),
 
-    with ``D(b)`` the per-vector MSE of the ``b``-bit Lloyd-Max codebook in dimension ``D``
+    with ``D(b)`` the per-vector MSE of the ``b``-bit Lloyd-Max codebook in dimension ``w``
     (:attr:`~kvasym.codebook.Codebook.mse_per_vector`) and ``D(0) = 1`` (no scalar bits: the
-    residual is the whole unit vector). As ``D -> inf``, ``vs_residual -> pi/2`` and ``D(b)``
+    residual is the whole unit vector). As ``w -> inf``, ``vs_residual -> pi/2`` and ``D(b)``
     tends to the Gaussian Lloyd-Max MSE (Max 1960), e.g. ``vs_nbit(n=1) -> (pi/2) / (1 - 2/pi)``;
-    as ``n`` grows ``D(n-1)/D(n) -> 4`` and ``vs_nbit -> 2 pi``. Exact for power-of-two
-    ``dim``; for other ``dim`` an approximation (the padding is not modelled).
+    as ``n`` grows ``D(n-1)/D(n) -> 4`` and ``vs_nbit -> 4 (pi/2 - 1/w) ~ 2 pi``. Exact for
+    power-of-two ``dim``; for other ``dim`` an approximation (the padding is not modelled).
 
     References
     ----------
