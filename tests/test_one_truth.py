@@ -61,3 +61,13 @@ def test_the_ledger_and_the_paper_print_the_same_digits():
     assert "4.57×10^-4" in md and "[2.00, 4.50]" in md
     assert f"\\ensuremath{{{sig(0.000457)}}}" in tex and sig(0.000457) == "4.57\\times10^{-4}"
     assert sig_text(2) == "2.00" == str(sig(2))
+
+
+def test_readme_maps_every_claim_to_its_rule_stage_file_and_macro():
+    from kvasym.render.claims import readme_block
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme_block(str(ROOT / "config/claims.yaml")) in readme, (
+        "README's claims map is stale: python3 -m kvasym.render.claims --write-readme README.md")
+    for claim in yaml.safe_load((ROOT / "config/claims.yaml").read_text())["claims"]:
+        assert f"| {claim['id']} | `{claim['statistic']}` |" in readme

@@ -20,7 +20,9 @@ def test_environment_yml_matches_pyproject() -> None:
     pip_side = {_name(r) for r in project["dependencies"]}
     pip_side |= {_name(r) for r in project["optional-dependencies"]["test"]}
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
-    conda_side = {_name(d) for d in env["dependencies"] if isinstance(d, str)} - {"python", "pip"}
+    pip_section = [r for d in env["dependencies"] if isinstance(d, dict) for r in d.get("pip", [])]
+    conda_side = {_name(d) for d in env["dependencies"] if isinstance(d, str)} - {"python", "pip", "matplotlib"}
+    conda_side |= {_name(r) for r in pip_section if not r.startswith("-")}
     assert conda_side == pip_side, (
         f"only in environment.yml: {sorted(conda_side - pip_side)}; "
         f"only in pyproject.toml: {sorted(pip_side - conda_side)}"
@@ -30,3 +32,19 @@ def test_environment_yml_matches_pyproject() -> None:
 def test_console_script_declared() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["kvasym"] == "kvasym.cli:main"
+
+
+def test_environment_yml_pins_every_package() -> None:
+    """Every package has one exact version (what CI tested), so a conda user gets that stack."""
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip_section = [r for d in env["dependencies"] if isinstance(d, dict) for r in d.get("pip", [])]
+    for dep in [d for d in env["dependencies"] if isinstance(d, str) and d != "pip"]:
+        assert re.fullmatch(r"[A-Za-z0-9_.-]+=[0-9][0-9A-Za-z.]*", dep), f"environment.yml: {dep!r} is not pinned"
+    for dep in pip_section:
+        assert dep == "-e ." or re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.]*", dep), f"{dep!r} is not pinned"
+
+
+def test_rules_have_no_conda_directives() -> None:
+    """Conda users run Snakemake inside environment.yml's environment (see its header)."""
+    for path in [ROOT / "Snakefile", *sorted((ROOT / "workflow/rules").glob("*.smk"))]:
+        assert not re.search(r"^\s*conda:\s*$", path.read_text(), re.M), f"{path.name} has a conda: directive"

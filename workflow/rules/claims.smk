@@ -20,8 +20,6 @@ rule claims:
         ),
     log:
         f"{RESULTS}/logs/claims.log",
-    conda:
-        "../../environment.yml"
     threads: 1
     resources:
         **resources_of("claims"),

@@ -8,8 +8,6 @@ rule data:
         f"{RESULTS}/logs/data/{{distribution}}/d{{dim}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/data/{{distribution}}/d{{dim}}.tsv"
-    conda:
-        "../../environment.yml"
     threads: 1
     resources:
         **resources_of("data"),

@@ -28,8 +28,6 @@ for _family, _names in FIGURE_FAMILIES.items():
             f"{RESULTS}/logs/figures/{_family}.log",
         benchmark:
             f"{RESULTS}/benchmarks/figures/{_family}.tsv"
-        conda:
-            "../../environment.yml"
         threads: 1
         resources:
             **resources_of("figure"),

@@ -16,8 +16,6 @@ if FILE_CELLS:
             f"{RESULTS}/benchmarks/files/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.tsv"
         wildcard_constraints:
             distribution="|".join(re.escape(name) for name in STUDY.files),
-        conda:
-            "../../environment.yml"
         threads: 1
         resources:
             **resources_of("file_metrics"),

@@ -12,8 +12,6 @@ rule metrics:
         f"{RESULTS}/logs/metrics/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/metrics/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.tsv"
-    conda:
-        "../../environment.yml"
     threads: 1
     resources:
         **resources_of("metrics"),

@@ -15,8 +15,6 @@ rule tables:
         [f"{GENERATED}/table_{name}.tex" for name in TABLES],
     log:
         f"{RESULTS}/logs/tables.log",
-    conda:
-        "../../environment.yml"
     threads: 1
     resources:
         **resources_of("tables"),
@@ -37,8 +35,6 @@ rule numbers:
         f"{GENERATED}/numbers.tex",
     log:
         f"{RESULTS}/logs/numbers.log",
-    conda:
-        "../../environment.yml"
     threads: 1
     resources:
         **resources_of("numbers"),
@@ -61,8 +57,6 @@ rule paper:
         "paper/build/main.pdf",
     log:
         f"{RESULTS}/logs/paper.log",
-    conda:
-        "../../environment.yml"
     threads: 1
     resources:
         **resources_of("paper"),

@@ -10,8 +10,6 @@ rule quantize:
         f"{RESULTS}/logs/quantize/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/quantize/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.tsv"
-    conda:
-        "../../environment.yml"
     threads: 1
     resources:
         **resources_of("quantize"),

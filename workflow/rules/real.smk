@@ -12,8 +12,6 @@ rule capture:
         f"{RESULTS}/logs/real/capture/{{text}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/real/capture/{{text}}.tsv"
-    conda:
-        "../../environment.yml"
     threads: 1
     resources:
         **resources_of("capture"),
@@ -38,8 +36,6 @@ rule real_metrics:
         f"{RESULTS}/benchmarks/real/metrics/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.tsv"
     wildcard_constraints:
         distribution="|".join(REAL_DISTRIBUTIONS),
-    conda:
-        "../../environment.yml"
     threads: 1
     resources:
         **resources_of("real_metrics"),
@@ -64,8 +60,6 @@ rule real_cachestats:
         f"{RESULTS}/logs/real/cachestats.log",
     benchmark:
         f"{RESULTS}/benchmarks/real/cachestats.tsv"
-    conda:
-        "../../environment.yml"
     threads: 1
     resources:
         # one capture in memory at a time, one layer of it in float64

@@ -12,8 +12,6 @@ rule stats:
         f"{RESULTS}/logs/stats/{{distribution}}/d{{dim}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/stats/{{distribution}}/d{{dim}}.tsv"
-    conda:
-        "../../environment.yml"
     threads: 1
     resources:
         **resources_of("stats"),
@@ -35,8 +33,6 @@ rule theory:
         f"{RESULTS}/logs/theory/{{distribution}}/d{{dim}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/theory/{{distribution}}/d{{dim}}.tsv"
-    conda:
-        "../../environment.yml"
     threads: 1
     resources:
         **resources_of("theory"),
@@ -60,8 +56,6 @@ rule gather:
         theory=f"{RESULTS}/theory/theory.parquet",
     log:
         f"{RESULTS}/logs/gather.log",
-    conda:
-        "../../environment.yml"
     threads: 1
     resources:
         **resources_of("gather"),

@@ -124,3 +124,89 @@ def render_latex(results: Sequence[Mapping[str, Any]]) -> str:
         }
         lines += [claim_macro_definition(str(r["id"]), name, value) for name, value in values.items()]
     return "\n".join(lines) + "\n"
+
+
+#: The gathered tables each statistic of :data:`kvasym.claims.STATISTICS` reads.
+STATISTIC_TABLES: dict[str, tuple[str, ...]] = {
+    "kl_ratio": ("comparisons",),
+    "cells_better": ("comparisons",),
+    "crossover": ("comparisons",),
+    "distribution_ratio": ("trials", "theory"),
+    "theory": ("theory",),
+    "ranking_disagreement": ("summary",),
+    "tail_to_mean": ("summary",),
+}
+#: Where each gathered table comes from: rule and stage (the same word), and its file.
+TABLE_SOURCES: dict[str, tuple[str, str]] = {
+    "comparisons": ("stats", "results/stats/comparisons.parquet"),
+    "summary": ("stats", "results/stats/summary.parquet"),
+    "trials": ("stats", "results/stats/trials.parquet"),
+    "theory": ("theory", "results/theory/theory.parquet"),
+}
+#: Metrics rules feeding the stats of a distribution, by its kind of rows.
+_METRICS_RULES = {"real": "real_metrics", "synthetic": "metrics"}
+
+
+def _reads_real_rows(where: Mapping[str, Any]) -> bool:
+    from ..real.evaluate import REAL_DISTRIBUTIONS
+
+    named = [where.get(key) for key in ("distribution", "num", "den")] + list(where.get("distributions") or [])
+    return any(name in REAL_DISTRIBUTIONS for name in named)
+
+
+def claims_map_markdown(claims: Sequence[Mapping[str, Any]]) -> str:
+    """README's table from each claim to the rules, stages, files and macros that carry it.
+
+    ``claims``: the claims file's list (:func:`kvasym.claims.load_claims`). Every claim is
+    decided by rule and stage ``claims`` (``results/claims/claims.json``, macros
+    ``claim:<id>:<field>`` of ``paper/generated/claims.tex``); the table names the statistic,
+    the gathered tables it reads and the stages that compute them.
+    """
+    lines = ["| claim | statistic | reads (rule = stage -> file) | measured by | ledger | paper macro |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for claim in claims:
+        cid, statistic = str(claim["id"]), str(claim["statistic"])
+        tables = STATISTIC_TABLES[statistic]
+        reads = "; ".join(f"`{TABLE_SOURCES[t][0]}` -> `{TABLE_SOURCES[t][1]}`" for t in tables)
+        real = _reads_real_rows(claim.get("where") or {})
+        upstream = "`theory` (data manifests, per-key metrics)" if tables == ("theory",) else (
+            f"`{_METRICS_RULES['real' if real else 'synthetic']}`"
+            + (" (SmolLM2 captures)" if real else " (per cell)"))
+        lines.append(f"| {cid} | `{statistic}` | {reads} | {upstream} | `claims` -> `results/claims/claims.json` "
+                     f"| `\\claim{{{cid}}}{{Estimate}}` (`claim:{cid}:Estimate`) |")
+    return "\n".join(lines) + "\n"
+
+
+README_BEGIN = "<!-- claims-map:begin (python3 -m kvasym.render.claims --write-readme README.md) -->"
+README_END = "<!-- claims-map:end -->"
+
+
+def readme_block(claims_path: str = "config/claims.yaml") -> str:
+    """The README block between :data:`README_BEGIN` and :data:`README_END`."""
+    from ..claims import load_claims
+
+    return f"{README_BEGIN}\n{claims_map_markdown(load_claims(claims_path))}{README_END}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python3 -m kvasym.render.claims --write-readme README.md``: regenerate the claims map."""
+    import argparse
+    import re
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="python3 -m kvasym.render.claims", description=main.__doc__)
+    parser.add_argument("--write-readme", required=True, help="the README whose claims-map block to rewrite")
+    parser.add_argument("--claims", default="config/claims.yaml")
+    args = parser.parse_args(argv)
+    path = Path(args.write_readme)
+    text = path.read_text(encoding="utf-8")
+    pattern = re.compile(re.escape(README_BEGIN) + r".*?" + re.escape(README_END), re.S)
+    if not pattern.search(text):
+        print(f"{path}: no claims-map block ({README_BEGIN} ... {README_END})", file=__import__("sys").stderr)
+        return 2
+    path.write_text(pattern.sub(lambda _: readme_block(args.claims), text), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
