@@ -27,7 +27,7 @@ from kvasym.real import REAL_MODEL_NAME, REAL_SHARPNESS
 from kvasym.real import TEXTS_DIR, missing_extra_reason, real_settings
 from kvasym.real.evaluate import REAL_DISTRIBUTIONS
 from kvasym.render.numbers import numbers_slice
-from kvasym.resources import job_resources
+from kvasym.resources import SLICE_STAGES, job_resources
 from kvasym.stages.paper import LATEX_PACKAGES, have_latex
 from kvasym.study import canonical_json, load_study
 
@@ -185,11 +185,7 @@ def resources_of(stage):
 
     def request(key):
         def of(w, input):
-            sliced = (
-                SLICES[stage](w)
-                if stage in ("data", "quantize", "metrics", "theory")
-                else None
-            )
+            sliced = SLICES[stage](w) if stage in SLICE_STAGES else None
             return job_resources(
                 stage, sliced, input.size_mb if stage == "file_metrics" else 0
             )[key]
