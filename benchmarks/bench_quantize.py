@@ -376,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="coords 500_000, repeats 2, 1 BLAS thread (explicit options win)"
     )
     parser.add_argument(
-        "--threads", type=int, default=None, help="BLAS threads (sets OPENBLAS/OMP/MKL_NUM_THREADS); default: environment"
+        "--threads", type=int, default=None,
+        help="BLAS threads (sets OPENBLAS/OMP/MKL_NUM_THREADS); default: environment"
     )
     args = parser.parse_args(argv)
     coords = args.coords if args.coords is not None else (500_000 if args.quick else 8_000_000)
@@ -435,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         del x
 
     # ---- main table
-    headers = ["dim", "scheme", "side", "kind", "ms ours", "ours min..max", "ms copy", "ms dense ref", "ours/copy", "speed-up vs ref"]
+    headers = ["dim", "scheme", "side", "kind", "ms ours", "ours min..max", "ms copy", "ms dense ref", "ours/copy",
+               "speed-up vs ref"]
     table = []
     for r in results:
         ref_note = "" if r.spec.rotate else " (no-rot ref)"
@@ -521,7 +523,8 @@ def main(argv: list[str] | None = None) -> int:
         if not rotated:
             print(f"  [skipped] >= {target:.0f}x faster than the dense reference at d = {dim} (d not benchmarked)")
             continue
-        for label, group in (("non-QJL", [r for r in rotated if not r.spec.qjl]), ("QJL", [r for r in rotated if r.spec.qjl])):
+        for label, group in (("non-QJL", [r for r in rotated if not r.spec.qjl]),
+                             ("QJL", [r for r in rotated if r.spec.qjl])):
             if not group:
                 continue
             met = all(r.speedup >= target for r in group)

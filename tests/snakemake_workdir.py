@@ -42,7 +42,8 @@ def snakemake_cmd(*args: str, configfile: str = "config/test.yaml") -> list[str]
     return [sys.executable, "-m", "snakemake", "--configfile", configfile, *args]
 
 
-def snakemake(workdir: Path, *args: str, configfile: str = "config/test.yaml", timeout: float = 600) -> subprocess.CompletedProcess:
+def snakemake(workdir: Path, *args: str, configfile: str = "config/test.yaml",
+              timeout: float = 600) -> subprocess.CompletedProcess:
     """Run Snakemake to completion in ``workdir``; stdout and stderr captured as text."""
     return subprocess.run(
         snakemake_cmd(*args, configfile=configfile), cwd=workdir, capture_output=True, text=True,

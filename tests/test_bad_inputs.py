@@ -130,15 +130,20 @@ CONFIG_CASES = [
     # budgets and schemes
     BadConfig("budget_0", {"budgets": [0]}, "config key budgets[0]: must be in 1..8, got 0", "budgets"),
     BadConfig("budget_9", {"budgets": [2, 9]}, "config key budgets[1]: must be in 1..8, got 9", "budgets"),
-    BadConfig("scheme_scalar_below_zero", _user("Q3", _side("n-3", True)), "scheme Q3 side K at budget n=2: scalar_bits n-3 = -1 < 0 is impossible", "Q3"),
-    BadConfig("scheme_overspends", _user("QX", _side("n", True)), "scheme QX side K at budget n=2: spends 3 bits", "QX"),
-    BadConfig("scheme_underspends", _user("QY", _side("n-1", False)), "scheme QY side K at budget n=2: spends 1 bits", "QY"),
+    BadConfig("scheme_scalar_below_zero", _user("Q3", _side("n-3", True)),
+              "scheme Q3 side K at budget n=2: scalar_bits n-3 = -1 < 0 is impossible", "Q3"),
+    BadConfig("scheme_overspends", _user("QX", _side("n", True)),
+              "scheme QX side K at budget n=2: spends 3 bits", "QX"),
+    BadConfig("scheme_underspends", _user("QY", _side("n-1", False)),
+              "scheme QY side K at budget n=2: spends 1 bits", "QY"),
     BadConfig("scheme_unknown", {"schemes": ["KQV", "XYZ"]}, "schemes[1] = 'XYZ' is not a known scheme", "XYZ"),
     BadConfig("scheme_duplicated", {"schemes": ["KV", "KV"]}, "config key schemes: has duplicates: ['KV', 'KV']", "KV"),
-    BadConfig("scheme_redefines_builtin", {"user_schemes": {"KV": {"K": _side("n", False), "V": _side("n", False)}}}, "redefines the built-in scheme KV", "KV"),
+    BadConfig("scheme_redefines_builtin", {"user_schemes": {"KV": {"K": _side("n", False), "V": _side("n", False)}}},
+              "redefines the built-in scheme KV", "KV"),
     BadConfig("scheme_name_with_slash", {"user_schemes": {"a/b": {"K": _side("n", False), "V": _side("n", False)}}},
               "config key user_schemes: must be a scheme name: a letter, then up to 39 letters", "a/b"),
-    BadConfig("scheme_names_differ_by_case", {**_user("kv", _side("n", False)), "schemes": ["KV", "kv"]}, "'KV' and 'kv' differ only in case", "kv"),
+    BadConfig("scheme_names_differ_by_case", {**_user("kv", _side("n", False)), "schemes": ["KV", "kv"]},
+              "'KV' and 'kv' differ only in case", "kv"),
     # distribution parameters
     BadConfig("nu_equal_1", _dists({"name": "t", "kind": "student_t", "params": {"nu": 1}}),
               "config key distributions[0].params.nu: must be > 1, got 1", "nu"),
@@ -148,15 +153,19 @@ CONFIG_CASES = [
               "config key distributions[0].params.nu: must be a finite number, got nan", "nu"),
     BadConfig("nu_missing", _dists({"name": "t", "kind": "student_t"}),
               "config key distributions[0].params: missing required key(s): nu", "nu"),
-    BadConfig("rank_above_dim", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 65}}), "distributions[lr].rank = 65 exceeds dim = 64", "rank"),
-    BadConfig("rank_above_own_dim", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 16}, "dims": [8]}), "rank = 16 exceeds dim = 8", "rank"),
+    BadConfig("rank_above_dim", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 65}}),
+              "distributions[lr].rank = 65 exceeds dim = 64", "rank"),
+    BadConfig("rank_above_own_dim", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 16}, "dims": [8]}),
+              "rank = 16 exceeds dim = 8", "rank"),
     BadConfig("rank_0", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 0}}),
               "config key distributions[0].params.rank: must be >= 1, got 0", "rank"),
     BadConfig("rank_fraction", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 2.5}}),
               "config key distributions[0].params.rank: must be an integer, got 2.5", "rank"),
     BadConfig("noise_negative", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 2, "noise": -1}}),
               "config key distributions[0].params.noise: must be >= 0, got -1", "noise"),
-    BadConfig("outliers_above_dim", _dists({"name": "c", "kind": "concentrated", "params": {"n_outliers": 100, "outlier_scale": 3}}), "n_outliers = 100 exceeds dim = 64", "n_outliers"),
+    BadConfig("outliers_above_dim",
+              _dists({"name": "c", "kind": "concentrated", "params": {"n_outliers": 100, "outlier_scale": 3}}),
+              "n_outliers = 100 exceeds dim = 64", "n_outliers"),
     BadConfig("kind_unknown", _dists({"name": "g", "kind": "gauss"}),
               "config key distributions[0].kind: must be one of gaussian, student_t", "gauss"),
     # sizes and counts
@@ -180,8 +189,11 @@ CONFIG_CASES = [
     BadConfig("base_seed_above_2_63", {"base_seed": 2**64},
               "config key base_seed: must be in 0..9223372036854775807, got 18446744073709551616", "base_seed"),
     # names (see NAME_POLICY for the accepted ones)
-    BadConfig("names_duplicated", _dists({"name": "a", "kind": "gaussian"}, {"name": "a", "kind": "gaussian"}), "duplicated distribution name 'a'", "a"),
-    BadConfig("names_differ_by_case", _dists({"name": "gauss", "kind": "gaussian"}, {"name": "Gauss", "kind": "gaussian"}), "'gauss' and 'Gauss' differ only in case", "Gauss"),
+    BadConfig("names_duplicated", _dists({"name": "a", "kind": "gaussian"}, {"name": "a", "kind": "gaussian"}),
+              "duplicated distribution name 'a'", "a"),
+    BadConfig("names_differ_by_case",
+              _dists({"name": "gauss", "kind": "gaussian"}, {"name": "Gauss", "kind": "gaussian"}),
+              "'gauss' and 'Gauss' differ only in case", "Gauss"),
     BadConfig("name_with_slash", _dists({"name": "a/b", "kind": "gaussian"}),
               "config key distributions[0].name: must be 1 to 64 ASCII letters", "a/b"),
     BadConfig("name_with_space", _dists({"name": "a b", "kind": "gaussian"}),
@@ -210,13 +222,16 @@ CONFIG_CASES = [
     BadConfig("name_not_string", _dists({"name": 5, "kind": "gaussian"}),
               "config key distributions[0].name: must be 1 to 64 ASCII letters", "5"),
     BadConfig("config_not_mapping", {"__whole__": [1, 2]}, "the config must be a mapping", "mapping"),
-    # bring-your-own caches (kind: file); the file itself is read when the DAG is built (SNAKEMAKE_CASES)
+    # bring-your-own caches (kind: file); the file itself is read when the DAG is built
+    # (SNAKEMAKE_CASES)
     BadConfig("file_without_path", _dists({"name": "g", "kind": "gaussian"}, {"name": "mine", "kind": "file"}),
               "config key distributions[1].params: missing required key(s): path", "path"),
-    BadConfig("file_suffix", _dists({"name": "g", "kind": "gaussian"}, {"name": "mine", "kind": "file", "params": {"path": "c.pt"}}),
+    BadConfig("file_suffix", _dists({"name": "g", "kind": "gaussian"},
+                                    {"name": "mine", "kind": "file", "params": {"path": "c.pt"}}),
               "distributions[mine].params.path = 'c.pt' must end in one of .npz, .safetensors, .npy", "c.pt"),
-    BadConfig("file_causal_string", _dists({"name": "g", "kind": "gaussian"},
-                                           {"name": "mine", "kind": "file", "params": {"path": "c.npz", "causal": "yes"}}),
+    BadConfig("file_causal_string",
+              _dists({"name": "g", "kind": "gaussian"},
+                     {"name": "mine", "kind": "file", "params": {"path": "c.npz", "causal": "yes"}}),
               "config key distributions[1].params.causal: must be true or false, got 'yes'", "causal"),
     BadConfig("file_with_dims", _dists({"name": "g", "kind": "gaussian"},
                                        {"name": "mine", "kind": "file", "params": {"path": "c.npz"}, "dims": [64]}),
@@ -224,7 +239,8 @@ CONFIG_CASES = [
     BadConfig("file_unknown_param", _dists({"name": "g", "kind": "gaussian"},
                                            {"name": "mine", "kind": "file", "params": {"path": "c.npz", "queries": 8}}),
               "unknown config key(s): distributions[1].params.queries; allowed: causal, path", "queries"),
-    BadConfig("file_name_clash", _dists({"name": "g", "kind": "gaussian"}, {"name": "G", "kind": "file", "params": {"path": "c.npz"}}),
+    BadConfig("file_name_clash", _dists({"name": "g", "kind": "gaussian"},
+                                        {"name": "G", "kind": "file", "params": {"path": "c.npz"}}),
               "'g' and 'G' differ only in case", "G"),
     BadConfig("file_only", _dists({"name": "mine", "kind": "file", "params": {"path": "c.npz"}}),
               "config key distributions has no synthetic distribution", "synthetic"),
@@ -323,7 +339,8 @@ def test_accepted_names_are_safe_paths_latex_and_dataset_members(tmp_path, name:
 #: (id, config change, what the user must see) through the real `snakemake -n`.
 SNAKEMAKE_CASES = [
     ("typo_top_level_key", {"trails": 3}, "'trails' was unexpected"),
-    ("rank_above_dim", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "lr", "kind": "low_rank", "params": {"rank": 100}}),
+    ("rank_above_dim", _dists({"name": "gaussian", "kind": "gaussian"},
+                              {"name": "lr", "kind": "low_rank", "params": {"rank": 100}}),
      "invalid config: distributions[lr].rank = 100 exceeds dim = 64"),
     # the schema's error, as Snakemake's validate prints it
     ("name_dotdot", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "..", "kind": "gaussian"}),
@@ -331,11 +348,13 @@ SNAKEMAKE_CASES = [
     ("names_duplicated", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "gaussian", "kind": "gaussian"}),
      "duplicated distribution name 'gaussian'"),
     ("claims_unknown_statistic", {"claims_file": "bad_claims.yaml"}, "statistic 'kl_ratioo' does not exist"),
-    ("file_missing", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "mine", "kind": "file", "params": {"path": "nope.npz"}}),
+    ("file_missing", _dists({"name": "gaussian", "kind": "gaussian"},
+                            {"name": "mine", "kind": "file", "params": {"path": "nope.npz"}}),
      "invalid config: distributions[mine].params.path: cache file nope.npz: no such file"),
     ("file_bad_layout", _dists({"name": "gaussian", "kind": "gaussian"},
                                {"name": "mine", "kind": "file", "params": {"path": "q_heads.npz"}}),
-     "invalid config: distributions[mine].params.path: cache file q_heads.npz: 3 query heads are not a multiple of 2 KV heads"),
+     "invalid config: distributions[mine].params.path: cache file q_heads.npz: "
+     "3 query heads are not a multiple of 2 KV heads"),
     ("file_reserved_name", _dists({"name": "gaussian", "kind": "gaussian"},
                                   {"name": "smollm2", "kind": "file", "params": {"path": "q_heads.npz"}}),
      "reserved for the real-model rows"),
@@ -355,7 +374,8 @@ def dry_workdir(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("case_id, change, message", SNAKEMAKE_CASES, ids=[c[0] for c in SNAKEMAKE_CASES])
-def test_bad_config_through_snakemake_dry_run(dry_workdir: Path, case_id: str, change: dict, message: str) -> None:
+def test_bad_config_through_snakemake_dry_run(dry_workdir: Path, case_id: str, change: dict,
+                                              message: str) -> None:
     config = _mutated(change)
     (dry_workdir / f"{case_id}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     proc = snakemake(dry_workdir, "-n", configfile=f"{case_id}.yaml", timeout=300)
@@ -403,11 +423,15 @@ _C = {"statement": "s", "statistic": "tail_to_mean", "holds_if": {"op": ">=", "v
 #: (id, ledger writer, message) for load_claims: structural errors, caught before any job.
 CLAIMS_CASES = [
     ("statistic_does_not_exist", _ledger(_set(0, "statistic", "kl_ratioo")), "statistic 'kl_ratioo' does not exist"),
-    ("claim_key_typo", _ledger(lambda d: d["claims"][0].update(wher=d["claims"][0].pop("where"))), "unknown key(s) ['wher']"),
-    ("holds_if_key_typo", _ledger(_set(2, "holds_if", {"op": ">", "value": 1.0, "max_log_p": -23})), "unknown key(s) ['max_log_p'] in holds_if"),
-    ("holds_if_value_not_number", _ledger(_set(0, "holds_if", {"op": ">=", "value": "big"})), "holds_if.value must be a finite number, got 'big'"),
+    ("claim_key_typo", _ledger(lambda d: d["claims"][0].update(wher=d["claims"][0].pop("where"))),
+     "unknown key(s) ['wher']"),
+    ("holds_if_key_typo", _ledger(_set(2, "holds_if", {"op": ">", "value": 1.0, "max_log_p": -23})),
+     "unknown key(s) ['max_log_p'] in holds_if"),
+    ("holds_if_value_not_number", _ledger(_set(0, "holds_if", {"op": ">=", "value": "big"})),
+     "holds_if.value must be a finite number, got 'big'"),
     ("holds_if_op_unknown", _ledger(_set(0, "holds_if", {"op": "=>", "value": 1})), "holds_if must be"),
-    ("where_key_typo", _ledger(_set(0, "where", {"check": "qjl_vs_residual", "budgt": 4})), "unknown key(s) ['budgt']"),
+    ("where_key_typo", _ledger(_set(0, "where", {"check": "qjl_vs_residual", "budgt": 4})),
+     "unknown key(s) ['budgt']"),
     ("where_not_mapping", _ledger(_set(0, "where", [1, 2])), "'where' must be a mapping"),
     ("defaults_not_mapping", _ledger(lambda d: d.update(defaults=[1])), "'defaults' must be a mapping"),
     ("top_level_typo", _ledger(lambda d: d.update(claim=d.pop("claims"))), "unknown top-level key(s) ['claim']"),
@@ -418,7 +442,8 @@ CLAIMS_CASES = [
     # the headline cell is the config's; a claims file that sets it would give claims another cell
     ("defaults_move_the_headline", _ledger(lambda d: d.update(defaults={"dim": 64, "alpha": 0.05})),
      "defaults.dim: the headline cell is the config's `headline` key"),
-    ("yaml_duplicate_key", _ledger(text="claims:\n  - {id: X1, statement: s, statistic: tail_to_mean, holds_if: {op: '>=', value: 1}, holds_if: {op: all}}\n"),
+    ("yaml_duplicate_key", _ledger(text="claims:\n  - {id: X1, statement: s, statistic: tail_to_mean, "
+                                        "holds_if: {op: '>=', value: 1}, holds_if: {op: all}}\n"),
      "found duplicate key 'holds_if'"),
     ("yaml_syntax_error", _ledger(text="claims: [\n"), "is not valid YAML (line"),
     ("file_missing", lambda folder: folder / "nope.yaml", "nope.yaml: no such file"),
@@ -447,7 +472,8 @@ MINI = {
     "trials": 3,
     "per_key_trials": 1,
     "sharpness": [1.0],
-    "distributions": [{"name": "gaussian", "kind": "gaussian"}, {"name": "t1.05", "kind": "student_t", "params": {"nu": 1.05}}],
+    "distributions": [{"name": "gaussian", "kind": "gaussian"},
+                      {"name": "t1.05", "kind": "student_t", "params": {"nu": 1.05}}],
     "stats": {"n_boot": 20, "n_permutations": 10, "energy_max_n": 16},
     "theory": {"trials": 3, "n_probes": 16, "n_boot": 20},
 }
@@ -480,10 +506,12 @@ def mini(tmp_path_factory) -> MiniRun:
         for _, _, scheme, budget in (c for c in study.cells() if c[0] == dist):
             cell = run.cell(dist, scheme, budget)
             run_quantize(study.cell_slice(dist, dim, scheme, budget), data, cell["packed"])
-            run_metrics(study.metrics_slice(dist, dim, scheme, budget), data, cell["packed"], cell["per_query"], cell["per_key"])
+            run_metrics(study.metrics_slice(dist, dim, scheme, budget), data, cell["packed"], cell["per_query"],
+                        cell["per_key"])
         per_query = [run.cell(dist, s, b)["per_query"] for s in study.schemes for b in study.budgets]
         per_key = [run.cell(dist, s, b)["per_key"] for s in study.schemes for b in study.budgets]
-        outs = {kind: root / f"stats/{kind}/{dist}/d{dim}.parquet" for kind in ("comparisons", "summary", "trials")}
+        outs = {kind: root / f"stats/{kind}/{dist}/d{dim}.parquet"
+                for kind in ("comparisons", "summary", "trials")}
         run_stats(study.stats_slice(dist, dim), per_query, outs["comparisons"], outs["summary"], outs["trials"])
         theory = root / f"theory/{dist}/d{dim}.parquet"
         run_theory(study.theory_slice(dist, dim), data, per_key, theory)
@@ -507,7 +535,8 @@ MINI_HEADLINE = {"distribution": "gaussian", "dim": 16, "sharpness": 1.0, "budge
 def _claims_with(tmp_path: Path, claim: dict) -> Path:
     path = tmp_path / "claims.yaml"
     base = {"defaults": {"alpha": 0.05},
-            "claims": [{"id": "C1", "statement": "tail", **{k: v for k, v in _C.items() if k != "statement"}}, claim]}
+            "claims": [{"id": "C1", "statement": "tail", **{k: v for k, v in _C.items() if k != "statement"}},
+                       claim]}
     path.write_text(yaml.safe_dump(base, sort_keys=False))
     return path
 
@@ -515,21 +544,28 @@ def _claims_with(tmp_path: Path, claim: dict) -> Path:
 #: Claims naming something that can never exist in the tables: an error at the claims stage,
 #: not "not evaluated" (which is for cells absent from a smaller grid).
 CLAIMS_EVAL_CASES = [
-    ("cells_better_metric_typo", {"statistic": "cells_better", "where": {"a": "KQV", "b": "KV", "metrics": ["klx"]}, "holds_if": {"op": "all"}},
+    ("cells_better_metric_typo", {"statistic": "cells_better", "where": {"a": "KQV", "b": "KV", "metrics": ["klx"]},
+                                  "holds_if": {"op": "all"}},
      "metric 'klx' does not exist"),
-    ("theory_check_typo", {"statistic": "theory", "where": {"check": "ks_betta"}, "holds_if": {"op": ">", "value": 0.01}},
+    ("theory_check_typo", {"statistic": "theory", "where": {"check": "ks_betta"},
+                           "holds_if": {"op": ">", "value": 0.01}},
      "theory check 'ks_betta' does not exist"),
-    ("ranking_by_typo", {"statistic": "ranking_disagreement", "where": {"by": "kl_p999"}, "holds_if": {"op": ">=", "value": 0.1}},
+    ("ranking_by_typo", {"statistic": "ranking_disagreement", "where": {"by": "kl_p999"},
+                         "holds_if": {"op": ">=", "value": 0.1}},
      "summary column (by) 'kl_p999' does not exist"),
-    ("kl_ratio_which_typo", {"statistic": "kl_ratio", "where": {"a": "KV", "b": "KQV", "budget": 4, "which": "median"}, "holds_if": {"op": ">", "value": 1}},
+    ("kl_ratio_which_typo", {"statistic": "kl_ratio", "where": {"a": "KV", "b": "KQV", "budget": 4, "which": "median"},
+                             "holds_if": {"op": ">", "value": 1}},
      "which 'median' does not exist"),
-    ("distribution_ratio_metric_typo", {"statistic": "distribution_ratio", "where": {"num": "gaussian", "den": "t1.05", "budget": 4, "scheme": "KQV", "metric": "kll"},
-                                         "holds_if": {"op": ">=", "value": 2}}, "metric 'kll' does not exist"),
+    ("distribution_ratio_metric_typo", {"statistic": "distribution_ratio",
+                                        "where": {"num": "gaussian", "den": "t1.05", "budget": 4, "scheme": "KQV",
+                                                  "metric": "kll"},
+                                        "holds_if": {"op": ">=", "value": 2}}, "metric 'kll' does not exist"),
 ]
 
 
 @pytest.mark.parametrize("case_id, claim, message", CLAIMS_EVAL_CASES, ids=[c[0] for c in CLAIMS_EVAL_CASES])
-def test_claim_naming_a_missing_statistic_fails_the_stage(mini: MiniRun, tmp_path, case_id, claim, message) -> None:
+def test_claim_naming_a_missing_statistic_fails_the_stage(mini: MiniRun, tmp_path, case_id, claim,
+                                                          message) -> None:
     path = _claims_with(tmp_path, {"id": "X1", "statement": case_id, **claim})
     outputs = [tmp_path / "claims.json", tmp_path / "claims.md", tmp_path / "claims.tex"]
     with pytest.raises(KvasymError) as info:
@@ -541,7 +577,8 @@ def test_claim_naming_a_missing_statistic_fails_the_stage(mini: MiniRun, tmp_pat
 def test_claim_on_a_cell_outside_the_grid_is_not_evaluated(mini: MiniRun, tmp_path) -> None:
     """The contrast: a valid claim about a distribution this grid lacks is reported, not fatal."""
     claim = {"id": "X2", "statement": "absent", "statistic": "distribution_ratio",
-             "where": {"num": "lowrank8", "den": "t1.05", "budget": 4, "scheme": "KQV"}, "holds_if": {"op": ">=", "value": 2}}
+             "where": {"num": "lowrank8", "den": "t1.05", "budget": 4, "scheme": "KQV"},
+             "holds_if": {"op": ">=", "value": 2}}
     results = evaluate_claims(load_claims(_claims_with(tmp_path, claim), MINI_HEADLINE), _load_tables(mini))
     assert results[1]["verdict"] == "not evaluated"
 
@@ -602,7 +639,8 @@ def arrays(tmp_path_factory) -> Path:
     zero_row = k.copy()
     zero_row[5] = 0
     save("k_zero_row.npy", zero_row)
-    save("k_zeros.npy", np.zeros((40, 16))), save("v_zeros.npy", np.zeros((40, 16))), save("q_zeros.npy", np.zeros((6, 16)))
+    save("k_zeros.npy", np.zeros((40, 16))), save("v_zeros.npy", np.zeros((40, 16))), save("q_zeros.npy",
+                                                                                         np.zeros((6, 16)))
     save("k_1row.npy", k[:1]), save("v_1row.npy", v[:1])
     save("k_tiny.npy", k * 1e-300)
     save("k_1e-9.npy", k * 1e-9)
@@ -625,7 +663,8 @@ def arrays(tmp_path_factory) -> Path:
     (folder / "adir").mkdir()
     (folder / "schemes_list.yaml").write_text("schemes: [1, 2]\n")
     (folder / "schemes_broken.yaml").write_text("schemes: {A: [\n")
-    (folder / "schemes_over.yaml").write_text("schemes:\n  OVER:\n    K: {rotate: true, scalar_bits: n, qjl: true}\n    V: {rotate: true, scalar_bits: n, qjl: false}\n")
+    (folder / "schemes_over.yaml").write_text("schemes:\n  OVER:\n    K: {rotate: true, scalar_bits: n, qjl: true}\n"
+                                              "    V: {rotate: true, scalar_bits: n, qjl: false}\n")
     (folder / "a_file").write_text("x")
     _write_cache_files(folder / "caches", rng)
     return folder
@@ -694,102 +733,156 @@ def _cache(name: str, *extra: str) -> list[str]:
 
 
 def _evaluate(keys="K.npy", values="V.npy", queries="Q.npy", *extra: str) -> list[str]:
-    return ["evaluate", "--keys", keys, "--values", values, "--queries", queries, "--scheme", "KQV", "--bits", "4", "--json", *extra]
+    return ["evaluate", "--keys", keys, "--values", values, "--queries", queries, "--scheme", "KQV", "--bits", "4",
+            "--json", *extra]
 
 
 #: (id, argv, message): rejected with exit status 2 and one line naming the problem.
 CLI_REJECTED = [
-    ("keys_rank3", _evaluate("k_rank3.npy"), "keys (k_rank3.npy) must be 2-D (rows are vectors), got shape (2, 40, 16)"),
+    ("keys_rank3", _evaluate("k_rank3.npy"),
+     "keys (k_rank3.npy) must be 2-D (rows are vectors), got shape (2, 40, 16)"),
     ("keys_rank1", _evaluate("k_rank1.npy"), "must be 2-D (rows are vectors), got shape (16,)"),
     ("keys_scalar", _evaluate("k_0d.npy"), "must be 2-D (rows are vectors), got shape ()"),
     ("values_fewer_rows", _evaluate("K.npy", "v_30.npy"), "keys have 40 rows but values have 30"),
-    ("queries_other_head_dim", _evaluate("K.npy", "V.npy", "q_dim8.npy"), "queries have head_dim 8 but keys have 16"),
-    ("keys_nan", _evaluate("k_nan.npy"), "keys (k_nan.npy) has 1 non-finite values (first at row 3, column 2)"),
-    ("keys_inf", _evaluate("k_inf.npy"), "keys (k_inf.npy) has 1 non-finite values (first at row 0, column 0)"),
+    ("queries_other_head_dim", _evaluate("K.npy", "V.npy", "q_dim8.npy"),
+     "queries have head_dim 8 but keys have 16"),
+    ("keys_nan", _evaluate("k_nan.npy"),
+     "keys (k_nan.npy) has 1 non-finite values (first at row 3, column 2)"),
+    ("keys_inf", _evaluate("k_inf.npy"),
+     "keys (k_inf.npy) has 1 non-finite values (first at row 0, column 0)"),
     ("values_nan", _evaluate("K.npy", "v_nan.npy"), "values (v_nan.npy) has 1 non-finite values"),
-    ("queries_minus_inf", _evaluate("K.npy", "V.npy", "q_ninf.npy"), "queries (q_ninf.npy) has 1 non-finite values"),
+    ("queries_minus_inf", _evaluate("K.npy", "V.npy", "q_ninf.npy"),
+     "queries (q_ninf.npy) has 1 non-finite values"),
     ("keys_bool", _evaluate("k_bool.npy"), "must be a numeric array, got dtype bool"),
     ("keys_complex", _evaluate("k_complex.npy"), "must be a numeric array, got dtype complex128"),
     ("keys_strings", _evaluate("k_str.npy"), "must be a numeric array, got dtype <U1"),
     ("keys_structured", _evaluate("k_struct.npy"), "must be a numeric array"),
-    ("keys_object_pickle", _evaluate("k_object.npy"), "keys file k_object.npy is not a readable .npy/.npz array"),
-    ("keys_no_rows", _evaluate("k_empty_rows.npy"), "keys (k_empty_rows.npy) is empty (shape (0, 16))"),
+    ("keys_object_pickle", _evaluate("k_object.npy"),
+     "keys file k_object.npy is not a readable .npy/.npz array"),
+    ("keys_no_rows", _evaluate("k_empty_rows.npy"),
+     "keys (k_empty_rows.npy) is empty (shape (0, 16))"),
     ("keys_no_columns", _evaluate("k_empty_cols.npy"), "is empty (shape (40, 0))"),
-    ("head_dim_2", _evaluate("k_dim2.npy", "v_dim2.npy", "q_dim2.npy"), "need at least 3 coordinates"),
-    ("npz_two_arrays", _evaluate("two.npz"), "keys file two.npz is an .npz with 2 arrays; give one array"),
+    ("head_dim_2", _evaluate("k_dim2.npy", "v_dim2.npy", "q_dim2.npy"),
+     "need at least 3 coordinates"),
+    ("npz_two_arrays", _evaluate("two.npz"),
+     "keys file two.npz is an .npz with 2 arrays; give one array"),
     ("npz_no_arrays", _evaluate("none.npz"), "is an .npz with 0 arrays"),
-    ("npz_truncated", _evaluate("trunc.npz"), "keys file trunc.npz is not a readable .npy/.npz array"),
-    ("npz_bad_crc", _evaluate("crc.npz"), "keys file crc.npz is not a readable .npy/.npz array (BadZipFile"),
-    ("npy_truncated", _evaluate("trunc.npy"), "keys file trunc.npy is not a readable .npy/.npz array"),
-    ("text_file", _evaluate("text.npy"), "keys file text.npy is not a readable .npy/.npz array: it starts with b'hello,'"),
-    ("csv_file", _evaluate("K.csv"), "keys file K.csv is not a readable .npy/.npz array: it starts with"),
-    ("empty_file", _evaluate("empty.npy"), "keys file empty.npy is not a readable .npy/.npz array"),
-    ("pickle_file", _evaluate("pickle.npy"), "keys file pickle.npy is not a readable .npy/.npz array"),
+    ("npz_truncated", _evaluate("trunc.npz"),
+     "keys file trunc.npz is not a readable .npy/.npz array"),
+    ("npz_bad_crc", _evaluate("crc.npz"),
+     "keys file crc.npz is not a readable .npy/.npz array (BadZipFile"),
+    ("npy_truncated", _evaluate("trunc.npy"),
+     "keys file trunc.npy is not a readable .npy/.npz array"),
+    ("text_file", _evaluate("text.npy"),
+     "keys file text.npy is not a readable .npy/.npz array: it starts with b'hello,'"),
+    ("csv_file", _evaluate("K.csv"),
+     "keys file K.csv is not a readable .npy/.npz array: it starts with"),
+    ("empty_file", _evaluate("empty.npy"),
+     "keys file empty.npy is not a readable .npy/.npz array"),
+    ("pickle_file", _evaluate("pickle.npy"),
+     "keys file pickle.npy is not a readable .npy/.npz array"),
     ("directory", _evaluate("adir"), "keys file adir is a directory"),
     ("missing_file", _evaluate("nope.npy"), "keys file nope.npy: no such file"),
-    ("causal_more_queries_than_keys", _evaluate("k_2rows.npy", "v_2rows.npy", "Q.npy", "--causal"), "a causal mask needs n_queries <= n_keys, got 6 > 2"),
+    ("causal_more_queries_than_keys", _evaluate("k_2rows.npy", "v_2rows.npy", "Q.npy", "--causal"),
+     "a causal mask needs n_queries <= n_keys, got 6 > 2"),
     ("norm_beyond_float32", _evaluate("k_huge.npy"), "norm of row 0 is"),
-    ("norm_beyond_float16", _evaluate("k_1e5.npy", "V.npy", "Q.npy", "--norm-dtype", "float16"), "beyond float16's range (6.55e+04); use norm_dtype float32"),
-    ("norm_underflows_float32", _evaluate("k_tiny.npy"), "below float32's smallest positive value (1.4e-45): it would be stored as 0"),
-    ("norm_underflows_float16", _evaluate("k_1e-9.npy", "V.npy", "Q.npy", "--norm-dtype", "float16"), "below float16's smallest positive value"),
-    ("logits_overflow", _evaluate("k_1e20.npy", "V.npy", "q_1e300.npy"), "attention logits of the keys reach inf"),
-    ("logits_beyond_limit", _evaluate("K.npy", "V.npy", "q_1e200.npy"), "attention logits of the keys reach"),
-    ("sharpness_inf", _evaluate("K.npy", "V.npy", "Q.npy", "--sharpness", "inf"), "argument --sharpness: sharpness must be a finite number in (0, 1e6), got inf"),
+    ("norm_beyond_float16", _evaluate("k_1e5.npy", "V.npy", "Q.npy", "--norm-dtype", "float16"),
+     "beyond float16's range (6.55e+04); use norm_dtype float32"),
+    ("norm_underflows_float32", _evaluate("k_tiny.npy"),
+     "below float32's smallest positive value (1.4e-45): it would be stored as 0"),
+    ("norm_underflows_float16", _evaluate("k_1e-9.npy", "V.npy", "Q.npy", "--norm-dtype", "float16"),
+     "below float16's smallest positive value"),
+    ("logits_overflow", _evaluate("k_1e20.npy", "V.npy", "q_1e300.npy"),
+     "attention logits of the keys reach inf"),
+    ("logits_beyond_limit", _evaluate("K.npy", "V.npy", "q_1e200.npy"),
+     "attention logits of the keys reach"),
+    ("sharpness_inf", _evaluate("K.npy", "V.npy", "Q.npy", "--sharpness", "inf"),
+     "argument --sharpness: sharpness must be a finite number in (0, 1e6), got inf"),
     ("sharpness_nan", _evaluate("K.npy", "V.npy", "Q.npy", "--sharpness", "nan"), "got nan"),
     ("sharpness_0", _evaluate("K.npy", "V.npy", "Q.npy", "--sharpness", "0"), "in (0, 1e6), got 0"),
-    ("sharpness_negative", _evaluate("K.npy", "V.npy", "Q.npy", "--sharpness", "-1"), "in (0, 1e6), got -1"),
-    ("sharpness_word", _evaluate("K.npy", "V.npy", "Q.npy", "--sharpness", "sharp"), "sharpness must be a number, got 'sharp'"),
-    ("seed_negative", _evaluate("K.npy", "V.npy", "Q.npy", "--seed", "-1"), "argument --seed: seed must be an integer in 0..2^63-1, got -1"),
-    ("seed_2_64", _evaluate("K.npy", "V.npy", "Q.npy", "--seed", str(2**64)), "seed must be an integer in 0..2^63-1"),
-    ("bits_0", ["evaluate", "--keys", "K.npy", "--values", "V.npy", "--queries", "Q.npy", "--scheme", "KQV", "--bits", "0"], "bits must be an integer in 1..8, got 0"),
-    ("scheme_unknown", ["evaluate", "--keys", "K.npy", "--values", "V.npy", "--queries", "Q.npy", "--scheme", "KVQ", "--bits", "4"], "unknown scheme 'KVQ'"),
-    ("schemes_file_not_mapping", _evaluate("K.npy", "V.npy", "Q.npy", "--schemes", "schemes_list.yaml"), "schemes_list.yaml: 'schemes' must be a mapping"),
-    ("schemes_file_bad_yaml", _evaluate("K.npy", "V.npy", "Q.npy", "--schemes", "schemes_broken.yaml"), "schemes_broken.yaml is not valid YAML (line"),
-    ("scheme_overspends", ["evaluate", "--keys", "K.npy", "--values", "V.npy", "--queries", "Q.npy", "--scheme", "OVER", "--bits", "4",
-                           "--schemes", "schemes_over.yaml"], "scheme OVER side K at budget n=4: spends 5 bits"),
-    ("stage_slice_not_json", ["stage", "data", "--slice", "{dim: 3", "--out", "out/d.json"], "--slice is not valid JSON"),
-    ("stage_slice_not_object", ["stage", "data", "--slice", "[1, 2]", "--out", "out/d.json"], "--slice must be a JSON object"),
-    ("stage_slice_missing_keys", ["stage", "quantize", "--slice", '{"dim": 16}', "--data", "d.json", "--out", "out/q.npz"],
+    ("sharpness_negative", _evaluate("K.npy", "V.npy", "Q.npy", "--sharpness", "-1"),
+     "in (0, 1e6), got -1"),
+    ("sharpness_word", _evaluate("K.npy", "V.npy", "Q.npy", "--sharpness", "sharp"),
+     "sharpness must be a number, got 'sharp'"),
+    ("seed_negative", _evaluate("K.npy", "V.npy", "Q.npy", "--seed", "-1"),
+     "argument --seed: seed must be an integer in 0..2^63-1, got -1"),
+    ("seed_2_64", _evaluate("K.npy", "V.npy", "Q.npy", "--seed", str(2**64)),
+     "seed must be an integer in 0..2^63-1"),
+    ("bits_0", ["evaluate", "--keys", "K.npy", "--values", "V.npy", "--queries", "Q.npy", "--scheme", "KQV",
+                "--bits", "0"],
+     "bits must be an integer in 1..8, got 0"),
+    ("scheme_unknown", ["evaluate", "--keys", "K.npy", "--values", "V.npy", "--queries", "Q.npy", "--scheme", "KVQ",
+                        "--bits", "4"],
+     "unknown scheme 'KVQ'"),
+    ("schemes_file_not_mapping", _evaluate("K.npy", "V.npy", "Q.npy", "--schemes", "schemes_list.yaml"),
+     "schemes_list.yaml: 'schemes' must be a mapping"),
+    ("schemes_file_bad_yaml", _evaluate("K.npy", "V.npy", "Q.npy", "--schemes", "schemes_broken.yaml"),
+     "schemes_broken.yaml is not valid YAML (line"),
+    ("scheme_overspends", ["evaluate", "--keys", "K.npy", "--values", "V.npy", "--queries", "Q.npy", "--scheme", "OVER",
+                           "--bits", "4", "--schemes", "schemes_over.yaml"],
+     "scheme OVER side K at budget n=4: spends 5 bits"),
+    ("stage_slice_not_json", ["stage", "data", "--slice", "{dim: 3", "--out", "out/d.json"],
+     "--slice is not valid JSON"),
+    ("stage_slice_not_object", ["stage", "data", "--slice", "[1, 2]", "--out", "out/d.json"],
+     "--slice must be a JSON object"),
+    ("stage_slice_missing_keys", ["stage", "quantize", "--slice", '{"dim": 16}', "--data", "d.json", "--out",
+                                  "out/q.npz"],
      "--slice of the quantize stage lacks key(s) base_seed, budget, distribution"),
     ("dequantize_plain_array", ["dequantize", "K.npy", "out/k.npy"], "is a plain .npy array, not a packed cache"),
-    ("dequantize_truncated", ["dequantize", "trunc.npz", "out/k.npy"], "trunc.npz is not a readable .npz packed cache"),
+    ("dequantize_truncated", ["dequantize", "trunc.npz", "out/k.npy"],
+     "trunc.npz is not a readable .npz packed cache"),
     ("dequantize_foreign_npz", ["dequantize", "two.npz", "out/k.npy"], "two.npz holds no packed cache"),
     # bring-your-own cache files (kvasym.cachefile)
-    ("cache_rank5", _cache("rank5.npz"), "keys 'k' must have rank 2, 3 or 4 ((T, d), (H_kv, T, d) or (L, H_kv, T, d)), got shape (1, 2, 2, 24, 16)"),
+    ("cache_rank5", _cache("rank5.npz"),
+     "keys 'k' must have rank 2, 3 or 4 ((T, d), (H_kv, T, d) or (L, H_kv, T, d)), got shape (1, 2, 2, 24, 16)"),
     ("cache_rank1", _cache("rank1.npz"), "keys 'k' must have rank 2, 3 or 4"),
     ("cache_q_head_dim", _cache("q_head_dim.npz"), "queries have head_dim 8 but keys have head_dim 16"),
-    ("cache_v_positions", _cache("v_positions.npz"), "values 'v' shape (2, 2, 20, 16) does not match keys shape (2, 2, 24, 16)"),
-    ("cache_q_rank", _cache("q_rank.npz"), "queries 'q' have rank 3 (shape (4, 24, 16)) but keys have rank 4"),
+    ("cache_v_positions", _cache("v_positions.npz"),
+     "values 'v' shape (2, 2, 20, 16) does not match keys shape (2, 2, 24, 16)"),
+    ("cache_q_rank", _cache("q_rank.npz"),
+     "queries 'q' have rank 3 (shape (4, 24, 16)) but keys have rank 4"),
     ("cache_q_layers", _cache("q_layers.npz"), "queries have 1 layers but keys have 2"),
     ("cache_q_heads", _cache("q_heads.npz"), "3 query heads are not a multiple of 2 KV heads"),
     ("cache_q_positions", _cache("q_positions.npz"), "48 query positions but only 24 cached positions"),
-    ("cache_k_nan", _cache("k_nan.npz"), "array 'k' has 1 non-finite values (NaN/Inf), first at index (1, 0, 5, 2)"),
-    ("cache_v_inf", _cache("v_inf.npz"), "array 'v' has 1 non-finite values (NaN/Inf), first at index (0, 1, 0, 0)"),
-    ("cache_q_minus_inf", _cache("q_ninf.npz"), "array 'q' has 1 non-finite values (NaN/Inf), first at index (0, 3, 2, 1)"),
+    ("cache_k_nan", _cache("k_nan.npz"),
+     "array 'k' has 1 non-finite values (NaN/Inf), first at index (1, 0, 5, 2)"),
+    ("cache_v_inf", _cache("v_inf.npz"),
+     "array 'v' has 1 non-finite values (NaN/Inf), first at index (0, 1, 0, 0)"),
+    ("cache_q_minus_inf", _cache("q_ninf.npz"),
+     "array 'q' has 1 non-finite values (NaN/Inf), first at index (0, 3, 2, 1)"),
     ("cache_empty", _cache("empty.npz"), "empty cache (keys shape (2, 2, 0, 16)"),
     ("cache_one_position", _cache("one_position.npz"), "1 cached position(s); at least 2 are needed"),
     ("cache_head_dim_2", _cache("head_dim_2.npz"), "head_dim 2 (keys) / 2 (values); at least 3 are needed"),
     ("cache_bool", _cache("k_bool.npz"), "array 'k' has dtype bool; expected a float or integer type"),
     ("cache_complex", _cache("k_complex.npz"), "array 'k' has dtype complex64"),
-    ("cache_bfloat16", _cache("bf16.safetensors"), "array 'k' has dtype BF16; expected a float or integer type (convert bfloat16 to float32"),
-    ("cache_unknown_name", _cache("unknown_name.npz"), "unknown array name(s) ['key']; allowed: k, keys, v, values, q, queries"),
+    ("cache_bfloat16", _cache("bf16.safetensors"),
+     "array 'k' has dtype BF16; expected a float or integer type (convert bfloat16 to float32"),
+    ("cache_unknown_name", _cache("unknown_name.npz"),
+     "unknown array name(s) ['key']; allowed: k, keys, v, values, q, queries"),
     ("cache_no_values", _cache("no_values.npz"), "no values array (name it v or values)"),
     ("cache_two_key_arrays", _cache("two_keys.npz"), "arrays 'k' and 'keys' both give the keys; keep one"),
     ("cache_layers_shape", _cache("layers_shape.npz"), "layers has shape (3,), expected (2,)"),
     ("cache_layers_duplicated", _cache("layers_duplicated.npz"), "'layers' has duplicates: [4, 4]"),
     ("cache_layers_float", _cache("layers_float.npz"), "'layers' must hold integers, got dtype float64"),
-    ("cache_groups_out_of_range", _cache("groups_out_of_range.npz"), "'kv_head_of_query_head' must be in 0..1, got [0, 1, 2, 1]"),
+    ("cache_groups_out_of_range", _cache("groups_out_of_range.npz"),
+     "'kv_head_of_query_head' must be in 0..1, got [0, 1, 2, 1]"),
     ("cache_groups_without_q", _cache("groups_without_q.npz"), "kv_head_of_query_head without queries"),
     ("cache_groups_unread_head", _cache("groups_unread_head.npz"), "no query head reads KV head(s) [1]"),
-    ("cache_npy_three", _cache("npy_three.npy"), "a .npy cache is one array of shape (2, [L,] [H,] T, d) stacking K and V, got shape (3,"),
-    ("cache_truncated", _cache("truncated.npz"), "cache file caches/truncated.npz is not a readable .npz file"),
-    ("cache_garbage_safetensors", _cache("garbage.safetensors"), "cache file caches/garbage.safetensors is not a readable .safetensors file"),
+    ("cache_npy_three", _cache("npy_three.npy"),
+     "a .npy cache is one array of shape (2, [L,] [H,] T, d) stacking K and V, got shape (3,"),
+    ("cache_truncated", _cache("truncated.npz"),
+     "cache file caches/truncated.npz is not a readable .npz file"),
+    ("cache_garbage_safetensors", _cache("garbage.safetensors"),
+     "cache file caches/garbage.safetensors is not a readable .safetensors file"),
     ("cache_suffix", _cache("cache.pt"), "unsupported suffix '.pt'; use one of .npz, .safetensors, .npy"),
     ("cache_directory", _cache("adir.npz"), "cache file caches/adir.npz is a directory"),
     ("cache_missing", _cache("nope.npz"), "cache file caches/nope.npz: no such file"),
-    ("cache_and_matrices", _cache("good.npz", "--keys", "K.npy"), "give --cache or --keys/--values/--queries, not both"),
-    ("matrices_incomplete", ["evaluate", "--keys", "K.npy", "--scheme", "KQV", "--bits", "4"], "missing --queries, --values"),
-    ("cache_n_queries_0", _cache("good.safetensors", "--n-queries", "0"), "n-queries must be an integer in 1..100000, got 0"),
+    ("cache_and_matrices", _cache("good.npz", "--keys", "K.npy"),
+     "give --cache or --keys/--values/--queries, not both"),
+    ("matrices_incomplete", ["evaluate", "--keys", "K.npy", "--scheme", "KQV", "--bits", "4"],
+     "missing --queries, --values"),
+    ("cache_n_queries_0", _cache("good.safetensors", "--n-queries", "0"),
+     "n-queries must be an integer in 1..100000, got 0"),
 ]
 
 
@@ -828,13 +921,15 @@ def test_cli_rejects_bad_cache(arrays: Path, capsys, case_id: str, argv: list[st
 
 
 #: A few of the same cases through a real subprocess: exit status 2, no traceback at all.
-SUBPROCESS_IDS = ["npz_bad_crc", "text_file", "logits_overflow", "seed_negative", "keys_nan", "stage_slice_missing_keys"]
+SUBPROCESS_IDS = ["npz_bad_crc", "text_file", "logits_overflow", "seed_negative", "keys_nan",
+                  "stage_slice_missing_keys"]
 
 
 @pytest.mark.parametrize("case_id", SUBPROCESS_IDS)
 def test_cli_subprocess_one_line_no_traceback(arrays: Path, case_id: str) -> None:
     _, argv, message = next(c for c in CLI_REJECTED if c[0] == case_id)
-    proc = subprocess.run([sys.executable, "-m", "kvasym.cli", *argv], cwd=arrays, capture_output=True, text=True, env=run_env())
+    proc = subprocess.run([sys.executable, "-m", "kvasym.cli", *argv], cwd=arrays, capture_output=True, text=True,
+                          env=run_env())
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr
     assert message in proc.stderr
@@ -876,13 +971,15 @@ CACHE_ACCEPTED = [
     ("npz_gqa_queries", _cache("good.npz"), {"layers": [3, 11], "kv_heads": 2, "n_queries": 2 * 24}),
     ("npz_rank2_long_names", _cache("good_rank2.npz"), {"layers": [0], "kv_heads": 1, "n_queries": 64}),
     ("npz_integer_keys", _cache("good_int.npz"), {"layers": [0, 1], "kv_heads": 2, "n_queries": 64}),
-    ("safetensors_no_queries", _cache("good.safetensors", "--n-queries", "10"), {"layers": [0, 1], "kv_heads": 2, "n_queries": 10}),
+    ("safetensors_no_queries", _cache("good.safetensors", "--n-queries", "10"),
+     {"layers": [0, 1], "kv_heads": 2, "n_queries": 10}),
     ("npy_stacked", _cache("good.npy", "--no-causal"), {"layers": [0, 1], "kv_heads": 2, "n_queries": 64}),
 ]
 
 
 @pytest.mark.parametrize("case_id, argv, expected", CACHE_ACCEPTED, ids=[c[0] for c in CACHE_ACCEPTED])
-def test_cli_accepts_documented_cache_files(arrays: Path, capsys, case_id: str, argv: list[str], expected: dict) -> None:
+def test_cli_accepts_documented_cache_files(arrays: Path, capsys, case_id: str, argv: list[str],
+                                            expected: dict) -> None:
     code, out, err = _run_cli_output(argv, arrays, capsys)
     assert code == 0, err
     report = json.loads(out)
@@ -896,7 +993,8 @@ def test_cli_accepts_documented_cache_files(arrays: Path, capsys, case_id: str, 
 
 def test_cli_write_failure_is_one_line(arrays: Path, capsys) -> None:
     """An output path that cannot be created (its parent is a file): exit 1, the path named."""
-    code, err = _run_cli(["quantize", "--scheme", "KV", "--bits", "2", "--side", "K", "K.npy", "a_file/k.npz"], arrays, capsys)
+    code, err = _run_cli(["quantize", "--scheme", "KV", "--bits", "2", "--side", "K", "K.npy", "a_file/k.npz"], arrays,
+                         capsys)
     assert code == 1
     assert err.startswith("kvasym: error: a_file") and "not a directory" in err
     assert len(err.strip().splitlines()) == 1
@@ -904,9 +1002,11 @@ def test_cli_write_failure_is_one_line(arrays: Path, capsys) -> None:
 
 def test_cli_bad_input_leaves_existing_output_untouched(arrays: Path, capsys) -> None:
     out = arrays / "keep.npz"
-    assert _run_cli(["quantize", "--scheme", "KV", "--bits", "2", "--side", "K", "K.npy", "keep.npz"], arrays, capsys)[0] == 0
+    assert _run_cli(["quantize", "--scheme", "KV", "--bits", "2", "--side", "K", "K.npy", "keep.npz"], arrays,
+                    capsys)[0] == 0
     before = out.read_bytes()
-    code, _ = _run_cli(["quantize", "--scheme", "KV", "--bits", "2", "--side", "K", "k_nan.npy", "keep.npz"], arrays, capsys)
+    code, _ = _run_cli(["quantize", "--scheme", "KV", "--bits", "2", "--side", "K", "k_nan.npy", "keep.npz"], arrays,
+                       capsys)
     assert code == 2 and out.read_bytes() == before
 
 
@@ -964,27 +1064,34 @@ TAMPERED = [
     Tamper("packed_garbage", "metrics", "packed", lambda p, r: _garbage(p), "is not a readable .npz packed cache"),
     Tamper("packed_byte_flipped", "metrics", "packed", lambda p, r: _flip_member_byte(p), "BadZipFile"),
     Tamper("packed_from_other_budget", "metrics", "packed",
-           lambda p, r: shutil.copy(r.cell("gaussian", "KQV", 2)["packed"], p), "has budget = 2 but cell KQV n=4 needs 4"),
+           lambda p, r: shutil.copy(r.cell("gaussian", "KQV", 2)["packed"], p),
+           "has budget = 2 but cell KQV n=4 needs 4"),
     Tamper("packed_from_other_scheme", "metrics", "packed",
            lambda p, r: shutil.copy(r.cell("gaussian", "KV", 4)["packed"], p), "but cell KQV n=4 needs"),
     Tamper("packed_from_other_distribution", "metrics", "packed",
            lambda p, r: shutil.copy(r.cell("t1.05", "KQV", 4)["packed"], p), "rotation_seed"),
     Tamper("packed_trials_swapped", "metrics", "packed",
-           lambda p, r: _rename_members(p, {"t0.K": "t1.K", "t1.K": "t0.K", "t0.V": "t1.V", "t1.V": "t0.V"}), "trial 0 side K has rotation_seed"),
-    Tamper("packed_trial_missing", "metrics", "packed", lambda p, r: _rename_members(p, {"t2.K": "x2.K", "t2.V": "x2.V"}), "no packed caches for trial 2"),
+           lambda p, r: _rename_members(p, {"t0.K": "t1.K", "t1.K": "t0.K", "t0.V": "t1.V", "t1.V": "t0.V"}),
+           "trial 0 side K has rotation_seed"),
+    Tamper("packed_trial_missing", "metrics", "packed",
+           lambda p, r: _rename_members(p, {"t2.K": "x2.K", "t2.V": "x2.V"}), "no packed caches for trial 2"),
     Tamper("manifest_truncated", "metrics", "data", lambda p, r: _truncate(p), "unreadable data manifest"),
     Tamper("manifest_not_object", "metrics", "data", lambda p, r: p.write_text("[1, 2]"), "unreadable data manifest"),
     Tamper("manifest_other_slice", "metrics", "data",
-           lambda p, r: p.write_text(p.read_text().replace('"seq_len": 32', '"seq_len": 33')), "made for another config slice"),
+           lambda p, r: p.write_text(p.read_text().replace('"seq_len": 32', '"seq_len": 33')),
+           "made for another config slice"),
     Tamper("manifest_digest_changed", "metrics", "data",
-           lambda p, r: p.write_text(json.dumps({**json.loads(p.read_text()), "trials": [{"trial": t, "sha256": "0" * 64} for t in range(3)]})),
+           lambda p, r: p.write_text(json.dumps({**json.loads(p.read_text()),
+                                                 "trials": [{"trial": t, "sha256": "0" * 64} for t in range(3)]})),
            "differs from its manifest digest"),
     Tamper("per_query_truncated", "stats", "per_query", lambda p, r: _truncate(p), "is not a readable Parquet table"),
     Tamper("per_query_garbage", "stats", "per_query", lambda p, r: _garbage(p), "is not a readable Parquet table"),
     Tamper("per_query_deleted", "stats", "per_query", lambda p, r: p.unlink(), "no such file"),
     Tamper("per_key_truncated", "theory", "per_key", lambda p, r: _truncate(p, 0.8), "is not a readable Parquet table"),
-    Tamper("stats_part_truncated", "gather", "stats_part", lambda p, r: _truncate(p), "is not a readable Parquet table"),
-    Tamper("gathered_table_truncated", "claims", "gathered", lambda p, r: _truncate(p), "is not a readable Parquet table"),
+    Tamper("stats_part_truncated", "gather", "stats_part", lambda p, r: _truncate(p),
+           "is not a readable Parquet table"),
+    Tamper("gathered_table_truncated", "claims", "gathered", lambda p, r: _truncate(p),
+           "is not a readable Parquet table"),
 ]
 
 
@@ -992,7 +1099,8 @@ def _copy_run(run: MiniRun, dest: Path) -> MiniRun:
     shutil.copytree(run.root, dest)
     moved = MiniRun(dest, run.study)
     moved.paths = {
-        k: ([dest / Path(p).relative_to(run.root) for p in v] if isinstance(v, list) else dest / Path(v).relative_to(run.root))
+        k: ([dest / Path(p).relative_to(run.root) for p in v] if isinstance(v, list)
+            else dest / Path(v).relative_to(run.root))
         for k, v in run.paths.items()
     }
     return moved
@@ -1012,7 +1120,8 @@ def test_tampered_intermediate_is_detected(mini: MiniRun, tmp_path, case: Tamper
     out = tmp_path / "out"
     with pytest.raises(KvasymError) as info:
         if case.stage == "metrics":
-            run_metrics(study.metrics_slice(dist, dim, scheme, budget), data, cell["packed"], out / "pq.parquet", out / "pk.parquet")
+            run_metrics(study.metrics_slice(dist, dim, scheme, budget), data, cell["packed"], out / "pq.parquet",
+                        out / "pk.parquet")
         elif case.stage == "stats":
             paths = [run.cell(dist, s, b)["per_query"] for s in study.schemes for b in study.budgets]
             run_stats(study.stats_slice(dist, dim), paths, out / "c.parquet", out / "s.parquet", out / "t.parquet")
@@ -1029,7 +1138,8 @@ def test_tampered_intermediate_is_detected(mini: MiniRun, tmp_path, case: Tamper
     assert "\n" not in message
     if case.stage != "metrics" or case.target == "packed":
         assert target.name in message, "the message names the file"
-    if case.target in ("packed", "per_query", "per_key", "gathered", "stats_part") and "no such file" not in case.message:
+    if (case.target in ("packed", "per_query", "per_key", "gathered", "stats_part")
+            and "no such file" not in case.message):
         assert "delete it and rerun" in message
     assert not out.exists() or not any(out.iterdir()), "nothing written"
 
@@ -1043,8 +1153,9 @@ def test_tampered_packed_cache_through_the_stage_command(mini: MiniRun, tmp_path
     _truncate(cell["packed"])
     slice_ = canonical_json(run.study.metrics_slice("gaussian", 16, "KQV", 4))
     proc = subprocess.run(
-        [sys.executable, "-m", "kvasym.cli", "stage", "metrics", "--slice", slice_, "--data", str(run.root / "data/gaussian/d16.json"),
-         "--packed", str(cell["packed"]), "--per-query", str(tmp_path / "pq.parquet"), "--per-key", str(tmp_path / "pk.parquet")],
+        [sys.executable, "-m", "kvasym.cli", "stage", "metrics", "--slice", slice_,
+         "--data", str(run.root / "data/gaussian/d16.json"), "--packed", str(cell["packed"]),
+         "--per-query", str(tmp_path / "pq.parquet"), "--per-key", str(tmp_path / "pk.parquet")],
         capture_output=True, text=True, env=run_env(),
     )
     assert proc.returncode == 2

@@ -196,5 +196,6 @@ def test_head_dim_that_is_not_a_power_of_two_follows_the_padding_rule(tmp_path):
     columns, _ = evaluate_cache_file(cache, get_scheme("KQV"), 4, name="d24", base_seed=0, n_queries=8, sharpness=[1.0])
     assert columns["k_bits_payload"][0] == pytest.approx(4 * 32 / 24)
     assert np.all(np.isfinite(columns["kl"])) and np.all(columns["kl"] >= 0)
-    unrotated, _ = evaluate_cache_file(cache, get_scheme("KV"), 4, name="d24", base_seed=0, n_queries=8, sharpness=[1.0])
+    unrotated, _ = evaluate_cache_file(cache, get_scheme("KV"), 4, name="d24", base_seed=0, n_queries=8,
+                                       sharpness=[1.0])
     assert unrotated["k_bits_payload"][0] == pytest.approx(4.0)

@@ -50,9 +50,12 @@ def test_p_value_requirement_can_fail_a_claim():
 def test_all_cells_verdict():
     rule = {"op": "all"}
     base = {"n_cells": 10}
-    assert verdict(Measurement(1.0, details={**base, "n_a_significantly_better": 10, "n_b_significantly_better": 0}), rule)[0] == HOLDS
-    assert verdict(Measurement(0.9, details={**base, "n_a_significantly_better": 9, "n_b_significantly_better": 0}), rule)[0] == INCONCLUSIVE
-    assert verdict(Measurement(0.9, details={**base, "n_a_significantly_better": 9, "n_b_significantly_better": 1}), rule)[0] == FAILS
+    assert verdict(Measurement(1.0, details={**base, "n_a_significantly_better": 10, "n_b_significantly_better": 0}),
+                   rule)[0] == HOLDS
+    assert verdict(Measurement(0.9, details={**base, "n_a_significantly_better": 9, "n_b_significantly_better": 0}),
+                   rule)[0] == INCONCLUSIVE
+    assert verdict(Measurement(0.9, details={**base, "n_a_significantly_better": 9, "n_b_significantly_better": 1}),
+                   rule)[0] == FAILS
 
 
 def _comparisons(ratio: float, log10_p: float, holm: float) -> pd.DataFrame:
@@ -92,11 +95,13 @@ def test_swapped_pair_inverts_ratio_and_interval():
     assert result["verdict"] == HOLDS
 
 
-@pytest.mark.parametrize("holm, a_better, expected", [(-3.0, True, HOLDS), (-1.0, True, INCONCLUSIVE), (-3.0, False, FAILS)])
+@pytest.mark.parametrize("holm, a_better, expected",
+                         [(-3.0, True, HOLDS), (-1.0, True, INCONCLUSIVE), (-3.0, False, FAILS)])
 def test_cells_better_uses_holm_adjusted_per_trial_p(holm, a_better, expected):
     comp = _comparisons(0.5 if a_better else 2.0, -30.0, holm)
     claims = [{"id": "X", "statement": "s", "statistic": "cells_better",
-               "where": {"a": "A", "b": "B", "metrics": ["kl"], "sharpness": 1.0, "alpha": 0.05}, "holds_if": {"op": "all"}}]
+               "where": {"a": "A", "b": "B", "metrics": ["kl"], "sharpness": 1.0, "alpha": 0.05},
+               "holds_if": {"op": "all"}}]
     (result,) = evaluate_claims(claims, _tables(comp))
     assert result["verdict"] == expected
 
@@ -111,7 +116,8 @@ def test_missing_cells_are_not_evaluated_not_errors():
 
 def test_unknown_statistic_is_an_error(tmp_path):
     path = tmp_path / "claims.yaml"
-    path.write_text("claims:\n  - {id: C1, statement: s, statistic: no_such_statistic, holds_if: {op: '>', value: 1}}\n")
+    path.write_text("claims:\n  - {id: C1, statement: s, statistic: no_such_statistic, "
+                    "holds_if: {op: '>', value: 1}}\n")
     with pytest.raises(KvasymError, match="no_such_statistic"):
         load_claims(path)
 
@@ -142,7 +148,8 @@ def test_shipped_ledgers_load():
         # the headline fills each claim's cell unless the claim names its own
         import yaml
 
-        raw = {str(c["id"]): c.get("where") or {} for c in yaml.safe_load((root / "config" / name).read_text())["claims"]}
+        raw = {str(c["id"]): c.get("where") or {}
+               for c in yaml.safe_load((root / "config" / name).read_text())["claims"]}
         for claim in claims:
             for key in ("distribution", "dim", "sharpness"):
                 assert claim["where"][key] == raw[claim["id"]].get(key, headline[key]), (claim["id"], key)

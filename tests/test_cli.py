@@ -37,7 +37,8 @@ def test_codebook_json_matches_library(capsys):
 
 def test_quantize_dequantize_round_trip(cache_files, tmp_path):
     packed, restored = tmp_path / "k.npz", tmp_path / "k_hat.npy"
-    assert main(["quantize", "--scheme", "RKV", "--bits", "4", "--side", "K", str(cache_files["keys"]), str(packed)]) == 0
+    assert main(["quantize", "--scheme", "RKV", "--bits", "4", "--side", "K", str(cache_files["keys"]),
+                 str(packed)]) == 0
     assert main(["dequantize", "--dtype", "float64", str(packed), str(restored)]) == 0
     x = np.load(cache_files["keys"]).astype(np.float64)
     x_hat = np.load(restored)
@@ -83,11 +84,13 @@ def test_causal_mask_layout():
         (["dequantize", "{keys}", "{out}"], "plain .npy array"),
         (["dequantize", "{truncated}", "{out}"], "not a readable"),
         (
-            ["evaluate", "--keys", "{keys}", "--values", "{short}", "--queries", "{queries}", "--scheme", "KV", "--bits", "4"],
+            ["evaluate", "--keys", "{keys}", "--values", "{short}", "--queries", "{queries}", "--scheme", "KV",
+             "--bits", "4"],
             "values have 5",
         ),
         (
-            ["evaluate", "--keys", "{keys}", "--values", "{values}", "--queries", "{wide}", "--scheme", "KV", "--bits", "4"],
+            ["evaluate", "--keys", "{keys}", "--values", "{values}", "--queries", "{wide}", "--scheme", "KV",
+             "--bits", "4"],
             "head_dim 32",
         ),
     ],
@@ -98,7 +101,8 @@ def test_bad_input_one_clear_line(cache_files, tmp_path, argv_tail, message):
     np.save(tmp_path / "short.npy", np.ones((5, 64)))
     np.save(tmp_path / "wide.npy", np.ones((5, 32)))
     (tmp_path / "text.npy").write_text("not an array")
-    main(["quantize", "--scheme", "KV", "--bits", "2", "--side", "K", str(cache_files["keys"]), str(tmp_path / "ok.npz")])
+    main(["quantize", "--scheme", "KV", "--bits", "2", "--side", "K", str(cache_files["keys"]),
+          str(tmp_path / "ok.npz")])
     (tmp_path / "truncated.npz").write_bytes((tmp_path / "ok.npz").read_bytes()[:500])
     names = dict(
         keys=cache_files["keys"], values=cache_files["values"], queries=cache_files["queries"],
@@ -134,8 +138,8 @@ def test_capture_command_rejects_bad_input_in_one_line(tmp_path):
 def test_real_stage_names_missing_slice_keys(tmp_path, capsys):
     from kvasym.cli import main
 
-    code = main(["stage", "real_metrics", "--slice", '{"distribution": "smollm2"}', "--captures", str(tmp_path / "a.npz"),
-                 "--out", str(tmp_path / "o.parquet")])
+    code = main(["stage", "real_metrics", "--slice", '{"distribution": "smollm2"}',
+                 "--captures", str(tmp_path / "a.npz"), "--out", str(tmp_path / "o.parquet")])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--slice of the real_metrics stage lacks key(s) base_seed, budget, norm_dtype, scheme, sharpness" in err

@@ -139,7 +139,8 @@ def assert_same_results(workdir: Path, reference: Path) -> None:
     for table in ("per_query", "per_key"):
         pd.testing.assert_frame_equal(sorted_table(workdir, table), sorted_table(reference, table))
     for name in GATHERED:
-        pd.testing.assert_frame_equal(pd.read_parquet(workdir / "results" / name), pd.read_parquet(reference / "results" / name))
+        pd.testing.assert_frame_equal(pd.read_parquet(workdir / "results" / name),
+                                      pd.read_parquet(reference / "results" / name))
     assert (workdir / TARGET).read_text() == (reference / TARGET).read_text()
     ref_packed = sorted(p.relative_to(reference) for p in (reference / "results/packed").rglob("*.npz"))
     assert sorted(p.relative_to(workdir) for p in (workdir / "results/packed").rglob("*.npz")) == ref_packed
@@ -169,7 +170,8 @@ def reference(tmp_path_factory) -> Reference:
         # the lock is taken once the DAG is built; the first finished output proves it is held
         wait_for(lambda: len(final_outputs(workdir)) >= 1 or proc.poll() is not None, 300)
         concurrent = subprocess.run(
-            snakemake_cmd("--cores", "1", *TARGETS), cwd=workdir, capture_output=True, text=True, env=run_env(), timeout=300
+            snakemake_cmd("--cores", "1", *TARGETS), cwd=workdir, capture_output=True, text=True, env=run_env(),
+            timeout=300
         )
         first_was_running = proc.poll() is None
         rc = proc.wait(timeout=900)
@@ -239,7 +241,8 @@ def _mount_tmpfs(where: Path, options: str) -> str | None:
     if os.geteuid() != 0:
         return "not root"
     try:
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True,
+                              text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as exc:
         return str(exc)
     return None if proc.returncode == 0 else (proc.stderr.strip() or f"mount exited {proc.returncode}")
@@ -318,7 +321,8 @@ def test_packed_cache_truncated_between_runs_is_caught_then_rebuilt(reference: R
     failed = snakemake(workdir, "--cores", "2", *TARGETS)
     out = failed.stdout + failed.stderr
     assert failed.returncode != 0
-    assert "n4.npz is not a readable .npz packed cache" in out and "delete it and rerun to rebuild it" in out, out[-3000:]
+    assert ("n4.npz is not a readable .npz packed cache" in out
+            and "delete it and rerun to rebuild it" in out), out[-3000:]
     assert "Traceback" not in out
     assert_nothing_corrupt_except(workdir, packed)
     packed.unlink()

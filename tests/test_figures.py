@@ -23,7 +23,8 @@ from kvasym.dataset import PER_KEY_SCHEMA, PER_QUERY_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMES = ("KV", "KQV", "QKQV", "RKV")
-KINDS = {"gaussian": "gaussian", "t1.05": "student_t", "t3": "student_t", "lowrank4": "low_rank", "lowrank16": "low_rank"}
+KINDS = {"gaussian": "gaussian", "t1.05": "student_t", "t3": "student_t", "lowrank4": "low_rank",
+         "lowrank16": "low_rank"}
 QUALITY = {"KV": 1.0, "KQV": 0.5, "QKQV": 1.5, "RKV": 0.6}  # larger: worse (synthetic)
 
 
@@ -35,7 +36,8 @@ def make_per_query(distributions=("gaussian", "t1.05", "lowrank4"), dims=(64,), 
                    sharpness=(1.0, 4.0), trials=2, queries=12, seed=0) -> pd.DataFrame:
     gen = np.random.default_rng(seed)
     rows = []
-    for dist, dim, scheme, budget, s, trial in itertools.product(distributions, dims, schemes, budgets, sharpness, range(trials)):
+    for dist, dim, scheme, budget, s, trial in itertools.product(distributions, dims, schemes, budgets, sharpness,
+                                                                 range(trials)):
         scale = QUALITY.get(scheme, 1.2) * 2.0 ** (-budget) * s
         cache = {f"{site}_{name}": value for site in ("k", "v") for name, value in (
             ("snr_db", 6.0 * budget + gen.normal()), ("eff_bits", budget + gen.normal(0, 0.1)),
@@ -43,8 +45,9 @@ def make_per_query(distributions=("gaussian", "t1.05", "lowrank4"), dims=(64,), 
         for q in range(queries):
             phi_t = abs(gen.normal(0.8 * scale, 0.1))
             rows.append({
-                "distribution": dist, "kind": _kind(dist), "dim": dim, "scheme": scheme, "budget": budget, "sharpness": s,
-                "trial": trial, "query": q, "kl": float(gen.lognormal(np.log(0.05 * scale), 1.0)) if q else 0.0,
+                "distribution": dist, "kind": _kind(dist), "dim": dim, "scheme": scheme, "budget": budget,
+                "sharpness": s, "trial": trial, "query": q,
+                "kl": float(gen.lognormal(np.log(0.05 * scale), 1.0)) if q else 0.0,
                 "recall_top5": float(gen.integers(0, 6) / 5), **cache,
                 "t_snr_db": 5.0 * budget - 10 * phi_t, "t_eff_bits": budget - 2 * phi_t, "t_phi": phi_t,
                 "t_eps_dir": 1 - np.cos(phi_t), "k_bits_payload": float(budget), "k_bits_side": 0.5,
@@ -90,7 +93,8 @@ def make_theory(distributions=("gaussian", "t1.05", "lowrank4"), dims=(64,), bud
                      "low": np.nan, "high": np.nan, "theory": np.nan, "statistic": 0.03, "p": 0.5, "n": 100.0})
         for scheme, budget, s in itertools.product(schemes, budgets, sharpness):
             rows.append({**base, "check": "jensen_slope", "scheme": scheme, "budget": budget, "sharpness": s,
-                         "estimate": 0.1, "low": 0.05, "high": 0.15, "theory": np.nan, "statistic": 0.2, "p": np.nan, "n": 64.0})
+                         "estimate": 0.1, "low": 0.05, "high": 0.15, "theory": np.nan, "statistic": 0.2, "p": np.nan,
+                         "n": 64.0})
     return pd.DataFrame(rows)
 
 
@@ -137,10 +141,13 @@ RANK = {"lowrank4": 4, "lowrank16": 16}
 def draw_all(t, colors=None):
     """(name, figure, expected number of axes) for every figure function."""
     return [
-        ("shannon_k", fg.shannon_phi_plane(t["per_query"], "k", sharpness=1.0, dim=64, distributions=FACETS, colors=colors), 6),
-        ("shannon_t", fg.shannon_phi_plane(t["per_query"], "t", sharpness=1.0, dim=64, distributions=FACETS, colors=colors), 6),
+        ("shannon_k", fg.shannon_phi_plane(t["per_query"], "k", sharpness=1.0, dim=64, distributions=FACETS,
+                                           colors=colors), 6),
+        ("shannon_t", fg.shannon_phi_plane(t["per_query"], "t", sharpness=1.0, dim=64, distributions=FACETS,
+                                           colors=colors), 6),
         ("kl_ecdf", fg.kl_ecdf(t["per_query"], sharpness=4.0, dim=64, distributions=FACETS, colors=colors), 6),
-        ("budget_crossover", fg.budget_crossover(t["summary"], distribution="gaussian", dim=64, sharpness=1.0, colors=colors), 2),
+        ("budget_crossover", fg.budget_crossover(t["summary"], distribution="gaussian", dim=64, sharpness=1.0,
+                                                 colors=colors), 2),
         ("tail_sweep", fg.tail_sweep(t["summary"], NU, dim=64, budget=4, sharpness=1.0, colors=colors), 2),
         ("rank_sweep", fg.rank_sweep(t["summary"], RANK, ["t1.05", "t3"], budget=4, sharpness=1.0, colors=colors), 1),
         ("sharpness_sweep", fg.sharpness_sweep(t["summary"], dim=64, budget=4, distributions=FACETS,
@@ -290,7 +297,8 @@ def test_hostile_names_render(tables, tmp_path):
         fg.budget_crossover(t["summary"], distribution=HOSTILE_DIST),
         fg.tail_sweep(t["summary"], {HOSTILE_DIST: 1.05, "t3": 3}),
         fg.rank_sweep(t["summary"], RANK, [HOSTILE_DIST]),
-        fg.sharpness_sweep(t["summary"], distributions=facets, comparisons=t["comparisons"], pair=(HOSTILE_SCHEME, "KQV")),
+        fg.sharpness_sweep(t["summary"], distributions=facets, comparisons=t["comparisons"],
+                           pair=(HOSTILE_SCHEME, "KQV")),
         fg.theory_check(t["theory"]),
         fg.marginals({HOSTILE_DIST: make_samples()["gaussian"]}),
         fg.jensen_bias(t["per_key"], distributions=facets, slopes=t["theory"]),
@@ -483,8 +491,8 @@ def _short_capture(capture, n_tokens: int):
     cut = {name: getattr(capture, name)[..., :n_tokens, :] for name in ("k_pre_rope", "k_post_rope", "v", "q_pre_rope",
                                                                        "q_post_rope")}
     return replace(capture, token_ids=capture.token_ids[:n_tokens], positions=capture.positions[:n_tokens],
-                   token_nll_nats=capture.token_nll_nats[: n_tokens - 1], metadata={**capture.metadata, "n_tokens": n_tokens},
-                   **cut)
+                   token_nll_nats=capture.token_nll_nats[: n_tokens - 1],
+                   metadata={**capture.metadata, "n_tokens": n_tokens}, **cut)
 
 
 @pytest.fixture(scope="module")
@@ -507,7 +515,8 @@ def real_rows(tmp_path_factory):
         capture.metadata["name"] = text
         paths.append(str(write_capture(capture, tmp / f"{text}.npz")))
     files: dict[tuple[str, str, int], Path] = {}
-    for dist, scheme, budget in [*itertools.product(REAL_DISTRIBUTIONS, REAL_SCHEMES, [REAL_BUDGET]), ("smollm2", "KV", 2)]:
+    for dist, scheme, budget in [*itertools.product(REAL_DISTRIBUTIONS, REAL_SCHEMES, [REAL_BUDGET]),
+                                 ("smollm2", "KV", 2)]:
         slice_ = {"distribution": dist, "scheme": {"name": scheme, **get_scheme(scheme).to_dict()}, "budget": budget,
                   "sharpness": [1.0], "base_seed": 11, "norm_dtype": "float32", "layers": None}
         out = tmp / "metrics" / "per_query" / dist / "d8" / scheme / f"n{budget}.parquet"
@@ -571,9 +580,11 @@ def test_real_heatmap_draws_the_means_on_one_log_scale(real_rows, tmp_path, monk
         return [Path(f"{stem}.{fmt}") for fmt in ("pdf", "png")]
 
     monkeypatch.setattr(fg, "save_figure", keep)
-    slice_ = {"schemes": REAL_SCHEMES, "headline": {"distribution": "gaussian", "dim": 64, "sharpness": 1.0, "budget": REAL_BUDGET},
+    slice_ = {"schemes": REAL_SCHEMES,
+              "headline": {"distribution": "gaussian", "dim": 64, "sharpness": 1.0, "budget": REAL_BUDGET},
               "facet_distributions": [], "distributions": [], "base_seed": 0, "max_points": 10}
-    written = run_figures(slice_, {"real_per_query": [str(p) for p in real_rows["headline"]]}, tmp_path, ["real_heatmap"])
+    written = run_figures(slice_, {"real_per_query": [str(p) for p in real_rows["headline"]]}, tmp_path,
+                          ["real_heatmap"])
     assert [p.name for p in written] == ["real_kl_heatmap.pdf", "real_kl_heatmap.png"]
     fig, provenance = figures["real_kl_heatmap"]
     assert provenance["figure"] == "real_kl_heatmap"
@@ -606,7 +617,8 @@ def test_real_heatmap_draws_the_means_on_one_log_scale(real_rows, tmp_path, monk
         np.testing.assert_allclose(drawn, expected.to_numpy(), rtol=1e-12)
         values.append(drawn)
         # the cells are large enough to carry their values
-        assert sorted(t.get_text() for t in ax.texts if t.get_rotation() == 0) == sorted(f"{v:.2g}" for v in drawn.ravel())
+        assert (sorted(t.get_text() for t in ax.texts if t.get_rotation() == 0)
+                == sorted(f"{v:.2g}" for v in drawn.ravel()))
     values = np.concatenate([v.ravel() for v in values])
     # one shared logarithmic norm from the smallest to the largest mean, one colour bar
     norms = {id(image.norm) for _, image in panels.values()}
@@ -693,7 +705,8 @@ def test_real_kl_means_rejects_files_without_a_complete_trial_map(real_rows, tmp
         ("short_map.parquet", {"trial_map": trial_map[:-1]}, r"trial\(s\) 7 are not in its trial_map"),
         ("bad_json.parquet", {"trial_map": "[{"}, "not valid JSON"),
         ("not_a_list.parquet", {"trial_map": {"trial": 0}}, "JSON list"),
-        ("no_layer.parquet", {"trial_map": [{k: v for k, v in e.items() if k != "layer"} for e in trial_map]}, "lacks layer"),
+        ("no_layer.parquet", {"trial_map": [{k: v for k, v in e.items() if k != "layer"} for e in trial_map]},
+         "lacks layer"),
         ("twice.parquet", {"trial_map": [*trial_map, trial_map[0]]}, "lists trial 0 twice"),
         ("float.parquet", {"trial_map": [{**e, "kv_head": 0.5} for e in trial_map]}, "not an integer"),
         ("no_kl.parquet", {"columns": ["distribution", "scheme", "budget", "sharpness", "trial"]}, "no column"),
@@ -733,10 +746,11 @@ def test_real_family_inputs_flags_and_dag_presence(tmp_path, monkeypatch):
     from kvasym.stages import figure as figure_stage
 
     figure_stage.add_arguments(parser)
-    args = parser.parse_args(["--slice", "{}", "--family", "real_heatmap", "--real-per-query", "a b.parquet", "c.parquet",
-                              "--out-dir", str(tmp_path)])
+    args = parser.parse_args(["--slice", "{}", "--family", "real_heatmap", "--real-per-query", "a b.parquet",
+                              "c.parquet", "--out-dir", str(tmp_path)])
     seen = {}
-    monkeypatch.setattr(figure_stage, "run_figures", lambda s, inputs, out, families: seen.update(inputs=inputs, families=families) or [])
+    monkeypatch.setattr(figure_stage, "run_figures",
+                        lambda s, inputs, out, families: seen.update(inputs=inputs, families=families) or [])
     monkeypatch.setattr("kvasym.study.parse_slice", lambda text: {})
     figure_stage.run_from_args(args)
     assert seen["families"] == ["real_heatmap"]

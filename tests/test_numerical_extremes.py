@@ -348,7 +348,8 @@ def test_caches_depend_only_on_seed_identity_and_side(base_seed: int, trial: int
     rng = _rng(trial)
     keys, values = rng.standard_normal((12, dim)), rng.standard_normal((12, dim))
     identity = ("gaussian", dim, trial)
-    first = {s: quantize_pair(keys, values, get_scheme(s), budget, base_seed=base_seed, identity=identity) for s in ("RKV", "KQV", "QKQV")}
+    first = {s: quantize_pair(keys, values, get_scheme(s), budget, base_seed=base_seed, identity=identity)
+             for s in ("RKV", "KQV", "QKQV")}
     # other work in between (another identity, another budget) must not matter
     quantize_pair(values, keys, get_scheme("QKQV"), max(budget - 1, 1), base_seed=base_seed + 1, identity=("other",))
     again = quantize_pair(keys, values, get_scheme("KQV"), budget, base_seed=base_seed, identity=identity)

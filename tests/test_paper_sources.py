@@ -53,7 +53,8 @@ APT_INSTALL = ("apt-get update && apt-get install -y --no-install-recommends lat
 # --------------------------------------------------------------------------------------------
 
 _BLANK = re.compile(r"[^\n]")
-_UNIT = r"(?:pt|mm|cm|in|ex|em|bp|sp|pc|dd|cc|mu|\\(?:textwidth|linewidth|columnwidth|textheight|hsize|vsize|baselineskip|paperwidth|paperheight))"
+_UNIT = (r"(?:pt|mm|cm|in|ex|em|bp|sp|pc|dd|cc|mu|"
+         r"\\(?:textwidth|linewidth|columnwidth|textheight|hsize|vsize|baselineskip|paperwidth|paperheight))")
 #: Commands whose (first) braced argument is a name, a path or a key, never prose.
 _NAME_ARG = (r"label|ref|eqref|pageref|autoref|cref|Cref|nameref|cite[a-zA-Z]*|input|include|includegraphics|"
              r"usepackage|RequirePackage|documentclass|graphicspath|url|href|hypersetup|IfFileExists|"
@@ -202,7 +203,8 @@ def test_number_macros_used_are_generated(paper_numbers):
 def test_figures_and_tables_referenced_by_known_names():
     prose = _prose()
     figures = set(re.findall(r"\\kv(?:figure|graphic)(?:\[[^\]]*\])?\{([^{}#]+)\}", prose))
-    assert figures == set(FIGURES), f"figures: unknown {sorted(figures - set(FIGURES))}, unused {sorted(set(FIGURES) - figures)}"
+    assert figures == set(FIGURES), (f"figures: unknown {sorted(figures - set(FIGURES))}, "
+                                     f"unused {sorted(set(FIGURES) - figures)}")
     used_tables = {f"table_{t}" for t in re.findall(r"\\kvtable\{([^{}#]+)\}", prose)}
     assert used_tables == set(tables.TABLES)
 
@@ -224,7 +226,8 @@ def _comparison_columns() -> list[str]:
     return [*CELL, "scheme_a", "scheme_b", "metric", "per_trial_only", *keys,
             *(f"ratio_{w}{s}" for w in ("mean", "p99") for s in ("", "_low", "_high")),
             "energy", "energy_p", "energy_log10_p",
-            *(f"{c}_holm" for c in ("q_log10_p", "t_wilcoxon_log10_p", "t_mw_log10_p", "q_ks_log10_p", "energy_log10_p"))]
+            *(f"{c}_holm"
+              for c in ("q_log10_p", "t_wilcoxon_log10_p", "t_mw_log10_p", "q_ks_log10_p", "energy_log10_p"))]
 
 
 THEORY_COLUMNS = ["distribution", "kind", "dim", "check", "scheme", "budget", "sharpness", "estimate", "low", "high",
@@ -384,7 +387,8 @@ def test_hostile_names_come_out_escaped_and_nothing_else_changes():
             expected = expected.replace(placeholder, escape_latex(raw))
         assert hostile[name] == expected, name
     # and the escaped forms are really there
-    assert r"R\&D" in hostile["table_results"] and r"a\_b" in hostile["table_tests"] and r"50\%" in hostile["table_theory"]
+    assert (r"R\&D" in hostile["table_results"] and r"a\_b" in hostile["table_tests"]
+            and r"50\%" in hostile["table_theory"])
     assert r"\#1" in hostile["table_results"] and r"\$x\$" in hostile["table_tests"]
     assert r"\textasciitilde{}" in hostile["table_results"] and "é" in hostile["table_results"]
     assert r"x\textasciicircum{}2 \{b\}" in hostile["table_claims"]
@@ -403,7 +407,8 @@ def test_hostile_names_are_escaped_in_numbers(tmp_path):
     study = load_study_file(ROOT / "config" / "test.yaml")
     slice_ = numbers.numbers_slice(study, {**HEADLINE, "distribution": "a_b"},
                                   [{"id": "C2", "statement": "R&D: 50% of #1", "holds_if": {"op": ">", "value": 1},
-                                    "where": {"a": "$x$", "b": "t~é", "metrics": ["kl", "t_eps_dir"], "better": {"x": 1}}}],
+                                    "where": {"a": "$x$", "b": "t~é", "metrics": ["kl", "t_eps_dir"],
+                                              "better": {"x": 1}}}],
                                   commit="abc_def", version="0.1.0")
     schemes = ["#1", "$x$", "t~1", "é", "q^z", "{bb}", "back\\slash", "<>", "R&D"]
     slice_["schemes"] = schemes
@@ -626,7 +631,8 @@ def test_the_headline_is_the_studys_and_claims_files_cannot_move_it(tmp_path):
 def _need_latex() -> None:
     missing = [tool for tool in ("latexmk", "pdflatex", "pdftotext") if shutil.which(tool) is None]
     if missing:
-        pytest.skip(f"LaTeX TOOLS MISSING ({', '.join(missing)}): the paper was NOT compiled. Install them with: {APT_INSTALL}")
+        pytest.skip(f"LaTeX TOOLS MISSING ({', '.join(missing)}): the paper was NOT compiled. "
+                    f"Install them with: {APT_INSTALL}")
 
 
 def _paper_copy(root: Path) -> Path:
@@ -643,8 +649,10 @@ def _latexmk(paper: Path) -> str:
         cwd=paper, capture_output=True, text=True, timeout=300,
     )
     log = paper / "build" / "main.log"
-    assert run.returncode == 0, f"latexmk failed:\n{run.stdout[-3000:]}\n{log.read_text(errors='replace')[-3000:] if log.exists() else ''}"
-    text = subprocess.run(["pdftotext", "build/main.pdf", "-"], cwd=paper, capture_output=True, text=True, check=True).stdout
+    assert run.returncode == 0, (f"latexmk failed:\n{run.stdout[-3000:]}\n"
+                                 f"{log.read_text(errors='replace')[-3000:] if log.exists() else ''}")
+    text = subprocess.run(["pdftotext", "build/main.pdf", "-"], cwd=paper, capture_output=True, text=True,
+                          check=True).stdout
     return re.sub(r"\s+", " ", text)
 
 
@@ -704,7 +712,8 @@ def test_paper_compiles_without_tables_claims_or_figures(tmp_path):
     paper = _paper_copy(tmp_path)
     study = load_study_file(ROOT / "config" / "test.yaml")
     numbers.render_numbers(numbers.numbers_slice(study, study.headline,
-                                               load_claims(ROOT / study.claims_file), commit=COMMIT), paper / "generated")
+                                                 load_claims(ROOT / study.claims_file), commit=COMMIT),
+                           paper / "generated")
     text = _latexmk(paper)
     assert "table table_results has not been generated" in text
     assert "n/a" in text and COMMIT[:12] in text

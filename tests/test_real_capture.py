@@ -52,7 +52,8 @@ SKIP_REASON = "REAL-MODEL EXTRA MISSING: {why} -- the SmolLM2 forward pass and t
 PERPLEXITY_BOUND = 25.0
 PERPLEXITY_TEXT = "bicycle_repair.txt"
 PERPLEXITY_TOKENS = 256
-SHORT_TEXT = "The old clock in the hall struck nine, and the children ran upstairs to find their coats before the rain began."
+SHORT_TEXT = ("The old clock in the hall struck nine, and the children ran upstairs to find their coats "
+              "before the rain began.")
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,8 @@ def _convert_hf_to_gguf_permute(weights: np.ndarray, n_head: int, n_head_kv: int
     """llama.cpp's convert_hf_to_gguf.py ``LlamaModel.permute``, transcribed for numpy."""
     if n_head_kv is not None and n_head != n_head_kv:
         n_head = n_head_kv
-    return weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:]).swapaxes(1, 2)
+            .reshape(weights.shape))
 
 
 @pytest.mark.parametrize("n_head, n_head_kv, rows_per_head", [(9, None, 64), (9, 3, 64), (4, 4, 8)])
@@ -124,7 +126,8 @@ def test_rope_preserves_norms_and_depends_only_on_relative_position() -> None:
     assert abs(dots[0, 1] - dots[0, 2]) > 1e-3  # but it does depend on the offset
 
 
-def _synthetic_capture(n_tokens: int = 6, layers: tuple[int, ...] = (0, 3), n_heads: int = 4, n_kv: int = 2, head_dim: int = 8) -> Capture:
+def _synthetic_capture(n_tokens: int = 6, layers: tuple[int, ...] = (0, 3), n_heads: int = 4, n_kv: int = 2,
+                       head_dim: int = 8) -> Capture:
     """A small valid capture made without the model (pre-RoPE random, post = RoPE(pre))."""
     rng = np.random.default_rng(11)
     cos, sin = rope_tables(np.arange(n_tokens), head_dim, 1e5, np.float32)
@@ -192,17 +195,20 @@ def _mutations() -> list[tuple[str, object, str]]:
     return [
         ("missing q_pre_rope", drop("q_pre_rope"), "missing array(s) ['q_pre_rope']"),
         ("missing metadata", drop("metadata_json"), "'metadata_json'"),
-        ("k wrong shape", put("k_post_rope", lambda a: a["k_post_rope"][:, :, :-1]), "'k_post_rope' has shape (2, 2, 5, 8)"),
+        ("k wrong shape", put("k_post_rope", lambda a: a["k_post_rope"][:, :, :-1]),
+         "'k_post_rope' has shape (2, 2, 5, 8)"),
         ("v wrong rank", put("v", lambda a: a["v"][0]), "'v' has shape (2, 6, 8) (rank 3)"),
         ("q head_dim", put("q_post_rope", lambda a: a["q_post_rope"][..., :4]), "'q_post_rope' has shape"),
         ("nan in v", with_value("v", np.nan), "'v' holds NaN or Inf (first at index (0, 1, 2, 3))"),
         ("inf in k", with_value("k_pre_rope", -np.inf), "'k_pre_rope' holds NaN or Inf"),
         ("int keys", put("k_post_rope", lambda a: a["k_post_rope"].astype(np.int16)), "'k_post_rope' has dtype int16"),
         ("float ids", put("token_ids", lambda a: a["token_ids"].astype(np.float32)), "'token_ids' has dtype float32"),
-        ("wrong gqa map", put("kv_head_of_query_head", lambda a: np.arange(4, dtype=np.int32) % 2), "'kv_head_of_query_head'"),
+        ("wrong gqa map", put("kv_head_of_query_head", lambda a: np.arange(4, dtype=np.int32) % 2),
+         "'kv_head_of_query_head'"),
         ("positions not increasing", put("positions", lambda a: a["positions"][::-1].copy()), "'positions'"),
         ("layers disagree", put("layers", lambda a: np.array([0, 9], dtype=np.int32)), "array 'layers'"),
-        ("k post is not rope of pre", put("k_post_rope", lambda a: a["v"]), "'k_pre_rope' and 'k_post_rope' are not related by RoPE"),
+        ("k post is not rope of pre", put("k_post_rope", lambda a: a["v"]),
+         "'k_pre_rope' and 'k_post_rope' are not related by RoPE"),
         ("bad json", put("metadata_json", lambda a: np.array("{not json")), "not valid JSON"),
         ("wrong format", put("metadata_json", lambda a: np.array(json.dumps({"format": "x"}))), "metadata format 'x'"),
     ]

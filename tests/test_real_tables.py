@@ -114,7 +114,8 @@ def test_captures_to_parquet_and_command_line(tmp_path, capsys):
     again = captures_statistics(paths)
     pd.testing.assert_frame_equal(frame, again)
     # the second text's values are those of its own capture
-    beta = frame[(frame["text"] == "beta") & (frame["tensor"] == "v") & (frame["layer"] == LAYERS[1]) & (frame["head"] == 1)]
+    beta = frame[(frame["text"] == "beta") & (frame["tensor"] == "v") & (frame["layer"] == LAYERS[1])
+                 & (frame["head"] == 1)]
     expected = cache_statistics(make_capture(seed=1).v[1, 1].astype(np.float64))
     assert beta["excess_kurtosis"].iloc[0] == pytest.approx(expected["excess_kurtosis"], rel=1e-11)
     # the same text twice, a broken capture, nothing: errors naming the problem
@@ -258,7 +259,8 @@ def test_without_real_rows_a_paragraph_with_the_install_command_and_no_table():
     assert "\\label{tab:real}" in text  # the prose's reference still resolves
     # cache statistics given without real rows change nothing
     stats = pd.DataFrame(capture_statistics(make_capture(), "t"))
-    assert tables.table_texts({"summary": frame, "real_cachestats": stats}, HEADLINE, ["table_real"])["table_real"] == text
+    assert tables.table_texts({"summary": frame, "real_cachestats": stats}, HEADLINE,
+                              ["table_real"])["table_real"] == text
 
 
 def test_names_are_escaped():

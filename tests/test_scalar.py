@@ -145,9 +145,10 @@ def test_property_arbitrary_float64_values(t: np.ndarray, values: list[float]) -
     assert_matches(t, np.array(values, dtype=np.float64))
 
 
-#: float32 exactness domain of the fast path of the encoder (it was once buggy beyond it): a threshold's float32 rounding
-#: moves it by up to 2^-24 |t|, i.e. 2^-23 |t| / min_gap grid cells, which must stay below the
-#: 1 / (2 (n + 1))-cell margin: (n + 1) max|t| / min_gap << 2^22. Codebooks reach ~7e4 (8 bits).
+#: float32 exactness domain of the fast path of the encoder (it was once buggy beyond it): a
+#: threshold's float32 rounding moves it by up to 2^-24 |t|, i.e. 2^-23 |t| / min_gap grid cells,
+#: which must stay below the 1 / (2 (n + 1))-cell margin: (n + 1) max|t| / min_gap << 2^22.
+#: Codebooks reach ~7e4 (8 bits).
 FLOAT32_SAFE = 2e5
 
 

@@ -45,7 +45,8 @@ def test_rules_hold_no_lambdas_and_no_resource_numbers():
         if path.name == "common.smk":
             continue
         assert "lambda" not in text, f"{path.name}: input functions live in common.smk"
-        assert not re.search(r"mem_mb\s*=\s*\d|runtime\s*=\s*\d", text), f"{path.name}: resources come from kvasym.resources"
+        assert not re.search(r"mem_mb\s*=\s*\d|runtime\s*=\s*\d", text), \
+            f"{path.name}: resources come from kvasym.resources"
 
 
 @pytest.mark.parametrize("name", list(STAGES))
@@ -62,7 +63,8 @@ def test_each_stage_module_has_one_entry_point(name, capsys):
 def test_resources_cover_every_stage():
     for name in STAGES:
         if name in SLICE_STAGES:
-            request = job_resources(name, {"dim": 128, "seq_len": 256, "n_queries": 32, "trials": 32, "sharpness": [1.0]})
+            request = job_resources(name, {"dim": 128, "seq_len": 256, "n_queries": 32, "trials": 32,
+                                           "sharpness": [1.0]})
         else:
             request = job_resources(name, input_mb=100.0)
         assert request["mem_mb"] >= 600 and request["runtime"] >= 2, name

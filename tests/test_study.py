@@ -98,7 +98,8 @@ def test_user_scheme_runs_alongside_builtins():
     )
     study = load_study(config)
     assert list(study.schemes) == ["KQV", "VQ"]
-    assert study.cell_slice("gaussian", 64, "VQ", 4)["scheme"]["V"] == {"rotate": False, "scalar_bits": "n-1", "qjl": True}
+    assert study.cell_slice("gaussian", 64, "VQ", 4)["scheme"]["V"] == {"rotate": False, "scalar_bits": "n-1",
+                                                                       "qjl": True}
 
 
 def test_slices_are_narrow_and_canonical():

@@ -202,8 +202,10 @@ def test_same_results_with_one_core(complete_run, tmp_path):
     for table in ("per_query", "per_key"):
         pd.testing.assert_frame_equal(sorted_table(workdir, table), sorted_table(complete_run, table))
     for table in ("stats/comparisons.parquet", "stats/summary.parquet", "theory/theory.parquet"):
-        pd.testing.assert_frame_equal(pd.read_parquet(workdir / "results" / table), pd.read_parquet(complete_run / "results" / table))
-    assert (workdir / "results/claims/claims.json").read_text() == (complete_run / "results/claims/claims.json").read_text()
+        pd.testing.assert_frame_equal(pd.read_parquet(workdir / "results" / table),
+                                      pd.read_parquet(complete_run / "results" / table))
+    assert ((workdir / "results/claims/claims.json").read_text()
+            == (complete_run / "results/claims/claims.json").read_text())
     # the packed caches are bit-identical too
     for path in (complete_run / "results/packed").rglob("*.npz"):
         other = workdir / path.relative_to(complete_run)
@@ -216,7 +218,8 @@ def test_same_results_with_one_core(complete_run, tmp_path):
 def test_killed_run_resumes_to_the_same_results(complete_run, tmp_path):
     workdir = make_workdir(tmp_path / "run_killed")
     cmd = [sys.executable, "-m", "snakemake", "--configfile", "config/test.yaml", "--cores", "2"]
-    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     deadline = time.time() + 120
     packed = workdir / "results/packed"
     while time.time() < deadline and len(list(packed.rglob("*.npz"))) < 4:
@@ -240,7 +243,8 @@ def test_killed_run_resumes_to_the_same_results(complete_run, tmp_path):
     [
         ({"budgetz": [4]}, "budgetz"),
         ({"budgets": [9]}, "budgets"),
-        ({"distributions": [{"name": "lr", "kind": "low_rank", "params": {"rank": 100}}]}, "rank = 100 exceeds dim = 64"),
+        ({"distributions": [{"name": "lr", "kind": "low_rank", "params": {"rank": 100}}]},
+         "rank = 100 exceeds dim = 64"),
     ],
 )
 def test_invalid_config_stops_before_any_job(tmp_path, change, message):

@@ -244,7 +244,8 @@ def _store_norms(norms: np.ndarray, norm_dtype: str, what: str) -> np.ndarray:
         row = int(np.argmax(too_big))
         # float32 is the widest storage offered, so past its range only rescaling helps.
         remedy = "use norm_dtype float32 or rescale the cache" if norm_dtype == "float16" else "rescale the cache"
-        raise KvasymError(f"{what} of row {row} is {norms[row]:.3g}, beyond {norm_dtype}'s range ({limit:.3g}); {remedy}")
+        raise KvasymError(f"{what} of row {row} is {norms[row]:.3g}, beyond {norm_dtype}'s range ({limit:.3g}); "
+                          f"{remedy}")
     return norms.astype(norm_dtype)
 
 

@@ -178,7 +178,8 @@ def _roles(names: Sequence[str], path: Path) -> dict[str, str]:
     return roles
 
 
-def layout_of(arrays: Mapping[str, tuple[tuple[int, ...], str]], path: str | Path) -> tuple[CacheLayout, dict[str, str]]:
+def layout_of(arrays: Mapping[str, tuple[tuple[int, ...], str]],
+              path: str | Path) -> tuple[CacheLayout, dict[str, str]]:
     """Check shapes and dtypes (from :func:`inspect_arrays` or loaded arrays) against the
     documented layout; return the layout and the role -> array-name map."""
     path = Path(path)
@@ -210,7 +211,8 @@ def layout_of(arrays: Mapping[str, tuple[tuple[int, ...], str]], path: str | Pat
     if n_pos < MIN_POSITIONS:
         raise KvasymError(f"cache file {path}: {n_pos} cached position(s); at least {MIN_POSITIONS} are needed")
     if dim < MIN_HEAD_DIM or v4[-1] < MIN_HEAD_DIM:
-        raise KvasymError(f"cache file {path}: head_dim {dim} (keys) / {v4[-1]} (values); at least {MIN_HEAD_DIM} are needed")
+        raise KvasymError(f"cache file {path}: head_dim {dim} (keys) / {v4[-1]} (values); "
+                          f"at least {MIN_HEAD_DIM} are needed")
     n_q_heads = n_q_pos = None
     if "queries" in roles:
         q = shapes["queries"]
@@ -226,7 +228,8 @@ def layout_of(arrays: Mapping[str, tuple[tuple[int, ...], str]], path: str | Pat
             raise KvasymError(f"cache file {path}: queries have {q4[0]} layers but keys have {n_layers}")
         if q4[1] % n_kv:
             raise KvasymError(f"cache file {path}: {q4[1]} query heads are not a multiple of {n_kv} KV heads "
-                              "(give kv_head_of_query_head for another grouping)" if "kv_head_of_query_head" not in roles
+                              "(give kv_head_of_query_head for another grouping)"
+                              if "kv_head_of_query_head" not in roles
                               else f"cache file {path}: {q4[1]} query heads for {n_kv} KV heads")
         if q4[2] > n_pos:
             raise KvasymError(f"cache file {path}: {q4[2]} query positions but only {n_pos} cached positions "
@@ -251,8 +254,10 @@ def _check_numeric(dtype: str, name: str, path: Path) -> None:
     except TypeError:
         kind = "?"
     if kind not in "fiu" or dtype == "bool":
-        hint = " (convert bfloat16 to float32 before saving)" if "bf16" in dtype.lower() or "bfloat" in dtype.lower() else ""
-        raise KvasymError(f"cache file {path}: array {name!r} has dtype {dtype}; expected a float or integer type{hint}")
+        hint = (" (convert bfloat16 to float32 before saving)" if "bf16" in dtype.lower() or "bfloat" in dtype.lower()
+                else "")
+        raise KvasymError(f"cache file {path}: array {name!r} has dtype {dtype}; "
+                          f"expected a float or integer type{hint}")
 
 
 def inspect_cache_file(path: str | Path) -> CacheLayout:
@@ -415,7 +420,8 @@ def evaluate_cache_file(
                 queries = np.asarray(cache.queries[li, heads], dtype=np.float64).reshape(-1, keys.shape[1])
                 mask = None if single is None else np.tile(single, (heads.size, 1))
             else:
-                queries = keys_family_queries(keys, n_queries, rng(base_seed, "file-queries", name, int(layer), kv_head))
+                queries = keys_family_queries(keys, n_queries,
+                                              rng(base_seed, "file-queries", name, int(layer), kv_head))
             results = head_metrics(keys, keys, values, queries, scheme, budget, base_seed=base_seed,
                                    identity=(name, int(layer), kv_head), sharpness=levels, mask=mask,
                                    norm_dtype=norm_dtype)

@@ -96,7 +96,8 @@ def _cell_outcomes(t: Tables, where: Mapping[str, Any], metric: str) -> pd.DataF
     rows = t.comparisons[t.comparisons["metric"] == metric]
     forward = rows[(rows["scheme_a"] == where["a"]) & (rows["scheme_b"] == where["b"])]
     backward = rows[(rows["scheme_a"] == where["b"]) & (rows["scheme_b"] == where["a"])]
-    diff = np.concatenate([(forward["mean_a"] - forward["mean_b"]).to_numpy(), (backward["mean_b"] - backward["mean_a"]).to_numpy()])
+    diff = np.concatenate([(forward["mean_a"] - forward["mean_b"]).to_numpy(),
+                           (backward["mean_b"] - backward["mean_a"]).to_numpy()])
     cells = pd.concat([forward, backward], ignore_index=True)
     cells["a_minus_b"] = diff
     for key in ("budget", "dim", "distribution"):
@@ -107,7 +108,8 @@ def _cell_outcomes(t: Tables, where: Mapping[str, Any], metric: str) -> pd.DataF
         cells = cells[np.isclose(cells["sharpness"], float(where["sharpness"]))]
     if cells.empty:
         raise MissingCell(f"no comparison of {where['a']} and {where['b']} on {metric}")
-    lower_better = where.get("better", {}).get(metric, "lower") == "lower" if isinstance(where.get("better"), Mapping) else where.get("better", "lower") == "lower"
+    lower_better = (where.get("better", {}).get(metric, "lower") == "lower" if isinstance(where.get("better"), Mapping)
+                    else where.get("better", "lower") == "lower")
     a_better = cells["a_minus_b"] < 0 if lower_better else cells["a_minus_b"] > 0
     significant = cells["t_wilcoxon_log10_p_holm"] <= math.log10(where.get("alpha", 0.05))
     cells["a_sig_better"] = a_better & significant
@@ -143,7 +145,8 @@ def stat_crossover(t: Tables, where: Mapping[str, Any]) -> Measurement:
 
 
 def _trial_values(t: Tables, distribution: str, where: Mapping[str, Any], metric: str) -> np.ndarray:
-    _known(metric, set(t.trials.columns) - {"distribution", "kind", "dim", "scheme", "budget", "sharpness", "trial"}, "metric")
+    _known(metric, set(t.trials.columns) - {"distribution", "kind", "dim", "scheme", "budget", "sharpness", "trial"},
+           "metric")
     rows = select_cells(t.trials, "per-trial", distribution=distribution, dim=where["dim"], budget=where["budget"],
                    scheme=where["scheme"], sharpness=float(where["sharpness"]))
     return rows.sort_values("trial")[metric].to_numpy()
@@ -159,11 +162,13 @@ def stat_distribution_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
     a = _trial_values(t, where["num"], where, metric)
     b = _trial_values(t, where["den"], where, metric)
     ci = stats.bootstrap_ratio_ci(a, b, statistic="mean", n_boot=t.n_boot, base_seed=t.base_seed,
-                                  identity=("claims", where["num"], where["den"], metric, int(where["dim"])), paired=False)
+                                  identity=("claims", where["num"], where["den"], metric, int(where["dim"])),
+                                  paired=False)
     mw = stats.mann_whitney(a, b)
     details: dict[str, Any] = {"mean_num": float(np.mean(a)), "mean_den": float(np.mean(b)), "n_trials": int(len(a))}
     for role in ("num", "den"):
-        ks = t.theory[(t.theory["check"] == "ks_beta") & (t.theory["distribution"] == where[role]) & (t.theory["dim"] == where["dim"])]
+        ks = t.theory[(t.theory["check"] == "ks_beta") & (t.theory["distribution"] == where[role])
+                      & (t.theory["dim"] == where["dim"])]
         if not ks.empty:
             details[f"ks_beta_p_{role}"] = float(ks["p"].iloc[0])
             details[f"ks_beta_d_{role}"] = float(ks["statistic"].iloc[0])
@@ -205,7 +210,8 @@ def stat_ranking_disagreement(t: Tables, where: Mapping[str, Any]) -> Measuremen
             examples.append([*map(str, key), str(best_mean), str(best_by)])
     if groups == 0:
         raise MissingCell("no summary rows")
-    return Measurement(disagree / groups, details={"n_groups": groups, "n_disagree": disagree, "examples": examples[:10]})
+    return Measurement(disagree / groups,
+                       details={"n_groups": groups, "n_disagree": disagree, "examples": examples[:10]})
 
 
 def stat_tail_to_mean(t: Tables, where: Mapping[str, Any]) -> Measurement:
@@ -215,7 +221,8 @@ def stat_tail_to_mean(t: Tables, where: Mapping[str, Any]) -> Measurement:
     ratio = (frame["kl_p99"] / frame["kl_mean"]).replace([np.inf, -np.inf], np.nan).dropna()
     if ratio.empty:
         raise MissingCell("no summary rows with positive mean KL")
-    return Measurement(float(ratio.median()), details={"min": float(ratio.min()), "max": float(ratio.max()), "n_cells": int(ratio.size)})
+    return Measurement(float(ratio.median()),
+                       details={"min": float(ratio.min()), "max": float(ratio.max()), "n_cells": int(ratio.size)})
 
 
 STATISTICS: dict[str, Callable[[Tables, Mapping[str, Any]], Measurement]] = {
@@ -331,9 +338,11 @@ def load_claims(path: str | os.PathLike, headline: Mapping[str, Any] | None = No
             raise KvasymError(f"{where}: duplicated claim id {cid}")
         seen[cid] = cid
         if claim["statistic"] not in STATISTICS:
-            raise KvasymError(f"{where} ({cid}): statistic {claim['statistic']!r} does not exist; known: {', '.join(sorted(STATISTICS))}")
+            raise KvasymError(f"{where} ({cid}): statistic {claim['statistic']!r} does not exist; "
+                              f"known: {', '.join(sorted(STATISTICS))}")
         rule = claim["holds_if"]
-        if not isinstance(rule, Mapping) or rule.get("op") not in (*OPS, "all") or (rule["op"] != "all" and "value" not in rule):
+        if (not isinstance(rule, Mapping) or rule.get("op") not in (*OPS, "all")
+                or (rule["op"] != "all" and "value" not in rule)):
             raise KvasymError(f"{where} ({cid}): holds_if must be {{op: >=|>|<=|<, value: x}} or {{op: all}}")
         extra = sorted(set(rule) - RULE_KEYS)
         if extra:
@@ -368,7 +377,8 @@ def evaluate_claims(claims: list[dict[str, Any]], tables: Tables) -> list[dict[s
             results.append(record)
             continue
         except KeyError as exc:
-            raise KvasymError(f"claim {claim['id']}: 'where' lacks the key {exc} that {claim['statistic']} needs") from None
+            raise KvasymError(f"claim {claim['id']}: 'where' lacks the key {exc} that "
+                              f"{claim['statistic']} needs") from None
         except KvasymError as exc:
             raise KvasymError(f"claim {claim['id']} ({claim['statistic']}): {exc}") from None
         result, reason = verdict(m, claim["holds_if"])

@@ -59,7 +59,8 @@ def _load_matrix(path: str, what: str) -> np.ndarray:
     except KvasymError:
         raise
     except Exception as exc:  # noqa: BLE001 - zipfile/zlib/numpy raise many types for a corrupt file
-        raise KvasymError(f"{what} file {path} is not a readable .npy/.npz array ({type(exc).__name__}: {exc})") from None
+        raise KvasymError(f"{what} file {path} is not a readable .npy/.npz array "
+                          f"({type(exc).__name__}: {exc})") from None
     return check_matrix(loaded, f"{what} ({path})")
 
 
@@ -171,7 +172,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         return _evaluate_cache_file(args, scheme)
     if len(matrices) != 3:
         missing = sorted({"keys", "values", "queries"} - set(matrices))
-        raise KvasymError(f"give --cache FILE, or all of --keys, --values, --queries (missing --{', --'.join(missing)})")
+        raise KvasymError(f"give --cache FILE, or all of --keys, --values, --queries "
+                          f"(missing --{', --'.join(missing)})")
     keys = _load_matrix(args.keys, "keys")
     values = _load_matrix(args.values, "values")
     queries = _load_matrix(args.queries, "queries")
@@ -213,7 +215,8 @@ def _evaluate_cache_file(args: argparse.Namespace, scheme) -> int:
     def summary(part: pd.DataFrame) -> dict[str, float | int]:
         return {"n_queries": int(len(part)), "kl_mean": float(part["kl"].mean()),
                 "kl_p99": float(part["kl"].quantile(0.99)), "kl_max": float(part["kl"].max()),
-                "recall_top5_mean": float(part["recall_top5"].mean()), "t_eps_dir_mean": float(part["t_eps_dir"].mean())}
+                "recall_top5_mean": float(part["recall_top5"].mean()),
+                "t_eps_dir_mean": float(part["t_eps_dir"].mean())}
 
     rows = [{"layer": int(heads.loc[t, "layer"]), "kv_head": int(heads.loc[t, "kv_head"]), **summary(part)}
             for t, part in frame.groupby("trial", sort=True)]
@@ -289,12 +292,14 @@ def build_parser(stage_name: str | None = None) -> argparse.ArgumentParser:
         "kvasym.cachefile / config/README.md) or the three 2-D matrices --keys, --values, --queries.",
     )
     common(p)
-    p.add_argument("--cache", help="a cache file (.npz/.safetensors/.npy): k, v, optional q, layers, kv_head_of_query_head")
+    p.add_argument("--cache",
+                   help="a cache file (.npz/.safetensors/.npy): k, v, optional q, layers, kv_head_of_query_head")
     p.add_argument("--keys", help="(n_keys, d) .npy matrix (without --cache)")
     p.add_argument("--values", help="(n_keys, d_v) .npy matrix (without --cache)")
     p.add_argument("--queries", help="(n_queries, d) .npy matrix (without --cache)")
     p.add_argument("--sharpness", type=_sharpness, default=1.0,
-                   help="logit multiplier (1 = plain q.k/sqrt(d)); with --cache, only for the drawn queries of a file without q")
+                   help="logit multiplier (1 = plain q.k/sqrt(d)); with --cache, only for the drawn queries of a file "
+                        "without q")
     p.add_argument("--n-queries", type=_int_in("n-queries", 1, 100_000, "1..100000"), default=64,
                    help="with --cache and no q in the file: queries drawn per KV head (the keys-family rule)")
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
@@ -310,7 +315,8 @@ def build_parser(stage_name: str | None = None) -> argparse.ArgumentParser:
 
     from .stages import add_stage_parsers
 
-    stage = sub.add_parser("stage", help="run one stage of the study's DAG (what the Snakemake rule of that name calls)")
+    stage = sub.add_parser("stage",
+                           help="run one stage of the study's DAG (what the Snakemake rule of that name calls)")
     add_stage_parsers(stage.add_subparsers(dest="stage", required=True), only=stage_name)
     return parser
 

@@ -94,7 +94,8 @@ def to_table(columns: Mapping[str, np.ndarray], schema: pa.Schema) -> pa.Table:
     expected = set(schema.names)
     if names != expected:
         raise KvasymError(
-            f"table columns differ from the schema: missing {sorted(expected - names)}, extra {sorted(names - expected)}"
+            f"table columns differ from the schema: missing {sorted(expected - names)}, "
+            f"extra {sorted(names - expected)}"
         )
     arrays = [pa.array(np.asarray(columns[f.name]), type=f.type, safe=True) for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema)

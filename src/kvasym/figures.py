@@ -4,7 +4,7 @@ Every function takes DataFrames with the columns of the pipeline's tables
 (``results/metrics/{per_query,per_key}``, ``results/stats/summary.parquet``,
 ``results/theory/theory.parquet``, ``results/stats/comparisons.parquet``) and returns a
 :class:`matplotlib.figure.Figure`; :func:`save_figure` writes ``stem.pdf`` and ``stem.png``
-atomically and closes it. :mod:`kvasym.figures_stage` draws them all for the DAG.
+atomically and closes it. :mod:`kvasym.stages.figure` draws them all for the DAG.
 
 Shared style (:data:`STYLE`): one LaTeX column (:data:`COLUMN_WIDTH` = 3.3 in), 8 pt text,
 units on every axis, legends outside the axes (figure level, or below a panel) so they never
@@ -161,7 +161,7 @@ def scheme_order(names: Iterable[str]) -> list[str]:
 def scheme_colors(names: Iterable[str]) -> dict[str, str]:
     """Colour of each scheme: fixed for the built-ins, palette by sorted name for the others.
 
-    Pass the study's whole scheme list (as :mod:`kvasym.figures_stage` does) so that a user
+    Pass the study's whole scheme list (as :mod:`kvasym.stages.figure` does) so that a user
     scheme keeps its colour in a figure where another user scheme is absent.
     """
     names = {str(n) for n in names}
@@ -188,7 +188,8 @@ def _palette(frame_schemes: Iterable[str], colors: Mapping[str, str] | None) -> 
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, *, width: float = COLUMN_WIDTH, height: float | None = None,
-               row_height: float = 1.3, extra: float = 0.55, sharex: Any = False, sharey: Any = False) -> tuple[Figure, np.ndarray]:
+               row_height: float = 1.3, extra: float = 0.55, sharex: Any = False,
+               sharey: Any = False) -> tuple[Figure, np.ndarray]:
     """A constrained-layout figure with an (nrows, ncols) array of axes (never squeezed)."""
     fig = Figure(figsize=(width, height if height is not None else row_height * nrows + extra), layout="constrained")
     axes = fig.subplots(nrows, ncols, sharex=sharex, sharey=sharey, squeeze=False)
@@ -210,7 +211,8 @@ def _scheme_handles(schemes: Sequence[str], colors: Mapping[str, str], markers: 
                     line: bool = True) -> list[Line2D]:
     return [
         Line2D([], [], color=colors[s], marker=markers[s], linestyle="-" if line else "none",
-               markersize=4, markeredgecolor="black" if not line else colors[s], markeredgewidth=0.4 if not line else 0.0)
+               markersize=4, markeredgecolor="black" if not line else colors[s],
+               markeredgewidth=0.4 if not line else 0.0)
         for s in schemes
     ]
 
@@ -373,7 +375,8 @@ def save_figure(fig: Figure, stem: str | os.PathLike, provenance: Mapping[str, s
     written: list[Path] = []
     try:
         with matplotlib.rc_context(STYLE):
-            for fmt, extra in (("pdf", {"metadata": pdf_meta}), ("png", {"dpi": PNG_DPI, "metadata": {"Software": None, **info}})):
+            for fmt, extra in (("pdf", {"metadata": pdf_meta}),
+                               ("png", {"dpi": PNG_DPI, "metadata": {"Software": None, **info}})):
                 target = stem.with_name(f"{stem.name}.{fmt}")
                 with atomic_target(target) as tmp:
                     fig.savefig(tmp, format=fmt, **extra)
@@ -442,18 +445,21 @@ def shannon_phi_plane(
                 if x.size == 0:
                     continue
                 if x.size > max_points:
-                    pick = rng(seed, "figure", "shannon_phi", site, str(dist), int(budget), scheme).choice(x.size, max_points, replace=False)
+                    pick = rng(seed, "figure", "shannon_phi", site, str(dist), int(budget), scheme).choice(
+                        x.size, max_points, replace=False)
                     xs, ys = x[pick], y[pick]
                 else:
                     xs, ys = x, y
-                _tag(ax.scatter(xs, ys, s=4 if wide else 2.5, color=colors[scheme], alpha=0.3, linewidths=0, rasterized=True, zorder=2), scheme)
+                _tag(ax.scatter(xs, ys, s=4 if wide else 2.5, color=colors[scheme], alpha=0.3, linewidths=0,
+                                rasterized=True, zorder=2), scheme)
                 qx, qy = np.percentile(x, [25, 50, 75]), np.percentile(y, [25, 50, 75])
                 # later schemes get smaller markers, so coinciding medians (e.g. KQV and RKV share
                 # their K side) stay visible as nested markers
                 size = _nested(schemes, scheme, 7.0 if wide else 5.5, 1.0 if wide else 0.8, 3.0 if wide else 2.5)
-                _tag(ax.errorbar(qx[1], qy[1], xerr=[[qx[1] - qx[0]], [qx[2] - qx[1]]], yerr=[[qy[1] - qy[0]], [qy[2] - qy[1]]],
-                                 fmt=markers[scheme], color=colors[scheme], markeredgecolor="black", markeredgewidth=0.4,
-                                 markersize=size, elinewidth=1.0, capsize=0, zorder=4 + 0.1 * schemes.index(scheme)), scheme)
+                _tag(ax.errorbar(qx[1], qy[1], xerr=[[qx[1] - qx[0]], [qx[2] - qx[1]]],
+                                 yerr=[[qy[1] - qy[0]], [qy[2] - qy[1]]], fmt=markers[scheme], color=colors[scheme],
+                                 markeredgecolor="black", markeredgewidth=0.4, markersize=size, elinewidth=1.0,
+                                 capsize=0, zorder=4 + 0.1 * schemes.index(scheme)), scheme)
             if i == 0:
                 ax.set_title(f"n = {budget} bits")
             if j == len(cols) - 1:
@@ -508,12 +514,14 @@ def kl_ecdf(
                     continue
                 shown = np.sort(np.maximum(kl[np.isfinite(kl)], floor))
                 ecdf = np.arange(1, shown.size + 1) / kl.size
-                _tag(ax.step(shown, ecdf, where="post", color=colors[scheme], lw=_nested(schemes, scheme, 2.0, 0.45, 0.6),
-                             zorder=3 + 0.1 * schemes.index(scheme)), scheme)
+                _tag(ax.step(shown, ecdf, where="post", color=colors[scheme],
+                             lw=_nested(schemes, scheme, 2.0, 0.45, 0.6), zorder=3 + 0.1 * schemes.index(scheme)),
+                     scheme)
                 mean, p99 = float(np.mean(kl)), float(np.quantile(kl, 0.99))
                 for value, style in ((mean, "--"), (p99, ":")):
                     if np.isfinite(value):
-                        _tag(ax.axvline(max(value, floor), color=colors[scheme], ls=style, lw=0.9, alpha=0.9, zorder=2), scheme)
+                        _tag(ax.axvline(max(value, floor), color=colors[scheme], ls=style, lw=0.9, alpha=0.9,
+                                        zorder=2), scheme)
             _log_axis(ax, "x", _select(frame, distribution=dist)["kl"].to_numpy(dtype=float))
             ax.set_ylim(0, 1.02)
             if i == 0:
@@ -545,8 +553,9 @@ def _line_panel(ax: Any, frame: pd.DataFrame, x: str, y: str, schemes: Sequence[
         ok = np.isfinite(xs) & np.isfinite(ys) & ((ys > 0) if log_y else True)
         if not ok.any():
             continue
-        _tag(ax.plot(xs[ok], ys[ok], marker=markers[scheme], color=colors[scheme], markersize=_nested(schemes, scheme, 5.0, 0.7, 2.5),
-                     lw=_nested(schemes, scheme, 2.0, 0.45, 0.6), zorder=3 + 0.1 * schemes.index(scheme)), scheme)
+        _tag(ax.plot(xs[ok], ys[ok], marker=markers[scheme], color=colors[scheme],
+                     markersize=_nested(schemes, scheme, 5.0, 0.7, 2.5), lw=_nested(schemes, scheme, 2.0, 0.45, 0.6),
+                     zorder=3 + 0.1 * schemes.index(scheme)), scheme)
         shown.extend(ys[ok])
         drawn += 1
     if log_y and drawn:
@@ -586,7 +595,8 @@ def budget_crossover(
         ax.set_xlabel(BUDGET_LABEL)
         ax.set_ylabel(METRIC_LABELS.get(metric, safe_text(metric)))
     one = " (one budget: no crossover to see)" if len(budgets) < 2 else ""
-    _suptitle(fig, (f"{title}: {distribution}{d_note}, d = {dim}{dim_note}, sharpness {_fmt(float(sharpness))}{s_note}{one}"))
+    _suptitle(fig, (f"{title}: {distribution}{d_note}, d = {dim}{dim_note}, "
+                    f"sharpness {_fmt(float(sharpness))}{s_note}{one}"))
     _figure_legend(fig, _scheme_handles(schemes, colors, markers), schemes)
     return fig
 
@@ -623,7 +633,8 @@ def tail_sweep(
     title = "Tail sweep"
     frame, dim, budget, sharpness, note = _sweep_frame(summary, nu_by_distribution, dim, budget, sharpness, "nu")
     if frame.empty:
-        return nothing_to_show(title, f"no summary rows of a Student-t distribution ({', '.join(map(str, nu_by_distribution)) or 'none in the config'}) "
+        return nothing_to_show(title, f"no summary rows of a Student-t distribution ("
+                                      f"{', '.join(map(str, nu_by_distribution)) or 'none in the config'}) "
                                       f"at d = {dim}, n = {budget}")
     colors, markers = _palette(frame["scheme"].unique(), colors)
     schemes = scheme_order(frame["scheme"].unique())
@@ -669,11 +680,14 @@ def rank_sweep(
     sharpness, s_note = _choose(frame, "sharpness", sharpness)
     dims_present = _present(frame, "dim", dims)
     if frame.empty or not dims_present:
-        return nothing_to_show(title, f"no summary rows of a low-rank distribution ({', '.join(names) or 'none in the config'})")
+        return nothing_to_show(title, f"no summary rows of a low-rank distribution "
+                                      f"({', '.join(names) or 'none in the config'})")
     refs = [r for r in reference_distributions if r in set(summary["distribution"])]
     frame = _select(frame, budget=budget, sharpness=None if sharpness is None else float(sharpness)).copy()
     frame["rank"] = frame["distribution"].map({k: float(v) for k, v in rank_by_distribution.items()})
-    reference = _select(summary, distribution=refs, budget=budget, sharpness=None if sharpness is None else float(sharpness)) if refs else summary.iloc[0:0]
+    reference = (_select(summary, distribution=refs, budget=budget,
+                         sharpness=None if sharpness is None else float(sharpness))
+                 if refs else summary.iloc[0:0])
     colors, markers = _palette(set(frame["scheme"]) | set(reference["scheme"]), colors)
     schemes = scheme_order(set(frame["scheme"]) | set(reference["scheme"]))
     fig, axes = new_figure(1, len(dims_present), height=2.3, sharey=True)
@@ -725,7 +739,8 @@ def theory_check(theory: pd.DataFrame, *, dim: int | None = None, distributions:
     """Measured QJL variance ratios (estimate and CI per distribution) against the budget,
     the closed form as a black line, and its limits pi/2 and 2 pi as grey dashed lines."""
     title = "QJL inner-product variance ratios"
-    frame = _select(theory, check=list(THEORY_CHECKS)) if theory is not None and "check" in theory.columns else pd.DataFrame()
+    frame = (_select(theory, check=list(THEORY_CHECKS)) if theory is not None and "check" in theory.columns
+             else pd.DataFrame())
     dim, dim_note = _choose(frame, "dim", dim)
     frame = _select(frame, dim=dim)
     dists = _present(frame, "distribution", distributions)
@@ -745,7 +760,8 @@ def theory_check(theory: pd.DataFrame, *, dim: int | None = None, distributions:
             est, low, high = (g[c].to_numpy(dtype=float) for c in ("estimate", "low", "high"))
             yerr = np.vstack([np.where(np.isfinite(low), est - low, 0), np.where(np.isfinite(high), high - est, 0)])
             ax.errorbar(g["budget"].to_numpy(dtype=float) + offsets[dist], est, yerr=np.clip(yerr, 0, None),
-                        fmt=DISTRIBUTION_MARKERS[k % len(DISTRIBUTION_MARKERS)], color=DISTRIBUTION_COLORS[k % len(DISTRIBUTION_COLORS)],
+                        fmt=DISTRIBUTION_MARKERS[k % len(DISTRIBUTION_MARKERS)],
+                        color=DISTRIBUTION_COLORS[k % len(DISTRIBUTION_COLORS)],
                         markersize=3.5, elinewidth=0.9, capsize=1.5, lw=0, zorder=3)
         closed = rows.groupby("budget")["theory"].first().sort_index()
         if closed.notna().any():
@@ -764,8 +780,9 @@ def theory_check(theory: pd.DataFrame, *, dim: int | None = None, distributions:
         ax.set_ylim(values.min() - pad, values.max() + pad)
     axes[0, 0].set_ylabel("variance ratio (×)")
     _suptitle(fig, (f"{title}: d = {dim}{dim_note}; points = measured (95% CI), line = closed form"))
-    handles = [Line2D([], [], color=DISTRIBUTION_COLORS[k % len(DISTRIBUTION_COLORS)], marker=DISTRIBUTION_MARKERS[k % len(DISTRIBUTION_MARKERS)],
-                      ls="none", markersize=4) for k in range(len(dists))]
+    handles = [Line2D([], [], color=DISTRIBUTION_COLORS[k % len(DISTRIBUTION_COLORS)],
+                      marker=DISTRIBUTION_MARKERS[k % len(DISTRIBUTION_MARKERS)], ls="none", markersize=4)
+               for k in range(len(dists))]
     handles.append(Line2D([], [], color="black", lw=1.0))
     handles.append(Line2D([], [], color="0.45", ls="--", lw=0.8))
     labels = [*map(str, dists), "closed form", "limit (π/2, 2π)"]
@@ -885,18 +902,21 @@ def jensen_bias(
                 xs.append(float(np.exp(np.mean(np.log(var[sel])))))
                 ys.append(float(np.mean(excess[sel])))
                 es.append(float(np.std(excess[sel], ddof=1) / math.sqrt(sel.sum())) if sel.sum() > 1 else 0.0)
-            _tag(ax.errorbar(xs, ys, yerr=es, color=colors[scheme], marker=markers[scheme], markersize=_nested(schemes, scheme, 4.2, 0.6, 2.2),
+            _tag(ax.errorbar(xs, ys, yerr=es, color=colors[scheme], marker=markers[scheme],
+                             markersize=_nested(schemes, scheme, 4.2, 0.6, 2.2),
                              lw=_nested(schemes, scheme, 1.5, 0.25, 0.7), elinewidth=0.7, capsize=0,
                              zorder=3 + 0.1 * schemes.index(scheme)), scheme)
             shown.extend(xs)
             handles.append(Line2D([], [], color=colors[scheme], marker=markers[scheme], markersize=3.5))
-            cell_ids = dict(distribution=dist, dim=dim, budget=budget, sharpness=None if sharpness is None else float(sharpness))
+            cell_ids = dict(distribution=dist, dim=dim, budget=budget,
+                            sharpness=None if sharpness is None else float(sharpness))
             labels.append(_slope_label(slopes, scheme, **cell_ids) if with_slopes else scheme)
         ax.axhline(0.0, color="0.4", lw=0.7, ls="-", zorder=1)
         if shown:
             _log_axis(ax, "x", shown)
         else:
-            ax.text(0.5, 0.5, "no keys with positive logit-error variance", ha="center", va="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, "no keys with positive logit-error variance", ha="center", va="center",
+                    transform=ax.transAxes)
         ax.set_title(safe_text(str(dist)))
         if with_slopes and handles:
             ax.legend(handles, [safe_text(label) for label in labels], loc="center left", bbox_to_anchor=(1.01, 0.5),
@@ -966,7 +986,8 @@ def sharpness_sweep(
             if finite.size and finite.max() / finite.min() > 10:
                 _log_axis(ax_ratio, "y", finite)
         else:
-            ax_ratio.text(0.5, 0.5, safe_text(f"{num} or {den} absent"), ha="center", va="center", transform=ax_ratio.transAxes)
+            ax_ratio.text(0.5, 0.5, safe_text(f"{num} or {den} absent"), ha="center", va="center",
+                          transform=ax_ratio.transAxes)
         for ax in (ax_kl, ax_ratio):
             ax.set_xscale("log", base=2)
             ax.set_xticks(sharp, [_fmt(s) for s in sharp])
@@ -1036,7 +1057,7 @@ def real_kl_heatmap(
     (rows: post-RoPE, pre-RoPE) and scheme (columns), at one budget.
 
     ``means``: one row per (distribution, scheme, layer, kv_head) with ``kl_mean`` (and
-    ``budget``), as :func:`kvasym.figures_stage.real_kl_means` returns them. Panel rows are
+    ``budget``), as :func:`kvasym.stages.figure.real_kl_means` returns them. Panel rows are
     layers (model layer numbers, top to bottom), columns KV heads. Every panel shares one
     logarithmic colour scale (KL spans decades between schemes) with one colour bar below;
     cells without a finite positive mean are grey. Values are written in the cells when the
@@ -1048,22 +1069,25 @@ def real_kl_heatmap(
     title = f"Mean KL per layer and KV head ({model})"
     frame = means if means is not None else pd.DataFrame()
     if frame.empty or not {"distribution", "scheme", "layer", "kv_head", "kl_mean"} <= set(frame.columns):
-        return nothing_to_show(title, f"no real-model rows (per (layer, KV head) mean KL) at n = {budget}", width=TEXT_WIDTH)
+        return nothing_to_show(title, f"no real-model rows (per (layer, KV head) mean KL) at n = {budget}",
+                               width=TEXT_WIDTH)
     budget, b_note = _choose(frame, "budget", budget)
     frame = _select(frame, budget=None if budget is None else int(budget))
     rows = _present(frame, "distribution", distributions)
     cols = _present(frame, "scheme", schemes)
     frame = _select(frame, distribution=rows, scheme=cols) if rows and cols else frame.iloc[0:0]
     if frame.empty:
-        return nothing_to_show(title, f"no real-model rows of {list(distributions) if distributions else 'any distribution'} "
-                                      f"and {list(schemes) if schemes else 'any scheme'} at n = {budget}", width=TEXT_WIDTH)
+        return nothing_to_show(title, f"no real-model rows of "
+                                      f"{list(distributions) if distributions else 'any distribution'} "
+                                      f"and {list(schemes) if schemes else 'any scheme'} at n = {budget}",
+                               width=TEXT_WIDTH)
     layers = sorted(int(x) for x in frame["layer"].unique())
     heads = sorted(int(x) for x in frame["kv_head"].unique())
     grid = _heatmap_grid(frame, rows, cols, layers, heads, "kl_mean")
     positive = grid[np.isfinite(grid) & (grid > 0)]
     if positive.size == 0:
-        return nothing_to_show(title, f"every mean KL at n = {budget} is 0 or not finite: nothing to draw on a log scale",
-                               width=TEXT_WIDTH)
+        return nothing_to_show(title, f"every mean KL at n = {budget} is 0 or not finite: "
+                                      f"nothing to draw on a log scale", width=TEXT_WIDTH)
     vmin, vmax = float(positive.min()), float(positive.max())
     if vmax <= vmin:  # one value: a log scale still needs a range
         vmin, vmax = vmin / 1.5, vmax * 1.5
@@ -1071,7 +1095,8 @@ def real_kl_heatmap(
     cmap = matplotlib.colormaps[HEATMAP_CMAP].with_extremes(bad=HEATMAP_MISSING)
     width = TEXT_WIDTH if len(cols) > 2 else COLUMN_WIDTH
     row_height = min(3.0, max(1.1, 0.16 * len(layers) + 0.35))
-    fig, axes = new_figure(len(rows), len(cols), width=width, row_height=row_height, extra=1.05, sharex=True, sharey=True)
+    fig, axes = new_figure(len(rows), len(cols), width=width, row_height=row_height, extra=1.05, sharex=True,
+                           sharey=True)
     # cell size from the planned geometry (labels and colour bar take about 0.9 in across, 0.3 in per row)
     cell_w = (width - 0.9) / len(cols) / len(heads)
     cell_h = (row_height - 0.3) / len(layers)
@@ -1099,7 +1124,8 @@ def real_kl_heatmap(
                 rgba = cmap(norm(panel[li, hi]))
                 luminance = rgba[:, :3] @ np.array([0.299, 0.587, 0.114])
                 for y, x, v, lum in zip(li, hi, panel[li, hi], luminance):
-                    ax.text(x, y, f"{v:.2g}", ha="center", va="center", fontsize=6, color="black" if lum > 0.5 else "white")
+                    ax.text(x, y, f"{v:.2g}", ha="center", va="center", fontsize=6,
+                            color="black" if lum > 0.5 else "white")
             if i == 0:
                 ax.set_title(safe_text(scheme))
             if i == len(rows) - 1:

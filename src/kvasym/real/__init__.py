@@ -90,7 +90,8 @@ def real_settings(value: object) -> dict | None:
         raise KvasymError(f"config key real.texts must be 'all' or a non-empty list of text names, got {texts!r}")
     missing = [t for t in texts if t not in known]
     if missing or len(set(texts)) != len(texts):
-        raise KvasymError(f"config key real.texts: {missing or texts} not among the shipped texts {known} (or repeated)")
+        raise KvasymError(f"config key real.texts: {missing or texts} not among the shipped texts {known} "
+                          "(or repeated)")
     max_tokens = value.get("max_tokens", 512)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 2 <= max_tokens <= MAX_TOKENS_LIMIT:
         raise KvasymError(f"config key real.max_tokens must be an integer in 2..{MAX_TOKENS_LIMIT}, got {max_tokens!r}")
@@ -99,5 +100,6 @@ def real_settings(value: object) -> dict | None:
         layers = list(range(N_LAYERS))
     if (not isinstance(layers, list) or not layers or len(set(layers)) != len(layers)
             or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < N_LAYERS for x in layers)):
-        raise KvasymError(f"config key real.layers must be 'all' or distinct layer numbers in 0..{N_LAYERS - 1}, got {layers!r}")
+        raise KvasymError(f"config key real.layers must be 'all' or distinct layer numbers in 0..{N_LAYERS - 1}, "
+                          f"got {layers!r}")
     return {"texts": list(texts), "max_tokens": int(max_tokens), "layers": sorted(layers)}

@@ -36,12 +36,12 @@ Attention of query head ``h`` at position ``i`` in layer ``l`` is
 ``g = kv_head_of_query_head``: exactly what the model computed (checked in the tests).
 
 Metadata keys (JSON): ``format``, ``format_version``, ``name``, ``text_file``, ``text_sha256``
-(of the text's UTF-8 bytes: for a text file, the file's SHA-256), ``n_tokens``, ``n_tokens_in_text``, ``truncated``, ``max_tokens``,
-``model_file``, ``model_sha256``, ``model_package``, ``model_name``, ``tokenizer``,
-``n_layers_model``, ``layers``, ``n_heads``, ``n_kv_heads``, ``head_dim``, ``group``,
-``kv_head_rule``, ``rope_base``, ``rope``, ``rms_eps``, ``attention_scale``, ``causal_mask``,
-``tied_output_embedding``, ``dtype``, ``perplexity``, ``arrays`` (name -> [shape, dtype]),
-``kvasym_version``.
+(of the text's UTF-8 bytes: for a text file, the file's SHA-256), ``n_tokens``,
+``n_tokens_in_text``, ``truncated``, ``max_tokens``, ``model_file``, ``model_sha256``,
+``model_package``, ``model_name``, ``tokenizer``, ``n_layers_model``, ``layers``, ``n_heads``,
+``n_kv_heads``, ``head_dim``, ``group``, ``kv_head_rule``, ``rope_base``, ``rope``,
+``rms_eps``, ``attention_scale``, ``causal_mask``, ``tied_output_embedding``, ``dtype``,
+``perplexity``, ``arrays`` (name -> [shape, dtype]), ``kvasym_version``.
 
 Command line (also what ``kvasym capture`` and the DAG rule are meant to call)::
 
@@ -289,7 +289,8 @@ def load_capture(path: str | os.PathLike) -> Capture:
         raise KvasymError(f"{path}: missing array(s) {missing}; a capture holds {list(REQUIRED_ARRAYS)}")
     meta_array = arrays["metadata_json"]
     if meta_array.shape != () or meta_array.dtype.kind != "U":
-        raise KvasymError(f"{path}: array 'metadata_json' must be a 0-d string, got shape {meta_array.shape} dtype {meta_array.dtype}")
+        raise KvasymError(f"{path}: array 'metadata_json' must be a 0-d string, got shape {meta_array.shape} "
+                          f"dtype {meta_array.dtype}")
     try:
         metadata = json.loads(str(meta_array))
     except json.JSONDecodeError as exc:

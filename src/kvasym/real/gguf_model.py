@@ -114,7 +114,8 @@ def unpermute_rope_rows(weights: np.ndarray, n_head: int) -> np.ndarray:
     return weights.reshape(n_head, rows // n_head // 2, 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
 
 
-def rope_tables(positions: np.ndarray, head_dim: int, base: float, dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(positions: np.ndarray, head_dim: int, base: float,
+                dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:
     """``cos`` and ``sin`` tables, each (len(positions), head_dim), for rotate-half RoPE.
 
     Frequency ``i`` (of head_dim/2) is ``base ** (-2 i / head_dim)`` radians per position; the
@@ -427,9 +428,11 @@ class GGUFLlama:
     def _check_ids(self, token_ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(token_ids)
         if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
-            raise KvasymError(f"token_ids must be a non-empty 1-D integer array, got shape {ids.shape} dtype {ids.dtype}")
+            raise KvasymError(f"token_ids must be a non-empty 1-D integer array, got shape {ids.shape} "
+                              f"dtype {ids.dtype}")
         if ids.min() < 0 or ids.max() >= self.config.vocab_size:
-            raise KvasymError(f"token id out of range [0, {self.config.vocab_size}): {int(ids.min())}..{int(ids.max())}")
+            raise KvasymError(f"token id out of range [0, {self.config.vocab_size}): "
+                              f"{int(ids.min())}..{int(ids.max())}")
         if ids.size > self.config.context_length:
             raise KvasymError(
                 f"{ids.size} tokens exceed the model's context length {self.config.context_length}; "
@@ -479,7 +482,8 @@ class GGUFLlama:
             x = x + (_silu(h @ layer.w_gate.T) * (h @ layer.w_up.T)) @ layer.w_down.T
         return ForwardResult(hidden=rms_norm(x, self.output_norm, c.rms_eps), layers=captured)
 
-    def _attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, future: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    def _attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, future: np.ndarray,
+                   scale: np.ndarray) -> np.ndarray:
         """Causal GQA attention: (n_heads, T, hd) queries over (n_kv_heads, T, hd) keys/values."""
         c = self.config
         n_tokens = q.shape[1]

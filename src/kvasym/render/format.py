@@ -230,7 +230,8 @@ def _finalize(value: Any) -> Any:
     if isinstance(value, (int, np.integer)):
         return str(int(value))
     if isinstance(value, (float, np.floating)):
-        raise KvasymError(f"template printed an unformatted number {value!r}; use a number filter (sig, num, plain, ...)")
+        raise KvasymError(f"template printed an unformatted number {value!r}; "
+                          "use a number filter (sig, num, plain, ...)")
     if value is None:
         raise KvasymError("template printed None; format it with a filter that handles missing values")
     return escape_latex(str(value))

@@ -45,7 +45,8 @@ FORMULAS: dict[str, str] = {
     "SphereDim": r"d-1",
     "JensenIneq": r"\mathbb{E}[e^{s+e}] = e^{s}\,\mathbb{E}[e^{e}] > e^{s}",
     "QJLReconstruction": r"\hat r = \frac{\sqrt{\pi/2}}{m}\,\lVert r\rVert\, S^{\top}\operatorname{sign}(S r)",
-    "QJLVariance": r"\operatorname{Var}\langle q, \hat r\rangle \approx \frac{\pi}{2}\,\frac{\lVert r\rVert^{2}\lVert q\rVert^{2}}{m}",
+    "QJLVariance": r"\operatorname{Var}\langle q, \hat r\rangle \approx "
+                   r"\frac{\pi}{2}\,\frac{\lVert r\rVert^{2}\lVert q\rVert^{2}}{m}",
     "QJLRatioResidual": r"\pi/2 - 1/d",
     "QJLRatioNbit": r"(\pi/2 - 1/d)\,D(n-1)/D(n)",
     "CodebookRatioLimit": r"D(n-1)/D(n) \to 4",
@@ -106,7 +107,8 @@ def numbers_slice(
 
 
 def _join(values: Sequence[Any]) -> str:
-    return ", ".join(plain(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else escape_latex(str(v)) for v in values)
+    return ", ".join(plain(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else escape_latex(str(v))
+                     for v in values)
 
 
 def _camel(key: str) -> str:

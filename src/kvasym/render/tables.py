@@ -192,7 +192,8 @@ def tests_context(comparisons: pd.DataFrame, headline: Mapping[str, Any]) -> dic
 def theory_context(theory: pd.DataFrame) -> dict[str, Any]:
     """QJL variance ratios (measured with CI, closed form) per (distribution, dim, budget) and
     the KS test of rotated key coordinates against the Beta law per (distribution, dim)."""
-    _require(theory, "theory", ["distribution", "dim", "check", "budget", "estimate", "low", "high", "theory", "statistic", "p"])
+    _require(theory, "theory", ["distribution", "dim", "check", "budget", "estimate", "low", "high", "theory",
+                                "statistic", "p"])
     groups = []
     for dist, dim in dict.fromkeys(zip(theory["distribution"], theory["dim"])):
         t = theory[(theory["distribution"] == dist) & (theory["dim"] == dim)]
@@ -220,8 +221,8 @@ def _claim_row(r: Mapping[str, Any]) -> dict[str, Any]:
     details = r.get("details") or {}
     cells = None
     if "n_cells" in details and "n_a_significantly_better" in details:
-        cells = {"better": int(details["n_a_significantly_better"]), "worse": int(details.get("n_b_significantly_better", 0)),
-                 "n": int(details["n_cells"])}
+        cells = {"better": int(details["n_a_significantly_better"]),
+                 "worse": int(details.get("n_b_significantly_better", 0)), "n": int(details["n_cells"])}
     paper_value = r.get("paper_value")
     return {
         "id": str(r["id"]),
@@ -289,14 +290,15 @@ def median_iqr(values: Sequence[Any]) -> tuple[float, float]:
 
 
 def manifest_statistics(manifest: Mapping[str, Any], where: str = "data manifest") -> pd.DataFrame:
-    """The per-trial cache statistics of one data manifest (:func:`kvasym.pipeline.run_data`)
+    """The per-trial cache statistics of one data manifest (:func:`kvasym.manifest.build_manifest`)
     as rows (:data:`MANIFEST_STATS_COLUMNS`, ``tensor`` = ``keys`` or ``values``)."""
     try:
         spec = manifest["slice"]["distribution"]
         name, kind, dim = str(spec["name"]), str(spec["kind"]), int(manifest["slice"]["dim"])
         trials = manifest["trials"]
     except (KeyError, TypeError, ValueError) as exc:
-        raise KvasymError(f"{where}: not a data manifest (lacks slice.distribution.name/kind, slice.dim or trials: {exc!r})") from None
+        raise KvasymError(f"{where}: not a data manifest (lacks slice.distribution.name/kind, slice.dim or trials: "
+                          f"{exc!r})") from None
     if not isinstance(trials, list) or not trials:
         raise KvasymError(f"{where}: the data manifest lists no trials")
     rows = []
@@ -363,7 +365,8 @@ def _real_results(summary: pd.DataFrame, headline: Mapping[str, Any]) -> dict[st
                     raise KvasymError(f"the summary has {len(hit)} rows for {g['distribution']}, d={g['dim']}, "
                                       f"n={budget}, {scheme}")
                 values[scheme] = {c: (float(hit[c].iloc[0]) if len(hit) else math.nan) for c in REAL_RESULT_COLUMNS}
-            flags = {c: best_flags([values[s][c] for s in schemes], better) for c, better in REAL_RESULT_COLUMNS.items()}
+            flags = {c: best_flags([values[s][c] for s in schemes], better)
+                     for c, better in REAL_RESULT_COLUMNS.items()}
             for i, scheme in enumerate(schemes):
                 cells[scheme].append({**values[scheme], "best": {c: flags[c][i] for c in REAL_RESULT_COLUMNS}})
         rows_by_budget.append({"budget": budget, "rows": [{"scheme": str(s), "cells": cells[s]} for s in schemes]})
@@ -510,7 +513,8 @@ def _read_input(key: str, path: Any) -> Any:
     return frame
 
 
-def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any], tables: Sequence[str] | None = None) -> dict[str, str]:
+def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
+                tables: Sequence[str] | None = None) -> dict[str, str]:
     """Render tables from in-memory inputs (``summary``/``comparisons``/``theory`` DataFrames,
     ``claims`` the parsed claims.json list; for ``table_real``, optionally ``real_cachestats``
     (:mod:`kvasym.real.cachestats`'s table) and ``data_manifests`` (:func:`manifest_statistics`

@@ -122,11 +122,13 @@ def read_trial_map(path: str | os.PathLike, metadata: Mapping[bytes, bytes] | No
         raise KvasymError(f"{path}: its trial_map lacks {', '.join(absent)} for some trial")
     frame = frame[wanted]
     numeric = frame.apply(pd.to_numeric, errors="coerce")
-    if numeric.isna().any().any() or not np.all(numeric.to_numpy(dtype=float) == np.round(numeric.to_numpy(dtype=float))):
+    if (numeric.isna().any().any()
+            or not np.all(numeric.to_numpy(dtype=float) == np.round(numeric.to_numpy(dtype=float)))):
         raise KvasymError(f"{path}: its trial_map has a trial, layer or kv_head that is not an integer")
     frame = numeric.astype(np.int64)
     if frame["trial"].duplicated().any():
-        raise KvasymError(f"{path}: its trial_map lists trial {int(frame.loc[frame['trial'].duplicated(), 'trial'].iloc[0])} twice")
+        raise KvasymError(f"{path}: its trial_map lists trial "
+                          f"{int(frame.loc[frame['trial'].duplicated(), 'trial'].iloc[0])} twice")
     return frame
 
 
@@ -164,8 +166,10 @@ def real_kl_means(files: Any, *, budget: int, sharpness: float = REAL_SHARPNESS)
         unmapped = np.setdiff1d(trials, trial_map["trial"].to_numpy())
         if unmapped.size:
             shown = ", ".join(map(str, unmapped[:5].tolist())) + (", ..." if unmapped.size > 5 else "")
-            raise KvasymError(f"{path}: trial(s) {shown} are not in its trial_map ({unmapped.size} of {trials.size} trials)")
-        keep = (frame["budget"].to_numpy() == int(budget)) & np.isclose(frame["sharpness"].to_numpy(dtype=float), float(sharpness))
+            raise KvasymError(f"{path}: trial(s) {shown} are not in its trial_map "
+                              f"({unmapped.size} of {trials.size} trials)")
+        keep = ((frame["budget"].to_numpy() == int(budget))
+                & np.isclose(frame["sharpness"].to_numpy(dtype=float), float(sharpness)))
         sums = (frame[keep].groupby(["distribution", "scheme", "trial"], sort=False)["kl"]
                 .agg(kl_sum="sum", n_queries="count").reset_index())
         parts.append(sums.merge(trial_map, on="trial", how="left", validate="many_to_one"))
@@ -175,7 +179,8 @@ def real_kl_means(files: Any, *, budget: int, sharpness: float = REAL_SHARPNESS)
     pooled = pooled[pooled["n_queries"] > 0]
     pooled["kl_mean"] = pooled["kl_sum"] / pooled["n_queries"]
     pooled["budget"] = int(budget)
-    return pooled[out_columns].astype({"layer": np.int64, "kv_head": np.int64, "n_queries": np.int64}).reset_index(drop=True)
+    return (pooled[out_columns].astype({"layer": np.int64, "kv_head": np.int64, "n_queries": np.int64})
+            .reset_index(drop=True))
 
 
 def _manifest_path(inputs: Mapping[str, Any], name: str, dim: int) -> Path | None:
@@ -253,10 +258,12 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
     # each input is read once, and only if a family drawn here needs it
     summary = pd.read_parquet(inputs["summary"]) if "summary" in needed else None
     theory = pd.read_parquet(inputs["theory"]) if "theory" in needed else None
-    comparisons = pd.read_parquet(inputs["comparisons"]) if "comparisons" in needed and inputs.get("comparisons") else None
+    comparisons = (pd.read_parquet(inputs["comparisons"]) if "comparisons" in needed and inputs.get("comparisons")
+                   else None)
     per_query = (_read_metrics(inputs, "per_query", {"dim": [dim], "sharpness": [sharp], "distribution": facets})
                  if "per_query" in needed else None)
-    per_key = (_read_metrics(inputs, "per_key", {"dim": [dim], "sharpness": [sharp], "budget": [budget], "distribution": facets})
+    per_key = (_read_metrics(inputs, "per_key",
+                             {"dim": [dim], "sharpness": [sharp], "budget": [budget], "distribution": facets})
                if "per_key" in needed else None)
     real = real_kl_means(inputs.get("real_per_query"), budget=budget) if "real_per_query" in needed else None
     specs = slice_["distributions"]
@@ -269,11 +276,15 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
         "shannon_phi_v": lambda: fg.shannon_phi_plane(per_query, "v", **shannon),
         "shannon_phi_t": lambda: fg.shannon_phi_plane(per_query, "t", **shannon),
         "kl_ecdf": lambda: fg.kl_ecdf(per_query, **common),
-        "budget_crossover": lambda: fg.budget_crossover(summary, distribution=dist, dim=dim, sharpness=sharp, colors=colors),
+        "budget_crossover": lambda: fg.budget_crossover(summary, distribution=dist, dim=dim, sharpness=sharp,
+                                                        colors=colors),
         "tail_sweep": lambda: fg.tail_sweep(summary, nu, dim=dim, budget=budget, sharpness=sharp, colors=colors),
-        "rank_sweep": lambda: fg.rank_sweep(summary, rank, slice_["rank_references"], budget=budget, sharpness=sharp, colors=colors),
-        "sharpness_sweep": lambda: fg.sharpness_sweep(summary, dim=dim, budget=budget, distributions=facets, comparisons=comparisons, colors=colors),
-        "theory_check": lambda: fg.theory_check(theory, dim=dim, distributions=[d["name"] for d in specs if dim in d["dims"]]),
+        "rank_sweep": lambda: fg.rank_sweep(summary, rank, slice_["rank_references"], budget=budget, sharpness=sharp,
+                                            colors=colors),
+        "sharpness_sweep": lambda: fg.sharpness_sweep(summary, dim=dim, budget=budget, distributions=facets,
+                                                      comparisons=comparisons, colors=colors),
+        "theory_check": lambda: fg.theory_check(theory, dim=dim,
+                                                distributions=[d["name"] for d in specs if dim in d["dims"]]),
         "marginals": lambda: fg.marginals(marginal_samples(slice_, inputs)),
         "jensen_bias": lambda: fg.jensen_bias(per_key, budget=budget, sharpness=sharp, dim=dim, distributions=facets,
                                               slopes=theory, n_bins=int(slice_["jensen_bins"]), colors=colors),
@@ -326,7 +337,8 @@ def run_from_args(args: argparse.Namespace) -> list[Path]:
     from ..study import parse_slice
 
     slice_ = parse_slice(args.slice)
-    inputs = {k: getattr(args, k) for k in ("summary", "comparisons", "theory", "per_query", "per_key", "data", "real_per_query")}
+    inputs = {k: getattr(args, k)
+              for k in ("summary", "comparisons", "theory", "per_query", "per_key", "data", "real_per_query")}
     written = run_figures(slice_, inputs, args.out_dir, args.families)
     for path in written:
         print(path)

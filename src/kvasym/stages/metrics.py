@@ -55,7 +55,8 @@ def run_metrics(
         try:
             k_cache, v_cache = caches[packed_cache_name(trial, "K")], caches[packed_cache_name(trial, "V")]
         except KeyError:
-            raise KvasymError(f"{packed_npz}: no packed caches for trial {trial}; delete it and rerun to rebuild it") from None
+            raise KvasymError(f"{packed_npz}: no packed caches for trial {trial}; "
+                              "delete it and rerun to rebuild it") from None
         for side, cache, matrix in (("K", k_cache, data.keys), ("V", v_cache, data.values)):
             _check_cache_matches(cache, matrix.shape, slice_, scheme, trial, side, packed_npz)
         keys_hat = k_cache.dequantize("float64")

@@ -36,7 +36,8 @@ def build_pdf(main_tex: str | Path, out_dir: str = "build") -> Path:
     done = subprocess.run(command, check=False)
     pdf = main.parent / out_dir / f"{main.stem}.pdf"
     if done.returncode != 0:
-        raise KvasymError(f"latexmk failed with status {done.returncode}; the log is {main.parent / out_dir / main.stem}.log")
+        raise KvasymError(f"latexmk failed with status {done.returncode}; "
+                          f"the log is {main.parent / out_dir / main.stem}.log")
     return pdf
 
 

@@ -72,13 +72,15 @@ def run_stats(
             summary = stats.cell_summary(
                 g["kl"].to_numpy(), g["recall_top5"].to_numpy(), {m: g[m].to_numpy() for m in SUMMARY_METRICS}
             )
-            summaries.append({**cell, "scheme": scheme, "n_trials": int(g["trial"].nunique()), "n_queries": len(g), **summary})
+            summaries.append({**cell, "scheme": scheme, "n_trials": int(g["trial"].nunique()), "n_queries": len(g),
+                              **summary})
         for a, b in combinations(schemes, 2):
             ga, gb = per_scheme[a], per_scheme[b]
             identity = (slice_["distribution"], int(slice_["dim"]), int(budget), float(sharpness).hex(), a, b)
             for metric in COMPARED_METRICS:
                 result = stats.compare(_by_trial(ga, metric), _by_trial(gb, metric))
-                row = {**cell, "scheme_a": a, "scheme_b": b, "metric": metric, "per_trial_only": metric in PER_TRIAL_ONLY, **result}
+                row = {**cell, "scheme_a": a, "scheme_b": b, "metric": metric,
+                       "per_trial_only": metric in PER_TRIAL_ONLY, **result}
                 if metric == "kl":
                     for label, statistic in (("mean", "mean"), ("p99", ("quantile", 0.99))):
                         ci = stats.bootstrap_ratio_ci(
@@ -86,7 +88,8 @@ def run_stats(
                             n_boot=settings["n_boot"], base_seed=slice_["base_seed"],
                             identity=(*identity, "kl", label), paired=True,
                         )
-                        row.update({f"ratio_{label}": ci["estimate"], f"ratio_{label}_low": ci["low"], f"ratio_{label}_high": ci["high"]})
+                        row.update({f"ratio_{label}": ci["estimate"], f"ratio_{label}_low": ci["low"],
+                                    f"ratio_{label}_high": ci["high"]})
                 rows.append(row)
             energy = stats.energy_distance(
                 ga[list(ERROR_6D)].to_numpy(), gb[list(ERROR_6D)].to_numpy(),

@@ -44,7 +44,8 @@ def run_theory(
         identity = (name, dim, trial)
         for budget in slice_["budgets"]:
             sums[budget].append(
-                inner_product_errors(data.keys, budget, base_seed=base, identity=identity, n_probes=settings["n_probes"])
+                inner_product_errors(data.keys, budget, base_seed=base, identity=identity,
+                                     n_probes=settings["n_probes"])
             )
         sample, work_dim = rotated_marginal_sample(data.keys, derived_seed(base, "rotation", *identity, "K"))
         marginal.append(sample)
