@@ -46,6 +46,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from .atomic import atomic_target  # noqa: E402
+from .render.format import pvalue_text, sig_text  # noqa: E402
 from .seeds import rng  # noqa: E402
 
 #: One LaTeX column (inches); figures are drawn at this width unless stated otherwise.
@@ -820,7 +821,7 @@ def marginals(samples: Mapping[str, tuple[np.ndarray, int]], *, bins: int = 40, 
         text = f"n = {values.size}"
         if values.size >= 2:
             ks = ks_against_beta(values, work_dim)
-            text = f"KS = {ks['statistic']:.3f}, p = {ks['p']:.2g}\nn = {values.size}"
+            text = f"KS = {sig_text(ks['statistic'])}, p = {pvalue_text(_log10(ks['p']))}\nn = {values.size}"
         ax.text(0.02, 0.97, text, transform=ax.transAxes, va="top", ha="left", fontsize=6)
         ax.set_title(safe_text(f"{name} (D = {work_dim})"))
         ax.set_xlim(-half, half)
@@ -831,6 +832,10 @@ def marginals(samples: Mapping[str, tuple[np.ndarray, int]], *, bins: int = 40, 
     return fig
 
 
+def _log10(p: float) -> float:
+    return math.log10(p) if p > 0 else -math.inf
+
+
 def _slope_label(slopes: pd.DataFrame | None, scheme: str, **cell: Any) -> str:
     if slopes is None or slopes.empty or "check" not in slopes.columns:
         return scheme
@@ -838,8 +843,9 @@ def _slope_label(slopes: pd.DataFrame | None, scheme: str, **cell: Any) -> str:
     if row.empty:
         return scheme
     est, low, high = (float(row[c].iloc[0]) for c in ("estimate", "low", "high"))
-    ci = f"\n[{low:.2g}, {high:.2g}]" if np.isfinite(low) and np.isfinite(high) and high > low else ""
-    return f"{scheme}: {est:.2g}{ci}"
+    # the paper's one number formatter (kvasym.render.format), as in the tables and the ledger
+    ci = f"\n[{sig_text(low)}, {sig_text(high)}]" if np.isfinite(low) and np.isfinite(high) and high > low else ""
+    return f"{scheme}: {sig_text(est)}{ci}"
 
 
 @styled
