@@ -336,17 +336,6 @@ def test_shipped_headlines():
     assert load_study(_config()).headline == load_study_file(ROOT / "config/test.yaml").headline
 
 
-def test_tiny_config_over_the_paper_config_has_a_valid_headline():
-    """`snakemake --configfile config/test.yaml` merges the tiny config over config/config.yaml
-    (the Snakefile's configfile), nested mappings key by key: the paper's headline (d = 128,
-    sharpness 2) is not a cell of the tiny grid, so config/test.yaml must name its own."""
-    from snakemake.utils import update_config
-
-    merged = yaml.safe_load((ROOT / "config/config.yaml").read_text())
-    update_config(merged, yaml.safe_load((ROOT / "config/test.yaml").read_text()))
-    assert load_study(merged).headline == load_study(_config()).headline
-
-
 @pytest.mark.parametrize(
     "headline, message",
     [

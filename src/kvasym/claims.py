@@ -326,6 +326,18 @@ def load_claims(path: str | os.PathLike, headline: Mapping[str, Any] | None = No
             if key not in claim:
                 raise KvasymError(f"{where} ({claim.get('id', '?')}) is missing '{key}'")
         cid = str(claim["id"])
+        for key in ("statement", "paper_text"):
+            text = claim.get(key)
+            if text is None:
+                continue
+            if not isinstance(text, str):
+                raise KvasymError(f"{where} ({cid}): {key} must be text, got {text!r}")
+            # printed in the PDF through pdflatex, which stops on a character it has no glyph for
+            odd = next((c for c in text if not (c.isascii() and (c.isprintable() or c == " "))), None)
+            if odd is not None:
+                raise KvasymError(f"{where} ({cid}): {key} holds the character {odd!r} (U+{ord(odd):04X}) at "
+                                  f"position {text.index(odd)}; write it in ASCII (e.g. >= for \u2265, pi for "
+                                  "\u03c0): the paper's LaTeX build cannot typeset it")
         extra = sorted(set(claim) - CLAIM_KEYS)
         if extra:
             raise KvasymError(f"{where} ({cid}): unknown key(s) {extra}; allowed: {sorted(CLAIM_KEYS)}")

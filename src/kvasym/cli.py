@@ -126,10 +126,19 @@ def cmd_codebook(args: argparse.Namespace) -> int:
     return 0
 
 
+def _not_the_input(output: str, input_: str) -> None:
+    """Refuse an output that is the input file: the atomic write would replace what was read."""
+    out, inp = Path(output), Path(input_)
+    same = out.resolve() == inp.resolve() or (out.exists() and inp.exists() and os.path.samefile(out, inp))
+    if same:
+        raise KvasymError(f"the output {output} is the input {input_}: it would be overwritten; give another path")
+
+
 def cmd_quantize(args: argparse.Namespace) -> int:
     from .cache import quantize, save_packed
     from .seeds import derived_seed
 
+    _not_the_input(args.output, args.input)
     scheme = _scheme(args)
     x = _load_matrix(args.input, "input")
     cache = quantize(
@@ -153,6 +162,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 def cmd_dequantize(args: argparse.Namespace) -> int:
     from .cache import load_packed
 
+    _not_the_input(args.output, args.input)
     caches = load_packed(args.input)
     if len(caches) != 1:
         raise KvasymError(f"{args.input} holds {len(caches)} caches ({', '.join(caches)}); expected one")

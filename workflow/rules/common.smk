@@ -14,6 +14,7 @@ from snakemake.utils import validate
 from kvasym.cachefile import inspect_cache_file
 from kvasym.claims import load_claims
 from kvasym.config_io import read_yaml_mapping
+from kvasym.config_schema import validate_config
 from kvasym.errors import KvasymError
 from kvasym.figure_registry import (
     FIGURE_FAMILIES as FIGURE_REGISTRY,
@@ -53,6 +54,12 @@ try:
     STUDY = load_study(config)
 except KvasymError as exc:
     raise WorkflowError(f"invalid config: {exc}")
+# What this run uses, defaults filled in: the files it came from and the whole config.
+print(
+    f"kvasym: config from {', '.join(map(str, workflow.configfiles)) or 'the command line'}; "
+    f"effective config: {canonical_json(validate_config(config))}",
+    file=sys.stderr,
+)
 
 RESULTS = "results"
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from ..cache import PackedCache, load_packed
 from ..dataset import PER_KEY_SCHEMA, PER_QUERY_SCHEMA, provenance, to_table, write_parquet_atomic
@@ -80,8 +81,8 @@ def run_metrics(
                 n_keys = len(per_key["key"])
                 key_parts.append({**{k: np.full(n_keys, v) for k, v in common.items()}, **per_key})
     meta = provenance(slice_)
-    write_parquet_atomic(to_table(_concat(query_parts, PER_QUERY_SCHEMA.names), PER_QUERY_SCHEMA), out_per_query, meta)
-    write_parquet_atomic(to_table(_concat(key_parts, PER_KEY_SCHEMA.names), PER_KEY_SCHEMA), out_per_key, meta)
+    write_parquet_atomic(to_table(_concat(query_parts, PER_QUERY_SCHEMA), PER_QUERY_SCHEMA), out_per_query, meta)
+    write_parquet_atomic(to_table(_concat(key_parts, PER_KEY_SCHEMA), PER_KEY_SCHEMA), out_per_key, meta)
 
 
 def _check_cache_matches(
@@ -120,10 +121,13 @@ def _check_cache_matches(
             )
 
 
-def _concat(parts: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, np.ndarray]:
+def _concat(parts: list[dict[str, np.ndarray]], schema: pa.Schema) -> dict[str, np.ndarray]:
+    """The columns of ``schema`` from every part; with no part (``per_key_trials: 0`` writes no
+    per-key row), empty columns of the schema's types, so the file is a valid empty table."""
     if not parts:
-        return {name: np.zeros(0) for name in names}
-    return {name: np.concatenate([np.asarray(p[name]) for p in parts]) for name in names}
+        return {f.name: np.zeros(0, dtype=object if pa.types.is_string(f.type) else f.type.to_pandas_dtype())
+                for f in schema}
+    return {f.name: np.concatenate([np.asarray(p[f.name]) for p in parts]) for f in schema}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

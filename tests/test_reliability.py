@@ -1,0 +1,97 @@
+"""Issue 18 (reliability, second pass): regression tests for inputs that used to give a
+traceback or a silently wrong result. Each test failed before its fix."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from snakemake_workdir import ROOT, make_workdir, snakemake
+
+from kvasym.claims import load_claims
+from kvasym.cli import main
+from kvasym.errors import KvasymError
+from kvasym.figure_registry import figures_slice
+from kvasym.stages.data import run_data
+from kvasym.stages.figure import run_figures
+from kvasym.stages.metrics import run_metrics
+from kvasym.stages.quantize import run_quantize
+from kvasym.stages.theory import run_theory
+from kvasym.study import load_study
+
+TINY = yaml.safe_load((ROOT / "config/test.yaml").read_text())
+
+
+def test_per_key_trials_zero_writes_an_empty_per_key_table(tmp_path):
+    """(3) A documented-valid value: no per-key rows, an empty table of the right schema, theory
+    without a Jensen slope, and a Jensen figure that says it has nothing to draw; it used to
+    kill every metrics job with a pyarrow traceback."""
+    study = load_study({**TINY, "per_key_trials": 0, "trials": 2, "seq_len": 32, "n_queries": 4})
+    data, packed = tmp_path / "d.json", tmp_path / "p.npz"
+    per_query, per_key, theory = tmp_path / "pq.parquet", tmp_path / "pk.parquet", tmp_path / "th.parquet"
+    run_data(study.data_slice("gaussian", 64), data)
+    run_quantize(study.cell_slice("gaussian", 64, "KQV", 4), data, packed)
+    run_metrics(study.metrics_slice("gaussian", 64, "KQV", 4), data, packed, per_query, per_key)
+    keys = pd.read_parquet(per_key)
+    assert len(keys) == 0 and {"distribution", "scheme", "key"} <= set(keys.columns)
+    assert str(pq.read_schema(per_key).field("distribution").type) == "string"
+    assert len(pd.read_parquet(per_query)) == 2 * 4 * 2  # 2 trials x 4 queries x 2 sharpness values
+    run_theory(study.theory_slice("gaussian", 64), data, [per_key], theory)
+    checks = set(pd.read_parquet(theory)["check"])
+    assert checks == {"qjl_vs_residual", "qjl_vs_nbit", "ks_beta"}  # no slope without per-key rows
+    written = run_figures(figures_slice(study), {"per_key": [per_key], "theory": theory}, tmp_path / "f",
+                          ["jensen_bias"])
+    assert sorted(p.name for p in written) == ["jensen_bias.pdf", "jensen_bias.png"]
+
+
+@pytest.mark.parametrize("command", ["quantize", "dequantize"])
+def test_the_cli_refuses_to_overwrite_its_input(tmp_path, capsys, command):
+    """(10) The output named as the input used to replace it (atomically, but still lost)."""
+    keys = tmp_path / "k.npy"
+    np.save(keys, np.random.default_rng(0).standard_normal((8, 16)))
+    packed = tmp_path / "k.npz"
+    assert main(["quantize", "--scheme", "KQV", "--bits", "4", "--side", "K", str(keys), str(packed)]) == 0
+    target = keys if command == "quantize" else packed
+    before = hashlib.sha256(target.read_bytes()).hexdigest()
+    args = (["quantize", "--scheme", "KQV", "--bits", "4", "--side", "K", str(keys), str(keys)]
+            if command == "quantize" else ["dequantize", str(packed), str(tmp_path / "." / "k.npz")])
+    assert main(args) == 2
+    assert "is the input" in capsys.readouterr().err
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == before
+
+
+@pytest.mark.parametrize("text", ["KQV ≥ QKQV", "ratio 2π", "tab\there"])
+def test_a_claim_text_the_pdf_cannot_typeset_is_refused(tmp_path, text):
+    """(11) A non-ASCII statement used to pass validation and stop the PDF build."""
+    data = yaml.safe_load((ROOT / "config/claims.test.yaml").read_text())
+    data["claims"][1]["statement"] = text
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    with pytest.raises(KvasymError) as info:
+        load_claims(path)
+    message = str(info.value)
+    assert "claims[1] (C1b): statement holds the character" in message and "\n" not in message
+
+
+def test_a_configfile_is_the_whole_config_and_the_run_prints_it(tmp_path):
+    """(2) `--configfile` used to merge onto config/config.yaml, so left-out keys took the
+    paper's values (seed 20261130, 1024 keys, 32 trials, real rows on), not the documented
+    defaults. Now the given file is the whole config and every run prints its effective config."""
+    workdir = make_workdir(tmp_path / "w")
+    minimal = {"dims": [16], "budgets": [2], "schemes": ["KV", "KQV"], "claims_file": "config/claims.test.yaml",
+               "distributions": [{"name": "gaussian", "kind": "gaussian"}]}
+    (workdir / "minimal.yaml").write_text(yaml.safe_dump(minimal))
+    proc = snakemake(workdir, "-n", "--quiet", "rules", configfile="minimal.yaml", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("kvasym: config from"))
+    assert "minimal.yaml" in line and "config/config.yaml" not in line
+    effective = json.loads(line.split("effective config: ", 1)[1])
+    schema_defaults = {"base_seed": 0, "seq_len": 256, "n_queries": 32, "trials": 8, "per_key_trials": 2}
+    assert {k: effective[k] for k in schema_defaults} == schema_defaults
+    assert "real" not in effective or effective["real"] in (None, "off")
+    assert "capture" not in proc.stdout  # no real rows: the paper's real: section is not inherited
