@@ -460,7 +460,12 @@ def write_npz(path, arrays: dict) -> None:
         np.savez(fh, **arrays)
 
 
-def tampered(cache: PackedCache, **changes) -> dict:
+def tampered(cache: PackedCache, redigest: bool = False, **changes) -> dict:
+    """The arrays of ``cache`` with ``changes`` to its header fields or arrays; ``redigest``
+    recomputes the header's content digest, as a careful editor would, so that the checks behind
+    it are reached."""
+    from kvasym.cache import content_digest
+
     arrays = cache.arrays()
     header = json.loads(bytes(arrays["header"]).decode())
     for key, value in changes.items():
@@ -471,6 +476,8 @@ def tampered(cache: PackedCache, **changes) -> dict:
                 arrays[key] = value
         else:
             header[key] = value
+    if redigest:
+        header["sha256"] = content_digest(header, arrays)
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     return {f"V/{k}": v for k, v in arrays.items()}
 
@@ -525,7 +532,7 @@ def test_load_corrupt_member_data(tmp_path, saved) -> None:
 @pytest.mark.parametrize(
     ("changes", "match"),
     [
-        ({"format": 2}, "format"),
+        ({"format": 1}, "format"),
         ({"format": None}, "format"),
         ({"codes": np.zeros((4, 5), dtype=np.uint8)}, "codes"),  # one byte short per row
         ({"codes": np.zeros((4, 6), dtype=np.int16)}, "codes"),  # wrong dtype
@@ -536,8 +543,11 @@ def test_load_corrupt_member_data(tmp_path, saved) -> None:
         ({"residual_norms": None}, "residual_norms"),
         ({"rows": 5}, "norms|codes"),
         ({"dim": 40}, "codes"),  # padded 64, not 16
-        ({"scalar_bits": 3}, "codes"),
-        ({"qjl": False}, "qjl_signs|residual_norms"),
+        ({"scalar_bits": 3}, "scalar_bits 3 \\+ qjl 1 is not the budget 3"),
+        ({"qjl": False}, "scalar_bits 2 \\+ qjl 0 is not the budget 3"),
+        ({"rotate": 1}, "rotate = 1 is not true or false"),
+        ({"dim": 16.0}, "dim = 16.0 is not an integer"),
+        ({"rotation_seed": "-5"}, "rotation_seed = '-5' is not an integer"),
         ({"norm_dtype": "float16"}, "norms"),
         ({"dim": "sixteen"}, "ValueError"),
         ({"rotation_seed": "abc"}, "ValueError"),
@@ -545,10 +555,44 @@ def test_load_corrupt_member_data(tmp_path, saved) -> None:
     ],
 )
 def test_load_tampered(tmp_path, saved, changes: dict, match: str) -> None:
+    """Tampered headers and arrays are refused, naming what is wrong (issue 18, class 7)."""
     _, cache = saved
     bad = tmp_path / "tampered.npz"
     write_npz(bad, tampered(cache, **changes))
     with pytest.raises(KvasymError, match=match):
+        load_packed(bad)
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        # shapes still agree with the header: only the content digest can tell
+        ({"dim": 12}, "does not match the digest"),  # 12 pads to 16 like 16 itself
+        ({"norms": np.full(4, 2.0, dtype=np.float32)}, "does not match the digest"),
+        ({"codes": "flip"}, "does not match the digest"),
+    ],
+)
+def test_load_edited_content_is_refused_by_its_digest(tmp_path, saved, changes: dict, match: str) -> None:
+    _, cache = saved
+    if changes.get("codes") == "flip":
+        codes = cache.codes.copy()
+        codes[0, 0] ^= 1
+        changes = {"codes": codes}
+    bad = tmp_path / "edited.npz"
+    write_npz(bad, tampered(cache, **changes))
+    with pytest.raises(KvasymError, match=match):
+        load_packed(bad)
+
+
+@pytest.mark.parametrize("name, value", [("norms", np.nan), ("norms", -1.0), ("residual_norms", np.inf)])
+def test_load_non_finite_or_negative_norms_even_with_a_valid_digest(tmp_path, saved, name, value) -> None:
+    """Before: NaN or Inf norms dequantized to NaN output with exit 0."""
+    _, cache = saved
+    array = getattr(cache, name).copy()
+    array[1] = value
+    bad = tmp_path / "norms.npz"
+    write_npz(bad, tampered(cache, redigest=True, **{name: array}))
+    with pytest.raises(KvasymError, match=rf"{name}\[1\] = .* is not a finite norm >= 0"):
         load_packed(bad)
 
 

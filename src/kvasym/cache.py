@@ -58,7 +58,8 @@ __all__ = [
     "load_packed",
 ]
 
-PACKED_FORMAT = 1
+#: 2: the header carries a SHA-256 of its fields and of every array (:func:`content_digest`).
+PACKED_FORMAT = 2
 NORM_DTYPES = ("float16", "float32")
 SEED_BITS = 64
 
@@ -197,13 +198,49 @@ class PackedCache:
             "norm_dtype": self.norm_dtype,
             "meta": self.meta,
         }
-        return {
-            "header": np.frombuffer(json.dumps(header, sort_keys=True).encode("utf-8"), dtype=np.uint8),
-            "codes": self.codes,
-            "norms": self.norms,
-            "qjl_signs": self.qjl_signs,
-            "residual_norms": self.residual_norms,
-        }
+        data = {name: getattr(self, name) for name in _DATA_ARRAYS}
+        header["sha256"] = content_digest(header, data)
+        return {"header": np.frombuffer(json.dumps(header, sort_keys=True).encode("utf-8"), dtype=np.uint8), **data}
+
+
+#: The data arrays of a packed cache, in the order :func:`content_digest` hashes them.
+_DATA_ARRAYS = ("codes", "norms", "qjl_signs", "residual_norms")
+
+
+def content_digest(header: Mapping[str, object], arrays: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 of a packed cache's header fields (all but ``sha256``, as sorted JSON) and of its
+    arrays (dtype, shape and little-endian C-order bytes of each of ``codes``, ``norms``,
+    ``qjl_signs``, ``residual_norms``).
+
+    It catches an edited or corrupted file whose shapes still agree with its header (e.g. a
+    ``dim`` changed within the same padded width, or edited norms): a guard against accidents,
+    not against an adversary who recomputes it.
+    """
+    import hashlib
+
+    h = hashlib.sha256(json.dumps({k: v for k, v in header.items() if k != "sha256"}, sort_keys=True).encode())
+    for name in _DATA_ARRAYS:
+        array = np.asarray(arrays[name])
+        h.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+        h.update(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
+    return h.hexdigest()
+
+
+def _header_int(header: Mapping[str, object], key: str, low: int, high: int) -> int:
+    """A JSON integer (not a bool, float or string) in [low, high]; seeds are decimal strings."""
+    value = header[key]
+    if key.endswith("_seed") and isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"header {key} = {value!r} is not an integer in {low}..{high}")
+    return value
+
+
+def _header_bool(header: Mapping[str, object], key: str) -> bool:
+    value = header[key]
+    if not isinstance(value, bool):
+        raise ValueError(f"header {key} = {value!r} is not true or false")
+    return value
 
 
 def row_norms(x: np.ndarray) -> np.ndarray:
@@ -420,15 +457,23 @@ def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:
             raise ValueError(f"norm_dtype {header.get('norm_dtype')!r} is not one of {NORM_DTYPES}")
         if header.get("format") != PACKED_FORMAT:
             raise KvasymError(f"{where}: packed format {header.get('format')!r}, expected {PACKED_FORMAT}")
+        from .codebook import MAX_DIM, MIN_DIM
+        from .schemes import MAX_BUDGET, MIN_BUDGET
+
+        budget = _header_int(header, "budget", MIN_BUDGET, MAX_BUDGET)
+        qjl = _header_bool(header, "qjl")
+        scalar_bits = _header_int(header, "scalar_bits", 0, MAX_BUDGET)
+        if scalar_bits + qjl != budget:
+            raise ValueError(f"header scalar_bits {scalar_bits} + qjl {int(qjl)} is not the budget {budget}")
         cache = PackedCache(
-            dim=int(header["dim"]),
-            rows=int(header["rows"]),
-            budget=int(header["budget"]),
-            rotate=bool(header["rotate"]),
-            scalar_bits=int(header["scalar_bits"]),
-            qjl=bool(header["qjl"]),
-            rotation_seed=int(header["rotation_seed"]),
-            qjl_seed=int(header["qjl_seed"]),
+            dim=_header_int(header, "dim", MIN_DIM, MAX_DIM),
+            rows=_header_int(header, "rows", 0, 2**40),
+            budget=budget,
+            rotate=_header_bool(header, "rotate"),
+            scalar_bits=scalar_bits,
+            qjl=qjl,
+            rotation_seed=_header_int(header, "rotation_seed", 0, 2**SEED_BITS - 1),
+            qjl_seed=_header_int(header, "qjl_seed", 0, 2**SEED_BITS - 1),
             norm_dtype=str(header["norm_dtype"]),
             codes=np.asarray(arrays["codes"]),
             norms=np.asarray(arrays["norms"]),
@@ -441,7 +486,16 @@ def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:
     except (KeyError, ValueError, TypeError, UnicodeDecodeError) as exc:
         raise KvasymError(f"{where} is not a kvasym packed cache ({type(exc).__name__}: {exc})") from None
     _check_consistent(cache, where)
+    if header.get("sha256") != content_digest(header, {name: getattr(cache, name) for name in _DATA_ARRAYS}):
+        raise KvasymError(f"{where}: its content does not match the digest in its header (the file was edited "
+                          "or corrupted); rebuild it")
+    for name in ("norms", "residual_norms"):
+        values = getattr(cache, name).astype(np.float64)
+        bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
+        if bad.size:
+            raise KvasymError(f"{where}: {name}[{bad[0]}] = {values[bad[0]]!r} is not a finite norm >= 0")
     return cache
+
 
 
 def _check_consistent(cache: PackedCache, where: str) -> None:
