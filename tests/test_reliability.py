@@ -95,3 +95,36 @@ def test_a_configfile_is_the_whole_config_and_the_run_prints_it(tmp_path):
     assert {k: effective[k] for k in schema_defaults} == schema_defaults
     assert "real" not in effective or effective["real"] in (None, "off")
     assert "capture" not in proc.stdout  # no real rows: the paper's real: section is not inherited
+
+
+@pytest.mark.parametrize(
+    "low, high, why",
+    [(float("nan"), 2.0, "has no interval"), (1.5, float("nan"), "has no interval"), (1.7, 1.7, "zero-width")],
+)
+def test_a_degenerate_interval_is_inconclusive_not_the_estimates_verdict(low, high, why):
+    """(4) A NaN bound (a replicate dividing by zero, a single cluster) or a zero-width interval
+    (one trial) used to fall back to the point estimate, which then 'held'."""
+    from kvasym.claims import HOLDS, INCONCLUSIVE, Measurement, verdict
+
+    rule = {"op": ">", "value": 1.0}
+    result, reason = verdict(Measurement(1.7, low, high, details={"n_trials": 1}, interval=True), rule)
+    assert result == INCONCLUSIVE and why in reason
+    # a statistic without an interval by design is still decided on its estimate
+    assert verdict(Measurement(1.7), rule)[0] == HOLDS
+    assert verdict(Measurement(1.7, 1.2, 2.2, interval=True), rule)[0] == HOLDS
+
+
+def test_a_jensen_slope_from_one_trial_is_inconclusive():
+    """The tiny grid's C9 (per_key_trials: 1) used to 'hold' on its point estimate alone."""
+    from kvasym.claims import INCONCLUSIVE, Tables, evaluate_claims
+
+    theory = pd.DataFrame([{"distribution": "g", "kind": "gaussian", "dim": 16, "check": "jensen_slope",
+                            "scheme": "QKQV", "budget": 4, "sharpness": 1.0, "estimate": 0.54, "low": float("nan"),
+                            "high": float("nan"), "theory": float("nan"), "statistic": 0.3, "p": float("nan"),
+                            "n": 100.0}])
+    claim = {"id": "C9", "statement": "s", "statistic": "theory", "holds_if": {"op": ">", "value": 0.0},
+             "where": {"check": "jensen_slope", "distribution": "g", "dim": 16, "budget": 4, "scheme": "QKQV",
+                       "sharpness": 1.0}}
+    empty = pd.DataFrame()
+    (result,) = evaluate_claims([claim], Tables(comparisons=empty, summary=empty, trials=empty, theory=theory))
+    assert result["verdict"] == INCONCLUSIVE and "has no interval" in result["reason"]

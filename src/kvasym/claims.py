@@ -37,11 +37,20 @@ HOLDS, FAILS, INCONCLUSIVE, NOT_EVALUATED = "holds", "does not hold", "inconclus
 
 @dataclass
 class Measurement:
+    """A claim's statistic: its estimate, its interval and p where it has them.
+
+    ``interval``: the statistic is decided on a confidence interval (a bootstrap over trials).
+    Such a measurement whose interval is undefined (a NaN bound: a replicate with a zero
+    denominator, or a single cluster) or has zero width (every replicate equal, e.g. one trial)
+    cannot decide its claim: the verdict is *inconclusive*, never the point estimate's.
+    """
+
     estimate: float
     low: float = math.nan
     high: float = math.nan
     log10_p: float = math.nan
     details: dict[str, Any] = field(default_factory=dict)
+    interval: bool = False
 
 
 @dataclass
@@ -86,6 +95,7 @@ def stat_kl_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
             "n_queries": int(row["n_a"]),
             "n_trials": int(row["n_trials"]),
         },
+        interval=True,
     )
 
 
@@ -172,7 +182,7 @@ def stat_distribution_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
         if not ks.empty:
             details[f"ks_beta_p_{role}"] = float(ks["p"].iloc[0])
             details[f"ks_beta_d_{role}"] = float(ks["statistic"].iloc[0])
-    return Measurement(ci["estimate"], ci["low"], ci["high"], mw["log10_p"], details)
+    return Measurement(ci["estimate"], ci["low"], ci["high"], mw["log10_p"], details, interval=True)
 
 
 def stat_theory(t: Tables, where: Mapping[str, Any]) -> Measurement:
@@ -191,7 +201,8 @@ def stat_theory(t: Tables, where: Mapping[str, Any]) -> Measurement:
         details["relative_to_theory"] = float(row["estimate"] / row["theory"])
     if where["check"] == "ks_beta":
         return Measurement(float(row["p"]), details={"ks_d": float(row["statistic"]), "n": float(row["n"])})
-    return Measurement(float(row["estimate"]), float(row["low"]), float(row["high"]), details=details)
+    return Measurement(float(row["estimate"]), float(row["low"]), float(row["high"]), details=details,
+                       interval=True)
 
 
 def stat_ranking_disagreement(t: Tables, where: Mapping[str, Any]) -> Measurement:
@@ -250,6 +261,13 @@ def verdict(m: Measurement, rule: Mapping[str, Any]) -> tuple[str, str]:
     compare = OPS[op]
     value = float(rule["value"])
     has_ci = not (math.isnan(m.low) or math.isnan(m.high))
+    if m.interval and not has_ci:
+        return INCONCLUSIVE, (f"estimate {m.estimate:.4g} has no interval (a bootstrap replicate had a zero "
+                              "denominator, or there is a single trial): it cannot decide")
+    if m.interval and m.low == m.high:
+        return INCONCLUSIVE, (f"zero-width interval [{m.low:.4g}, {m.high:.4g}] (every bootstrap replicate equal, "
+                              f"e.g. one trial: n = {m.details.get('n_trials', m.details.get('n', '?'))}): it cannot "
+                              "decide")
     if has_ci:
         inside = compare(m.low, value) and compare(m.high, value)
         outside = not compare(m.low, value) and not compare(m.high, value)
