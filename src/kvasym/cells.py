@@ -125,3 +125,44 @@ def cell_of(mapping: Mapping[str, Any], keys: tuple[str, ...] = ("distribution",
     if "sharpness" in out:
         out["sharpness"] = float(out["sharpness"])
     return out
+
+
+def read_cell_tables(paths: list, what: str, keys: tuple[str, ...], **expected: Any) -> pd.DataFrame:
+    """Read the per-cell tables a stage combines, refusing a file filed under the wrong cell.
+
+    Each file must hold exactly one cell (one value of each of ``keys``), agree with
+    ``expected`` (column -> value, e.g. the job's distribution and dim) and hold a cell no other
+    file holds. A valid table copied from another cell over this one, or two files of the same
+    cell, would otherwise be measured and labelled as this cell.
+
+    Raises
+    ------
+    KvasymError
+        Naming the file, the column, what it holds and what was expected.
+    """
+    from .dataset import read_parquet_checked
+
+    frames, seen = [], {}
+    for path in paths:
+        frame = read_parquet_checked(path)
+        if len(frame):
+            for column in (*expected, *keys):
+                if column not in frame.columns:
+                    raise KvasymError(f"{path}: the {what} table has no column {column!r}")
+                values = pd.unique(frame[column])
+                if len(values) != 1:
+                    raise KvasymError(f"{path}: holds {column} = {sorted(map(str, values))}, not one cell; delete it "
+                                      "and rerun to rebuild it")
+            for column, want in expected.items():
+                got = frame[column].iloc[0]
+                if not (np.isclose(float(got), float(want)) if isinstance(want, float) else got == want):
+                    raise KvasymError(f"{path}: holds {column} = {got!r} but is filed under {column} = {want!r}: "
+                                      "it is another cell's file; delete it and rerun to rebuild it")
+            cell = tuple(frame[key].iloc[0] for key in keys)
+            if cell in seen:
+                shown = ", ".join(f"{k} = {v!r}" for k, v in zip(keys, cell))
+                raise KvasymError(f"{path} and {seen[cell]} both hold the cell {shown}: one of them is another "
+                                  "cell's file; delete it and rerun to rebuild it")
+            seen[cell] = path
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)

@@ -12,10 +12,10 @@ import os
 from collections.abc import Sequence
 
 import numpy as np
-import pandas as pd
 
 from .. import stats
-from ..dataset import read_parquet_checked, write_frame_atomic
+from ..cells import read_cell_tables
+from ..dataset import write_frame_atomic
 
 #: The gathered tables (one ``gather`` call each) and the log10-p columns Holm-adjusted in them.
 #: A family is one (metric, test) across the whole study: every distribution, dim, budget,
@@ -34,7 +34,8 @@ def gather(paths: Sequence[str | os.PathLike], out: str | os.PathLike, holm_colu
     Families: one per (metric, test) across the whole study, i.e. all distributions, dims,
     budgets, sharpness values and scheme pairs of that metric.
     """
-    frame = pd.concat([read_parquet_checked(p) for p in paths], ignore_index=True)
+    # one part per (distribution, dim): a part copied over another would count a cell twice
+    frame = read_cell_tables(list(paths), "stats part", ("distribution", "dim"))
     for column in holm_columns:
         adjusted = np.full(len(frame), np.nan)
         for _, index in frame.groupby("metric").groups.items():

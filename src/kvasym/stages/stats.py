@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from .. import stats
-from ..dataset import provenance, read_parquet_checked, write_frame_atomic
+from ..cells import read_cell_tables
+from ..dataset import provenance, write_frame_atomic
 from ..errors import KvasymError
 from ._slice import add_slice_arguments, stage_slice
 
@@ -50,7 +51,8 @@ def run_stats(
     out_trials: str | os.PathLike,
 ) -> None:
     """Comparisons, summaries and per-trial means of one (distribution, dim)."""
-    frame = pd.concat([read_parquet_checked(p) for p in per_query_paths], ignore_index=True)
+    frame = read_cell_tables(list(per_query_paths), "per-query", ("scheme", "budget"),
+                             distribution=slice_["distribution"], dim=int(slice_["dim"]))
     settings = slice_["stats"]
     schemes = list(slice_["schemes"])
     missing = set(schemes) - set(frame["scheme"].unique())

@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 
 from .. import stats
-from ..dataset import provenance, read_parquet_checked, write_frame_atomic
+from ..cells import read_cell_tables
+from ..dataset import provenance, write_frame_atomic
 from ..manifest import load_manifest, verified_trial
 from ..seeds import derived_seed
 from ..theory import inner_product_errors, jensen_points, ks_against_beta, qjl_closed_forms, rotated_marginal_sample
@@ -68,7 +69,7 @@ def run_theory(
     rows.append({**base_row, "check": "ks_beta", "scheme": "", "budget": -1, "sharpness": np.nan,
                  "estimate": ks["statistic"], "low": np.nan, "high": np.nan, "theory": np.nan,
                  "statistic": ks["statistic"], "p": ks["p"], "n": ks["n"]})
-    keys = pd.concat([read_parquet_checked(p) for p in per_key_paths], ignore_index=True)
+    keys = read_cell_tables(list(per_key_paths), "per-key", ("scheme", "budget"), distribution=name, dim=dim)
     for (scheme, budget, sharpness), g in keys.groupby(["scheme", "budget", "sharpness"], sort=True):
         var, excess, kept = jensen_points(g)
         trials = g["trial"].to_numpy()[kept]
