@@ -128,3 +128,14 @@ def test_a_jensen_slope_from_one_trial_is_inconclusive():
     empty = pd.DataFrame()
     (result,) = evaluate_claims([claim], Tables(comparisons=empty, summary=empty, trials=empty, theory=theory))
     assert result["verdict"] == INCONCLUSIVE and "has no interval" in result["reason"]
+
+
+def test_capture_names_shipped_texts_independent_of_the_install_path(tmp_path, capsys):
+    """The capture rule used to pass the text's absolute path inside the installed package: the
+    same checkout installed elsewhere changed the param and reran every capture. It now passes
+    the text's name (stage capture --shipped NAME); an unknown name is refused."""
+    assert main(["stage", "capture", "--shipped", "no_such_text", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--shipped: no shipped text 'no_such_text'; shipped: " in err and "bicycle_repair" in err
+    rule = (ROOT / "workflow/rules/real.smk").read_text()
+    assert "--shipped {wildcards.text:q}" in rule and "TEXTS_DIR" not in rule

@@ -73,3 +73,31 @@ def test_resources_cover_every_stage():
         job_resources("metrics")
     with pytest.raises(ValueError, match="no resource model"):
         job_resources("nope")
+
+
+def _modules(stage: str) -> set[str]:
+    from kvasym.stages import stage_code_files
+
+    root = ROOT / "src"
+    return {str(p.relative_to(root)) for p in stage_code_files(stage)}
+
+
+def test_a_stage_reruns_when_the_code_it_runs_changes_and_only_then():
+    """Issue 18, class 5: every rule passes the digest of its stage's code as a param, so
+    Snakemake's params trigger reruns it when that code changes: a template edit rebuilds the
+    tables, a figure edit redraws figures only, a metrics edit recomputes metrics and what follows."""
+    from kvasym.stages import stage_code_digest
+
+    for name, body in _rules().items():
+        assert f'code=STAGE_CODE["{name}"]' in body, f"rule {name} does not pass its code digest"
+    assert 'code=STAGE_CODE["figure"]' in (ROOT / "workflow/rules/figures.smk").read_text()
+    assert "kvasym/metrics.py" in _modules("metrics") and "kvasym/cache.py" in _modules("quantize")
+    assert "kvasym/figures.py" in _modules("figure") and "kvasym/figures.py" not in _modules("metrics")
+    assert "kvasym/templates/table_results.tex.j2" in _modules("tables")
+    assert not any("templates" in m or m.startswith("kvasym/render") for m in _modules("metrics"))
+    assert "kvasym/render/claims.py" in _modules("claims") and "kvasym/stats.py" in _modules("stats")
+    # lazy imports inside functions count: the figure stage imports kvasym.figures inside run_figures
+    assert {"kvasym/stages/figure.py", "kvasym/theory.py"} <= _modules("figure")
+    digests = {name: stage_code_digest(name) for name in STAGES}
+    assert len(set(digests.values())) == len(digests)  # each stage runs its own code
+    assert all(len(d) == 64 for d in digests.values())

@@ -195,6 +195,44 @@ def test_adding_a_budget_reruns_only_its_cells(complete_run):
     assert counts["quantize"] == n_new and counts["metrics"] == n_new, out[-2000:]
 
 
+def _rules_to_run(out: str) -> dict[str, int]:
+    """The job counts of a dry run's table (rule name -> count), without the total."""
+    counts = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit() and parts[0] not in ("total", "all"):
+            counts[parts[0]] = int(parts[1])
+    return counts
+
+
+@pytest.mark.parametrize(
+    "edited, expected",
+    [
+        ("kvasym/templates/table_results.tex.j2", {"tables", "paper"}),
+        ("kvasym/figures.py", {"figure_"}),
+        ("kvasym/render/claims.py", {"claims", "tables", "numbers", "paper"}),
+    ],
+)
+def test_editing_code_reruns_the_stages_that_run_it_and_only_them(complete_run, tmp_path, edited, expected):
+    """Issue 18, class 5: the code a stage runs decides whether it reruns (before, editing the
+    library, a figure or a template left every result stale)."""
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    with open(src / edited, "a", encoding="utf-8") as fh:
+        fh.write("\n" if edited.endswith(".j2") else "\n# an edit\n")
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    cmd = [sys.executable, "-m", "snakemake", "--configfile", "config/test.yaml", "--dry-run", "--quiet", "rules"]
+    proc = subprocess.run(cmd, cwd=complete_run, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rules = set(_rules_to_run(proc.stdout + proc.stderr))
+    paper = {"paper"} if (complete_run / "paper/build/main.pdf").exists() else set()
+    if expected == {"figure_"}:
+        assert rules and all(r.startswith("figure_") or r in paper for r in rules), rules
+        assert rules - paper == {r for r in rules if r.startswith("figure_")} and len(rules - paper) >= 9
+    else:
+        assert rules == (expected - {"paper"}) | (paper & expected), rules
+
+
 def test_same_results_with_one_core(complete_run, tmp_path):
     workdir = make_workdir(tmp_path / "run_cores1")
     proc = snakemake(workdir, "--cores", "1")

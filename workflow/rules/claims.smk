@@ -24,6 +24,7 @@ rule claims:
     resources:
         **resources_of("claims"),
     params:
+        code=STAGE_CODE["claims"],  # reruns the job when the code it runs changes
         base_seed=STUDY.base_seed,
         n_boot=STUDY.stats["n_boot"],
         headline=headline_param,

@@ -25,10 +25,11 @@ from kvasym.figure_registry import (
 )
 from kvasym.real import HEAD_DIM as REAL_HEAD_DIM
 from kvasym.real import REAL_MODEL_NAME, REAL_SHARPNESS
-from kvasym.real import TEXTS_DIR, missing_extra_reason, real_settings
+from kvasym.real import missing_extra_reason, real_settings
 from kvasym.real.evaluate import REAL_DISTRIBUTIONS
 from kvasym.render.numbers import numbers_slice
 from kvasym.resources import SLICE_STAGES, job_resources
+from kvasym.stages import STAGES, stage_code_digest
 from kvasym.stages.paper import LATEX_PACKAGES, have_latex
 from kvasym.study import canonical_json, load_study
 
@@ -62,6 +63,9 @@ print(
 )
 
 RESULTS = "results"
+# The digest of the code each stage runs (kvasym.stages.stage_code_digest): a param of its rules,
+# so that editing a stage's code (or a template) reruns that stage and what follows it.
+STAGE_CODE = {stage: stage_code_digest(stage) for stage in STAGES}
 
 # Real-model rows (SmolLM2-135M captures): only with a `real:` config section and the extra.
 try:
@@ -376,10 +380,6 @@ def real_layers(wildcards):
 
 def real_captures(wildcards):
     return [f"{RESULTS}/real/captures/{text}.npz" for text in REAL["texts"]]
-
-
-def text_file(wildcards):
-    return str(TEXTS_DIR / f"{wildcards.text}.txt")
 
 
 def file_cache(wildcards):

@@ -12,6 +12,7 @@ rule data:
     resources:
         **resources_of("data"),
     params:
+        code=STAGE_CODE["data"],  # reruns the job when the code it runs changes
         slice=slice_param("data"),
     shell:
         "kvasym stage data --slice {params.slice:q} --out {output:q} > {log:q} 2>&1"

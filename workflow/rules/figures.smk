@@ -32,6 +32,7 @@ for _family, _names in FIGURE_FAMILIES.items():
         resources:
             **resources_of("figure"),
         params:
+            code=STAGE_CODE["figure"],  # reruns the job when the code it runs changes
             slice=figures_param,
             family=_family,
             inputs=figure_flags,

@@ -20,6 +20,7 @@ if FILE_CELLS:
         resources:
             **resources_of("file_metrics"),
         params:
+            code=STAGE_CODE["file_metrics"],  # reruns the job when the code it runs changes
             slice=slice_param("file_metrics"),
         shell:
             "kvasym stage file_metrics --slice {params.slice:q} --cache {input.cache:q}"

@@ -16,6 +16,7 @@ rule metrics:
     resources:
         **resources_of("metrics"),
     params:
+        code=STAGE_CODE["metrics"],  # reruns the job when the code it runs changes
         slice=slice_param("metrics"),
     shell:
         "kvasym stage metrics --slice {params.slice:q} --data {input.data:q}"

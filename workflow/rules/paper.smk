@@ -19,6 +19,7 @@ rule tables:
     resources:
         **resources_of("tables"),
     params:
+        code=STAGE_CODE["tables"],  # reruns the job when the code it runs changes
         headline=headline_param,
         real=real_table_flags,
         out_dir=out_dir,
@@ -39,6 +40,7 @@ rule numbers:
     resources:
         **resources_of("numbers"),
     params:
+        code=STAGE_CODE["numbers"],  # reruns the job when the code it runs changes
         slice=numbers_param,
         out_dir=out_dir,
     shell:
@@ -60,5 +62,7 @@ rule paper:
     threads: 1
     resources:
         **resources_of("paper"),
+    params:
+        code=STAGE_CODE["paper"],  # reruns the job when the code it runs changes
     shell:
         "kvasym stage paper --main {input.main:q} > {log:q} 2>&1"

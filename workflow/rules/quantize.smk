@@ -14,6 +14,7 @@ rule quantize:
     resources:
         **resources_of("quantize"),
     params:
+        code=STAGE_CODE["quantize"],  # reruns the job when the code it runs changes
         slice=slice_param("quantize"),
     shell:
         "kvasym stage quantize --slice {params.slice:q} --data {input.data:q}"

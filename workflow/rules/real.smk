@@ -16,12 +16,12 @@ rule capture:
     resources:
         **resources_of("capture"),
     params:
-        text=text_file,
+        code=STAGE_CODE["capture"],  # reruns the job when the code it runs changes
         max_tokens=REAL["max_tokens"] if REAL else None,
         layers=real_layers,
         out_dir=out_dir,
     shell:
-        "kvasym stage capture --texts {params.text:q} --out {params.out_dir:q}"
+        "kvasym stage capture --shipped {wildcards.text:q} --out {params.out_dir:q}"
         " --max-tokens {params.max_tokens} --layers {params.layers} > {log:q} 2>&1"
 
 
@@ -40,6 +40,7 @@ rule real_metrics:
     resources:
         **resources_of("real_metrics"),
     params:
+        code=STAGE_CODE["real_metrics"],  # reruns the job when the code it runs changes
         slice=slice_param("real_metrics"),
     shell:
         "kvasym stage real_metrics --slice {params.slice:q} --captures {input.captures:q}"
@@ -64,5 +65,7 @@ rule real_cachestats:
     resources:
         # one capture in memory at a time, one layer of it in float64
         **resources_of("real_cachestats"),
+    params:
+        code=STAGE_CODE["real_cachestats"],  # reruns the job when the code it runs changes
     shell:
         "kvasym stage real_cachestats --captures {input.captures:q} --out {output:q} > {log:q} 2>&1"

@@ -16,6 +16,7 @@ rule stats:
     resources:
         **resources_of("stats"),
     params:
+        code=STAGE_CODE["stats"],  # reruns the job when the code it runs changes
         slice=slice_param("stats"),
     shell:
         "kvasym stage stats --slice {params.slice:q} --per-query {input:q}"
@@ -37,6 +38,7 @@ rule theory:
     resources:
         **resources_of("theory"),
     params:
+        code=STAGE_CODE["theory"],  # reruns the job when the code it runs changes
         slice=slice_param("theory"),
     shell:
         "kvasym stage theory --slice {params.slice:q} --data {input.data:q}"
@@ -60,6 +62,7 @@ rule gather:
     resources:
         **resources_of("gather"),
     params:
+        code=STAGE_CODE["gather"],  # reruns the job when the code it runs changes
         tables=gather_flags,
     shell:
         # the Holm families are the library's (kvasym.stages.gather.HOLM_FAMILIES)

@@ -69,7 +69,7 @@ import numpy as np
 from ..atomic import atomic_target
 from ..cache import read_npz_arrays
 from ..errors import KvasymError, exit_status
-from . import TEXTS_DIR
+from . import TEXTS_DIR, shipped_texts
 
 if TYPE_CHECKING:  # the model needs the optional extra; reading captures does not
     from .gguf_model import GGUFLlama
@@ -514,13 +514,17 @@ def parse_layers(spec: str, n_layers: int | None = None) -> list[int] | None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``kvasym capture`` (and ``python -m kvasym.real.capture``)."""
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
         "--texts",
         nargs="+",
         default=None,
         metavar="DIR_OR_FILE",
         help=f"text files or folders of *.txt (default: the shipped texts, {TEXTS_DIR})",
     )
+    # by name, so that a job's command does not depend on where the package is installed
+    source.add_argument("--shipped", nargs="+", default=None, metavar="NAME",
+                        help="shipped texts by name (src/kvasym/real/texts/NAME.txt)")
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder")
     parser.add_argument("--max-tokens", type=int, default=None, metavar="N", help="keep each text's first N tokens")
     parser.add_argument("--layers", default="all", help="layers to store: all (default) or e.g. 0,5,10-12")
@@ -540,8 +544,15 @@ def build_parser() -> argparse.ArgumentParser:
 def run_from_args(args: argparse.Namespace) -> list[CaptureRecord]:
     """Run :func:`run_capture` from parsed :func:`add_arguments` flags and print a summary line."""
     layers = parse_layers(args.layers)
+    texts = args.texts
+    if getattr(args, "shipped", None):
+        known = shipped_texts()
+        unknown = [name for name in args.shipped if name not in known]
+        if unknown:
+            raise KvasymError(f"--shipped: no shipped text {unknown[0]!r}; shipped: {', '.join(known)}")
+        texts = [str(TEXTS_DIR / f"{name}.txt") for name in args.shipped]
     start = time.perf_counter()
-    records = run_capture(args.texts, args.out, max_tokens=args.max_tokens, layers=layers, model_path=args.model)
+    records = run_capture(texts, args.out, max_tokens=args.max_tokens, layers=layers, model_path=args.model)
     total_tokens = sum(r.n_tokens for r in records)
     print(
         f"{len(records)} captures, {total_tokens} tokens in {time.perf_counter() - start:.1f} s, "

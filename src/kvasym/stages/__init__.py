@@ -17,7 +17,9 @@ stage to its one-line description; modules are imported only when their stage ru
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
+from pathlib import Path
 from types import ModuleType
 
 __all__ = ["STAGES", "add_stage_parsers", "stage_module"]
@@ -58,3 +60,77 @@ def add_stage_parsers(subparsers: argparse._SubParsersAction, only: str | None =
             module = stage_module(name)
             module.add_arguments(parser)
             parser.set_defaults(func=module.run, stage_name=name)
+
+
+def _module_file(module: str) -> Path | None:
+    """The source file of a ``kvasym`` module name, or None (not ours, or not a file)."""
+    root = Path(__file__).resolve().parent.parent  # src/kvasym
+    parts = module.split(".")
+    if parts[0] != "kvasym":
+        return None
+    base = root.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _imports(path: Path, module: str) -> frozenset[str]:
+    """Every ``kvasym`` module ``path`` (module ``module``) imports, at any depth of its code
+    (lazy imports inside functions included), absolute or relative."""
+    import ast
+
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module or ""
+            found.add(stem)
+            found |= {f"{stem}.{alias.name}" for alias in node.names}  # `from . import x` imports a module
+    return frozenset(name for name in found if name.startswith("kvasym"))
+
+
+def stage_code_files(name: str) -> list[Path]:
+    """The files whose content :func:`stage_code_digest` hashes for stage ``name``: its module,
+    every ``kvasym`` module it imports transitively (lazy imports included), and the package
+    data it reads: the LaTeX templates for ``tables``, the shipped texts for ``capture``."""
+    if name not in STAGES:
+        raise KeyError(name)
+    todo: list[str] = [f"{__name__}.{name}"]
+    seen: dict[str, Path] = {}
+    while todo:
+        module = todo.pop()
+        path = _module_file(module)
+        if path is None or module in seen:
+            continue
+        seen[module] = path
+        todo.extend(_imports(path, module) - set(seen))
+    files = sorted(set(seen.values()))
+    package = Path(__file__).resolve().parent.parent
+    data = {"tables": package.glob("templates/*.j2"), "capture": package.glob("real/texts/*.txt")}
+    return files + sorted(data.get(name, ()))
+
+
+@functools.lru_cache(maxsize=None)
+def stage_code_digest(name: str) -> str:
+    """SHA-256 of the code stage ``name`` runs (:func:`stage_code_files`: names and contents).
+
+    The rules pass it as a param, so Snakemake's params trigger reruns a stage, and only that
+    stage and what follows, when its code changes (a template edit rebuilds the tables; an edit
+    of the figures module redraws the figures but recomputes no metric).
+    """
+    import hashlib
+
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in stage_code_files(name):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
