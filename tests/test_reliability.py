@@ -139,3 +139,39 @@ def test_capture_names_shipped_texts_independent_of_the_install_path(tmp_path, c
     assert "--shipped: no shipped text 'no_such_text'; shipped: " in err and "bicycle_repair" in err
     rule = (ROOT / "workflow/rules/real.smk").read_text()
     assert "--shipped {wildcards.text:q}" in rule and "TEXTS_DIR" not in rule
+
+
+@pytest.mark.parametrize("dim, bits", [(3, 2), (4, 8), (64, 4), (128, 3), (1024, 8), (16384, 4)])
+def test_centroid_defects_confirm_the_solver_independently(dim, bits):
+    """numpy-only Gauss-Legendre cell means (x = sin theta) against the scipy-based solver."""
+    from kvasym.codebook import TOLERANCE, centroid_defects, compute_codebook
+
+    book = compute_codebook(dim, bits)
+    c, t = np.asarray(book.centroids), np.asarray(book.thresholds)
+    assert centroid_defects(c, t, dim).max() < TOLERANCE  # both agree to the solver's tolerance
+    moved = c.copy()
+    moved[len(c) // 2] += 1e-5 / np.sqrt(dim)
+    assert centroid_defects(moved, t, dim)[len(c) // 2] == pytest.approx(1e-5, rel=1e-3)
+
+
+def test_a_tampered_codebook_cache_entry_is_recomputed_not_used(tmp_path, monkeypatch, capsys):
+    """(6) A plausible edit of the on-disk codebook cache used to be trusted (KL moved ~10x)."""
+    from kvasym import codebook
+
+    monkeypatch.setenv("KVASYM_CACHE_DIR", str(tmp_path))
+    codebook._cached_codebook.cache_clear()
+    try:
+        good = codebook.lloyd_max_codebook(64, 4)
+        (path,) = (tmp_path / "codebooks").glob("beta_lloyd_max_*_d64_b4.json")
+        data = json.loads(path.read_text())
+        # a plausible edit: centroids shrunk by 10%, thresholds kept at their midpoints
+        data["centroids"] = [0.9 * c for c in data["centroids"]]
+        data["thresholds"] = [0.5 * (a + b) for a, b in zip(data["centroids"][:-1], data["centroids"][1:])]
+        path.write_text(json.dumps(data))
+        codebook._cached_codebook.cache_clear()
+        again = codebook.lloyd_max_codebook(64, 4)
+        assert np.array_equal(again.centroids, good.centroids)
+        assert "sigma from its cell's mean" in capsys.readouterr().err
+        assert json.loads(path.read_text())["centroids"] == list(map(float, good.centroids))  # repaired
+    finally:
+        codebook._cached_codebook.cache_clear()

@@ -57,6 +57,8 @@ from .errors import KvasymError
 
 __all__ = [
     "TOLERANCE",
+    "VERIFY_TOLERANCE",
+    "centroid_defects",
     "MAX_ITERATIONS",
     "CODEBOOK_FORMAT",
     "MIN_DIM",
@@ -385,18 +387,78 @@ def lloyd_max_codebook(dim: int, bits: int, *, use_disk_cache: bool = True) -> C
     return compute_codebook(dim, bits)
 
 
+#: A cached codebook is used only if every centroid is within this many sigma (1/sqrt(d)) of its
+#: cell's mean, as :func:`centroid_defects` measures it: far above its quadrature error (~1e-12)
+#: and the solver's TOLERANCE (1e-10), far below any edit that moves a result.
+VERIFY_TOLERANCE = 1e-7
+#: Gauss-Legendre nodes per cell for :func:`centroid_defects`.
+_VERIFY_NODES = 96
+
+
+def centroid_defects(centroids: np.ndarray, thresholds: np.ndarray, dim: int) -> np.ndarray:
+    """|c_i - E[x | t_{i-1} < x < t_i]| / sigma for each cell, with sigma = 1/sqrt(d), by
+    Gauss-Legendre quadrature in numpy alone (no scipy: jobs that only read codebooks stay light).
+
+    Notes
+    -----
+    With x = sin(theta) the law's density (1 - x^2)^((d-3)/2) dx becomes cos(theta)^(d-2)
+    dtheta, smooth on every cell for every d >= 3 (no endpoint singularity), so the quadrature
+    converges fast. Each cell is clipped to |x| <= min(1, 40 sigma) (the law's mass beyond is
+    below 1e-300 for large d) and integrated in log space, so the normalizing constant cancels.
+    """
+    levels = centroids.size
+    sigma = 1.0 / np.sqrt(dim)
+    edge = min(1.0, 40.0 * sigma)
+    lo = np.clip(np.concatenate(([-1.0], thresholds)), -edge, edge)
+    hi = np.clip(np.concatenate((thresholds, [1.0])), -edge, edge)
+    nodes, weights = np.polynomial.legendre.leggauss(_VERIFY_NODES)
+    a, b = np.arcsin(lo)[:, None], np.arcsin(hi)[:, None]
+    theta = 0.5 * (b - a) * nodes[None, :] + 0.5 * (a + b)
+    log_density = (dim - 2) * np.log(np.maximum(np.cos(theta), 1e-300))
+    w = np.exp(log_density - log_density.max()) * weights[None, :] * 0.5 * (b - a)
+    mass = w.sum(axis=1)
+    means = (w * np.sin(theta)).sum(axis=1) / np.where(mass > 0, mass, 1.0)
+    defects = np.where(mass > 0, np.abs(centroids - means) / sigma, 0.0)
+    return defects if defects.size == levels else np.full(levels, np.inf)
+
+
+def _verified(book: Codebook, path: Path) -> Codebook:
+    """``book`` read from ``path`` if it is a Lloyd-Max codebook of its dim and bits, else a
+    KvasymError naming the file and what is wrong with it."""
+    c, t = np.asarray(book.centroids), np.asarray(book.thresholds)
+    if c.size != 1 << book.bits or t.size != c.size - 1 or not np.all(np.isfinite(c)):
+        raise KvasymError(f"{path}: {c.size} centroids and {t.size} thresholds for {book.bits} bits")
+    if not (np.all(np.diff(c) > 0) and np.array_equal(t, 0.5 * (c[:-1] + c[1:])) and np.array_equal(c, -c[::-1])):
+        raise KvasymError(f"{path}: centroids not increasing and symmetric, or thresholds not their midpoints")
+    defects = centroid_defects(c, t, book.dim)
+    worst = int(np.argmax(defects))
+    if not defects[worst] <= VERIFY_TOLERANCE:
+        raise KvasymError(f"{path}: centroid {worst} is {defects[worst]:.3g} sigma from its cell's mean "
+                          f"(allowed {VERIFY_TOLERANCE:g}): not the Lloyd-Max codebook of d={book.dim}, "
+                          f"{book.bits} bits")
+    return book
+
+
 @lru_cache(maxsize=None)
 def _cached_codebook(dim: int, bits: int) -> Codebook:
     path = cache_dir() / f"beta_lloyd_max_v{CODEBOOK_FORMAT}_d{dim}_b{bits}.json"
     if path.exists():
+        book = None  # an entry of another format, dim or bits is recomputed and overwritten below
         try:
             data = json.loads(path.read_text())
             if data.get("format") == CODEBOOK_FORMAT and data["dim"] == dim and data["bits"] == bits:
                 book = Codebook.from_json(data)
-                if book.centroids.size == 1 << bits and book.thresholds.size == (1 << bits) - 1:
-                    return book
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            pass  # a corrupt cache entry is recomputed and overwritten below
+            book = None  # a corrupt cache entry likewise
+        if book is not None:
+            try:
+                return _verified(book, path)
+            except KvasymError as exc:
+                # a well-formed entry that is not the codebook (edited, or from a buggy version):
+                # say so, then recompute and overwrite it rather than quantize with it
+                import sys
+
+                print(f"kvasym: codebook cache: {exc}; recomputing it", file=sys.stderr)
     book = compute_codebook(dim, bits)
     _atomic_write_json(path, book.to_json())
     return book
