@@ -162,7 +162,7 @@ CONFIG_CASES = [
     BadConfig("rank_fraction", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 2.5}}),
               "config key distributions[0].params.rank: must be an integer, got 2.5", "rank"),
     BadConfig("noise_negative", _dists({"name": "lr", "kind": "low_rank", "params": {"rank": 2, "noise": -1}}),
-              "config key distributions[0].params.noise: must be >= 0, got -1", "noise"),
+              "config key distributions[0].params.noise: must be in 0..1000000, got -1", "noise"),
     BadConfig("outliers_above_dim",
               _dists({"name": "c", "kind": "concentrated", "params": {"n_outliers": 100, "outlier_scale": 3}}),
               "n_outliers = 100 exceeds dim = 64", "n_outliers"),

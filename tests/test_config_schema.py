@@ -254,7 +254,7 @@ def test_real_defaults_match_real_settings():
          "unknown config key(s): distributions[0].params.nu; allowed: none"),
         ({"distributions": [{"name": "g", "kind": "gaussian"}, {"name": "c", "kind": "concentrated",
                                                                  "params": {"n_outliers": 2, "outlier_scale": 0}}]},
-         "config key distributions[1].params.outlier_scale: must be > 0, got 0"),
+         "config key distributions[1].params.outlier_scale: must be > 0 and <= 1000000, got 0"),
         ({"distributions": [{"name": "g"}]}, "config key distributions[0]: missing required key(s): kind"),
         ({"user_schemes": {"AB": {"K": {"rotate": True, "scalar_bits": "n-x", "qjl": False},
                                   "V": {"rotate": True, "scalar_bits": "n", "qjl": False}}}},

@@ -175,3 +175,33 @@ def test_a_tampered_codebook_cache_entry_is_recomputed_not_used(tmp_path, monkey
         assert json.loads(path.read_text())["centroids"] == list(map(float, good.centroids))  # repaired
     finally:
         codebook._cached_codebook.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "distribution, message",
+    [
+        ({"name": "o", "kind": "concentrated", "params": {"n_outliers": 2, "outlier_scale": 1e300}},
+         "distributions[1].params.outlier_scale"),
+        ({"name": "l", "kind": "low_rank", "params": {"rank": 4, "noise": 1e300}}, "distributions[1].params.noise"),
+    ],
+)
+def test_scales_that_overflow_are_refused_naming_the_key(distribution, message):
+    """(8) outlier_scale or noise of 1e300 validated, then overflowed while the DAG was built
+    (squaring it to rank the facet distributions), naming no key."""
+    config = {**TINY, "distributions": [{"name": "gaussian", "kind": "gaussian"}, distribution]}
+    with pytest.raises(KvasymError) as info:
+        load_study(config)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_job_that_cannot_fit_is_refused_before_any_job(monkeypatch):
+    """(8) seq_len x dims under the per-matrix guard (2^31 entries) but a job needing ~150 GB in
+    all used to be accepted and killed mid-run."""
+    config = {**TINY, "seq_len": 10_000_000, "dims": [128], "n_queries": 4, "headline": {}}  # 1.28e9 per matrix
+    with pytest.raises(KvasymError, match=r"a metrics job would need about \d+ GiB .* more than 65536 MB"):
+        load_study(config)
+    monkeypatch.setenv("KVASYM_MAX_JOB_MEM_MB", str(10**9))
+    assert load_study(config).seq_len == 10_000_000  # a machine that has it may say so
+    monkeypatch.setenv("KVASYM_MAX_JOB_MEM_MB", "lots")
+    with pytest.raises(KvasymError, match="KVASYM_MAX_JOB_MEM_MB must be a positive integer"):
+        load_study(config)

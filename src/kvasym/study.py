@@ -223,7 +223,8 @@ def load_study(config: Mapping[str, Any]) -> Study:
     trials, per_key_trials = cfg["trials"], cfg["per_key_trials"]
     if per_key_trials > trials:
         raise KvasymError(f"config key per_key_trials: must be in 0..trials = 0..{trials}, got {per_key_trials}")
-    _check_trial_size(cfg["seq_len"], cfg["n_queries"], max(max(d) for d in distribution_dims.values()))
+    _check_trial_size(cfg["seq_len"], cfg["n_queries"], max(max(d) for d in distribution_dims.values()),
+                      trials, tuple(cfg["sharpness"]))
     sharpness = tuple(float(s) for s in cfg["sharpness"])
     return Study(
         base_seed=cfg["base_seed"],
@@ -317,15 +318,40 @@ def _file_distribution(entry: Mapping[str, Any]) -> dict[str, Any]:
 #: own range, but seq_len x n_queries (the attention matrices) or seq_len x dim (K and V) can
 #: still ask for terabytes, which would only surface as an out-of-memory kill mid-run.
 MAX_TRIAL_ENTRIES = 2**31
+#: The memory (MB) one job may need unless KVASYM_MAX_JOB_MEM_MB says otherwise (:func:`max_job_mem_mb`).
+DEFAULT_MAX_JOB_MEM_MB = 65536
 
 
-def _check_trial_size(seq_len: int, n_queries: int, max_dim: int) -> None:
+def max_job_mem_mb() -> int:
+    """The largest memory (MB) one job may need: $KVASYM_MAX_JOB_MEM_MB, else 65536 (64 GiB)."""
+    value = os.environ.get("KVASYM_MAX_JOB_MEM_MB", "")
+    if not value:
+        return DEFAULT_MAX_JOB_MEM_MB
+    if not value.isdigit() or int(value) < 1:
+        raise KvasymError(f"KVASYM_MAX_JOB_MEM_MB must be a positive integer (MB), got {value!r}")
+    return int(value)
+
+
+def _check_trial_size(seq_len: int, n_queries: int, max_dim: int, trials: int = 1,
+                      sharpness: tuple[float, ...] = (1.0,)) -> None:
     for what, rows, cols in (("seq_len x n_queries", seq_len, n_queries), ("seq_len x dims", seq_len, max_dim)):
         if rows * cols > MAX_TRIAL_ENTRIES:
             raise KvasymError(
                 f"config keys {what} = {rows} x {cols} = {rows * cols:.3g} float64 entries per trial "
                 f"exceed {MAX_TRIAL_ENTRIES} (16 GiB per matrix); lower seq_len, n_queries or dims"
             )
+    # a job holds several such matrices at once: its whole estimate must fit too
+    from .resources import job_resources
+
+    need = job_resources("metrics", {"dim": max_dim, "seq_len": seq_len, "n_queries": n_queries, "trials": trials,
+                                     "sharpness": list(sharpness)})["mem_mb"]
+    limit = max_job_mem_mb()
+    if need > limit:
+        raise KvasymError(
+            f"config keys seq_len = {seq_len}, n_queries = {n_queries}, dims up to {max_dim}: a metrics job would "
+            f"need about {need / 1024:.0f} GiB (kvasym.resources.job_resources), more than {limit} MB; lower them, "
+            "or raise KVASYM_MAX_JOB_MEM_MB on a machine that has it"
+        )
 
 
 def _no_case_clash(names: list[str], key: str) -> None:
