@@ -364,22 +364,3 @@ def _no_case_clash(names: list[str], key: str) -> None:
             raise KvasymError(
                 f"config key {key}: {other!r} and {name!r} differ only in case (they become folder names)"
             )
-
-
-def job_resources(stage: str, slice_: Mapping[str, Any]) -> dict[str, int]:
-    """Memory (MB) and runtime (minutes) to request for one job, from the size of its slice.
-
-    Jobs loop over trials, so memory follows one trial's float64 arrays (K, V, Q, their
-    reconstructions and the n_queries x seq_len attention matrices) plus, for quantize and
-    metrics, the whole cell's packed caches; runtime follows the total work. The same formula
-    serves every stage (``stage`` is accepted for when they diverge). The constants are
-    conservative guesses, not a fit: the paper run's ``benchmark:`` files show a peak RSS of
-    403 MB for any job, below the 600 MB floor requested here.
-    """
-    dim, seq, nq, trials = slice_["dim"], slice_["seq_len"], slice_["n_queries"], slice_["trials"]
-    per_trial = 8 * (6 * seq * dim + 2 * nq * dim + 12 * nq * seq)
-    packed = trials * 2 * seq * (dim + 64)  # <= 8 bits per coordinate + norms, both sides
-    mem_mb = 600 + (3 * per_trial + 2 * packed) // 2**20
-    work = trials * seq * dim * (1 + (len(slice_.get("sharpness", [])) or 1))
-    runtime = 2 + work // 50_000_000
-    return {"mem_mb": int(mem_mb), "runtime": int(runtime)}

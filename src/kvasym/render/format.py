@@ -115,11 +115,15 @@ def sig(x: Any, digits: int = DIGITS) -> Latex:
 def sig_text(x: Any, digits: int = DIGITS) -> str:
     """:func:`sig` as plain text (Markdown, HTML, figure labels): the same digits, with
     ``×10^`` for the power of ten: ``0.000123 -> 1.23×10^-4``, ``2 -> 2.00``, missing -> ``n/a``."""
-    text = str(sig(x, digits))
-    if "\\times10^" in text:
-        mantissa, exponent = text.split("\\times10^")
+    return _as_text(str(sig(x, digits)))
+
+
+def _as_text(math: str) -> str:
+    """Math-mode content of :func:`sig` or :func:`pvalue` as plain text (the same digits)."""
+    if "\\times10^" in math:
+        mantissa, exponent = math.split("\\times10^")
         return f"{mantissa}×10^{exponent.strip('{}')}"
-    return {"\\infty": "inf", "-\\infty": "-inf"}.get(text, text)
+    return {"\\infty": "inf", "-\\infty": "-inf"}.get(math, math)
 
 
 def plain(x: Any) -> Latex:
@@ -179,11 +183,7 @@ def pvalue_text(log10_p: Any, digits: int = 1) -> str:
     """:func:`pvalue` as plain text: ``-30.4 -> 4×10^-31``, ``-0.4325 -> 0.37``, missing -> ``n/a``."""
     if _missing(log10_p):
         return "n/a"
-    text = str(pvalue(log10_p, digits)).strip("$")
-    if "\\times10^" in text:
-        mantissa, exponent = text.split("\\times10^")
-        return f"{mantissa}×10^{exponent.strip('{}')}"
-    return text
+    return _as_text(str(pvalue(log10_p, digits)).strip("$"))
 
 
 def ci(estimate: Any, low: Any = None, high: Any = None, digits: int = DIGITS, bold: bool = False) -> Latex:

@@ -11,8 +11,10 @@ import argparse
 from typing import Any
 
 from ..errors import KvasymError
+from ..manifest import DATA_KEYS
+from ..schemes import Scheme, scheme_from_dict
 
-_DATA_KEYS = {"distribution", "dim", "seq_len", "n_queries", "trials", "base_seed"}
+_DATA_KEYS = set(DATA_KEYS)
 #: Keys each stage reads from its slice (what the study's *_slice methods produce).
 SLICE_KEYS: dict[str, set[str]] = {
     "data": _DATA_KEYS,
@@ -61,3 +63,9 @@ def stage_slice(args: argparse.Namespace, stage: str) -> dict[str, Any]:
             raise KvasymError(f"the {stage} stage needs --scheme and --budget with --config")
         return method(args.distribution, args.dim, args.scheme, args.budget)
     return method(args.distribution, args.dim)
+
+
+def slice_scheme(slice_: dict[str, Any]) -> Scheme:
+    """The scheme a slice names: ``slice_["scheme"]`` is ``{"name": ..., "K": ..., "V": ...}``."""
+    spec = dict(slice_["scheme"])
+    return scheme_from_dict(spec.pop("name"), spec)

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..cachefile import evaluate_cache_file, load_cache_file
 from ..errors import KvasymError
-from ._slice import add_slice_arguments, stage_slice
+from ._slice import add_slice_arguments, slice_scheme, stage_slice
 
 
 def run_file_metrics(slice_: Mapping[str, Any], path: str, out_per_query: str) -> None:
@@ -28,15 +28,13 @@ def run_file_metrics(slice_: Mapping[str, Any], path: str, out_per_query: str) -
     ``sharpness`` (list), ``n_queries``, ``base_seed``, ``norm_dtype``.
     """
     from ..dataset import PER_QUERY_SCHEMA, provenance, to_table, write_parquet_atomic
-    from ..schemes import scheme_from_dict
 
     dist = slice_["distribution"]
     cache = load_cache_file(path)
     if cache.head_dim != int(slice_["dim"]):
         raise KvasymError(f"cache file {path}: head_dim {cache.head_dim}, but the DAG planned d={slice_['dim']} "
                           "(the file changed since the DAG was built: rerun)")
-    spec = dict(slice_["scheme"])
-    scheme = scheme_from_dict(spec.pop("name"), spec)
+    scheme = slice_scheme(slice_)
     budget = int(slice_["budget"])
     scheme.validate_budget(budget)
     columns, trial_map = evaluate_cache_file(

@@ -21,9 +21,9 @@ from ..dataset import PER_KEY_SCHEMA, PER_QUERY_SCHEMA, provenance, to_table, wr
 from ..errors import KvasymError
 from ..manifest import load_manifest, verified_trial
 from ..metrics import trial_metrics_multi
-from ..schemes import Scheme, scheme_from_dict
+from ..schemes import Scheme
 from ..seeds import derived_seed
-from ._slice import add_slice_arguments, stage_slice
+from ._slice import add_slice_arguments, slice_scheme, stage_slice
 from .quantize import packed_cache_name
 
 
@@ -40,8 +40,7 @@ def run_metrics(
         caches = load_packed(packed_npz)
     except KvasymError as exc:
         raise KvasymError(f"{exc}; delete it and rerun to rebuild it") from None
-    scheme_data = dict(slice_["scheme"])
-    scheme = scheme_from_dict(scheme_data.pop("name"), scheme_data)
+    scheme = slice_scheme(slice_)
     ident = {
         "distribution": slice_["distribution"]["name"],
         "kind": slice_["distribution"]["kind"],

@@ -16,8 +16,7 @@ from typing import Any
 from ..cache import PackedCache, save_packed
 from ..evaluate import quantize_pair
 from ..manifest import load_manifest, verified_trial
-from ..schemes import scheme_from_dict
-from ._slice import add_slice_arguments, stage_slice
+from ._slice import add_slice_arguments, slice_scheme, stage_slice
 
 
 def packed_cache_name(trial: int, side: str) -> str:
@@ -28,8 +27,7 @@ def packed_cache_name(trial: int, side: str) -> str:
 def run_quantize(slice_: Mapping[str, Any], data_json: str | os.PathLike, out_npz: str | os.PathLike) -> None:
     """Packed K and V caches of every trial of one cell, in one .npz."""
     digests = load_manifest(data_json, slice_)
-    scheme_data = dict(slice_["scheme"])
-    scheme = scheme_from_dict(scheme_data.pop("name"), scheme_data)
+    scheme = slice_scheme(slice_)
     caches: dict[str, PackedCache] = {}
     for trial in range(slice_["trials"]):
         data = verified_trial(slice_, trial, digests)

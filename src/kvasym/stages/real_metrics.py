@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import KvasymError
 from ..real.evaluate import REAL_DISTRIBUTIONS, REAL_KIND, evaluate_capture
-from ._slice import add_slice_arguments, stage_slice
+from ._slice import add_slice_arguments, slice_scheme, stage_slice
 
 
 def run_real_metrics(slice_: dict[str, Any], capture_paths: Sequence[str], out_per_query: str) -> None:
@@ -34,14 +34,12 @@ def run_real_metrics(slice_: dict[str, Any], capture_paths: Sequence[str], out_p
     one (query head, position) of the group reading that KV head.
     """
     from ..dataset import PER_QUERY_SCHEMA, provenance, to_table, write_parquet_atomic
-    from ..schemes import scheme_from_dict
     from ..real.capture import load_capture
 
     name = slice_["distribution"]
     if name not in REAL_DISTRIBUTIONS:
         raise KvasymError(f"real distribution must be one of {list(REAL_DISTRIBUTIONS)}, got {name!r}")
-    spec = dict(slice_["scheme"])
-    scheme = scheme_from_dict(spec.pop("name"), spec)
+    scheme = slice_scheme(slice_)
     budget = int(slice_["budget"])
     parts: list[dict[str, np.ndarray]] = []
     trial_map: list[dict[str, Any]] = []
