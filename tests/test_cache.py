@@ -712,3 +712,21 @@ def test_atomic_target_renames_on_success_and_cleans_up_on_failure(tmp_path):
         with atomic_target(target) as tmp:
             raise OSError(28, "No space left on device", str(tmp))
     assert err.value.filename == str(target) and "No space" in err.value.strerror
+    # a folder where no file can be created: the error names the target, not the hidden
+    # temporary name (it named /proc/.o.npz.tqu0hb2z.tmp before)
+    with pytest.raises(OSError) as err:
+        with atomic_target("/proc/o.npz"):
+            pass
+    assert err.value.filename == "/proc/o.npz" and ".tmp" not in str(err.value)
+
+
+@pytest.mark.parametrize("spec, message", [
+    (ROT, "rows of 16385 coordinates, which the Hadamard rotation pads to 32768, exceed the largest working "
+          "dimension 16384"),
+    (RAW, "rows of 16385 coordinates exceed the largest working dimension 16384"),
+])
+def test_too_wide_rows_are_refused_naming_the_dimension_given(spec: SideSpec, message: str) -> None:
+    """The codebook's check used to fire first, naming only the padded 32768 the user never gave."""
+    with pytest.raises(KvasymError) as info:
+        quantize(np.ones((1, 16385)), spec, 4, rotation_seed=1, qjl_seed=2)
+    assert message in str(info.value)

@@ -227,7 +227,7 @@ def test_load_capture_rejects_bad_files_naming_the_array(tmp_path: Path, breaker
 def test_load_capture_rejects_non_captures(tmp_path: Path) -> None:
     (tmp_path / "junk.npz").write_bytes(b"PK not really a zip")
     np.save(tmp_path / "plain.npy", np.zeros(3))
-    with pytest.raises(KvasymError, match="junk.npz is not a readable .npz capture"):
+    with pytest.raises(KvasymError, match="junk.npz: not a readable .npz capture"):
         load_capture(tmp_path / "junk.npz")
     with pytest.raises(KvasymError, match="plain .npy array"):
         load_capture(tmp_path / "plain.npy")

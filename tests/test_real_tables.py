@@ -415,7 +415,7 @@ def test_bad_inputs_name_the_file_or_column(tmp_path):
 
     with pytest.raises(KvasymError, match=r"no_kurtosis\.parquet.*\['excess_kurtosis'\]"):
         render(real_cachestats=missing_column)
-    with pytest.raises(KvasymError, match=r"garbage\.parquet is not a readable Parquet"):
+    with pytest.raises(KvasymError, match=r"garbage\.parquet: not a readable Parquet"):
         render(real_cachestats=garbage)
     with pytest.raises(KvasymError, match=r"nope\.parquet: no such file"):
         render(real_cachestats=tmp_path / "nope.parquet")

@@ -205,3 +205,73 @@ def test_a_job_that_cannot_fit_is_refused_before_any_job(monkeypatch):
     monkeypatch.setenv("KVASYM_MAX_JOB_MEM_MB", "lots")
     with pytest.raises(KvasymError, match="KVASYM_MAX_JOB_MEM_MB must be a positive integer"):
         load_study(config)
+
+
+def test_seq_len_one_is_refused_naming_the_key():
+    """(8) seq_len 1 validated, then every stats job died: over one key every attention weight
+    is 1, every KL is 0 and no ratio between schemes exists."""
+    with pytest.raises(KvasymError, match="seq_len") as info:
+        load_study({**TINY, "seq_len": 1})
+    assert "\n" not in str(info.value)
+    assert load_study({**TINY, "seq_len": 2}).seq_len == 2
+
+
+def test_seq_len_two_runs_to_a_ledger_with_undefined_slopes(tmp_path):
+    """(8) seq_len 2 left too few per-key points for any Jensen slope, so the theory table had no
+    jensen_slope rows and the claims stage died on 'unknown check'. The rows now say the slope
+    is undefined and the claim on it is inconclusive."""
+    from kvasym.claims import INCONCLUSIVE, Tables, evaluate_claims
+
+    study = load_study({**TINY, "seq_len": 2, "trials": 2, "n_queries": 4})
+    data, theory = tmp_path / "d.json", tmp_path / "th.parquet"
+    run_data(study.data_slice("gaussian", 64), data)
+    per_key = []
+    for scheme in study.schemes:
+        packed, pq_, pk = (tmp_path / f"{scheme}.{ext}" for ext in ("npz", "pq.parquet", "pk.parquet"))
+        run_quantize(study.cell_slice("gaussian", 64, scheme, 4), data, packed)
+        run_metrics(study.metrics_slice("gaussian", 64, scheme, 4), data, packed, pq_, pk)
+        per_key.append(pk)
+    run_theory(study.theory_slice("gaussian", 64), data, per_key, theory)
+    frame = pd.read_parquet(theory)
+    slopes = frame[frame["check"] == "jensen_slope"]
+    assert len(slopes) == len(study.schemes) * len(study.sharpness)
+    assert slopes["estimate"].isna().all() and (slopes["n"] < 3).all()
+    claim = {"id": "C9", "statement": "s", "statistic": "theory", "holds_if": {"op": ">", "value": 0.0},
+             "where": {"check": "jensen_slope", "distribution": "gaussian", "dim": 64, "budget": 4,
+                       "scheme": "QKQV", "sharpness": 1.0}}
+    empty = pd.DataFrame()
+    (result,) = evaluate_claims([claim], Tables(comparisons=empty, summary=empty, trials=empty, theory=frame))
+    assert result["verdict"] == INCONCLUSIVE and "the estimate is undefined" in result["reason"], result
+
+
+def test_a_theory_check_without_rows_is_not_evaluated_not_an_error():
+    """(3) per_key_trials 0 gives no Jensen rows at all: the claims stage died on 'theory check
+    jensen_slope does not exist'. A known check without rows is 'not evaluated'; a typo still fails."""
+    from kvasym.claims import NOT_EVALUATED, Tables, evaluate_claims
+
+    theory = pd.DataFrame([{"distribution": "g", "kind": "gaussian", "dim": 16, "check": "ks_beta", "scheme": "",
+                            "budget": -1, "sharpness": float("nan"), "estimate": 0.1, "low": float("nan"),
+                            "high": float("nan"), "theory": float("nan"), "statistic": 0.1, "p": 0.5, "n": 9.0}])
+    where = {"check": "jensen_slope", "distribution": "g", "dim": 16, "budget": 4, "scheme": "QKQV", "sharpness": 1.0}
+    claim = {"id": "C9", "statement": "s", "statistic": "theory", "holds_if": {"op": ">", "value": 0.0},
+             "where": where}
+    empty = pd.DataFrame()
+    tables = Tables(comparisons=empty, summary=empty, trials=empty, theory=theory)
+    (result,) = evaluate_claims([claim], tables)
+    assert result["verdict"] == NOT_EVALUATED, result
+    with pytest.raises(KvasymError, match="theory check 'jensen_slop' does not exist"):
+        evaluate_claims([{**claim, "where": {**where, "check": "jensen_slop"}}], tables)
+
+
+def test_a_ratio_over_a_zero_statistic_is_nan_in_the_stats_tables():
+    """A lossless cell (KL 0 everywhere) killed the stats job; the stage asks for NaN instead,
+    which claims read as inconclusive. The library default still refuses."""
+    from kvasym import stats
+
+    a, b = [np.array([0.1, 0.2]), np.array([0.3, 0.1])], [np.zeros(2), np.zeros(2)]
+    ci = stats.bootstrap_ratio_ci(a, b, n_boot=50, base_seed=1, identity=("x",), undefined="nan")
+    assert np.isnan([ci["estimate"], ci["low"], ci["high"]]).all() and ci["stat_b"] == 0.0
+    with pytest.raises(KvasymError, match="the ratio is undefined"):
+        stats.bootstrap_ratio_ci(a, b, n_boot=50, base_seed=1, identity=("x",))
+    with pytest.raises(KvasymError, match="undefined must be 'raise' or 'nan'"):
+        stats.bootstrap_ratio_ci(a, b, n_boot=50, base_seed=1, identity=("x",), undefined="zero")

@@ -30,8 +30,13 @@ def atomic_target(path: str | os.PathLike) -> Iterator[Path]:
     onto ``path`` (atomic on POSIX within one filesystem); when it fails, delete it. An OSError
     (full disk, read-only folder) is re-raised naming ``path``, not the temporary name."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        # a folder that cannot hold files (/proc, a read-only mount): the error names the target,
+        # not the hidden temporary name the user never gave
+        raise write_failed(path, exc) from exc
     os.close(fd)
     try:
         yield Path(tmp)

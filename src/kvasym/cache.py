@@ -38,7 +38,7 @@ import numpy as np
 
 from .atomic import atomic_target
 from .codebook import lloyd_max_codebook
-from .errors import KvasymError
+from .errors import DamagedFile, KvasymError
 from .packing import pack_codes, packed_row_bytes, unpack_codes
 from .rotation import RandomizedHadamard, next_power_of_two
 from .scalar import ThresholdEncoder
@@ -336,6 +336,18 @@ def check_matrix(x: object, what: str = "input") -> np.ndarray:
     return array
 
 
+def _check_working_dim(dim: int, rotate: bool) -> None:
+    """Refuse rows whose working dimension (``dim``, padded to a power of two when rotated) has
+    no codebook, naming the dimension the user gave as well as the padded one."""
+    from .codebook import MAX_DIM
+
+    work = next_power_of_two(dim) if rotate else dim
+    if work > MAX_DIM:
+        padded = f", which the Hadamard rotation pads to {work}," if work != dim else ""
+        raise KvasymError(f"rows of {dim} coordinates{padded} exceed the largest working dimension {MAX_DIM} "
+                          f"(the codebooks' limit); split the rows into heads of at most {MAX_DIM} coordinates")
+
+
 def quantize(
     x: np.ndarray,
     spec: SideSpec,
@@ -397,6 +409,7 @@ def quantize(
     """
     x = check_matrix(x)
     rows, dim = x.shape
+    _check_working_dim(dim, spec.rotate)
     scalar_bits = spec.scalar_bits(budget)
     if scalar_bits < 0 or scalar_bits > 8 or (scalar_bits == 0 and not spec.qjl):
         raise KvasymError(f"side spec {spec.to_dict()} is impossible at budget {budget}")
@@ -577,7 +590,7 @@ def read_npz_arrays(path: str | os.PathLike, what: str) -> dict[str, np.ndarray]
         # zipfile and numpy raise many types for corrupt archives (BadZipFile, EOFError,
         # NotImplementedError for a mangled compression field, zlib.error, ValueError for an
         # object array refused by allow_pickle=False...)
-        raise KvasymError(f"{path} is not a readable .npz {what} ({type(exc).__name__}: {exc})") from None
+        raise DamagedFile(path, f"not a readable .npz {what} ({type(exc).__name__}: {exc})") from None
 
 
 def load_packed(path: str | os.PathLike) -> dict[str, PackedCache]:
@@ -608,5 +621,10 @@ def load_packed(path: str | os.PathLike) -> dict[str, PackedCache]:
     for name in names:
         prefix = f"{name}/"
         sub = {key[len(prefix) :]: value for key, value in arrays.items() if key.startswith(prefix)}
-        out[name] = _from_arrays(sub, f"{path}[{name}]")
+        try:
+            out[name] = _from_arrays(sub, f"{path}[{name}]")
+        except KvasymError as exc:
+            # whatever is wrong inside a cache, the file as a whole is what must be rebuilt
+            where = f"{path}[{name}]"
+            raise DamagedFile(path, str(exc).removeprefix(where).lstrip(": "), where=where) from None
     return out

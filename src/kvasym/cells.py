@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .errors import KvasymError
+from .errors import DamagedFile, KvasymError
 
 __all__ = ["MissingCell", "PairRatio", "pair_ratio", "select_cells"]
 
@@ -132,37 +132,47 @@ def read_cell_tables(paths: list, what: str, keys: tuple[str, ...], **expected: 
 
     Each file must hold exactly one cell (one value of each of ``keys``), agree with
     ``expected`` (column -> value, e.g. the job's distribution and dim) and hold a cell no other
-    file holds. A valid table copied from another cell over this one, or two files of the same
-    cell, would otherwise be measured and labelled as this cell.
+    file holds (:func:`check_cell_file`). A valid table copied from another cell over this one,
+    or two files of the same cell, would otherwise be measured and labelled as this cell.
 
     Raises
     ------
     KvasymError
-        Naming the file, the column, what it holds and what was expected.
+        Naming the file, the column, what it holds and what was expected
+        (:class:`~kvasym.errors.DamagedFile` when one file is at fault).
     """
     from .dataset import read_parquet_checked
 
-    frames, seen = [], {}
+    frames: list[pd.DataFrame] = []
+    seen: dict[tuple, Any] = {}
     for path in paths:
         frame = read_parquet_checked(path)
-        if len(frame):
-            for column in (*expected, *keys):
-                if column not in frame.columns:
-                    raise KvasymError(f"{path}: the {what} table has no column {column!r}")
-                values = pd.unique(frame[column])
-                if len(values) != 1:
-                    raise KvasymError(f"{path}: holds {column} = {sorted(map(str, values))}, not one cell; delete it "
-                                      "and rerun to rebuild it")
-            for column, want in expected.items():
-                got = frame[column].iloc[0]
-                if not (np.isclose(float(got), float(want)) if isinstance(want, float) else got == want):
-                    raise KvasymError(f"{path}: holds {column} = {got!r} but is filed under {column} = {want!r}: "
-                                      "it is another cell's file; delete it and rerun to rebuild it")
-            cell = tuple(frame[key].iloc[0] for key in keys)
-            if cell in seen:
-                shown = ", ".join(f"{k} = {v!r}" for k, v in zip(keys, cell))
-                raise KvasymError(f"{path} and {seen[cell]} both hold the cell {shown}: one of them is another "
-                                  "cell's file; delete it and rerun to rebuild it")
-            seen[cell] = path
+        check_cell_file(frame, path, what, keys, seen, **expected)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
+
+
+def check_cell_file(frame: pd.DataFrame, path: Any, what: str, keys: tuple[str, ...], seen: dict[tuple, Any],
+                    **expected: Any) -> None:
+    """Check that ``frame``, read from ``path``, holds one cell (one value of each of ``keys`` and
+    of the ``expected`` columns), agrees with ``expected`` and is not a cell of ``seen`` (cell ->
+    path of the files checked before; updated). An empty frame holds no cell and passes."""
+    if not len(frame):
+        return
+    for column in (*expected, *keys):
+        if column not in frame.columns:
+            raise DamagedFile(path, f"the {what} table has no column {column!r}")
+        values = pd.unique(frame[column])
+        if len(values) != 1:
+            raise DamagedFile(path, f"holds {column} = {sorted(map(str, values))}, not one cell")
+    for column, want in expected.items():
+        got = frame[column].iloc[0]
+        if not (np.isclose(float(got), float(want)) if isinstance(want, float) else got == want):
+            raise DamagedFile(path, f"holds {column} = {got!r} but is filed under {column} = {want!r}: "
+                              "it is another cell's file")
+    cell = tuple(frame[key].iloc[0] for key in keys)
+    if cell in seen:
+        shown = ", ".join(f"{k} = {v!r}" for k, v in zip(keys, cell))
+        raise KvasymError(f"{path} and {seen[cell]} both hold the cell {shown}: one of them is another "
+                          "cell's file; delete the wrong one (or both) and rerun to rebuild it")
+    seen[cell] = path

@@ -188,7 +188,10 @@ def stat_distribution_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
 def stat_theory(t: Tables, where: Mapping[str, Any]) -> Measurement:
     """A row of the theory table (``check``): the measured estimate with its CI and the closed
     form (``theory``) in the details."""
-    _known(where["check"], t.theory["check"].unique(), "theory check")
+    from .theory import THEORY_CHECKS
+
+    # a known check without rows (no per-key rows: per_key_trials 0) is "not evaluated", not a typo
+    _known(where["check"], THEORY_CHECKS, "theory check")
     conditions = dict(check=where["check"], distribution=where["distribution"], dim=where["dim"])
     for key in ("budget", "scheme"):
         if key in where:
@@ -261,6 +264,9 @@ def verdict(m: Measurement, rule: Mapping[str, Any]) -> tuple[str, str]:
     compare = OPS[op]
     value = float(rule["value"])
     has_ci = not (math.isnan(m.low) or math.isnan(m.high))
+    if m.interval and math.isnan(m.estimate):
+        return INCONCLUSIVE, ("the estimate is undefined (a ratio over a statistic that is 0, or a slope over "
+                              f"points without spread: n = {m.details.get('n', '?')}): it cannot decide")
     if m.interval and not has_ci:
         return INCONCLUSIVE, (f"estimate {m.estimate:.4g} has no interval (a bootstrap replicate had a zero "
                               "denominator, or there is a single trial): it cannot decide")

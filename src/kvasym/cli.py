@@ -19,7 +19,7 @@ import numpy as np
 
 from . import __version__
 from .atomic import atomic_target
-from .errors import KvasymError
+from .errors import DamagedFile, KvasymError
 
 EXIT_BAD_INPUT = 2
 #: The environment failed us (disk full, permission denied on an output): not the input's fault.
@@ -353,6 +353,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(f"kvasym {__version__} stage {args.stage}")
     try:
         return int(args.func(args) or 0)
+    except DamagedFile as exc:
+        if args.command == "stage":
+            from .stages import move_aside_damaged
+
+            _say(f"kvasym: error: {exc}; {move_aside_damaged(args, exc.path)}")
+        else:
+            _say(f"kvasym: error: {exc}")
+        return EXIT_BAD_INPUT
     except KvasymError as exc:
         _say(f"kvasym: error: {exc}")
         return EXIT_BAD_INPUT

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from . import __version__
 from .atomic import atomic_target
-from .errors import KvasymError
+from .errors import DamagedFile, KvasymError
 
 IDENTIFIERS = [
     pa.field("distribution", pa.string()),
@@ -121,13 +121,21 @@ def read_table(root: str | os.PathLike, table: str = "per_query") -> "pd.DataFra
     """Read a whole metrics table (every cell) from ``results/metrics`` in one call."""
     if table not in SCHEMAS:
         raise KvasymError(f"unknown table {table!r}; known: {', '.join(SCHEMAS)}")
-    folder = Path(root) / table
+    return read_table_folder(Path(root) / table, table)
+
+
+def read_table_folder(folder: str | os.PathLike, table: str) -> "pd.DataFrame":  # noqa: F821
+    """Every Parquet file under ``folder`` as one ``table`` (a key of :data:`SCHEMAS`); a
+    :class:`DamagedFile` naming the first unreadable file."""
+    folder = Path(folder)
     if not folder.is_dir():
         raise KvasymError(f"{folder}: no such metrics table (run the pipeline first)")
     try:
         return pq.read_table(folder, schema=SCHEMAS[table]).to_pandas()
     except (OSError, ValueError, pa.ArrowException) as exc:
-        # a truncated or foreign file somewhere in the dataset: pyarrow's message names it
+        # a truncated or foreign file somewhere in the dataset: find it, so the error names it
+        for part in sorted(folder.rglob("*.parquet")):
+            read_parquet_checked(part)
         raise KvasymError(f"{folder}: a file of the {table} table is not readable ({exc})") from None
 
 
@@ -143,9 +151,7 @@ def read_parquet_checked(path: str | os.PathLike) -> "pd.DataFrame":  # noqa: F8
         return pd.read_parquet(p)
     except (OSError, ValueError, pa.ArrowException) as exc:
         # pyarrow raises ArrowInvalid (a ValueError) or OSError for truncated or foreign files
-        raise KvasymError(
-            f"{p} is not a readable Parquet table ({type(exc).__name__}: {exc}); delete it and rerun to rebuild it"
-        ) from None
+        raise DamagedFile(p, f"not a readable Parquet table ({type(exc).__name__}: {exc})") from None
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:

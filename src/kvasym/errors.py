@@ -15,6 +15,16 @@ class KvasymError(ValueError):
     """Bad input: the message names what is wrong and where."""
 
 
+class DamagedFile(KvasymError):
+    """A file that cannot be what it claims to be: truncated, not of its format, or failing its own
+    digest. ``path`` names it. When the file is an intermediate of the DAG, ``kvasym stage`` moves
+    it aside (:func:`kvasym.stages.move_aside_damaged`) so that the next run rebuilds it."""
+
+    def __init__(self, path: object, reason: str, *, where: object | None = None) -> None:
+        self.path = str(path)
+        super().__init__(f"{path if where is None else where}: {reason}")
+
+
 def write_failed(path: object, exc: OSError) -> OSError:
     """The OSError of a failed write (full disk, read-only folder) re-aimed at the final path.
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .distributions import DistributionSpec, TrialData, generate_trial
-from .errors import KvasymError
+from .errors import DamagedFile, KvasymError
 
 __all__ = ["DATA_FORMAT", "DATA_KEYS", "build_manifest", "load_manifest", "regenerate_trial", "trial_digest",
            "verified_trial"]
@@ -62,8 +62,7 @@ def load_manifest(path: str | Path, slice_: Mapping[str, Any]) -> dict[str, str]
         digests = {int(t["trial"]): t["sha256"] for t in manifest["trials"]}
         made_for = {k: manifest["slice"].get(k) for k in DATA_KEYS}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise KvasymError(f"{path}: unreadable data manifest ({type(exc).__name__}: {exc}); "
-                          "delete it and rerun") from None
+        raise DamagedFile(path, f"unreadable data manifest ({type(exc).__name__}: {exc})") from None
     if manifest.get("format") != DATA_FORMAT or any(made_for[k] != slice_[k] for k in DATA_KEYS):
         raise KvasymError(f"{path}: data manifest was made for another config slice; rerun the data rule")
     return {str(k): v for k, v in digests.items()}

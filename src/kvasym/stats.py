@@ -614,6 +614,7 @@ def bootstrap_ratio_ci(
     identity: Sequence[str | int],
     level: float = 0.95,
     paired: bool = True,
+    undefined: str = "raise",
 ) -> dict[str, float | int]:
     """Ratio ``statistic(a) / statistic(b)`` with a percentile CLUSTER-bootstrap interval.
 
@@ -636,6 +637,10 @@ def bootstrap_ratio_ci(
         Confidence level in (0, 1) (default 0.95).
     paired : bool, optional
         Resample the same clusters for ``a`` and ``b`` (default True).
+    undefined : {"raise", "nan"}, optional
+        When ``statistic(b)`` is 0 the ratio does not exist: raise (default), or return NaN
+        estimate and bounds (a table row that says "undefined", which a claim reads as
+        inconclusive, e.g. a lossless cell whose KL is 0 everywhere).
 
     Returns
     -------
@@ -645,9 +650,10 @@ def bootstrap_ratio_ci(
     Raises
     ------
     KvasymError
-        If statistic(pooled b) is 0 (the ratio is undefined), ``paired`` is true and the numbers
-        of clusters differ, or an argument is invalid (NaN or infinite values, empty clusters,
-        ``n_boot < 1``, ``level`` outside (0, 1), unknown ``statistic``).
+        If statistic(pooled b) is 0 (the ratio is undefined) and ``undefined`` is "raise",
+        ``paired`` is true and the numbers of clusters differ, or an argument is invalid (NaN or
+        infinite values, empty clusters, ``n_boot < 1``, ``level`` outside (0, 1), unknown
+        ``statistic``, ``undefined`` not "raise" or "nan").
 
     Notes
     -----
@@ -675,6 +681,8 @@ def bootstrap_ratio_ci(
     q = _parse_statistic(statistic)
     n_boot = _check_int(n_boot, "n_boot", minimum=1)
     lv = _check_level(level)
+    if undefined not in ("raise", "nan"):
+        raise KvasymError(f"undefined must be 'raise' or 'nan', got {undefined!r}")
     va, ia = _as_clusters(a, "a")
     vb, ib = _as_clusters(b, "b")
     ca, cb = int(ia[-1]) + 1, int(ib[-1]) + 1
@@ -686,6 +694,9 @@ def bootstrap_ratio_ci(
     stat_a = float(_bootstrap_statistic(va, ia, ones_a, q)[0])
     stat_b = float(_bootstrap_statistic(vb, ib, ones_b, q)[0])
     if stat_b == 0.0:
+        if undefined == "nan":
+            return {"estimate": math.nan, "low": math.nan, "high": math.nan, "stat_a": stat_a, "stat_b": stat_b,
+                    "n_boot": n_boot, "level": lv, "n_clusters_a": ca, "n_clusters_b": cb}
         raise KvasymError("bootstrap_ratio_ci: the statistic of b is 0, the ratio is undefined")
     gen = _generator(base_seed, identity, "bootstrap-ratio")
     counts_a = _resample_counts(gen, n_boot, ca)

@@ -44,12 +44,20 @@ from .schemes import SideSpec
 from .seeds import derived_seed, rng
 
 __all__ = [
+    "THEORY_CHECKS",
     "qjl_closed_forms",
     "inner_product_errors",
     "rotated_marginal_sample",
     "ks_against_beta",
     "jensen_points",
 ]
+
+
+#: The checks of the theory table (stage ``theory``), one row each per cell where they apply:
+#: the two QJL variance ratios against their closed forms, the KS test of the rotated marginal
+#: against Beta, and the Jensen slope of KL excess on logit-error variance (absent without
+#: per-key rows, NaN where its points have no spread).
+THEORY_CHECKS: tuple[str, ...] = ("qjl_vs_residual", "qjl_vs_nbit", "ks_beta", "jensen_slope")
 
 
 def qjl_closed_forms(dim: int, budget: int) -> dict[str, float]:

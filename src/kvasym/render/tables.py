@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from ..cachestats import STATISTICS, TOP_CHANNELS
-from ..errors import KvasymError
+from ..errors import DamagedFile, KvasymError
 from ..real import REAL_MODEL_NAME
 from ..real import REAL_POST_ROPE as REAL_POST
 from ..real import REAL_PRE_ROPE as REAL_PRE
@@ -482,9 +482,9 @@ def read_data_manifests(paths: Sequence[str | os.PathLike]) -> pd.DataFrame:
         try:
             manifest = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise KvasymError(f"{p}: not a readable data manifest ({type(exc).__name__}: {exc})") from None
+            raise DamagedFile(p, f"not a readable data manifest ({type(exc).__name__}: {exc})") from None
         if not isinstance(manifest, Mapping):
-            raise KvasymError(f"{p}: a data manifest must be a JSON object")
+            raise DamagedFile(p, "a data manifest must be a JSON object")
         frames.append(manifest_statistics(manifest, str(p)))
     if not frames:
         raise KvasymError("table input 'data_manifests': no manifest given")
@@ -500,10 +500,10 @@ def _read_input(key: str, path: Any) -> Any:
     if key == "claims":
         try:
             data = json.loads(p.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise KvasymError(f"{p}: not valid JSON ({exc})") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DamagedFile(p, f"not valid JSON ({exc})") from None
         if not isinstance(data, list):
-            raise KvasymError(f"{p}: the claims ledger must be a JSON list")
+            raise DamagedFile(p, "the claims ledger must be a JSON list")
         return data
     from ..dataset import read_parquet_checked
 

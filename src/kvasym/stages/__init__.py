@@ -7,7 +7,11 @@ the figure rules ``figure_<family>`` run ``kvasym stage figure --family <family>
 
 - ``add_arguments(parser)``: its flags (inputs, outputs and, for grid stages, ``--slice``, the
   narrow config slice the job depends on, as JSON);
-- ``run(args)``: reads its inputs, calls the library and writes its outputs atomically.
+- ``run(args)``: reads its inputs, calls the library and writes its outputs atomically;
+- ``INTERMEDIATE_INPUTS`` (optional): the argument names (``args`` attributes) whose files are
+  outputs of other rules of the DAG. When one of them is damaged (truncated, not of its format,
+  failing its digest, filed under the wrong cell), the stage moves it aside
+  (:func:`move_aside_damaged`) so that the next run rebuilds it instead of failing on it again.
 
 Stages hold no maths: that lives in the library modules they call. The registry below maps a
 stage to its one-line description; modules are imported only when their stage runs, so a
@@ -22,7 +26,7 @@ import importlib
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["STAGES", "add_stage_parsers", "stage_module"]
+__all__ = ["STAGES", "add_stage_parsers", "move_aside_damaged", "stage_module"]
 
 #: Stage (= rule = module) name -> what it does, in DAG order.
 STAGES: dict[str, str] = {
@@ -49,6 +53,41 @@ def stage_module(name: str) -> ModuleType:
     if name not in STAGES:
         raise KeyError(name)
     return importlib.import_module(f"{__name__}.{name}")
+
+
+def intermediate_inputs(args: argparse.Namespace) -> set[Path]:
+    """The files of ``args`` that stage ``args.stage_name`` declares as DAG intermediates."""
+    names = getattr(stage_module(args.stage_name), "INTERMEDIATE_INPUTS", ())
+    files: set[Path] = set()
+    for name in names:
+        value = getattr(args, name, None)
+        for item in ([] if value is None else [value] if isinstance(value, (str, Path)) else value):
+            files.add(Path(item).absolute())
+    return files
+
+
+def move_aside_damaged(args: argparse.Namespace, path: str) -> str:
+    """What to do about a damaged input ``path`` of a stage run with ``args``, as a sentence.
+
+    A DAG intermediate is renamed to ``.<name>.damaged`` beside it (replacing an older one):
+    Snakemake then sees it missing and reruns the rule that writes it, while the damaged bytes
+    stay for inspection. The leading dot keeps it out of the Parquet datasets (pyarrow and
+    pandas skip names starting with "." when they read a folder). Snakemake itself cannot
+    notice the damage: an intermediate edited or truncated after its job ended only looks newer
+    than its consumers' outputs, so without this every rerun would fail on it again. A file the
+    user gave (a cache dump, the claims file) is never touched.
+    """
+    target = Path(path).absolute()
+    if target not in intermediate_inputs(args):
+        return "fix or replace it and rerun"
+    aside = target.with_name(f".{target.name}.damaged")
+    try:
+        target.replace(aside)
+    except FileNotFoundError:  # a concurrent consumer of the same file moved it first
+        return "it was moved aside by another job; rerun to rebuild it"
+    except OSError as exc:
+        return f"could not move it aside ({exc.strerror or exc}); delete it and rerun to rebuild it"
+    return f"moved aside to {aside.name}; rerun and the rule that writes it rebuilds it"
 
 
 def add_stage_parsers(subparsers: argparse._SubParsersAction, only: str | None = None) -> None:

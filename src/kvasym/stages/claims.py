@@ -47,6 +47,10 @@ def run_claims(
     return results
 
 
+#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
+INTERMEDIATE_INPUTS = TABLES
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--claims", required=True, help="the claims file (config/claims.yaml)")
     for name in TABLES:

@@ -50,7 +50,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from ..errors import KvasymError
+from ..errors import DamagedFile, KvasymError
 from ..figure_registry import FAMILIES, FAMILY_INPUTS, FIGURES, _check_families
 from ..real import REAL_SHARPNESS
 
@@ -65,21 +65,26 @@ def _files(value: Any) -> list[Path]:
 def _read_metrics(inputs: Mapping[str, Any], table: str, keep: Mapping[str, Any]) -> pd.DataFrame:
     """Rows of a metrics table matching ``keep`` (column -> allowed values), file by file so
     the whole table never sits in memory. ``inputs[table]`` lists the files (or names a
-    directory), else ``inputs['metrics']`` is the dataset root (``results/metrics``)."""
-    from ..dataset import SCHEMAS, read_table
+    directory), else ``inputs['metrics']`` is the dataset root (``results/metrics``). Each
+    listed file must hold one cell that no other file holds
+    (:func:`kvasym.cells.check_cell_file`): a cell's file copied over another's would otherwise
+    be drawn under the other's label."""
+    from ..cells import check_cell_file
+    from ..dataset import read_parquet_checked, read_table, read_table_folder
 
     sources = _files(inputs.get(table))
-    if not sources and inputs.get("metrics") is not None:
-        frames = [read_table(inputs["metrics"], table)]
-    else:
-        frames = []
-        for src in sources:
-            if src.is_dir():
-                frames.append(pq.read_table(src, schema=SCHEMAS[table]).to_pandas())
-            else:
-                frames.append(pq.read_table(src).to_pandas())
+    if not sources and inputs.get("metrics") is None:
+        raise KvasymError(f"the figures stage needs the {table} metrics (inputs['{table}'] or inputs['metrics'])")
+    seen: dict[tuple, Any] = {}
     out = []
-    for frame in frames:
+    for src in sources or [None]:
+        if src is None:
+            frame = read_table(inputs["metrics"], table)
+        elif src.is_dir():
+            frame = read_table_folder(src, table)
+        else:
+            frame = read_parquet_checked(src)
+            check_cell_file(frame, src, table.replace("_", "-"), ("distribution", "dim", "scheme", "budget"), seen)
         mask = np.ones(len(frame), dtype=bool)
         for column, allowed in keep.items():
             if allowed is None:
@@ -90,8 +95,6 @@ def _read_metrics(inputs: Mapping[str, Any], table: str, keep: Mapping[str, Any]
             else:
                 mask &= np.isin(values, list(allowed))
         out.append(frame[mask])
-    if not out:
-        raise KvasymError(f"the figures stage needs the {table} metrics (inputs['{table}'] or inputs['metrics'])")
     return pd.concat(out, ignore_index=True)
 
 
@@ -153,7 +156,7 @@ def real_kl_means(files: Any, *, budget: int, sharpness: float = REAL_SHARPNESS)
             source = pq.ParquetFile(path)
             schema = source.schema_arrow
         except (OSError, pa.ArrowException) as exc:
-            raise KvasymError(f"cannot read the real per-query file {path}: {exc}") from None
+            raise DamagedFile(path, f"not a readable real per-query file ({exc})") from None
         absent = [c for c in REAL_COLUMNS if c not in schema.names]
         if absent:
             raise KvasymError(f"{path}: no column(s) {', '.join(absent)} (not a per-query metrics file?)")
@@ -161,7 +164,7 @@ def real_kl_means(files: Any, *, budget: int, sharpness: float = REAL_SHARPNESS)
         try:
             frame = source.read(columns=list(REAL_COLUMNS)).to_pandas()
         except (OSError, pa.ArrowException) as exc:
-            raise KvasymError(f"cannot read the real per-query file {path}: {exc}") from None
+            raise DamagedFile(path, f"not a readable real per-query file ({exc})") from None
         trials = np.unique(frame["trial"].to_numpy())
         unmapped = np.setdiff1d(trials, trial_map["trial"].to_numpy())
         if unmapped.size:
@@ -244,6 +247,7 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
     map (without them it says there is nothing to show).
     """
     from .. import figures as fg
+    from ..dataset import read_parquet_checked
 
     families = list(FAMILIES) if families is None else _check_families(families)
     needed = {key for family in families for key in FAMILY_INPUTS[family]}
@@ -256,9 +260,9 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
     facets = list(slice_["facet_distributions"])
     colors = fg.scheme_colors(slice_["schemes"])
     # each input is read once, and only if a family drawn here needs it
-    summary = pd.read_parquet(inputs["summary"]) if "summary" in needed else None
-    theory = pd.read_parquet(inputs["theory"]) if "theory" in needed else None
-    comparisons = (pd.read_parquet(inputs["comparisons"]) if "comparisons" in needed and inputs.get("comparisons")
+    summary = read_parquet_checked(inputs["summary"]) if "summary" in needed else None
+    theory = read_parquet_checked(inputs["theory"]) if "theory" in needed else None
+    comparisons = (read_parquet_checked(inputs["comparisons"]) if "comparisons" in needed and inputs.get("comparisons")
                    else None)
     per_query = (_read_metrics(inputs, "per_query", {"dim": [dim], "sharpness": [sharp], "distribution": facets})
                  if "per_query" in needed else None)
@@ -314,6 +318,10 @@ def _real_heatmap(means: pd.DataFrame, schemes: Sequence[str], budget: int) -> A
     order = sorted(REAL_DISTRIBUTIONS, key=lambda name: REAL_DISTRIBUTIONS[name] != "post")
     return fg.real_kl_heatmap(means, distributions=order, schemes=list(schemes), budget=budget, row_labels=labels,
                               model=REAL_MODEL_NAME)
+
+
+#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
+INTERMEDIATE_INPUTS = ("summary", "comparisons", "theory", "per_query", "per_key", "data", "real_per_query")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

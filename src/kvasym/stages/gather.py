@@ -45,6 +45,10 @@ def gather(paths: Sequence[str | os.PathLike], out: str | os.PathLike, holm_colu
     write_frame_atomic(frame, out, {"sources": str(len(paths))})
 
 
+#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
+INTERMEDIATE_INPUTS = tuple(HOLM_FAMILIES)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for table in HOLM_FAMILIES:
         parser.add_argument(f"--{table}", nargs="+", default=[], help=f"the per-(distribution, dim) {table} tables")

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from ..cache import PackedCache, load_packed
 from ..dataset import PER_KEY_SCHEMA, PER_QUERY_SCHEMA, provenance, to_table, write_parquet_atomic
-from ..errors import KvasymError
+from ..errors import DamagedFile
 from ..manifest import load_manifest, verified_trial
 from ..metrics import trial_metrics_multi
 from ..schemes import Scheme
@@ -36,10 +36,7 @@ def run_metrics(
 ) -> None:
     """Per-query and per-key metrics of one cell, for every sharpness, as Parquet."""
     digests = load_manifest(data_json, slice_)
-    try:
-        caches = load_packed(packed_npz)
-    except KvasymError as exc:
-        raise KvasymError(f"{exc}; delete it and rerun to rebuild it") from None
+    caches = load_packed(packed_npz)
     scheme = slice_scheme(slice_)
     ident = {
         "distribution": slice_["distribution"]["name"],
@@ -55,8 +52,7 @@ def run_metrics(
         try:
             k_cache, v_cache = caches[packed_cache_name(trial, "K")], caches[packed_cache_name(trial, "V")]
         except KeyError:
-            raise KvasymError(f"{packed_npz}: no packed caches for trial {trial}; "
-                              "delete it and rerun to rebuild it") from None
+            raise DamagedFile(packed_npz, f"no packed caches for trial {trial}") from None
         for side, cache, matrix in (("K", k_cache, data.keys), ("V", v_cache, data.values)):
             _check_cache_matches(cache, matrix.shape, slice_, scheme, trial, side, packed_npz)
         keys_hat = k_cache.dequantize("float64")
@@ -114,9 +110,9 @@ def _check_cache_matches(
     for key, want in expected.items():
         got = getattr(cache, key)
         if got != want:
-            raise KvasymError(
-                f"{path}: trial {trial} side {side} has {key} = {got!r} but cell {scheme.name} n={budget} "
-                f"needs {want!r}: the file is stale or from another cell; delete it and rerun to rebuild it"
+            raise DamagedFile(
+                path, f"trial {trial} side {side} has {key} = {got!r} but cell {scheme.name} n={budget} "
+                f"needs {want!r}: the file is stale or from another cell"
             )
 
 
@@ -127,6 +123,10 @@ def _concat(parts: list[dict[str, np.ndarray]], schema: pa.Schema) -> dict[str, 
         return {f.name: np.zeros(0, dtype=object if pa.types.is_string(f.type) else f.type.to_pandas_dtype())
                 for f in schema}
     return {f.name: np.concatenate([np.asarray(p[f.name]) for p in parts]) for f in schema}
+
+
+#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
+INTERMEDIATE_INPUTS = ("data", "packed")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

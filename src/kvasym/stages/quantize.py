@@ -39,6 +39,10 @@ def run_quantize(slice_: Mapping[str, Any], data_json: str | os.PathLike, out_np
     save_packed(out_npz, caches)
 
 
+#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
+INTERMEDIATE_INPUTS = ("data",)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "quantize")
     parser.add_argument("--data", required=True, help="the data manifest of the cell's (distribution, dim)")

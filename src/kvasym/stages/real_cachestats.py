@@ -30,6 +30,10 @@ def run_real_cachestats(capture_paths: Sequence[str | os.PathLike], out: str | o
     return Path(out)
 
 
+#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
+INTERMEDIATE_INPUTS = ("captures",)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--captures", nargs="+", required=True, help="capture .npz files (stage capture)")
     parser.add_argument("--out", required=True, help="the Parquet table to write")

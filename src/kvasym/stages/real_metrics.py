@@ -67,6 +67,10 @@ def run_real_metrics(slice_: dict[str, Any], capture_paths: Sequence[str], out_p
     write_parquet_atomic(to_table(columns, PER_QUERY_SCHEMA), out_per_query, meta)
 
 
+#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
+INTERMEDIATE_INPUTS = ("captures",)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "real_metrics")
     parser.add_argument("--captures", nargs="+", required=True, help="capture .npz files (stage capture)")

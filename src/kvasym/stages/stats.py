@@ -88,7 +88,7 @@ def run_stats(
                         ci = stats.bootstrap_ratio_ci(
                             _by_trial(ga, "kl"), _by_trial(gb, "kl"), statistic=statistic,
                             n_boot=settings["n_boot"], base_seed=slice_["base_seed"],
-                            identity=(*identity, "kl", label), paired=True,
+                            identity=(*identity, "kl", label), paired=True, undefined="nan",
                         )
                         row.update({f"ratio_{label}": ci["estimate"], f"ratio_{label}_low": ci["low"],
                                     f"ratio_{label}_high": ci["high"]})
@@ -112,6 +112,10 @@ def run_stats(
     write_frame_atomic(pd.DataFrame(rows), out_comparisons, meta)
     write_frame_atomic(pd.DataFrame(summaries), out_summary, meta)
     write_frame_atomic(trial_means, out_trials, meta)
+
+
+#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
+INTERMEDIATE_INPUTS = ("per_query",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

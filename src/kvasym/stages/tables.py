@@ -11,6 +11,10 @@ import argparse
 from ..render.tables import INPUT_KEYS, REAL_INPUT_KEYS, TABLES, render_tables
 
 
+#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
+INTERMEDIATE_INPUTS = (*INPUT_KEYS, *REAL_INPUT_KEYS)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for key in INPUT_KEYS:
         parser.add_argument(f"--{key}", help=f"the {key} input")
