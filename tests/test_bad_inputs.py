@@ -338,13 +338,13 @@ def test_accepted_names_are_safe_paths_latex_and_dataset_members(tmp_path, name:
 
 #: (id, config change, what the user must see) through the real `snakemake -n`.
 SNAKEMAKE_CASES = [
-    ("typo_top_level_key", {"trails": 3}, "'trails' was unexpected"),
+    ("typo_top_level_key", {"trails": 3}, "invalid config: unknown config key(s): trails; allowed: base_seed"),
     ("rank_above_dim", _dists({"name": "gaussian", "kind": "gaussian"},
                               {"name": "lr", "kind": "low_rank", "params": {"rank": 100}}),
      "invalid config: distributions[lr].rank = 100 exceeds dim = 64"),
-    # the schema's error, as Snakemake's validate prints it
+    # the schema's error in one line (Snakemake's validate printed an ~18-line schema dump)
     ("name_dotdot", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "..", "kind": "gaussian"}),
-     "On instance['distributions'][1]['name']"),
+     "invalid config: config key distributions[1].name: must be 1 to 64 ASCII letters"),
     ("names_duplicated", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "gaussian", "kind": "gaussian"}),
      "duplicated distribution name 'gaussian'"),
     ("claims_unknown_statistic", {"claims_file": "bad_claims.yaml"}, "statistic 'kl_ratioo' does not exist"),
@@ -828,6 +828,8 @@ CLI_REJECTED = [
     ("stage_slice_missing_keys", ["stage", "quantize", "--slice", '{"dim": 16}', "--data", "d.json", "--out",
                                   "out/q.npz"],
      "--slice of the quantize stage lacks key(s) base_seed, budget, distribution"),
+    # one key: every attention weight is 1, KL 0 and recall 1 whatever the scheme (was accepted)
+    ("single_key", _evaluate("k_1row.npy", "v_1row.npy"), "keys need at least 2 rows (positions), got 1"),
     ("dequantize_plain_array", ["dequantize", "K.npy", "out/k.npy"], "is a plain .npy array, not a packed cache"),
     ("dequantize_truncated", ["dequantize", "trunc.npz", "out/k.npy"],
      "trunc.npz: not a readable .npz packed cache"),
@@ -946,7 +948,6 @@ CLI_ACCEPTED = [
     ("keys_all_zero", _evaluate("k_zeros.npy")),
     ("values_all_zero", _evaluate("K.npy", "v_zeros.npy")),
     ("queries_all_zero", _evaluate("K.npy", "V.npy", "q_zeros.npy")),
-    ("single_key", _evaluate("k_1row.npy", "v_1row.npy")),
     ("values_other_head_dim", _evaluate("K.npy", "v_dim8.npy")),
     ("keys_single_array_npz", _evaluate("k_one.npz")),
     ("causal", _evaluate("K.npy", "V.npy", "Q.npy", "--causal")),
@@ -1049,6 +1050,12 @@ def _rename_members(path: Path, mapping: dict[str, str]) -> None:
     np.savez(path, **renamed)
 
 
+def _restamped(manifest: dict) -> dict:
+    from kvasym.manifest import CONTENT_DIGEST_KEY, content_digest
+
+    return {**manifest, CONTENT_DIGEST_KEY: content_digest(manifest)}
+
+
 @dataclass(frozen=True)
 class Tamper:
     id: str
@@ -1083,6 +1090,13 @@ TAMPERED = [
     Tamper("manifest_digest_changed", "metrics", "data",
            lambda p, r: p.write_text(json.dumps({**json.loads(p.read_text()),
                                                  "trials": [{"trial": t, "sha256": "0" * 64} for t in range(3)]})),
+           "does not match its digest"),
+    # a consistent manifest (its content digest restamped) whose trial digests are wrong: the
+    # regenerated data is then refused trial by trial
+    Tamper("manifest_trial_digest_restamped", "metrics", "data",
+           lambda p, r: p.write_text(json.dumps(_restamped({**json.loads(p.read_text()),
+                                                            "trials": [{"trial": t, "sha256": "0" * 64}
+                                                                       for t in range(3)]}))),
            "differs from its manifest digest"),
     Tamper("per_query_truncated", "stats", "per_query", lambda p, r: _truncate(p), "not a readable Parquet table"),
     Tamper("per_query_garbage", "stats", "per_query", lambda p, r: _garbage(p), "not a readable Parquet table"),

@@ -730,3 +730,28 @@ def test_too_wide_rows_are_refused_naming_the_dimension_given(spec: SideSpec, me
     with pytest.raises(KvasymError) as info:
         quantize(np.ones((1, 16385)), spec, 4, rotation_seed=1, qjl_seed=2)
     assert message in str(info.value)
+
+
+def test_messages_of_damaged_files_say_what_happened(tmp_path, saved) -> None:
+    """(Issue 18, class 12) numpy's advice to load pickled data unsafely was passed on; a removed
+    digest was reported as 'does not match'; a file a concurrent job moved aside was 'no such
+    file'."""
+    from kvasym.dataset import read_parquet_checked
+
+    pickled = tmp_path / "pickled.npz"
+    np.savez(pickled, **{"V/header": np.array([{"a": 1}], dtype=object)})
+    with pytest.raises(KvasymError) as info:
+        load_packed(pickled)
+    assert "holds pickled (object) data, which kvasym never loads" in str(info.value)
+    assert "unsafely" not in str(info.value)
+    _, cache = saved
+    arrays = {f"V/{k}": v for k, v in cache.arrays().items()}
+    header = json.loads(bytes(arrays["V/header"]).decode())
+    del header["sha256"]
+    arrays["V/header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    write_npz(tmp_path / "nodigest.npz", arrays)
+    with pytest.raises(KvasymError, match="its header has no content digest"):
+        load_packed(tmp_path / "nodigest.npz")
+    (tmp_path / ".t.parquet.damaged").write_bytes(b"x")
+    with pytest.raises(KvasymError, match="another job found it damaged and moved it aside to .t.parquet.damaged"):
+        read_parquet_checked(tmp_path / "t.parquet")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 
@@ -144,3 +146,48 @@ def test_real_stage_names_missing_slice_keys(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--slice of the real_metrics stage lacks key(s) base_seed, budget, norm_dtype, scheme, sharpness" in err
     assert not (tmp_path / "o.parquet").exists()
+
+
+# Found by a hostile sweep (issue 18): inputs that used to exit 0 with a wrong or lost result.
+
+
+def test_an_output_that_is_a_device_or_a_folder_is_refused(cache_files, tmp_path, capsys):
+    """As root, the atomic rename replaced /dev/null with a regular file; "out/" wrote a file
+    named "out"."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    quantize = ["quantize", "--scheme", "KV", "--bits", "4", "--side", "K", str(cache_files["keys"])]
+    assert main([*quantize, str(fifo)]) == 2
+    assert "pipe: exists and is not a regular file" in capsys.readouterr().err
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert main([*quantize, str(tmp_path / "newdir") + "/"]) == 2
+    assert "names a folder (ends with /), not a file" in capsys.readouterr().err
+    assert not (tmp_path / "newdir").exists()
+
+
+def test_one_key_is_refused_by_the_matrix_path(tmp_path, capsys):
+    """Over one key every attention weight is 1: KL 0 and recall 1 for any scheme."""
+    np.save(tmp_path / "k.npy", np.ones((1, 16)))
+    np.save(tmp_path / "q.npy", np.ones((3, 16)))
+    assert main(["evaluate", "--scheme", "KQV", "--bits", "3", "--keys", str(tmp_path / "k.npy"), "--values",
+                 str(tmp_path / "k.npy"), "--queries", str(tmp_path / "q.npy")]) == 2
+    assert "keys need at least 2 rows (positions), got 1" in capsys.readouterr().err
+
+
+def test_a_closed_standard_output_is_an_error(cache_files):
+    """`kvasym evaluate --json >&-` printed nowhere and exited 0."""
+    proc = subprocess.run(
+        f"{sys.executable} -m kvasym.cli evaluate --scheme KV --bits 4 --keys {cache_files['keys']} "
+        f"--values {cache_files['values']} --queries {cache_files['queries']} --json >&-",
+        shell=True, capture_output=False, stderr=subprocess.PIPE, text=True,
+    )
+    assert proc.returncode != 0 and "standard output is closed" in proc.stderr
+
+
+def test_a_cache_file_error_names_layer_head_and_side(tmp_path, capsys):
+    k = np.random.default_rng(1).standard_normal((2, 2, 8, 16))
+    k[1, 1, 5] *= 1e300
+    np.savez(tmp_path / "c.npz", k=k, v=np.ones((2, 2, 8, 16)))
+    assert main(["evaluate", "--cache", str(tmp_path / "c.npz"), "--scheme", "KQV", "--bits", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "layer 1, KV head 1: keys: norm of row 5" in err, err

@@ -362,3 +362,19 @@ def test_headline_cannot_be_a_file_distribution():
                      headline={"distribution": "mine"})
     with pytest.raises(KvasymError, match=r"headline\.distribution: .*\(a file distribution cannot be the headline\)"):
         load_study(config)
+
+
+def test_the_workflow_reports_a_schema_error_in_one_line(tmp_path):
+    """Snakemake's own validator printed an ~18-line schema dump with the key only at its end;
+    the workflow now asks the library first (a dry run, so no job runs)."""
+    from snakemake_workdir import make_workdir, snakemake
+
+    workdir = make_workdir(tmp_path / "w")
+    config = yaml.safe_load((ROOT / "config" / "test.yaml").read_text())
+    config["seq_len"] = 0
+    (workdir / "bad.yaml").write_text(yaml.safe_dump(config))
+    proc = snakemake(workdir, "-n", "--configfile", "bad.yaml")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "invalid config: config key seq_len: must be in 2..10000000, got 0" in out, out[-2000:]
+    assert "Failed validating" not in out and "On instance" not in out

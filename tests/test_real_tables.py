@@ -27,6 +27,7 @@ from kvasym.render import numbers, tables
 from kvasym.cachestats import STATISTICS, TOP_CHANNELS, batched_cache_statistics, cache_statistics
 from kvasym.errors import KvasymError
 from kvasym.latex import escape_latex
+from kvasym.manifest import DATA_FORMAT, content_digest
 from kvasym.stages.data import run_data
 from kvasym.real import INSTALL_COMMANDS, REAL_MODEL_NAME
 from kvasym.real.cachestats import (
@@ -313,8 +314,16 @@ def _manifests(tmp_path: Path) -> list[Path]:
         paths.append(path)
     other = json.loads(paths[0].read_text())
     other["slice"]["dim"] = 32
+    other["content_sha256"] = content_digest(other)  # a valid manifest of another dim
     (tmp_path / "data" / "gaussian" / "d32.json").write_text(json.dumps(other))
     return [*paths, tmp_path / "data" / "gaussian" / "d32.json"]
+
+
+def _stamped(manifest: dict) -> str:
+    """A hand-written manifest with the current format and its content digest (what the data
+    stage writes), so that the checks after the digest are the ones exercised."""
+    manifest = {**manifest, "format": DATA_FORMAT}
+    return json.dumps({**manifest, "content_sha256": content_digest(manifest)})
 
 
 def stats_rows(text: str) -> dict[tuple[str, str], list[str]]:
@@ -423,24 +432,24 @@ def test_bad_inputs_name_the_file_or_column(tmp_path):
         render(data_manifests=[tmp_path / "absent.json"])
     bad_json = tmp_path / "bad.json"
     bad_json.write_text("{ not json")
-    with pytest.raises(KvasymError, match=r"bad\.json: not a readable data manifest"):
+    with pytest.raises(KvasymError, match=r"bad\.json: unreadable data manifest"):
         render(data_manifests=[bad_json])
     no_stats = tmp_path / "old.json"
-    no_stats.write_text(json.dumps({"slice": {"distribution": {"name": "g", "kind": "gaussian"}, "dim": 128},
+    no_stats.write_text(_stamped({"slice": {"distribution": {"name": "g", "kind": "gaussian"}, "dim": 128},
                                     "trials": [{"trial": 0, "sha256": "x"}]}))
     with pytest.raises(KvasymError, match=r"old\.json: trial 0 has no 'keys' statistics"):
         render(data_manifests=[no_stats])
     partial = tmp_path / "partial.json"
-    partial.write_text(json.dumps({"slice": {"distribution": {"name": "g", "kind": "gaussian"}, "dim": 128},
+    partial.write_text(_stamped({"slice": {"distribution": {"name": "g", "kind": "gaussian"}, "dim": 128},
                                    "trials": [{"keys": {"excess_kurtosis": 0.1}, "values": {}}]}))
     with pytest.raises(KvasymError, match=r"partial\.json: trial 0 'keys' statistics lack \['participation_ratio'"):
         render(data_manifests=[partial])
     not_manifest = tmp_path / "list.json"
     not_manifest.write_text("[1, 2]")
-    with pytest.raises(KvasymError, match=r"list\.json: a data manifest must be a JSON object"):
+    with pytest.raises(KvasymError, match=r"list\.json: unreadable data manifest"):
         render(data_manifests=[not_manifest])
     other_dim = tmp_path / "d64.json"
-    other_dim.write_text(json.dumps({"slice": {"distribution": {"name": "g", "kind": "gaussian"}, "dim": 64},
+    other_dim.write_text(_stamped({"slice": {"distribution": {"name": "g", "kind": "gaussian"}, "dim": 64},
                                      "trials": [{"keys": dict.fromkeys(STATISTICS, 1.0),
                                                  "values": dict.fromkeys(STATISTICS, 1.0)}]}))
     with pytest.raises(KvasymError, match=r"no data manifest at the headline dim 128 \(have dims \[64\]\)"):

@@ -275,3 +275,95 @@ def test_a_ratio_over_a_zero_statistic_is_nan_in_the_stats_tables():
         stats.bootstrap_ratio_ci(a, b, n_boot=50, base_seed=1, identity=("x",))
     with pytest.raises(KvasymError, match="undefined must be 'raise' or 'nan'"):
         stats.bootstrap_ratio_ci(a, b, n_boot=50, base_seed=1, identity=("x",), undefined="zero")
+
+
+def _small_manifest(tmp_path):
+    """A data manifest written by the data stage (tiny grid, two short trials) and its slice."""
+    study = load_study({**TINY, "trials": 2, "seq_len": 32, "n_queries": 4})
+    slice_ = study.data_slice("gaussian", 64)
+    path = tmp_path / "data" / "gaussian" / "d64.json"
+    run_data(slice_, path)
+    return study, slice_, path
+
+
+def test_a_hand_edited_data_manifest_statistic_is_refused_and_moved_aside(tmp_path, capsys):
+    """A data manifest's per-trial statistics had no digest of their own: excess_kurtosis edited
+    to 99.0 by hand was accepted silently (load_manifest checked only the trial digests) and
+    flowed into the paper's cache-statistics table. The manifest now carries content_sha256; an
+    edit is a DamagedFile, which the stage command moves aside so the data rule rebuilds it."""
+    from kvasym.errors import DamagedFile
+    from kvasym.manifest import content_digest, load_manifest, read_manifest
+    from kvasym.study import canonical_json
+
+    study, slice_, path = _small_manifest(tmp_path)
+    manifest = read_manifest(path)
+    assert manifest["content_sha256"] == content_digest(manifest)
+    assert len(load_manifest(path, slice_)) == 2
+    # deterministic: the same bytes from a second build, a digest independent of key order
+    again = tmp_path / "again.json"
+    run_data(dict(reversed(list(slice_.items()))), again)
+    assert again.read_bytes() == path.read_bytes()
+    assert content_digest(dict(reversed(list(manifest.items())))) == manifest["content_sha256"]
+
+    edited = json.loads(path.read_text())
+    assert edited["trials"][0]["keys"]["excess_kurtosis"] != 99.0
+    edited["trials"][0]["keys"]["excess_kurtosis"] = 99.0
+    path.write_text(json.dumps(edited, indent=1, sort_keys=True) + "\n")
+    for read in (lambda: read_manifest(path), lambda: load_manifest(path, slice_)):
+        with pytest.raises(DamagedFile, match=r"d64\.json: .*its content does not match its digest \(edited"):
+            read()
+    # what the Snakemake rule runs: exit 2, one line, and the manifest moved aside to be rebuilt
+    code = main(["stage", "quantize", "--slice", canonical_json(study.cell_slice("gaussian", 64, "KQV", 4)),
+                 "--data", str(path), "--out", str(tmp_path / "p.npz")])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and "does not match its digest" in last and "Traceback" not in last, last
+    assert last.endswith("moved aside to .d64.json.damaged; rerun and the rule that writes it rebuilds it"), last
+    assert not path.exists() and path.with_name(".d64.json.damaged").is_file()
+    assert not (tmp_path / "p.npz").exists()
+
+
+def test_a_stale_or_old_format_data_manifest_is_damaged_not_a_dead_end(tmp_path):
+    """A manifest made for another config slice raised a plain KvasymError ("rerun the data
+    rule"), so the stage never moved it aside and every run failed on it again; an old-format
+    manifest (no content digest) was accepted. Both are now DamagedFile (rebuilt)."""
+    from kvasym.errors import DamagedFile
+    from kvasym.manifest import DATA_FORMAT, load_manifest, read_manifest
+
+    _, slice_, path = _small_manifest(tmp_path)
+    with pytest.raises(DamagedFile, match=r"made for another config slice \(differs in seq_len\)"):
+        load_manifest(path, {**slice_, "seq_len": 33})
+    manifest = json.loads(path.read_text())
+    old = {k: v for k, v in manifest.items() if k != "content_sha256"}
+    path.write_text(json.dumps({**old, "format": DATA_FORMAT - 1}))
+    for read in (lambda: read_manifest(path), lambda: load_manifest(path, slice_)):
+        with pytest.raises(DamagedFile, match=rf"data manifest of format {DATA_FORMAT - 1}, not {DATA_FORMAT}"):
+            read()
+    path.write_text(json.dumps(old))
+    with pytest.raises(DamagedFile, match="data manifest without its digest"):
+        load_manifest(path, slice_)
+
+
+@pytest.mark.parametrize("case", ["where_typo", "missing"])
+def test_a_bad_or_missing_claims_file_stops_the_workflow_when_it_loads(tmp_path, case):
+    """A claims file with a typo in a `where` reached the user inside a Snakemake
+    InputFunctionException with a Traceback block (it was first read in the numbers rule's param
+    function); a missing one let any run not needing the ledger say all was fine (exit 0, and
+    "Nothing to be done" with the old ledger kept when the results were up to date). Both now stop
+    Snakemake as it loads, with one `invalid config: claims_file:` line naming the file."""
+    workdir = make_workdir(tmp_path / "wd")
+    if case == "where_typo":
+        text = (workdir / "config/claims.test.yaml").read_text()
+        assert "check: qjl_vs_residual, budget: 4" in text
+        (workdir / "config/claims.typo.yaml").write_text(
+            text.replace("check: qjl_vs_residual, budget: 4", "check: qjl_vs_residual, budgte: 4"))
+        claims, targets = "config/claims.typo.yaml", ()  # the default target: the numbers rule too
+        problem = "claims[0] (C1a): where: unknown key(s) ['budgte']"
+    else:
+        claims, targets = "config/nope.yaml", ("results/data/gaussian/d64.json",)  # needs no ledger
+        problem = "no such file"
+    (workdir / "bad.yaml").write_text(yaml.safe_dump({**TINY, "claims_file": claims}, sort_keys=False))
+    proc = snakemake(workdir, "-n", *targets, configfile="bad.yaml", timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert f"invalid config: claims_file: {claims}: {problem}" in out, out[-3000:]
+    assert "Traceback" not in out and "InputFunctionException" not in out, out[-3000:]

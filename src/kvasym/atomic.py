@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import write_failed
+from .errors import KvasymError, write_failed
 
 
 def _default_mode() -> int:
@@ -29,7 +29,13 @@ def atomic_target(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` to write to; when the block succeeds, rename it
     onto ``path`` (atomic on POSIX within one filesystem); when it fails, delete it. An OSError
     (full disk, read-only folder) is re-raised naming ``path``, not the temporary name."""
+    if str(path).endswith(("/", os.sep)):
+        # Path() drops the slash: "out/" would become a file named "out"
+        raise KvasymError(f"{path}: names a folder (ends with /), not a file")
     path = Path(path)
+    if path.exists() and not path.is_file():
+        # renaming over /dev/null (as root) or a fifo would replace it with a regular file
+        raise KvasymError(f"{path}: exists and is not a regular file (a device, fifo or folder); give a file path")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

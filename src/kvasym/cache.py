@@ -499,6 +499,8 @@ def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:
     except (KeyError, ValueError, TypeError, UnicodeDecodeError) as exc:
         raise KvasymError(f"{where} is not a kvasym packed cache ({type(exc).__name__}: {exc})") from None
     _check_consistent(cache, where)
+    if "sha256" not in header:
+        raise KvasymError(f"{where}: its header has no content digest (sha256); rebuild it")
     if header.get("sha256") != content_digest(header, {name: getattr(cache, name) for name in _DATA_ARRAYS}):
         raise KvasymError(f"{where}: its content does not match the digest in its header (the file was edited "
                           "or corrupted); rebuild it")
@@ -590,7 +592,11 @@ def read_npz_arrays(path: str | os.PathLike, what: str) -> dict[str, np.ndarray]
         # zipfile and numpy raise many types for corrupt archives (BadZipFile, EOFError,
         # NotImplementedError for a mangled compression field, zlib.error, ValueError for an
         # object array refused by allow_pickle=False...)
-        raise DamagedFile(path, f"not a readable .npz {what} ({type(exc).__name__}: {exc})") from None
+        reason = str(exc)
+        if "pickled" in reason or "allow_pickle" in reason:
+            # numpy's advice to load it unsafely is not one kvasym will follow
+            reason = "it holds pickled (object) data, which kvasym never loads"
+        raise DamagedFile(path, f"not a readable .npz {what} ({type(exc).__name__}: {reason})") from None
 
 
 def load_packed(path: str | os.PathLike) -> dict[str, PackedCache]:

@@ -422,9 +422,12 @@ def evaluate_cache_file(
             else:
                 queries = keys_family_queries(keys, n_queries,
                                               rng(base_seed, "file-queries", name, int(layer), kv_head))
-            results = head_metrics(keys, keys, values, queries, scheme, budget, base_seed=base_seed,
-                                   identity=(name, int(layer), kv_head), sharpness=levels, mask=mask,
-                                   norm_dtype=norm_dtype)
+            try:
+                results = head_metrics(keys, keys, values, queries, scheme, budget, base_seed=base_seed,
+                                       identity=(name, int(layer), kv_head), sharpness=levels, mask=mask,
+                                       norm_dtype=norm_dtype)
+            except KvasymError as exc:
+                raise KvasymError(f"cache {name}, layer {layer}, KV head {kv_head}: {exc}") from None
             n = queries.shape[0]
             for level, (per_query, bits) in zip(levels, results):
                 parts = {"trial": np.full(n, trial, dtype=np.int32), "sharpness": np.full(n, level),

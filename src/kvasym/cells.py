@@ -152,6 +152,11 @@ def read_cell_tables(paths: list, what: str, keys: tuple[str, ...], **expected: 
     return pd.concat(frames, ignore_index=True)
 
 
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python value (messages show 64, not np.int32(64))."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def check_cell_file(frame: pd.DataFrame, path: Any, what: str, keys: tuple[str, ...], seen: dict[tuple, Any],
                     **expected: Any) -> None:
     """Check that ``frame``, read from ``path``, holds one cell (one value of each of ``keys`` and
@@ -166,11 +171,11 @@ def check_cell_file(frame: pd.DataFrame, path: Any, what: str, keys: tuple[str, 
         if len(values) != 1:
             raise DamagedFile(path, f"holds {column} = {sorted(map(str, values))}, not one cell")
     for column, want in expected.items():
-        got = frame[column].iloc[0]
+        got = _plain(frame[column].iloc[0])
         if not (np.isclose(float(got), float(want)) if isinstance(want, float) else got == want):
             raise DamagedFile(path, f"holds {column} = {got!r} but is filed under {column} = {want!r}: "
                               "it is another cell's file")
-    cell = tuple(frame[key].iloc[0] for key in keys)
+    cell = tuple(_plain(frame[key].iloc[0]) for key in keys)
     if cell in seen:
         shown = ", ".join(f"{k} = {v!r}" for k, v in zip(keys, cell))
         raise KvasymError(f"{path} and {seen[cell]} both hold the cell {shown}: one of them is another "

@@ -127,7 +127,10 @@ def cmd_codebook(args: argparse.Namespace) -> int:
 
 
 def _not_the_input(output: str, input_: str) -> None:
-    """Refuse an output that is the input file: the atomic write would replace what was read."""
+    """Refuse an output that is the input file (the atomic write would replace what was read) or
+    that names a folder ("out/": Path() would drop the slash and write a file named "out")."""
+    if output.endswith(("/", os.sep)):
+        raise KvasymError(f"the output {output} names a folder (ends with /), not a file")
     out, inp = Path(output), Path(input_)
     same = out.resolve() == inp.resolve() or (out.exists() and inp.exists() and os.path.samefile(out, inp))
     if same:
@@ -346,6 +349,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     stage_name = tokens[1] if len(tokens) > 1 and tokens[0] == "stage" and tokens[1] in STAGES else None
     parser = build_parser(stage_name or "")  # "": list the stages without importing any
     args = parser.parse_args(tokens)
+    if sys.stdout is None:
+        # a closed standard output (`>&-`): the printed results would vanish with exit 0
+        _say("kvasym: error: standard output is closed; the results would be lost")
+        return EXIT_ENVIRONMENT
     if args.command == "stage":
         # Snakemake sends a stage's stderr to its log file. Writing a first line now gives the
         # log its first disk block while there may still be room, so that an error line later

@@ -146,6 +146,9 @@ def read_parquet_checked(path: str | os.PathLike) -> "pd.DataFrame":  # noqa: F8
 
     p = Path(path)
     if not p.is_file():
+        if p.with_name(f".{p.name}.damaged").is_file():
+            raise KvasymError(f"{p}: another job found it damaged and moved it aside to .{p.name}.damaged; "
+                              "rerun to rebuild it")
         raise KvasymError(f"{p}: no such file")
     try:
         return pd.read_parquet(p)

@@ -32,15 +32,18 @@ def quantize_pair(
     scheme.validate_budget(budget)
     out = {}
     for side, matrix in zip(SIDES, (keys, values)):
-        out[side] = quantize(
-            matrix,
-            scheme.side(side),
-            budget,
-            rotation_seed=derived_seed(base_seed, "rotation", *identity, side),
-            qjl_seed=derived_seed(base_seed, "qjl", *identity, side),
-            norm_dtype=norm_dtype,
-            meta={"scheme": scheme.name, "side": side},
-        )
+        try:
+            out[side] = quantize(
+                matrix,
+                scheme.side(side),
+                budget,
+                rotation_seed=derived_seed(base_seed, "rotation", *identity, side),
+                qjl_seed=derived_seed(base_seed, "qjl", *identity, side),
+                norm_dtype=norm_dtype,
+                meta={"scheme": scheme.name, "side": side},
+            )
+        except KvasymError as exc:
+            raise KvasymError(f"{'keys' if side == 'K' else 'values'}: {exc}") from None
     return out
 
 
@@ -106,6 +109,10 @@ def evaluate_cache(
         raise KvasymError(f"queries have head_dim {queries.shape[1]} but keys have {keys.shape[1]}")
     if keys.shape[1] < 3 or values.shape[1] < 3:
         raise KvasymError("keys and values need at least 3 coordinates per vector")
+    if keys.shape[0] < 2:
+        # over one key every attention weight is 1: KL 0 and recall 1 for any scheme, a
+        # measurement of nothing (the study's seq_len and a cache file's T have the same floor)
+        raise KvasymError(f"keys need at least 2 rows (positions), got {keys.shape[0]}")
     caches = quantize_pair(keys, values, scheme, budget, base_seed=seed, norm_dtype=norm_dtype)
     mask = causal_mask(queries.shape[0], keys.shape[0]) if causal else None
     per_query, _ = trial_metrics(

@@ -5,6 +5,11 @@ writes a manifest with a SHA-256 digest of each trial's K, V and Q and their des
 statistics (:func:`kvasym.cachestats.cache_statistics`). The arrays themselves are not stored:
 regenerating them inside each later job is cheaper than reading them back, and the digest
 guarantees that every job saw exactly the same data (:func:`verified_trial`).
+
+A manifest carries its own digest, ``content_sha256``: the SHA-256 of the canonical JSON (sorted
+keys, compact separators) of everything else in it. A manifest edited by hand (one statistic
+changed) or corrupted fails it and is refused as a :class:`~kvasym.errors.DamagedFile`, which
+``kvasym stage`` moves aside so that the data rule rebuilds it (:func:`read_manifest`).
 """
 
 from __future__ import annotations
@@ -20,11 +25,14 @@ import numpy as np
 from .distributions import DistributionSpec, TrialData, generate_trial
 from .errors import DamagedFile, KvasymError
 
-__all__ = ["DATA_FORMAT", "DATA_KEYS", "build_manifest", "load_manifest", "regenerate_trial", "trial_digest",
-           "verified_trial"]
+__all__ = ["CONTENT_DIGEST_KEY", "DATA_FORMAT", "DATA_KEYS", "build_manifest", "content_digest", "load_manifest",
+           "read_manifest", "regenerate_trial", "trial_digest", "verified_trial"]
 
-#: Version of the manifest layout; a manifest of another format is refused (rerun the data rule).
-DATA_FORMAT = 1
+#: Version of the manifest layout; a manifest of another format is refused as damaged (so the data
+#: rule rebuilds it). 2: the manifest carries its own digest (:data:`CONTENT_DIGEST_KEY`).
+DATA_FORMAT = 2
+#: The key of a manifest's digest of the rest of its content (:func:`content_digest`).
+CONTENT_DIGEST_KEY = "content_sha256"
 #: The slice keys the data depend on (a manifest made for other values is stale).
 DATA_KEYS = ("distribution", "dim", "seq_len", "n_queries", "trials", "base_seed")
 
@@ -43,8 +51,18 @@ def trial_digest(data: TrialData) -> str:
     return h.hexdigest()
 
 
+def content_digest(manifest: Mapping[str, Any]) -> str:
+    """SHA-256 of the canonical JSON (sorted keys, compact separators, NaN as ``NaN``) of a
+    manifest without its :data:`CONTENT_DIGEST_KEY`: the same bytes whatever the order in
+    which its keys were filled or the job that wrote it."""
+    body = {k: v for k, v in manifest.items() if k != CONTENT_DIGEST_KEY}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
 def build_manifest(slice_: Mapping[str, Any]) -> dict[str, Any]:
-    """The manifest of one (distribution, dim): per trial its digest and K/V statistics."""
+    """The manifest of one (distribution, dim): per trial its digest and K/V statistics, and
+    the digest of all that (:data:`CONTENT_DIGEST_KEY`)."""
     from .cachestats import cache_statistics
 
     trials = []
@@ -52,19 +70,69 @@ def build_manifest(slice_: Mapping[str, Any]) -> dict[str, Any]:
         data = regenerate_trial(slice_, trial)
         trials.append({"trial": trial, "sha256": trial_digest(data), "keys": cache_statistics(data.keys),
                        "values": cache_statistics(data.values)})
-    return {"format": DATA_FORMAT, "slice": dict(slice_), "trials": trials}
+    # through JSON once, so the digest is of exactly what a reader parses (tuples as lists, keys as text)
+    manifest = json.loads(json.dumps({"format": DATA_FORMAT, "slice": dict(slice_), "trials": trials}))
+    manifest[CONTENT_DIGEST_KEY] = content_digest(manifest)
+    return manifest
+
+
+def _parse_manifest(path: str | Path) -> dict[str, Any]:
+    """A manifest file parsed, a JSON object of this :data:`DATA_FORMAT` (its digest not checked yet)."""
+    p = Path(path)
+    if not p.exists():
+        raise KvasymError(f"{p}: no such data manifest (run the data rule)")
+    try:
+        manifest = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise DamagedFile(p, f"unreadable data manifest ({type(exc).__name__}: {exc})") from None
+    if not isinstance(manifest, dict):
+        raise DamagedFile(p, f"unreadable data manifest (a JSON {type(manifest).__name__}, not an object)")
+    if manifest.get("format") != DATA_FORMAT:
+        raise DamagedFile(p, f"data manifest of format {manifest.get('format')!r}, not {DATA_FORMAT} (an older "
+                             "layout); the data rule rebuilds it")
+    return manifest
+
+
+def _check_content_digest(path: str | Path, manifest: Mapping[str, Any]) -> None:
+    stored = manifest.get(CONTENT_DIGEST_KEY)
+    if stored is None:
+        raise DamagedFile(path, f"data manifest without its digest ({CONTENT_DIGEST_KEY}); the data rule rebuilds it")
+    if stored != content_digest(manifest):
+        raise DamagedFile(path, "data manifest: its content does not match its digest (edited or corrupted); "
+                                "the data rule rebuilds it")
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """A data manifest, parsed and checked against its own digest (the reader for every use of
+    a manifest's content, e.g. its statistics in a table).
+
+    A file that is not a JSON object, is of another :data:`DATA_FORMAT` (an older layout), lacks
+    its :data:`CONTENT_DIGEST_KEY` or whose content does not match it (edited by hand or
+    corrupted) raises :class:`~kvasym.errors.DamagedFile` naming it: the data rule rebuilds it.
+    A missing file raises a plain :class:`~kvasym.errors.KvasymError`.
+    """
+    manifest = _parse_manifest(path)
+    _check_content_digest(path, manifest)
+    return manifest
 
 
 def load_manifest(path: str | Path, slice_: Mapping[str, Any]) -> dict[str, str]:
-    """Trial -> digest of a manifest, checked to be made for ``slice_``'s data keys."""
+    """Trial -> digest of a manifest (:func:`read_manifest`), checked to be made for
+    ``slice_``'s data keys; one made for another slice is a :class:`~kvasym.errors.DamagedFile`
+    (moved aside and rebuilt, not refused on every run)."""
+    manifest = _parse_manifest(path)
     try:
-        manifest = json.loads(Path(path).read_text())
         digests = {int(t["trial"]): t["sha256"] for t in manifest["trials"]}
         made_for = {k: manifest["slice"].get(k) for k in DATA_KEYS}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DamagedFile(path, f"unreadable data manifest ({type(exc).__name__}: {exc})") from None
-    if manifest.get("format") != DATA_FORMAT or any(made_for[k] != slice_[k] for k in DATA_KEYS):
-        raise KvasymError(f"{path}: data manifest was made for another config slice; rerun the data rule")
+    # compared as JSON, as the manifest stores it (a tuple in the slice is a list in the file)
+    wanted = json.loads(json.dumps({k: slice_[k] for k in DATA_KEYS}))
+    stale = [k for k in DATA_KEYS if made_for[k] != wanted[k]]
+    if stale:
+        raise DamagedFile(path, f"data manifest was made for another config slice (differs in {', '.join(stale)}); "
+                                "the data rule rebuilds it")
+    _check_content_digest(path, manifest)
     return {str(k): v for k, v in digests.items()}
 
 

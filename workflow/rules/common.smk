@@ -50,11 +50,25 @@ try:
         read_yaml_mapping(_configfile)
 except KvasymError as exc:
     raise WorkflowError(f"invalid config: {exc}")
+try:
+    # the library reads the same schema and says what is wrong in one line naming the key;
+    # Snakemake's validate below (which fills the defaults in) would dump the whole schema
+    validate_config(config)
+except KvasymError as exc:
+    raise WorkflowError(f"invalid config: {exc}")
 validate(config, schema="../schemas/config.schema.yaml")
 try:
     STUDY = load_study(config)
 except KvasymError as exc:
     raise WorkflowError(f"invalid config: {exc}")
+# The claims file, read and checked now (as the config is): a missing, malformed or mistyped
+# claims file stops the run here with one line naming it, not inside the numbers rule's param
+# function (a Snakemake InputFunctionException traceback) nor, when it is missing and every
+# result is up to date, a silent "Nothing to be done" that keeps the old ledger.
+try:
+    CLAIMS = load_claims(STUDY.claims_file, STUDY.headline)
+except KvasymError as exc:
+    raise WorkflowError(f"invalid config: claims_file: {exc}")
 # What this run uses, defaults filled in: the files it came from and the whole config.
 print(
     f"kvasym: config from {', '.join(map(str, workflow.configfiles)) or 'the command line'}; "
@@ -388,7 +402,7 @@ def file_cache(wildcards):
 
 def numbers_param(wildcards):
     return canonical_json(
-        numbers_slice(STUDY, HEADLINE, load_claims(STUDY.claims_file, HEADLINE))
+        numbers_slice(STUDY, HEADLINE, CLAIMS)
     )
 
 

@@ -35,6 +35,7 @@ from ..real import REAL_POST_ROPE as REAL_POST
 from ..real import REAL_PRE_ROPE as REAL_PRE
 from ..real import REAL_SHARPNESS
 from ..cells import MissingCell, cell_of, pair_ratio, select_cells
+from ..manifest import read_manifest
 from .format import _missing, render_template
 from .numbers import TAIL_PERCENTILE
 
@@ -479,12 +480,8 @@ def read_data_manifests(paths: Sequence[str | os.PathLike]) -> pd.DataFrame:
         p = Path(path)
         if not p.is_file():
             raise KvasymError(f"table input 'data_manifests': {p}: no such file")
-        try:
-            manifest = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DamagedFile(p, f"not a readable data manifest ({type(exc).__name__}: {exc})") from None
-        if not isinstance(manifest, Mapping):
-            raise DamagedFile(p, "a data manifest must be a JSON object")
+        # parsed and checked against its own content digest: a hand-edited statistic is refused
+        manifest = read_manifest(p)
         frames.append(manifest_statistics(manifest, str(p)))
     if not frames:
         raise KvasymError("table input 'data_manifests': no manifest given")

@@ -1,7 +1,9 @@
 """Stage ``data`` (rule ``data``): the data manifest of one (distribution, dim).
 
 Draws every trial from its identity-keyed seeds and writes ``results/data/<dist>/d<dim>.json``
-with each trial's SHA-256 digest and K/V statistics (:func:`kvasym.manifest.build_manifest`).
+with each trial's SHA-256 digest and K/V statistics (:func:`kvasym.manifest.build_manifest`),
+and the digest of all that (``content_sha256``), which every reader checks
+(:func:`kvasym.manifest.read_manifest`): a statistic edited by hand is refused, not tabled.
 """
 
 from __future__ import annotations
