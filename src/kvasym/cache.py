@@ -145,13 +145,18 @@ class PackedCache:
         side = self.side_bits / coords
         return {"payload": payload, "side": side, "total": payload + side}
 
-    def dequantize(self, dtype: str = "float64") -> np.ndarray:
+    def dequantize(self, dtype: str = "float64", *, kernel: str = "numpy", threads: int = 1) -> np.ndarray:
         """Reconstruct the (rows, dim) matrix from the packed data alone.
 
         Parameters
         ----------
         dtype : str, optional
             Arithmetic and output dtype (default ``"float64"``).
+        kernel : {"numpy", "numba"}, optional
+            The reference passes (default) or the fused compiled row pass of
+            :mod:`kvasym.kernels` (equal to float rounding).
+        threads : int, optional
+            Threads over rows for the ``"numba"`` kernel (default 1).
 
         Returns
         -------
@@ -161,6 +166,17 @@ class PackedCache:
             ``rotate``); norms are the stored (rounded) ones.
         """
         work = self.work_dim
+        if _check_kernel(kernel, threads) == "numba" and self.scalar_bits > 0:
+            from . import kernels
+
+            add = None
+            if self.qjl:
+                add = QJLSketch(work, work, self.qjl_seed).decode(
+                    self.qjl_signs, self.residual_norms.astype(np.float64), dtype)
+            signs = RandomizedHadamard(self.dim, self.rotation_seed).signs if self.rotate else None
+            return kernels.decode_batch(self.codes, self.scalar_bits,
+                                        lloyd_max_codebook(work, self.scalar_bits).centroids, signs, self.norms,
+                                        self.dim, dtype, add=add, threads=threads)
         if self.scalar_bits > 0:
             book = lloyd_max_codebook(work, self.scalar_bits)
             codes = unpack_codes(self.codes, self.scalar_bits, work)
@@ -336,6 +352,15 @@ def check_matrix(x: object, what: str = "input") -> np.ndarray:
     return array
 
 
+def _check_kernel(kernel: object, threads: object) -> str:
+    from .kernels import KERNELS, check_threads
+
+    if kernel not in KERNELS:
+        raise KvasymError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+    check_threads(threads)
+    return str(kernel)
+
+
 def _check_working_dim(dim: int, rotate: bool) -> None:
     """Refuse rows whose working dimension (``dim``, padded to a power of two when rotated) has
     no codebook, naming the dimension the user gave as well as the padded one."""
@@ -357,6 +382,8 @@ def quantize(
     qjl_seed: int,
     norm_dtype: str = "float32",
     meta: Mapping | None = None,
+    kernel: str = "numpy",
+    threads: int = 1,
 ) -> PackedCache:
     """Quantize the rows of ``x`` (float32 or float64; arithmetic in that dtype) into a cache.
 
@@ -380,6 +407,12 @@ def quantize(
         Storage dtype of the norms, ``"float32"`` (default) or ``"float16"``.
     meta : mapping, optional
         Metadata kept in the cache header.
+    kernel : {"numpy", "numba"}, optional
+        ``"numpy"`` (default), the reference whole-array passes, or ``"numba"``, the fused
+        compiled row pass of :mod:`kvasym.kernels` for the rotation, encoding and packing (same
+        codes up to near-ties at a threshold, see there).
+    threads : int, optional
+        Threads over rows for the ``"numba"`` kernel (default 1).
 
     Returns
     -------
@@ -410,6 +443,7 @@ def quantize(
     x = check_matrix(x)
     rows, dim = x.shape
     _check_working_dim(dim, spec.rotate)
+    kernel = _check_kernel(kernel, threads)
     scalar_bits = spec.scalar_bits(budget)
     if scalar_bits < 0 or scalar_bits > 8 or (scalar_bits == 0 and not spec.qjl):
         raise KvasymError(f"side spec {spec.to_dict()} is impossible at budget {budget}")
@@ -419,6 +453,20 @@ def quantize(
     _check_norms_kept(exact_norms, norms, norm_dtype)
     stored = norms.astype(np.float64)
     inv = np.divide(1.0, stored, out=np.zeros_like(stored), where=stored > 0)
+    work = next_power_of_two(dim) if spec.rotate else dim
+    if (kernel == "numba" and scalar_bits > 0 and not spec.qjl and work >= 3
+            and not (dtype == np.float32 and np.any(inv > np.finfo(np.float32).max))):
+        from . import kernels
+
+        signs = RandomizedHadamard(dim, rotation_seed).signs if spec.rotate else None
+        packed_codes = kernels.encode_batch(x, inv, signs, lloyd_max_codebook(work, scalar_bits).thresholds,
+                                            scalar_bits, threads=threads)
+        return PackedCache(
+            dim=dim, rows=rows, budget=budget, rotate=spec.rotate, scalar_bits=scalar_bits, qjl=False,
+            rotation_seed=int(rotation_seed) if spec.rotate else 0, qjl_seed=0, norm_dtype=norm_dtype,
+            codes=packed_codes, norms=norms, qjl_signs=np.zeros((rows, 0), dtype=np.uint8),
+            residual_norms=np.zeros(0, dtype=norm_dtype), meta=dict(meta or {}),
+        )
     if dtype == np.float32 and np.any(inv > np.finfo(np.float32).max):
         # 1/norm of a row below ~3e-39 overflows float32: normalize that batch in float64
         unit = (x.astype(np.float64) * inv[:, None]).astype(dtype)

@@ -1,0 +1,168 @@
+"""The compiled kernels (kvasym.kernels) against the numpy reference path of kvasym.cache.
+
+References: the numpy path (whole-array passes, tested against theory and brute force in
+test_cache/test_rotation/test_scalar/test_packing) and np.searchsorted for the threshold rule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvasym import kernels
+from kvasym.cache import quantize
+from kvasym.codebook import lloyd_max_codebook
+from kvasym.errors import KvasymError
+from kvasym.packing import pack_codes, unpack_codes
+from kvasym.rotation import RandomizedHadamard, next_power_of_two
+from kvasym.schemes import SideSpec
+
+pytest.importorskip("numba")
+
+ROT = SideSpec(rotate=True, scalar_offset=0, qjl=False)
+RAW = SideSpec(rotate=False, scalar_offset=0, qjl=False)
+QJL = SideSpec(rotate=True, scalar_offset=1, qjl=True)
+DIMS = [3, 5, 12, 64, 100, 128, 1024]
+
+
+def _pair(x: np.ndarray, spec: SideSpec, bits: int, **kwargs):
+    ref = quantize(x, spec, bits, rotation_seed=11, qjl_seed=12, **kwargs)
+    fast = quantize(x, spec, bits, rotation_seed=11, qjl_seed=12, kernel="numba", **kwargs)
+    return ref, fast
+
+
+@pytest.mark.parametrize("dim", DIMS)
+@pytest.mark.parametrize("spec", [ROT, RAW], ids=["rotated", "unrotated"])
+def test_float64_packed_caches_are_byte_identical(dim: int, spec: SideSpec) -> None:
+    """The study's data is float64: there the kernel must write the reference's bytes."""
+    x = np.random.default_rng(dim).standard_normal((300, dim)) * np.linspace(0.01, 50, 300)[:, None]
+    for bits in range(1, 9):
+        ref, fast = _pair(x, spec, bits)
+        assert fast.codes.dtype == np.uint8 and fast.codes.shape == ref.codes.shape
+        assert np.array_equal(fast.codes, ref.codes), (dim, bits)
+        assert np.array_equal(fast.norms, ref.norms)
+        assert fast.arrays().keys() == ref.arrays().keys()
+        for name, array in ref.arrays().items():
+            assert np.array_equal(fast.arrays()[name], array), name
+
+
+def _rotated_reference(x: np.ndarray, cache, dim: int) -> np.ndarray:
+    """The reference's rotated unit vectors (what its encoder compares with the thresholds)."""
+    inv = 1.0 / cache.norms.astype(np.float64)
+    return RandomizedHadamard(dim, 11).forward(x * inv.astype(x.dtype)[:, None])
+
+
+@pytest.mark.parametrize("dim", [64, 128, 1024])
+def test_float32_codes_differ_only_at_near_ties(dim: int) -> None:
+    """float32 butterflies and float32 matmuls add in different orders: a code may move by one
+    only where the reference's rotated value lies within the WHT's rounding error of a
+    threshold. Count them."""
+    x = np.random.default_rng(7).standard_normal((4096, dim)).astype(np.float32)
+    total = mismatched = 0
+    for bits in (2, 4, 8):
+        ref, fast = _pair(x, ROT, bits)
+        work = next_power_of_two(dim)
+        a, b = unpack_codes(ref.codes, bits, work), unpack_codes(fast.codes, bits, work)
+        diff = np.argwhere(a != b)
+        total += a.size
+        mismatched += len(diff)
+        if len(diff):
+            u = _rotated_reference(x, ref, dim)
+            thresholds = lloyd_max_codebook(work, bits).thresholds.astype(np.float32)
+            for row, col in diff:
+                assert abs(int(a[row, col]) - int(b[row, col])) == 1
+                value = u[row, col]
+                nearest = thresholds[np.argmin(np.abs(thresholds - value))]
+                # the forward-error bound of a D-point WHT of a unit vector, summed in either
+                # order: log2(D) roundings of partial sums of size <= 1 each, twice
+                assert abs(value - nearest) <= 2 * np.log2(work) * np.finfo(np.float32).eps, (bits, value, nearest)
+    assert mismatched <= 1e-5 * total, f"{mismatched} of {total} codes differ"
+
+
+def test_a_value_equal_to_a_threshold_goes_up_as_in_searchsorted() -> None:
+    """Exact ties: the kernel's rule is np.searchsorted(..., side="right"), like the reference."""
+    for bits in range(1, 9):
+        thresholds = lloyd_max_codebook(64, bits).thresholds
+        values = np.concatenate([thresholds, np.nextafter(thresholds, -np.inf), np.nextafter(thresholds, np.inf),
+                                 [-1.0, 1.0, 0.0]])
+        pad = (-values.size) % 8
+        x = np.concatenate([values, np.zeros(pad)])[None, :]
+        got = unpack_codes(kernels.encode_batch(x, np.ones(1), None, thresholds, bits), bits, x.shape[1])
+        want = np.searchsorted(thresholds, x, side="right").astype(np.uint8)
+        assert np.array_equal(got, want), bits
+        assert np.array_equal(kernels.encode_batch(x, np.ones(1), None, thresholds, bits), pack_codes(want, bits))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("dim", DIMS)
+def test_reconstructions_agree_to_float_rounding(dtype: str, dim: int) -> None:
+    x = np.random.default_rng(3).standard_normal((200, dim)).astype(dtype)
+    eps = np.finfo(dtype).eps
+    for spec in (ROT, RAW, QJL):
+        for bits in (2, 4, 8):
+            cache = quantize(x, spec, bits, rotation_seed=11, qjl_seed=12)
+            ref = cache.dequantize(dtype)
+            fast = cache.dequantize(dtype, kernel="numba")
+            assert fast.dtype == ref.dtype and fast.shape == ref.shape == x.shape
+            scale = cache.norms.astype(np.float64)[:, None]
+            # a WHT of D terms in another order: a few D * eps of the row's norm
+            tolerance = 4 * next_power_of_two(dim) * eps * scale
+            assert np.all(np.abs(fast - ref) <= tolerance), (spec, bits)
+
+
+def test_threads_give_bit_identical_results() -> None:
+    x = np.random.default_rng(5).standard_normal((1001, 128))
+    one = quantize(x, ROT, 4, rotation_seed=1, qjl_seed=2, kernel="numba")
+    for threads in (2, 3, 7):
+        many = quantize(x, ROT, 4, rotation_seed=1, qjl_seed=2, kernel="numba", threads=threads)
+        assert np.array_equal(one.codes, many.codes)
+        assert np.array_equal(one.dequantize(kernel="numba"), many.dequantize(kernel="numba", threads=threads))
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 40), dim=st.integers(3, 80), bits=st.integers(1, 8), rotate=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_kernel_round_trip_matches_the_reference(rows: int, dim: int, bits: int, rotate: bool, seed: int) -> None:
+    x = np.random.default_rng(seed).standard_normal((rows, dim))
+    spec = ROT if rotate else RAW
+    ref, fast = _pair(x, spec, bits)
+    assert np.array_equal(ref.codes, fast.codes)
+    np.testing.assert_allclose(fast.dequantize(kernel="numba"), ref.dequantize(), rtol=0, atol=1e-12 * dim)
+
+
+def test_bad_kernel_arguments_are_refused() -> None:
+    x = np.ones((2, 8))
+    with pytest.raises(KvasymError, match="kernel must be one of numpy, numba, got 'fast'"):
+        quantize(x, ROT, 4, rotation_seed=1, qjl_seed=2, kernel="fast")
+    with pytest.raises(KvasymError, match="threads must be an integer in 1..1024, got 0"):
+        quantize(x, ROT, 4, rotation_seed=1, qjl_seed=2, kernel="numba", threads=0)
+    with pytest.raises(KvasymError, match="threads must be an integer in 1..1024, got 0"):
+        quantize(x, ROT, 4, rotation_seed=1, qjl_seed=2, threads=0)  # checked on either path
+    cache = quantize(x, ROT, 4, rotation_seed=1, qjl_seed=2)
+    with pytest.raises(KvasymError, match="kernel must be one of"):
+        cache.dequantize(kernel="c")
+    with pytest.raises(KvasymError, match="4-bit codes need 15 thresholds, got 3"):
+        kernels.encode_batch(x, np.ones(2), None, np.array([-0.1, 0.0, 0.1]), 4)
+
+
+def test_cli_kernel_flag_writes_the_reference_cache(tmp_path, capsys) -> None:
+    from kvasym.cache import load_packed
+    from kvasym.cli import main
+
+    x = np.random.default_rng(9).standard_normal((257, 96))
+    np.save(tmp_path / "k.npy", x)
+    for kernel in ("numpy", "numba"):
+        assert main(["quantize", "--scheme", "RKV", "--bits", "3", "--side", "K", "--kernel", kernel,
+                     "--threads", "2", str(tmp_path / "k.npy"), str(tmp_path / f"{kernel}.npz")]) == 0
+        assert main(["dequantize", "--dtype", "float64", "--kernel", kernel, str(tmp_path / f"{kernel}.npz"),
+                     str(tmp_path / f"{kernel}.npy")]) == 0
+    ref, fast = load_packed(tmp_path / "numpy.npz")["K"], load_packed(tmp_path / "numba.npz")["K"]
+    for name, array in ref.arrays().items():
+        assert np.array_equal(fast.arrays()[name], array), name
+    np.testing.assert_allclose(np.load(tmp_path / "numba.npy"), np.load(tmp_path / "numpy.npy"), rtol=0, atol=1e-12)
+    with pytest.raises(SystemExit):
+        main(["quantize", "--scheme", "RKV", "--bits", "3", "--side", "K", "--threads", "0",
+              str(tmp_path / "k.npy"), str(tmp_path / "t.npz")])
+    assert "threads must be an integer in 1..1024, got 0" in capsys.readouterr().err
