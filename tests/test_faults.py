@@ -10,8 +10,9 @@
 - results/ unwritable (a read-only tmpfs when running as root, where chmod does not stop
   writes; chmod 555 otherwise; and results/ being a regular file) and a full disk (a 192 KiB
   tmpfs): the run stops with an error naming the cause, and nothing corrupt is left.
-- A packed cache or a per-query table truncated between runs: the next run's consumer stops with an
-  error naming the file and moves it aside; the run after rebuilds it and reproduces the reference.
+- A packed cache or a per-query table truncated between runs, or a valid table of another cell
+  copied over one: the next run's consumer stops with an error naming the file and moves it
+  aside; the run after rebuilds it and reproduces the reference.
 
 Runs target what ``rule all`` lists up to the claims (every data manifest and metrics table, and
 ``results/claims/claims.json``, hence every stats, theory and gather job), not the figures or the
@@ -47,6 +48,7 @@ from kvasym.study import load_study_file
 pytestmark = pytest.mark.slow
 
 TARGET = "results/claims/claims.json"
+GATHERED = ("stats/comparisons.parquet", "stats/summary.parquet", "stats/trials.parquet", "theory/theory.parquet")
 
 
 def _targets() -> list[str]:
@@ -57,13 +59,15 @@ def _targets() -> list[str]:
         for dist, dim, scheme, budget in study.cells()
         for table in ("per_query", "per_key")
     ]
-    return [*data, *metrics, TARGET]
+    # the gathered tables too: once a job that reads them has failed, Snakemake has deleted them,
+    # and asked only for claims.json (which still exists) it would not rebuild them
+    gathered = [f"results/{name}" for name in GATHERED]
+    return [*data, *metrics, *gathered, TARGET]
 
 
 TARGETS = _targets()
 IDS = ["distribution", "dim", "scheme", "budget", "sharpness", "trial"]
 FINAL_SUFFIXES = {".npz", ".parquet", ".json"}
-GATHERED = ("stats/comparisons.parquet", "stats/summary.parquet", "stats/trials.parquet", "theory/theory.parquet")
 KILL_SEED = 20261130
 
 
@@ -312,12 +316,19 @@ def test_full_disk_stops_with_a_clear_error_and_no_corrupt_output(tmp_path) -> N
         _umount(results)
 
 
-@pytest.mark.parametrize("relative, message", [
-    ("results/packed/gaussian/d64/KQV/n4.npz", "not a readable .npz packed cache"),
-    ("results/metrics/per_query/gaussian/d64/KQV/n4.parquet", "not a readable Parquet table"),
-], ids=["packed", "per_query"])
-def test_intermediate_truncated_between_runs_is_moved_aside_then_rebuilt(reference: Reference, tmp_path,
-                                                                        relative: str, message: str) -> None:
+@pytest.mark.parametrize("relative, source, message", [
+    ("results/packed/gaussian/d64/KQV/n4.npz", None, "not a readable .npz packed cache"),
+    ("results/metrics/per_query/gaussian/d64/KQV/n4.parquet", None, "not a readable Parquet table"),
+    # a valid table of another cell copied over this one: it used to be refused naming both
+    # files, forever, as the stage could not tell which one was misfiled
+    ("results/metrics/per_query/gaussian/d64/KQV/n4.parquet", "results/metrics/per_query/gaussian/d64/KV/n4.parquet",
+     "holds scheme = 'KV' but is filed under scheme = 'KQV'"),
+    ("results/stats/summary/gaussian/d64.parquet", "results/stats/summary/t1.05/d64.parquet",
+     "holds distribution = 't1.05' but is filed under distribution = 'gaussian'"),
+], ids=["packed", "per_query", "per_query_of_another_cell", "stats_part_of_another_cell"])
+def test_intermediate_damaged_between_runs_is_moved_aside_then_rebuilt(reference: Reference, tmp_path,
+                                                                      relative: str, source: str | None,
+                                                                      message: str) -> None:
     """Snakemake cannot see that an intermediate was damaged after its job ended (it only looks
     newer, so its consumers rerun and fail on it). The consumer moves it aside, and the next run,
     with no action from the user, rebuilds it and reproduces the reference."""
@@ -325,7 +336,11 @@ def test_intermediate_truncated_between_runs_is_moved_aside_then_rebuilt(referen
     shutil.copytree(reference.workdir, workdir, symlinks=True)
     damaged = workdir / relative
     raw = damaged.read_bytes()
-    damaged.write_bytes(raw[: len(raw) // 2])  # newer mtime: Snakemake reruns what reads it
+    if source is None:
+        damaged.write_bytes(raw[: len(raw) // 2])  # newer mtime: Snakemake reruns what reads it
+    else:
+        shutil.copyfile(workdir / source, damaged)
+    written = damaged.read_bytes()
     failed = snakemake(workdir, "--cores", "2", *TARGETS)
     out = failed.stdout + failed.stderr
     logs = "\n".join(p.read_text() for p in (workdir / "results/logs").rglob("*.log"))
@@ -333,7 +348,7 @@ def test_intermediate_truncated_between_runs_is_moved_aside_then_rebuilt(referen
     assert (f"{damaged.name}: {message}" in logs
             and f"moved aside to .{damaged.name}.damaged; rerun and the rule that writes it rebuilds it" in logs), logs
     assert "Traceback" not in out + logs
-    assert not damaged.exists() and damaged.with_name(f".{damaged.name}.damaged").read_bytes() == raw[: len(raw) // 2]
+    assert not damaged.exists() and damaged.with_name(f".{damaged.name}.damaged").read_bytes() == written
     assert_nothing_corrupt(workdir)
     rebuilt = snakemake(workdir, "--cores", "2", *TARGETS)
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]

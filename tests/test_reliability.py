@@ -367,3 +367,29 @@ def test_a_bad_or_missing_claims_file_stops_the_workflow_when_it_loads(tmp_path,
     assert proc.returncode != 0, out[-3000:]
     assert f"invalid config: claims_file: {claims}: {problem}" in out, out[-3000:]
     assert "Traceback" not in out and "InputFunctionException" not in out, out[-3000:]
+
+
+def test_a_file_of_another_cell_is_refused_by_itself_when_the_dag_says_where_it_belongs(tmp_path):
+    """Two per-cell files holding the same cell were refused naming both, forever: the stage could
+    not tell which one was misfiled. Given the cell each path is filed under (the rules pass it),
+    the misfiled file itself is a DamagedFile, which kvasym stage moves aside to be rebuilt."""
+    from kvasym.cells import parse_cells, read_cell_tables
+    from kvasym.errors import DamagedFile
+
+    paths = []
+    for scheme in ("KV", "KQV"):
+        path = tmp_path / f"{scheme}.parquet"
+        pd.DataFrame({"distribution": ["g"] * 2, "dim": [16] * 2, "scheme": [scheme] * 2,
+                      "budget": np.array([4, 4], dtype=np.int32)}).to_parquet(path)
+        paths.append(path)
+    cells = parse_cells('[{"scheme": "KV", "budget": 4}, {"scheme": "KQV", "budget": 4}]', "cells")
+    assert len(read_cell_tables(paths, "per-query", ("scheme", "budget"), cells=cells, distribution="g", dim=16)) == 4
+    paths[1].write_bytes(paths[0].read_bytes())  # KV's table copied over KQV's
+    with pytest.raises(DamagedFile) as info:
+        read_cell_tables(paths, "per-query", ("scheme", "budget"), cells=cells, distribution="g", dim=16)
+    assert info.value.path == str(paths[1])
+    assert "holds scheme = 'KV' but is filed under scheme = 'KQV'" in str(info.value)
+    with pytest.raises(KvasymError, match="2 per-query files but 1 cells"):
+        read_cell_tables(paths, "per-query", ("scheme", "budget"), cells=cells[:1])
+    with pytest.raises(KvasymError, match="--cells must be a JSON list of objects"):
+        parse_cells('{"scheme": "KV"}', "cells")

@@ -127,13 +127,19 @@ def cell_of(mapping: Mapping[str, Any], keys: tuple[str, ...] = ("distribution",
     return out
 
 
-def read_cell_tables(paths: list, what: str, keys: tuple[str, ...], **expected: Any) -> pd.DataFrame:
+def read_cell_tables(paths: list, what: str, keys: tuple[str, ...], *, cells: list | None = None,
+                     **expected: Any) -> pd.DataFrame:
     """Read the per-cell tables a stage combines, refusing a file filed under the wrong cell.
 
     Each file must hold exactly one cell (one value of each of ``keys``), agree with
     ``expected`` (column -> value, e.g. the job's distribution and dim) and hold a cell no other
     file holds (:func:`check_cell_file`). A valid table copied from another cell over this one,
     or two files of the same cell, would otherwise be measured and labelled as this cell.
+
+    ``cells`` (optional, one mapping per path, e.g. ``{"scheme": "KV", "budget": 2}``) is the
+    cell the DAG filed each path under: with it, a file holding another cell is itself the one
+    refused (a :class:`~kvasym.errors.DamagedFile`, moved aside by ``kvasym stage``), where
+    without it only the clash of two files holding the same cell is seen.
 
     Raises
     ------
@@ -145,9 +151,11 @@ def read_cell_tables(paths: list, what: str, keys: tuple[str, ...], **expected: 
 
     frames: list[pd.DataFrame] = []
     seen: dict[tuple, Any] = {}
-    for path in paths:
+    if cells is not None and len(cells) != len(paths):
+        raise KvasymError(f"{len(paths)} {what} files but {len(cells)} cells they are filed under")
+    for index, path in enumerate(paths):
         frame = read_parquet_checked(path)
-        check_cell_file(frame, path, what, keys, seen, **expected)
+        check_cell_file(frame, path, what, keys, seen, **expected, **(cells[index] if cells is not None else {}))
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
@@ -155,6 +163,21 @@ def read_cell_tables(paths: list, what: str, keys: tuple[str, ...], **expected: 
 def _plain(value: Any) -> Any:
     """A numpy scalar as the Python value (messages show 64, not np.int32(64))."""
     return value.item() if isinstance(value, np.generic) else value
+
+
+def parse_cells(text: str | None, what: str) -> list[dict[str, Any]] | None:
+    """The ``--cells`` flag of a stage: a JSON list of objects (the cell of each input file)."""
+    import json
+
+    if text is None:
+        return None
+    try:
+        cells = json.loads(text)
+    except ValueError as exc:
+        raise KvasymError(f"--{what} is not valid JSON ({exc})") from None
+    if not isinstance(cells, list) or not all(isinstance(c, dict) for c in cells):
+        raise KvasymError(f"--{what} must be a JSON list of objects (one cell per input file)")
+    return cells
 
 
 def check_cell_file(frame: pd.DataFrame, path: Any, what: str, keys: tuple[str, ...], seen: dict[tuple, Any],

@@ -228,6 +228,15 @@ def per_query_inputs(w):
     ]
 
 
+def metrics_cells(w):
+    """The (scheme, budget) each per-query (and per-key) input of a stats or theory job is filed
+    under, in the order of per_query_inputs: the stage refuses (and moves aside) a file that
+    holds another cell's table."""
+    return canonical_json(
+        [{"scheme": s, "budget": b} for s in STUDY.schemes for b in STUDY.budgets]
+    )
+
+
 def per_key_inputs(w):
     return [
         f"{RESULTS}/metrics/per_key/{w.distribution}/d{w.dim}/{scheme}/n{budget}.parquet"
@@ -385,6 +394,15 @@ def gather_flags(wildcards, input, output):
         parts = [parts] if isinstance(parts, str) else list(parts)
         flags.append(" ".join([f"--{table}", *(shlex.quote(p) for p in parts)]))
         flags.append(f"--out-{table} {shlex.quote(output[table])}")
+        # the (distribution, dim) each part is filed under, in the order of stats_tables /
+        # theory_tables: a part copied over another is refused (and moved aside) by itself
+        cells = (
+            STUDY.data_cells()
+            if table == "theory"
+            else [*STUDY.data_cells(), *FILE_CELLS, *REAL_CELLS]
+        )
+        listed = canonical_json([{"distribution": d, "dim": int(n)} for d, n in cells])
+        flags.append(f"--{table}-cells {shlex.quote(listed)}")
     return " ".join(flags)
 
 
@@ -401,9 +419,7 @@ def file_cache(wildcards):
 
 
 def numbers_param(wildcards):
-    return canonical_json(
-        numbers_slice(STUDY, HEADLINE, CLAIMS)
-    )
+    return canonical_json(numbers_slice(STUDY, HEADLINE, CLAIMS))
 
 
 def headline_param(wildcards):

@@ -18,8 +18,9 @@ rule stats:
     params:
         code=STAGE_CODE["stats"],  # reruns the job when the code it runs changes
         slice=slice_param("stats"),
+        cells=metrics_cells,
     shell:
-        "kvasym stage stats --slice {params.slice:q} --per-query {input:q}"
+        "kvasym stage stats --slice {params.slice:q} --per-query {input:q} --cells {params.cells:q}"
         " --comparisons {output.comparisons:q} --summary {output.summary:q}"
         " --trials {output.trials:q} > {log:q} 2>&1"
 
@@ -40,9 +41,10 @@ rule theory:
     params:
         code=STAGE_CODE["theory"],  # reruns the job when the code it runs changes
         slice=slice_param("theory"),
+        cells=metrics_cells,
     shell:
         "kvasym stage theory --slice {params.slice:q} --data {input.data:q}"
-        " --per-key {input.per_key:q} --out {output:q} > {log:q} 2>&1"
+        " --per-key {input.per_key:q} --cells {params.cells:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule gather:

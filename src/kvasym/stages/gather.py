@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import stats
-from ..cells import read_cell_tables
+from ..cells import parse_cells, read_cell_tables
 from ..dataset import write_frame_atomic
 
 #: The gathered tables (one ``gather`` call each) and the log10-p columns Holm-adjusted in them.
@@ -28,14 +28,16 @@ HOLM_FAMILIES: dict[str, tuple[str, ...]] = {
 }
 
 
-def gather(paths: Sequence[str | os.PathLike], out: str | os.PathLike, holm_columns: Sequence[str] = ()) -> None:
+def gather(paths: Sequence[str | os.PathLike], out: str | os.PathLike, holm_columns: Sequence[str] = (),
+           cells: list | None = None) -> None:
     """Concatenate tables; for each ``holm_columns`` log10-p column add a Holm-adjusted one.
 
     Families: one per (metric, test) across the whole study, i.e. all distributions, dims,
-    budgets, sharpness values and scheme pairs of that metric.
+    budgets, sharpness values and scheme pairs of that metric. ``cells``: the (distribution,
+    dim) each part is filed under.
     """
     # one part per (distribution, dim): a part copied over another would count a cell twice
-    frame = read_cell_tables(list(paths), "stats part", ("distribution", "dim"))
+    frame = read_cell_tables(list(paths), "stats part", ("distribution", "dim"), cells=cells)
     for column in holm_columns:
         adjusted = np.full(len(frame), np.nan)
         for _, index in frame.groupby("metric").groups.items():
@@ -53,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for table in HOLM_FAMILIES:
         parser.add_argument(f"--{table}", nargs="+", default=[], help=f"the per-(distribution, dim) {table} tables")
         parser.add_argument(f"--out-{table}", dest=f"out_{table}", help=f"the gathered {table} table")
+        parser.add_argument(f"--{table}-cells", dest=f"{table}_cells",
+                            help=f'JSON list: the {{"distribution", "dim"}} each --{table} part is filed under')
 
 
 def run(args: argparse.Namespace) -> None:
@@ -64,7 +68,7 @@ def run(args: argparse.Namespace) -> None:
         if bool(parts) != bool(out):
             raise KvasymError(f"give both --{table} and --out-{table}, or neither")
         if out:
-            gather(parts, out, holm)
+            gather(parts, out, holm, parse_cells(getattr(args, f"{table}_cells"), f"{table}-cells"))
             done += 1
     if not done:
         raise KvasymError("nothing to gather: give --TABLE inputs and --out-TABLE for at least one of "

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from .. import stats
-from ..cells import read_cell_tables
+from ..cells import parse_cells, read_cell_tables
 from ..dataset import provenance, write_frame_atomic
 from ..errors import KvasymError
 from ._slice import add_slice_arguments, stage_slice
@@ -49,9 +49,11 @@ def run_stats(
     out_comparisons: str | os.PathLike,
     out_summary: str | os.PathLike,
     out_trials: str | os.PathLike,
+    cells: list | None = None,
 ) -> None:
-    """Comparisons, summaries and per-trial means of one (distribution, dim)."""
-    frame = read_cell_tables(list(per_query_paths), "per-query", ("scheme", "budget"),
+    """Comparisons, summaries and per-trial means of one (distribution, dim); ``cells`` is the
+    (scheme, budget) each per-query file is filed under (:func:`kvasym.cells.read_cell_tables`)."""
+    frame = read_cell_tables(list(per_query_paths), "per-query", ("scheme", "budget"), cells=cells,
                              distribution=slice_["distribution"], dim=int(slice_["dim"]))
     settings = slice_["stats"]
     schemes = list(slice_["schemes"])
@@ -122,10 +124,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "stats")
     parser.add_argument("--per-query", dest="per_query", nargs="+", required=True,
                         help="the per-query files of every scheme and budget of the (distribution, dim)")
+    parser.add_argument("--cells", help='JSON list: the {"scheme", "budget"} each --per-query file is filed under')
     parser.add_argument("--comparisons", required=True)
     parser.add_argument("--summary", required=True)
     parser.add_argument("--trials", required=True)
 
 
 def run(args: argparse.Namespace) -> None:
-    run_stats(stage_slice(args, "stats"), args.per_query, args.comparisons, args.summary, args.trials)
+    run_stats(stage_slice(args, "stats"), args.per_query, args.comparisons, args.summary, args.trials,
+              parse_cells(args.cells, "cells"))

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .. import stats
-from ..cells import read_cell_tables
+from ..cells import parse_cells, read_cell_tables
 from ..dataset import provenance, write_frame_atomic
 from ..manifest import load_manifest, verified_trial
 from ..seeds import derived_seed
@@ -30,8 +30,10 @@ def run_theory(
     data_json: str | os.PathLike,
     per_key_paths: Sequence[str | os.PathLike],
     out: str | os.PathLike,
+    cells: list | None = None,
 ) -> None:
-    """Theory checks of one (distribution, dim): QJL ratios, Beta marginals, Jensen slopes."""
+    """Theory checks of one (distribution, dim): QJL ratios, Beta marginals, Jensen slopes;
+    ``cells`` is the (scheme, budget) each per-key file is filed under."""
     digests = load_manifest(data_json, slice_)
     name, dim, base = slice_["distribution"]["name"], int(slice_["dim"]), int(slice_["base_seed"])
     settings = slice_["theory"]
@@ -69,7 +71,8 @@ def run_theory(
     rows.append({**base_row, "check": "ks_beta", "scheme": "", "budget": -1, "sharpness": np.nan,
                  "estimate": ks["statistic"], "low": np.nan, "high": np.nan, "theory": np.nan,
                  "statistic": ks["statistic"], "p": ks["p"], "n": ks["n"]})
-    keys = read_cell_tables(list(per_key_paths), "per-key", ("scheme", "budget"), distribution=name, dim=dim)
+    keys = read_cell_tables(list(per_key_paths), "per-key", ("scheme", "budget"), cells=cells, distribution=name,
+                            dim=dim)
     for (scheme, budget, sharpness), g in keys.groupby(["scheme", "budget", "sharpness"], sort=True):
         var, excess, kept = jensen_points(g)
         trials = g["trial"].to_numpy()[kept]
@@ -99,8 +102,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "theory")
     parser.add_argument("--data", required=True, help="the data manifest")
     parser.add_argument("--per-key", dest="per_key", nargs="+", required=True, help="the per-key files of the cell")
+    parser.add_argument("--cells", help='JSON list: the {"scheme", "budget"} each --per-key file is filed under')
     parser.add_argument("--out", required=True)
 
 
 def run(args: argparse.Namespace) -> None:
-    run_theory(stage_slice(args, "theory"), args.data, args.per_key, args.out)
+    run_theory(stage_slice(args, "theory"), args.data, args.per_key, args.out, parse_cells(args.cells, "cells"))
