@@ -191,3 +191,22 @@ def test_a_cache_file_error_names_layer_head_and_side(tmp_path, capsys):
     assert main(["evaluate", "--cache", str(tmp_path / "c.npz"), "--scheme", "KQV", "--bits", "4"]) == 2
     err = capsys.readouterr().err
     assert "layer 1, KV head 1: keys: norm of row 5" in err, err
+
+
+def test_flags_that_would_be_ignored_are_refused(cache_files, tmp_path, capsys):
+    """--n-queries with matrices, and --sharpness or --n-queries on a cache file that has q, were
+    accepted and ignored (identical output): a user could believe they had swept them."""
+    matrices = ["evaluate", "--scheme", "KV", "--bits", "4", "--keys", str(cache_files["keys"]), "--values",
+                str(cache_files["values"]), "--queries", str(cache_files["queries"])]
+    assert main([*matrices, "--n-queries", "10"]) == 2
+    assert "--n-queries applies only to a --cache file without q" in capsys.readouterr().err
+    assert main([*matrices, "--sharpness", "2"]) == 0  # matrices: the sharpness is applied
+    capsys.readouterr()
+    rng = np.random.default_rng(3)
+    np.savez(tmp_path / "withq.npz", k=rng.standard_normal((1, 1, 16, 8)), v=rng.standard_normal((1, 1, 16, 8)),
+             q=rng.standard_normal((1, 2, 4, 8)))
+    cache = ["evaluate", "--scheme", "KV", "--bits", "4", "--cache", str(tmp_path / "withq.npz")]
+    for flag, value in (("--sharpness", "2"), ("--n-queries", "10")):
+        assert main([*cache, flag, value]) == 2
+        assert f"{flag} applies only to a cache file without q" in capsys.readouterr().err
+    assert main(cache) == 0

@@ -190,6 +190,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         missing = sorted({"keys", "values", "queries"} - set(matrices))
         raise KvasymError(f"give --cache FILE, or all of --keys, --values, --queries "
                           f"(missing --{', --'.join(missing)})")
+    if args.n_queries is not None:
+        raise KvasymError("--n-queries applies only to a --cache file without q (its queries are drawn); "
+                          "with --queries the queries are yours")
     keys = _load_matrix(args.keys, "keys")
     values = _load_matrix(args.values, "values")
     queries = _load_matrix(args.queries, "queries")
@@ -199,7 +202,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         queries,
         scheme,
         args.bits,
-        sharpness=args.sharpness,
+        sharpness=1.0 if args.sharpness is None else args.sharpness,
         seed=args.seed,
         norm_dtype=args.norm_dtype,
         causal=bool(args.causal),
@@ -221,10 +224,18 @@ def _evaluate_cache_file(args: argparse.Namespace, scheme) -> int:
     from .cachefile import describe, evaluate_cache_file, inspect_cache_file, load_cache_file
 
     layout = inspect_cache_file(args.cache)  # header errors before a large read
+    if layout.n_query_heads is not None:
+        # the file's own queries are the model's: its attention has sharpness 1 and its count
+        for flag, value in (("--sharpness", args.sharpness), ("--n-queries", args.n_queries)):
+            if value is not None:
+                raise KvasymError(f"{flag} applies only to a cache file without q; {args.cache} has q (the model's "
+                                  "own queries, read at sharpness 1)")
     cache = load_cache_file(args.cache)
     columns, trial_map = evaluate_cache_file(
-        cache, scheme, args.bits, name=Path(args.cache).stem, base_seed=args.seed, n_queries=args.n_queries,
-        sharpness=[args.sharpness], causal=args.causal is not False, norm_dtype=args.norm_dtype)
+        cache, scheme, args.bits, name=Path(args.cache).stem, base_seed=args.seed,
+        n_queries=64 if args.n_queries is None else args.n_queries,
+        sharpness=[1.0 if args.sharpness is None else args.sharpness], causal=args.causal is not False,
+        norm_dtype=args.norm_dtype)
     frame = pd.DataFrame({key: columns[key] for key in ("trial", "kl", "recall_top5", "t_eps_dir")})
     heads = pd.DataFrame(trial_map).set_index("trial")
 
@@ -321,11 +332,12 @@ def build_parser(stage_name: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--keys", help="(n_keys, d) .npy matrix (without --cache)")
     p.add_argument("--values", help="(n_keys, d_v) .npy matrix (without --cache)")
     p.add_argument("--queries", help="(n_queries, d) .npy matrix (without --cache)")
-    p.add_argument("--sharpness", type=_sharpness, default=1.0,
-                   help="logit multiplier (1 = plain q.k/sqrt(d)); with --cache, only for the drawn queries of a file "
-                        "without q")
-    p.add_argument("--n-queries", type=_int_in("n-queries", 1, 100_000, "1..100000"), default=64,
-                   help="with --cache and no q in the file: queries drawn per KV head (the keys-family rule)")
+    p.add_argument("--sharpness", type=_sharpness, default=None,
+                   help="logit multiplier (default 1 = plain q.k/sqrt(d)); with --cache, only for the drawn queries "
+                        "of a file without q")
+    p.add_argument("--n-queries", type=_int_in("n-queries", 1, 100_000, "1..100000"), default=None,
+                   help="with --cache and no q in the file: queries drawn per KV head (the keys-family rule, "
+                        "default 64)")
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
                    help="query i attends keys 0..i+(n_keys-n_queries) (default: on with --cache, off with matrices)")
     p.add_argument("--json", action="store_true")
