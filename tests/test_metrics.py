@@ -239,6 +239,22 @@ def test_recall_with_mask() -> None:
     np.testing.assert_allclose(got, [1.0, 2 / 3])
 
 
+def test_recall_with_rows_of_different_k_against_brute_force() -> None:
+    """A causal-like mask gives rows different k (min(k, allowed keys)): each distinct k is its
+    own np.partition call, and every row must still match the brute-force top set with ties."""
+    gen = np.random.default_rng(11)
+    p = gen.integers(0, 3, size=(30, 9)).astype(float)
+    p_hat = gen.integers(0, 3, size=(30, 9)).astype(float)
+    allowed = gen.integers(1, 10, size=30)
+    mask = np.arange(9)[None, :] < allowed[:, None]
+    got = topk_recall(p, p_hat, k=4, mask=mask)
+    expected = []
+    for i in range(30):
+        n, kk = int(allowed[i]), min(4, int(allowed[i]))
+        expected.append(len(brute_topk(p[i, :n], kk) & brute_topk(p_hat[i, :n], kk)) / kk)
+    np.testing.assert_allclose(got, expected)
+
+
 def test_recall_rejects_bad_k() -> None:
     with pytest.raises(KvasymError, match="k must"):
         topk_recall(np.ones((1, 3)), np.ones((1, 3)), k=0)

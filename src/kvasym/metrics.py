@@ -269,10 +269,16 @@ def kl_divergence(
 def _topk_members(p: np.ndarray, k_row: np.ndarray) -> np.ndarray:
     """Boolean (n_rows, n_keys): the k_row[i] largest entries of each row, ties to lower index.
 
-    The same set as the first k of a stable descending sort, in O(n) per row plus one value
-    sort: every entry above the k-th largest value, then tied entries in index order.
+    The same set as the first k of a stable descending sort, in O(n) per row: every entry above
+    the k-th largest value, then tied entries in index order. The k-th largest value comes from
+    ``np.partition`` (introselect, O(n)), one call per distinct k; it is an element of the row,
+    so the set is exactly the one a full sort gives.
     """
-    kth = -np.sort(-p, axis=-1)[np.arange(p.shape[0]), k_row - 1][:, None]
+    n_keys = p.shape[-1]
+    kth = np.empty((p.shape[0], 1))
+    for k in np.unique(k_row):
+        rows = np.flatnonzero(k_row == k)
+        kth[rows, 0] = np.partition(p[rows], n_keys - k, axis=-1)[:, n_keys - k]
     above = p > kth
     ties = p == kth
     need = k_row[:, None] - above.sum(axis=-1, keepdims=True)
