@@ -454,37 +454,32 @@ def quantize(
     stored = norms.astype(np.float64)
     inv = np.divide(1.0, stored, out=np.zeros_like(stored), where=stored > 0)
     work = next_power_of_two(dim) if spec.rotate else dim
-    if (kernel == "numba" and scalar_bits > 0 and not spec.qjl and work >= 3
-            and not (dtype == np.float32 and np.any(inv > np.finfo(np.float32).max))):
+    # 1/norm of a row below ~3e-39 overflows float32: such a batch is normalized in float64
+    tiny_norms = dtype == np.float32 and np.any(inv > np.finfo(np.float32).max)
+    if kernel == "numba" and scalar_bits > 0 and not spec.qjl and work >= 3 and not tiny_norms:
         from . import kernels
 
-        signs = RandomizedHadamard(dim, rotation_seed).signs if spec.rotate else None
-        packed_codes = kernels.encode_batch(x, inv, signs, lloyd_max_codebook(work, scalar_bits).thresholds,
+        rotation_signs = RandomizedHadamard(dim, rotation_seed).signs if spec.rotate else None
+        packed_codes = kernels.encode_batch(x, inv, rotation_signs, lloyd_max_codebook(work, scalar_bits).thresholds,
                                             scalar_bits, threads=threads)
-        return PackedCache(
-            dim=dim, rows=rows, budget=budget, rotate=spec.rotate, scalar_bits=scalar_bits, qjl=False,
-            rotation_seed=int(rotation_seed) if spec.rotate else 0, qjl_seed=0, norm_dtype=norm_dtype,
-            codes=packed_codes, norms=norms, qjl_signs=np.zeros((rows, 0), dtype=np.uint8),
-            residual_norms=np.zeros(0, dtype=norm_dtype), meta=dict(meta or {}),
-        )
-    if dtype == np.float32 and np.any(inv > np.finfo(np.float32).max):
-        # 1/norm of a row below ~3e-39 overflows float32: normalize that batch in float64
-        unit = (x.astype(np.float64) * inv[:, None]).astype(dtype)
     else:
-        unit = x * inv.astype(dtype)[:, None]
-    if spec.rotate:
-        unit = RandomizedHadamard(dim, rotation_seed).forward(unit)
-    work = unit.shape[1]
-    if work < 3:
-        raise KvasymError(f"vectors must have at least 3 coordinates, got {dim}")
-    if scalar_bits > 0:
-        book = lloyd_max_codebook(work, scalar_bits)
-        codes = ThresholdEncoder(book.thresholds).encode(unit)
-        packed_codes = pack_codes(codes, scalar_bits)
-    else:
-        codes = None
-        packed_codes = np.zeros((rows, 0), dtype=np.uint8)
-    if spec.qjl:
+        if tiny_norms:
+            unit = (x.astype(np.float64) * inv[:, None]).astype(dtype)
+        else:
+            unit = x * inv.astype(dtype)[:, None]
+        if spec.rotate:
+            unit = RandomizedHadamard(dim, rotation_seed).forward(unit)
+        work = unit.shape[1]
+        if work < 3:
+            raise KvasymError(f"vectors must have at least 3 coordinates, got {dim}")
+        if scalar_bits > 0:
+            book = lloyd_max_codebook(work, scalar_bits)
+            codes = ThresholdEncoder(book.thresholds).encode(unit)
+            packed_codes = pack_codes(codes, scalar_bits)
+        else:
+            codes = None
+            packed_codes = np.zeros((rows, 0), dtype=np.uint8)
+    if spec.qjl:  # the numpy branch above (the kernel path has no QJL side)
         residual = unit if codes is None else unit - book.centroids.astype(dtype)[codes]
         signs, residual_norms = QJLSketch(work, work, qjl_seed).encode(residual)
         residual_norms = _store_norms(residual_norms, norm_dtype, "residual norm")
