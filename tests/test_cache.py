@@ -21,6 +21,7 @@ from kvasym.errors import KvasymError
 from kvasym.packing import unpack_codes
 from kvasym.rotation import RandomizedHadamard
 from kvasym.schemes import SideSpec, get_scheme
+from kvasym.seeds import derived_seed
 from kvasym.sketch import QJLSketch
 
 SCHEMES = ("KV", "KQV", "QKQV", "RKV")
@@ -29,7 +30,8 @@ SIDE_SPECS = {f"{name}.{s}": get_scheme(name).side(s) for name in SCHEMES for s 
 RAW = SideSpec(rotate=False, scalar_offset=0, qjl=False)
 ROT = SideSpec(rotate=True, scalar_offset=0, qjl=False)
 QJL = SideSpec(rotate=True, scalar_offset=1, qjl=True)
-SPECS = {"raw": RAW, "rot": ROT, "qjl": QJL}
+QJL_H = SideSpec(rotate=True, scalar_offset=1, qjl=True, sketch="hadamard")
+SPECS = {"raw": RAW, "rot": ROT, "qjl": QJL, "qjl_h": QJL_H}
 
 
 def gaussian(rows: int, dim: int, seed: int, dtype=np.float64) -> np.ndarray:
@@ -39,7 +41,8 @@ def gaussian(rows: int, dim: int, seed: int, dtype=np.float64) -> np.ndarray:
 def reference_dequantize(
     x: np.ndarray, spec: SideSpec, budget: int, rotation_seed: int, qjl_seed: int, norm_dtype: str = "float32"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Dense float64 re-implementation: scipy Hadamard, searchsorted, explicit QJL formula.
+    """Dense float64 re-implementation: scipy Hadamard, searchsorted, explicit sketch formulas
+    (the Gaussian QJL matrix, or the hadamard sketch as the dense product of its two rotations).
 
     Returns (reconstruction, codes).
     """
@@ -63,7 +66,17 @@ def reference_dequantize(
     else:
         codes = np.zeros((rows, work), dtype=np.int64)
         approx = np.zeros_like(u)
-    if spec.qjl:
+    if spec.qjl and spec.sketch == "hadamard":
+        r = u - approx
+        hw = scipy.linalg.hadamard(work).astype(np.float64) / math.sqrt(work)
+        d1, d2 = (RandomizedHadamard(work, derived_seed(qjl_seed, "hadamard-sketch", k)).signs for k in (1, 2))
+        w = (hw * d2) @ (hw * d1)
+        proj = r @ w.T
+        l1 = np.abs(proj).sum(axis=1)
+        rho = np.divide(math.sqrt(work) * np.sum(r * r, axis=1), l1, out=np.zeros(rows), where=l1 > 0)
+        rho = rho.astype(norm_dtype).astype(np.float64)
+        approx = approx + (rho / math.sqrt(work))[:, None] * (np.where(proj < 0, -1.0, 1.0) @ w)
+    elif spec.qjl:
         r = u - approx
         s = QJLSketch(work, work, qjl_seed).matrix("float64")
         sign = np.where(r @ s.T < 0, -1.0, 1.0)
@@ -287,6 +300,25 @@ def test_qjl_side_mse_matches_theory(budget: int) -> None:
     assert abs(per_seed.mean() - want) < 5 * se, (per_seed.mean(), want, se)
     # teeth: the scalar-only residual error (no sketch) is far outside
     assert abs(per_seed.mean() - scalar) > 20 * se
+
+
+@pytest.mark.parametrize("budget", [1, 3, 4])
+def test_hadamard_sketch_side_mse_matches_theory(budget: int) -> None:
+    """(n-1)-bit scalar + the hadamard sketch: E ||x - x_hat||^2/||x||^2 = D(n-1) c_D with
+    c_D = kvasym.sketch.hadamard_error_energy(D) (~pi/2 - 1), within 2%; teeth: the Gaussian
+    sketch's D(n-1) (pi/2 - 1/D) is ~2.75x larger."""
+    from kvasym.sketch import hadamard_error_energy
+
+    dim, rows, seeds = 128, 256, 8
+    measured = []
+    for k in range(seeds):
+        x = gaussian(rows, dim, seed=7000 + 100 * budget + k)
+        cache = quantize(x, QJL_H, budget, rotation_seed=9 + k, qjl_seed=2000 + k)
+        assert cache.sketch == "hadamard"
+        measured.append(np.mean(np.sum((cache.dequantize() - x) ** 2, axis=1) / np.sum(x * x, axis=1)))
+    scalar = lloyd_max_codebook(dim, budget - 1).mse_per_vector if budget > 1 else 1.0
+    assert float(np.mean(measured)) == pytest.approx(scalar * hadamard_error_energy(dim), rel=0.02)
+    assert float(np.mean(measured)) / (scalar * (math.pi / 2 - 1 / dim)) < 0.4
 
 
 def test_qjl_inner_products_unbiased_over_seeds() -> None:
@@ -755,3 +787,71 @@ def test_messages_of_damaged_files_say_what_happened(tmp_path, saved) -> None:
     (tmp_path / ".t.parquet.damaged").write_bytes(b"x")
     with pytest.raises(KvasymError, match="another job found it damaged and moved it aside to .t.parquet.damaged"):
         read_parquet_checked(tmp_path / "t.parquet")
+
+
+# ---------------------------------------------------------------------------------------------
+# the sketch kind in the packed format
+
+
+def test_hadamard_cache_round_trips_and_records_its_sketch(tmp_path) -> None:
+    x = gaussian(6, 96, seed=3, dtype=np.float32)
+    cache = quantize(x, QJL_H, 3, rotation_seed=4, qjl_seed=5, norm_dtype="float16")
+    header = json.loads(bytes(cache.arrays()["header"]).decode())
+    assert header["sketch"] == "hadamard"
+    save_packed(tmp_path / "h.npz", {"V": cache})
+    back = load_packed(tmp_path / "h.npz")["V"]
+    assert back.sketch == "hadamard"
+    for name in ("codes", "norms", "qjl_signs", "residual_norms"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(cache, name))
+    np.testing.assert_array_equal(back.dequantize("float32"), cache.dequantize("float32"))
+    # the same seeds with the Gaussian sketch give other signs and another reconstruction
+    other = quantize(x, QJL, 3, rotation_seed=4, qjl_seed=5, norm_dtype="float16")
+    assert other.sketch == "gaussian" and not np.array_equal(other.qjl_signs, cache.qjl_signs)
+    # sides without a sketch record none
+    assert "sketch" not in json.loads(bytes(quantize(x, ROT, 3, rotation_seed=4, qjl_seed=5)
+                                           .arrays()["header"]).decode())
+
+
+def test_a_file_written_before_the_sketch_kind_loads_as_gaussian(tmp_path) -> None:
+    """Packed files of format 2 written before the hadamard sketch have no "sketch" key."""
+    from kvasym.cache import content_digest
+
+    x = gaussian(4, 16, seed=0)
+    cache = quantize(x, QJL, 3, rotation_seed=1, qjl_seed=2)
+    arrays = cache.arrays()
+    header = json.loads(bytes(arrays["header"]).decode())
+    del header["sketch"]
+    header["sha256"] = content_digest(header, arrays)
+    arrays["header"] = np.frombuffer(json.dumps(header, sort_keys=True).encode(), dtype=np.uint8)
+    write_npz(tmp_path / "old.npz", {f"V/{k}": v for k, v in arrays.items()})
+    back = load_packed(tmp_path / "old.npz")["V"]
+    assert back.sketch == "gaussian"
+    np.testing.assert_array_equal(back.dequantize(), cache.dequantize())
+
+
+@pytest.mark.parametrize(
+    ("spec", "changes", "match"),
+    [
+        (QJL, {"sketch": "haar"}, "header sketch 'haar'"),
+        (ROT, {"sketch": "gaussian"}, "header sketch 'gaussian' is not one of .* on a side with qjl"),
+        # an unrotated hadamard side edited to a dimension that is not a power of two
+        (SideSpec(rotate=False, scalar_offset=1, qjl=True, sketch="hadamard"), {"dim": 12}, "power-of-two"),
+    ],
+)
+def test_load_refuses_a_bad_sketch_kind(tmp_path, spec: SideSpec, changes: dict, match: str) -> None:
+    cache = quantize(gaussian(4, 16, seed=0), spec, 3, rotation_seed=1, qjl_seed=2)
+    bad = tmp_path / "sketch.npz"
+    write_npz(bad, tampered(cache, redigest=True, **changes))
+    with pytest.raises(KvasymError, match=match):
+        load_packed(bad)
+    # without the recomputed digest the same edit is refused too
+    write_npz(bad, tampered(cache, **changes))
+    with pytest.raises(KvasymError):
+        load_packed(bad)
+
+
+def test_hadamard_sketch_needs_a_power_of_two_working_dimension() -> None:
+    unrotated = SideSpec(rotate=False, scalar_offset=1, qjl=True, sketch="hadamard")
+    with pytest.raises(KvasymError, match="power-of-two residual dimension.*got 24"):
+        quantize(gaussian(3, 24, seed=1), unrotated, 3, rotation_seed=1, qjl_seed=2)
+    assert quantize(gaussian(3, 32, seed=1), unrotated, 3, rotation_seed=1, qjl_seed=2).sketch == "hadamard"

@@ -100,7 +100,8 @@ def test_a_value_equal_to_a_threshold_goes_up_as_in_searchsorted() -> None:
 def test_reconstructions_agree_to_float_rounding(dtype: str, dim: int) -> None:
     x = np.random.default_rng(3).standard_normal((200, dim)).astype(dtype)
     eps = np.finfo(dtype).eps
-    for spec in (ROT, RAW, QJL):
+    qjl_hadamard = SideSpec(rotate=True, scalar_offset=1, qjl=True, sketch="hadamard")
+    for spec in (ROT, RAW, QJL, qjl_hadamard):
         for bits in (2, 4, 8):
             cache = quantize(x, spec, bits, rotation_seed=11, qjl_seed=12)
             ref = cache.dequantize(dtype)

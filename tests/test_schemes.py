@@ -225,3 +225,23 @@ def test_too_many_scalar_bits_rejected() -> None:
     get_scheme("KV").validate_budget(8)
     with pytest.raises(KvasymError):
         get_scheme("KV").validate_budget(9)
+
+
+def test_sketch_kind_parsed_checked_and_round_tripped() -> None:
+    hadamard = {"rotate": True, "scalar_bits": "n-1", "qjl": True, "sketch": "hadamard"}
+    scheme = scheme_from_dict("H", {"K": side(), "V": hadamard})
+    assert scheme.V.sketch == "hadamard" and scheme.K.sketch == "gaussian"
+    assert scheme.V.to_dict() == hadamard
+    assert "sketch" not in scheme.K.to_dict()  # the default is not written: built-ins' dicts are unchanged
+    assert scheme_from_dict("H", scheme.to_dict()) == scheme
+    gaussian = dict(hadamard, sketch="gaussian")
+    assert scheme_from_dict("G", {"K": side(), "V": gaussian}).V == scheme_from_dict(
+        "G", {"K": side(), "V": {k: v for k, v in gaussian.items() if k != "sketch"}}).V
+    with pytest.raises(KvasymError, match=r"schemes\.X\.V\.sketch must be one of gaussian, hadamard, got 'haar'"):
+        scheme_from_dict("X", {"K": side(), "V": dict(hadamard, sketch="haar")})
+    with pytest.raises(KvasymError, match=r"schemes\.X\.V\.sketch is set but qjl is false"):
+        scheme_from_dict("X", {"K": side(), "V": dict(hadamard, qjl=False, scalar_bits="n")})
+    with pytest.raises(KvasymError, match="needs qjl: true"):
+        SideSpec(rotate=True, scalar_offset=0, qjl=False, sketch="hadamard")
+    with pytest.raises(KvasymError, match="sketch must be one of"):
+        SideSpec(rotate=True, scalar_offset=1, qjl=True, sketch="orthogonal")

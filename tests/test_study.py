@@ -77,6 +77,19 @@ def _mutated(**changes):
         ({"distributions": [{"name": "bad/name", "kind": "gaussian"}]}, "bad/name"),
         ({"dims": None}, "missing required key(s): dims"),
         (
+            {"user_schemes": {"UH": {"K": {"rotate": True, "scalar_bits": "n", "qjl": False},
+                                     "V": {"rotate": False, "scalar_bits": "n-1", "qjl": True, "sketch": "hadamard"}}},
+             "schemes": ["UH"], "dims": [64, 96]},
+            "scheme UH side V uses the hadamard sketch without rotation, which needs a power-of-two dimension; "
+            "the grid has dims [96]",
+        ),
+        (
+            {"user_schemes": {"UH": {"K": {"rotate": True, "scalar_bits": "n", "qjl": False},
+                                     "V": {"rotate": True, "scalar_bits": "n-1", "qjl": True, "sketch": "haar"}}},
+             "schemes": ["UH"]},
+            "sketch",
+        ),
+        (
             {"user_schemes": {"Q2": {"K": {"rotate": True, "scalar_bits": "n-2", "qjl": True},
                                      "V": {"rotate": True, "scalar_bits": "n", "qjl": False}}},
              "schemes": ["Q2"]},
@@ -100,6 +113,16 @@ def test_user_scheme_runs_alongside_builtins():
     assert list(study.schemes) == ["KQV", "VQ"]
     assert study.cell_slice("gaussian", 64, "VQ", 4)["scheme"]["V"] == {"rotate": False, "scalar_bits": "n-1",
                                                                        "qjl": True}
+
+
+def test_hadamard_user_scheme_is_accepted_and_reaches_the_slice():
+    """A rotated side pads any dim to a power of two, so the hadamard sketch runs at every dim."""
+    hadamard = {"rotate": True, "scalar_bits": "n-1", "qjl": True, "sketch": "hadamard"}
+    config = _mutated(user_schemes={"KQVH": {"K": {"rotate": True, "scalar_bits": "n", "qjl": False}, "V": hadamard}},
+                      schemes=["KQV", "KQVH"], dims=[64, 96])
+    study = load_study(config)
+    assert study.cell_slice("gaussian", 96, "KQVH", 4)["scheme"]["V"] == hadamard
+    assert "sketch" not in study.cell_slice("gaussian", 96, "KQV", 4)["scheme"]["V"]
 
 
 def test_slices_are_narrow_and_canonical():

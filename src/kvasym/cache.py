@@ -8,8 +8,10 @@ budget ``n``:
 2. if ``rotate``: ``u <- R u`` with the randomized WHT (zero-padded to ``padded_dim``);
 3. scalar codes of ``u`` against the Lloyd-Max codebook for unit-vector coordinates in the
    working dimension (``padded_dim`` when rotated, ``dim`` otherwise), ``n`` or ``n - 1`` bits;
-4. if ``qjl``: the 1-bit QJL sketch of the residual ``u - centroids[codes]`` (``m`` = working
-   dimension sign bits and the residual norm, stored in ``norm_dtype``).
+4. if ``qjl``: the 1-bit sketch of the residual ``u - centroids[codes]`` (``m`` = working
+   dimension sign bits and one float per row, stored in ``norm_dtype``): QJL's Gaussian sketch
+   (the residual norm) or the orthogonal hadamard sketch (the estimate's norm), recorded in the
+   header as ``sketch`` (:mod:`kvasym.sketch`; files without the key are Gaussian).
 
 Dequantization uses only what the packed cache holds (codes, stored norms, seeds): what
 ``quantize`` returns and what :func:`load_packed` reads back give bit-identical reconstructions.
@@ -43,7 +45,7 @@ from .packing import pack_codes, packed_row_bytes, unpack_codes
 from .rotation import RandomizedHadamard, next_power_of_two
 from .scalar import ThresholdEncoder
 from .schemes import SideSpec
-from .sketch import QJLSketch
+from .sketch import SKETCH_KINDS, HadamardSketch, QJLSketch, residual_sketch
 
 __all__ = [
     "PACKED_FORMAT",
@@ -83,7 +85,7 @@ class PackedCache:
     qjl : bool
         Whether a QJL sketch of the residual is stored.
     rotation_seed, qjl_seed : int
-        Seeds of the rotation and of the QJL matrix (0 when unused).
+        Seeds of the rotation and of the residual sketch (0 when unused).
     norm_dtype : str
         Storage dtype of the norms, ``"float16"`` or ``"float32"``.
     codes : numpy.ndarray
@@ -93,9 +95,13 @@ class PackedCache:
     qjl_signs : numpy.ndarray
         ``(rows, ceil(work_dim / 8))`` uint8 packed signs, empty when not ``qjl``.
     residual_norms : numpy.ndarray
-        ``(rows,)`` residual norms in ``norm_dtype``, empty when not ``qjl``.
+        ``(rows,)`` the sketch's float per row in ``norm_dtype``, empty when not ``qjl``: the
+        residual norm ``||r||`` (gaussian) or the estimate's norm ``||r_hat||`` (hadamard, see
+        :class:`~kvasym.sketch.HadamardSketch`).
     meta : dict, optional
         Free metadata stored in the header (not compared).
+    sketch : {"gaussian", "hadamard"}, optional
+        The residual sketch when ``qjl`` (default ``"gaussian"``).
     """
 
     dim: int
@@ -112,6 +118,10 @@ class PackedCache:
     qjl_signs: np.ndarray  # (rows, ceil(work_dim / 8)) uint8, empty when not qjl
     residual_norms: np.ndarray  # (rows,) norm_dtype, empty when not qjl
     meta: dict = field(default_factory=dict, compare=False)
+    sketch: str = "gaussian"
+
+    def _sketch(self) -> QJLSketch | HadamardSketch:
+        return residual_sketch(self.sketch, self.work_dim, self.qjl_seed)
 
     @property
     def work_dim(self) -> int:
@@ -171,8 +181,7 @@ class PackedCache:
 
             add = None
             if self.qjl:
-                add = QJLSketch(work, work, self.qjl_seed).decode(
-                    self.qjl_signs, self.residual_norms.astype(np.float64), dtype)
+                add = self._sketch().decode(self.qjl_signs, self.residual_norms.astype(np.float64), dtype)
             signs = RandomizedHadamard(self.dim, self.rotation_seed).signs if self.rotate else None
             return kernels.decode_batch(self.codes, self.scalar_bits,
                                         lloyd_max_codebook(work, self.scalar_bits).centroids, signs, self.norms,
@@ -184,8 +193,7 @@ class PackedCache:
         else:
             unit = np.zeros((self.rows, work), dtype=dtype)
         if self.qjl:
-            sketch = QJLSketch(work, work, self.qjl_seed)
-            unit += sketch.decode(self.qjl_signs, self.residual_norms.astype(np.float64), dtype)
+            unit += self._sketch().decode(self.qjl_signs, self.residual_norms.astype(np.float64), dtype)
         if self.rotate:
             unit = RandomizedHadamard(self.dim, self.rotation_seed).inverse(unit)
         unit *= self.norms.astype(dtype)[:, None]
@@ -198,8 +206,8 @@ class PackedCache:
         -------
         dict of str to numpy.ndarray
             ``header`` (UTF-8 JSON as uint8: format, shape, scheme side, seeds as decimal
-            strings, ``norm_dtype`` and ``meta``), ``codes``, ``norms``, ``qjl_signs`` and
-            ``residual_norms``.
+            strings, ``norm_dtype``, ``meta`` and, with ``qjl``, ``sketch``), ``codes``,
+            ``norms``, ``qjl_signs`` and ``residual_norms``.
         """
         header = {
             "format": PACKED_FORMAT,
@@ -214,6 +222,8 @@ class PackedCache:
             "norm_dtype": self.norm_dtype,
             "meta": self.meta,
         }
+        if self.qjl:
+            header["sketch"] = self.sketch
         data = {name: getattr(self, name) for name in _DATA_ARRAYS}
         header["sha256"] = content_digest(header, data)
         return {"header": np.frombuffer(json.dumps(header, sort_keys=True).encode("utf-8"), dtype=np.uint8), **data}
@@ -402,7 +412,7 @@ def quantize(
     rotation_seed : int
         Seed of the rotation (stored only when ``spec.rotate``).
     qjl_seed : int
-        Seed of the QJL matrix (stored only when ``spec.qjl``).
+        Seed of the residual sketch (stored only when ``spec.qjl``; ``spec.sketch`` says which).
     norm_dtype : str, optional
         Storage dtype of the norms, ``"float32"`` (default) or ``"float16"``.
     meta : mapping, optional
@@ -481,7 +491,7 @@ def quantize(
             packed_codes = np.zeros((rows, 0), dtype=np.uint8)
     if spec.qjl:  # the numpy branch above (the kernel path has no QJL side)
         residual = unit if codes is None else unit - book.centroids.astype(dtype)[codes]
-        signs, residual_norms = QJLSketch(work, work, qjl_seed).encode(residual)
+        signs, residual_norms = residual_sketch(spec.sketch, work, qjl_seed).encode(residual)
         residual_norms = _store_norms(residual_norms, norm_dtype, "residual norm")
     else:
         signs = np.zeros((rows, 0), dtype=np.uint8)
@@ -501,6 +511,7 @@ def quantize(
         qjl_signs=signs,
         residual_norms=residual_norms,
         meta=dict(meta or {}),
+        sketch=spec.sketch if spec.qjl else "gaussian",
     )
 
 
@@ -521,6 +532,10 @@ def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:
         scalar_bits = _header_int(header, "scalar_bits", 0, MAX_BUDGET)
         if scalar_bits + qjl != budget:
             raise ValueError(f"header scalar_bits {scalar_bits} + qjl {int(qjl)} is not the budget {budget}")
+        # files written before the hadamard sketch have no "sketch" key: theirs is Gaussian
+        sketch = header.get("sketch", "gaussian")
+        if sketch not in SKETCH_KINDS or ("sketch" in header and not qjl):
+            raise ValueError(f"header sketch {sketch!r} is not one of {SKETCH_KINDS} on a side with qjl")
         cache = PackedCache(
             dim=_header_int(header, "dim", MIN_DIM, MAX_DIM),
             rows=_header_int(header, "rows", 0, 2**40),
@@ -536,6 +551,7 @@ def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:
             qjl_signs=np.asarray(arrays["qjl_signs"]),
             residual_norms=np.asarray(arrays["residual_norms"]),
             meta=dict(header.get("meta") or {}),
+            sketch=sketch,
         )
     except KvasymError:
         raise
@@ -558,6 +574,8 @@ def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:
 
 def _check_consistent(cache: PackedCache, where: str) -> None:
     work = cache.work_dim
+    if cache.qjl and cache.sketch == "hadamard" and work & (work - 1):
+        raise KvasymError(f"{where}: the hadamard sketch needs a power-of-two working dimension, not {work}")
     expected = {
         "codes": ((cache.rows, packed_row_bytes(work, cache.scalar_bits) if cache.scalar_bits else 0), np.uint8),
         "norms": ((cache.rows,), np.dtype(cache.norm_dtype)),

@@ -1,9 +1,11 @@
 """Quantization schemes as declarative data.
 
 A scheme says, for each cache side (K and V), whether the side is rotated (randomized WHT),
-how many scalar (Lloyd-Max) bits each coordinate gets, and whether a 1-bit QJL sketch of the
-residual is added. Every scheme spends the same budget of ``n`` bits per coordinate: on each
-side ``scalar_bits + (1 if qjl) == n``, which is checked, so no scheme can win by spending more.
+how many scalar (Lloyd-Max) bits each coordinate gets, and whether a 1-bit sketch of the
+residual is added, and which: ``sketch: gaussian`` (QJL's i.i.d. Gaussian matrix, the default)
+or ``sketch: hadamard`` (an orthogonal randomized-Hadamard sketch, :mod:`kvasym.sketch`).
+Every scheme spends the same budget of ``n`` bits per coordinate: on each side
+``scalar_bits + (1 if qjl) == n``, which is checked, so no scheme can win by spending more.
 
 ``scalar_bits`` is written relative to the budget: ``"n"`` or ``"n-1"`` (``"n-k"`` in general).
 A spec that breaks the budget, or needs a negative scalar width or more than 8 scalar bits at a
@@ -63,12 +65,23 @@ class SideSpec:
     scalar_offset : int
         ``k`` in ``scalar_bits = n - k``.
     qjl : bool
-        Add the 1-bit QJL sketch of the scalar quantizer's residual.
+        Add a 1-bit sketch of the scalar quantizer's residual.
+    sketch : {"gaussian", "hadamard"}, optional
+        Which sketch when ``qjl`` (default ``"gaussian"``, QJL's; :data:`~kvasym.sketch.SKETCH_KINDS`).
     """
 
     rotate: bool
     scalar_offset: int
     qjl: bool
+    sketch: str = "gaussian"
+
+    def __post_init__(self) -> None:
+        from .sketch import SKETCH_KINDS
+
+        if self.sketch not in SKETCH_KINDS:
+            raise KvasymError(f"sketch must be one of {', '.join(SKETCH_KINDS)}, got {self.sketch!r}")
+        if self.sketch != "gaussian" and not self.qjl:
+            raise KvasymError(f"sketch {self.sketch!r} needs qjl: true (a side without a sketch has no sketch kind)")
 
     def scalar_bits(self, budget: int) -> int:
         """Scalar bits per coordinate at ``budget``: ``budget - scalar_offset`` (may be < 0).
@@ -90,8 +103,12 @@ class SideSpec:
         return "n" if self.scalar_offset == 0 else f"n-{self.scalar_offset}"
 
     def to_dict(self) -> dict:
-        """The config mapping ``{rotate, scalar_bits, qjl}`` of this side (inverse of parsing)."""
-        return {"rotate": self.rotate, "scalar_bits": self.scalar_bits_expr, "qjl": self.qjl}
+        """The config mapping ``{rotate, scalar_bits, qjl[, sketch]}`` of this side (inverse of
+        parsing; ``sketch`` only when it is not the default ``gaussian``)."""
+        out: dict = {"rotate": self.rotate, "scalar_bits": self.scalar_bits_expr, "qjl": self.qjl}
+        if self.sketch != "gaussian":
+            out["sketch"] = self.sketch
+        return out
 
 
 @dataclass(frozen=True)
@@ -183,9 +200,9 @@ class Scheme:
 def _parse_side(data: object, where: str) -> SideSpec:
     if not isinstance(data, Mapping):
         raise KvasymError(f"{where} must be a mapping with rotate, scalar_bits, qjl; got {data!r}")
-    unknown = set(data) - {"rotate", "scalar_bits", "qjl"}
+    unknown = set(data) - {"rotate", "scalar_bits", "qjl", "sketch"}
     if unknown:
-        raise KvasymError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: rotate, scalar_bits, qjl")
+        raise KvasymError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: rotate, scalar_bits, qjl, sketch")
     for key in ("rotate", "scalar_bits", "qjl"):
         if key not in data:
             raise KvasymError(f"{where}.{key} is missing")
@@ -197,7 +214,14 @@ def _parse_side(data: object, where: str) -> SideSpec:
     if match is None:
         raise KvasymError(f"{where}.scalar_bits must be 'n' or 'n-k' (k a whole number), got {expr!r}")
     offset = int(match.group(1) or 0)
-    return SideSpec(rotate=data["rotate"], scalar_offset=offset, qjl=data["qjl"])
+    sketch = data.get("sketch", "gaussian")
+    from .sketch import SKETCH_KINDS
+
+    if sketch not in SKETCH_KINDS:
+        raise KvasymError(f"{where}.sketch must be one of {', '.join(SKETCH_KINDS)}, got {sketch!r}")
+    if "sketch" in data and not data["qjl"]:
+        raise KvasymError(f"{where}.sketch is set but qjl is false: a side without a sketch has no sketch kind")
+    return SideSpec(rotate=data["rotate"], scalar_offset=offset, qjl=data["qjl"], sketch=sketch)
 
 
 def scheme_from_dict(name: str, data: object) -> Scheme:
@@ -208,7 +232,8 @@ def scheme_from_dict(name: str, data: object) -> Scheme:
     name : str
         Scheme name: a letter, then up to 39 letters, digits, ``_``, ``.``, ``+`` or ``-``.
     data : mapping
-        ``K`` and ``V`` (each ``{rotate: bool, scalar_bits: "n" | "n-k", qjl: bool}``) and an
+        ``K`` and ``V`` (each ``{rotate: bool, scalar_bits: "n" | "n-k", qjl: bool}``, plus
+        ``sketch: gaussian | hadamard`` when ``qjl``) and an
         optional ``description`` string; no other key.
 
     Returns

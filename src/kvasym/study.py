@@ -220,6 +220,7 @@ def load_study(config: Mapping[str, Any]) -> Study:
             "concentrated): the study's headline and theory checks need one; file caches are evaluated beside it"
         )
 
+    _check_sketch_dims(schemes, distribution_dims)
     trials, per_key_trials = cfg["trials"], cfg["per_key_trials"]
     if per_key_trials > trials:
         raise KvasymError(f"config key per_key_trials: must be in 0..trials = 0..{trials}, got {per_key_trials}")
@@ -245,6 +246,20 @@ def load_study(config: Mapping[str, Any]) -> Study:
         files=files,
         headline=_headline(cfg.get("headline", {}), distribution_dims, sharpness, budgets, files),
     )
+
+
+def _check_sketch_dims(schemes: Mapping[str, Scheme], distribution_dims: Mapping[str, tuple[int, ...]]) -> None:
+    """The hadamard sketch is square and orthogonal, so an unrotated side that uses it needs a
+    power-of-two dimension (a rotated side is padded to one); refuse the grid before any job."""
+    odd = sorted({d for dims in distribution_dims.values() for d in dims if d & (d - 1)})
+    for name, scheme in schemes.items():
+        for side in ("K", "V"):
+            spec = scheme.side(side)
+            if odd and spec.qjl and spec.sketch == "hadamard" and not spec.rotate:
+                raise KvasymError(
+                    f"scheme {name} side {side} uses the hadamard sketch without rotation, which needs a power-of-two "
+                    f"dimension; the grid has dims {odd} (set rotate: true, which pads, or sketch: gaussian)"
+                )
 
 
 def headline_default(
