@@ -32,7 +32,7 @@ def fwht_block(u, width):
         h *= 2
 
 @njit(cache=True, nogil=True)
-def encode_rows(x, inv, signs, scale, rotate, thresholds, bits, out, r0, r1):
+def encode_rows(x, inv, signs, scale, rotate, thresholds, bits, out, centroids, resid, want_resid, r0, r1):
     dim = x.shape[1]
     work = signs.size if rotate else dim
     n_t = thresholds.size
@@ -72,6 +72,10 @@ def encode_rows(x, inv, signs, scale, rotate, thresholds, bits, out, r0, r1):
                     for b in range(width):
                         codes[j, b] += step * (thresholds[codes[j, b] + step - 1] <= u[j, b])
                     step >>= 1
+        if want_resid:
+            for b in range(width):
+                for j in range(work):
+                    resid[start + b, j] = u[j, b] - centroids[codes[j, b]]
         for b in range(width):
             row = out[start + b]
             acc = np.uint64(0)
@@ -122,3 +126,80 @@ def decode_rows(packed, bits, centroids, add, has_add, sign_scale, rotate, norms
             n = norms[start + b]
             for j in range(dim):
                 out[start + b, j] = u[j, b] * n
+
+
+@njit(cache=True, nogil=True)
+def sketch_encode_rows(resid, s1, s2, scale, out, rho, r0, r1):
+    # W r = R2 R1 r with R_k = H diag(s_k) / sqrt(D), then the sign bits (set = negative, bit j
+    # of byte j // 8) and rho = sqrt(D) ||r||^2 / ||W r||_1 accumulated in float64; every pass
+    # after the first runs over the block's rows as the inner (vector) loop
+    work = resid.shape[1]
+    n_bytes = out.shape[1]
+    root = np.sqrt(np.float64(work))
+    u = np.zeros((work, BLOCK), dtype=resid.dtype)
+    squares = np.zeros(BLOCK)
+    l1 = np.zeros(BLOCK)
+    acc = np.zeros(BLOCK, dtype=np.uint8)
+    for start in range(r0, r1, BLOCK):
+        width = min(BLOCK, r1 - start)
+        for b in range(width):
+            total = 0.0
+            for j in range(work):
+                r = resid[start + b, j]
+                u[j, b] = r * s1[j]
+                total += np.float64(r) * np.float64(r)
+            squares[b] = total
+        fwht_block(u, width)
+        for j in range(work):
+            sj = s2[j]
+            for b in range(width):
+                u[j, b] = (u[j, b] * scale) * sj
+        fwht_block(u, width)
+        for b in range(width):
+            l1[b] = 0.0
+        for j in range(work):
+            for b in range(width):
+                v = u[j, b] * scale
+                u[j, b] = v
+                l1[b] += np.float64(abs(v))
+        for k in range(n_bytes):
+            for b in range(width):
+                acc[b] = 0
+            for t in range(min(8, work - 8 * k)):
+                j = 8 * k + t
+                for b in range(width):
+                    acc[b] |= np.uint8(u[j, b] < 0) << np.uint8(t)
+            for b in range(width):
+                out[start + b, k] = acc[b]
+        for b in range(width):
+            rho[start + b] = root * squares[b] / l1[b] if l1[b] > 0 else 0.0
+
+
+@njit(cache=True, nogil=True)
+def sketch_decode_rows(packed, sign_scale2, sign_scale1, row_scale, out, r0, r1):
+    # r_hat = rho / sqrt(D) * R1^T R2^T sign, R_k^T = diag(s_k) H / sqrt(D): the same passes as
+    # two RandomizedHadamard.inverse calls (signs and 1/sqrt(D) premultiplied in the dtype)
+    work = out.shape[1]
+    n_bytes = packed.shape[1]
+    u = np.zeros((work, BLOCK), dtype=out.dtype)
+    for start in range(r0, r1, BLOCK):
+        width = min(BLOCK, r1 - start)
+        for k in range(n_bytes):
+            for t in range(min(8, work - 8 * k)):
+                j = 8 * k + t
+                for b in range(width):
+                    u[j, b] = 1 - 2 * ((packed[start + b, k] >> t) & 1)
+        fwht_block(u, width)
+        for j in range(work):
+            sj = sign_scale2[j]
+            for b in range(width):
+                u[j, b] = u[j, b] * sj
+        fwht_block(u, width)
+        for j in range(work):
+            sj = sign_scale1[j]
+            for b in range(width):
+                u[j, b] = u[j, b] * sj
+        for b in range(width):
+            c = row_scale[start + b]
+            for j in range(work):
+                out[start + b, j] = u[j, b] * c

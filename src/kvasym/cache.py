@@ -180,7 +180,10 @@ class PackedCache:
             from . import kernels
 
             add = None
-            if self.qjl:
+            if self.qjl and self.sketch == "hadamard":
+                add = kernels.hadamard_sketch_decode(self.qjl_signs, self.residual_norms.astype(np.float64),
+                                                     *self._sketch().rotation_signs, dtype, threads=threads)
+            elif self.qjl:
                 add = self._sketch().decode(self.qjl_signs, self.residual_norms.astype(np.float64), dtype)
             signs = RandomizedHadamard(self.dim, self.rotation_seed).signs if self.rotate else None
             return kernels.decode_batch(self.codes, self.scalar_bits,
@@ -419,8 +422,10 @@ def quantize(
         Metadata kept in the cache header.
     kernel : {"numpy", "numba"}, optional
         ``"numpy"`` (default), the reference whole-array passes, or ``"numba"``, the fused
-        compiled row pass of :mod:`kvasym.kernels` for the rotation, encoding and packing (same
-        codes up to near-ties at a threshold, see there).
+        compiled row pass of :mod:`kvasym.kernels` for the rotation, encoding, packing and the
+        residual, and its hadamard sketch kernel (same codes up to near-ties at a threshold, same
+        sketch bits up to projections within rounding of 0, see there); the Gaussian sketch is
+        the same BLAS product on either path.
     threads : int, optional
         Threads over rows for the ``"numba"`` kernel (default 1).
 
@@ -466,12 +471,16 @@ def quantize(
     work = next_power_of_two(dim) if spec.rotate else dim
     # 1/norm of a row below ~3e-39 overflows float32: such a batch is normalized in float64
     tiny_norms = dtype == np.float32 and np.any(inv > np.finfo(np.float32).max)
-    if kernel == "numba" and scalar_bits > 0 and not spec.qjl and work >= 3 and not tiny_norms:
+    residual = None
+    if kernel == "numba" and scalar_bits > 0 and work >= 3 and not tiny_norms:
         from . import kernels
 
         rotation_signs = RandomizedHadamard(dim, rotation_seed).signs if spec.rotate else None
-        packed_codes = kernels.encode_batch(x, inv, rotation_signs, lloyd_max_codebook(work, scalar_bits).thresholds,
-                                            scalar_bits, threads=threads)
+        book = lloyd_max_codebook(work, scalar_bits)
+        packed_codes = kernels.encode_batch(x, inv, rotation_signs, book.thresholds, scalar_bits, threads=threads,
+                                            centroids=book.centroids if spec.qjl else None)
+        if spec.qjl:
+            packed_codes, residual = packed_codes
     else:
         if tiny_norms:
             unit = (x.astype(np.float64) * inv[:, None]).astype(dtype)
@@ -489,9 +498,16 @@ def quantize(
         else:
             codes = None
             packed_codes = np.zeros((rows, 0), dtype=np.uint8)
-    if spec.qjl:  # the numpy branch above (the kernel path has no QJL side)
-        residual = unit if codes is None else unit - book.centroids.astype(dtype)[codes]
-        signs, residual_norms = residual_sketch(spec.sketch, work, qjl_seed).encode(residual)
+    if spec.qjl:
+        if residual is None:  # the numpy branch above
+            residual = unit if codes is None else unit - book.centroids.astype(dtype)[codes]
+        sketch = residual_sketch(spec.sketch, work, qjl_seed)
+        if kernel == "numba" and spec.sketch == "hadamard":
+            from . import kernels
+
+            signs, residual_norms = kernels.hadamard_sketch_encode(residual, *sketch.rotation_signs, threads=threads)
+        else:
+            signs, residual_norms = sketch.encode(residual)
         residual_norms = _store_norms(residual_norms, norm_dtype, "residual norm")
     else:
         signs = np.zeros((rows, 0), dtype=np.uint8)

@@ -13,11 +13,20 @@ cache from its norm to its packed bytes:
     threshold goes up, as ``np.searchsorted(..., side="right")``); the codes are packed into the
     row's bytes in :mod:`kvasym.packing`'s layout (code ``j`` at bits ``b j .. b j + b - 1`` of
     the row's little-endian bit stream).
+    Optionally it also writes the residual ``u_j - centroids[c_j]`` (in the dtype), which a QJL
+    side sketches.
 ``decode_rows``
     the inverse: unpack, centroid lookup (plus an optional additive term, the QJL residual
     estimate), if rotated ``u <- s * (H_D u) * D^{-1/2}`` (the signs and the scale premultiplied
     in float64 and rounded to the dtype, as the reference does), truncate to ``dim`` and
     multiply by the stored norm.
+``sketch_encode_rows`` / ``sketch_decode_rows``
+    the hadamard residual sketch of :class:`kvasym.sketch.HadamardSketch`: ``W r`` by two
+    in-place butterfly rotations, its sign bits in :func:`kvasym.packing.pack_signs`'s layout and
+    ``rho = sqrt(D) ||r||^2 / ||W r||_1`` (sums in float64); and ``r_hat = rho D^{-1/2} W^T
+    sign`` with the passes of two :meth:`~kvasym.rotation.RandomizedHadamard.inverse` calls. The
+    Gaussian sketch stays a dense BLAS product (:class:`kvasym.sketch.QJLSketch`), which no
+    row kernel would beat.
 
 Equality with the reference. Every step but the WHT is the same operation on the same values
 in the same dtype. The WHT adds the same numbers in another order (butterfly against blocked
@@ -26,7 +35,9 @@ of the dtype's epsilon; a code can then differ (by one) only for a coordinate th
 threshold. For float64 data (the study's) that is ~1e-13 of the coordinates and the packed
 files are byte-identical in practice (``tests/test_kernels.py`` requires it on every width and
 dimension it tries); for float32 input about one coordinate in 10^6 moves (the test counts
-them and checks each is such a near-tie). Reconstructions agree to float rounding.
+them and checks each is such a near-tie). A sketch sign can likewise flip only for a projection
+within rounding of 0, and ``rho``'s float64 sums differ in their last bits, which the float32
+or float16 storage almost always absorbs. Reconstructions agree to float rounding.
 
 Compilation is cached on disk (numba ``cache=True``): the first process on a machine compiles
 (about 2 s), later ones load the cached code (about 0.5 s with numba's import). That fixed cost
@@ -50,7 +61,8 @@ import numpy as np
 
 from .errors import KvasymError
 
-__all__ = ["KERNELS", "available", "decode_batch", "encode_batch"]
+__all__ = ["KERNELS", "available", "decode_batch", "encode_batch", "hadamard_sketch_encode",
+           "hadamard_sketch_decode"]
 
 #: Implementations a caller can choose: the numpy reference and the compiled kernels.
 KERNELS: tuple[str, ...] = ("numpy", "numba")
@@ -77,7 +89,8 @@ def _compiled():
             raise KvasymError(f"kernel 'numba' needs numba ({exc}); pip install 'kvasym[fast]' or use "
                               "kernel 'numpy'") from None
 
-        _COMPILED = (_kernels_numba.encode_rows, _kernels_numba.decode_rows)
+        _COMPILED = (_kernels_numba.encode_rows, _kernels_numba.decode_rows, _kernels_numba.sketch_encode_rows,
+                     _kernels_numba.sketch_decode_rows)
     return _COMPILED
 
 
@@ -106,7 +119,8 @@ def check_threads(threads: object) -> int:
 
 
 def encode_batch(x: np.ndarray, inv: np.ndarray, signs: np.ndarray | None, thresholds: np.ndarray,
-                 bits: int, *, threads: int = 1) -> np.ndarray:
+                 bits: int, *, threads: int = 1, centroids: np.ndarray | None = None
+                 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Packed codes of the rows of ``x`` (see the module docstring for the arithmetic).
 
     Parameters
@@ -123,14 +137,17 @@ def encode_batch(x: np.ndarray, inv: np.ndarray, signs: np.ndarray | None, thres
         Bits per code, 1..8.
     threads : int, optional
         Python threads over blocks of rows (default 1).
+    centroids : numpy.ndarray, optional
+        The codebook's ``2**bits`` centroids: when given, the residuals are returned too.
 
     Returns
     -------
-    numpy.ndarray
+    numpy.ndarray or (numpy.ndarray, numpy.ndarray)
         ``(rows, ceil(D * bits / 8))`` uint8, byte for byte :func:`kvasym.packing.pack_codes`
-        of the reference's codes (up to the near-ties of the module docstring).
+        of the reference's codes (up to the near-ties of the module docstring); with
+        ``centroids``, also the ``(rows, D)`` residuals ``u - centroids[codes]`` in ``x.dtype``.
     """
-    encode_rows, _ = _compiled()
+    encode_rows = _compiled()[0]
     if thresholds.size != (1 << bits) - 1:  # the binary search's probes stay inside the array
         raise KvasymError(f"{bits}-bit codes need {(1 << bits) - 1} thresholds, got {thresholds.size}")
     dtype = x.dtype
@@ -140,10 +157,14 @@ def encode_batch(x: np.ndarray, inv: np.ndarray, signs: np.ndarray | None, thres
     out = np.empty((rows, -(-work * bits // 8)), dtype=np.uint8)
     sign_arr = (signs if rotate else np.ones(1)).astype(dtype)
     scale = dtype.type(1.0 / np.sqrt(work))
+    want_resid = centroids is not None
+    resid = np.empty((rows, work) if want_resid else (1, 1), dtype=dtype)
+    books = np.asarray(centroids if want_resid else np.zeros(1), dtype=np.float64).astype(dtype)
     args = (np.ascontiguousarray(x), inv.astype(dtype), sign_arr, scale, rotate,
-            np.ascontiguousarray(thresholds, dtype=np.float64).astype(dtype), int(bits), out)
+            np.ascontiguousarray(thresholds, dtype=np.float64).astype(dtype), int(bits), out, books, resid,
+            want_resid)
     _run(encode_rows, args, rows, check_threads(threads))
-    return out
+    return (out, resid) if want_resid else out
 
 
 def decode_batch(packed: np.ndarray, bits: int, centroids: np.ndarray, signs: np.ndarray | None, norms: np.ndarray,
@@ -153,7 +174,7 @@ def decode_batch(packed: np.ndarray, bits: int, centroids: np.ndarray, signs: np
     ``add`` is an optional ``(rows, D)`` term added to the centroids before the inverse rotation
     (the QJL residual estimate); ``norms`` are the stored norms (cast to ``dtype``).
     """
-    _, decode_rows = _compiled()
+    decode_rows = _compiled()[1]
     dt = np.dtype(dtype)
     rows = packed.shape[0]
     rotate = signs is not None
@@ -165,4 +186,52 @@ def decode_batch(packed: np.ndarray, bits: int, centroids: np.ndarray, signs: np
     args = (np.ascontiguousarray(packed), int(bits), np.asarray(centroids, dtype=np.float64).astype(dt), add_arr,
             has_add, sign_scale, rotate, np.asarray(norms).astype(dt), out)
     _run(decode_rows, args, rows, check_threads(threads))
+    return out
+
+
+def hadamard_sketch_encode(residual: np.ndarray, signs1: np.ndarray, signs2: np.ndarray, *,
+                           threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Packed signs and ``rho`` of the hadamard sketch of residual rows (module docstring).
+
+    Parameters
+    ----------
+    residual : numpy.ndarray
+        ``(rows, D)`` float32 or float64 residuals, ``D`` a power of two.
+    signs1, signs2 : numpy.ndarray
+        The ``D`` random signs of the sketch's first and second rotation.
+    threads : int, optional
+        Python threads over blocks of rows (default 1).
+
+    Returns
+    -------
+    signs : numpy.ndarray
+        ``(rows, ceil(D / 8))`` uint8, as :meth:`kvasym.sketch.HadamardSketch.encode`.
+    rho : numpy.ndarray
+        ``(rows,)`` float64 ``sqrt(D) ||r||^2 / ||W r||_1`` (0 for a zero row).
+    """
+    encode = _compiled()[2]
+    residual = np.ascontiguousarray(residual)
+    rows, work = residual.shape
+    dtype = residual.dtype
+    out = np.empty((rows, -(-work // 8)), dtype=np.uint8)
+    rho = np.empty(rows, dtype=np.float64)
+    args = (residual, np.asarray(signs1).astype(dtype), np.asarray(signs2).astype(dtype),
+            dtype.type(1.0 / np.sqrt(work)), out, rho)
+    _run(encode, args, rows, check_threads(threads))
+    return out, rho
+
+
+def hadamard_sketch_decode(packed: np.ndarray, rho: np.ndarray, signs1: np.ndarray, signs2: np.ndarray,
+                           dtype: str, *, threads: int = 1) -> np.ndarray:
+    """``r_hat`` rows ``(rows, D)`` of ``dtype`` from the hadamard sketch's packed signs and
+    ``rho`` (the arithmetic of :meth:`kvasym.sketch.HadamardSketch.decode`, module docstring)."""
+    decode = _compiled()[3]
+    dt = np.dtype(dtype)
+    work = np.asarray(signs1).size
+    root = 1.0 / np.sqrt(work)
+    out = np.empty((packed.shape[0], work), dtype=dt)
+    # the same roundings as the reference: signs times 1/sqrt(D), rho divided by sqrt(D)
+    args = (np.ascontiguousarray(packed), (np.asarray(signs2) * root).astype(dt),
+            (np.asarray(signs1) * root).astype(dt), (np.asarray(rho, dtype=np.float64) / np.sqrt(work)).astype(dt), out)
+    _run(decode, args, packed.shape[0], check_threads(threads))
     return out

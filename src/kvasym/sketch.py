@@ -261,6 +261,12 @@ class HadamardSketch:
         """Sign bits per residual, ``m = dim``."""
         return self.dim
 
+    @property
+    def rotation_signs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The random signs ``(s_1, s_2)`` of ``R_1`` and ``R_2`` (read-only float64 +-1)."""
+        first, second = self._rotations()
+        return first.signs, second.signs
+
     def _rotations(self) -> tuple[RandomizedHadamard, RandomizedHadamard]:
         seed = int(self.seed)
         return (RandomizedHadamard(self.dim, derived_seed(seed, "hadamard-sketch", 1)),
