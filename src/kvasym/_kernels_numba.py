@@ -32,6 +32,25 @@ def fwht_block(u, width):
         h *= 2
 
 @njit(cache=True, nogil=True)
+def fwht_scale_block(u, factors, width):
+    # u <- diag(factors) H u: an inverse rotation's WHT and its premultiplied signs / sqrt(D)
+    fwht_block(u, width)
+    for j in range(u.shape[0]):
+        f = factors[j]
+        for b in range(width):
+            u[j, b] = u[j, b] * f
+
+
+@njit(cache=True, nogil=True)
+def store_scaled_rows(u, row_scale, out, start, width, dim):
+    # rows start .. start + width of out <- the block's first dim coordinates times their scale
+    for b in range(width):
+        c = row_scale[start + b]
+        for j in range(dim):
+            out[start + b, j] = u[j, b] * c
+
+
+@njit(cache=True, nogil=True)
 def encode_rows(x, inv, signs, scale, rotate, thresholds, bits, out, centroids, resid, want_resid, r0, r1):
     dim = x.shape[1]
     work = signs.size if rotate else dim
@@ -117,15 +136,8 @@ def decode_rows(packed, bits, centroids, add, has_add, sign_scale, rotate, norms
                 for j in range(work):
                     u[j, b] = u[j, b] + add[start + b, j]
         if rotate:
-            fwht_block(u, width)
-            for j in range(work):
-                sj = sign_scale[j]
-                for b in range(width):
-                    u[j, b] = u[j, b] * sj
-        for b in range(width):
-            n = norms[start + b]
-            for j in range(dim):
-                out[start + b, j] = u[j, b] * n
+            fwht_scale_block(u, sign_scale, width)
+        store_scaled_rows(u, norms, out, start, width, dim)
 
 
 @njit(cache=True, nogil=True)
@@ -189,17 +201,6 @@ def sketch_decode_rows(packed, sign_scale2, sign_scale1, row_scale, out, r0, r1)
                 j = 8 * k + t
                 for b in range(width):
                     u[j, b] = 1 - 2 * ((packed[start + b, k] >> t) & 1)
-        fwht_block(u, width)
-        for j in range(work):
-            sj = sign_scale2[j]
-            for b in range(width):
-                u[j, b] = u[j, b] * sj
-        fwht_block(u, width)
-        for j in range(work):
-            sj = sign_scale1[j]
-            for b in range(width):
-                u[j, b] = u[j, b] * sj
-        for b in range(width):
-            c = row_scale[start + b]
-            for j in range(work):
-                out[start + b, j] = u[j, b] * c
+        fwht_scale_block(u, sign_scale2, width)
+        fwht_scale_block(u, sign_scale1, width)
+        store_scaled_rows(u, row_scale, out, start, width, work)
