@@ -57,28 +57,28 @@ def encode_rows(x, inv, signs, scale, rotate, thresholds, bits, out, centroids, 
     n_t = thresholds.size
     u = np.zeros((work, BLOCK), dtype=x.dtype)
     codes = np.zeros((work, BLOCK), dtype=np.uint8)
+    groups = np.zeros(BLOCK, dtype=np.uint64)
     for start in range(r0, r1, BLOCK):
         width = min(BLOCK, r1 - start)
         for b in range(width):
             s = inv[start + b]
-            for j in range(dim):
-                u[j, b] = x[start + b, j] * s
+            if rotate:  # the sign flip is exact, so it joins the normalization
+                for j in range(dim):
+                    u[j, b] = (x[start + b, j] * s) * signs[j]
+            else:
+                for j in range(dim):
+                    u[j, b] = x[start + b, j] * s
             for j in range(dim, work):
                 u[j, b] = 0
         if rotate:
-            for j in range(work):
-                sj = signs[j]
-                for b in range(width):
-                    u[j, b] = u[j, b] * sj
             fwht_block(u, width)
-            for j in range(work):
-                for b in range(width):
-                    u[j, b] = u[j, b] * scale
         # code = #{t <= u} (searchsorted side="right"), branch-free so that it runs as
         # vectors over the block: up to 15 thresholds, count them (compare-and-add, no
         # gather); beyond, a binary search over the 2^bits - 1 thresholds, one step per bit
         for j in range(work):
             for b in range(width):
+                if rotate:
+                    u[j, b] = u[j, b] * scale
                 codes[j, b] = 0
             if n_t <= 15:
                 for k in range(n_t):
@@ -95,6 +95,21 @@ def encode_rows(x, inv, signs, scale, rotate, thresholds, bits, out, centroids, 
             for b in range(width):
                 for j in range(work):
                     resid[start + b, j] = u[j, b] - centroids[codes[j, b]]
+        if work % 8 == 0:
+            # 8 codes fill exactly `bits` bytes: build each group as a uint64 over the block's
+            # rows (vector lanes), then split it into its bytes
+            for g in range(work // 8):
+                for b in range(width):
+                    groups[b] = 0
+                for t in range(8):
+                    shift = np.uint64(t * bits)
+                    for b in range(width):
+                        groups[b] |= np.uint64(codes[8 * g + t, b]) << shift
+                for q in range(bits):
+                    shift = np.uint64(8 * q)
+                    for b in range(width):
+                        out[start + b, g * bits + q] = np.uint8((groups[b] >> shift) & np.uint64(0xFF))
+            continue
         for b in range(width):
             row = out[start + b]
             acc = np.uint64(0)
@@ -111,28 +126,44 @@ def encode_rows(x, inv, signs, scale, rotate, thresholds, bits, out, centroids, 
             if filled > 0:
                 row[k] = np.uint8(acc & np.uint64(0xFF))
 
+
 @njit(cache=True, nogil=True)
 def decode_rows(packed, bits, centroids, add, has_add, sign_scale, rotate, norms, out, r0, r1):
     dim = out.shape[1]
     work = sign_scale.size if rotate else dim
     mask = np.uint64((1 << bits) - 1)
     u = np.zeros((work, BLOCK), dtype=out.dtype)
+    groups = np.zeros(BLOCK, dtype=np.uint64)
     for start in range(r0, r1, BLOCK):
         width = min(BLOCK, r1 - start)
-        for b in range(width):
-            row = packed[start + b]
-            acc = np.uint64(0)
-            filled = 0
-            k = 0
-            for j in range(work):
-                while filled < bits:
-                    acc |= np.uint64(row[k]) << np.uint64(filled)
-                    filled += 8
-                    k += 1
-                u[j, b] = centroids[acc & mask]
-                acc >>= np.uint64(bits)
-                filled -= bits
-            if has_add:
+        if work % 8 == 0:  # the inverse of encode_rows' grouped packing, over the block's rows
+            for g in range(work // 8):
+                for b in range(width):
+                    groups[b] = 0
+                for q in range(bits):
+                    shift = np.uint64(8 * q)
+                    for b in range(width):
+                        groups[b] |= np.uint64(packed[start + b, g * bits + q]) << shift
+                for t in range(8):
+                    shift = np.uint64(t * bits)
+                    for b in range(width):
+                        u[8 * g + t, b] = centroids[(groups[b] >> shift) & mask]
+        else:
+            for b in range(width):
+                row = packed[start + b]
+                acc = np.uint64(0)
+                filled = 0
+                k = 0
+                for j in range(work):
+                    while filled < bits:
+                        acc |= np.uint64(row[k]) << np.uint64(filled)
+                        filled += 8
+                        k += 1
+                    u[j, b] = centroids[acc & mask]
+                    acc >>= np.uint64(bits)
+                    filled -= bits
+        if has_add:
+            for b in range(width):
                 for j in range(work):
                     u[j, b] = u[j, b] + add[start + b, j]
         if rotate:
