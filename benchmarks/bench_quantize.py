@@ -30,7 +30,54 @@ Correctness: for each d, the MSE of our dequantized K on a rotated non-QJL side 
 within 2% of the dense reference's (same codebook, different rotation), and on the unrotated
 side (KV.K) our codes must equal np.searchsorted's.
 
-Run ``python benchmarks/bench_quantize.py`` (about two minutes on 2 cores) or ``--quick``.
+Thread scaling: ``kernel="numba"`` (kvasym.kernels' fused row pass) is timed at 1 and 2 threads in
+the same interleaved rounds as the columns above, and ``numba 1/2 thr`` = ms at 1 thread / ms at 2
+threads (2.00x is perfect scaling over 2 threads; QJL sides encode and sketch in numpy, so only
+their decode is threaded).
+
+Peers, on the same data (the batch above, same seed) at the same budget n, timed interleaved with
+our rows in the same rounds; each peer row names the row of ours it is compared with. Errors are
+printed beside the times, because a fast wrong quantizer is no peer:
+
+    rel MSE:    mean over rows of ||x - x_hat||^2 / ||x||^2 (float64), the same as the correctness
+                check below;
+    IP rel err: for ``IP_QUERIES`` Gaussian queries q and the first ``IP_ROWS`` rows x,
+                sum (est - <q, x>)^2 / sum <q, x>^2, with est the peer's own inner-product
+                estimator when it has one, else <q, x_hat>; ours is <q, x_hat>;
+    IP gain:    sum est <q, x> / sum <q, x>^2, the slope of est on the truth (1 = no shrinkage; an
+                MSE-optimal quantizer has about 1 - rel MSE, an unbiased QJL estimator about 1).
+
+turbo-quant-lite (PyPI, numpy only; ``pip install 'kvasym[bench]'``), read from its 0.1.1 source
+(turbo_quant_lite/core.py). ``TurboQuant(dim, bits=n, seed=42)``, timed as
+``decode_batch(*encode_batch(x))`` against our RKV.K (n-bit rotated scalar, no QJL):
+  * it casts the input to float64 and works in float64 throughout; norms are kept in float64;
+  * rotation: a dense Haar-random d x d orthogonal matrix (QR of np.random.RandomState(seed)
+    Gaussians, signs fixed by diag(R)), applied as a float64 matmul both ways, O(d^2) per row
+    (ours: a randomized Walsh-Hadamard transform, O(d log d));
+  * codebook: hard-coded 1..4-bit Lloyd-Max centroids for the coordinate distribution at
+    d = 512 (its source says so), boundaries at the midpoints, used unchanged at every d. A rotated
+    unit vector's coordinates have standard deviation about 1/sqrt(d), so at d = 128 the grid is
+    too narrow (its largest 4-bit centroid, 0.121, is 1.4 standard deviations: the tails are
+    clipped) and at d = 1024 too wide (coarse steps); only d = 512 gets the right codebook (ours:
+    the Lloyd-Max codebook of the working dimension, every d);
+  * codes: encode_batch returns one uint8 per coordinate, not bit-packed (8 bits kept per n-bit
+    code); its ``pack()`` packs one vector at a time in Python (two 4-bit codes a byte, 3-bit codes
+    left one per byte) and is not timed here, while ours packs inside the timed round trip;
+  * inner products: ``similarity_batch(q, codes, norms) = norms * (centroids[codes] @ (R q))``,
+    equal to <q, x_hat> of its own reconstruction (an MSE quantizer, no QJL correction).
+PyTorch ports of TurboQuant, when torch and one of them import (both install the module
+``turboquant``; nothing here installs torch): ``turboquant`` (back2matching: TurboQuantMSE, a
+dense QR rotation, centroids the conditional means of 2^n equal-mass cells (not iterated to
+Lloyd-Max) with nearest-centroid encoding, against our RKV.K; TurboQuantIP,
+(n-1)-bit MSE + a dense Gaussian QJL sketch of the residual, against our QKQV.K; no inner-product
+estimator of its own) and ``turboquant-torch`` (TurboQuant(unbiased=False), randomized Hadamard
++ Lloyd-Max codebook (exact below d = 256, the Gaussian one scaled by 1/sqrt(d) above), against
+RKV.K; TurboQuant(unbiased=True), (n-1) bits + QJL of the unrotated residual, against QKQV.K;
+its ``compute_inner_product`` is used as the estimator). Each runs on CPU tensors made from the
+same float32 batch without a copy. A port that is missing or fails prints one line and is skipped.
+
+Run ``python benchmarks/bench_quantize.py`` (a few minutes on 2 cores: 5.6 min at load average 2.5-6.7) or
+``--quick`` (about 12 s).
 """
 
 from __future__ import annotations
@@ -40,6 +87,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -298,6 +346,184 @@ def our_stages(
 
 
 # --------------------------------------------------------------------------------------------
+# Peers: other implementations of TurboQuant, on the same data at the same budget.
+# --------------------------------------------------------------------------------------------
+
+PEER_SEED = 42
+IP_QUERIES = 32
+IP_ROWS = 4096
+IP_SEED = 7
+OURS_MSE_SIDE = ("RKV", "K")  # n-bit rotated scalar, no QJL: TurboQuant_mse
+OURS_QJL_SIDE = ("QKQV", "K")  # (n-1)-bit rotated scalar + QJL: TurboQuant_prod
+
+
+@dataclass
+class Peer:
+    """One peer quantizer, ready to run on a (rows, dim) float32 batch."""
+
+    name: str
+    ours: tuple[str, str]  # (scheme, side) of ours it is compared with
+    codes: str  # how its batch API keeps the codes
+    roundtrip: Callable[[np.ndarray], np.ndarray]
+    #: (rows x, queries q) -> (queries, rows) estimates of <q, x>; None: it has no estimator
+    ip: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+    ip_name: str = "<q, x_hat>"
+
+
+@dataclass
+class PeerRow:
+    dim: int
+    name: str
+    compares: str
+    codes: str
+    ms: float
+    ours_ms: float
+    mse: float
+    ours_mse: float
+    ip_name: str
+    ip_err: float
+    ip_gain: float
+
+
+def rel_mse(x64: np.ndarray, xhat: np.ndarray) -> float:
+    """Mean over rows of ||x - x_hat||^2 / ||x||^2."""
+    xhat = np.asarray(xhat, dtype=np.float64)
+    return float(np.mean(np.sum((x64 - xhat) ** 2, axis=1) / np.sum(x64 * x64, axis=1)))
+
+
+def ip_error(true: np.ndarray, est: np.ndarray) -> tuple[float, float]:
+    """(relative squared error, gain) of inner-product estimates against the truth."""
+    est = np.asarray(est, dtype=np.float64)
+    energy = float(np.sum(true * true))
+    return float(np.sum((est - true) ** 2)) / energy, float(np.sum(est * true)) / energy
+
+
+def turbo_quant_lite_peers(dim: int, budget: int) -> tuple[list[Peer], list[str]]:
+    """turbo-quant-lite's TurboQuant at ``budget`` bits, or a line saying why not."""
+    try:
+        from importlib.metadata import version
+
+        from turbo_quant_lite import TurboQuant
+    except ImportError as exc:
+        return [], [f"turbo-quant-lite: skipped, not installed ({exc}); pip install 'kvasym[bench]'"]
+    if not 1 <= budget <= 4:
+        return [], [f"turbo-quant-lite: skipped, it has codebooks for 1..4 bits only (budget n={budget})"]
+    tq = TurboQuant(dim, bits=budget, seed=PEER_SEED)
+
+    def roundtrip(x: np.ndarray) -> np.ndarray:
+        return tq.decode_batch(*tq.encode_batch(x))
+
+    def ip(x: np.ndarray, q: np.ndarray) -> np.ndarray:
+        codes, norms = tq.encode_batch(x)
+        return np.stack([tq.similarity_batch(row, codes, norms) for row in q])
+
+    name = f"turbo-quant-lite {version('turbo-quant-lite')} TurboQuant(bits={budget})"
+    return [Peer(name, OURS_MSE_SIDE, "uint8/code, f64 norm", roundtrip, ip, "similarity_batch")], []
+
+
+def torch_peers(dim: int, budget: int) -> tuple[list[Peer], list[str]]:
+    """The PyTorch ports of TurboQuant that import here (CPU), or one line saying why not."""
+    what = "PyTorch ports of TurboQuant (turboquant, turboquant-torch)"
+    try:
+        import torch
+    except ImportError as exc:
+        return [], [f"{what}: skipped, torch is not importable ({exc}); this benchmark does not install it"]
+    from importlib.metadata import packages_distributions, version
+
+    dists = packages_distributions().get("turboquant", [])
+    if not dists:
+        return [], [f"{what}: skipped, torch {torch.__version__} imports but neither port is installed"]
+    dist = dists[0]
+    label = f"{dist} {version(dist)}"
+    as_tensor = torch.from_numpy  # shares the float32 batch, no copy
+    peers: list[Peer] = []
+    try:
+        if dist == "turboquant":  # back2matching/turboquant
+            from turboquant.core import TurboQuantIP, TurboQuantMSE
+
+            mse = TurboQuantMSE(dim, bits=budget, device="cpu", seed=PEER_SEED)
+            peers.append(Peer(f"{label} TurboQuantMSE(bits={budget})", OURS_MSE_SIDE, "uint8/code, f32 norm",
+                              lambda x: mse.dequantize(*mse.quantize(as_tensor(x))).numpy()))
+            if budget >= 2:  # TurboQuantIP spends max(n - 1, 1) + 1 bits
+                prod = TurboQuantIP(dim, bits=budget, device="cpu", seed=PEER_SEED)
+                peers.append(Peer(f"{label} TurboQuantIP(bits={budget})", OURS_QJL_SIDE, "uint8/code+sign",
+                                  lambda x: prod.dequantize(*prod.quantize(as_tensor(x))).numpy()))
+        elif dist == "turboquant-torch":
+            from turboquant import TurboQuant
+
+            for unbiased, ours_side in ((False, OURS_MSE_SIDE), (True, OURS_QJL_SIDE)):
+                if unbiased and budget < 2:
+                    continue
+                tq = TurboQuant(dim, bit_width=budget, unbiased=unbiased, seed=0)
+
+                def roundtrip(x: np.ndarray, tq=tq) -> np.ndarray:
+                    return tq.dequantize(tq.quantize(as_tensor(x))).numpy()
+
+                def ip(x: np.ndarray, q: np.ndarray, tq=tq) -> np.ndarray:
+                    query = as_tensor(np.ascontiguousarray(q, dtype=np.float32))
+                    return tq.compute_inner_product(query, tq.quantize(as_tensor(x))).numpy()
+
+                peers.append(Peer(f"{label} TurboQuant(bit_width={budget}, unbiased={unbiased})", ours_side,
+                                  "int64/code(+uint8 sign)", roundtrip, ip, "compute_inner_product"))
+        else:
+            return [], [f"{what}: skipped, module turboquant comes from {label}, whose API this benchmark "
+                        "does not call"]
+    except Exception as exc:  # a port that fails to build must not stop the benchmark
+        return [], [f"{label}: skipped, construction failed ({type(exc).__name__}: {exc})"]
+    return peers, [f"{label}: torch {torch.__version__} on CPU, {torch.get_num_threads()} torch threads"]
+
+
+def measure_peers(x: np.ndarray, budget: int, repeats: int) -> tuple[list[PeerRow], list[str]]:
+    """Time the peers interleaved with our matching rows on ``x``; errors beside the times."""
+    dim = x.shape[1]
+    peers, notes = [], []
+    for make in (turbo_quant_lite_peers, torch_peers):
+        found, said = make(dim, budget)
+        peers += found
+        notes += said
+    x64 = x.astype(np.float64)
+    q = np.random.default_rng(IP_SEED).standard_normal((IP_QUERIES, dim))
+    head = np.ascontiguousarray(x[:IP_ROWS])
+    true = q @ x64[:IP_ROWS].T
+
+    # one run of each, outside the timing: the errors (a peer that fails here is skipped)
+    mine: dict[str, tuple[Callable, float, float, float]] = {}
+    sides = [OURS_MSE_SIDE] + ([OURS_QJL_SIDE] if any(p.ours == OURS_QJL_SIDE for p in peers) else [])
+    for scheme, side in sides:
+        spec = get_scheme(scheme).side(side)
+        for kernel in ("numpy", "numba"):
+            def fn(spec=spec, kernel=kernel):
+                return ours(x, spec, budget, kernel)
+
+            xhat = fn()
+            mine[f"ours {kernel} {scheme}.{side}"] = (fn, rel_mse(x64, xhat), *ip_error(true, q @ xhat[:IP_ROWS].T))
+    runs: list[tuple[Peer, float, float, float]] = []
+    for peer in peers:
+        try:
+            mse = rel_mse(x64, peer.roundtrip(x))
+            est = q @ np.asarray(peer.roundtrip(head), dtype=np.float64).T if peer.ip is None else peer.ip(head, q)
+            runs.append((peer, mse, *ip_error(true, est)))
+        except Exception as exc:
+            notes.append(f"{peer.name}: skipped, it failed on the batch ({type(exc).__name__}: {exc})")
+
+    fns = {name: fn for name, (fn, *_) in mine.items()}
+    fns.update({peer.name: (lambda peer=peer: peer.roundtrip(x)) for peer, *_ in runs})
+    ms = time_interleaved(fns, repeats)
+
+    out = []
+    for name, (_, mse, err, gain) in mine.items():
+        base = "ours numpy " + name.rsplit(" ", 1)[1]
+        compares = "(the base of the rows below)" if name == base else f"{base} (our other kernel)"
+        codes = "packed n bits, f32 norm" + (" + signs" if "QKQV" in name else "")
+        out.append(PeerRow(dim, name, compares, codes, ms[name], ms[base], mse, mine[base][1], "<q, x_hat>", err, gain))
+    for peer, mse, err, gain in runs:
+        base = f"ours numpy {peer.ours[0]}.{peer.ours[1]}"
+        out.append(PeerRow(dim, peer.name, base, peer.codes, ms[peer.name], ms[base], mse, mine[base][1],
+                           peer.ip_name, err, gain))
+    return out, notes
+
+
+# --------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -321,6 +547,11 @@ class Row:
     @property
     def numba_speedup(self) -> float:
         return self.ref_ms / self.numba_ms
+
+    @property
+    def numba_scaling(self) -> float:
+        """ms at 1 thread / ms at 2 threads of kernel='numba' (2.00 would be perfect)."""
+        return self.numba_ms / self.numba2_ms
 
     @property
     def copy_ratio(self) -> float:
@@ -421,6 +652,8 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Row] = []
     breakdowns: dict[tuple[int, tuple], tuple] = {}
     checks: list[tuple[str, bool]] = []
+    peer_rows: list[PeerRow] = []
+    peer_notes: list[str] = []
     for dim in args.dims:
         rows = max(coords // dim, 1)
         x = np.random.default_rng(DATA_SEED).standard_normal((rows, dim)).astype(np.float32)
@@ -453,11 +686,14 @@ def main(argv: list[str] | None = None) -> int:
                         breakdowns[key] = ([], stages, row.ours_ms, ref_stages, sub)
                     breakdowns[key][0].append(f"{name}.{side}")
         checks += correctness(x, budget)
+        found, notes = measure_peers(x, budget, repeats)
+        peer_rows += found
+        peer_notes += [n for n in notes if n not in peer_notes]
         del x
 
     # ---- main table
     headers = ["dim", "scheme", "side", "kind", "ms ours", "ours min..max", "ms copy", "ms dense ref", "ours/copy",
-               "speed-up vs ref", "ms numba", "numba 2 thr", "numba/copy", "numba vs ref"]
+               "speed-up vs ref", "ms numba", "numba 2 thr", "numba 1/2 thr", "numba/copy", "numba vs ref"]
     table = []
     for r in results:
         ref_note = "" if r.spec.rotate else " (no-rot ref)"
@@ -475,6 +711,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r.speedup:.2f}x{ref_note}",
                 f"{r.numba_ms:.1f}",
                 f"{r.numba2_ms:.1f}",
+                f"{r.numba_scaling:.2f}x",
                 f"{r.numba_copy_ratio:.1f}x",
                 f"{r.numba_speedup:.2f}x",
             ]
@@ -487,8 +724,46 @@ def main(argv: list[str] | None = None) -> int:
         "  ours/copy = ms ours / ms copy (lower is better); speed-up = ms ref / ms ours (higher is better).\n"
         "  +QJL sides: the reference runs the same QJLSketch encode/decode as ours (identical cost in both),\n"
         "  which bounds the speed-up those sides can show. '(no-rot ref)': scheme KV has no rotation, so its\n"
-        "  reference is norm + searchsorted + lookup + rescale (no dense matmul)."
+        "  reference is norm + searchsorted + lookup + rescale (no dense matmul).\n"
+        "  numba 1/2 thr = ms numba (1 thread) / numba 2 thr, same data, same interleaved rounds."
     )
+    print()
+
+    # ---- thread scaling
+    print(f"Thread scaling of kernel='numba': ms at 1 thread / ms at 2 threads, measured in the same rounds "
+          f"on the same batch\n(2.00x = perfect over 2 threads; {os.cpu_count()} CPUs, load average "
+          f"{load_average()})")
+    for dim in args.dims:
+        for label, group in (("non-QJL", [r for r in results if r.dim == dim and not r.spec.qjl]),
+                             ("QJL (sketch in numpy, decode threaded)", [r for r in results
+                                                                         if r.dim == dim and r.spec.qjl])):
+            if group:
+                ratios = [r.numba_scaling for r in group]
+                print(f"  d={dim:5d} {label} sides, numba 1 thread vs numba 2 threads: "
+                      + ", ".join(f"{r.scheme}.{r.side} {r.numba_scaling:.2f}x" for r in group)
+                      + f"  (median {np.median(ratios):.2f}x)")
+    print()
+
+    # ---- peers
+    print(f"Peers: other TurboQuant implementations on the same batch at the same budget n={budget}, timed in the "
+          "same\ninterleaved rounds as our rows (median ms of a quantize + dequantize round trip); errors beside "
+          f"the times\n(IP: {IP_QUERIES} Gaussian queries x the first {IP_ROWS} rows)")
+    for note in peer_notes:
+        print(f"  {note}")
+    if peer_rows:
+        peer_headers = ["dim", "quantizer", "compared with", "codes kept as", "ms", "ms / ours", "rel MSE",
+                        "MSE / ours", "IP estimator", "IP rel err", "IP gain"]
+        print(fmt_table(peer_headers, [
+            [str(p.dim), p.name, p.compares, p.codes, f"{p.ms:.1f}", f"{p.ms / p.ours_ms:.2f}x", f"{p.mse:.5f}",
+             f"{p.mse / p.ours_mse:.2f}x", p.ip_name, f"{p.ip_err:.5f}", f"{p.ip_gain:.4f}"]
+            for p in peer_rows
+        ]))
+        print("  ms / ours and MSE / ours: the row's value over that of the row of ours named in 'compared with' "
+              "(same d,\n  same batch, same n); above 1 the peer is slower, or less accurate.")
+        for p in peer_rows:
+            if not p.name.startswith("ours"):
+                print(f"  d={p.dim:5d} {p.name} vs {p.compares}: {p.ms / p.ours_ms:.2f}x our time, "
+                      f"{p.mse / p.ours_mse:.2f}x our relative MSE ({p.mse:.5f} vs {p.ours_mse:.5f})")
     print()
 
     # ---- stage breakdown
