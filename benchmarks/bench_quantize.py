@@ -13,8 +13,9 @@ against
            (kvasym.cache.row_norms, float32 stored norms), a random orthogonal Q (QR of a
            Gaussian d x d, float32 matmul), np.searchsorted on the same Lloyd-Max thresholds
            (cast to float32), centroid lookup, inverse rotation, rescale. Sides with a QJL
-           sketch run the very same kvasym.sketch.QJLSketch encode/decode in the reference, so
-           that cost is identical in both columns. Unrotated sides (scheme KV) get the same
+           sketch run the very same kvasym.sketch sketch (Gaussian QJLSketch, or HadamardSketch
+           on the QKQV-H rows) encode/decode in the reference, so that cost is identical in the
+           numpy columns; kernel='numba' runs the hadamard sketch compiled. Unrotated sides (scheme KV) get the same
            reference without the rotation (searchsorted + lookup only). The reference keeps
            codes unpacked (int64), i.e. it does no bit packing; ours packs.
 
@@ -22,7 +23,7 @@ Every timing is the median of ``--repeats`` runs (time.perf_counter) after one w
 ours, copy and ref are interleaved round by round so that machine drift hits all three alike.
 For the rotated sides, ours is also broken down by stage, each stage timed on its own by calling
 the module functions directly (check_matrix, row_norms, RandomizedHadamard.forward/inverse,
-ThresholdEncoder.encode, pack_codes/unpack_codes, QJLSketch.encode/decode); "other" is the
+ThresholdEncoder.encode, pack_codes/unpack_codes, the sketch's encode/decode); "other" is the
 end-to-end time minus the sum of the stages (object construction, codebook look-ups, cache
 effects between stages; it can be negative within timing noise).
 
@@ -32,8 +33,8 @@ side (KV.K) our codes must equal np.searchsorted's.
 
 Thread scaling: ``kernel="numba"`` (kvasym.kernels' fused row pass) is timed at 1 and 2 threads in
 the same interleaved rounds as the columns above, and ``numba 1/2 thr`` = ms at 1 thread / ms at 2
-threads (2.00x is perfect scaling over 2 threads; QJL sides encode and sketch in numpy, so only
-their decode is threaded).
+threads (2.00x is perfect scaling over 2 threads; on +QJL sides the Gaussian sketch is a BLAS
+product outside the threaded row pass; +QJL-H sides thread their hadamard sketch too).
 
 Peers, on the same data (the batch above, same seed) at the same budget n, timed interleaved with
 our rows in the same rounds; each peer row names the row of ours it is compared with. Errors are
@@ -131,10 +132,15 @@ from kvasym.codebook import lloyd_max_codebook  # noqa: E402
 from kvasym.packing import pack_codes, unpack_codes  # noqa: E402
 from kvasym.rotation import RandomizedHadamard  # noqa: E402
 from kvasym.scalar import ThresholdEncoder  # noqa: E402
-from kvasym.schemes import SIDES, SideSpec, get_scheme  # noqa: E402
-from kvasym.sketch import QJLSketch  # noqa: E402
+from kvasym.schemes import SIDES, SideSpec, get_scheme, scheme_from_dict  # noqa: E402
+from kvasym.sketch import residual_sketch  # noqa: E402
 
 SCHEMES = ("KV", "KQV", "QKQV", "RKV")
+#: QKQV with the orthogonal hadamard sketch on both sides (kvasym.sketch.HadamardSketch): the
+#: issue's "QJL sides with a hadamard sketch" rows.
+HADAMARD_SCHEME = scheme_from_dict("QKQV-H", {
+    side: {"rotate": True, "scalar_bits": "n-1", "qjl": True, "sketch": "hadamard"} for side in ("K", "V")})
+HADAMARD_COPY_TARGET = 12.0  # hadamard-sketch QJL sides, numba: <= 12x a plain copy
 ROTATION_SEED = 1
 QJL_SEED = 2
 REFERENCE_SEED = 12345
@@ -209,7 +215,7 @@ class DenseReference:
             book = lloyd_max_codebook(self.dim, self.bits)
             self.t32 = book.thresholds.astype(np.float32)
             self.c32 = book.centroids.astype(np.float32)
-        self.sketch = QJLSketch(self.dim, self.dim, QJL_SEED) if self.spec.qjl else None
+        self.sketch = residual_sketch(self.spec.sketch, self.dim, QJL_SEED) if self.spec.qjl else None
 
     def normalize(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         norms = row_norms(x).astype(np.float32)
@@ -314,7 +320,7 @@ def our_stages(
         yhat = np.zeros((rows, work), dtype=np.float32)
 
     if spec.qjl:
-        sketch = QJLSketch(work, work, QJL_SEED)
+        sketch = residual_sketch(spec.sketch, work, QJL_SEED)
 
         def qjl_encode():
             residual = y if codes is None else y - book.centroids.astype(np.float32)[codes]
@@ -564,11 +570,12 @@ class Row:
     @property
     def kind(self) -> str:
         bits = self.spec.scalar_bits_expr
-        return f"{'WHT' if self.spec.rotate else 'raw'} {bits}{'+QJL' if self.spec.qjl else ''}"
+        sketch = ("+QJL-H" if self.spec.sketch == "hadamard" else "+QJL") if self.spec.qjl else ""
+        return f"{'WHT' if self.spec.rotate else 'raw'} {bits}{sketch}"
 
 
 def spec_key(spec: SideSpec) -> tuple:
-    return (spec.rotate, spec.scalar_offset, spec.qjl)
+    return (spec.rotate, spec.scalar_offset, spec.qjl, spec.sketch)
 
 
 def correctness(x: np.ndarray, budget: int) -> list[tuple[str, bool]]:
@@ -649,6 +656,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
 
     schemes = {name: get_scheme(name) for name in SCHEMES}
+    schemes[HADAMARD_SCHEME.name] = HADAMARD_SCHEME
     results: list[Row] = []
     breakdowns: dict[tuple[int, tuple], tuple] = {}
     checks: list[tuple[str, bool]] = []
@@ -717,12 +725,13 @@ def main(argv: list[str] | None = None) -> int:
             ]
         )
     print("Round trip quantize + dequantize('float32'), median ms per batch ('ours': the numpy reference path;")
-    print("'numba': kernel='numba', kvasym.kernels' fused row pass, 1 and 2 threads; QJL sides run their sketch")
-    print(f"in numpy in both; one-off load of the compiled kernels in this process: {KERNEL_LOAD_S:.2f} s)")
+    print("'numba': kernel='numba', kvasym.kernels' fused row pass, 1 and 2 threads; +QJL sides run the Gaussian")
+    print("sketch as a BLAS product in both, +QJL-H sides the hadamard sketch compiled; one-off load of the")
+    print(f"compiled kernels in this process: {KERNEL_LOAD_S:.2f} s)")
     print(fmt_table(headers, table))
     print(
         "  ours/copy = ms ours / ms copy (lower is better); speed-up = ms ref / ms ours (higher is better).\n"
-        "  +QJL sides: the reference runs the same QJLSketch encode/decode as ours (identical cost in both),\n"
+        "  +QJL(-H) sides: the reference runs the same sketch encode/decode as ours (identical cost in both),\n"
         "  which bounds the speed-up those sides can show. '(no-rot ref)': scheme KV has no rotation, so its\n"
         "  reference is norm + searchsorted + lookup + rescale (no dense matmul).\n"
         "  numba 1/2 thr = ms numba (1 thread) / numba 2 thr, same data, same interleaved rounds."
@@ -735,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{load_average()})")
     for dim in args.dims:
         for label, group in (("non-QJL", [r for r in results if r.dim == dim and not r.spec.qjl]),
-                             ("QJL (sketch in numpy, decode threaded)", [r for r in results
+                             ("QJL", [r for r in results
                                                                          if r.dim == dim and r.spec.qjl])):
             if group:
                 ratios = [r.numba_scaling for r in group]
@@ -771,8 +780,9 @@ def main(argv: list[str] | None = None) -> int:
     stage_headers = ["dim", "kind", "applies to", *STAGES, "sum", "end-to-end", "other", "largest stage"]
     stage_rows = []
     for (dim, key), (names, stages, total, _, _) in breakdowns.items():
-        rotate, offset, qjl = key
-        kind = f"WHT n{'-' + str(offset) if offset else ''}{'+QJL' if qjl else ''}"
+        rotate, offset, qjl, sketch = key
+        added = ("+QJL-H" if sketch == "hadamard" else "+QJL") if qjl else ""
+        kind = f"WHT n{'-' + str(offset) if offset else ''}{added}"
         s = sum(stages.values())
         top = max(stages, key=stages.get)
         stage_rows.append(
@@ -845,7 +855,13 @@ def main(argv: list[str] | None = None) -> int:
         met = all(r.numba_speedup >= 5 for r in rotated)
         print(f"  [{'MET' if met else 'NOT MET'}] at least 5x faster than the dense reference at d = 128: "
               + ", ".join(f"{r.scheme}.{r.side} {r.numba_speedup:.2f}x" for r in rotated))
-    print("  [not measured here] QJL sides with a hadamard sketch (not built yet)")
+    for dim in args.dims:
+        group = [r for r in results if r.dim == dim and r.spec.qjl and r.spec.sketch == "hadamard"]
+        if group:
+            met = all(r.numba_copy_ratio <= HADAMARD_COPY_TARGET for r in group)
+            print(f"  [{'MET' if met else 'NOT MET'}] QJL sides with the hadamard sketch at most "
+                  f"{HADAMARD_COPY_TARGET:.0f}x a copy at d = {dim}: "
+                  + ", ".join(f"{r.scheme}.{r.side} {r.numba_copy_ratio:.1f}x" for r in group))
     print()
     print(f"load average at end: {load_average()}; total benchmark wall time {time.perf_counter() - wall:.1f} s")
     return 0
