@@ -152,7 +152,7 @@ def draw_all(t, colors=None):
         ("rank_sweep", fg.rank_sweep(t["summary"], RANK, ["t1.05", "t3"], budget=4, sharpness=1.0, colors=colors), 1),
         ("sharpness_sweep", fg.sharpness_sweep(t["summary"], dim=64, budget=4, distributions=FACETS,
                                                comparisons=t["comparisons"], colors=colors), 6),
-        ("theory_check", fg.theory_check(t["theory"], dim=64), 2),
+        ("theory_check", fg.theory_check(t["theory"], dim=64), 3),
         ("marginals", fg.marginals(make_samples()), 4),
         ("jensen_bias", fg.jensen_bias(t["per_key"], budget=4, sharpness=1.0, dim=64, distributions=FACETS,
                                        slopes=t["theory"], colors=colors), 4),  # 2 x 2, one panel off

@@ -732,13 +732,16 @@ def rank_sweep(
 THEORY_CHECKS = {
     "qjl_vs_residual": ("(n−1) bits + QJL\nvs (n−1)-bit residual", math.pi / 2, "π/2"),
     "qjl_vs_nbit": ("(n−1) bits + QJL\nvs n-bit scalar", 2 * math.pi, "2π"),
+    # the orthogonal sketch's analogue of 2 pi: (pi/2 - 1) D(n-1)/D(n) -> 4 (pi/2 - 1)
+    "hadamard_vs_nbit": ("(n−1) bits + hadamard sketch\nvs n-bit scalar", 4 * (math.pi / 2 - 1), "4(π/2−1)"),
 }
 
 
 @styled
 def theory_check(theory: pd.DataFrame, *, dim: int | None = None, distributions: Sequence[str] | None = None) -> Figure:
     """Measured QJL variance ratios (estimate and CI per distribution) against the budget,
-    the closed form as a black line, and its limits pi/2 and 2 pi as grey dashed lines."""
+    the closed form as a black line, and its limits pi/2 and 2 pi as grey dashed lines; the
+    third panel is the second ratio with the orthogonal hadamard sketch (limit 4 (pi/2 - 1))."""
     title = "QJL inner-product variance ratios"
     frame = (_select(theory, check=list(THEORY_CHECKS)) if theory is not None and "check" in theory.columns
              else pd.DataFrame())
@@ -748,7 +751,7 @@ def theory_check(theory: pd.DataFrame, *, dim: int | None = None, distributions:
     frame = _select(frame, distribution=dists) if dists else frame.iloc[0:0]
     if frame.empty:
         return nothing_to_show(title, f"no qjl_vs_residual / qjl_vs_nbit rows in the theory table for d = {dim}")
-    fig, axes = new_figure(1, 2, height=2.4)
+    fig, axes = new_figure(1, len(THEORY_CHECKS), height=2.4)
     budgets = sorted(frame["budget"].unique())
     width = 0.5
     offsets = {d: (k - (len(dists) - 1) / 2) * (width / max(len(dists), 1)) for k, d in enumerate(dists)}
@@ -786,7 +789,7 @@ def theory_check(theory: pd.DataFrame, *, dim: int | None = None, distributions:
                for k in range(len(dists))]
     handles.append(Line2D([], [], color="black", lw=1.0))
     handles.append(Line2D([], [], color="0.45", ls="--", lw=0.8))
-    labels = [*map(str, dists), "closed form", "limit (π/2, 2π)"]
+    labels = [*map(str, dists), "closed form", "limit (π/2, 2π, 4(π/2−1))"]
     _figure_legend(fig, handles, labels, ncol=3, loc="outside lower center")
     return fig
 

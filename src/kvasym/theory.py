@@ -55,10 +55,12 @@ __all__ = [
 
 
 #: The checks of the theory table (stage ``theory``), one row each per cell where they apply:
-#: the two QJL variance ratios against their closed forms, the KS test of the rotated marginal
+#: the two QJL variance ratios against their closed forms, the same two with the orthogonal
+#: hadamard sketch in place of QJL's Gaussian one (:mod:`kvasym.sketch`), the KS test of the rotated marginal
 #: against Beta, and the Jensen slope of KL excess on logit-error variance (absent without
 #: per-key rows, NaN where its points have no spread).
-THEORY_CHECKS: tuple[str, ...] = ("qjl_vs_residual", "qjl_vs_nbit", "ks_beta", "jensen_slope")
+THEORY_CHECKS: tuple[str, ...] = ("qjl_vs_residual", "qjl_vs_nbit", "hadamard_vs_residual", "hadamard_vs_nbit",
+                                   "ks_beta", "jensen_slope")
 
 
 def qjl_closed_forms(dim: int, budget: int, sketch: str = "gaussian") -> dict[str, float]:
@@ -135,6 +137,7 @@ def inner_product_errors(
     identity: Sequence[str | int],
     n_probes: int = 256,
     sketch: str = "gaussian",
+    hadamard: bool = False,
 ) -> dict[str, float]:
     """Mean squared inner-product errors of one trial's keys under the three K quantizers.
 
@@ -159,6 +162,9 @@ def inner_product_errors(
         Number of probe queries ``q ~ N(0, I_dim)`` (default 256).
     sketch : {"gaussian", "hadamard"}, optional
         The residual sketch of the QJL side (default ``"gaussian"``).
+    hadamard : bool, optional
+        Also measure the QJL side with the hadamard sketch (same rotation, scalar codes and
+        sketch seed) as ``ss_qjl_hadamard`` (default False).
 
     Returns
     -------
@@ -197,6 +203,8 @@ def inner_product_errors(
         "ss_residual": SideSpec(rotate=True, scalar_offset=1, qjl=False),
         "ss_nbit": SideSpec(rotate=True, scalar_offset=0, qjl=False),
     }
+    if hadamard:
+        variants["ss_qjl_hadamard"] = SideSpec(rotate=True, scalar_offset=1, qjl=True, sketch="hadamard")
     for name, spec in variants.items():
         if spec.scalar_bits(budget) == 0 and not spec.qjl:
             estimate = np.zeros_like(keys)  # no bits at all: the residual is the whole vector

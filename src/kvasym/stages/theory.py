@@ -1,9 +1,10 @@
 """Stage ``theory`` (rule ``theory``): theory checks of one (distribution, dim).
 
 Measured QJL inner-product error-variance ratios against their closed forms
-(:func:`kvasym.theory.qjl_closed_forms`), the KS test of rotated key coordinates against the
-Beta law, and the Jensen-bias slope of the attention-weight excess on the logit error variance
-from the per-key tables.
+(:func:`kvasym.theory.qjl_closed_forms`), for QJL's Gaussian sketch and for the orthogonal
+hadamard sketch (checks ``hadamard_vs_*``; same keys, probes, rotation and scalar codes), the
+KS test of rotated key coordinates against the Beta law, and the Jensen-bias slope of the
+attention-weight excess on the logit error variance from the per-key tables.
 """
 
 from __future__ import annotations
@@ -48,16 +49,18 @@ def run_theory(
         for budget in slice_["budgets"]:
             sums[budget].append(
                 inner_product_errors(data.keys, budget, base_seed=base, identity=identity,
-                                     n_probes=settings["n_probes"])
+                                     n_probes=settings["n_probes"], hadamard=True)
             )
         sample, work_dim = rotated_marginal_sample(data.keys, derived_seed(base, "rotation", *identity, "K"))
         marginal.append(sample)
     base_row = {"distribution": name, "kind": slice_["distribution"]["kind"], "dim": dim}
     for budget, per_trial in sums.items():
-        theory = qjl_closed_forms(dim, budget)
-        for check, num, den, key in (
-            ("qjl_vs_residual", "ss_qjl", "ss_residual", "vs_residual"),
-            ("qjl_vs_nbit", "ss_qjl", "ss_nbit", "vs_nbit"),
+        closed = {"gaussian": qjl_closed_forms(dim, budget), "hadamard": qjl_closed_forms(dim, budget, "hadamard")}
+        for check, num, den, sketch, key in (
+            ("qjl_vs_residual", "ss_qjl", "ss_residual", "gaussian", "vs_residual"),
+            ("qjl_vs_nbit", "ss_qjl", "ss_nbit", "gaussian", "vs_nbit"),
+            ("hadamard_vs_residual", "ss_qjl_hadamard", "ss_residual", "hadamard", "vs_residual"),
+            ("hadamard_vs_nbit", "ss_qjl_hadamard", "ss_nbit", "hadamard", "vs_nbit"),
         ):
             # ratio of mean squared errors, clusters = trials (sums over (probe, key) pairs)
             a = [np.array([t[num] / t["n"]]) for t in per_trial]
@@ -65,7 +68,8 @@ def run_theory(
             ci = stats.bootstrap_ratio_ci(a, b, statistic="mean", n_boot=settings["n_boot"], base_seed=base,
                                           identity=(name, dim, budget, check), paired=True)
             rows.append({**base_row, "check": check, "scheme": "", "budget": budget, "sharpness": np.nan,
-                         "estimate": ci["estimate"], "low": ci["low"], "high": ci["high"], "theory": theory[key],
+                         "estimate": ci["estimate"], "low": ci["low"], "high": ci["high"],
+                         "theory": closed[sketch][key],
                          "statistic": np.nan, "p": np.nan, "n": float(len(per_trial))})
     ks = ks_against_beta(np.concatenate(marginal), work_dim)
     rows.append({**base_row, "check": "ks_beta", "scheme": "", "budget": -1, "sharpness": np.nan,
