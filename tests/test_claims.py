@@ -40,6 +40,42 @@ def test_interval_verdicts(low, high, op, value, expected):
     assert verdict(m, {"op": op, "value": value})[0] == expected
 
 
+@pytest.mark.parametrize(
+    "low, high, expected",
+    [
+        (1.97, 2.10, HOLDS),  # inside 2.0 +- 5% = [1.90, 2.10]
+        (1.95, 2.11, INCONCLUSIVE),  # straddles the upper bound
+        (1.85, 1.95, INCONCLUSIVE),  # straddles the lower bound
+        (2.11, 2.30, FAILS),  # wholly above
+        (1.50, 1.89, FAILS),  # wholly below
+        (1.80, 2.20, INCONCLUSIVE),  # wider than the margin: equivalence cannot be shown
+    ],
+)
+def test_within_is_an_equivalence_test_against_the_closed_form(low, high, expected):
+    """{op: within, value: m}: the whole CI inside theta (1 +- m) holds (TOST), wholly outside
+    fails, otherwise inconclusive: a wide interval never 'matches' for lack of evidence."""
+    m = Measurement(estimate=(low + high) / 2, low=low, high=high, details={"theory": 2.0}, interval=True)
+    result, reason = verdict(m, {"op": "within", "value": 0.05})
+    assert result == expected
+    assert "closed form 2 +- 5% = [1.9, 2.1]" in reason
+
+
+def test_within_rejects_a_known_non_equivalent_pair_and_needs_a_closed_form():
+    """The Gaussian sketch's measured ratio (tiny grid, gaussian d = 64, n = 4: 5.80 [5.43, 6.35])
+    is not equivalent to the hadamard sketch's closed form (2.06), and the hadamard
+    measurement (2.01 [1.88, 2.12]) is not shown equivalent at a 5% margin by so wide an
+    interval; without a closed form nothing is decided; without an interval the estimate is."""
+    gaussian = Measurement(5.796, 5.435, 6.349, details={"theory": 2.0614}, interval=True)
+    assert verdict(gaussian, {"op": "within", "value": 0.05})[0] == FAILS
+    hadamard = Measurement(2.0066, 1.8756, 2.1201, details={"theory": 2.0614}, interval=True)
+    assert verdict(hadamard, {"op": "within", "value": 0.05})[0] == INCONCLUSIVE
+    assert verdict(hadamard, {"op": "within", "value": 0.10})[0] == HOLDS
+    no_theory = Measurement(2.0, 1.99, 2.01, details={"theory": math.nan}, interval=True)
+    assert verdict(no_theory, {"op": "within", "value": 0.05})[0] == INCONCLUSIVE
+    assert verdict(Measurement(2.04, details={"theory": 2.0}), {"op": "within", "value": 0.05})[0] == HOLDS
+    assert verdict(Measurement(2.2, details={"theory": 2.0}), {"op": "within", "value": 0.05})[0] == FAILS
+
+
 def test_p_value_requirement_can_fail_a_claim():
     m = Measurement(estimate=2.0, low=1.5, high=2.5, log10_p=-20.0)
     assert verdict(m, {"op": ">", "value": 1.0, "max_log10_p": -23})[0] == FAILS
@@ -128,6 +164,11 @@ def test_unknown_statistic_is_an_error(tmp_path):
         ("{id: C1, statement: s, statistic: kl_ratio}", "holds_if"),
         ("{id: C1, statement: s, statistic: kl_ratio, holds_if: {op: '~', value: 1}}", "holds_if"),
         ("{id: C1, statement: s, statistic: kl_ratio, holds_if: {op: '>'}}", "holds_if"),
+        ("{id: C1, statement: s, statistic: kl_ratio, holds_if: {op: within, value: 0.05}}",
+         "only statistic 'theory' has"),
+        ("{id: C1, statement: s, statistic: theory, holds_if: {op: within, value: 1.5}}", "margin value in \\(0, 1\\)"),
+        ("{id: C1, statement: s, statistic: theory, holds_if: {op: within, value: 0.05, max_log10_p: -3}}",
+         "no max_log10_p"),
     ],
 )
 def test_malformed_rules_are_errors(tmp_path, entry, message):

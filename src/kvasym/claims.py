@@ -12,9 +12,21 @@ the paper's number (``paper_value``, optional), which registered ``statistic`` d
   cell, *does not hold* if ``b`` is significantly better in at least one, *inconclusive*
   otherwise.
 - ``max_log10_p: y`` (optional, with an inequality): the claim also needs ``log10 p <= y``.
+- ``{op: within, value: m}`` on a ``theory`` row (a measured ratio with its closed form
+  ``theta``): an equivalence test, *holds* if the whole interval lies inside the declared margin
+  ``[theta (1 - m), theta (1 + m)]``, *does not hold* if it lies wholly outside, *inconclusive*
+  if it straddles a bound. With a 95% interval this is two one-sided tests (TOST) at 2.5% each
+  (Schuirmann 1987), so "matches the closed form" is shown, not assumed from a failure to
+  reject; no difference-test p is printed for it.
 
 A claim whose cells are not in the grid is *not evaluated* (with the reason); a claim naming a
 statistic that does not exist, or a malformed rule, is an error: the stage fails.
+
+References
+----------
+.. [1] Schuirmann, D. J. (1987) "A comparison of the two one-sided tests procedure and the power
+   approach for assessing the equivalence of average bioavailability", J. Pharmacokinet.
+   Biopharm. 15(6):657-680.
 """
 
 from __future__ import annotations
@@ -261,7 +273,7 @@ def verdict(m: Measurement, rule: Mapping[str, Any]) -> tuple[str, str]:
         if b > 0:
             return FAILS, f"significantly worse in {b} of {n} cells"
         return INCONCLUSIVE, f"significantly better in {a} of {n} cells, never significantly worse"
-    compare = OPS[op]
+    compare = OPS.get(op)
     value = float(rule["value"])
     has_ci = not (math.isnan(m.low) or math.isnan(m.high))
     if m.interval and math.isnan(m.estimate):
@@ -274,6 +286,8 @@ def verdict(m: Measurement, rule: Mapping[str, Any]) -> tuple[str, str]:
         return INCONCLUSIVE, (f"zero-width interval [{m.low:.4g}, {m.high:.4g}] (every bootstrap replicate equal, "
                               f"e.g. one trial: n = {m.details.get('n_trials', m.details.get('n', '?'))}): it cannot "
                               "decide")
+    if op == "within":
+        return _within_closed_form(m, value, has_ci)
     if has_ci:
         inside = compare(m.low, value) and compare(m.high, value)
         outside = not compare(m.low, value) and not compare(m.high, value)
@@ -290,6 +304,26 @@ def verdict(m: Measurement, rule: Mapping[str, Any]) -> tuple[str, str]:
         else:
             reason += f"; log10 p = {m.log10_p:.1f} <= {limit:g}"
     return result, reason
+
+
+def _within_closed_form(m: Measurement, margin: float, has_ci: bool) -> tuple[str, str]:
+    """The ``within`` rule: the interval (or, without one, the estimate) against the closed form
+    ``theta`` (``m.details["theory"]``) plus or minus ``margin`` of it."""
+    theta = float(m.details.get("theory", math.nan))
+    if not math.isfinite(theta) or theta == 0:
+        return INCONCLUSIVE, "no closed form to compare with (the theory column is empty or 0)"
+    low_bound, high_bound = sorted((theta * (1 - margin), theta * (1 + margin)))
+    band = f"closed form {theta:.4g} +- {100 * margin:g}% = [{low_bound:.4g}, {high_bound:.4g}]"
+    if not has_ci:
+        inside = low_bound <= m.estimate <= high_bound
+        return (HOLDS if inside else FAILS), f"estimate {m.estimate:.4g} vs {band}"
+    if low_bound <= m.low and m.high <= high_bound:
+        result = HOLDS
+    elif m.high < low_bound or m.low > high_bound:
+        result = FAILS
+    else:
+        result = INCONCLUSIVE
+    return result, f"CI [{m.low:.4g}, {m.high:.4g}] vs {band}"
 
 
 FILE_KEYS = {"defaults", "claims"}
@@ -377,9 +411,17 @@ def load_claims(path: str | os.PathLike, headline: Mapping[str, Any] | None = No
             raise KvasymError(f"{where} ({cid}): statistic {claim['statistic']!r} does not exist; "
                               f"known: {', '.join(sorted(STATISTICS))}")
         rule = claim["holds_if"]
-        if (not isinstance(rule, Mapping) or rule.get("op") not in (*OPS, "all")
+        if (not isinstance(rule, Mapping) or rule.get("op") not in (*OPS, "all", "within")
                 or (rule["op"] != "all" and "value" not in rule)):
-            raise KvasymError(f"{where} ({cid}): holds_if must be {{op: >=|>|<=|<, value: x}} or {{op: all}}")
+            raise KvasymError(f"{where} ({cid}): holds_if must be {{op: >=|>|<=|<, value: x}}, "
+                              "{op: within, value: margin} or {op: all}")
+        if rule["op"] == "within":
+            if claim["statistic"] != "theory":
+                raise KvasymError(f"{where} ({cid}): holds_if op 'within' compares with a closed form, which only "
+                                  f"statistic 'theory' has (this claim uses {claim['statistic']!r})")
+            if not (_number(rule["value"]) and 0 < float(rule["value"]) < 1) or "max_log10_p" in rule:
+                raise KvasymError(f"{where} ({cid}): holds_if {{op: within}} needs a relative margin value in (0, 1) "
+                                  f"and no max_log10_p, got {dict(rule)!r}")
         extra = sorted(set(rule) - RULE_KEYS)
         if extra:
             raise KvasymError(f"{where} ({cid}): unknown key(s) {extra} in holds_if; allowed: {sorted(RULE_KEYS)}")

@@ -20,7 +20,7 @@ __all__ = ["CLAIM_FIELDS", "claim_macro", "claim_macro_definition", "render_html
            "render_markdown"]
 
 #: The fields of every evaluated claim that ``claims.tex`` defines (``\claim{<id>}{<field>}``).
-CLAIM_FIELDS = ("Estimate", "Low", "High", "LogP", "Verdict", "Paper")
+CLAIM_FIELDS = ("Estimate", "Low", "High", "LogP", "Verdict", "Paper", "Theory")
 _VERDICT_COLORS = {"holds": "#1b7837", "does not hold": "#b2182b", "inconclusive": "#8c6d1f"}
 
 
@@ -121,6 +121,8 @@ def render_latex(results: Sequence[Mapping[str, Any]]) -> str:
             "LogP": escape_latex(_log10_p_text(r.get("log10_p"))),
             "Verdict": escape_latex(str(r["verdict"])),
             "Paper": escape_latex(str(paper)) if paper else _number_macro(r.get("paper_value")),
+            # the closed form beside a measured theory ratio (n/a for other statistics)
+            "Theory": _number_macro((r.get("details") or {}).get("theory")),
         }
         lines += [claim_macro_definition(str(r["id"]), name, value) for name, value in values.items()]
     return "\n".join(lines) + "\n"

@@ -50,6 +50,12 @@ FORMULAS: dict[str, str] = {
     "QJLRatioResidual": r"\pi/2 - 1/d",
     "QJLRatioNbit": r"(\pi/2 - 1/d)\,D(n-1)/D(n)",
     "CodebookRatioLimit": r"D(n-1)/D(n) \to 4",
+    # the orthogonal (hadamard) sketch of kvasym.sketch: error energies and the ratio of claim C1h
+    "QJLEnergy": r"(\pi/2 - 1/d)\,\lVert r\rVert^{2}",
+    "HadamardEnergy": r"(\pi/2 - 1 + O(1/d))\,\lVert r\rVert^{2}",
+    "HadamardRatioNbit": r"(\pi/2 - 1 + O(1/d))\,D(n-1)/D(n)",
+    "HadamardRatioLimit": r"4(\pi/2 - 1)",
+    "OneBit": rf"{QJL_BITS}",
     "LogitDef": r"\ell = s\, q K^{\top}/\sqrt{d}",
     "SNRDef": r"\mathrm{SNR} = \lVert x\rVert^{2}/\lVert x-\hat x\rVert^{2}",
     "ShannonBits": r"\tfrac{1}{2}\log_{2}\mathrm{SNR}",
@@ -117,7 +123,8 @@ def _camel(key: str) -> str:
     )
 
 
-_OPS = {">=": r"$\geq$", ">": "$>$", "<=": r"$\leq$", "<": "$<$", "all": "all cells"}
+_OPS = {">=": r"$\geq$", ">": "$>$", "<=": r"$\leq$", "<": "$<$", "all": "all cells",
+        "within": r"within $\pm$"}
 
 
 def numbers_macros(slice_: Mapping[str, Any]) -> dict[str, str]:
@@ -202,7 +209,9 @@ def numbers_macros(slice_: Mapping[str, Any]) -> dict[str, str]:
             "Id": escape_latex(cid),
             "Statement": escape_latex(claim.get("statement", "")),
             "Op": _OPS.get(str(rule.get("op")), escape_latex(str(rule.get("op")))),
-            "Threshold": plain(rule["value"]) if "value" in rule else "n/a",
+            # a 'within' margin is relative: 0.05 reads "within +-5\%" (of the closed form)
+            "Threshold": ("n/a" if "value" not in rule else f"{plain(100 * float(rule['value']))}\\%"
+                          if rule.get("op") == "within" else plain(rule["value"])),
             "MaxLogP": plain(rule["max_log10_p"]) if "max_log10_p" in rule else "n/a",
             "MaxP": f"10^{{{plain(rule['max_log10_p'])}}}" if "max_log10_p" in rule else r"\textnormal{n/a}",
         }
