@@ -137,6 +137,7 @@ def test_real_metrics_table_feeds_the_stats_stage(tmp_path):
     assert trial_map[-1] == {"trial": 2 * len(LAYERS) * HKV - 1, "text": "b", "layer": 3, "kv_head": 1}
     assert frame["k_bits_payload"].eq(4).all()  # d = 8 is a power of two: the payload is the budget
     stats_slice = {"distribution": "smollm2", "dim": D, "schemes": ["KQV", "QKQV"], "base_seed": 3,
+                   "scheme_specs": {name: get_scheme(name).to_dict() for name in ("KQV", "QKQV")},
                    "stats": {"n_boot": 50, "n_permutations": 10, "energy_max_n": 64}}
     outs = {k: tmp_path / f"{k}.parquet" for k in ("comparisons", "summary", "trials")}
     run_stats(stats_slice, files, outs["comparisons"], outs["summary"], outs["trials"])

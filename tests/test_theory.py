@@ -26,6 +26,7 @@ from scipy import integrate, stats
 
 from kvasym.codebook import TOLERANCE, lloyd_max_codebook
 from kvasym.errors import KvasymError
+from kvasym.schemes import SideSpec
 from kvasym.seeds import rng
 from kvasym.theory import (
     inner_product_errors,
@@ -351,6 +352,36 @@ def test_hadamard_sketch_closed_forms_and_their_measurement(dim: int) -> None:
     assert total["ss_qjl"] / total["ss_nbit"] < 0.5 * gaussian_forms["vs_nbit"]
     with pytest.raises(KvasymError, match="sketch must be one of gaussian, hadamard"):
         qjl_closed_forms(dim, budget, sketch="haar")
+
+
+def test_predicted_kl_ratio_is_the_ratio_of_key_error_energies() -> None:
+    """QKQV over KQV is qjl_closed_forms' vs_nbit (4.86, 5.34, 5.70 at d = 128, n = 2, 3, 4, the
+    values issue 14 derives); KQV and RKV share their key side (1); unrotated keys have no closed
+    form (NaN); the hadamard sketch's energy is c_w D(n-1). Against a measurement: the key error
+    energies of pipeline-quantized isotropic keys reproduce the prediction to 2%."""
+    from kvasym.schemes import get_scheme
+    from kvasym.sketch import hadamard_error_energy
+    from kvasym.theory import key_error_energy, predicted_kl_ratio
+
+    qkqv, kqv, rkv, kv = (get_scheme(n).K for n in ("QKQV", "KQV", "RKV", "KV"))
+    got = [predicted_kl_ratio(qkqv, kqv, n, 128) for n in (2, 3, 4)]
+    assert got == pytest.approx([qjl_closed_forms(128, n)["vs_nbit"] for n in (2, 3, 4)], rel=1e-14)
+    assert [round(v, 2) for v in got] == [4.86, 5.34, 5.70]
+    assert predicted_kl_ratio(rkv, kqv, 4, 128) == 1.0
+    assert math.isnan(predicted_kl_ratio(kv, kqv, 4, 128)) and math.isnan(key_error_energy(kv, 4, 128))
+    hadamard = SideSpec(rotate=True, scalar_offset=1, qjl=True, sketch="hadamard")
+    assert key_error_energy(hadamard, 4, 100) == pytest.approx(
+        hadamard_error_energy(128) * lloyd_max_codebook(128, 3).mse_per_vector, rel=1e-14)
+    assert key_error_energy(SideSpec(rotate=True, scalar_offset=1, qjl=True), 1, 64) == HALF_PI - 1 / 64
+    # measured: relative key error energy of quantized isotropic keys, KQV.K and QKQV.K
+    from kvasym.cache import quantize
+
+    keys = np.random.default_rng(3).standard_normal((4096, 128))
+    energy = {}
+    for name, spec in (("qkqv", qkqv), ("kqv", kqv)):
+        k_hat = quantize(keys, spec, 4, rotation_seed=5, qjl_seed=6).dequantize()
+        energy[name] = float(np.mean(np.sum((k_hat - keys) ** 2, 1) / np.sum(keys**2, 1)))
+    assert energy["qkqv"] / energy["kqv"] == pytest.approx(got[2], rel=0.02)
 
 
 # ------------------------------------------------------------- rotated_marginal_sample

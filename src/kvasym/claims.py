@@ -91,13 +91,18 @@ def _pair_cell(where: Mapping[str, Any]) -> dict[str, Any]:
 def stat_kl_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
     """Ratio of KL (``which``: mean or p99) of scheme ``a`` over scheme ``b`` in one cell, with
     the paired cluster-bootstrap CI (oriented by :func:`kvasym.cells.pair_ratio`); p from the
-    per-query Mann-Whitney test (as the paper), with the per-trial Wilcoxon p and the
-    rank-biserial correlation (of ``a`` against ``b``) in the details."""
+    per-query Mann-Whitney test (as the paper), with the per-trial Wilcoxon p, the
+    rank-biserial correlation (of ``a`` against ``b``) and the second-order prediction
+    (``theory``: the ratio of the key sides' closed-form error energies) in the details."""
     which = where.get("which", "mean")
     _known(which, ("mean", "p99"), "which")
     ratio = pair_ratio(t.comparisons, where["a"], where["b"], which=which, **_pair_cell(where))
     row = ratio["row"]
     sign = -1.0 if ratio["swapped"] else 1.0
+    # the second-order prediction (kvasym.theory.predicted_kl_ratio), oriented as the estimate
+    theory = float(row["ratio_theory"]) if "ratio_theory" in row.index else math.nan
+    if ratio["swapped"]:
+        theory = math.nan if not math.isfinite(theory) or theory == 0 else 1.0 / theory
     return Measurement(
         ratio["estimate"], ratio["low"], ratio["high"], float(row["q_log10_p"]),
         {
@@ -106,6 +111,7 @@ def stat_kl_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
             "per_trial_rank_biserial": sign * float(row["t_wilcoxon_rank_biserial"]),
             "n_queries": int(row["n_a"]),
             "n_trials": int(row["n_trials"]),
+            "theory": theory,
         },
         interval=True,
     )

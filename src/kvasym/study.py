@@ -123,6 +123,8 @@ class Study:
             "distribution": distribution,
             "dim": int(dim),
             "schemes": list(self.schemes),
+            # the specs too: the KL ratio's second-order prediction depends on the key sides
+            "scheme_specs": {name: scheme.to_dict() for name, scheme in self.schemes.items()},
             "base_seed": self.base_seed,
             "stats": dict(self.stats),
         }

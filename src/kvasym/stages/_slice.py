@@ -20,7 +20,7 @@ SLICE_KEYS: dict[str, set[str]] = {
     "data": _DATA_KEYS,
     "quantize": _DATA_KEYS | {"scheme", "budget", "norm_dtype"},
     "metrics": _DATA_KEYS | {"scheme", "budget", "norm_dtype", "sharpness", "per_key_trials"},
-    "stats": {"distribution", "dim", "schemes", "base_seed", "stats"},
+    "stats": {"distribution", "dim", "schemes", "scheme_specs", "base_seed", "stats"},
     "theory": _DATA_KEYS | {"budgets", "theory"},
     "real_metrics": {"distribution", "scheme", "budget", "sharpness", "base_seed", "norm_dtype"},
     "file_metrics": {"distribution", "dim", "scheme", "budget", "sharpness", "n_queries", "base_seed", "norm_dtype"},

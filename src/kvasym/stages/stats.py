@@ -3,8 +3,10 @@
 For every budget, sharpness and pair of schemes (in config order, ``a`` before ``b``), the tests
 of :func:`kvasym.stats.compare` on each metric, per query and per trial; paired
 cluster-bootstrap CIs of the ratio of mean and of p99 KL (stored as ``a / b``: read them
-oriented with :func:`kvasym.cells.pair_ratio`); the energy distance between the
-six-dimensional error clouds; per-cell summaries and per-trial means.
+oriented with :func:`kvasym.cells.pair_ratio`) beside its second-order prediction from the key
+sides' closed-form error energies (``ratio_theory``, :func:`kvasym.theory.predicted_kl_ratio`);
+the energy distance between the six-dimensional error clouds; per-cell summaries and per-trial
+means.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from .. import stats
 from ..cells import parse_cells, read_cell_tables
 from ..dataset import provenance, write_frame_atomic
 from ..errors import KvasymError
+from ..schemes import scheme_from_dict
+from ..theory import predicted_kl_ratio
 from ._slice import add_slice_arguments, stage_slice
 
 #: Metrics compared between schemes. The K and V ones are per-trial aggregates repeated on each
@@ -60,6 +64,7 @@ def run_stats(
     missing = set(schemes) - set(frame["scheme"].unique())
     if missing:
         raise KvasymError(f"metrics of scheme(s) {sorted(missing)} are missing from the stats inputs")
+    specs = {name: scheme_from_dict(name, slice_["scheme_specs"][name]) for name in schemes}
     rows: list[dict[str, Any]] = []
     summaries: list[dict[str, Any]] = []
     for (budget, sharpness), group in frame.groupby(["budget", "sharpness"], sort=True):
@@ -94,6 +99,8 @@ def run_stats(
                         )
                         row.update({f"ratio_{label}": ci["estimate"], f"ratio_{label}_low": ci["low"],
                                     f"ratio_{label}_high": ci["high"]})
+                    # what the key sides' closed-form error energies predict (NaN if unrotated)
+                    row["ratio_theory"] = predicted_kl_ratio(specs[a].K, specs[b].K, int(budget), int(slice_["dim"]))
                 rows.append(row)
             energy = stats.energy_distance(
                 ga[list(ERROR_6D)].to_numpy(), gb[list(ERROR_6D)].to_numpy(),
