@@ -118,6 +118,54 @@ def _tiny_data(tmp_path: Path):
     return study, slice_, manifest
 
 
+def test_the_data_stage_stores_the_trials_its_consumers_read_and_check(tmp_path, capsys):
+    """Issue 19, item 3: the trials of a (distribution, dim) are drawn once, by the data stage,
+    and read by its 24 quantize and metrics jobs instead of drawn again by each; every trial read
+    is checked against the manifest's digest. A damaged trials file (edited, truncated, of another
+    shape) is a DamagedFile, which the stage moves aside so that the data rule rebuilds it."""
+    import numpy as np
+
+    from kvasym.errors import DamagedFile, KvasymError
+    from kvasym.manifest import load_manifest, regenerate_trial, stored_trials, trials_path
+    from kvasym.study import canonical_json
+
+    study, slice_, manifest = _tiny_data(tmp_path)
+    trials = trials_path(manifest)
+    assert trials == manifest.with_name("d64.trials.npy") and trials.is_file()
+    digests = load_manifest(manifest, slice_)
+    read = stored_trials(slice_, trials, digests)
+    for trial in range(2):
+        stored, drawn = read(trial), regenerate_trial(slice_, trial)
+        for part in ("keys", "values", "queries"):
+            assert np.array_equal(getattr(stored, part), getattr(drawn, part))
+            assert getattr(stored, part).flags.writeable  # a fresh array, not a view of the file
+    raw = trials.read_bytes()
+    flipped = bytearray(raw)
+    flipped[-1] ^= 1  # the last query of the last trial
+    trials.write_bytes(bytes(flipped))
+    read = stored_trials(slice_, trials, digests)
+    read(0)
+    with pytest.raises(DamagedFile, match=r"stored trial 1 of gaussian d=64 differs from its manifest digest"):
+        read(1)
+    trials.write_bytes(raw[:-8])
+    with pytest.raises(DamagedFile, match="unreadable stored trials"):
+        stored_trials(slice_, trials, digests)
+    trials.write_bytes(raw)
+    with pytest.raises(DamagedFile, match=r"not float64 \(2, 69, 64\)"):
+        stored_trials({**slice_, "n_queries": 5}, trials, digests)
+    # what the rule runs: exit 2, one line, the trials moved aside and the manifest left alone
+    trials.write_bytes(bytes(flipped))
+    code = main(["stage", "quantize", "--slice", canonical_json(study.cell_slice("gaussian", 64, "KQV", 4)),
+                 "--data", str(manifest), "--trials", str(trials), "--out", str(tmp_path / "p.npz")])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and "differs from its manifest digest" in last and "Traceback" not in last, last
+    assert last.endswith("moved aside to .d64.trials.npy.damaged; rerun and the rule that writes it rebuilds it")
+    assert not trials.exists() and trials.with_name(".d64.trials.npy.damaged").is_file() and manifest.is_file()
+    assert not (tmp_path / "p.npz").exists()
+    with pytest.raises(KvasymError, match="no such stored trials file"):
+        stored_trials(slice_, trials, digests)
+
+
 def test_quantize_and_metrics_jobs_import_only_what_they_use(tmp_path):
     """Issue 19, item 3: a quantize or metrics job imported pandas (pyarrow's ``pa.array``
     imports it on every call), jsonschema and the config schema (``kvasym.study``, for a JSON
