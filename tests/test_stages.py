@@ -101,3 +101,120 @@ def test_a_stage_reruns_when_the_code_it_runs_changes_and_only_then():
     digests = {name: stage_code_digest(name) for name in STAGES}
     assert len(set(digests.values())) == len(digests)  # each stage runs its own code
     assert all(len(d) == 64 for d in digests.values())
+
+
+def _tiny_data(tmp_path: Path):
+    """The tiny config with two short trials, and the data stage's outputs of gaussian d = 64."""
+    import yaml
+
+    from kvasym.stages.data import run_data
+    from kvasym.study import load_study
+
+    tiny = yaml.safe_load((ROOT / "config/test.yaml").read_text())
+    study = load_study({**tiny, "trials": 2, "seq_len": 32, "n_queries": 4})
+    slice_ = study.data_slice("gaussian", 64)
+    manifest = tmp_path / "data" / "gaussian" / "d64.json"
+    run_data(slice_, manifest)
+    return study, slice_, manifest
+
+
+def test_the_data_stage_stores_the_trials_its_consumers_read_and_check(tmp_path, capsys):
+    """Issue 19, item 3: the trials of a (distribution, dim) are drawn once, by the data stage,
+    and read by its 24 quantize and metrics jobs instead of drawn again by each; every trial read
+    is checked against the manifest's digest. A damaged trials file (edited, truncated, of another
+    shape) is a DamagedFile, which the stage moves aside so that the data rule rebuilds it."""
+    import numpy as np
+
+    from kvasym.errors import DamagedFile, KvasymError
+    from kvasym.manifest import load_manifest, regenerate_trial, stored_trials, trials_path
+    from kvasym.study import canonical_json
+
+    study, slice_, manifest = _tiny_data(tmp_path)
+    trials = trials_path(manifest)
+    assert trials == manifest.with_name("d64.trials.npy") and trials.is_file()
+    digests = load_manifest(manifest, slice_)
+    read = stored_trials(slice_, trials, digests)
+    for trial in range(2):
+        stored, drawn = read(trial), regenerate_trial(slice_, trial)
+        for part in ("keys", "values", "queries"):
+            assert np.array_equal(getattr(stored, part), getattr(drawn, part))
+            assert getattr(stored, part).flags.writeable  # a fresh array, not a view of the file
+    raw = trials.read_bytes()
+    flipped = bytearray(raw)
+    flipped[-1] ^= 1  # the last query of the last trial
+    trials.write_bytes(bytes(flipped))
+    read = stored_trials(slice_, trials, digests)
+    read(0)
+    with pytest.raises(DamagedFile, match=r"stored trial 1 of gaussian d=64 differs from its manifest digest"):
+        read(1)
+    trials.write_bytes(raw[:-8])
+    with pytest.raises(DamagedFile, match="unreadable stored trials"):
+        stored_trials(slice_, trials, digests)
+    trials.write_bytes(raw)
+    with pytest.raises(DamagedFile, match=r"not float64 \(2, 69, 64\)"):
+        stored_trials({**slice_, "n_queries": 5}, trials, digests)
+    # what the rule runs: exit 2, one line, the trials moved aside and the manifest left alone
+    trials.write_bytes(bytes(flipped))
+    code = main(["stage", "quantize", "--slice", canonical_json(study.cell_slice("gaussian", 64, "KQV", 4)),
+                 "--data", str(manifest), "--trials", str(trials), "--out", str(tmp_path / "p.npz")])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and "differs from its manifest digest" in last and "Traceback" not in last, last
+    assert last.endswith("moved aside to .d64.trials.npy.damaged; rerun and the rule that writes it rebuilds it")
+    assert not trials.exists() and trials.with_name(".d64.trials.npy.damaged").is_file() and manifest.is_file()
+    assert not (tmp_path / "p.npz").exists()
+    with pytest.raises(KvasymError, match="no such stored trials file"):
+        stored_trials(slice_, trials, digests)
+
+
+def test_quantize_and_metrics_jobs_import_only_what_they_use(tmp_path):
+    """Issue 19, item 3: a quantize or metrics job imported pandas (pyarrow's ``pa.array``
+    imports it on every call), jsonschema and the config schema (``kvasym.study``, for a JSON
+    ``--slice``) and the capture command's module: about a third of a d = 128 job. They are now
+    imported only where used, and the tables are built from column buffers (the same bytes)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from kvasym.study import canonical_json
+
+    study, _, manifest = _tiny_data(tmp_path)
+    script = ("import sys\nfrom kvasym.cli import main\ncode = main(sys.argv[1:])\n"
+              "heavy = ('pandas', 'scipy', 'matplotlib', 'seaborn', 'jsonschema', 'kvasym.study', "
+              "'kvasym.real.capture')\nprint(code, sorted(m for m in heavy if m in sys.modules))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH"))
+                                                      if p)}
+    packed = tmp_path / "p.npz"
+    jobs = {
+        "quantize": ["--slice", canonical_json(study.cell_slice("gaussian", 64, "KQV", 4)), "--data", str(manifest),
+                     "--out", str(packed)],
+        "metrics": ["--slice", canonical_json(study.metrics_slice("gaussian", 64, "KQV", 4)), "--data", str(manifest),
+                    "--packed", str(packed), "--per-query", str(tmp_path / "pq.parquet"),
+                    "--per-key", str(tmp_path / "pk.parquet")],
+    }
+    for stage, flags in jobs.items():
+        proc = subprocess.run([sys.executable, "-c", script, "stage", stage, *flags], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert proc.stdout.strip() == "0 []", (stage, proc.stdout, proc.stderr)
+    # the buffer-built columns are what pyarrow's own conversion gives
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kvasym.dataset import PER_QUERY_SCHEMA, _arrow_column, to_table
+
+    table = pq.read_table(tmp_path / "pq.parquet")
+    assert table.schema.remove_metadata() == PER_QUERY_SCHEMA and table.num_rows == 2 * 4 * 2
+    columns = {f.name: table.column(f.name).to_numpy() for f in PER_QUERY_SCHEMA}
+    columns.update({f.name: columns[f.name].astype(str) for f in PER_QUERY_SCHEMA if pa.types.is_string(f.type)})
+    assert to_table(columns, PER_QUERY_SCHEMA).equals(table.replace_schema_metadata(None))
+    cases = [(np.array(["a", "h\u00e9llo", "", "a"]), pa.string()), (np.zeros(0, dtype=object), pa.string()),
+             (np.array([1.0, np.nan, -0.0]), pa.float64()), (np.array([1, 2, 300]), pa.int32()),
+             (np.zeros(0, dtype=np.int64), pa.int8()), (np.array([1.5], dtype=np.float32), pa.float64())]
+    for values, type_ in cases:
+        ours, theirs = _arrow_column(values, type_), pa.array(values, type=type_, safe=True)
+        ours.validate(full=True)
+        assert ours.type == theirs.type and json.dumps(ours.to_pylist()) == json.dumps(theirs.to_pylist())
+    for values, type_ in [(np.array([300]), pa.int8()), (np.array([1.5]), pa.int32())]:
+        with pytest.raises(pa.ArrowInvalid):  # refused as pyarrow refuses it
+            _arrow_column(values, type_)

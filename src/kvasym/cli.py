@@ -281,7 +281,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
 def build_parser(stage_name: str | None = None) -> argparse.ArgumentParser:
     """The command line. Of the ``kvasym stage`` subcommands only ``stage_name`` (all when None,
     none when "") imports its module and declares its flags: a data or metrics job must not pay for the
-    figure stage's pandas and matplotlib imports."""
+    figure stage's pandas and matplotlib imports. With a ``stage_name``, ``capture`` is listed
+    without its flags (a stage job does not import :mod:`kvasym.real.capture` for them)."""
     parser = argparse.ArgumentParser(prog="kvasym", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"kvasym {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -343,10 +344,11 @@ def build_parser(stage_name: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_evaluate)
 
-    from .real.capture import add_arguments as capture_arguments  # numpy only: the model loads lazily
-
     p = sub.add_parser("capture", help="capture real K, V and queries from SmolLM2-135M (needs the real-model extra)")
-    capture_arguments(p)
+    if not stage_name:  # a stage job never parses these: it does not import the capture module for them
+        from .real.capture import add_arguments as capture_arguments  # numpy only: the model loads lazily
+
+        capture_arguments(p)
     p.set_defaults(func=cmd_capture)
 
     from .stages import add_stage_parsers

@@ -23,6 +23,7 @@ from .config_schema import defaults, load_schema, validate_config
 from .distributions import DistributionSpec
 from .errors import KvasymError
 from .schemes import Scheme, scheme_registry
+from .stages._slice import parse_slice  # noqa: F401  (re-exported: the stages' JSON slices)
 
 #: Defaults of the optional keys, as the schema states them (nested mappings filled key by key).
 DEFAULTS: dict[str, Any] = defaults()
@@ -152,17 +153,6 @@ def load_study_file(path: str | os.PathLike, overrides: Mapping[str, Any] | None
         return load_study(config)
     except KvasymError as exc:
         raise KvasymError(f"{path}: {exc}") from None
-
-
-def parse_slice(text: str) -> dict[str, Any]:
-    """A stage's ``--slice`` argument (JSON object) as a dict, or a KvasymError saying why not."""
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise KvasymError(f"--slice is not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise KvasymError("--slice must be a JSON object")
-    return data
 
 
 def canonical_json(data: Mapping[str, Any]) -> str:

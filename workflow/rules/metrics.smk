@@ -3,7 +3,8 @@
 
 rule metrics:
     input:
-        data=rules.data.output[0],
+        data=rules.data.output.manifest,
+        trials=rules.data.output.trials,
         packed=rules.quantize.output[0],
     output:
         per_query=f"{RESULTS}/metrics/per_query/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.parquet",
@@ -20,5 +21,6 @@ rule metrics:
         slice=slice_param("metrics"),
     shell:
         "kvasym stage metrics --slice {params.slice:q} --data {input.data:q}"
+        " --trials {input.trials:q}"
         " --packed {input.packed:q} --per-query {output.per_query:q}"
         " --per-key {output.per_key:q} > {log:q} 2>&1"

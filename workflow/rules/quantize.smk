@@ -3,7 +3,8 @@
 
 rule quantize:
     input:
-        data=rules.data.output[0],
+        data=rules.data.output.manifest,
+        trials=rules.data.output.trials,
     output:
         f"{RESULTS}/packed/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.npz",
     log:
@@ -18,4 +19,5 @@ rule quantize:
         slice=slice_param("quantize"),
     shell:
         "kvasym stage quantize --slice {params.slice:q} --data {input.data:q}"
+        " --trials {input.trials:q}"
         " --out {output:q} > {log:q} 2>&1"

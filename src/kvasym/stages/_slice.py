@@ -8,6 +8,7 @@ hand, ``--config FILE`` with the cell's ``--distribution``/``--dim`` (and ``--sc
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from ..errors import KvasymError
@@ -30,6 +31,20 @@ _FROM_CONFIG = {"data": "data_slice", "stats": "stats_slice", "theory": "theory_
                 "metrics": "metrics_slice"}
 
 
+def parse_slice(text: str) -> dict[str, Any]:
+    """A stage's ``--slice`` argument (JSON object) as a dict, or a KvasymError saying why not.
+
+    Here, not in :mod:`kvasym.study` (which re-exports it): a job given ``--slice`` does not
+    import the study module, whose import reads the config schema and loads jsonschema."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise KvasymError(f"--slice is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise KvasymError("--slice must be a JSON object")
+    return data
+
+
 def add_slice_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
     """``--slice`` and, for the synthetic grid's stages, ``--config`` with the cell's flags."""
     parser.add_argument("--slice", required=stage not in _FROM_CONFIG,
@@ -46,8 +61,6 @@ def add_slice_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
 
 def stage_slice(args: argparse.Namespace, stage: str) -> dict[str, Any]:
     """The slice of ``stage``: ``--slice`` checked for its keys, or built from ``--config``."""
-    from ..study import load_study_file, parse_slice
-
     if args.slice is not None:
         slice_ = parse_slice(args.slice)
         missing = sorted(SLICE_KEYS[stage] - set(slice_))
@@ -56,6 +69,8 @@ def stage_slice(args: argparse.Namespace, stage: str) -> dict[str, Any]:
         return slice_
     if getattr(args, "config", None) is None or args.distribution is None or args.dim is None:
         raise KvasymError("give --slice JSON, or --config FILE with --distribution and --dim")
+    from ..study import load_study_file
+
     study = load_study_file(args.config)
     method = getattr(study, _FROM_CONFIG[stage])
     if stage in ("quantize", "metrics"):

@@ -1,9 +1,10 @@
 """Stage ``metrics`` (rule ``metrics``): per-query and per-key metrics of one cell.
 
 The packed caches of the cell are dequantized from the file (never from memory), checked to be
-the ones this cell's quantize job writes, and compared with the regenerated data (checked
-against the manifest) at every sharpness of the slice: one per-query and one per-key Parquet
-file, parts of the two datasets ``results/metrics/{per_query,per_key}``.
+the ones this cell's quantize job writes, and compared with the data rule's stored trials
+(checked against the manifest) at every sharpness of the slice: one per-query and one per-key
+Parquet file, parts of the two datasets ``results/metrics/{per_query,per_key}``, whose columns
+are built whole (one array per column and part, concatenated), never row by row.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pyarrow as pa
 from ..cache import PackedCache, load_packed
 from ..dataset import PER_KEY_SCHEMA, PER_QUERY_SCHEMA, provenance, to_table, write_parquet_atomic
 from ..errors import DamagedFile
-from ..manifest import load_manifest, verified_trial
+from ..manifest import load_manifest, stored_trials, trials_path
 from ..metrics import trial_metrics_multi
 from ..schemes import Scheme
 from ..seeds import derived_seed
@@ -33,9 +34,12 @@ def run_metrics(
     packed_npz: str | os.PathLike,
     out_per_query: str | os.PathLike,
     out_per_key: str | os.PathLike,
+    trials_npy: str | os.PathLike | None = None,
 ) -> None:
-    """Per-query and per-key metrics of one cell, for every sharpness, as Parquet."""
+    """Per-query and per-key metrics of one cell, for every sharpness, as Parquet; the trials
+    are read from ``trials_npy`` (default: beside the manifest)."""
     digests = load_manifest(data_json, slice_)
+    read_trial = stored_trials(slice_, trials_path(data_json) if trials_npy is None else trials_npy, digests)
     caches = load_packed(packed_npz)
     scheme = slice_scheme(slice_)
     ident = {
@@ -48,7 +52,7 @@ def run_metrics(
     query_parts: list[dict[str, np.ndarray]] = []
     key_parts: list[dict[str, np.ndarray]] = []
     for trial in range(slice_["trials"]):
-        data = verified_trial(slice_, trial, digests)
+        data = read_trial(trial)
         try:
             k_cache, v_cache = caches[packed_cache_name(trial, "K")], caches[packed_cache_name(trial, "V")]
         except KeyError:
@@ -127,16 +131,18 @@ def _concat(parts: list[dict[str, np.ndarray]], schema: pa.Schema) -> dict[str, 
 
 
 #: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = ("data", "packed")
+INTERMEDIATE_INPUTS = ("data", "trials", "packed")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "metrics")
     parser.add_argument("--data", required=True, help="the data manifest of the cell's (distribution, dim)")
+    parser.add_argument("--trials", help="the trials of the data manifest (default: beside it, d<dim>.trials.npy)")
     parser.add_argument("--packed", required=True, help="the cell's packed caches (.npz)")
     parser.add_argument("--per-query", dest="per_query", required=True, help="the per-query Parquet file")
     parser.add_argument("--per-key", dest="per_key", required=True, help="the per-key Parquet file")
 
 
 def run(args: argparse.Namespace) -> None:
-    run_metrics(stage_slice(args, "metrics"), args.data, args.packed, args.per_query, args.per_key)
+    args.trials = args.trials or str(trials_path(args.data))  # named, so a damaged one is moved aside
+    run_metrics(stage_slice(args, "metrics"), args.data, args.packed, args.per_query, args.per_key, args.trials)

@@ -1,9 +1,10 @@
 """Stage ``quantize`` (rule ``quantize``): the packed K and V caches of one cell.
 
-For every trial of (distribution, dim) the data are regenerated, checked against the manifest,
-quantized with the cell's scheme and budget (rotation and QJL seeds derived from the trial's
-identity and the cache side) and stored as ``t<trial>.K`` / ``t<trial>.V`` in one ``.npz``:
-the compressed artifact itself, with its measured bits per coordinate.
+For every trial of (distribution, dim) the data are read from the data rule's stored trials and
+checked against the manifest, then quantized with the cell's scheme and budget (rotation and QJL
+seeds derived from the trial's identity and the cache side) and stored as ``t<trial>.K`` /
+``t<trial>.V`` in one ``.npz``: the compressed artifact itself, with its measured bits per
+coordinate.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from ..cache import PackedCache, save_packed
 from ..evaluate import quantize_pair
-from ..manifest import load_manifest, verified_trial
+from ..manifest import load_manifest, stored_trials, trials_path
 from ._slice import add_slice_arguments, slice_scheme, stage_slice
 
 
@@ -24,13 +25,16 @@ def packed_cache_name(trial: int, side: str) -> str:
     return f"t{trial}.{side}"
 
 
-def run_quantize(slice_: Mapping[str, Any], data_json: str | os.PathLike, out_npz: str | os.PathLike) -> None:
-    """Packed K and V caches of every trial of one cell, in one .npz."""
+def run_quantize(slice_: Mapping[str, Any], data_json: str | os.PathLike, out_npz: str | os.PathLike,
+                 trials_npy: str | os.PathLike | None = None) -> None:
+    """Packed K and V caches of every trial of one cell, in one .npz; the trials are read from
+    ``trials_npy`` (default: beside the manifest, :func:`kvasym.manifest.trials_path`)."""
     digests = load_manifest(data_json, slice_)
+    read_trial = stored_trials(slice_, trials_path(data_json) if trials_npy is None else trials_npy, digests)
     scheme = slice_scheme(slice_)
     caches: dict[str, PackedCache] = {}
     for trial in range(slice_["trials"]):
-        data = verified_trial(slice_, trial, digests)
+        data = read_trial(trial)
         identity = (slice_["distribution"]["name"], slice_["dim"], trial)
         pair = quantize_pair(data.keys, data.values, scheme, slice_["budget"], base_seed=slice_["base_seed"],
                              identity=identity, norm_dtype=slice_["norm_dtype"])
@@ -40,14 +44,16 @@ def run_quantize(slice_: Mapping[str, Any], data_json: str | os.PathLike, out_np
 
 
 #: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = ("data",)
+INTERMEDIATE_INPUTS = ("data", "trials")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "quantize")
     parser.add_argument("--data", required=True, help="the data manifest of the cell's (distribution, dim)")
+    parser.add_argument("--trials", help="the trials of the data manifest (default: beside it, d<dim>.trials.npy)")
     parser.add_argument("--out", required=True, help="the packed caches (.npz)")
 
 
 def run(args: argparse.Namespace) -> None:
-    run_quantize(stage_slice(args, "quantize"), args.data, args.out)
+    args.trials = args.trials or str(trials_path(args.data))  # named, so a damaged one is moved aside
+    run_quantize(stage_slice(args, "quantize"), args.data, args.out, args.trials)
