@@ -9,12 +9,35 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
+FINAL_SUFFIXES = {".npz", ".parquet", ".json"}
+TARGET = "results/claims/claims.json"
+GATHERED = ("stats/comparisons.parquet", "stats/summary.parquet", "stats/trials.parquet", "theory/theory.parquet")
+
+
+def claims_targets() -> list[str]:
+    """What ``rule all`` lists up to the claims, for the tiny config (tests/test_faults.py)."""
+    from kvasym.study import load_study_file
+
+    study = load_study_file(ROOT / "config/test.yaml")
+    data = [f"results/data/{dist}/d{dim}.json" for dist, dim in study.data_cells()]
+    metrics = [
+        f"results/metrics/{table}/{dist}/d{dim}/{scheme}/n{budget}.parquet"
+        for dist, dim, scheme, budget in study.cells()
+        for table in ("per_query", "per_key")
+    ]
+    # the gathered tables too: once a job that reads them has failed, Snakemake has deleted them,
+    # and asked only for claims.json (which still exists) it would not rebuild them
+    gathered = [f"results/{name}" for name in GATHERED]
+    return [*data, *metrics, *gathered, TARGET]
 
 
 def make_workdir(path: Path) -> Path:
@@ -27,6 +50,17 @@ def make_workdir(path: Path) -> Path:
     shutil.copytree(ROOT / "paper", path / "paper", ignore=shutil.ignore_patterns("build", "generated"))
     # Snakemake looks for the default workflow profile in profiles/ beside the Snakefile
     os.symlink("workflow/profiles", path / "profiles")
+    return path
+
+
+def copy_run(run: Path, path: Path) -> Path:
+    """A copy of a finished run, for a test that writes into it (the session's tiny run is shared,
+    also across xdist workers). Snakemake's own log folder is left out: a dry run in the shared
+    folder may be writing or removing its log file while the copy is made."""
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        return {"log"} & set(names) if Path(folder).name == ".snakemake" else set()
+
+    shutil.copytree(run, path, symlinks=True, ignore=ignore)
     return path
 
 
@@ -49,3 +83,41 @@ def snakemake(workdir: Path, *args: str, configfile: str = "config/test.yaml",
         snakemake_cmd(*args, configfile=configfile), cwd=workdir, capture_output=True, text=True,
         timeout=timeout, env=run_env(),
     )
+
+
+def final_outputs(workdir: Path) -> list[Path]:
+    """Outputs under their final names (temporary files are hidden: '.name.XXXX.tmp')."""
+    results = workdir / "results"
+    if not results.is_dir():
+        return []
+    return [
+        p for p in results.rglob("*")
+        if p.is_file() and p.suffix in FINAL_SUFFIXES and not p.name.startswith(".")
+        and p.relative_to(results).parts[0] not in ("logs", "benchmarks")
+    ]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, poll: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(poll)
+    return condition()
+
+
+def _terminal_signals() -> None:
+    """In the child before exec: SIGINT as in a terminal. A test run started in the background
+    by a shell without job control (``cmd &`` in a script) inherits SIGINT *ignored*, and an
+    ignored signal stays ignored across exec: Python then installs no KeyboardInterrupt handler
+    and every Ctrl-C of the kill test is lost (seen in a fresh-clone CI started that way)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start(workdir: Path, log: Path, *args: str) -> subprocess.Popen:
+    """Snakemake in its own process group, as a terminal would run it (Ctrl-C reaches all)."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            snakemake_cmd(*args), cwd=workdir, stdout=out, stderr=subprocess.STDOUT, env=run_env(),
+            start_new_session=True, preexec_fn=_terminal_signals,
+        )

@@ -30,57 +30,24 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from snakemake_workdir import ROOT, make_workdir, run_env, snakemake, snakemake_cmd
+from snakemake_workdir import (GATHERED, ROOT, TARGET, claims_targets, copy_run, final_outputs, make_workdir,
+                               snakemake, start, wait_for)
 
 from kvasym.cache import load_packed
 from kvasym.dataset import read_table
 from kvasym.real.capture import load_capture
-from kvasym.study import load_study_file
 
 pytestmark = pytest.mark.slow
 
-TARGET = "results/claims/claims.json"
-GATHERED = ("stats/comparisons.parquet", "stats/summary.parquet", "stats/trials.parquet", "theory/theory.parquet")
-
-
-def _targets() -> list[str]:
-    study = load_study_file(ROOT / "config/test.yaml")
-    data = [f"results/data/{dist}/d{dim}.json" for dist, dim in study.data_cells()]
-    metrics = [
-        f"results/metrics/{table}/{dist}/d{dim}/{scheme}/n{budget}.parquet"
-        for dist, dim, scheme, budget in study.cells()
-        for table in ("per_query", "per_key")
-    ]
-    # the gathered tables too: once a job that reads them has failed, Snakemake has deleted them,
-    # and asked only for claims.json (which still exists) it would not rebuild them
-    gathered = [f"results/{name}" for name in GATHERED]
-    return [*data, *metrics, *gathered, TARGET]
-
-
-TARGETS = _targets()
+TARGETS = claims_targets()
 IDS = ["distribution", "dim", "scheme", "budget", "sharpness", "trial"]
-FINAL_SUFFIXES = {".npz", ".parquet", ".json"}
 KILL_SEED = 20261130
-
-
-def final_outputs(workdir: Path) -> list[Path]:
-    """Outputs under their final names (temporary files are hidden: '.name.XXXX.tmp')."""
-    results = workdir / "results"
-    if not results.is_dir():
-        return []
-    return [
-        p for p in results.rglob("*")
-        if p.is_file() and p.suffix in FINAL_SUFFIXES and not p.name.startswith(".")
-        and p.relative_to(results).parts[0] not in ("logs", "benchmarks")
-    ]
 
 
 def assert_nothing_corrupt(workdir: Path) -> None:
@@ -98,32 +65,6 @@ def assert_nothing_corrupt(workdir: Path) -> None:
                 json.loads(path.read_text())
         except Exception as exc:  # noqa: BLE001 - any failure to parse is the finding
             raise AssertionError(f"{path} is corrupt: {type(exc).__name__}: {exc}") from None
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, poll: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(poll)
-    return condition()
-
-
-def _terminal_signals() -> None:
-    """In the child before exec: SIGINT as in a terminal. A test run started in the background
-    by a shell without job control (``cmd &`` in a script) inherits SIGINT *ignored*, and an
-    ignored signal stays ignored across exec: Python then installs no KeyboardInterrupt handler
-    and every Ctrl-C of the kill test is lost (seen in a fresh-clone CI started that way)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def start(workdir: Path, log: Path, *args: str) -> subprocess.Popen:
-    """Snakemake in its own process group, as a terminal would run it (Ctrl-C reaches all)."""
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            snakemake_cmd(*args), cwd=workdir, stdout=out, stderr=subprocess.STDOUT, env=run_env(),
-            start_new_session=True, preexec_fn=_terminal_signals,
-        )
 
 
 def group_gone(pgid: int) -> bool:
@@ -155,39 +96,15 @@ def assert_same_results(workdir: Path, reference: Path) -> None:
                 np.testing.assert_array_equal(a[key], b[key])
 
 
-@dataclass
-class Reference:
-    workdir: Path
-    concurrent: subprocess.CompletedProcess
-    first_was_running: bool
-    seconds: float
-
-
 @pytest.fixture(scope="session")
-def reference(tmp_path_factory) -> Reference:
-    """One uninterrupted run (shared by this file's tests). While it runs, a second Snakemake
-    is started in the same folder: Snakemake's lock must refuse it."""
-    workdir = make_workdir(tmp_path_factory.mktemp("reference"))
-    t0 = time.monotonic()
-    proc = start(workdir, workdir / "reference.log", "--cores", "2", *TARGETS)
-    try:
-        # the lock is taken once the DAG is built; the first finished output proves it is held
-        wait_for(lambda: len(final_outputs(workdir)) >= 1 or proc.poll() is not None, 300)
-        concurrent = subprocess.run(
-            snakemake_cmd("--cores", "1", *TARGETS), cwd=workdir, capture_output=True, text=True, env=run_env(),
-            timeout=300
-        )
-        first_was_running = proc.poll() is None
-        rc = proc.wait(timeout=900)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    log = (workdir / "reference.log").read_text()
-    assert rc == 0, log[-3000:]
-    return Reference(workdir, concurrent, first_was_running, time.monotonic() - t0)
+def reference(tiny_run, tiny_local_run):
+    """One uninterrupted run, shared by this file's tests: the session's tiny run (tests/conftest.py;
+    the whole DAG, so also every target up to the claims). While it ran, a second Snakemake was
+    started in the same folder: Snakemake's lock must have refused it."""
+    return tiny_run
 
 
-def test_second_run_in_the_same_folder_is_refused_by_the_lock(reference: Reference) -> None:
+def test_second_run_in_the_same_folder_is_refused_by_the_lock(reference) -> None:
     assert reference.first_was_running, "the first run ended before the second started: no lock to test"
     out = reference.concurrent.stdout + reference.concurrent.stderr
     assert reference.concurrent.returncode != 0, out[-2000:]
@@ -198,7 +115,7 @@ def test_second_run_in_the_same_folder_is_refused_by_the_lock(reference: Referen
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
 
 
-def test_killed_three_times_resumes_to_identical_results(reference: Reference, tmp_path) -> None:
+def test_killed_three_times_resumes_to_identical_results(reference, tmp_path) -> None:
     workdir = make_workdir(tmp_path / "killed")
     log = workdir / "killed.log"
     rng = random.Random(KILL_SEED)
@@ -326,14 +243,14 @@ def test_full_disk_stops_with_a_clear_error_and_no_corrupt_output(tmp_path) -> N
     ("results/stats/summary/gaussian/d64.parquet", "results/stats/summary/t1.05/d64.parquet",
      "holds distribution = 't1.05' but is filed under distribution = 'gaussian'"),
 ], ids=["packed", "per_query", "per_query_of_another_cell", "stats_part_of_another_cell"])
-def test_intermediate_damaged_between_runs_is_moved_aside_then_rebuilt(reference: Reference, tmp_path,
+def test_intermediate_damaged_between_runs_is_moved_aside_then_rebuilt(reference, tmp_path,
                                                                       relative: str, source: str | None,
                                                                       message: str) -> None:
     """Snakemake cannot see that an intermediate was damaged after its job ended (it only looks
     newer, so its consumers rerun and fail on it). The consumer moves it aside, and the next run,
     with no action from the user, rebuilds it and reproduces the reference."""
     workdir = tmp_path / "tampered"
-    shutil.copytree(reference.workdir, workdir, symlinks=True)
+    copy_run(reference.workdir, workdir)
     damaged = workdir / relative
     raw = damaged.read_bytes()
     if source is None:

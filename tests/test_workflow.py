@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from snakemake_workdir import copy_run, run_env
 
 from kvasym.dataset import read_metadata, read_table
 from kvasym.study import load_study_file
@@ -41,7 +42,7 @@ def make_workdir(path: Path) -> Path:
 
 def snakemake(workdir: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "snakemake", "--configfile", "config/test.yaml", *args]
-    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout, env=run_env())
 
 
 def sorted_table(workdir: Path, table: str) -> pd.DataFrame:
@@ -153,10 +154,12 @@ def test_dag_builds_the_paper_pdf_with_its_numbers(complete_run):
     assert "has not been generated" not in text
 
 
-def test_report_opens_in_a_headless_browser(complete_run):
+def test_report_opens_in_a_headless_browser(complete_run, tmp_path):
     """snakemake --report builds the HTML report, and it renders in Chromium: the claims ledger
     is embedded and every figure of a category decodes to an image."""
     from kvasym.report_check import check_report, find_browser
+
+    complete_run = copy_run(complete_run, tmp_path / "report")
 
     proc = snakemake(complete_run, "--report", "results/report.html")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -179,7 +182,8 @@ def test_second_run_does_nothing(complete_run):
     assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
-def test_adding_a_budget_reruns_only_its_cells(complete_run):
+def test_adding_a_budget_reruns_only_its_cells(complete_run, tmp_path):
+    complete_run = copy_run(complete_run, tmp_path / "budgets")
     study = load_study_file(complete_run / "config/test.yaml")
     (complete_run / "more_budgets.yaml").write_text("budgets: [2, 3, 4]\n")
     proc = snakemake(complete_run, "--cores", "2", "--dry-run", "--configfile", "config/test.yaml", "more_budgets.yaml")
