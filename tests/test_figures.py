@@ -186,7 +186,7 @@ def test_every_figure_has_the_expected_axes(tables):
         assert len(fig.axes) == n_axes, name
         assert "nothing to show" not in title_of(fig), name
         # grids of panels across budgets or distributions span the text width, the rest a column
-        wide = name.startswith("shannon") or name == "jensen_bias"
+        wide = name.startswith("shannon") or name in ("jensen_bias", "theory_check")
         assert fig.get_figwidth() == pytest.approx(fg.TEXT_WIDTH if wide else fg.COLUMN_WIDTH), name
 
 

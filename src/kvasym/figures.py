@@ -733,7 +733,7 @@ THEORY_CHECKS = {
     "qjl_vs_residual": ("(n−1) bits + QJL\nvs (n−1)-bit residual", math.pi / 2, "π/2"),
     "qjl_vs_nbit": ("(n−1) bits + QJL\nvs n-bit scalar", 2 * math.pi, "2π"),
     # the orthogonal sketch's analogue of 2 pi: (pi/2 - 1) D(n-1)/D(n) -> 4 (pi/2 - 1)
-    "hadamard_vs_nbit": ("(n−1) bits + hadamard sketch\nvs n-bit scalar", 4 * (math.pi / 2 - 1), "4(π/2−1)"),
+    "hadamard_vs_nbit": ("(n−1) bits + hadamard\nvs n-bit scalar", 4 * (math.pi / 2 - 1), "4(π/2−1)"),
 }
 
 
@@ -751,7 +751,8 @@ def theory_check(theory: pd.DataFrame, *, dim: int | None = None, distributions:
     frame = _select(frame, distribution=dists) if dists else frame.iloc[0:0]
     if frame.empty:
         return nothing_to_show(title, f"no qjl_vs_residual / qjl_vs_nbit rows in the theory table for d = {dim}")
-    fig, axes = new_figure(1, len(THEORY_CHECKS), height=2.4)
+    # three panels with two-line titles and a label right of each: the text width, not a column
+    fig, axes = new_figure(1, len(THEORY_CHECKS), width=TEXT_WIDTH, height=2.6)
     budgets = sorted(frame["budget"].unique())
     width = 0.5
     offsets = {d: (k - (len(dists) - 1) / 2) * (width / max(len(dists), 1)) for k, d in enumerate(dists)}
