@@ -278,16 +278,7 @@ def test_a_ratio_over_a_zero_statistic_is_nan_in_the_stats_tables():
         stats.bootstrap_ratio_ci(a, b, n_boot=50, base_seed=1, identity=("x",), undefined="zero")
 
 
-def _small_manifest(tmp_path):
-    """A data manifest written by the data stage (tiny grid, two short trials) and its slice."""
-    study = load_study({**TINY, "trials": 2, "seq_len": 32, "n_queries": 4})
-    slice_ = study.data_slice("gaussian", 64)
-    path = tmp_path / "data" / "gaussian" / "d64.json"
-    run_data(slice_, path)
-    return study, slice_, path
-
-
-def test_a_hand_edited_data_manifest_statistic_is_refused_and_moved_aside(tmp_path, capsys):
+def test_a_hand_edited_data_manifest_statistic_is_refused_and_moved_aside(small_data, tmp_path, capsys):
     """A data manifest's per-trial statistics had no digest of their own: excess_kurtosis edited
     to 99.0 by hand was accepted silently (load_manifest checked only the trial digests) and
     flowed into the paper's cache-statistics table. The manifest now carries content_sha256; an
@@ -296,7 +287,7 @@ def test_a_hand_edited_data_manifest_statistic_is_refused_and_moved_aside(tmp_pa
     from kvasym.manifest import content_digest, load_manifest, read_manifest
     from kvasym.study import canonical_json
 
-    study, slice_, path = _small_manifest(tmp_path)
+    study, slice_, path = small_data
     manifest = read_manifest(path)
     assert manifest["content_sha256"] == content_digest(manifest)
     assert len(load_manifest(path, slice_)) == 2
@@ -323,14 +314,14 @@ def test_a_hand_edited_data_manifest_statistic_is_refused_and_moved_aside(tmp_pa
     assert not (tmp_path / "p.npz").exists()
 
 
-def test_a_stale_or_old_format_data_manifest_is_damaged_not_a_dead_end(tmp_path):
+def test_a_stale_or_old_format_data_manifest_is_damaged_not_a_dead_end(small_data, tmp_path):
     """A manifest made for another config slice raised a plain KvasymError ("rerun the data
     rule"), so the stage never moved it aside and every run failed on it again; an old-format
     manifest (no content digest) was accepted. Both are now DamagedFile (rebuilt)."""
     from kvasym.errors import DamagedFile
     from kvasym.manifest import DATA_FORMAT, load_manifest, read_manifest
 
-    _, slice_, path = _small_manifest(tmp_path)
+    _, slice_, path = small_data
     with pytest.raises(DamagedFile, match=r"made for another config slice \(differs in seq_len\)"):
         load_manifest(path, {**slice_, "seq_len": 33})
     manifest = json.loads(path.read_text())

@@ -103,22 +103,7 @@ def test_a_stage_reruns_when_the_code_it_runs_changes_and_only_then():
     assert all(len(d) == 64 for d in digests.values())
 
 
-def _tiny_data(tmp_path: Path):
-    """The tiny config with two short trials, and the data stage's outputs of gaussian d = 64."""
-    import yaml
-
-    from kvasym.stages.data import run_data
-    from kvasym.study import load_study
-
-    tiny = yaml.safe_load((ROOT / "config/test.yaml").read_text())
-    study = load_study({**tiny, "trials": 2, "seq_len": 32, "n_queries": 4})
-    slice_ = study.data_slice("gaussian", 64)
-    manifest = tmp_path / "data" / "gaussian" / "d64.json"
-    run_data(slice_, manifest)
-    return study, slice_, manifest
-
-
-def test_the_data_stage_stores_the_trials_its_consumers_read_and_check(tmp_path, capsys):
+def test_the_data_stage_stores_the_trials_its_consumers_read_and_check(small_data, tmp_path, capsys):
     """Issue 19, item 3: the trials of a (distribution, dim) are drawn once, by the data stage,
     and read by its 24 quantize and metrics jobs instead of drawn again by each; every trial read
     is checked against the manifest's digest. A damaged trials file (edited, truncated, of another
@@ -129,7 +114,7 @@ def test_the_data_stage_stores_the_trials_its_consumers_read_and_check(tmp_path,
     from kvasym.manifest import load_manifest, regenerate_trial, stored_trials, trials_path
     from kvasym.study import canonical_json
 
-    study, slice_, manifest = _tiny_data(tmp_path)
+    study, slice_, manifest = small_data
     trials = trials_path(manifest)
     assert trials == manifest.with_name("d64.trials.npy") and trials.is_file()
     digests = load_manifest(manifest, slice_)
@@ -166,7 +151,7 @@ def test_the_data_stage_stores_the_trials_its_consumers_read_and_check(tmp_path,
         stored_trials(slice_, trials, digests)
 
 
-def test_quantize_and_metrics_jobs_import_only_what_they_use(tmp_path):
+def test_quantize_and_metrics_jobs_import_only_what_they_use(small_data, tmp_path):
     """Issue 19, item 3: a quantize or metrics job imported pandas (pyarrow's ``pa.array``
     imports it on every call), jsonschema and the config schema (``kvasym.study``, for a JSON
     ``--slice``) and the capture command's module: about a third of a d = 128 job. They are now
@@ -178,7 +163,7 @@ def test_quantize_and_metrics_jobs_import_only_what_they_use(tmp_path):
 
     from kvasym.study import canonical_json
 
-    study, _, manifest = _tiny_data(tmp_path)
+    study, _, manifest = small_data
     script = ("import sys\nfrom kvasym.cli import main\ncode = main(sys.argv[1:])\n"
               "heavy = ('pandas', 'scipy', 'matplotlib', 'seaborn', 'jsonschema', 'kvasym.study', "
               "'kvasym.real.capture')\nprint(code, sorted(m for m in heavy if m in sys.modules))\n")

@@ -48,6 +48,7 @@ from .sketch import SKETCH_KINDS, hadamard_error_energy
 __all__ = [
     "THEORY_CHECKS",
     "qjl_closed_forms",
+    "sketch_error_energy",
     "key_error_energy",
     "predicted_kl_ratio",
     "inner_product_errors",
@@ -64,6 +65,23 @@ __all__ = [
 #: per-key rows, NaN where its points have no spread).
 THEORY_CHECKS: tuple[str, ...] = ("qjl_vs_residual", "qjl_vs_nbit", "hadamard_vs_residual", "hadamard_vs_nbit",
                                    "ks_beta", "jensen_slope")
+
+
+def sketch_error_energy(sketch: str, work: int) -> float:
+    """``E ||r_hat - r||^2 / ||r||^2`` of a 1-bit residual sketch with ``m = work`` sign bits:
+    ``pi/2 - 1/work`` for QJL's Gaussian sketch, ``c_work`` for the hadamard one
+    (:func:`kvasym.sketch.hadamard_error_energy`).
+
+    Raises
+    ------
+    KvasymError
+        If ``sketch`` is not one of :data:`kvasym.sketch.SKETCH_KINDS`.
+    """
+    if sketch == "gaussian":
+        return math.pi / 2 - 1 / work
+    if sketch == "hadamard":
+        return hadamard_error_energy(work)
+    raise KvasymError(f"sketch must be one of {', '.join(SKETCH_KINDS)}, got {sketch!r}")
 
 
 def qjl_closed_forms(dim: int, budget: int, sketch: str = "gaussian") -> dict[str, float]:
@@ -121,12 +139,7 @@ def qjl_closed_forms(dim: int, budget: int, sketch: str = "gaussian") -> dict[st
        6(1):7-12.
     """
     work = 1 << (dim - 1).bit_length()
-    if sketch == "gaussian":
-        residual = np.pi / 2 - 1 / work
-    elif sketch == "hadamard":
-        residual = hadamard_error_energy(work)
-    else:
-        raise KvasymError(f"sketch must be one of {', '.join(SKETCH_KINDS)}, got {sketch!r}")
+    residual = sketch_error_energy(sketch, work)
     d_lower = 1.0 if budget == 1 else lloyd_max_codebook(work, budget - 1).mse_per_vector
     d_full = lloyd_max_codebook(work, budget).mse_per_vector
     return {"vs_residual": residual, "vs_nbit": residual * d_lower / d_full}
@@ -167,7 +180,7 @@ def key_error_energy(spec: SideSpec, budget: int, dim: int) -> float:
     scalar = 1.0 if bits == 0 else lloyd_max_codebook(work, bits).mse_per_vector
     if not spec.qjl:
         return scalar
-    return scalar * (hadamard_error_energy(work) if spec.sketch == "hadamard" else math.pi / 2 - 1 / work)
+    return scalar * sketch_error_energy(spec.sketch, work)
 
 
 def predicted_kl_ratio(key_a: SideSpec, key_b: SideSpec, budget: int, dim: int) -> float:
@@ -204,7 +217,6 @@ def inner_product_errors(
     base_seed: int,
     identity: Sequence[str | int],
     n_probes: int = 256,
-    sketch: str = "gaussian",
     hadamard: bool = False,
 ) -> dict[str, float]:
     """Mean squared inner-product errors of one trial's keys under the three K quantizers.
@@ -228,8 +240,6 @@ def inner_product_errors(
         K side) and the probes come from ``rng(base_seed, "theory-probes", *identity)``.
     n_probes : int, optional
         Number of probe queries ``q ~ N(0, I_dim)`` (default 256).
-    sketch : {"gaussian", "hadamard"}, optional
-        The residual sketch of the QJL side (default ``"gaussian"``).
     hadamard : bool, optional
         Also measure the QJL side with the hadamard sketch (same rotation, scalar codes and
         sketch seed) as ``ss_qjl_hadamard`` (default False).
@@ -267,7 +277,7 @@ def inner_product_errors(
     }
     out: dict[str, float] = {}
     variants = {
-        "ss_qjl": SideSpec(rotate=True, scalar_offset=1, qjl=True, sketch=sketch),
+        "ss_qjl": SideSpec(rotate=True, scalar_offset=1, qjl=True),
         "ss_residual": SideSpec(rotate=True, scalar_offset=1, qjl=False),
         "ss_nbit": SideSpec(rotate=True, scalar_offset=0, qjl=False),
     }
