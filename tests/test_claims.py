@@ -127,7 +127,8 @@ def test_swapped_pair_inverts_ratio_and_interval():
     (result,) = evaluate_claims(claims, _tables(_comparisons(2.0, -30.0, -5.0)))
     assert result["estimate"] == pytest.approx(0.5)
     assert result["low"] == pytest.approx(1 / 2.2) and result["high"] == pytest.approx(1 / 1.8)
-    assert result["details"]["rank_biserial"] == pytest.approx(-0.5)
+    assert result["details"]["per_trial_rank_biserial"] == pytest.approx(-0.5)
+    assert result["details"]["per_query_rank_biserial"] == pytest.approx(-0.5)
     assert result["verdict"] == HOLDS
 
 
@@ -164,8 +165,16 @@ def test_unknown_statistic_is_an_error(tmp_path):
         ("{id: C1, statement: s, statistic: kl_ratio}", "holds_if"),
         ("{id: C1, statement: s, statistic: kl_ratio, holds_if: {op: '~', value: 1}}", "holds_if"),
         ("{id: C1, statement: s, statistic: kl_ratio, holds_if: {op: '>'}}", "holds_if"),
-        ("{id: C1, statement: s, statistic: kl_ratio, holds_if: {op: within, value: 0.05}}",
-         "only statistic 'theory' has"),
+        ("{id: C1, statement: s, statistic: cells_better, holds_if: {op: within, value: 0.05}}",
+         "only statistics 'theory' and 'kl_ratio' have"),
+        ("{id: C1, statement: s, statistic: kl_ratio, holds_if: {op: within, value: 0.05, target: 0}}",
+         "target must be a non-zero finite number"),
+        ("{id: C1, statement: s, statistic: kl_ratio, holds_if: {op: '>', value: 1, target: 2}}",
+         "target belongs to op 'within' only"),
+        ("{id: C1, statement: s, statistic: crossover, holds_if: {op: '>=', value: 1}, "
+         "construction: {verdict: holds, from: C1b}}", "construction needs exactly the keys"),
+        ("{id: C1, statement: s, statistic: crossover, holds_if: {op: '>=', value: 1}, "
+         "construction: {verdict: maybe, from: C1b, why: w}}", "construction.verdict must be"),
         ("{id: C1, statement: s, statistic: theory, holds_if: {op: within, value: 1.5}}", "margin value in \\(0, 1\\)"),
         ("{id: C1, statement: s, statistic: theory, holds_if: {op: within, value: 0.05, max_log10_p: -3}}",
          "no max_log10_p"),
@@ -243,3 +252,155 @@ def test_html_ledger_escapes_and_counts_every_verdict():
     assert "2 claims: 1 holds, 1 not evaluated." in page
     assert "[1.50, 1.60]" in page and "-3.2" in page and "1.57" in page
     assert page.count("<tr>") == 3  # header + two claims
+
+
+# --- issue 14: each claim's own Holm family, the trial as the unit, equivalence rules -------------
+
+
+def _cell_row(distribution: str, log10_p: float, a_better: bool = True, metric: str = "kl") -> dict:
+    """One comparisons row of A against B whose raw per-trial p is ``10**log10_p``; the gathered
+    study-wide Holm column is set to a value that would make every cell significant, so a claim
+    that still read it would be caught."""
+    mean_a = 0.5 if a_better else 2.0
+    return dict(distribution=distribution, kind="gaussian", dim=64, budget=4, sharpness=1.0, scheme_a="A",
+                scheme_b="B", metric=metric, mean_a=mean_a, mean_b=1.0, ratio_mean=mean_a,
+                ratio_mean_low=mean_a * 0.9, ratio_mean_high=mean_a * 1.1, q_log10_p=-50.0, q_rank_biserial=0.5,
+                t_wilcoxon_log10_p=log10_p, t_wilcoxon_log10_p_holm=-10.0, t_wilcoxon_rank_biserial=0.5,
+                n_a=100, n_trials=10)
+
+
+def _all_cells_claim(distributions: list[str] | None = None) -> list[dict]:
+    where = {"a": "A", "b": "B", "metrics": ["kl"], "sharpness": 1.0, "alpha": 0.05}
+    if distributions is not None:
+        where["distributions"] = distributions
+    return [{"id": "X", "statement": "s", "statistic": "cells_better", "where": where, "holds_if": {"op": "all"}}]
+
+
+def test_holm_family_is_the_claims_own_cells():
+    """p = 0.03 alone is significant at 5%; two such tests in one family are not (Holm: 0.06 for
+    both); a cell outside the claim's distributions, added to the grid, changes nothing."""
+    p03 = math.log10(0.03)
+    one = pd.DataFrame([_cell_row("g", p03)])
+    (alone,) = evaluate_claims(_all_cells_claim(), _tables(one))
+    assert alone["verdict"] == HOLDS and alone["details"]["holm_family_size"] == 1
+    two = pd.DataFrame([_cell_row("g", p03), _cell_row("h", p03)])
+    (both,) = evaluate_claims(_all_cells_claim(), _tables(two))
+    assert both["verdict"] == INCONCLUSIVE and both["details"]["holm_family_size"] == 2
+    (restricted,) = evaluate_claims(_all_cells_claim(["g"]), _tables(two))
+    assert restricted["verdict"] == HOLDS and restricted["details"]["holm_family_size"] == 1
+
+
+def test_a_reversing_cell_is_named_in_the_reason():
+    frame = pd.DataFrame([_cell_row("g", -5.0), _cell_row("t1.05", -5.0, a_better=False)])
+    (result,) = evaluate_claims(_all_cells_claim(), _tables(frame))
+    assert result["verdict"] == FAILS
+    assert "significantly worse in 1 of 2 cells: t1.05 d64 n4 s1" in result["reason"]
+
+
+def test_min_attainable_p_is_the_exact_wilcoxon_floor():
+    from kvasym.claims import min_attainable_log10_p
+
+    for n in (5, 10, 32):
+        assert min_attainable_log10_p(n) == pytest.approx(math.log10(2.0 / 2.0 ** n), abs=1e-9)
+
+
+def test_a_p_threshold_the_design_cannot_reach_is_inconclusive_not_holds():
+    """C2's rule asks p < 1e-23; with 10 trials the per-trial test cannot go below 2/2^10: the
+    verdict is inconclusive and says why, whatever the per-query p (here 1e-50)."""
+    where = {"distribution": "g", "dim": 64, "budget": 4, "sharpness": 1.0, "a": "A", "b": "B"}
+    claims = [{"id": "X", "statement": "s", "statistic": "kl_ratio", "where": where,
+               "holds_if": {"op": ">", "value": 1.0, "max_log10_p": -23}}]
+    (result,) = evaluate_claims(claims, _tables(pd.DataFrame([_cell_row("g", -2.7, a_better=False)])))
+    assert result["verdict"] == INCONCLUSIVE and "unreachable" in result["reason"]
+    assert result["log10_p"] == pytest.approx(-2.7)  # the per-trial p, not the per-query -50
+    assert result["details"]["per_query_mann_whitney_log10_p"] == -50.0
+    reachable = [{**claims[0], "holds_if": {"op": ">", "value": 1.0, "max_log10_p": -2}}]
+    assert evaluate_claims(reachable, _tables(pd.DataFrame([_cell_row("g", -2.7, a_better=False)])))[0][
+        "verdict"] == HOLDS
+    # the direction wrong: refuted whatever p can reach
+    (wrong,) = evaluate_claims(claims, _tables(pd.DataFrame([_cell_row("g", -2.7, a_better=True)])))
+    assert wrong["verdict"] == FAILS
+
+
+def test_within_a_declared_target():
+    """C2b: the paper's 2.25 within 10%: a ratio of 5.4 [5.3, 5.5] is not equivalent; 2.2
+    [2.1, 2.3] is; [1.9, 2.3] straddles 2.025."""
+    rule = {"op": "within", "value": 0.10, "target": 2.25}
+    assert verdict(Measurement(5.4, 5.3, 5.5, interval=True), rule)[0] == FAILS
+    result, reason = verdict(Measurement(2.2, 2.1, 2.3, interval=True), rule)
+    assert result == HOLDS and "target 2.25" in reason
+    assert verdict(Measurement(2.1, 1.9, 2.3, interval=True), rule)[0] == INCONCLUSIVE
+
+
+def test_construction_verdict_is_distinct_from_refutation():
+    from kvasym.claims import BY_CONSTRUCTION
+
+    comp = pd.DataFrame([_cell_row("g", -5.0, metric="kl"), _cell_row("g", -5.0, metric="k_eps_dir")])
+    base = {"id": "X", "statement": "s", "statistic": "crossover",
+            "where": {"a": "A", "b": "B", "sharpness": 1.0, "all_sharpness": True},
+            "holds_if": {"op": ">=", "value": 1}}
+    (plain,) = evaluate_claims([base], _tables(comp))
+    assert plain["verdict"] == FAILS and plain["estimate"] == 0
+    construction = {"verdict": "does not hold", "from": "C1b", "why": "B's keys carry more error"}
+    (built,) = evaluate_claims([{**base, "construction": construction}], _tables(comp))
+    assert built["verdict"] == BY_CONSTRUCTION and built["reason"].startswith("B's keys carry more error")
+    (contrary,) = evaluate_claims([{**base, "construction": {**construction, "verdict": "holds"}}], _tables(comp))
+    assert contrary["verdict"] == FAILS and "contrary to the construction argument" in contrary["reason"]
+
+
+def _ranking_tables(mean_ci: tuple[float, float], p99_ci: tuple[float, float]) -> Tables:
+    """One group where A is best by mean KL and B best by p99 KL, with the given A/B ratio CIs."""
+    summary = pd.DataFrame([
+        dict(distribution="g", dim=64, budget=4, sharpness=1.0, scheme="A", kl_mean=1.0, kl_p99=3.0),
+        dict(distribution="g", dim=64, budget=4, sharpness=1.0, scheme="B", kl_mean=1.1, kl_p99=2.0),
+    ])
+    comp = pd.DataFrame([dict(distribution="g", dim=64, budget=4, sharpness=1.0, scheme_a="A", scheme_b="B",
+                              metric="kl", ratio_mean=1.0 / 1.1, ratio_mean_low=mean_ci[0],
+                              ratio_mean_high=mean_ci[1], ratio_p99=1.5, ratio_p99_low=p99_ci[0],
+                              ratio_p99_high=p99_ci[1])])
+    empty = pd.DataFrame({"distribution": [], "dim": [], "check": []})
+    return Tables(comparisons=comp, summary=summary, trials=empty, theory=empty)
+
+
+@pytest.mark.parametrize("mean_ci, p99_ci, counted", [
+    ((0.85, 0.95), (1.2, 1.8), 1),  # both orderings significant: a ranking the mean hides
+    ((0.85, 1.02), (1.2, 1.8), 0),  # tied by mean
+    ((0.85, 0.95), (0.98, 1.8), 0),  # tied by p99
+])
+def test_ranking_disagreement_counts_only_significant_swaps(mean_ci, p99_ci, counted):
+    claims = [{"id": "X", "statement": "s", "statistic": "ranking_disagreement", "where": {"by": "kl_p99"},
+               "holds_if": {"op": ">=", "value": 0.1}}]
+    (result,) = evaluate_claims(claims, _ranking_tables(mean_ci, p99_ci))
+    assert result["details"]["n_disagree"] == counted and result["details"]["n_disagree_untested"] == 1
+    assert result["estimate"] == counted
+
+
+def test_paired_distribution_ratio_needs_the_same_trials():
+    rows = [dict(distribution=d, dim=64, budget=4, scheme="S", sharpness=1.0, trial=t, kl=1.0 + 0.1 * t)
+            for d, trials in (("pre", range(6)), ("post", range(5))) for t in trials]
+    t = Tables(comparisons=pd.DataFrame(), summary=pd.DataFrame(), trials=pd.DataFrame(rows),
+               theory=pd.DataFrame({"distribution": [], "dim": [], "check": []}))
+    claims = [{"id": "X", "statement": "s", "statistic": "distribution_ratio",
+               "where": {"num": "pre", "den": "post", "dim": 64, "budget": 4, "scheme": "S", "sharpness": 1.0,
+                         "paired": True}, "holds_if": {"op": "<=", "value": 1.25}}]
+    with pytest.raises(KvasymError, match="paired: true needs the same trials"):
+        evaluate_claims(claims, t)
+
+
+def test_paired_ratio_interval_is_narrower_on_paired_data():
+    """Trial effects shared by both treatments cancel in a paired bootstrap: num = 1.1 x den
+    exactly, with trial-to-trial spread of a factor 10, gives a zero-width paired interval at 1.1
+    and a wide unpaired one."""
+    rng = np.random.default_rng(1)
+    level = np.exp(rng.normal(0, 1.0, size=20))
+    rows = [dict(distribution=d, dim=64, budget=4, scheme="S", sharpness=1.0, trial=i, kl=f * x)
+            for d, f in (("pre", 1.1), ("post", 1.0)) for i, x in enumerate(level)]
+    t = Tables(comparisons=pd.DataFrame(), summary=pd.DataFrame(), trials=pd.DataFrame(rows),
+               theory=pd.DataFrame({"distribution": [], "dim": [], "check": []}))
+    where = {"num": "pre", "den": "post", "dim": 64, "budget": 4, "scheme": "S", "sharpness": 1.0}
+    claim = {"id": "X", "statement": "s", "statistic": "distribution_ratio", "holds_if": {"op": "<=", "value": 1.25}}
+    (paired,) = evaluate_claims([{**claim, "where": {**where, "paired": True}}], t)
+    (unpaired,) = evaluate_claims([{**claim, "where": where}], t)
+    assert paired["low"] == pytest.approx(1.1) and paired["high"] == pytest.approx(1.1)
+    assert unpaired["high"] - unpaired["low"] > 0.5
+    assert math.isnan(paired["log10_p"]) and "wilcoxon_log10_p" in paired["details"]

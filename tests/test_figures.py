@@ -797,3 +797,20 @@ def test_the_dag_has_the_real_heatmap_only_with_real_rows(tmp_path):
         assert "real_kl_heatmap" not in out
         assert "rule real_metrics:" not in out and "rule capture:" not in out  # the synthetic study alone
     assert not (workdir / "results").exists()
+
+
+def test_sharpness_sweep_draws_the_prediction_and_the_papers_value(tables):
+    """The ratio panel carries the second-order prediction from the comparisons' ratio_theory
+    (oriented like the ratio: a pair stored as KQV/QKQV is inverted) and the paper's value."""
+    comparisons = tables["comparisons"].copy()
+    forward = (comparisons["scheme_a"] == "QKQV") & (comparisons["scheme_b"] == "KQV")
+    comparisons["ratio_theory"] = np.where(forward, 5.7, 1.0 / 5.7)
+    fig = fg.sharpness_sweep(tables["summary"], dim=64, budget=4, distributions=["gaussian"],
+                             comparisons=comparisons, paper_ratio=2.25)
+    lines = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
+    predicted = lines["second-order prediction"].get_ydata()
+    assert np.allclose(predicted, 5.7)
+    assert np.allclose(lines["paper's value (2.25)"].get_ydata(), 2.25)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)

@@ -640,6 +640,7 @@ def _paper_copy(root: Path) -> Path:
     (paper / "generated").mkdir(parents=True)
     shutil.copy2(PAPER / "main.tex", paper / "main.tex")
     shutil.copytree(PAPER / "sections", paper / "sections")
+    shutil.copy2(PAPER / "references.bib", paper / "references.bib")
     return paper
 
 
@@ -698,6 +699,10 @@ def test_paper_compiles_with_generated_files(tmp_path, paper_study, paper_claims
         pass
     text = _latexmk(paper)
     assert "3.14" in text  # the C2 estimate, through \claim{C2}{Estimate}
+    # the bibliography ran: an entry's title is printed, and no citation is left undefined
+    assert "sequentially rejective" in text.lower()
+    log = (paper / "build" / "main.log").read_text(errors="replace")
+    assert "undefined" not in " ".join(line for line in log.splitlines() if "Citation" in line), log[-2000:]
     assert COMMIT[:12] in text and COMMIT in text
     assert "$4\\times" not in text and "4 × 10" in text  # a p-value of the tests table, typeset
     assert "R&D_50%" in text and "é~" in text  # hostile names typeset literally

@@ -47,7 +47,7 @@ FIGURE_FAMILIES: dict[str, FigureFamily] = {
     "rank_sweep": FigureFamily(("rank_sweep",), ("summary",), "Sweeps"),
     "sharpness_sweep": FigureFamily(("sharpness_sweep",), ("summary", "comparisons"), "Sweeps"),
     "theory_check": FigureFamily(("theory_check",), ("theory",), "Theory checks"),
-    "marginals": FigureFamily(("marginals",), ("data",), "Theory checks"),
+    "marginals": FigureFamily(("marginals",), ("data", "theory"), "Theory checks"),
     "jensen_bias": FigureFamily(("jensen_bias",), ("per_key", "theory"), "Theory checks"),
     "real_heatmap": FigureFamily(("real_kl_heatmap",), ("real_per_query",), "Real model"),
 }
@@ -110,6 +110,19 @@ def _extreme(specs: Sequence[Mapping[str, Any]], kind: str) -> list[str]:
     return [s["name"] for s in items]
 
 
+def _paper_kl_ratio(study: Any) -> float | None:
+    """The ``paper_value`` of the claims file's mean-KL ratio claim of QKQV over KQV (C2 in the
+    paper's ledger), or None when the claims file has none."""
+    from .claims import load_claims
+
+    for claim in load_claims(study.claims_file, study.headline):
+        where = claim["where"]
+        if (claim["statistic"] == "kl_ratio" and where.get("a") == "QKQV" and where.get("b") == "KQV"
+                and where.get("which", "mean") == "mean" and claim.get("paper_value") is not None):
+            return float(claim["paper_value"])
+    return None
+
+
 def figures_slice(study: Any) -> dict[str, Any]:
     """The figure stage's slice from a :class:`kvasym.study.Study`: the grid, the study's
     headline cell (:attr:`~kvasym.study.Study.headline`), the facet distributions and the
@@ -145,6 +158,8 @@ def figures_slice(study: Any) -> dict[str, Any]:
         "facet_distributions": facets,
         "rank_references": references,
         "marginal_trials": int(min(study.trials, study.theory.get("trials", study.trials), 4)),
+        # the paper's QKQV/KQV mean-KL ratio, a reference line of the sharpness sweep
+        "paper_kl_ratio": _paper_kl_ratio(study),
         "jensen_bins": 20,
         "max_points": 300,
     }

@@ -46,7 +46,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from .atomic import atomic_target  # noqa: E402
-from .render.format import pvalue_text, sig_text  # noqa: E402
+from .render.format import sig_text  # noqa: E402
 from .seeds import rng  # noqa: E402
 
 #: One LaTeX column (inches); figures are drawn at this width unless stated otherwise.
@@ -796,11 +796,14 @@ def theory_check(theory: pd.DataFrame, *, dim: int | None = None, distributions:
 
 
 @styled
-def marginals(samples: Mapping[str, tuple[np.ndarray, int]], *, bins: int = 40, ncols: int = 2) -> Figure:
+def marginals(samples: Mapping[str, tuple[np.ndarray, int]], *, ks_rows: pd.DataFrame | None = None,
+              dim: int | None = None, bins: int = 40, ncols: int = 2) -> Figure:
     """Histograms (density) of rotated unit-vector coordinates per distribution against the
-    Beta coordinate density of the working dimension, with the one-sample KS test."""
+    Beta coordinate density of the working dimension, labelled with the Kolmogorov distance
+    from that law and its interval as the theory table gives it (``ks_rows``: its ``ks_beta``
+    rows at ``dim``; one procedure for the figure, the table and claims C5m/C5h). Without a
+    row for a distribution the panel says so rather than computing a second number."""
     from .codebook import coordinate_pdf
-    from .theory import ks_against_beta
 
     title = "Rotated key coordinates vs the Beta law"
     items = [(str(name), np.asarray(v, dtype=float), int(d)) for name, (v, d) in samples.items()]
@@ -822,10 +825,15 @@ def marginals(samples: Mapping[str, tuple[np.ndarray, int]], *, bins: int = 40, 
         pdf = coordinate_pdf(grid, work_dim)
         ax.plot(grid, pdf, color="black", lw=1.0)
         top = max(top, float(np.max(heights)), float(np.max(pdf)))
-        text = f"n = {values.size}"
-        if values.size >= 2:
-            ks = ks_against_beta(values, work_dim)
-            text = f"KS = {sig_text(ks['statistic'])}, p = {pvalue_text(_log10(ks['p']))}\nn = {values.size}"
+        row = (None if ks_rows is None or "check" not in ks_rows.columns
+               else _select(ks_rows, check="ks_beta", distribution=name, **({} if dim is None else {"dim": dim})))
+        if row is None or row.empty:
+            text = "no KS row in the theory table"
+        else:
+            r = row.iloc[0]
+            ci = (f" [{sig_text(float(r['low']))}, {sig_text(float(r['high']))}]"
+                  if np.isfinite(r["low"]) and np.isfinite(r["high"]) else "")
+            text = f"KS distance {sig_text(float(r['estimate']))}{ci}\nn = {int(r['n'])} keys"
         ax.text(0.02, 0.97, text, transform=ax.transAxes, va="top", ha="left", fontsize=6)
         ax.set_title(safe_text(f"{name} (D = {work_dim})"))
         ax.set_xlim(-half, half)
@@ -834,10 +842,6 @@ def marginals(samples: Mapping[str, tuple[np.ndarray, int]], *, bins: int = 40, 
     fig.supylabel("density")
     _suptitle(fig, "Rotated key coordinates (grey) vs the unit-vector coordinate law in dimension D (line)")
     return fig
-
-
-def _log10(p: float) -> float:
-    return math.log10(p) if p > 0 else -math.inf
 
 
 def _slope_label(slopes: pd.DataFrame | None, scheme: str, **cell: Any) -> str:
@@ -956,10 +960,13 @@ def sharpness_sweep(
     comparisons: pd.DataFrame | None = None,
     pair: tuple[str, str] = ("QKQV", "KQV"),
     colors: Mapping[str, str] | None = None,
+    paper_ratio: float | None = None,
 ) -> Figure:
     """Per distribution (rows): mean KL of each scheme against the sharpness (log-log), and
     the ratio ``pair[0] / pair[1]`` of mean KL (QKQV over KQV: above 1 means KQV is better),
-    with its paired bootstrap CI when ``comparisons`` is given."""
+    with its paired bootstrap CI and its second-order prediction (the key sides' error-energy
+    ratio, :func:`kvasym.theory.predicted_kl_ratio`) when ``comparisons`` is given, and the
+    paper's value of the ratio (``paper_ratio``, from the claims file) as a reference line."""
     title = "Sharpness sweep"
     num, den = pair
     dim, dim_note = _choose(summary, "dim", dim)
@@ -984,14 +991,24 @@ def sharpness_sweep(
         common = sorted(set(a.index) & set(b.index))
         if common:
             ratio = a.loc[common].to_numpy(dtype=float) / b.loc[common].to_numpy(dtype=float)
-            low = high = None
+            low = high = theory = None
             if comparisons is not None and not comparisons.empty and "ratio_mean" in comparisons.columns:
-                low, high = _ratio_ci(comparisons, dist, dim, budget, common, num, den)
-            ax_ratio.plot(common, ratio, color="black", marker="o", markersize=3.5, lw=1.1, zorder=3)
+                low, high, theory = _ratio_ci(comparisons, dist, dim, budget, common, num, den)
+            ax_ratio.plot(common, ratio, color="black", marker="o", markersize=3.5, lw=1.1, zorder=3,
+                          label="measured")
             if low is not None and np.isfinite(low).any():
                 ax_ratio.fill_between(common, low, high, color="0.5", alpha=0.3, linewidth=0, zorder=2)
+            if theory is not None and np.isfinite(theory).any():
+                ax_ratio.plot(common, theory, color="tab:blue", ls=":", lw=1.3, zorder=4,
+                              label="second-order prediction")
+            if paper_ratio is not None:
+                ax_ratio.axhline(paper_ratio, color="tab:red", ls="-.", lw=0.9, zorder=1,
+                                 label=safe_text(f"paper's value ({_fmt(paper_ratio)})"))
             ax_ratio.axhline(1.0, color="0.4", ls="--", lw=0.8)
-            spread = np.r_[ratio, [] if low is None else low, [] if high is None else high, 1.0]
+            if i == 0:
+                ax_ratio.legend(loc="best", fontsize=6, frameon=False)
+            spread = np.r_[ratio, [] if low is None else low, [] if high is None else high, 1.0,
+                           [] if theory is None else theory, [] if paper_ratio is None else [paper_ratio]]
             finite = spread[np.isfinite(spread) & (spread > 0)]
             if finite.size and finite.max() / finite.min() > 10:
                 _log_axis(ax_ratio, "y", finite)
@@ -1017,18 +1034,23 @@ def sharpness_sweep(
 
 
 def _ratio_ci(comparisons: pd.DataFrame, dist: str, dim: Any, budget: Any, sharpness: Sequence[float], num: str,
-              den: str) -> tuple[np.ndarray, np.ndarray]:
-    """CI of mean KL num/den per sharpness, oriented by :func:`kvasym.cells.pair_ratio`."""
+              den: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CI of mean KL num/den per sharpness, oriented by :func:`kvasym.cells.pair_ratio`, and the
+    second-order prediction of the ratio (the comparisons' ``ratio_theory``, NaN if absent)."""
     from .cells import MissingCell, pair_ratio
 
     low, high = np.full(len(sharpness), np.nan), np.full(len(sharpness), np.nan)
+    theory = np.full(len(sharpness), np.nan)
     for k, s in enumerate(sharpness):
         try:
             ratio = pair_ratio(comparisons, num, den, distribution=dist, dim=dim, budget=budget, sharpness=float(s))
         except MissingCell:
             continue  # no comparison at this sharpness: the panel shows the point without a band
         low[k], high[k] = ratio["low"], ratio["high"]
-    return low, high
+        value = float(ratio["row"].get("ratio_theory", np.nan))
+        if np.isfinite(value) and value > 0:
+            theory[k] = 1.0 / value if ratio["swapped"] else value
+    return low, high, theory
 
 
 #: Colour map of the heat maps: sequential and colour-blind safe; cells without a finite

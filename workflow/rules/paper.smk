@@ -51,6 +51,7 @@ rule paper:
     input:
         main="paper/main.tex",
         sections=sorted(str(p) for p in Path("paper/sections").glob("*.tex")),
+        bibliography="paper/references.bib",
         tables=rules.tables.output,
         numbers=rules.numbers.output,
         claims=rules.claims.output.tex,

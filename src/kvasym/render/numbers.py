@@ -213,6 +213,8 @@ def numbers_macros(slice_: Mapping[str, Any]) -> dict[str, str]:
             "Threshold": ("n/a" if "value" not in rule else f"{plain(100 * float(rule['value']))}\\%"
                           if rule.get("op") == "within" else plain(rule["value"])),
             "MaxLogP": plain(rule["max_log10_p"]) if "max_log10_p" in rule else "n/a",
+            # a 'within' rule's declared target (e.g. the paper's number), when it has one
+            "Target": plain(rule["target"]) if "target" in rule else "n/a",
             "MaxP": f"10^{{{plain(rule['max_log10_p'])}}}" if "max_log10_p" in rule else r"\textnormal{n/a}",
         }
         for key, value in claim.get("where", {}).items():

@@ -212,6 +212,8 @@ def theory_context(theory: pd.DataFrame) -> dict[str, Any]:
             "distribution": str(dist), "dim": int(dim), "rows": rows,
             "ks_d": float(ks["statistic"].iloc[0]) if not ks.empty else math.nan,
             "ks_p": float(ks["p"].iloc[0]) if not ks.empty else math.nan,
+            "ks_low": float(ks["low"].iloc[0]) if not ks.empty else math.nan,
+            "ks_high": float(ks["high"].iloc[0]) if not ks.empty else math.nan,
         })
     if not groups:
         raise KvasymError("the theory table is empty")
