@@ -132,6 +132,66 @@ def test_ks_matches_scipy(sizes: tuple[int, int]) -> None:
     assert S.ks_2samp(x[:300], y[:300])["d"] == pytest.approx(d_bf, abs=1e-15)
 
 
+def _ks_by_enumeration(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(D, exact p) by brute force: D = max |F_x - F_y| over the pooled values, p = the share of
+    all C(N, m) splits of the pooled sample (ties kept) whose D is at least the observed one."""
+    pooled = np.concatenate([x, y])
+    grid = np.unique(pooled)
+
+    def dist(a: np.ndarray, b: np.ndarray) -> float:
+        return float(np.max(np.abs((a[:, None] <= grid).mean(0) - (b[:, None] <= grid).mean(0))))
+
+    d_obs = dist(x, y)
+    hits = total = 0
+    for chosen in itertools.combinations(range(pooled.size), x.size):
+        mask = np.zeros(pooled.size, dtype=bool)
+        mask[list(chosen)] = True
+        hits += dist(pooled[mask], pooled[~mask]) >= d_obs - 1e-12
+        total += 1
+    return d_obs, hits / total
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ks_with_ties_is_exact_against_every_split(seed: int) -> None:
+    """Discrete values (top-5 recall lives in {0, .2, ..., 1}): the p-value is the exact one
+    given the ties, checked by enumerating all C(13, 6) = 1716 splits; scipy's continuous exact
+    p-value, which the study used before, is larger (it ignores the ties)."""
+    g = np.random.default_rng(100 + seed)
+    x = g.integers(0, 6, 6) / 5.0
+    y = g.integers(1 + seed % 2, 6, 7) / 5.0
+    out = S.ks_2samp(x, y)
+    d_ref, p_ref = _ks_by_enumeration(x, y)
+    assert out["exact_ties"] == 1
+    assert out["d"] == pytest.approx(d_ref, abs=1e-15)
+    assert out["p"] == pytest.approx(p_ref, rel=1e-12)
+    assert S.ks_2samp(y, x)["p"] == pytest.approx(p_ref, rel=1e-12)  # symmetric
+    assert out["p"] < ss.ks_2samp(x, y, method="exact").pvalue
+
+
+def test_ks_exact_ties_without_ties_is_the_classical_exact_test() -> None:
+    g = np.random.default_rng(8)
+    for m, n in ((7, 9), (30, 41), (120, 80)):
+        x, y = g.normal(0.0, 1.0, m), g.normal(0.4, 1.0, n)
+        got = S.ks_2samp_exact_ties(x, y)
+        ref = ss.ks_2samp(x, y, method="exact")
+        assert got["d"] == pytest.approx(ref.statistic, abs=1e-15)
+        assert got["p"] == pytest.approx(ref.pvalue, rel=1e-9)
+        assert S.ks_2samp(x, y)["exact_ties"] == 0  # no ties: scipy, as before
+
+
+def test_ks_large_tied_samples_fall_back_to_scipy(monkeypatch) -> None:
+    g = np.random.default_rng(9)
+    x, y = g.integers(0, 6, 400) / 5.0, g.integers(0, 6, 300) / 5.0
+    exact = S.ks_2samp(x, y)
+    monkeypatch.setattr(S, "KS_EXACT_TIES_MAX_WORK", 300 * 700 - 1)
+    fallback = S.ks_2samp(x, y)
+    assert (exact["exact_ties"], fallback["exact_ties"]) == (1, 0)
+    assert fallback["p"] == pytest.approx(ss.ks_2samp(x, y).pvalue, rel=1e-12)
+    assert exact["d"] == fallback["d"]
+    # all values equal: D = 0, p = 1
+    assert S.ks_2samp_exact_ties(np.ones(3), np.ones(4))["p"] == 1.0
+
+
 def test_ks_asymptotic_formula_is_the_kolmogorov_tail() -> None:
     # the fallback uses p ~ 2 exp(-2 t^2), t = sqrt(n_eff) D: the leading term of the
     # Kolmogorov distribution's survival function, accurate in the far tail

@@ -44,6 +44,7 @@ __all__ = [
     "LOG10_SMALLEST_SUBNORMAL",
     "mann_whitney",
     "ks_2samp",
+    "ks_2samp_exact_ties",
     "wilcoxon_paired",
     "energy_distance",
     "bootstrap_ratio_ci",
@@ -212,8 +213,16 @@ def mann_whitney(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
     }
 
 
-def ks_2samp(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
-    """Two-sample two-sided Kolmogorov-Smirnov test (``scipy.stats.ks_2samp``, method "auto").
+# ---------------------------------------------------------- exact KS with ties (discrete data)
+
+KS_EXACT_TIES_MAX_WORK = 20_000_000
+"""Largest ``min(n_x, n_y) * (n_x + n_y)`` for which :func:`ks_2samp` computes the exact p-value
+of tied samples (:func:`ks_2samp_exact_ties`, about 0.3 s at the limit); beyond it the
+asymptotic p-value, which ties make conservative."""
+
+
+def ks_2samp_exact_ties(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
+    """Exact two-sided two-sample Kolmogorov-Smirnov p-value given the (tied) pooled sample.
 
     Parameters
     ----------
@@ -225,7 +234,94 @@ def ks_2samp(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
     Returns
     -------
     dict
-        Keys ``d, p, log10_p, log10_p_from_bound, n_x, n_y`` (definitions in the Notes).
+        Keys ``d`` (the statistic), ``p`` (exact), ``n_x``, ``n_y``.
+
+    Raises
+    ------
+    KvasymError
+        If a sample is not 1-D, is empty or contains NaN.
+
+    Notes
+    -----
+    Under the null hypothesis every split of the pooled sample z (N = m + n values, ties kept)
+    into m values for x and n for y is equally likely (the permutation distribution; conditional
+    on the observed ties). Walk the sorted pooled sample: after k values, i came from x and
+    j = k - i from y. The empirical CDFs can only be compared where the pooled value changes (at
+    the end of each block of tied values), where F_x - F_y = i/m - j/n; hence
+    D = max over block ends of |i n - j m| / (m n), computed in integers. The p-value
+    P(D* >= D) is the probability that a uniformly random lattice path from (0, 0) to (m, n)
+    reaches |i n - j m| >= D m n at a block end: a forward recursion over k on the probability
+    of each (i, k - i), a step to x from (i, j) having probability (m - i) / (N - k), that adds
+    the mass reaching the boundary at a block end to p and removes it (Hodges 1957; ties as in
+    Schroer & Trenkler 1995 and R's ``psmirnov(exact = TRUE)``, R >= 4.3, which condition on
+    the observed ties). Summing the exiting mass keeps small p-values accurate (no ``1 - q``).
+    Without ties it is the classical exact p-value (scipy's ``method="exact"``). Work grows as
+    min(m, n) (m + n); see :data:`KS_EXACT_TIES_MAX_WORK`.
+
+    References
+    ----------
+    .. [1] Hodges, J. L. (1957) "The significance probability of the Smirnov two-sample test",
+       Arkiv for Matematik 3(5):469-486.
+    .. [2] Schroer, G., Trenkler, D. (1995) "Exact and randomization distributions of
+       Kolmogorov-Smirnov tests two or three samples", Comput. Stat. Data Anal. 20(2):185-202.
+    .. [3] R Core Team, ``ks.test`` and ``psmirnov`` (package stats, R >= 4.3): exact p-values
+       with ties.
+    """
+    xa = _as_1d(x, "x")
+    ya = _as_1d(y, "y")
+    sizes = {"n_x": int(xa.size), "n_y": int(ya.size)}
+    if ya.size < xa.size:  # the recursion runs over the smaller sample's count (D is symmetric)
+        xa, ya = ya, xa
+    m, n = xa.size, ya.size
+    big_n = m + n
+    xs = np.sort(xa)
+    values, counts = np.unique(np.concatenate([xa, ya]), return_counts=True)
+    ends = np.cumsum(counts)
+    i_end = np.searchsorted(xs, values, side="right").astype(np.int64)
+    gap = np.abs(i_end * n - (ends - i_end) * m)
+    h_obs = int(gap.max())
+    out: dict[str, float | int] = {"d": h_obs / (m * n), "p": 1.0, **sizes}
+    if h_obs == 0:
+        return out
+    is_end = np.zeros(big_n + 1, dtype=bool)
+    is_end[ends[:-1]] = True  # (the last end, (m, n), is never on the boundary)
+    i_all = np.arange(m + 1, dtype=np.float64)
+    x_step = m + 1.0 - i_all  # (m - (i - 1)): remaining x values before an x step into i
+    i_times_n = np.arange(m + 1, dtype=np.int64) * big_n
+    u = np.zeros(m + 1)
+    u[0] = 1.0
+    p = 0.0
+    for k in range(1, big_n + 1):
+        # probability of (i, k - i): a y step from (i, k - 1 - i) has probability
+        # (n - (k - 1 - i)) / (N - k + 1), an x step from (i - 1, k - i) (m - i + 1) / (N - k + 1);
+        # outside the lattice u is 0, so the (then meaningless) factors multiply zeros
+        new = u * (i_all + float(n - k + 1))
+        new[1:] += u[:-1] * x_step[1:]
+        new /= float(big_n - k + 1)
+        if is_end[k]:  # |i n - j m| = |i N - k m| at a block end
+            hit = np.abs(i_times_n - k * m) >= h_obs
+            p += float(new[hit].sum())
+            new[hit] = 0.0
+        u = new
+    out["p"] = min(1.0, p)
+    return out
+
+
+def ks_2samp(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
+    """Two-sample two-sided Kolmogorov-Smirnov test, exact given ties (else scipy, method "auto").
+
+    Parameters
+    ----------
+    x : array_like
+        First sample, 1-D (no NaN).
+    y : array_like
+        Second sample, 1-D.
+
+    Returns
+    -------
+    dict
+        Keys ``d, p, log10_p, log10_p_from_bound, exact_ties, n_x, n_y`` (definitions in the
+        Notes).
 
     Raises
     ------
@@ -235,7 +331,12 @@ def ks_2samp(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
     Notes
     -----
     - ``d`` = sup_t |F_x(t) - F_y(t)| (scipy's statistic), in [0, 1].
-    - ``p`` = scipy's two-sided p-value (exact for small samples, asymptotic otherwise).
+    - ``p``: when the pooled sample has ties (discrete metrics, e.g. top-5 recall in
+      {0, .2, ..., 1}, or per-trial values repeated on every query) and
+      min(n_x, n_y) (n_x + n_y) <= :data:`KS_EXACT_TIES_MAX_WORK`, the exact p-value given the
+      ties (:func:`ks_2samp_exact_ties`; ``exact_ties`` = 1): scipy's exact method assumes a
+      continuous law, and with ties its p-value is too large (conservative). Otherwise scipy's
+      two-sided p-value (exact for small samples, asymptotic otherwise; ``exact_ties`` = 0).
     - ``log10_p`` = log10(p) when p > 0. When p underflowed to 0.0, the leading term of the
       asymptotic Kolmogorov formula, p ~ 2 exp(-2 n_eff D^2) with n_eff = n m / (n + m), gives
       log10 p ~ log10 2 - 2 n_eff D^2 / ln 10; since the true p is below the smallest positive
@@ -252,12 +353,19 @@ def ks_2samp(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
     """
     xa = _as_1d(x, "x")
     ya = _as_1d(y, "y")
-    with warnings.catch_warnings():
-        # scipy warns when its exact method falls back to the asymptotic one; that is expected.
-        warnings.filterwarnings("ignore", message=".*[Ee]xact calculation unsuccessful.*")
-        res = scipy.stats.ks_2samp(xa, ya, alternative="two-sided", method="auto")
-    d = float(res.statistic)
-    p = float(res.pvalue)
+    pooled = np.concatenate([xa, ya])
+    tied = np.unique(pooled).size < pooled.size
+    exact_ties = int(tied and min(xa.size, ya.size) * pooled.size <= KS_EXACT_TIES_MAX_WORK)
+    if exact_ties:
+        res_ties = ks_2samp_exact_ties(xa, ya)
+        d, p = float(res_ties["d"]), float(res_ties["p"])
+    else:
+        with warnings.catch_warnings():
+            # scipy warns when its exact method falls back to the asymptotic one; that is expected.
+            warnings.filterwarnings("ignore", message=".*[Ee]xact calculation unsuccessful.*")
+            res = scipy.stats.ks_2samp(xa, ya, alternative="two-sided", method="auto")
+        d = float(res.statistic)
+        p = float(res.pvalue)
     from_bound = 0
     if p > 0.0:
         log10_p = min(0.0, math.log10(p))
@@ -270,6 +378,7 @@ def ks_2samp(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
         "p": p,
         "log10_p": float(log10_p),
         "log10_p_from_bound": from_bound,
+        "exact_ties": exact_ties,
         "n_x": int(xa.size),
         "n_y": int(ya.size),
     }
