@@ -410,3 +410,15 @@ def test_capture_rejects_bad_options(model) -> None:
         capture_text(model, SHORT_TEXT, name="x", max_tokens=0)
     with pytest.raises(KvasymError, match="empty"):
         capture_text(model, "", name="x")
+
+
+def test_shipped_texts_are_enough_ascii_units_of_512_tokens(model) -> None:
+    """The real rows' independent unit is the text (issue 14): at least 16 shipped, distinct,
+    plain ASCII, each giving the paper config's 512 tokens (so no text is cut short)."""
+    files = resolve_texts(None)
+    assert len(files) >= 16
+    bodies = [f.read_bytes() for f in files]
+    assert all(b.isascii() for b in bodies)
+    assert len({hashlib.sha256(b).hexdigest() for b in bodies}) == len(bodies)
+    counts = {f.stem: int(model.encode(b.decode("ascii")).size) for f, b in zip(files, bodies)}
+    assert min(counts.values()) >= 512, counts

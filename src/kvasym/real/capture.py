@@ -28,7 +28,7 @@ name                       shape           dtype    what
 =========================  ==============  =======  ==========================================
 
 Sizes: float32 activations take ``L * (3 Hkv + 2 Hq) * T * D * 4`` bytes, ~200 KiB per token
-with all 30 layers (the four shipped texts, 2756 tokens: ~540 MiB); ``--layers`` and
+with all 30 layers (the sixteen shipped texts, 11102 tokens in all: ~2.1 GiB); ``--layers`` and
 ``--max-tokens`` cut it down.
 
 Attention of query head ``h`` at position ``i`` in layer ``l`` is

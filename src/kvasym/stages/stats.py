@@ -7,11 +7,19 @@ oriented with :func:`kvasym.cells.pair_ratio`) beside its second-order predictio
 sides' closed-form error energies (``ratio_theory``, :func:`kvasym.theory.predicted_kl_ratio`);
 the energy distance between the six-dimensional error clouds; per-cell summaries and per-trial
 means.
+
+The independent unit of the per-unit tests and intervals is the trial for synthetic
+distributions (every trial an independent draw) and the TEXT for real-model ones, whose trials
+are (text, layer, KV head) caches nested in texts (their files map trials to texts in the
+``trial_map`` metadata): a text's caches are resampled together and enter the paired tests as
+one mean. Each comparison row says which (``unit``: trial, text, or query for the energy
+distance's permutations) and how many (``n_units``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Mapping, Sequence
 from itertools import combinations
@@ -47,6 +55,52 @@ def _by_trial(frame: pd.DataFrame, metric: str) -> list[np.ndarray]:
     return [g[metric].to_numpy() for _, g in frame.groupby("trial", sort=True)]
 
 
+def _by_unit(frame: pd.DataFrame, metric: str, texts: Mapping[int, str] | None) -> list[np.ndarray]:
+    """The metric's values of each unit (texts sorted by name, or trials), queries in order."""
+    if texts is None:
+        return _by_trial(frame, metric)
+    unit = frame["trial"].map(texts)
+    return [g[metric].to_numpy() for _, g in frame.assign(_unit=unit).groupby("_unit", sort=True)]
+
+
+def trial_texts(paths: Sequence[str | os.PathLike]) -> dict[int, str] | None:
+    """The text of every trial from the per-query files' ``trial_map`` metadata (real-model
+    files), or None when no file has one (synthetic: each trial is its own unit).
+
+    Raises
+    ------
+    KvasymError
+        Naming the file, when some files have a map and others not, a map is not a JSON list
+        of objects with an integer ``trial`` and a string ``text``, or two files map a trial to
+        different texts.
+    """
+    import pyarrow.parquet as pq
+
+    maps: dict[int, str] = {}
+    with_map = []
+    for path in paths:
+        raw = (pq.read_schema(path).metadata or {}).get(b"trial_map")
+        with_map.append(raw is not None)
+        if raw is None:
+            continue
+        try:
+            entries = json.loads(raw)
+        except ValueError as exc:
+            raise KvasymError(f"{path}: its trial_map is not valid JSON ({exc})") from None
+        for entry in entries if isinstance(entries, list) else [None]:
+            trial = entry.get("trial") if isinstance(entry, dict) else None
+            text = entry.get("text") if isinstance(entry, dict) else None
+            if isinstance(trial, bool) or not isinstance(trial, int) or not isinstance(text, str):
+                raise KvasymError(f"{path}: its trial_map must list {{trial: int, text: str}} objects, got {entry!r}")
+            if maps.setdefault(trial, text) != text:
+                raise KvasymError(f"{path}: its trial_map puts trial {trial} in text {text!r}, another file in "
+                                  f"{maps[trial]!r}")
+    if any(with_map) and not all(with_map):
+        missing = [str(p) for p, has in zip(paths, with_map) if not has]
+        raise KvasymError(f"{missing[0]}: no trial_map, where the other per-query files of its cell have one")
+    return maps if any(with_map) else None
+
+
 def run_stats(
     slice_: Mapping[str, Any],
     per_query_paths: Sequence[str | os.PathLike],
@@ -65,6 +119,11 @@ def run_stats(
     if missing:
         raise KvasymError(f"metrics of scheme(s) {sorted(missing)} are missing from the stats inputs")
     specs = {name: scheme_from_dict(name, slice_["scheme_specs"][name]) for name in schemes}
+    texts = trial_texts(list(per_query_paths))
+    unmapped = set() if texts is None else set(frame["trial"].unique().tolist()) - set(texts)
+    if unmapped:
+        raise KvasymError(f"trial(s) {sorted(unmapped)[:5]} of the per-query files are not in their trial_map")
+    unit = {"unit": "trial" if texts is None else "text"}
     rows: list[dict[str, Any]] = []
     summaries: list[dict[str, Any]] = []
     for (budget, sharpness), group in frame.groupby(["budget", "sharpness"], sort=True):
@@ -86,14 +145,16 @@ def run_stats(
         for a, b in combinations(schemes, 2):
             ga, gb = per_scheme[a], per_scheme[b]
             identity = (slice_["distribution"], int(slice_["dim"]), int(budget), float(sharpness).hex(), a, b)
+            trials_a = sorted(ga["trial"].unique().tolist())
+            units = None if texts is None else [texts[t] for t in trials_a]
             for metric in COMPARED_METRICS:
-                result = stats.compare(_by_trial(ga, metric), _by_trial(gb, metric))
+                result = stats.compare(_by_trial(ga, metric), _by_trial(gb, metric), units=units)
                 row = {**cell, "scheme_a": a, "scheme_b": b, "metric": metric,
-                       "per_trial_only": metric in PER_TRIAL_ONLY, **result}
+                       "per_trial_only": metric in PER_TRIAL_ONLY, **unit, **result}
                 if metric == "kl":
                     for label, statistic in (("mean", "mean"), ("p99", ("quantile", 0.99))):
                         ci = stats.bootstrap_ratio_ci(
-                            _by_trial(ga, "kl"), _by_trial(gb, "kl"), statistic=statistic,
+                            _by_unit(ga, "kl", texts), _by_unit(gb, "kl", texts), statistic=statistic,
                             n_boot=settings["n_boot"], base_seed=slice_["base_seed"],
                             identity=(*identity, "kl", label), paired=True, undefined="nan",
                         )
@@ -108,6 +169,7 @@ def run_stats(
                 identity=(*identity, "error6d"), max_n=settings["energy_max_n"],
             )
             rows.append({**cell, "scheme_a": a, "scheme_b": b, "metric": "error6d", "per_trial_only": False,
+                         "unit": "query",
                          "energy": energy["statistic"], "energy_p": energy["p"],
                          "energy_log10_p": energy["log10_p"], "n_a": energy["n_x"], "n_b": energy["n_y"]})
     trial_means = (
