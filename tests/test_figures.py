@@ -735,7 +735,10 @@ def test_real_family_inputs_flags_and_dag_presence(tmp_path, monkeypatch):
     assert not any("real_per_query" in fs.FAMILY_INPUTS[f] for f in fs.FAMILIES if f != "real_heatmap")
     # the DAG has the family only with real-model rows
     assert fs.dag_families(True) == fs.FAMILIES
-    assert fs.dag_families(False) == {f: n for f, n in fs.FAMILIES.items() if f != "real_heatmap"}
+    assert fs.dag_families(False) == {f: n for f, n in fs.FAMILIES.items() if f not in ("real_heatmap", "e2e")}
+    # the end-to-end family only with end-to-end passes (real.e2e not off)
+    assert fs.E2E_FAMILIES == ("e2e",)
+    assert fs.dag_families(True, False) == {f: n for f, n in fs.FAMILIES.items() if f != "e2e"}
     assert fs.figure_files("out", ["real_heatmap"]) == ["out/real_kl_heatmap.pdf", "out/real_kl_heatmap.png"]
     from kvasym import figure_registry as registry
 

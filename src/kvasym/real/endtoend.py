@@ -260,6 +260,7 @@ def evaluate_text(
     ropes: Iterable[str] = ROPE_MODES,
     own: str = "exact",
     sensitivity_budget: int | None = None,
+    sensitivity_layers: Sequence[int] | None = None,
     sensitivity_rope: str = "post",
     norm_dtype: str = "float32",
 ) -> dict[str, np.ndarray]:
@@ -267,7 +268,8 @@ def evaluate_text(
 
     Passes: every scheme x budget x RoPE mode with every layer quantized (``layer`` =
     :data:`ALL_LAYERS`), then, with ``sensitivity_budget``, every scheme with one layer at a
-    time quantized at that budget (``layer`` = its number; RoPE mode ``sensitivity_rope``),
+    time (``sensitivity_layers``, default every layer) quantized at that budget (``layer`` = its
+    number; RoPE mode ``sensitivity_rope``),
     restarted from the reference's residual stream at that layer (the layers before it are
     the reference's). Returns equal-length columns ``text, position, scheme, budget, rope,
     own, layer, nll, nll_ref, kl, top1`` and the pass's mean measured bits per coordinate
@@ -300,7 +302,10 @@ def evaluate_text(
                 add(quant, ALL_LAYERS, hidden, bits)
     if sensitivity_budget is not None:
         for scheme in schemes:
-            for layer in range(len(model.layers)):
+            for layer in (range(len(model.layers)) if sensitivity_layers is None else sensitivity_layers):
+                layer = int(layer)
+                if not 0 <= layer < len(model.layers):
+                    raise KvasymError(f"sensitivity layer {layer} out of range 0..{len(model.layers) - 1}")
                 quant = CacheQuantization(scheme, int(sensitivity_budget), base_seed, text, rope=sensitivity_rope,
                                           own=own, layers=frozenset({layer}), norm_dtype=norm_dtype)
                 bits = []
