@@ -72,7 +72,8 @@ ROPE_MODES = ("post", "pre")
 OWN_MODES = ("exact", "quantized")
 #: ``layer`` of the rows whose pass quantized every layer (a single layer's pass gives its number).
 ALL_LAYERS = -1
-#: Rows of the (rows, vocab) logits handled at once: 128 x 49152 float64 is ~50 MB.
+#: Rows of the (rows, vocab) logits handled at once: 128 x 49152 float64 is ~50 MB. (The
+#: reference's probabilities are held whole: T x 49152 float64, ~200 MB at 512 tokens.)
 METRIC_BLOCK_ROWS = 128
 BITS_COLUMNS = tuple(f"{side.lower()}_bits_{part}" for side in SIDES for part in ("payload", "side"))
 
@@ -194,6 +195,7 @@ class Reference:
     residuals: list[np.ndarray]  # residual stream entering each layer, (T, d_model) each
     logits: np.ndarray  # (T - 1, vocab) float32
     lse: np.ndarray  # (T - 1,) float64 log-partition
+    probs: np.ndarray  # (T - 1, vocab) float64 next-token probabilities, each row summing to 1
     top1: np.ndarray  # (T - 1,) argmax
     nll: np.ndarray  # (T - 1,) float64
 
@@ -217,7 +219,10 @@ def reference_pass(model: GGUFLlama, token_ids: np.ndarray) -> Reference:
     lse = _log_partition(logits)
     targets = frame.ids[1:]
     nll = lse - logits[np.arange(targets.size), targets].astype(np.float64)
-    return Reference(ids=frame.ids, frame=frame, residuals=residuals, logits=logits, lse=lse,
+    # formed once per text in float64 (every quantized pass of the text reuses them)
+    probs = np.exp(logits.astype(np.float64) - lse[:, None])
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return Reference(ids=frame.ids, frame=frame, residuals=residuals, logits=logits, lse=lse, probs=probs,
                      top1=np.argmax(logits, axis=-1), nll=nll)
 
 
@@ -234,12 +239,9 @@ def next_token_metrics(model: GGUFLlama, ref: Reference, hidden: np.ndarray) -> 
         stop = min(start + METRIC_BLOCK_ROWS, n)
         rows = np.arange(stop - start)
         z_hat = model.logits(hidden[start:stop])
-        z = ref.logits[start:stop]
         lse_hat = _log_partition(z_hat)
-        p = np.exp(z.astype(np.float64) - ref.lse[start:stop, None])
-        p /= p.sum(axis=-1, keepdims=True)
-        diff = z.astype(np.float64) - z_hat
-        kl[start:stop] = np.einsum("rv,rv->r", p, diff) - ref.lse[start:stop] + lse_hat
+        diff = np.subtract(ref.logits[start:stop], z_hat, dtype=np.float64)  # exact: float32 inputs
+        kl[start:stop] = np.einsum("rv,rv->r", ref.probs[start:stop], diff) - ref.lse[start:stop] + lse_hat
         nll[start:stop] = lse_hat - z_hat[rows, targets[start:stop]].astype(np.float64)
         top1[start:stop] = np.argmax(z_hat, axis=-1) == ref.top1[start:stop]
     return {"nll": nll, "kl": kl, "top1": top1}
