@@ -45,5 +45,6 @@ rule all:
         metrics_tables(),
         rules.gather.output,
         rules.claims.output,
+        e2e_targets(),
         figure_outputs().values(),
         paper_targets(),

@@ -264,7 +264,7 @@ def test_real_defaults_match_real_settings():
         ({"claims_file": "  "}, "config key claims_file: must be a path to a YAML file, got '  '"),
         ({"real": {"texts": "some"}}, "config key real.texts: must be all or a non-empty list of distinct text names"),
         ({"real": {"layers": [0, 30]}}, "config key real.layers: must be all or a non-empty list of distinct layer"),
-        ({"real": {"max_token": 5}}, "unknown config key(s): real.max_token; allowed: layers, max_tokens, texts"),
+        ({"real": {"max_token": 5}}, "unknown config key(s): real.max_token; allowed: e2e, layers, max_tokens, texts"),
         ({"real": 3}, "config key real: must be a mapping, or off (or false), got 3"),
         ({"headline": {"dim": 64.0}}, "config key headline.dim: must be an integer, got 64.0"),
         ({"headline": [64]}, "config key headline: must be a mapping, got [64]"),

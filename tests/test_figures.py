@@ -455,7 +455,8 @@ def test_run_figures_writes_every_file(tmp_path, monkeypatch, real_rows):
     assert len(written) == 2 * len(FIGURES)
     assert [name for name, _, _ in drawn] == list(FIGURES)
     empty = {name for name, title, _ in drawn if "nothing to show" in title}
-    assert empty == {"marginals"}, drawn
+    # no end-to-end tables given: their figures say so (drawn from data in tests/test_real_endtoend_stats.py)
+    assert empty == {"marginals", "e2e_ppl_bits", "e2e_layer_sensitivity"}, drawn
     assert dict((name, n) for name, _, n in drawn)["shannon_phi_k"] == 6
 
 
@@ -735,7 +736,10 @@ def test_real_family_inputs_flags_and_dag_presence(tmp_path, monkeypatch):
     assert not any("real_per_query" in fs.FAMILY_INPUTS[f] for f in fs.FAMILIES if f != "real_heatmap")
     # the DAG has the family only with real-model rows
     assert fs.dag_families(True) == fs.FAMILIES
-    assert fs.dag_families(False) == {f: n for f, n in fs.FAMILIES.items() if f != "real_heatmap"}
+    assert fs.dag_families(False) == {f: n for f, n in fs.FAMILIES.items() if f not in ("real_heatmap", "e2e")}
+    # the end-to-end family only with end-to-end passes (real.e2e not off)
+    assert fs.E2E_FAMILIES == ("e2e",)
+    assert fs.dag_families(True, False) == {f: n for f, n in fs.FAMILIES.items() if f != "e2e"}
     assert fs.figure_files("out", ["real_heatmap"]) == ["out/real_kl_heatmap.pdf", "out/real_kl_heatmap.png"]
     from kvasym import figure_registry as registry
 

@@ -159,6 +159,12 @@ def test_real_metrics_table_feeds_the_stats_stage(tmp_path):
         ({"max_tokens": True}, "max_tokens"),
         ({"layers": [30]}, "layers must be 'all' or distinct layer numbers in 0..29"),
         ({"layers": [1, 1]}, "distinct"),
+        ({"e2e": {"rope": ["sideways"]}}, "real.e2e.rope"),
+        ({"e2e": {"own": "maybe"}}, "real.e2e.own"),
+        ({"e2e": {"block_tokens": 600}}, r"real.e2e.block_tokens must be an integer in 1..512"),
+        ({"e2e": {"sensitivity_layers": [30]}}, "real.e2e.sensitivity_layers"),
+        ({"e2e": {"blocks": 3}}, "real.e2e: unknown key"),
+        ({"e2e": [1]}, "real.e2e must be a mapping"),
     ],
 )
 def test_real_settings_reject_bad_config(value, message):
@@ -174,5 +180,8 @@ def test_real_settings_defaults():
     assert real_settings(None) is None
     assert real_settings("off") is None and real_settings(False) is None  # --config real=off; YAML `off`
     settings = real_settings({})
-    assert settings == {"texts": shipped_texts(), "max_tokens": 512, "layers": list(range(N_LAYERS))}
+    e2e = {"rope": ["post", "pre"], "own": "exact", "sensitivity_layers": list(range(N_LAYERS)), "block_tokens": 64}
+    assert settings == {"texts": shipped_texts(), "max_tokens": 512, "layers": list(range(N_LAYERS)), "e2e": e2e}
+    assert real_settings({"e2e": "off"})["e2e"] is None
+    assert real_settings({"e2e": {"sensitivity_layers": []}})["e2e"]["sensitivity_layers"] == []
     assert len(settings["texts"]) >= 4

@@ -123,6 +123,16 @@ def test_real_model_rows_when_the_extra_is_installed(complete_run):
     assert set(real["scheme"]) == {"KV", "KQV", "QKQV", "RKV"} and set(real["dim"]) == {64}
     assert ledger["C2r"]["verdict"] in {"holds", "does not hold", "inconclusive"}
     assert ledger["C2r"]["estimate"] > 0
+    # the end-to-end passes (real.e2e): their tables, figures and claims
+    for name in ("summary", "comparisons", "sensitivity", "agreement"):
+        assert (complete_run / f"results/real/e2e/{name}.parquet").is_file(), name
+    for name in ("e2e_ppl_bits", "e2e_layer_sensitivity"):
+        assert (complete_run / f"results/figures/{name}.pdf").is_file(), name
+    e2e = pd.read_parquet(complete_run / "results/real/e2e/summary.parquet")
+    assert set(e2e["scheme"]) == {"KV", "KQV", "QKQV", "RKV"} and set(e2e["rope"]) == {"post", "pre"}
+    assert (e2e.loc[e2e["budget"] == 2, "ppl_ratio"] > 1).all()  # at two bits every scheme hurts the model
+    for cid in ("C12e", "C2e", "C10e"):
+        assert ledger[cid]["verdict"] in {"holds", "does not hold", "inconclusive"}, cid
 
 
 def test_dag_builds_the_paper_pdf_with_its_numbers(complete_run):

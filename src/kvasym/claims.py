@@ -90,6 +90,9 @@ class Tables:
     theory: pd.DataFrame
     base_seed: int = 0
     n_boot: int = 1000
+    #: End-to-end tables of the real model (stage e2e_stats), None when not configured.
+    e2e: pd.DataFrame | None = None
+    e2e_agreement: pd.DataFrame | None = None
 
 
 def _known(value: Any, available: Any, what: str) -> None:
@@ -367,6 +370,53 @@ def stat_tail_to_mean(t: Tables, where: Mapping[str, Any]) -> Measurement:
                        details={"min": float(ratio.min()), "max": float(ratio.max()), "n_cells": int(ratio.size)})
 
 
+def _e2e_table(table: pd.DataFrame | None, what: str) -> pd.DataFrame:
+    if table is None:
+        raise MissingCell(f"no end-to-end {what} table (the real rows or real.e2e are off)")
+    return table
+
+
+def stat_e2e_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """End to end: perplexity of scheme ``a`` over scheme ``b`` (``exp(mean(nll_a - nll_b))``) at
+    ``budget`` with keys quantized ``rope`` (default post), every layer's cache quantized, with
+    its block-bootstrap interval; p from the paired Wilcoxon test over blocks of positions
+    (:func:`kvasym.real.endtoend_stats.compare_schemes`). Oriented as asked: a row stored as
+    (b, a) is inverted."""
+    table = _e2e_table(t.e2e, "comparisons")
+    rope = where.get("rope", "post")
+    rows = table[(table["rope"] == rope) & (table["budget"] == where["budget"])]
+    forward = rows[(rows["scheme_a"] == where["a"]) & (rows["scheme_b"] == where["b"])]
+    backward = rows[(rows["scheme_a"] == where["b"]) & (rows["scheme_b"] == where["a"])]
+    if forward.empty and backward.empty:
+        raise MissingCell(f"no end-to-end comparison of {where['a']} and {where['b']} at n = {where['budget']} "
+                          f"({rope})")
+    row = (forward if not forward.empty else backward).iloc[0]
+    estimate, low, high = float(row["ppl_ratio"]), float(row["ppl_ratio_low"]), float(row["ppl_ratio_high"])
+    sign = 1.0
+    if forward.empty:
+        estimate, low, high, sign = 1.0 / estimate, 1.0 / high, 1.0 / low, -1.0
+    return Measurement(estimate, low, high, float(row["log10_p"]),
+                       {"rank_biserial": sign * float(row["rank_biserial"]), "n_blocks": int(row["n_blocks"]),
+                        "n_trials": int(row["n_blocks"])},
+                       interval=True)
+
+
+def stat_e2e_rank_agreement(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """Spearman's rho over (scheme, budget) between the end-to-end perplexity increase and the
+    per-head mean attention KL, keys quantized ``rope`` (default post), with its interval from
+    resampling blocks of positions (:func:`kvasym.real.endtoend_stats.rank_agreement`)."""
+    table = _e2e_table(t.e2e_agreement, "agreement")
+    rope = where.get("rope", "post")
+    rows = table[table["rope"] == rope]
+    if rows.empty:
+        raise MissingCell(f"no end-to-end rank agreement for rope {rope}")
+    row = rows.iloc[0]
+    return Measurement(float(row["spearman"]), float(row["low"]), float(row["high"]),
+                       details={"n_cells": int(row["n_cells"]), "n_blocks": int(row["n_blocks"]),
+                                "n_trials": int(row["n_blocks"])},
+                       interval=True)
+
+
 STATISTICS: dict[str, Callable[[Tables, Mapping[str, Any]], Measurement]] = {
     "kl_ratio": stat_kl_ratio,
     "cells_better": stat_cells_better,
@@ -375,6 +425,8 @@ STATISTICS: dict[str, Callable[[Tables, Mapping[str, Any]], Measurement]] = {
     "theory": stat_theory,
     "ranking_disagreement": stat_ranking_disagreement,
     "tail_to_mean": stat_tail_to_mean,
+    "e2e_ratio": stat_e2e_ratio,
+    "e2e_rank_agreement": stat_e2e_rank_agreement,
 }
 OPS = {">=": np.greater_equal, ">": np.greater, "<=": np.less_equal, "<": np.less}
 
@@ -463,7 +515,7 @@ RULE_KEYS = {"op", "value", "max_log10_p", "target"}
 WHERE_KEYS = {
     "distribution", "dim", "sharpness", "alpha", "budget", "a", "b", "which", "metrics", "metric",
     "better", "budgets", "dims", "distributions", "all_sharpness", "num", "den", "scheme", "check", "by",
-    "paired",
+    "paired", "rope",
 }
 #: Claim ids name LaTeX macros as typed (``\\csname claim:<id>:<field>\\endcsname``): ASCII only.
 _CLAIM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}$")

@@ -32,6 +32,10 @@ FIXED_RESOURCES: dict[str, tuple[int, int]] = {
     "capture": (3000, 20),
     "real_metrics": (3000, 30),
     "real_cachestats": (3000, 10),
+    # e2e: the model (~0.9 GB), the reference logits and probabilities of one text (T x 49152
+    # float32 each) and one quantized pass; e2e_stats: the per-position tables of every text
+    "e2e": (3000, 60),
+    "e2e_stats": (2000, 10),
     "file_metrics": (1000, 30),
 }
 #: file_metrics holds the cache in float64 beside its reconstruction: MB per MB of file.

@@ -3,6 +3,8 @@
 
 rule claims:
     input:
+        # the end-to-end comparisons and rank agreement, when configured
+        unpack(e2e_claims_input),
         claims=STUDY.claims_file,
         comparisons=rules.gather.output.comparisons,
         summary=rules.gather.output.summary,
@@ -28,9 +30,10 @@ rule claims:
         base_seed=STUDY.base_seed,
         n_boot=STUDY.stats["n_boot"],
         headline=headline_param,
+        e2e=e2e_claims_flags,
     shell:
         "kvasym stage claims --claims {input.claims:q} --comparisons {input.comparisons:q}"
         " --summary {input.summary:q} --trials {input.trials:q} --theory {input.theory:q}"
-        " --base-seed {params.base_seed} --n-boot {params.n_boot} --headline {params.headline:q}"
+        " --base-seed {params.base_seed} --n-boot {params.n_boot} --headline {params.headline:q} {params.e2e}"
         " --json {output.json:q} --md {output.md:q} --tex {output.tex:q} --html {output.html:q}"
         " > {log:q} 2>&1"

@@ -158,6 +158,63 @@ def real_slice(w):
     }
 
 
+# End-to-end passes (kvasym.real.endtoend): with the real rows, unless real.e2e is off.
+E2E = REAL["e2e"] if REAL_CELLS else None
+E2E_DIR = f"{RESULTS}/real/e2e"
+E2E_TABLES = ("summary", "comparisons", "sensitivity", "agreement")
+
+
+def e2e_slice(w):
+    """What one text's end-to-end job depends on."""
+    return {
+        "text": w.text,
+        "max_tokens": REAL["max_tokens"],
+        "schemes": [
+            {"name": name, **STUDY.schemes[name].to_dict()} for name in STUDY.schemes
+        ],
+        "budgets": list(STUDY.budgets),
+        "base_seed": STUDY.base_seed,
+        "norm_dtype": STUDY.norm_dtype,
+        "e2e": {key: E2E[key] for key in ("rope", "own", "sensitivity_layers")},
+    }
+
+
+def e2e_stats_slice(w):
+    return {
+        "schemes": list(STUDY.schemes),
+        "budgets": list(STUDY.budgets),
+        "base_seed": STUDY.base_seed,
+        "n_boot": STUDY.stats["n_boot"],
+        "block_tokens": E2E["block_tokens"],
+    }
+
+
+def e2e_texts(wildcards=None):
+    return [f"{E2E_DIR}/texts/{text}.parquet" for text in REAL["texts"]]
+
+
+def e2e_targets():
+    """The end-to-end tables, when configured (empty otherwise)."""
+    return [f"{E2E_DIR}/{name}.parquet" for name in E2E_TABLES] if E2E else []
+
+
+def e2e_claims_input(wildcards):
+    return (
+        {
+            "e2e": f"{E2E_DIR}/comparisons.parquet",
+            "e2e_agreement": f"{E2E_DIR}/agreement.parquet",
+        }
+        if E2E
+        else {}
+    )
+
+
+def e2e_claims_flags(wildcards, input):
+    if not E2E:
+        return ""
+    return f"--e2e {shlex.quote(input.e2e)} --e2e-agreement {shlex.quote(input.e2e_agreement)}"
+
+
 def theory_tables():
     return [
         f"{RESULTS}/theory/{dist}/d{dim}.parquet" for dist, dim in STUDY.data_cells()
@@ -196,6 +253,8 @@ SLICES = {
     "theory": theory_slice,
     "file_metrics": file_slice,
     "real_metrics": real_slice,
+    "e2e": e2e_slice,
+    "e2e_stats": e2e_stats_slice,
 }
 
 
@@ -248,7 +307,7 @@ def per_key_inputs(w):
 # the figures: what each family draws, reads and is shown as in the report
 FIGURES_DIR = f"{RESULTS}/figures"
 # the figure families of this DAG: the real-model heat map only with real-model rows
-FIGURE_FAMILIES = dag_families(bool(REAL_CELLS))
+FIGURE_FAMILIES = dag_families(bool(REAL_CELLS), bool(E2E))
 
 
 def figure_outputs():
@@ -272,6 +331,8 @@ def figure_label(family):
     """The cell a family's figures show (the report's "cell" label)."""
     if "real_per_query" in FIGURE_REGISTRY[family].inputs:
         return f"{REAL_MODEL_NAME}, d = {REAL_HEAD_DIM}, n = {HEADLINE['budget']}"
+    if "e2e_summary" in FIGURE_REGISTRY[family].inputs:
+        return f"{REAL_MODEL_NAME}, end to end, every budget"
     return HEADLINE_LABEL
 
 
@@ -305,6 +366,9 @@ def figure_inputs(family):
             for dist, dim in REAL_CELLS
             for scheme in STUDY.schemes
         ]
+    for key in ("e2e_summary", "e2e_sensitivity"):
+        if key in wanted:
+            inputs[key] = f"{E2E_DIR}/{key.removeprefix('e2e_')}.parquet"
     return inputs
 
 
@@ -319,7 +383,7 @@ def figure_flags(wildcards, input):
 
 
 GENERATED = "paper/generated"
-TABLES = ["results", "tests", "theory", "claims", "disagreements", "real"]
+TABLES = ["results", "tests", "theory", "claims", "disagreements", "real", "e2e"]
 
 
 def real_capture_files(wildcards=None):
@@ -337,7 +401,16 @@ def real_table_inputs(wildcards):
     data manifests of the synthetic distributions at the headline dim."""
     if not REAL_CELLS:
         return {}
+    e2e = (
+        {
+            "e2e_summary": f"{E2E_DIR}/summary.parquet",
+            "e2e_sensitivity": f"{E2E_DIR}/sensitivity.parquet",
+        }
+        if E2E
+        else {}
+    )
     return {
+        **e2e,
         "real_cachestats": rules.real_cachestats.output[0],
         "data_manifests": [
             f"{RESULTS}/data/{dist}/d{dim}.json"
@@ -353,8 +426,14 @@ def real_table_flags(wildcards, input):
         return ""
     manifests = input.data_manifests
     manifests = [manifests] if isinstance(manifests, str) else list(manifests)
+    e2e = [
+        f"--{key.replace('_', '-')} {shlex.quote(input[key])}"
+        for key in ("e2e_summary", "e2e_sensitivity")
+        if E2E
+    ]
     return " ".join(
         [
+            *e2e,
             "--real-cachestats",
             shlex.quote(input.real_cachestats),
             "--data-manifests",

@@ -69,3 +69,45 @@ rule real_cachestats:
         code=STAGE_CODE["real_cachestats"],  # reruns the job when the code it runs changes
     shell:
         "kvasym stage real_cachestats --captures {input.captures:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule e2e:
+    # One job per text: the model loads once and its reference pass serves every quantized pass
+    # of the text (kvasym.real.endtoend.evaluate_text).
+    output:
+        f"{E2E_DIR}/texts/{{text}}.parquet",
+    log:
+        f"{RESULTS}/logs/real/e2e/{{text}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/real/e2e/{{text}}.tsv"
+    threads: 1
+    resources:
+        **resources_of("e2e"),
+    params:
+        code=STAGE_CODE["e2e"],  # reruns the job when the code it runs changes
+        slice=slice_param("e2e"),
+    shell:
+        "kvasym stage e2e --slice {params.slice:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule e2e_stats:
+    input:
+        texts=e2e_texts,
+        summary=f"{RESULTS}/stats/summary.parquet",  # rule gather
+    output:
+        **{name: f"{E2E_DIR}/{name}.parquet" for name in E2E_TABLES},
+    log:
+        f"{RESULTS}/logs/real/e2e_stats.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/real/e2e_stats.tsv"
+    threads: 1
+    resources:
+        **resources_of("e2e_stats"),
+    params:
+        code=STAGE_CODE["e2e_stats"],  # reruns the job when the code it runs changes
+        slice=slice_param("e2e_stats"),
+    shell:
+        "kvasym stage e2e_stats --slice {params.slice:q} --texts {input.texts:q}"
+        " --summary {input.summary:q} --out-summary {output.summary:q}"
+        " --out-comparisons {output.comparisons:q} --out-sensitivity {output.sensitivity:q}"
+        " --out-agreement {output.agreement:q} > {log:q} 2>&1"

@@ -61,7 +61,9 @@ HEAD_DIM = 64
 #: The real rows' attention sharpness: 1, the model's own logits q.k / sqrt(head_dim).
 REAL_SHARPNESS = 1.0
 N_LAYERS = 30
-REAL_KEYS = {"texts", "max_tokens", "layers"}
+REAL_KEYS = {"texts", "max_tokens", "layers", "e2e"}
+#: Keys of ``real.e2e`` (the end-to-end passes, kvasym.real.endtoend) and their defaults.
+E2E_DEFAULTS = {"rope": ["post", "pre"], "own": "exact", "sensitivity_layers": "all", "block_tokens": 64}
 MAX_TOKENS_LIMIT = 8192  # the model's context length
 
 
@@ -102,4 +104,37 @@ def real_settings(value: object) -> dict | None:
             or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < N_LAYERS for x in layers)):
         raise KvasymError(f"config key real.layers must be 'all' or distinct layer numbers in 0..{N_LAYERS - 1}, "
                           f"got {layers!r}")
-    return {"texts": list(texts), "max_tokens": int(max_tokens), "layers": sorted(layers)}
+    return {"texts": list(texts), "max_tokens": int(max_tokens), "layers": sorted(layers),
+            "e2e": e2e_settings(value.get("e2e", {}), int(max_tokens))}
+
+
+def e2e_settings(value: object, max_tokens: int) -> dict | None:
+    """The ``real.e2e`` section, validated: ``rope`` (non-empty list of "post", "pre"),
+    ``own`` ("exact" or "quantized"), ``sensitivity_layers`` ("all", or distinct layers 0..29;
+    an empty list: no single-layer passes) and ``block_tokens`` (positions per bootstrap block,
+    1..max_tokens). None when ``off``/false: no end-to-end passes."""
+    if value is None or value is False or value == "off":
+        return None
+    if not isinstance(value, dict):
+        raise KvasymError(f"config key real.e2e must be a mapping with {sorted(E2E_DEFAULTS)} or off, got {value!r}")
+    unknown = set(value) - set(E2E_DEFAULTS)
+    if unknown:
+        raise KvasymError(f"config key real.e2e: unknown key(s) {sorted(unknown)}; allowed: {sorted(E2E_DEFAULTS)}")
+    out = {**E2E_DEFAULTS, **value}
+    rope = out["rope"]
+    if not isinstance(rope, list) or not rope or len(set(rope)) != len(rope) or not set(rope) <= {"post", "pre"}:
+        raise KvasymError(f"config key real.e2e.rope must be a non-empty list of 'post', 'pre', got {rope!r}")
+    if out["own"] not in ("exact", "quantized"):
+        raise KvasymError(f"config key real.e2e.own must be 'exact' or 'quantized', got {out['own']!r}")
+    layers = out["sensitivity_layers"]
+    if layers == "all":
+        layers = list(range(N_LAYERS))
+    if (not isinstance(layers, list) or len(set(layers)) != len(layers)
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < N_LAYERS for x in layers)):
+        raise KvasymError(f"config key real.e2e.sensitivity_layers must be 'all' or distinct layer numbers in "
+                          f"0..{N_LAYERS - 1}, got {layers!r}")
+    block = out["block_tokens"]
+    if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= max_tokens:
+        raise KvasymError(f"config key real.e2e.block_tokens must be an integer in 1..{max_tokens} (real.max_tokens), "
+                          f"got {block!r}")
+    return {"rope": list(rope), "own": out["own"], "sensitivity_layers": sorted(layers), "block_tokens": block}

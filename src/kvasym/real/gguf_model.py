@@ -203,6 +203,18 @@ class LayerActivations:
     q: np.ndarray  # post-RoPE, (n_heads, T, head_dim)
 
 
+@dataclass(frozen=True)
+class SequenceFrame:
+    """What every layer of one pass shares: the checked token ids, the RoPE tables (T, head_dim),
+    the attention scale ``1/sqrt(head_dim)`` and the causal mask (True where key j > query i)."""
+
+    ids: np.ndarray
+    cos: np.ndarray
+    sin: np.ndarray
+    scale: np.ndarray
+    future: np.ndarray
+
+
 @dataclass
 class ForwardResult:
     """Output of :meth:`GGUFLlama.forward`."""
@@ -440,6 +452,48 @@ class GGUFLlama:
             )
         return ids
 
+    def sequence_frame(self, token_ids: np.ndarray) -> SequenceFrame:
+        """What every layer of one pass over ``token_ids`` (positions 0..T-1) shares."""
+        c = self.config
+        ids = self._check_ids(token_ids)
+        positions = np.arange(ids.size)
+        cos, sin = rope_tables(positions, c.head_dim, c.rope_base, self.dtype)
+        return SequenceFrame(
+            ids=ids, cos=cos, sin=sin,
+            scale=np.asarray(1.0 / math.sqrt(c.head_dim), dtype=self.dtype),
+            # True where key j lies in query i's future (j > i) and must get no weight.
+            future=positions[None, :] > positions[:, None],
+        )
+
+    def attention_inputs(self, index: int, x: np.ndarray, frame: SequenceFrame) -> LayerActivations:
+        """Layer ``index``'s queries, keys (pre and post RoPE) and values of the residual stream
+        ``x`` (T, d_model): ``h = RMSNorm(x)``, ``q, k, v = h Wq^T, h Wk^T, h Wv^T`` per head,
+        RoPE on q and k. The pre-RoPE and value arrays are transposed views (not contiguous)."""
+        c = self.config
+        layer = self.layers[index]
+        n_tokens = x.shape[0]
+        h = rms_norm(x, layer.attn_norm, c.rms_eps)
+        q_pre = (h @ layer.wq.T).reshape(n_tokens, c.n_heads, c.head_dim).transpose(1, 0, 2)
+        k_pre = (h @ layer.wk.T).reshape(n_tokens, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
+        v = (h @ layer.wv.T).reshape(n_tokens, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
+        q = apply_rope(q_pre, frame.cos, frame.sin)  # (n_heads, T, head_dim)
+        k = apply_rope(k_pre, frame.cos, frame.sin)  # (n_kv_heads, T, head_dim)
+        return LayerActivations(k_pre_rope=k_pre, k=k, v=v, q_pre_rope=q_pre, q=q)
+
+    def finish_layer(self, index: int, x: np.ndarray, attended: np.ndarray) -> np.ndarray:
+        """The residual stream after layer ``index``: ``x += attn Wo^T``, then the SwiGLU MLP
+        ``x += W_down (silu(W_gate h') * W_up h')`` with ``h' = RMSNorm(x)``."""
+        c = self.config
+        layer = self.layers[index]
+        n_tokens = x.shape[0]
+        x = x + attended.transpose(1, 0, 2).reshape(n_tokens, c.n_heads * c.head_dim) @ layer.wo.T
+        h = rms_norm(x, layer.ffn_norm, c.rms_eps)
+        return x + (_silu(h @ layer.w_gate.T) * (h @ layer.w_up.T)) @ layer.w_down.T
+
+    def final_hidden(self, x: np.ndarray) -> np.ndarray:
+        """The output RMSNorm of the residual stream: ``logits = final_hidden(x) @ output^T``."""
+        return rms_norm(x, self.output_norm, self.config.rms_eps)
+
     def forward(self, token_ids: np.ndarray, capture_layers: Iterable[int] = ()) -> ForwardResult:
         """Run the model over one sequence (positions 0..T-1, causal).
 
@@ -448,43 +502,40 @@ class GGUFLlama:
         states (after the output RMSNorm) are returned too, for :meth:`logits`.
         """
         c = self.config
-        ids = self._check_ids(token_ids)
+        frame = self.sequence_frame(token_ids)
         wanted = set(int(i) for i in capture_layers)
         bad = sorted(i for i in wanted if not 0 <= i < c.n_layers)
         if bad:
             raise KvasymError(f"layers {bad} out of range 0..{c.n_layers - 1}")
-        n_tokens = ids.size
-        positions = np.arange(n_tokens)
-        cos, sin = rope_tables(positions, c.head_dim, c.rope_base, self.dtype)
-        scale = np.asarray(1.0 / math.sqrt(c.head_dim), dtype=self.dtype)
-        # Causal mask: True where key j lies in query i's future (j > i) and must get no weight.
-        future = positions[None, :] > positions[:, None]  # (T query, T key)
-        x = self.token_embedding[ids]  # (T, d_model); fancy indexing copies
+        x = self.token_embedding[frame.ids]  # (T, d_model); fancy indexing copies
         captured: dict[int, LayerActivations] = {}
-        for index, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.attn_norm, c.rms_eps)
-            q_pre = (h @ layer.wq.T).reshape(n_tokens, c.n_heads, c.head_dim).transpose(1, 0, 2)
-            k_pre = (h @ layer.wk.T).reshape(n_tokens, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
-            v = (h @ layer.wv.T).reshape(n_tokens, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
-            q = apply_rope(q_pre, cos, sin)  # (n_heads, T, head_dim)
-            k = apply_rope(k_pre, cos, sin)  # (n_kv_heads, T, head_dim)
+        for index in range(len(self.layers)):
+            acts = self.attention_inputs(index, x, frame)
             if index in wanted:
                 captured[index] = LayerActivations(
-                    k_pre_rope=np.ascontiguousarray(k_pre),
-                    k=k,
-                    v=np.ascontiguousarray(v),
-                    q_pre_rope=np.ascontiguousarray(q_pre),
-                    q=q,
+                    k_pre_rope=np.ascontiguousarray(acts.k_pre_rope),
+                    k=acts.k,
+                    v=np.ascontiguousarray(acts.v),
+                    q_pre_rope=np.ascontiguousarray(acts.q_pre_rope),
+                    q=acts.q,
                 )
-            attended = self._attention(q, k, v, future, scale)  # (n_heads, T, head_dim)
-            x = x + attended.transpose(1, 0, 2).reshape(n_tokens, c.n_heads * c.head_dim) @ layer.wo.T
-            h = rms_norm(x, layer.ffn_norm, c.rms_eps)
-            x = x + (_silu(h @ layer.w_gate.T) * (h @ layer.w_up.T)) @ layer.w_down.T
-        return ForwardResult(hidden=rms_norm(x, self.output_norm, c.rms_eps), layers=captured)
+            x = self.finish_layer(index, x, self.attention(acts.q, acts.k, acts.v, frame))
+        return ForwardResult(hidden=self.final_hidden(x), layers=captured)
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, frame: SequenceFrame,
+                  own: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """Causal GQA attention: (n_heads, T, hd) queries over (n_kv_heads, T, hd) keys/values.
+
+        ``own = (k_own, v_own)``, each (n_kv_heads, T, hd): query ``i`` reads the key and value
+        of its own position from these instead of ``k[:, i]``, ``v[:, i]`` (a quantized cache
+        read by a position whose own key and value are still exact): its own logit is
+        ``q_i . k_own_i * scale`` and its output gains ``p_ii (v_own_i - v_i)``.
+        """
+        return self._attention(q, k, v, frame.future, frame.scale, own)
 
     def _attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, future: np.ndarray,
-                   scale: np.ndarray) -> np.ndarray:
-        """Causal GQA attention: (n_heads, T, hd) queries over (n_kv_heads, T, hd) keys/values."""
+                   scale: np.ndarray, own: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """:meth:`attention` with the causal mask and scale given directly."""
         c = self.config
         n_tokens = q.shape[1]
         # Query head kv * group + j reads KV head kv (HF's repeat_kv order), so grouping the
@@ -502,10 +553,18 @@ class GGUFLlama:
             scores = (q_block @ k_t[:, :, :stop]) * scale  # (kv, group * rows, stop)
             scores4 = scores.reshape(c.n_kv_heads, c.group, rows, stop)
             scores4[:, :, future[start:stop, :stop]] = -np.inf
+            diagonal = (np.arange(rows), start + np.arange(rows))
+            if own is not None:
+                own_logit = np.einsum("kgrd,krd->kgr", q_grouped[:, :, start:stop], own[0][:, start:stop])
+                scores4[:, :, diagonal[0], diagonal[1]] = own_logit * scale
             scores -= scores.max(axis=-1, keepdims=True)
             np.exp(scores, out=scores)
             scores /= scores.sum(axis=-1, keepdims=True)
-            out[:, :, start:stop] = (scores @ v[:, :stop]).reshape(c.n_kv_heads, c.group, rows, c.head_dim)
+            block = (scores @ v[:, :stop]).reshape(c.n_kv_heads, c.group, rows, c.head_dim)
+            if own is not None:
+                weight = scores4[:, :, diagonal[0], diagonal[1]]  # (kv, group, rows): p_ii
+                block += weight[..., None] * (own[1][:, start:stop] - v[:, start:stop])[:, None]
+            out[:, :, start:stop] = block
         return out.reshape(c.n_heads, n_tokens, c.head_dim)
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:

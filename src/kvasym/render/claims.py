@@ -152,6 +152,8 @@ STATISTIC_TABLES: dict[str, tuple[str, ...]] = {
     "theory": ("theory",),
     "ranking_disagreement": ("summary", "comparisons"),
     "tail_to_mean": ("summary",),
+    "e2e_ratio": ("e2e",),
+    "e2e_rank_agreement": ("e2e_agreement",),
 }
 #: Where each gathered table comes from: rule and stage (the same word), and its file.
 TABLE_SOURCES: dict[str, tuple[str, str]] = {
@@ -159,6 +161,8 @@ TABLE_SOURCES: dict[str, tuple[str, str]] = {
     "summary": ("stats", "results/stats/summary.parquet"),
     "trials": ("stats", "results/stats/trials.parquet"),
     "theory": ("theory", "results/theory/theory.parquet"),
+    "e2e": ("e2e_stats", "results/real/e2e/comparisons.parquet"),
+    "e2e_agreement": ("e2e_stats", "results/real/e2e/agreement.parquet"),
 }
 #: Metrics rules feeding the stats of a distribution, by its kind of rows.
 _METRICS_RULES = {"real": "real_metrics", "synthetic": "metrics"}
@@ -189,6 +193,9 @@ def claims_map_markdown(claims: Sequence[Mapping[str, Any]]) -> str:
         upstream = "`theory` (data manifests, per-key metrics)" if tables == ("theory",) else (
             f"`{_METRICS_RULES['real' if real else 'synthetic']}`"
             + (" (SmolLM2 captures)" if real else " (per cell)"))
+        if statistic.startswith("e2e"):
+            upstream = "`e2e` (per text, SmolLM2 with its KV cache quantized)" + (
+                "; `real_metrics` via `gather`" if statistic == "e2e_rank_agreement" else "")
         lines.append(f"| {cid} | `{statistic}` | {reads} | {upstream} | `claims` -> `results/claims/claims.json` "
                      f"| `\\claim{{{cid}}}{{Estimate}}` (`claim:{cid}:Estimate`) |")
     return "\n".join(lines) + "\n"

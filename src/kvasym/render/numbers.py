@@ -200,6 +200,8 @@ def numbers_macros(slice_: Mapping[str, Any]) -> dict[str, str]:
         "RealHeadDim": str(REAL_HEAD_DIM),
         "RealDistribution": escape_latex(REAL_POST),
         "RealPreRopeDistribution": escape_latex(REAL_PRE),
+        # the end-to-end passes (kvasym.real.endtoend): agreement of the argmax, "top-1"
+        "TopOne": "1",
     }
     m.update(FORMULAS)
     for claim in slice_.get("claims", []):

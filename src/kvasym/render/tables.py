@@ -48,12 +48,16 @@ TABLES: dict[str, tuple[str, str]] = {
     "table_claims": ("table_claims.tex.j2", "claims"),
     "table_disagreements": ("table_disagreements.tex.j2", "claims"),
     "table_real": ("table_real.tex.j2", "summary"),
+    "table_e2e": ("table_e2e.tex.j2", "summary"),
 }
 INPUT_KEYS = ("summary", "comparisons", "theory", "claims")
 #: Optional inputs of ``table_real`` (given only when the DAG has real-model rows): the real
 #: caches' statistics (``results/real/cachestats.parquet``, :mod:`kvasym.real.cachestats`) and
 #: the data manifests of the synthetic distributions at the headline dim (their statistics).
 REAL_INPUT_KEYS = ("real_cachestats", "data_manifests")
+#: Optional inputs of ``table_e2e`` (given only when the DAG has end-to-end passes): the
+#: summary and layer sensitivity of stage e2e_stats (:mod:`kvasym.render.table_e2e`).
+E2E_INPUT_KEYS = ("e2e_summary", "e2e_sensitivity")
 
 #: Columns of the main results table: summary column -> which direction is better.
 RESULT_COLUMNS: dict[str, str] = {
@@ -532,6 +536,12 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
             context = real_context(frames[key], headline, frames.get("real_cachestats"), frames.get("data_manifests"))
             out[name] = render_template(template, **context)
             continue
+        if name == "table_e2e":
+            from .table_e2e import e2e_context
+
+            out[name] = render_template(template, **e2e_context(frames.get("e2e_summary"),
+                                                                frames.get("e2e_sensitivity")))
+            continue
         if key not in contexts:
             if key == "summary":
                 contexts[key] = results_context(frames[key], headline)
@@ -570,6 +580,8 @@ def render_tables(
         raise KvasymError(f"render_tables: missing input(s) {missing} (have {sorted(inputs)})")
     if "table_real" in names:
         needed |= {key for key in REAL_INPUT_KEYS if inputs.get(key)}
+    if "table_e2e" in names:
+        needed |= {key for key in E2E_INPUT_KEYS if inputs.get(key)}
     frames = {key: _read_input(key, inputs[key]) for key in sorted(needed)}
     texts = table_texts(frames, headline, names)
     out = Path(out_dir)

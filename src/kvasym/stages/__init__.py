@@ -36,6 +36,8 @@ STAGES: dict[str, str] = {
     "capture": "real K, V and queries of SmolLM2-135M for one shipped text (needs the real extra)",
     "real_metrics": "per-query metrics of one real-model cell (SmolLM2 captures)",
     "real_cachestats": "statistics of the real caches per text, layer and head",
+    "e2e": "end-to-end passes of SmolLM2-135M over one text with its KV cache quantized (needs the real extra)",
+    "e2e_stats": "perplexity, next-token KL and top-1 per scheme and budget, paired tests, layer sensitivity",
     "file_metrics": "per-query metrics of one bring-your-own cache cell (distribution kind file)",
     "stats": "scheme-pair tests, KL ratio intervals and summaries of one (distribution, dim)",
     "theory": "QJL variance ratios against closed forms, Beta marginals, Jensen slope of one (distribution, dim)",

@@ -18,6 +18,8 @@ from ..claims import Tables, _json_safe, evaluate_claims, load_claims
 from ..render.claims import render_html, render_latex, render_markdown
 
 TABLES = ("comparisons", "summary", "trials", "theory")
+#: Tables only some DAGs have (the end-to-end passes of the real model).
+OPTIONAL_TABLES = ("e2e", "e2e_agreement")
 
 
 def run_claims(
@@ -36,7 +38,7 @@ def run_claims(
     from ..dataset import read_parquet_checked
 
     claims = load_claims(claims_path, headline=headline)
-    frames = {name: read_parquet_checked(path) for name, path in tables.items()}
+    frames = {name: read_parquet_checked(path) for name, path in tables.items() if path is not None}
     results = evaluate_claims(claims, Tables(**frames, base_seed=base_seed, n_boot=n_boot))
     safe = _json_safe(results)
     write_text_atomic(json.dumps(safe, indent=1) + "\n", out_json)
@@ -48,13 +50,16 @@ def run_claims(
 
 
 #: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = TABLES
+INTERMEDIATE_INPUTS = TABLES + OPTIONAL_TABLES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--claims", required=True, help="the claims file (config/claims.yaml)")
     for name in TABLES:
         parser.add_argument(f"--{name}", required=True, help=f"the gathered {name} table")
+    for name in OPTIONAL_TABLES:
+        parser.add_argument(f"--{name.replace('_', '-')}", help=f"the end-to-end {name} table (stage e2e_stats), "
+                            "when the end-to-end passes are configured")
     parser.add_argument("--headline", help="the study's headline cell as JSON (fills each claim's where)")
     for name in ("json", "md", "tex"):
         parser.add_argument(f"--{name}", required=True, help=f"the ledger as {name}")
@@ -67,7 +72,8 @@ def run(args: argparse.Namespace) -> None:
     from ..study import parse_slice
 
     headline = parse_slice(args.headline) if args.headline else None
-    results = run_claims(args.claims, {name: getattr(args, name) for name in TABLES}, args.json, args.md, args.tex,
-                         base_seed=args.base_seed, n_boot=args.n_boot, out_html=args.html, headline=headline)
+    tables = {name: getattr(args, name) for name in TABLES + OPTIONAL_TABLES}
+    results = run_claims(args.claims, tables, args.json, args.md, args.tex, base_seed=args.base_seed,
+                         n_boot=args.n_boot, out_html=args.html, headline=headline)
     for r in results:
         print(f"{r['id']:>5}  {r['verdict']:<14} {r.get('reason', '')}")

@@ -247,7 +247,9 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
     map (without them it says there is nothing to show).
     """
     from .. import figures as fg
+    from .. import figures_e2e as fe
     from ..dataset import read_parquet_checked
+    from ..real import REAL_MODEL_NAME
 
     families = list(FAMILIES) if families is None else _check_families(families)
     needed = {key for family in families for key in FAMILY_INPUTS[family]}
@@ -270,6 +272,8 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
                              {"dim": [dim], "sharpness": [sharp], "budget": [budget], "distribution": facets})
                if "per_key" in needed else None)
     real = real_kl_means(inputs.get("real_per_query"), budget=budget) if "real_per_query" in needed else None
+    e2e = {name: read_parquet_checked(inputs[f"e2e_{name}"]) if f"e2e_{name}" in needed and inputs.get(f"e2e_{name}")
+           else None for name in ("summary", "sensitivity")}
     specs = slice_["distributions"]
     nu = {d["name"]: float(d["params"]["nu"]) for d in specs if d["kind"] == "student_t"}
     rank = {d["name"]: int(d["params"]["rank"]) for d in specs if d["kind"] == "low_rank"}
@@ -294,6 +298,9 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
         "jensen_bias": lambda: fg.jensen_bias(per_key, budget=budget, sharpness=sharp, dim=dim, distributions=facets,
                                               slopes=theory, n_bins=int(slice_["jensen_bins"]), colors=colors),
         "real_kl_heatmap": lambda: _real_heatmap(real, slice_["schemes"], budget),
+        "e2e_ppl_bits": lambda: fe.e2e_ppl_bits(e2e["summary"], colors=colors, model=REAL_MODEL_NAME),
+        "e2e_layer_sensitivity": lambda: fe.e2e_layer_sensitivity(e2e["sensitivity"], schemes=slice_["schemes"],
+                                                                  model=REAL_MODEL_NAME),
     }
     assert list(drawers) == list(FIGURES)
     from ..dataset import provenance
@@ -322,7 +329,8 @@ def _real_heatmap(means: pd.DataFrame, schemes: Sequence[str], budget: int) -> A
 
 
 #: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = ("summary", "comparisons", "theory", "per_query", "per_key", "data", "real_per_query")
+INTERMEDIATE_INPUTS = ("summary", "comparisons", "theory", "per_query", "per_key", "data", "real_per_query",
+                       "e2e_summary", "e2e_sensitivity")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -338,6 +346,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", nargs="+", default=[], help="data manifests (for the marginal figure)")
     parser.add_argument("--real-per-query", dest="real_per_query", nargs="+", default=[],
                         help="the real rows' per-query files at the headline budget (for the real heat map)")
+    parser.add_argument("--e2e-summary", dest="e2e_summary", help="the end-to-end summary (stage e2e_stats)")
+    parser.add_argument("--e2e-sensitivity", dest="e2e_sensitivity",
+                        help="the end-to-end layer sensitivity (stage e2e_stats)")
     parser.add_argument("--out-dir", dest="out_dir", required=True)
 
 
@@ -347,7 +358,7 @@ def run_from_args(args: argparse.Namespace) -> list[Path]:
 
     slice_ = parse_slice(args.slice)
     inputs = {k: getattr(args, k)
-              for k in ("summary", "comparisons", "theory", "per_query", "per_key", "data", "real_per_query")}
+              for k in INTERMEDIATE_INPUTS}
     written = run_figures(slice_, inputs, args.out_dir, args.families)
     for path in written:
         print(path)

@@ -1,0 +1,133 @@
+"""The end-to-end figures: perplexity increase against measured bits, and layer sensitivity.
+
+Both read the tables of stage ``e2e_stats`` (:mod:`kvasym.real.endtoend_stats`) and follow the
+style of :mod:`kvasym.figures` (its palette, markers, log axes, legends and placeholders).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from .figures import (
+    COLUMN_WIDTH,
+    HEATMAP_CMAP,
+    HEATMAP_MISSING,
+    TEXT_WIDTH,
+    _figure_legend,
+    _log_axis,
+    _log_ticks,
+    _nested,
+    _palette,
+    _scheme_handles,
+    _suptitle,
+    _tag,
+    new_figure,
+    nothing_to_show,
+    safe_text,
+    scheme_order,
+    styled,
+)
+
+ROPE_TITLES = {"post": "keys quantized after RoPE", "pre": "keys quantized before RoPE"}
+
+
+@styled
+def e2e_ppl_bits(summary: pd.DataFrame | None, *, colors: Mapping[str, str] | None = None,
+                 model: str = "real model") -> Figure:
+    """Relative perplexity increase ``ppl / ppl_ref - 1`` against the measured bits per
+    coordinate (payload and side information, mean of K and V), one line per scheme (its
+    budgets), one panel per RoPE mode; bars: the block-bootstrap 95% interval; log y (points
+    whose increase is not positive are left out, and the title says how many)."""
+    title = f"End-to-end perplexity increase ({model})"
+    needed = {"rope", "scheme", "budget", "bits_per_coordinate", "ppl_ratio", "ppl_ratio_low", "ppl_ratio_high"}
+    if summary is None or summary.empty or not needed <= set(summary.columns):
+        return nothing_to_show(title, "no end-to-end summary (real rows or real.e2e off)")
+    ropes = [r for r in ROPE_TITLES if r in set(summary["rope"])]
+    colors, markers = _palette(summary["scheme"].unique(), colors)
+    schemes = scheme_order(summary["scheme"].unique())
+    fig, axes = new_figure(1, len(ropes), width=COLUMN_WIDTH if len(ropes) == 1 else TEXT_WIDTH, height=2.4,
+                           sharey=True)
+    hidden = 0
+    shown: list[float] = []
+    for ax, rope in zip(axes[0], ropes):
+        frame = summary[summary["rope"] == rope]
+        for scheme in schemes:
+            g = frame[frame["scheme"] == scheme].sort_values("bits_per_coordinate")
+            x = g["bits_per_coordinate"].to_numpy(dtype=float)
+            y = g["ppl_ratio"].to_numpy(dtype=float) - 1.0
+            ok = np.isfinite(x) & np.isfinite(y) & (y > 0)
+            hidden += int((~ok).sum())
+            if not ok.any():
+                continue
+            low = np.maximum(g["ppl_ratio_low"].to_numpy(dtype=float) - 1.0, y * 1e-3)
+            high = g["ppl_ratio_high"].to_numpy(dtype=float) - 1.0
+            _tag(ax.errorbar(x[ok], y[ok], yerr=[y[ok] - low[ok], high[ok] - y[ok]], color=colors[scheme],
+                             marker=markers[scheme], markersize=_nested(schemes, scheme, 5.0, 0.7, 2.5),
+                             lw=_nested(schemes, scheme, 1.8, 0.4, 0.6), capsize=2,
+                             zorder=3 + 0.1 * schemes.index(scheme)), scheme)
+            shown.extend(y[ok])
+        ax.set_title(safe_text(ROPE_TITLES[rope]))
+        ax.set_xlabel("measured bits per coordinate (K and V mean)")
+    if shown:
+        for ax in axes[0]:
+            _log_axis(ax, "y", shown)
+    axes[0, 0].set_ylabel("perplexity increase (ppl / ppl_ref - 1)")
+    note = f"; {hidden} point(s) with no increase not shown" if hidden else ""
+    _suptitle(fig, f"{title}: every layer's KV cache quantized, 95% block-bootstrap intervals{note}")
+    _figure_legend(fig, _scheme_handles(schemes, colors, markers), schemes)
+    return fig
+
+
+@styled
+def e2e_layer_sensitivity(sensitivity: pd.DataFrame | None, *, schemes: Sequence[str] | None = None,
+                          model: str = "real model") -> Figure:
+    """Mean next-token KL when only one layer's cache is quantized (rows: layers, top to
+    bottom; columns: schemes), at the lowest budget and keys after RoPE; one logarithmic colour
+    scale, grey where the mean is not finite and positive. Each image carries ``gid =
+    "e2e_sensitivity"``."""
+    from matplotlib.colors import LogNorm
+
+    title = f"Layer sensitivity ({model})"
+    needed = {"scheme", "layer", "kl_mean", "budget"}
+    if sensitivity is None or sensitivity.empty or not needed <= set(sensitivity.columns):
+        return nothing_to_show(title, "no single-layer passes (real.e2e.sensitivity_layers empty, or real rows off)")
+    frame = sensitivity[sensitivity["rope"] == "post"] if "rope" in sensitivity.columns else sensitivity
+    budget = int(frame["budget"].min())
+    frame = frame[frame["budget"] == budget]
+    present = set(frame["scheme"])
+    cols = [s for s in (schemes or scheme_order(present)) if s in present]
+    layers = sorted(int(x) for x in frame["layer"].unique())
+    grid = (frame.pivot(index="layer", columns="scheme", values="kl_mean").reindex(index=layers, columns=cols)
+            .to_numpy(dtype=float))
+    positive = grid[np.isfinite(grid) & (grid > 0)]
+    if positive.size == 0:
+        return nothing_to_show(title, "every mean KL is 0 or not finite: nothing to draw on a log scale")
+    vmin, vmax = float(positive.min()), float(positive.max())
+    if vmax <= vmin:
+        vmin, vmax = vmin / 1.5, vmax * 1.5
+    norm = LogNorm(vmin=vmin, vmax=vmax)
+    cmap = matplotlib.colormaps[HEATMAP_CMAP].with_extremes(bad=HEATMAP_MISSING)
+    fig, axes = new_figure(1, 1, width=COLUMN_WIDTH, height=min(5.0, 1.2 + 0.11 * len(layers)))
+    ax = axes[0, 0]
+    shown = np.ma.masked_where(~(np.isfinite(grid) & (grid > 0)), grid)
+    image = ax.imshow(shown, norm=norm, cmap=cmap, aspect="auto", interpolation="nearest", origin="upper")
+    image.set_gid("e2e_sensitivity")
+    ax.grid(False)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    step = max(1, int(np.ceil(len(layers) / 15)))
+    ax.set_xticks(range(len(cols)), [safe_text(c) for c in cols])
+    ax.set_yticks(range(0, len(layers), step), [str(layers[k]) for k in range(0, len(layers), step)])
+    ax.tick_params(which="both", length=0)
+    ax.set_ylabel("layer quantized alone")
+    bar = fig.colorbar(image, ax=ax, location="right", shrink=0.9)
+    bar.set_label("next-token KL (nats)")
+    _log_ticks(bar.ax.yaxis, [vmin, vmax])
+    bar.outline.set_linewidth(0.4)
+    _suptitle(fig, f"{title}: one layer's cache quantized at n = {budget}, keys after RoPE")
+    return fig

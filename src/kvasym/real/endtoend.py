@@ -1,0 +1,320 @@
+"""End-to-end damage: SmolLM2-135M run with every layer's KV cache quantized.
+
+The study's other quality measures are proxies at one attention head (KL between attention
+distributions, routing recall, head output error). This module measures what a user of the
+model sees: the next-token distribution of the whole model when its KV cache is quantized.
+
+The quantized pass (teacher forcing over one text, positions ``0..T-1``)
+    Layer by layer, as a deployed cache is filled and read: layer ``l``'s keys and values are
+    computed from the residual stream *of the quantized pass* (so they carry the damage of
+    layers ``< l``), each KV head's ``K`` (T, head_dim) and ``V`` are quantized with the
+    scheme at budget ``n`` (:func:`kvasym.evaluate.quantize_pair`), and every query head of
+    the group reads the dequantized ``K_hat``, ``V_hat`` under the causal mask. Quantization
+    is row-wise (norm, rotation, codes and sketch of each position depend on that position's
+    vector only), so quantizing the whole ``(T, head_dim)`` matrix at once stores exactly the
+    rows a cache filled one token at a time would hold.
+
+Own position (``own``)
+    ``"exact"`` (default): position ``i`` reads the *quantized* keys and values of positions
+    ``j < i`` and its own key and value exactly, as a decoder step does (the new token's K
+    and V are computed in full precision in the step that appends them to the cache); the
+    logit of its own key is ``q_i . k_i / sqrt(d)`` and its output gains
+    ``p_ii (v_i - v_hat_i)`` (:meth:`~kvasym.real.gguf_model.GGUFLlama.attention`). Position 0
+    is then exactly the reference. ``"quantized"``: every key and value read is quantized
+    (a cache written before it is read, e.g. prefill into a quantized cache).
+
+Keys before or after RoPE (``rope``)
+    ``"post"``: the cache stores RoPE-rotated keys (what deployed caches store; distribution
+    ``smollm2`` of the per-head study). ``"pre"``: the cache stores keys before RoPE and
+    rotates the dequantized keys (float64 tables) when read (``smollm2-prerope``). Every
+    scheme allows both: RoPE acts on the dequantized rows.
+
+Seeds
+    Rotation and QJL seeds derive from (base seed, text, layer, KV head, side) only
+    (:func:`kvasym.seeds.derived_seed` through ``quantize_pair``), exactly the identity the
+    per-head real metrics use: every scheme, budget, RoPE mode and sensitivity pass sees the
+    same random maps, and layer 0 (whose K and V the quantized pass does not change) is
+    quantized exactly as in :mod:`kvasym.real.evaluate`.
+
+Next-token measures (position ``i`` predicts token ``i + 1``, ``i = 0..T-2``)
+    With reference logits ``z`` and quantized logits ``z_hat`` (float32, as the forward pass),
+    ``lse(z) = log sum_v exp z_v`` formed in float64, ``p = softmax(z)``:
+
+    - ``nll_i = lse(z_hat) - z_hat[t_{i+1}]`` (nats); perplexity ``exp(mean nll)``;
+    - ``kl_i = KL(p || p_hat) = sum_v p_v (z_v - z_hat_v) - lse(z) + lse(z_hat)`` (the
+      differences ``z - z_hat`` formed in float64, so a logit shift common to the whole
+      vocabulary cancels exactly);
+    - ``top1_i = [argmax z == argmax z_hat]``.
+
+References
+----------
+.. [1] Zandieh, A., Daliri, M., Hadian, M., Mirrokni, V. (2025) "TurboQuant: Online Vector
+   Quantization with Near-optimal Distortion Rate", arXiv:2504.19874 (end-to-end evaluation
+   of a quantized KV cache on a language model).
+.. [2] Kullback, S., Leibler, R. A. (1951) "On information and sufficiency", Ann. Math.
+   Statist. 22(1):79-86.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import KvasymError
+from ..evaluate import quantize_pair
+from ..schemes import SIDES, Scheme
+from .gguf_model import GGUFLlama, SequenceFrame, apply_rope, rope_tables
+
+ROPE_MODES = ("post", "pre")
+OWN_MODES = ("exact", "quantized")
+#: ``layer`` of the rows whose pass quantized every layer (a single layer's pass gives its number).
+ALL_LAYERS = -1
+#: Rows of the (rows, vocab) logits handled at once: 128 x 49152 float64 is ~50 MB. (The
+#: reference's probabilities are held whole: T x 49152 float64, ~200 MB at 512 tokens.)
+METRIC_BLOCK_ROWS = 128
+BITS_COLUMNS = tuple(f"{side.lower()}_bits_{part}" for side in SIDES for part in ("payload", "side"))
+
+
+@dataclass(frozen=True)
+class CacheQuantization:
+    """How one quantized pass reads its cache.
+
+    Parameters
+    ----------
+    scheme : Scheme
+        The scheme (KV, KQV, QKQV, RKV, or a user scheme).
+    budget : int
+        Bits per coordinate ``n``.
+    base_seed : int
+        The study's base seed.
+    text : str
+        The text's name: part of every seed's identity ``(text, layer, kv_head, side)``.
+    rope : {"post", "pre"}
+        Keys quantized after RoPE (stored rotated) or before it (rotated when read).
+    own : {"exact", "quantized"}
+        Whether a position reads its own key and value exactly or from the quantized cache.
+    layers : frozenset of int, optional
+        The layers whose cache is quantized (None: every layer).
+    norm_dtype : str
+        Storage dtype of the norms (``"float16"`` or ``"float32"``).
+    """
+
+    scheme: Scheme
+    budget: int
+    base_seed: int
+    text: str
+    rope: str = "post"
+    own: str = "exact"
+    layers: frozenset[int] | None = None
+    norm_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.rope not in ROPE_MODES:
+            raise KvasymError(f"rope must be one of {ROPE_MODES}, got {self.rope!r}")
+        if self.own not in OWN_MODES:
+            raise KvasymError(f"own must be one of {OWN_MODES}, got {self.own!r}")
+        self.scheme.validate_budget(int(self.budget))
+
+    def quantizes(self, layer: int) -> bool:
+        """Whether layer ``layer``'s cache is quantized in this pass."""
+        return self.layers is None or layer in self.layers
+
+
+def quantized_cache(model: GGUFLlama, index: int, keys: np.ndarray, keys_pre_rope: np.ndarray,
+                    values: np.ndarray, quant: CacheQuantization,
+                    bits: list[dict[str, float]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(K_hat, V_hat)`` of layer ``index``, each (n_kv_heads, T, head_dim) in the model dtype.
+
+    Each KV head's rows are quantized by :func:`kvasym.evaluate.quantize_pair` with identity
+    ``(text, index, kv_head)``; with ``rope="pre"`` the stored keys are ``keys_pre_rope`` and
+    the dequantized keys are rotated by RoPE (float64 tables) before they are read. The
+    measured bits per coordinate of each head are appended to ``bits`` when given.
+    """
+    n_kv, n_tokens, head_dim = keys.shape
+    k_hat = np.empty_like(keys)
+    v_hat = np.empty_like(values)
+    if quant.rope == "pre":
+        cos, sin = rope_tables(np.arange(n_tokens), head_dim, model.config.rope_base, np.float64)
+    for head in range(n_kv):
+        stored = keys[head] if quant.rope == "post" else keys_pre_rope[head]
+        packed = quantize_pair(np.asarray(stored, dtype=np.float64), np.asarray(values[head], dtype=np.float64),
+                               quant.scheme, int(quant.budget), base_seed=quant.base_seed,
+                               identity=(quant.text, int(index), head), norm_dtype=quant.norm_dtype)
+        keys_read = packed["K"].dequantize("float64")
+        if quant.rope == "pre":
+            keys_read = apply_rope(keys_read, cos, sin)
+        k_hat[head] = keys_read
+        v_hat[head] = packed["V"].dequantize("float64")
+        if bits is not None:
+            bits.append({f"{side.lower()}_bits_{part}": packed[side].bits_per_coordinate()[part]
+                         for side in SIDES for part in ("payload", "side")})
+    return k_hat, v_hat
+
+
+def run_layers(model: GGUFLlama, frame: SequenceFrame, x: np.ndarray, start: int,
+               quant: CacheQuantization | None, bits: list[dict[str, float]] | None = None,
+               residuals: list[np.ndarray] | None = None) -> np.ndarray:
+    """Final hidden states (T, d_model) of the pass that enters layer ``start`` with residual
+    stream ``x``, every layer ``quant`` names reading its quantized cache.
+
+    ``quant=None`` (or a layer it does not quantize) runs the model's own attention: with no
+    quantized layer this is :meth:`GGUFLlama.forward` operation for operation (bit-identical).
+    ``residuals``, when given, receives the residual stream entering each layer.
+    """
+    for index in range(start, len(model.layers)):
+        if residuals is not None:
+            residuals.append(x)
+        acts = model.attention_inputs(index, x, frame)
+        if quant is None or not quant.quantizes(index):
+            attended = model.attention(acts.q, acts.k, acts.v, frame)
+        else:
+            k_hat, v_hat = quantized_cache(model, index, acts.k, acts.k_pre_rope, acts.v, quant, bits)
+            own = (acts.k, acts.v) if quant.own == "exact" else None
+            attended = model.attention(acts.q, k_hat, v_hat, frame, own=own)
+        x = model.finish_layer(index, x, attended)
+    return model.final_hidden(x)
+
+
+def quantized_forward(model: GGUFLlama, token_ids: np.ndarray, quant: CacheQuantization | None,
+                      bits: list[dict[str, float]] | None = None) -> np.ndarray:
+    """Final hidden states (T, d_model) of the whole pass over ``token_ids`` with ``quant``'s
+    cache (None: the reference, equal to ``model.forward(token_ids).hidden``)."""
+    frame = model.sequence_frame(token_ids)
+    return run_layers(model, frame, model.token_embedding[frame.ids], 0, quant, bits)
+
+
+@dataclass
+class Reference:
+    """The reference pass of one text: what every quantized pass is compared with."""
+
+    ids: np.ndarray  # (T,) token ids
+    frame: SequenceFrame
+    residuals: list[np.ndarray]  # residual stream entering each layer, (T, d_model) each
+    logits: np.ndarray  # (T - 1, vocab) float32
+    lse: np.ndarray  # (T - 1,) float64 log-partition
+    probs: np.ndarray  # (T - 1, vocab) float64 next-token probabilities, each row summing to 1
+    top1: np.ndarray  # (T - 1,) argmax
+    nll: np.ndarray  # (T - 1,) float64
+
+
+def _log_partition(logits: np.ndarray) -> np.ndarray:
+    """``log sum_v exp z_v`` per row: float32 exponentials of ``z - max z``, summed in float64."""
+    top = logits.max(axis=-1)
+    total = np.exp(logits - top[:, None]).sum(axis=-1, dtype=np.float64)
+    return top.astype(np.float64) + np.log(total)
+
+
+def reference_pass(model: GGUFLlama, token_ids: np.ndarray) -> Reference:
+    """The fp pass over ``token_ids`` with the residual stream entering every layer kept (a
+    single-layer pass restarts from it) and the next-token logits of positions ``0..T-2``."""
+    frame = model.sequence_frame(token_ids)
+    if frame.ids.size < 2:
+        raise KvasymError("an end-to-end pass needs at least 2 tokens (one next-token prediction)")
+    residuals: list[np.ndarray] = []
+    hidden = run_layers(model, frame, model.token_embedding[frame.ids], 0, None, residuals=residuals)
+    logits = model.logits(hidden[:-1])
+    lse = _log_partition(logits)
+    targets = frame.ids[1:]
+    nll = lse - logits[np.arange(targets.size), targets].astype(np.float64)
+    # formed once per text in float64 (every quantized pass of the text reuses them)
+    probs = np.exp(logits.astype(np.float64) - lse[:, None])
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return Reference(ids=frame.ids, frame=frame, residuals=residuals, logits=logits, lse=lse, probs=probs,
+                     top1=np.argmax(logits, axis=-1), nll=nll)
+
+
+def next_token_metrics(model: GGUFLlama, ref: Reference, hidden: np.ndarray) -> dict[str, np.ndarray]:
+    """Per position ``i = 0..T-2``: ``nll`` (of token ``i + 1``), ``kl`` = KL(reference ||
+    quantized) of the next-token distributions and ``top1`` (1 when the argmaxes agree), from
+    the final hidden states of a quantized pass (formulas in the module docstring)."""
+    n = ref.nll.size
+    targets = ref.ids[1:]
+    nll = np.empty(n)
+    kl = np.empty(n)
+    top1 = np.empty(n, dtype=np.int8)
+    for start in range(0, n, METRIC_BLOCK_ROWS):
+        stop = min(start + METRIC_BLOCK_ROWS, n)
+        rows = np.arange(stop - start)
+        z_hat = model.logits(hidden[start:stop])
+        lse_hat = _log_partition(z_hat)
+        diff = np.subtract(ref.logits[start:stop], z_hat, dtype=np.float64)  # exact: float32 inputs
+        kl[start:stop] = np.einsum("rv,rv->r", ref.probs[start:stop], diff) - ref.lse[start:stop] + lse_hat
+        nll[start:stop] = lse_hat - z_hat[rows, targets[start:stop]].astype(np.float64)
+        top1[start:stop] = np.argmax(z_hat, axis=-1) == ref.top1[start:stop]
+    return {"nll": nll, "kl": kl, "top1": top1}
+
+
+def _mean_bits(bits: list[dict[str, float]]) -> dict[str, float]:
+    return {key: float(np.mean([b[key] for b in bits])) if bits else 0.0 for key in BITS_COLUMNS}
+
+
+def evaluate_text(
+    model: GGUFLlama,
+    token_ids: np.ndarray,
+    schemes: Sequence[Scheme],
+    budgets: Sequence[int],
+    *,
+    text: str,
+    base_seed: int,
+    ropes: Iterable[str] = ROPE_MODES,
+    own: str = "exact",
+    sensitivity_budget: int | None = None,
+    sensitivity_layers: Sequence[int] | None = None,
+    sensitivity_rope: str = "post",
+    norm_dtype: str = "float32",
+) -> dict[str, np.ndarray]:
+    """Per-position next-token measures of every pass over one text.
+
+    Passes: every scheme x budget x RoPE mode with every layer quantized (``layer`` =
+    :data:`ALL_LAYERS`), then, with ``sensitivity_budget``, every scheme with one layer at a
+    time (``sensitivity_layers``, default every layer) quantized at that budget (``layer`` = its
+    number; RoPE mode ``sensitivity_rope``),
+    restarted from the reference's residual stream at that layer (the layers before it are
+    the reference's). Returns equal-length columns ``text, position, scheme, budget, rope,
+    own, layer, nll, nll_ref, kl, top1`` and the pass's mean measured bits per coordinate
+    (:data:`BITS_COLUMNS`, over the quantized layers and KV heads).
+    """
+    if not schemes or not budgets:
+        raise KvasymError("evaluate_text needs at least one scheme and one budget")
+    ref = reference_pass(model, token_ids)
+    n = ref.nll.size
+    columns: dict[str, list[np.ndarray]] = {}
+
+    def add(quant: CacheQuantization, layer: int, hidden: np.ndarray, bits: list[dict[str, float]]) -> None:
+        measured = next_token_metrics(model, ref, hidden)
+        fixed: dict[str, Any] = {"text": text, "scheme": quant.scheme.name, "budget": int(quant.budget),
+                                 "rope": quant.rope, "own": quant.own, "layer": layer, **_mean_bits(bits)}
+        for key, value in fixed.items():
+            columns.setdefault(key, []).append(np.full(n, value, dtype=object if isinstance(value, str) else None))
+        columns.setdefault("position", []).append(np.arange(n, dtype=np.int32))
+        columns.setdefault("nll_ref", []).append(ref.nll)
+        for key, value in measured.items():
+            columns.setdefault(key, []).append(value)
+
+    for rope in ropes:
+        for scheme in schemes:
+            for budget in budgets:
+                quant = CacheQuantization(scheme, int(budget), base_seed, text, rope=rope, own=own,
+                                          norm_dtype=norm_dtype)
+                bits: list[dict[str, float]] = []
+                hidden = run_layers(model, ref.frame, ref.residuals[0], 0, quant, bits)
+                add(quant, ALL_LAYERS, hidden, bits)
+    if sensitivity_budget is not None:
+        for scheme in schemes:
+            for layer in (range(len(model.layers)) if sensitivity_layers is None else sensitivity_layers):
+                layer = int(layer)
+                if not 0 <= layer < len(model.layers):
+                    raise KvasymError(f"sensitivity layer {layer} out of range 0..{len(model.layers) - 1}")
+                quant = CacheQuantization(scheme, int(sensitivity_budget), base_seed, text, rope=sensitivity_rope,
+                                          own=own, layers=frozenset({layer}), norm_dtype=norm_dtype)
+                bits = []
+                hidden = run_layers(model, ref.frame, ref.residuals[layer], layer, quant, bits)
+                add(quant, layer, hidden, bits)
+    out = {key: np.concatenate(parts) for key, parts in columns.items()}
+    out["layer"] = out["layer"].astype(np.int32)
+    out["budget"] = out["budget"].astype(np.int32)
+    out["top1"] = out["top1"].astype(np.int8)
+    return out

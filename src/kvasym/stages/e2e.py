@@ -1,0 +1,57 @@
+"""Stage ``e2e`` (rule ``e2e``): the end-to-end passes of SmolLM2-135M over one shipped text.
+
+One job per text: the model is loaded once (~8 s) and the reference pass (its residual streams
+and next-token logits) serves every quantized pass of the text: each scheme x budget x RoPE
+mode with every layer's cache quantized, then each scheme with one layer at a time quantized
+at the lowest budget (:func:`kvasym.real.endtoend.evaluate_text`). The per-position table
+(text, position, scheme, budget, rope, own, layer, nll, nll_ref, kl, top1 and the measured bits
+per coordinate) is written atomically as Parquet with the slice in its metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..errors import KvasymError
+from ._slice import add_slice_arguments, stage_slice
+
+
+def run_e2e(slice_: dict[str, Any], out: str) -> None:
+    """Every end-to-end pass of the text ``slice_["text"]`` (its first ``max_tokens`` tokens).
+
+    ``slice_``: ``text``, ``max_tokens``, ``schemes`` (list of scheme dicts), ``budgets``,
+    ``base_seed``, ``norm_dtype`` and ``e2e`` (``rope``, ``own``, ``sensitivity_layers``).
+    """
+    import pandas as pd
+
+    from ..dataset import provenance, write_frame_atomic
+    from ..real import TEXTS_DIR
+    from ..real.endtoend import evaluate_text
+    from ..real.gguf_model import GGUFLlama
+    from ..schemes import scheme_from_dict
+
+    path = TEXTS_DIR / f"{slice_['text']}.txt"
+    if not path.is_file():
+        raise KvasymError(f"{path}: no such shipped text (slice key text)")
+    schemes = []
+    for spec in slice_["schemes"]:
+        spec = dict(spec)
+        schemes.append(scheme_from_dict(spec.pop("name"), spec))
+    settings = slice_["e2e"]
+    budgets = [int(b) for b in slice_["budgets"]]
+    model = GGUFLlama.load()
+    ids = model.encode(path.read_text(encoding="utf-8"))[: int(slice_["max_tokens"])]
+    columns = evaluate_text(model, ids, schemes, budgets, text=str(slice_["text"]), base_seed=int(slice_["base_seed"]),
+                            ropes=settings["rope"], own=settings["own"], sensitivity_budget=min(budgets),
+                            sensitivity_layers=settings["sensitivity_layers"], norm_dtype=slice_["norm_dtype"])
+    write_frame_atomic(pd.DataFrame(columns), out, {**provenance(slice_), "model_sha256": model.model_sha256})
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_slice_arguments(parser, "e2e")
+    parser.add_argument("--out", required=True, help="the per-position Parquet file of the text")
+
+
+def run(args: argparse.Namespace) -> None:
+    run_e2e(stage_slice(args, "e2e"), args.out)

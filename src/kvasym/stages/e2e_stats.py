@@ -1,0 +1,70 @@
+"""Stage ``e2e_stats`` (rule ``e2e_stats``): the end-to-end results of every text, summarized.
+
+Reads the per-position tables of the ``e2e`` jobs (one per text) and the gathered per-head
+summary (for the real rows' mean attention KL), and writes four tables
+(:mod:`kvasym.real.endtoend_stats`): ``summary`` (perplexity, next-token KL, top-1 agreement
+and measured bits per scheme, budget and RoPE mode, with block-bootstrap intervals),
+``comparisons`` (scheme pairs: perplexity ratio with interval, paired Wilcoxon over blocks, KL
+ratio), ``sensitivity`` (layer by scheme) and ``agreement`` (Spearman's rho between the
+end-to-end and the per-head ranking of the cells, per RoPE mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import KvasymError
+from ._slice import add_slice_arguments, stage_slice
+
+OUTPUTS = ("summary", "comparisons", "sensitivity", "agreement")
+
+
+def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_summary: str,
+                  out: dict[str, str]) -> None:
+    """The four end-to-end tables of ``text_paths`` (``out``: table name -> path)."""
+    import pandas as pd
+
+    from ..dataset import provenance, read_parquet_checked, write_frame_atomic
+    from ..real.endtoend_stats import ATTENTION_DISTRIBUTION, compare_schemes, rank_agreement, sensitivity, summarize
+
+    if not text_paths:
+        raise KvasymError("e2e_stats needs at least one per-text table (--texts)")
+    frame = pd.concat([read_parquet_checked(p) for p in text_paths], ignore_index=True)
+    settings = {key: int(slice_[key]) for key in ("block_tokens", "n_boot", "base_seed")}
+    tables = {
+        "summary": summarize(frame, **settings),
+        "comparisons": compare_schemes(frame, list(slice_["schemes"]), **settings),
+        "sensitivity": sensitivity(frame),
+    }
+    attention = read_parquet_checked(gathered_summary)
+    rows = []
+    for rope in sorted(frame["rope"].unique()):
+        rows_of = attention[(attention["distribution"] == ATTENTION_DISTRIBUTION[rope])
+                            & (attention["sharpness"] == 1.0)]
+        if rows_of.empty:
+            continue  # the per-head real rows of this RoPE mode are not in the gathered summary
+        rows.append(rank_agreement(frame, rows_of, rope, **settings))
+    tables["agreement"] = pd.DataFrame(rows, columns=["rope", "spearman", "low", "high", "n_cells", "n_blocks",
+                                                      "n_boot"])
+    meta = provenance(slice_)
+    for name in OUTPUTS:
+        write_frame_atomic(tables[name], out[name], meta)
+
+
+#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
+INTERMEDIATE_INPUTS = ("texts", "summary")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_slice_arguments(parser, "e2e_stats")
+    parser.add_argument("--texts", nargs="+", required=True, help="per-text tables (stage e2e)")
+    parser.add_argument("--summary", required=True, help="the gathered per-head summary (stage gather)")
+    for name in OUTPUTS:
+        parser.add_argument(f"--out-{name}", required=True, help=f"the end-to-end {name} table (Parquet)")
+
+
+def run(args: argparse.Namespace) -> None:
+    run_e2e_stats(stage_slice(args, "e2e_stats"), args.texts, args.summary,
+                  {name: getattr(args, f"out_{name}") for name in OUTPUTS})
