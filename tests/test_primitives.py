@@ -523,3 +523,41 @@ def test_primitive_builtins_on_extreme_inputs_are_finite_or_refused(case: str, b
         if not spec.center and spec.scalar == "lloyd_max":  # min-max levels need not include 0
             assert np.all(x_hat[zero] == 0), name
         assert cache.payload_bits >= budget * x.size
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line: a user's cache with a built-in made of primitives, and a user scheme file
+
+
+def test_cli_quantizes_a_users_cache_with_primitive_schemes(tmp_path, capsys) -> None:
+    from kvasym.cli import main
+
+    x = correlated(96, 32, 18)
+    np.save(tmp_path / "k.npy", x)
+    (tmp_path / "schemes.yaml").write_text(
+        "schemes:\n  MINE:\n    K: {center: true, transform: klt, allocation: waterfill, scalar_bits: n, qjl: false}\n"
+        "    V: {rotate: false, scalar: minmax, axis: token, group: 16, scalar_bits: n, qjl: false}\n")
+    for argv in (["--scheme", "KIVI32"], ["--scheme", "MINE", "--schemes", str(tmp_path / "schemes.yaml")]):
+        out, back = tmp_path / "k.npz", tmp_path / "k_hat.npy"
+        assert main(["quantize", *argv, "--bits", "3", "--side", "K", str(tmp_path / "k.npy"), str(out)]) == 0
+        assert "3 payload" in capsys.readouterr().out
+        assert main(["dequantize", "--dtype", "float64", str(out), str(back)]) == 0
+        assert np.array_equal(np.load(back), load_packed(out)["K"].dequantize())
+        out.unlink()
+    assert main(["quantize", "--scheme", "CRKV", "--kernel", "numba", "--bits", "3", "--side", "K",
+                 str(tmp_path / "k.npy"), str(tmp_path / "n.npz")]) == 2
+    assert "kernel numba does not implement the primitives ['center']" in capsys.readouterr().err
+
+
+def test_gaussian_codebooks_are_cached_on_disk_and_a_bad_entry_is_recomputed(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("KVASYM_CACHE_DIR", str(tmp_path))
+    fresh = gaussian_codebook.__wrapped__(4)
+    path = tmp_path / "codebooks" / "gaussian_lloyd_max_v1_b4.json"
+    assert json.loads(path.read_text())["centroids"] == fresh.centroids.tolist()
+    assert np.array_equal(gaussian_codebook.__wrapped__(4).centroids, fresh.centroids)
+    edited = fresh.centroids.copy()
+    edited[3] += 1e-3  # still increasing, no longer a Lloyd fixed point
+    path.write_text(json.dumps({"format": 1, "bits": 4, "centroids": edited.tolist()}))
+    assert np.array_equal(gaussian_codebook.__wrapped__(4).centroids, fresh.centroids)
+    path.write_text("{not json")
+    assert np.array_equal(gaussian_codebook.__wrapped__(4).centroids, fresh.centroids)

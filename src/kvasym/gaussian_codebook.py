@@ -63,9 +63,54 @@ def _phi(t: np.ndarray) -> np.ndarray:
     return np.exp(-0.5 * t * t) / np.sqrt(2.0 * np.pi)
 
 
+#: Version of the on-disk entries (``gaussian_lloyd_max_v<N>_b<bits>.json`` in
+#: :func:`kvasym.codebook.cache_dir`).
+CACHE_FORMAT = 1
+#: A cached entry is used only if one more Lloyd step moves no centroid by more than this.
+VERIFY_TOLERANCE = 1e-9
+
+
+def _lloyd_step(centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One Lloyd step: (new centroids, cell masses, cell edges, thresholds) of ``centroids``."""
+    thresholds = 0.5 * (centroids[1:] + centroids[:-1])
+    edges = np.concatenate(([-np.inf], thresholds, [np.inf]))
+    mass = ndtr(edges[1:]) - ndtr(edges[:-1])
+    new = (_phi(edges[:-1]) - _phi(edges[1:])) / mass
+    return 0.5 * (new - new[::-1]), mass, edges, thresholds
+
+
+def _from_disk(bits: int) -> np.ndarray | None:
+    """Centroids cached on disk by an earlier process, if they are still a Lloyd-Max fixed point."""
+    import json
+
+    from .codebook import cache_dir
+
+    path = cache_dir() / f"gaussian_lloyd_max_v{CACHE_FORMAT}_b{bits}.json"
+    try:
+        data = json.loads(path.read_text())
+        centroids = np.asarray(data["centroids"], dtype=np.float64)
+        if data.get("format") != CACHE_FORMAT or data.get("bits") != bits or centroids.shape != (1 << bits,):
+            return None
+        if not np.all(np.diff(centroids) > 0):
+            return None
+        if np.max(np.abs(_lloyd_step(centroids)[0] - centroids)) > VERIFY_TOLERANCE:
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return centroids
+
+
+def _to_disk(bits: int, centroids: np.ndarray) -> None:
+    from .codebook import _atomic_write_json, cache_dir
+
+    path = cache_dir() / f"gaussian_lloyd_max_v{CACHE_FORMAT}_b{bits}.json"
+    _atomic_write_json(path, {"format": CACHE_FORMAT, "bits": bits, "centroids": centroids.tolist()})
+
+
 @lru_cache(maxsize=None)
 def gaussian_codebook(bits: int) -> GaussianCodebook:
-    """The Lloyd-Max codebook of N(0, 1) with ``bits`` bits (cached).
+    """The Lloyd-Max codebook of N(0, 1) with ``bits`` bits (cached in memory, and on disk beside
+    the Beta codebooks: an entry is used only if it is still a Lloyd fixed point to 1e-9).
 
     Parameters
     ----------
@@ -86,20 +131,17 @@ def gaussian_codebook(bits: int) -> GaussianCodebook:
     levels = 1 << bits
     if levels == 1:
         return GaussianCodebook(0, np.zeros(1), np.zeros(0), 1.0)
-    centroids = np.sqrt(3.0) * ndtri((np.arange(levels) + 0.5) / levels)
-    for _ in range(_MAX_ITER):
-        thresholds = 0.5 * (centroids[1:] + centroids[:-1])
-        edges = np.concatenate(([-np.inf], thresholds, [np.inf]))
-        mass = ndtr(edges[1:]) - ndtr(edges[:-1])
-        new = (_phi(edges[:-1]) - _phi(edges[1:])) / mass
-        new = 0.5 * (new - new[::-1])  # exact symmetry about 0
+    cached = _from_disk(bits)
+    centroids = cached if cached is not None else np.sqrt(3.0) * ndtri((np.arange(levels) + 0.5) / levels)
+    for _ in range(0 if cached is not None else _MAX_ITER):
+        new = _lloyd_step(centroids)[0]  # symmetrised: exact symmetry about 0
         moved = float(np.max(np.abs(new - centroids)))
         centroids = new
         if moved < _TOL:
             break
-    thresholds = 0.5 * (centroids[1:] + centroids[:-1])
-    edges = np.concatenate(([-np.inf], thresholds, [np.inf]))
-    mass = ndtr(edges[1:]) - ndtr(edges[:-1])
+    if cached is None:
+        _to_disk(bits, centroids)
+    _, mass, edges, thresholds = _lloyd_step(centroids)
     # E (X - c_k)^2 on [a, b]: P + a phi(a) - b phi(b) - 2 c (phi(a) - phi(b)) + c^2 P (no cancellation)
     lo, hi = edges[:-1], edges[1:]
     finite_lo, finite_hi = np.where(np.isfinite(lo), lo, 0.0), np.where(np.isfinite(hi), hi, 0.0)
