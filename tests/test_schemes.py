@@ -11,6 +11,7 @@ from kvasym.schemes import (
     BUILTIN_SCHEMES,
     MAX_BUDGET,
     MIN_BUDGET,
+    SIDES,
     Scheme,
     SideSpec,
     get_scheme,
@@ -47,8 +48,34 @@ def test_builtin_specs(name: str) -> None:
             assert scheme.side(s).scalar_bits(n) + int(scheme.side(s).qjl) == n
 
 
+# Built-ins made of the composable primitives (kvasym.composed): not in the paper's grid
+PRIMITIVE_BUILTINS = {
+    "KQV-H": {"K": {}, "V": {}},
+    "QKQV-H": {"K": {}, "V": {}},
+    "CRKV": {"K": {"center": True}, "V": {"center": True}},
+    "SKLT": {side: {"center": True, "transform": "klt", "transform_dtype": "float16", "allocation": "waterfill"}
+             for side in SIDES},
+    "KIVI32": {"K": {"scalar": "minmax", "axis": "channel", "group": 32},
+               "V": {"scalar": "minmax", "axis": "token", "group": 32}},
+    "KIVI128": {"K": {"scalar": "minmax", "axis": "channel", "group": 128},
+                "V": {"scalar": "minmax", "axis": "token", "group": 128}},
+    "RKV-EDEN": {"K": {"rescale": "eden"}, "V": {"rescale": "eden"}},
+}
+
+
 def test_registry_holds_exactly_the_builtins() -> None:
-    assert set(scheme_registry()) == set(EXPECTED) == set(BUILTIN_SCHEMES)
+    assert set(scheme_registry()) == set(EXPECTED) | set(PRIMITIVE_BUILTINS) == set(BUILTIN_SCHEMES)
+
+
+@pytest.mark.parametrize("name", sorted(PRIMITIVE_BUILTINS))
+@pytest.mark.parametrize("n", BUDGETS)
+def test_primitive_builtins_record_their_primitives_and_spend_n(name: str, n: int) -> None:
+    scheme = get_scheme(name)
+    scheme.validate_budget(n)
+    for s in SIDES:
+        assert scheme.side(s).primitives() == PRIMITIVE_BUILTINS[name][s]
+        assert scheme.side(s).scalar_bits(n) + scheme.side(s).sketch_bits == n
+    assert {scheme.K.sketch, scheme.V.sketch} <= ({"hadamard", "gaussian"} if name.endswith("-H") else {"gaussian"})
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -173,7 +200,7 @@ def test_user_scheme_added_via_registry() -> None:
         }
     }
     registry = scheme_registry(user)
-    assert set(registry) == set(EXPECTED) | {"VQ"}
+    assert set(registry) == set(EXPECTED) | set(PRIMITIVE_BUILTINS) | {"VQ"}
     vq = get_scheme("VQ", user)
     assert vq.K == SideSpec(False, 0, False) and vq.V == SideSpec(True, 1, True)
     assert vq.description == "QJL on values only, raw"

@@ -102,6 +102,12 @@ class PackedCache:
         Free metadata stored in the header (not compared).
     sketch : {"gaussian", "hadamard"}, optional
         The residual sketch when ``qjl`` (default ``"gaussian"``).
+    primitives : dict, optional
+        The side's composable primitives (:meth:`~kvasym.schemes.SideSpec.primitives`; empty,
+        the default, for the original pipeline), recorded in the header.
+    extras : dict of str to numpy.ndarray, optional
+        The primitives' side arrays (``mean``, ``basis``, ``coord_std``, ``group_scale``,
+        ``group_zero``; :mod:`kvasym.composed`), stored beside the data arrays.
     """
 
     dim: int
@@ -119,6 +125,19 @@ class PackedCache:
     residual_norms: np.ndarray  # (rows,) norm_dtype, empty when not qjl
     meta: dict = field(default_factory=dict, compare=False)
     sketch: str = "gaussian"
+    primitives: dict = field(default_factory=dict)
+    extras: dict = field(default_factory=dict, compare=False)
+
+    def spec(self) -> SideSpec:
+        """The side spec this cache was quantized with (its scalar offset from the budget).
+
+        Returns
+        -------
+        SideSpec
+        """
+        from .composed import spec_of
+
+        return spec_of(self.rotate, self.budget, self.scalar_bits, self.qjl, self.sketch, self.primitives)
 
     def _sketch(self) -> QJLSketch | HadamardSketch:
         return residual_sketch(self.sketch, self.work_dim, self.qjl_seed)
@@ -135,9 +154,11 @@ class PackedCache:
 
     @property
     def side_bits(self) -> int:
-        """Bits of side information: stored norms, residual norms and one 64-bit seed per
-        random map in use (rotation, QJL)."""
+        """Bits of side information: stored norms, residual norms, the primitives' side arrays
+        (mean, KLT basis, coordinate scales, group scales and zero points) and one 64-bit seed
+        per random map in use (rotation, QJL)."""
         norm_bits = 8 * (self.norms.nbytes + self.residual_norms.nbytes)
+        norm_bits += 8 * sum(array.nbytes for array in self.extras.values())
         seeds = (1 if self.rotate else 0) + (1 if self.qjl else 0)
         return norm_bits + SEED_BITS * seeds
 
@@ -176,6 +197,11 @@ class PackedCache:
             ``rotate``); norms are the stored (rounded) ones.
         """
         work = self.work_dim
+        if self.primitives:
+            _refuse_numba(_check_kernel(kernel, threads), self.primitives)
+            from .composed import dequantize_composed
+
+            return dequantize_composed(self, dtype)
         if _check_kernel(kernel, threads) == "numba" and self.scalar_bits > 0:
             from . import kernels
 
@@ -227,7 +253,10 @@ class PackedCache:
         }
         if self.qjl:
             header["sketch"] = self.sketch
+        if self.primitives:
+            header["primitives"] = dict(self.primitives)
         data = {name: getattr(self, name) for name in _DATA_ARRAYS}
+        data.update(self.extras)
         header["sha256"] = content_digest(header, data)
         return {"header": np.frombuffer(json.dumps(header, sort_keys=True).encode("utf-8"), dtype=np.uint8), **data}
 
@@ -239,7 +268,7 @@ _DATA_ARRAYS = ("codes", "norms", "qjl_signs", "residual_norms")
 def content_digest(header: Mapping[str, object], arrays: Mapping[str, np.ndarray]) -> str:
     """SHA-256 of a packed cache's header fields (all but ``sha256``, as sorted JSON) and of its
     arrays (dtype, shape and little-endian C-order bytes of each of ``codes``, ``norms``,
-    ``qjl_signs``, ``residual_norms``).
+    ``qjl_signs``, ``residual_norms``, then of the primitives' side arrays present, by name).
 
     It catches an edited or corrupted file whose shapes still agree with its header (e.g. a
     ``dim`` changed within the same padded width, or edited norms): a guard against accidents,
@@ -248,7 +277,9 @@ def content_digest(header: Mapping[str, object], arrays: Mapping[str, np.ndarray
     import hashlib
 
     h = hashlib.sha256(json.dumps({k: v for k, v in header.items() if k != "sha256"}, sort_keys=True).encode())
-    for name in _DATA_ARRAYS:
+    from .composed import EXTRA_ARRAYS
+
+    for name in _DATA_ARRAYS + tuple(sorted(name for name in EXTRA_ARRAYS if name in arrays)):
         array = np.asarray(arrays[name])
         h.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
         h.update(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
@@ -374,6 +405,14 @@ def _check_kernel(kernel: object, threads: object) -> str:
     return str(kernel)
 
 
+def _refuse_numba(kernel: str, primitives: Mapping[str, object]) -> None:
+    """The numba kernels implement the original pipeline only: a side with primitives is
+    quantized and dequantized by the numpy reference (:mod:`kvasym.composed`)."""
+    if kernel == "numba":
+        raise KvasymError(f"kernel numba does not implement the primitives {sorted(primitives)} "
+                          f"({', '.join(f'{k}: {v}' for k, v in primitives.items())}); use kernel numpy")
+
+
 def _check_working_dim(dim: int, rotate: bool) -> None:
     """Refuse rows whose working dimension (``dim``, padded to a power of two when rotated) has
     no codebook, naming the dimension the user gave as well as the padded one."""
@@ -462,6 +501,16 @@ def quantize(
     scalar_bits = spec.scalar_bits(budget)
     if scalar_bits < 0 or scalar_bits > 8 or (scalar_bits == 0 and not spec.qjl):
         raise KvasymError(f"side spec {spec.to_dict()} is impossible at budget {budget}")
+    if spec.primitives():
+        _refuse_numba(kernel, spec.primitives())
+        if scalar_bits == 0 and (spec.scalar == "minmax" or spec.allocation == "waterfill"):
+            raise KvasymError(f"side spec {spec.to_dict()} is impossible at budget {budget}: no scalar bits")
+        if spec.qjl and spec.sketch == "hadamard" and dim & (dim - 1) and spec.transform != "wht":
+            raise KvasymError(f"the hadamard sketch needs a power-of-two working dimension, not {dim}")
+        from .composed import quantize_composed
+
+        return quantize_composed(x, spec, budget, rotation_seed=rotation_seed, qjl_seed=qjl_seed,
+                                 norm_dtype=norm_dtype, meta=meta)
     dtype = x.dtype
     exact_norms = row_norms(x)
     norms = _store_norms(exact_norms, norm_dtype, "norm")
@@ -546,8 +595,13 @@ def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:
         budget = _header_int(header, "budget", MIN_BUDGET, MAX_BUDGET)
         qjl = _header_bool(header, "qjl")
         scalar_bits = _header_int(header, "scalar_bits", 0, MAX_BUDGET)
-        if scalar_bits + qjl != budget:
-            raise ValueError(f"header scalar_bits {scalar_bits} + qjl {int(qjl)} is not the budget {budget}")
+        # files written before the primitives have no "primitives" key: the original pipeline
+        primitives = header.get("primitives", {})
+        if not isinstance(primitives, dict) or ("primitives" in header and not primitives):
+            raise ValueError(f"header primitives {primitives!r} is not a non-empty mapping")
+        sketch_bits = int(qjl) * (2 if primitives.get("sketch_m") == 2 else 1)
+        if scalar_bits + sketch_bits != budget:
+            raise ValueError(f"header scalar_bits {scalar_bits} + qjl {sketch_bits} is not the budget {budget}")
         # files written before the hadamard sketch have no "sketch" key: theirs is Gaussian
         sketch = header.get("sketch", "gaussian")
         if sketch not in SKETCH_KINDS or ("sketch" in header and not qjl):
@@ -568,7 +622,14 @@ def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:
             residual_norms=np.asarray(arrays["residual_norms"]),
             meta=dict(header.get("meta") or {}),
             sketch=sketch,
+            primitives=primitives,
+            extras=_extras(arrays, header),
         )
+        if primitives:
+            try:
+                cache.spec()
+            except KvasymError as exc:
+                raise ValueError(f"header primitives {primitives}: {exc}") from None
     except KvasymError:
         raise
     except (KeyError, ValueError, TypeError, UnicodeDecodeError) as exc:
@@ -576,7 +637,8 @@ def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:
     _check_consistent(cache, where)
     if "sha256" not in header:
         raise KvasymError(f"{where}: its header has no content digest (sha256); rebuild it")
-    if header.get("sha256") != content_digest(header, {name: getattr(cache, name) for name in _DATA_ARRAYS}):
+    if header.get("sha256") != content_digest(header, {**{name: getattr(cache, name) for name in _DATA_ARRAYS},
+                                                     **cache.extras}):
         raise KvasymError(f"{where}: its content does not match the digest in its header (the file was edited "
                           "or corrupted); rebuild it")
     for name in ("norms", "residual_norms"):
@@ -588,7 +650,22 @@ def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:
 
 
 
+def _extras(arrays: Mapping[str, np.ndarray], header: Mapping[str, object]) -> dict[str, np.ndarray]:
+    """The primitives' side arrays of a stored cache; an array nobody wrote is refused."""
+    from .composed import EXTRA_ARRAYS
+
+    unknown = sorted(set(arrays) - {"header", *_DATA_ARRAYS, *EXTRA_ARRAYS})
+    if unknown:
+        raise ValueError(f"unknown arrays {unknown}")
+    return {name: np.asarray(arrays[name]) for name in EXTRA_ARRAYS if name in arrays}
+
+
 def _check_consistent(cache: PackedCache, where: str) -> None:
+    if cache.primitives:
+        _check_composed(cache, where)
+        return
+    if cache.extras:
+        raise KvasymError(f"{where}: arrays {sorted(cache.extras)} belong to primitives its header does not record")
     work = cache.work_dim
     if cache.qjl and cache.sketch == "hadamard" and work & (work - 1):
         raise KvasymError(f"{where}: the hadamard sketch needs a power-of-two working dimension, not {work}")
@@ -604,6 +681,37 @@ def _check_consistent(cache: PackedCache, where: str) -> None:
             raise KvasymError(
                 f"{where}: {name} has shape {array.shape} dtype {array.dtype}, expected {shape} {np.dtype(dtype)}"
             )
+
+
+def _check_composed(cache: PackedCache, where: str) -> None:
+    """Shapes and dtypes of a composed cache's arrays, from its header's primitives."""
+    from .composed import expected_extras
+
+    spec = cache.spec()
+    work = cache.work_dim
+    if cache.qjl and cache.sketch == "hadamard" and work & (work - 1):
+        raise KvasymError(f"{where}: the hadamard sketch needs a power-of-two working dimension, not {work}")
+    norms_rows = 0 if spec.scalar == "minmax" else cache.rows
+    expected = {
+        "codes": ((cache.rows, packed_row_bytes(work, cache.scalar_bits)), np.uint8),
+        "norms": ((norms_rows,), np.dtype(cache.norm_dtype)),
+        "qjl_signs": ((cache.rows, -(-work * spec.sketch_m // 8) if cache.qjl else 0), np.uint8),
+        "residual_norms": ((cache.rows if cache.qjl else 0,), np.dtype(cache.norm_dtype)),
+    }
+    extras = expected_extras(cache.rows, cache.dim, spec, cache.norm_dtype)
+    if set(extras) != set(cache.extras):
+        raise KvasymError(f"{where}: side arrays {sorted(cache.extras)}, but its primitives need {sorted(extras)}")
+    expected.update({name: (shape, np.dtype(dtype)) for name, (shape, dtype) in extras.items()})
+    arrays = {**{name: getattr(cache, name) for name in _DATA_ARRAYS}, **cache.extras}
+    for name, (shape, dtype) in expected.items():
+        array = arrays[name]
+        if array.shape != shape or array.dtype != dtype:
+            raise KvasymError(
+                f"{where}: {name} has shape {array.shape} dtype {array.dtype}, expected {shape} {np.dtype(dtype)}"
+            )
+    for name in ("mean", "coord_std", "group_scale", "group_zero", "basis"):
+        if name in cache.extras and not np.all(np.isfinite(cache.extras[name].astype(np.float64))):
+            raise KvasymError(f"{where}: {name} holds a non-finite value")
 
 
 def save_packed(path: str | os.PathLike, caches: Mapping[str, PackedCache]) -> None:

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["packed_row_bytes", "pack_codes", "unpack_codes", "pack_signs", "unpack_signs"]
+__all__ = [
+    "packed_row_bytes",
+    "pack_codes",
+    "unpack_codes",
+    "pack_signs",
+    "unpack_signs",
+    "pack_widths",
+    "unpack_widths",
+]
 
 
 def packed_row_bytes(n_codes: int, bits: int) -> int:
@@ -172,3 +180,58 @@ def unpack_signs(packed: np.ndarray, m: int) -> np.ndarray:
         Booleans, last axis of length ``m``.
     """
     return np.unpackbits(packed, axis=-1, count=m, bitorder="little").astype(bool)
+
+
+def pack_widths(codes: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """Pack a (rows, n) array of codes with a width per column into one bit stream per row.
+
+    Parameters
+    ----------
+    codes : array_like
+        2-D non-negative integer codes; column ``j`` must be ``< 2**widths[j]`` (not checked).
+    widths : array_like
+        ``(n,)`` bits per column, each in 0..8 (a width-0 column takes no bits).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(rows, ceil(sum(widths) / 8))`` uint8; column ``j`` occupies bits
+        ``o_j .. o_j + w_j - 1`` (``o_j = sum_{k<j} w_k``, least significant bit first) of the
+        row's little-endian bit stream: for equal widths ``b`` the layout of :func:`pack_codes`.
+    """
+    codes = np.asarray(codes, dtype=np.int64)
+    widths = np.asarray(widths, dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum(widths)[:-1]))
+    total = int(widths.sum())
+    stream = np.zeros((codes.shape[0], total), dtype=bool)
+    for w in np.unique(widths[widths > 0]):
+        cols = np.flatnonzero(widths == w)
+        bits = (codes[:, cols, None] >> np.arange(w)) & 1
+        stream[:, (offsets[cols, None] + np.arange(w)).ravel()] = bits.reshape(codes.shape[0], -1)
+    return np.packbits(stream, axis=1, bitorder="little")
+
+
+def unpack_widths(packed: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`pack_widths`: (rows, n) int64 codes.
+
+    Parameters
+    ----------
+    packed : numpy.ndarray
+        uint8 array from :func:`pack_widths`.
+    widths : array_like
+        ``(n,)`` bits per column.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(rows, n)`` int64 codes (0 in width-0 columns).
+    """
+    widths = np.asarray(widths, dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum(widths)[:-1]))
+    stream = np.unpackbits(packed, axis=1, count=int(widths.sum()), bitorder="little").astype(np.int64)
+    codes = np.zeros((packed.shape[0], widths.size), dtype=np.int64)
+    for w in np.unique(widths[widths > 0]):
+        cols = np.flatnonzero(widths == w)
+        bits = stream[:, (offsets[cols, None] + np.arange(w)).ravel()].reshape(packed.shape[0], cols.size, w)
+        codes[:, cols] = np.sum(bits << np.arange(w), axis=2)
+    return codes

@@ -38,6 +38,7 @@ __all__ = [
     "MAX_BUDGET",
     "MAX_SCALAR_BITS",
     "SIDES",
+    "PRIMITIVE_KEYS",
     "SideSpec",
     "Scheme",
     "scheme_from_dict",
@@ -54,34 +55,80 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.+-]{0,39}$")
 _RELATIVE = re.compile(r"^n(?:\s*-\s*(\d+))?$")
 
 
+#: Side keys beyond the original four, each naming one composable primitive (see :class:`SideSpec`).
+PRIMITIVE_KEYS = ("center", "transform", "transform_dtype", "allocation", "scalar", "axis", "group",
+                  "sketch_m", "rescale")
+TRANSFORMS = ("none", "wht", "klt")
+ALLOCATIONS = ("uniform", "waterfill")
+SCALARS = ("lloyd_max", "minmax")
+SKETCH_M = ("d", "2d")
+_DEFAULTS = {"center": False, "transform_dtype": "float32", "allocation": "uniform", "scalar": "lloyd_max",
+             "axis": "channel", "group": 32, "sketch_m": 1, "rescale": "none"}
+
+
 @dataclass(frozen=True)
 class SideSpec:
-    """How one cache side is quantized: ``scalar_offset`` bits below the budget, + QJL or not.
+    """How one cache side is quantized: a pipeline of primitives, ``scalar_offset`` bits below
+    the budget for the scalar quantizer, + a 1-bit-per-row-coordinate sketch or not.
+
+    The side's pipeline, in order (each stage optional; the defaults are the original schemes):
+    ``center`` (subtract the block's stored mean), ``transform`` (``none``, ``wht`` = the
+    randomized Walsh-Hadamard rotation, or ``klt`` = the block's own principal basis), the
+    ``scalar`` quantizer (``lloyd_max``: per-row norm, then Beta codebooks with ``uniform``
+    allocation or Gaussian codebooks scaled per coordinate with ``waterfill``; or ``minmax``:
+    KIVI's group-wise asymmetric uniform quantizer), ``rescale`` (EDEN / least squares scale of
+    the lloyd_max reconstruction) and the residual ``sketch`` (``m = d`` or ``2d`` sign bits).
 
     Parameters
     ----------
     rotate : bool
-        Apply the randomized Walsh-Hadamard rotation before the scalar quantizer.
+        Apply the randomized Walsh-Hadamard rotation before the scalar quantizer (``transform:
+        wht``).
     scalar_offset : int
         ``k`` in ``scalar_bits = n - k``.
     qjl : bool
-        Add a 1-bit sketch of the scalar quantizer's residual.
+        Add a sketch of the scalar quantizer's residual.
     sketch : {"gaussian", "hadamard"}, optional
         Which sketch when ``qjl`` (default ``"gaussian"``, QJL's; :data:`~kvasym.sketch.SKETCH_KINDS`).
+    center : bool, optional
+        Subtract the block's mean vector first (:mod:`kvasym.centering`; default False).
+    transform : {"none", "wht", "klt"} or None, optional
+        The orthogonal transform; None (default) means ``"wht" if rotate else "none"``. ``rotate``
+        must agree with it (``rotate`` is True exactly for ``"wht"``).
+    transform_dtype : {"float16", "float32"}, optional
+        Storage precision of the KLT basis (:mod:`kvasym.klt`; default ``"float32"``).
+    allocation : {"uniform", "waterfill"}, optional
+        Bits per transform coordinate: the same for all, or reverse water-filling over the
+        coordinate variances (:mod:`kvasym.waterfill`; lloyd_max only).
+    scalar : {"lloyd_max", "minmax"}, optional
+        The scalar quantizer (:mod:`kvasym.minmax` for ``"minmax"``).
+    axis : {"channel", "token"}, optional
+        Direction of minmax groups (default ``"channel"``).
+    group : int, optional
+        Entries per minmax group (default 32).
+    sketch_m : {1, 2}, optional
+        Sketch rows per coordinate: ``m = d`` (1 bit per coordinate) or ``m = 2d`` (2 bits,
+        Gaussian sketch only).
+    rescale : {"none", "eden", "lsq", "norm"}, optional
+        Scale correction of the lloyd_max reconstruction (:mod:`kvasym.rescale`; no sketch).
     """
 
     rotate: bool
     scalar_offset: int
     qjl: bool
     sketch: str = "gaussian"
+    center: bool = False
+    transform: str | None = None
+    transform_dtype: str = "float32"
+    allocation: str = "uniform"
+    scalar: str = "lloyd_max"
+    axis: str = "channel"
+    group: int = 32
+    sketch_m: int = 1
+    rescale: str = "none"
 
     def __post_init__(self) -> None:
-        from .sketch import SKETCH_KINDS
-
-        if self.sketch not in SKETCH_KINDS:
-            raise KvasymError(f"sketch must be one of {', '.join(SKETCH_KINDS)}, got {self.sketch!r}")
-        if self.sketch != "gaussian" and not self.qjl:
-            raise KvasymError(f"sketch {self.sketch!r} needs qjl: true (a side without a sketch has no sketch kind)")
+        _check_side(self, "side spec")
 
     def scalar_bits(self, budget: int) -> int:
         """Scalar bits per coordinate at ``budget``: ``budget - scalar_offset`` (may be < 0).
@@ -98,17 +145,88 @@ class SideSpec:
         return budget - self.scalar_offset
 
     @property
+    def sketch_bits(self) -> int:
+        """Bits per coordinate the sketch spends: ``sketch_m`` with ``qjl``, else 0."""
+        return self.sketch_m if self.qjl else 0
+
+    @property
     def scalar_bits_expr(self) -> str:
         """The scalar width as written in config: ``"n"`` or ``"n-k"``."""
         return "n" if self.scalar_offset == 0 else f"n-{self.scalar_offset}"
 
+    def primitives(self) -> dict:
+        """The primitives that differ from the original pipeline (empty for the original four
+        keys): what a packed cache's header records under ``primitives``.
+
+        Returns
+        -------
+        dict
+            A subset of ``center, transform, transform_dtype, allocation, scalar, axis, group,
+            sketch_m, rescale`` (``transform`` only when ``klt``, ``transform_dtype`` only
+            with ``klt``, ``axis`` and ``group`` only with ``minmax``).
+        """
+        out: dict = {}
+        if self.center:
+            out["center"] = True
+        if self.transform == "klt":
+            out["transform"] = "klt"
+            out["transform_dtype"] = self.transform_dtype
+        for key in ("allocation", "scalar", "sketch_m", "rescale"):
+            if getattr(self, key) != _DEFAULTS[key]:
+                out[key] = getattr(self, key)
+        if self.scalar == "minmax":
+            out["axis"] = self.axis
+            out["group"] = self.group
+        return out
+
     def to_dict(self) -> dict:
-        """The config mapping ``{rotate, scalar_bits, qjl[, sketch]}`` of this side (inverse of
-        parsing; ``sketch`` only when it is not the default ``gaussian``)."""
+        """The config mapping ``{rotate, scalar_bits, qjl[, sketch][, primitives...]}`` of this
+        side (inverse of parsing; ``sketch`` only when it is not the default ``gaussian``, a
+        primitive only when it is not its default, ``transform: klt`` in place of ``rotate``)."""
         out: dict = {"rotate": self.rotate, "scalar_bits": self.scalar_bits_expr, "qjl": self.qjl}
+        if self.transform == "klt":
+            del out["rotate"]  # transform: klt says it
         if self.sketch != "gaussian":
             out["sketch"] = self.sketch
+        for key, value in self.primitives().items():
+            out[key] = "2d" if key == "sketch_m" else value
         return out
+
+
+def _check_side(spec: SideSpec, where: str) -> None:
+    """Every primitive value known, and only combinations the pipeline implements."""
+    from .klt import KLT_DTYPES
+    from .minmax import MINMAX_AXES
+    from .rescale import RESCALE_KINDS
+    from .sketch import SKETCH_KINDS
+
+    if spec.sketch not in SKETCH_KINDS:
+        raise KvasymError(f"{where}: sketch must be one of {', '.join(SKETCH_KINDS)}, got {spec.sketch!r}")
+    if spec.sketch != "gaussian" and not spec.qjl:
+        raise KvasymError(f"{where}: sketch {spec.sketch!r} needs qjl: true (a side without a sketch has no "
+                          "sketch kind)")
+    if spec.transform is None:
+        object.__setattr__(spec, "transform", "wht" if spec.rotate else "none")
+    checks = (("transform", TRANSFORMS), ("transform_dtype", KLT_DTYPES), ("allocation", ALLOCATIONS),
+              ("scalar", SCALARS), ("axis", MINMAX_AXES), ("rescale", RESCALE_KINDS))
+    for key, allowed in checks:
+        if getattr(spec, key) not in allowed:
+            raise KvasymError(f"{where}.{key} must be one of {', '.join(allowed)}, got {getattr(spec, key)!r}")
+    if not isinstance(spec.center, bool):
+        raise KvasymError(f"{where}.center must be true or false, got {spec.center!r}")
+    if spec.rotate != (spec.transform == "wht"):
+        raise KvasymError(f"{where}: rotate {spec.rotate} contradicts transform {spec.transform!r} "
+                          "(rotate: true is transform: wht)")
+    if isinstance(spec.group, bool) or not isinstance(spec.group, int) or not 1 <= spec.group <= 1 << 20:
+        raise KvasymError(f"{where}.group must be an integer in 1..{1 << 20}, got {spec.group!r}")
+    if spec.sketch_m not in (1, 2):
+        raise KvasymError(f"{where}.sketch_m must be d or 2d, got {spec.sketch_m!r}")
+    if spec.sketch_m == 2 and (not spec.qjl or spec.sketch != "gaussian"):
+        raise KvasymError(f"{where}.sketch_m 2d needs qjl: true and the gaussian sketch")
+    if spec.allocation == "waterfill" and spec.scalar != "lloyd_max":
+        raise KvasymError(f"{where}: allocation waterfill needs scalar lloyd_max (minmax has its own scales)")
+    if spec.rescale != "none" and (spec.scalar != "lloyd_max" or spec.qjl):
+        raise KvasymError(f"{where}: rescale {spec.rescale} needs scalar lloyd_max and no sketch (qjl: false)")
 
 
 @dataclass(frozen=True)
@@ -179,15 +297,18 @@ class Scheme:
                 raise KvasymError(f"{where}: scalar_bits {spec.scalar_bits_expr} = {scalar} < 0 is impossible")
             if scalar > MAX_SCALAR_BITS:
                 raise KvasymError(f"{where}: scalar_bits = {scalar} exceeds {MAX_SCALAR_BITS}")
-            spent = scalar + (1 if spec.qjl else 0)
+            spent = scalar + spec.sketch_bits
             if spent != budget:
                 raise KvasymError(
                     f"{where}: spends {spent} bits per coordinate "
-                    f"({spec.scalar_bits_expr} scalar{' + 1 QJL' if spec.qjl else ''}), "
+                    f"({spec.scalar_bits_expr} scalar{f' + {spec.sketch_bits} QJL' if spec.qjl else ''}), "
                     f"not the budget {budget}; every scheme must spend exactly n"
                 )
             if scalar == 0 and not spec.qjl:
                 raise KvasymError(f"{where}: no scalar bits and no QJL stores nothing")
+            if scalar == 0 and (spec.scalar == "minmax" or spec.allocation == "waterfill"):
+                raise KvasymError(f"{where}: scalar {spec.scalar} with allocation {spec.allocation} needs at "
+                                  "least 1 scalar bit")
 
     def to_dict(self) -> dict:
         """The config mapping ``{K: {...}, V: {...}[, description]}`` of this scheme."""
@@ -197,17 +318,22 @@ class Scheme:
         return out
 
 
+_SIDE_KEYS = ("rotate", "scalar_bits", "qjl", "sketch", *PRIMITIVE_KEYS)
+
+
 def _parse_side(data: object, where: str) -> SideSpec:
     if not isinstance(data, Mapping):
-        raise KvasymError(f"{where} must be a mapping with rotate, scalar_bits, qjl; got {data!r}")
-    unknown = set(data) - {"rotate", "scalar_bits", "qjl", "sketch"}
+        raise KvasymError(f"{where} must be a mapping with rotate (or transform), scalar_bits, qjl; got {data!r}")
+    unknown = set(data) - set(_SIDE_KEYS)
     if unknown:
-        raise KvasymError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: rotate, scalar_bits, qjl, sketch")
-    for key in ("rotate", "scalar_bits", "qjl"):
+        raise KvasymError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {', '.join(_SIDE_KEYS)}")
+    for key in ("scalar_bits", "qjl"):
         if key not in data:
             raise KvasymError(f"{where}.{key} is missing")
-    for key in ("rotate", "qjl"):
-        if not isinstance(data[key], bool):
+    if "rotate" not in data and "transform" not in data:
+        raise KvasymError(f"{where}.rotate is missing (give rotate: true/false, or transform: none/wht/klt)")
+    for key in ("rotate", "qjl", "center"):
+        if key in data and not isinstance(data[key], bool):
             raise KvasymError(f"{where}.{key} must be true or false, got {data[key]!r}")
     expr = data["scalar_bits"]
     match = _RELATIVE.match(expr.strip()) if isinstance(expr, str) else None
@@ -221,7 +347,45 @@ def _parse_side(data: object, where: str) -> SideSpec:
         raise KvasymError(f"{where}.sketch must be one of {', '.join(SKETCH_KINDS)}, got {sketch!r}")
     if "sketch" in data and not data["qjl"]:
         raise KvasymError(f"{where}.sketch is set but qjl is false: a side without a sketch has no sketch kind")
-    return SideSpec(rotate=data["rotate"], scalar_offset=offset, qjl=data["qjl"], sketch=sketch)
+    transform = data.get("transform")
+    if transform is not None and transform not in TRANSFORMS:
+        raise KvasymError(f"{where}.transform must be one of {', '.join(TRANSFORMS)}, got {transform!r}")
+    rotate = data.get("rotate", transform == "wht")
+    if transform is not None and rotate != (transform == "wht"):
+        raise KvasymError(f"{where}.rotate {rotate} contradicts {where}.transform {transform!r} "
+                          "(rotate: true is transform: wht; give one of them)")
+    if "transform_dtype" in data and transform != "klt":
+        raise KvasymError(f"{where}.transform_dtype applies only to transform: klt")
+    scalar = data.get("scalar", "lloyd_max")
+    for key in ("axis", "group"):
+        if key in data and scalar != "minmax":
+            raise KvasymError(f"{where}.{key} applies only to scalar: minmax")
+    for key in ("transform_dtype", "allocation", "scalar", "axis", "rescale"):
+        if key in data and not isinstance(data[key], str):
+            raise KvasymError(f"{where}.{key} must be a string, got {data[key]!r}")
+    sketch_m = data.get("sketch_m", "d")
+    if sketch_m not in SKETCH_M:
+        raise KvasymError(f"{where}.sketch_m must be one of {', '.join(SKETCH_M)}, got {sketch_m!r}")
+    if "sketch_m" in data and not data["qjl"]:
+        raise KvasymError(f"{where}.sketch_m is set but qjl is false: a side without a sketch has no sketch size")
+    group = data.get("group", _DEFAULTS["group"])
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise KvasymError(f"{where}.group must be a positive integer, got {group!r}")
+    try:
+        return _side_spec(data, rotate, offset, sketch, transform, scalar, sketch_m, group)
+    except KvasymError as exc:
+        raise KvasymError(str(exc).replace("side spec", where, 1)) from None
+
+
+def _side_spec(data: Mapping, rotate: bool, offset: int, sketch: str, transform: str | None, scalar: str,
+               sketch_m: str, group: int) -> SideSpec:
+    return SideSpec(
+        rotate=rotate, scalar_offset=offset, qjl=data["qjl"], sketch=sketch,
+        center=data.get("center", False), transform=transform if transform is not None else None,
+        transform_dtype=data.get("transform_dtype", _DEFAULTS["transform_dtype"]),
+        allocation=data.get("allocation", "uniform"), scalar=scalar, axis=data.get("axis", "channel"),
+        group=group, sketch_m=2 if sketch_m == "2d" else 1, rescale=data.get("rescale", "none"),
+    )
 
 
 def scheme_from_dict(name: str, data: object) -> Scheme:
@@ -286,6 +450,48 @@ BUILTIN_SCHEMES: dict[str, dict] = {
         "description": "WHT; n-bit scalar on both sides, no QJL (TurboQuant_mse as deployed)",
         "K": {"rotate": True, "scalar_bits": "n", "qjl": False},
         "V": {"rotate": True, "scalar_bits": "n", "qjl": False},
+    },
+    # Built from the composable primitives; not in the paper's grid (usable from user configs
+    # and ``kvasym quantize``).
+    "KQV-H": {
+        "description": "KQV with the orthogonal hadamard sketch on V",
+        "K": {"rotate": True, "scalar_bits": "n", "qjl": False},
+        "V": {"rotate": True, "scalar_bits": "n-1", "qjl": True, "sketch": "hadamard"},
+    },
+    "QKQV-H": {
+        "description": "QKQV with the orthogonal hadamard sketch on K and V",
+        "K": {"rotate": True, "scalar_bits": "n-1", "qjl": True, "sketch": "hadamard"},
+        "V": {"rotate": True, "scalar_bits": "n-1", "qjl": True, "sketch": "hadamard"},
+    },
+    "CRKV": {
+        "description": "RKV on centred blocks: the block mean stored once, then WHT and n-bit scalar",
+        "K": {"rotate": True, "scalar_bits": "n", "qjl": False, "center": True},
+        "V": {"rotate": True, "scalar_bits": "n", "qjl": False, "center": True},
+    },
+    "SKLT": {
+        "description": "centre, the block's KLT basis (float16), n bits per coordinate on average by "
+                       "reverse water-filling, Gaussian Lloyd-Max codebooks",
+        "K": {"transform": "klt", "transform_dtype": "float16", "scalar_bits": "n", "qjl": False, "center": True,
+              "allocation": "waterfill"},
+        "V": {"transform": "klt", "transform_dtype": "float16", "scalar_bits": "n", "qjl": False, "center": True,
+              "allocation": "waterfill"},
+    },
+    "KIVI32": {
+        "description": "KIVI: group-wise asymmetric min-max, keys per channel and values per token, group 32, "
+                       "float16 scales (no full-precision residual window)",
+        "K": {"rotate": False, "scalar_bits": "n", "qjl": False, "scalar": "minmax", "axis": "channel", "group": 32},
+        "V": {"rotate": False, "scalar_bits": "n", "qjl": False, "scalar": "minmax", "axis": "token", "group": 32},
+    },
+    "KIVI128": {
+        "description": "KIVI32 with groups of 128",
+        "K": {"rotate": False, "scalar_bits": "n", "qjl": False, "scalar": "minmax", "axis": "channel",
+              "group": 128},
+        "V": {"rotate": False, "scalar_bits": "n", "qjl": False, "scalar": "minmax", "axis": "token", "group": 128},
+    },
+    "RKV-EDEN": {
+        "description": "RKV with EDEN's unbiased scale 1/<z, c> folded into the stored norm",
+        "K": {"rotate": True, "scalar_bits": "n", "qjl": False, "rescale": "eden"},
+        "V": {"rotate": True, "scalar_bits": "n", "qjl": False, "rescale": "eden"},
     },
 }
 

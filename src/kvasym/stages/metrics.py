@@ -108,6 +108,7 @@ def _check_cache_matches(
         "scalar_bits": spec.scalar_bits(budget),
         "qjl": spec.qjl,
         "sketch": spec.sketch if spec.qjl else "gaussian",
+        "primitives": spec.primitives(),
         "norm_dtype": slice_["norm_dtype"],
         "rotation_seed": derived_seed(base, "rotation", *identity, side) if spec.rotate else 0,
         "qjl_seed": derived_seed(base, "qjl", *identity, side) if spec.qjl else 0,
