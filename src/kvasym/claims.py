@@ -140,11 +140,14 @@ def stat_kl_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
     if ratio["swapped"]:
         theory = math.nan if not math.isfinite(theory) or theory == 0 else 1.0 / theory
     n_trials = int(row["n_trials"])
+    # the independent units of the per-unit test: trials, or texts for the real rows
+    n_units = int(row["n_units"]) if "n_units" in row.index and math.isfinite(float(row["n_units"])) else n_trials
     return Measurement(
         ratio["estimate"], ratio["low"], ratio["high"], float(row["t_wilcoxon_log10_p"]),
         {
             "per_trial_rank_biserial": sign * float(row["t_wilcoxon_rank_biserial"]),
-            "min_attainable_log10_p": min_attainable_log10_p(n_trials),
+            "min_attainable_log10_p": min_attainable_log10_p(n_units),
+            "n_units": n_units,
             "per_query_mann_whitney_log10_p": float(row["q_log10_p"]),
             "per_query_rank_biserial": sign * float(row["q_rank_biserial"]),
             "n_queries": int(row["n_a"]),
@@ -471,8 +474,9 @@ def verdict(m: Measurement, rule: Mapping[str, Any]) -> tuple[str, str]:
         floor = m.details.get("min_attainable_log10_p")
         if floor is not None and math.isfinite(float(floor)) and float(floor) > limit and result != FAILS:
             # no data could meet the rule on this design: not a refutation, not support
-            return INCONCLUSIVE, (reason + f"; p <= 1e{limit:g} is unreachable here: the smallest p the per-trial "
-                                  f"test can give with {m.details.get('n_trials', '?')} trials is 1e{float(floor):.1f} "
+            units = m.details.get("n_units", m.details.get("n_trials", "?"))
+            return INCONCLUSIVE, (reason + f"; p <= 1e{limit:g} is unreachable here: the smallest p the per-unit "
+                                  f"test can give with {units} units is 1e{float(floor):.1f} "
                                   f"(log10 p = {m.log10_p:.1f})")
         if not m.log10_p <= limit:
             result = FAILS if result != INCONCLUSIVE else INCONCLUSIVE

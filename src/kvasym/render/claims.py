@@ -132,7 +132,7 @@ def render_latex(results: Sequence[Mapping[str, Any]]) -> str:
             "Theory": _number_macro((r.get("details") or {}).get("theory")),
             # the smallest log10 p the per-trial test can reach, and the trials it has (kl_ratio)
             "MinLogP": escape_latex(_log10_p_text((r.get("details") or {}).get("min_attainable_log10_p"))),
-            "Trials": _count_text((r.get("details") or {}).get("n_trials")),
+            "Trials": _count_text((r.get("details") or {}).get("n_units", (r.get("details") or {}).get("n_trials"))),
             # claims over cells: all cells, those where the first scheme is significantly better,
             # and those where it is significantly worse
             "NCells": _count_text((r.get("details") or {}).get("n_cells")),
