@@ -1,8 +1,9 @@
 """Stage ``stats`` (rule ``stats``): the statistics of one (distribution, dim).
 
 For every budget, sharpness and pair of schemes (in config order, ``a`` before ``b``), the tests
-of :func:`kvasym.stats.compare` on each metric, per query and per trial; paired
-cluster-bootstrap CIs of the ratio of mean and of p99 KL (stored as ``a / b``: read them
+of :func:`kvasym.stats.compare` on each metric, per query and per unit; paired CIs of the
+ratio of mean KL (Fieller's, over units) and of p99 KL (percentile cluster bootstrap), both
+from :func:`kvasym.stats.bootstrap_ratio_ci` (stored as ``a / b``: read them
 oriented with :func:`kvasym.cells.pair_ratio`) beside its second-order prediction from the key
 sides' closed-form error energies (``ratio_theory``, :func:`kvasym.theory.predicted_kl_ratio`);
 the energy distance between the six-dimensional error clouds; per-cell summaries and per-trial
