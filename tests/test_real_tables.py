@@ -118,7 +118,7 @@ def test_captures_to_parquet_and_command_line(tmp_path, capsys):
     beta = frame[(frame["text"] == "beta") & (frame["tensor"] == "v") & (frame["layer"] == LAYERS[1])
                  & (frame["head"] == 1)]
     expected = cache_statistics(make_capture(seed=1).v[1, 1].astype(np.float64))
-    assert beta["excess_kurtosis"].iloc[0] == pytest.approx(expected["excess_kurtosis"], rel=1e-11)
+    assert beta["tail_index"].iloc[0] == pytest.approx(expected["tail_index"], rel=1e-11)
     # the same text twice, a broken capture, nothing: errors naming the problem
     with pytest.raises(KvasymError, match="already read"):
         run_real_cachestats([paths[0], paths[0]], tmp_path / "x.parquet")
@@ -368,7 +368,7 @@ def test_statistics_rows_are_medians_and_iqrs_of_their_own_matrices(tmp_path):
     real = [(f"\\texttt{{{REAL_MODEL_NAME}}}", label) for label in
             ("K after RoPE", "K before RoPE", "V", "Q after RoPE", "Q before RoPE")]
     assert list(rows) == synthetic + real
-    columns = ["excess_kurtosis", "participation_ratio", "pr_fraction", "top_channel_energy", "mean_energy"]
+    columns = ["tail_index", "participation_ratio", "pr_fraction", "top_channel_energy", "mean_energy"]
     # synthetic: per trial, from the manifests as the data stage wrote them (d = 32 left out)
     for (source, label) in synthetic:
         dist = source[len("\\texttt{"):-1]
@@ -413,8 +413,8 @@ def test_bad_inputs_name_the_file_or_column(tmp_path):
     summary_path = tmp_path / "summary.parquet"
     real_summary().to_parquet(summary_path)
     stats = pd.DataFrame(capture_statistics(make_capture(), "t"))
-    missing_column = tmp_path / "no_kurtosis.parquet"
-    stats.drop(columns="excess_kurtosis").to_parquet(missing_column)
+    missing_column = tmp_path / "no_tail_index.parquet"
+    stats.drop(columns="tail_index").to_parquet(missing_column)
     garbage = tmp_path / "garbage.parquet"
     garbage.write_bytes(b"not parquet at all")
     out = tmp_path / "out"
@@ -422,7 +422,7 @@ def test_bad_inputs_name_the_file_or_column(tmp_path):
     def render(**extra):
         return tables.render_tables({"summary": summary_path, **extra}, HEADLINE, out, ["table_real"])
 
-    with pytest.raises(KvasymError, match=r"no_kurtosis\.parquet.*\['excess_kurtosis'\]"):
+    with pytest.raises(KvasymError, match=r"no_tail_index\.parquet.*\['tail_index'\]"):
         render(real_cachestats=missing_column)
     with pytest.raises(KvasymError, match=r"garbage\.parquet: not a readable Parquet"):
         render(real_cachestats=garbage)
@@ -441,7 +441,7 @@ def test_bad_inputs_name_the_file_or_column(tmp_path):
         render(data_manifests=[no_stats])
     partial = tmp_path / "partial.json"
     partial.write_text(_stamped({"slice": {"distribution": {"name": "g", "kind": "gaussian"}, "dim": 128},
-                                   "trials": [{"keys": {"excess_kurtosis": 0.1}, "values": {}}]}))
+                                   "trials": [{"keys": {"tail_index": 0.1}, "values": {}}]}))
     with pytest.raises(KvasymError, match=r"partial\.json: trial 0 'keys' statistics lack \['participation_ratio'"):
         render(data_manifests=[partial])
     not_manifest = tmp_path / "list.json"

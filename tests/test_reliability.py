@@ -279,7 +279,7 @@ def test_a_ratio_over_a_zero_statistic_is_nan_in_the_stats_tables():
 
 
 def test_a_hand_edited_data_manifest_statistic_is_refused_and_moved_aside(small_data, tmp_path, capsys):
-    """A data manifest's per-trial statistics had no digest of their own: excess_kurtosis edited
+    """A data manifest's per-trial statistics had no digest of their own: tail_index edited
     to 99.0 by hand was accepted silently (load_manifest checked only the trial digests) and
     flowed into the paper's cache-statistics table. The manifest now carries content_sha256; an
     edit is a DamagedFile, which the stage command moves aside so the data rule rebuilds it."""
@@ -298,8 +298,8 @@ def test_a_hand_edited_data_manifest_statistic_is_refused_and_moved_aside(small_
     assert content_digest(dict(reversed(list(manifest.items())))) == manifest["content_sha256"]
 
     edited = json.loads(path.read_text())
-    assert edited["trials"][0]["keys"]["excess_kurtosis"] != 99.0
-    edited["trials"][0]["keys"]["excess_kurtosis"] = 99.0
+    assert edited["trials"][0]["keys"]["tail_index"] != 99.0
+    edited["trials"][0]["keys"]["tail_index"] = 99.0
     path.write_text(json.dumps(edited, indent=1, sort_keys=True) + "\n")
     for read in (lambda: read_manifest(path), lambda: load_manifest(path, slice_)):
         with pytest.raises(DamagedFile, match=r"d64\.json: .*its content does not match its digest \(edited"):

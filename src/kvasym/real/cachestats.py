@@ -17,7 +17,7 @@ head, one (tokens, head_dim) matrix at a time (all tokens of the text):
 Columns of the table (:data:`COLUMNS`): ``text``, ``layer`` (the model's layer number),
 ``kv_head`` (for queries: the KV head the query head reads), ``head`` (the head within its
 tensor: the KV head for K and V, the query head for Q), ``tensor``, ``head_dim``, ``n_rows``
-(tokens) and the statistics of :func:`kvasym.cachestats.cache_statistics` (``excess_kurtosis``,
+(tokens) and the statistics of :func:`kvasym.cachestats.cache_statistics` (``tail_index``,
 ``participation_ratio``, ``top_channel_energy``, ``mean_energy``).
 
 The statistics are computed for all heads of a layer at once

@@ -1,6 +1,6 @@
 """Stage ``real_cachestats`` (rule ``real_cachestats``): statistics of the real caches.
 
-Excess kurtosis, participation ratio, top-channel and mean-vector energy shares per text, layer,
+Tail index (Hill), participation ratio, top-channel and mean-vector energy shares per text, layer,
 head and tensor of the SmolLM2 captures (:func:`kvasym.real.cachestats.captures_statistics`),
 for the real-vs-synthetic table.
 """
