@@ -49,6 +49,7 @@ from .sketch import SKETCH_KINDS, HadamardSketch, QJLSketch, residual_sketch
 
 __all__ = [
     "PACKED_FORMAT",
+    "EXTRA_ARRAYS",
     "NORM_DTYPES",
     "SEED_BITS",
     "PackedCache",
@@ -263,6 +264,9 @@ class PackedCache:
 
 #: The data arrays of a packed cache, in the order :func:`content_digest` hashes them.
 _DATA_ARRAYS = ("codes", "norms", "qjl_signs", "residual_norms")
+#: The side arrays of the scheme primitives (:mod:`kvasym.composed`), hashed after the data
+#: arrays in this order when present.
+EXTRA_ARRAYS = ("mean", "basis", "coord_std", "group_scale", "group_zero")
 
 
 def content_digest(header: Mapping[str, object], arrays: Mapping[str, np.ndarray]) -> str:
@@ -277,8 +281,6 @@ def content_digest(header: Mapping[str, object], arrays: Mapping[str, np.ndarray
     import hashlib
 
     h = hashlib.sha256(json.dumps({k: v for k, v in header.items() if k != "sha256"}, sort_keys=True).encode())
-    from .composed import EXTRA_ARRAYS
-
     for name in _DATA_ARRAYS + tuple(sorted(name for name in EXTRA_ARRAYS if name in arrays)):
         array = np.asarray(arrays[name])
         h.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
@@ -652,8 +654,6 @@ def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:
 
 def _extras(arrays: Mapping[str, np.ndarray], header: Mapping[str, object]) -> dict[str, np.ndarray]:
     """The primitives' side arrays of a stored cache; an array nobody wrote is refused."""
-    from .composed import EXTRA_ARRAYS
-
     unknown = sorted(set(arrays) - {"header", *_DATA_ARRAYS, *EXTRA_ARRAYS})
     if unknown:
         raise ValueError(f"unknown arrays {unknown}")

@@ -43,7 +43,6 @@ import numpy as np
 from .centering import add_mean, block_mean, subtract_mean
 from .codebook import lloyd_max_codebook
 from .errors import KvasymError
-from .gaussian_codebook import gaussian_codebook
 from .klt import klt_basis, orthonormalize, store_basis
 from .minmax import SCALE_DTYPE, group_shape, minmax_dequantize, minmax_quantize
 from .packing import pack_codes, pack_widths, unpack_codes, unpack_widths
@@ -56,10 +55,7 @@ from .sketch import QJLSketch, residual_sketch
 if TYPE_CHECKING:
     from .cache import PackedCache
 
-__all__ = ["EXTRA_ARRAYS", "quantize_composed", "dequantize_composed", "spec_of", "expected_extras"]
-
-#: The side-information arrays a composed cache may hold, by primitive.
-EXTRA_ARRAYS = ("mean", "basis", "coord_std", "group_scale", "group_zero")
+__all__ = ["quantize_composed", "dequantize_composed", "spec_of", "expected_extras"]
 
 
 def spec_of(rotate: bool, budget: int, scalar_bits: int, qjl: bool, sketch: str, primitives: Mapping) -> SideSpec:
@@ -134,6 +130,7 @@ def _sketch(spec: SideSpec, work: int, seed: int) -> QJLSketch | object:
     return residual_sketch(spec.sketch, work, seed)
 
 
+# the water-filling modules import scipy: only a water-filling side pays for it
 def _waterfill_allocation(coord_std: np.ndarray, scalar_bits: int) -> np.ndarray:
     from .waterfill import integer_allocation
 
@@ -141,6 +138,8 @@ def _waterfill_allocation(coord_std: np.ndarray, scalar_bits: int) -> np.ndarray
 
 
 def _waterfill_reconstruct(codes: np.ndarray, widths: np.ndarray, std: np.ndarray) -> np.ndarray:
+    from .gaussian_codebook import gaussian_codebook
+
     out = np.zeros(codes.shape, dtype=np.float64)
     for w in np.unique(widths):
         cols = np.flatnonzero(widths == w)
@@ -207,6 +206,8 @@ def quantize_composed(x: np.ndarray, spec: SideSpec, budget: int, *, rotation_se
             extras["coord_std"] = _store_norms(np.sqrt(np.mean(unit**2, axis=0)), norm_dtype, "coordinate scale")
             std = extras["coord_std"].astype(np.float64)
             widths = _waterfill_allocation(extras["coord_std"], scalar_bits)
+            from .gaussian_codebook import gaussian_codebook
+
             codes = np.zeros((rows, work), dtype=np.int64)
             for w in np.unique(widths):
                 cols = np.flatnonzero(widths == w)

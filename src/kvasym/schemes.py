@@ -5,7 +5,10 @@ how many scalar (Lloyd-Max) bits each coordinate gets, and whether a 1-bit sketc
 residual is added, and which: ``sketch: gaussian`` (QJL's i.i.d. Gaussian matrix, the default)
 or ``sketch: hadamard`` (an orthogonal randomized-Hadamard sketch, :mod:`kvasym.sketch`).
 Every scheme spends the same budget of ``n`` bits per coordinate: on each side
-``scalar_bits + (1 if qjl) == n``, which is checked, so no scheme can win by spending more.
+``scalar_bits + (sketch_m if qjl) == n`` (``sketch_m`` 1, or 2 for ``sketch_m: 2d``), which is
+checked, so no scheme can win by spending more. Beyond these keys a side composes primitives
+(``center``, ``transform``, ``allocation``, ``scalar``, ``rescale``; :class:`SideSpec`,
+:mod:`kvasym.composed`), whose side information is measured, never hidden in the budget.
 
 ``scalar_bits`` is written relative to the budget: ``"n"`` or ``"n-1"`` (``"n-k"`` in general).
 A spec that breaks the budget, or needs a negative scalar width or more than 8 scalar bits at a
@@ -13,8 +16,9 @@ budget, is rejected with an error naming the scheme, the side and the budget. ``
 scalar bits with QJL (pure QJL at n = 1) is allowed.
 
 Built in: the paper's KV, KQV, QKQV and ``RKV`` (rotated scalar on both sides, no QJL: the
-TurboQuant_mse construction deployed systems use). Users add schemes in config, in the same
-mapping form as :data:`BUILTIN_SCHEMES`.
+TurboQuant_mse construction deployed systems use), and, made of primitives and outside the
+paper's grid, ``KQV-H``, ``QKQV-H``, ``CRKV``, ``SKLT``, ``KIVI32``, ``KIVI128``, ``RKV-EDEN``.
+Users add schemes in config, in the same mapping form as :data:`BUILTIN_SCHEMES`.
 
 References
 ----------
