@@ -68,7 +68,7 @@ VERDICTS = (HOLDS, FAILS, INCONCLUSIVE, BY_CONSTRUCTION, NOT_EVALUATED)
 class Measurement:
     """A claim's statistic: its estimate, its interval and p where it has them.
 
-    ``interval``: the statistic is decided on a confidence interval (a bootstrap over trials).
+    ``interval``: the statistic is decided on a confidence interval (over trials or texts).
     Such a measurement whose interval is undefined (a NaN bound: a replicate with a zero
     denominator, or a single cluster) or has zero width (every replicate equal, e.g. one trial)
     cannot decide its claim: the verdict is *inconclusive*, never the point estimate's.
@@ -122,7 +122,7 @@ def min_attainable_log10_p(n_trials: int) -> float:
 
 def stat_kl_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
     """Ratio of KL (``which``: mean or p99) of scheme ``a`` over scheme ``b`` in one cell, with
-    the paired cluster-bootstrap CI over trials (oriented by :func:`kvasym.cells.pair_ratio`).
+    its paired CI over units (oriented by :func:`kvasym.cells.pair_ratio`).
 
     The p-value is the per-trial paired Wilcoxon test: the trial (one draw of keys, values and
     queries) is the independent unit; the queries of a trial share its keys, so a per-query
@@ -265,12 +265,13 @@ def _trial_values(t: Tables, distribution: str, where: Mapping[str, Any], metric
 
 def stat_distribution_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
     """Ratio of the mean per-trial ``metric`` of distribution ``num`` over ``den`` (same dim,
-    budget, scheme, sharpness), with a cluster-bootstrap CI over trials.
+    budget, scheme, sharpness), with its interval over trials (:func:`kvasym.stats.bootstrap_ratio_ci`:
+    Fieller's for means).
 
-    ``paired: true`` pairs trial ``i`` of ``num`` with trial ``i`` of ``den`` (one bootstrap
-    draw resamples both): for two treatments of the same data, e.g. real keys quantized before
+    ``paired: true`` pairs trial ``i`` of ``num`` with trial ``i`` of ``den`` (the interval
+    works on their per-trial differences): for two treatments of the same data, e.g. real keys quantized before
     and after RoPE, whose trial ``i`` is the same (text, layer, head) cache; the trial ids must
-    then be the same. Otherwise the two are independent samples (unpaired bootstrap). The claim
+    then be the same. Otherwise the two are independent samples (unpaired interval). The claim
     is decided on the interval alone; the Mann-Whitney (unpaired) or Wilcoxon (paired)
     difference-test p is in the details, never in the verdict (a "stays within" claim is not
     shown by a difference test). The KS statistics of both distributions' rotated coordinates
@@ -335,7 +336,7 @@ def stat_ranking_disagreement(t: Tables, where: Mapping[str, Any]) -> Measuremen
     percentile of KL), while significantly better than it by mean KL.
 
     Per group: ``A`` the best scheme by mean KL, ``B`` the best by ``by``. The group counts as a
-    disagreement only if the paired cluster-bootstrap 95% intervals of both ratios exclude 1
+    disagreement only if the paired 95% intervals of both ratios exclude 1
     (``mean_A / mean_B < 1`` and ``p99_A / p99_B > 1``, from the comparisons table): a swap
     between two schemes that are statistically tied is noise, not a ranking the mean hides.
     The details count the raw (untested) disagreements as well."""

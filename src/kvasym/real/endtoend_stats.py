@@ -4,16 +4,16 @@ and budget, paired scheme comparisons, layer sensitivity and rank agreement with
 Units of resampling
     Positions of one text are not independent (they share a context), and there are few texts
     (four in the paper grid): the cluster is a *block* of ``block_tokens`` consecutive
-    positions of one text (text ``t``, block ``floor(i / block_tokens)``). Intervals are
-    percentile cluster bootstraps over blocks (:func:`kvasym.stats.bootstrap_ratio_ci`, the
-    same blocks drawn for every scheme: the design is paired), and paired tests compare the
+    positions of one text (text ``t``, block ``floor(i / block_tokens)``). Intervals are the
+    study's ratio intervals over blocks (:func:`kvasym.stats.bootstrap_ratio_ci`: Fieller's for
+    means, paired: the same blocks for every scheme), and paired tests compare the
     per-block means of two schemes (:func:`kvasym.stats.compare`, whose per-trial Wilcoxon is
     the block-level test).
 
 Quantities (over the positions ``i`` of a scheme, budget and RoPE mode; ``d_i = nll_i -
 nll_ref_i``)
     - ``ppl = exp(mean nll)``, ``ppl_ref = exp(mean nll_ref)``, ``ppl_ratio = ppl / ppl_ref =
-      exp(mean d)``; its interval is ``exp`` of the bootstrap interval of ``mean d`` (exp is
+      exp(mean d)``; its interval is ``exp`` of the interval of ``mean d`` (exp is
       increasing); ``ppl_increase = ppl - ppl_ref`` and ``ppl_increase_rel = ppl_ratio - 1``;
     - next-token KL: mean (with interval), 99th percentile and maximum; top-1 agreement (mean,
       with interval);
@@ -83,7 +83,7 @@ def _cell(frame: pd.DataFrame, rope: str, scheme: str, budget: int, layer: int =
 
 def mean_ci(values: np.ndarray, labels: np.ndarray, *, n_boot: int, base_seed: int,
             identity: Sequence[str | int]) -> dict[str, float]:
-    """Mean of ``values`` and its 95% cluster-bootstrap interval over the blocks ``labels``
+    """Mean of ``values`` and its 95% interval over the blocks ``labels``
     (:func:`kvasym.stats.bootstrap_ratio_ci` of the values over ones: a ratio of means whose
     denominator is 1)."""
     blocks = _by_block(values, labels)
