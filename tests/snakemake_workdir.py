@@ -66,8 +66,14 @@ def copy_run(run: Path, path: Path) -> Path:
 
 def run_env() -> dict[str, str]:
     """The environment for Snakemake and the `kvasym` commands its rules run: this checkout's
-    library first on the path (whatever the installed copy points at), one BLAS thread."""
-    env = dict(os.environ)
+    library first on the path (whatever the installed copy points at), and the numeric
+    environment of the committed expected results (kvasym.numeric_env: OpenBLAS and numpy's
+    loops at x86-64-v3) where this machine allows it, so that every tiny run of the suite, the
+    shared one that tests/expected is checked against included, computes the same bits on any
+    such CPU."""
+    from kvasym.numeric_env import pinned_environment
+
+    env = pinned_environment() or dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
     return env
 

@@ -29,9 +29,15 @@ def test_tiny_run_matches_the_expected_results(tiny_local_run):
     table and metrics dataset of the tiny run, as committed."""
     from kvasym.real import missing_extra_reason
 
+    from kvasym.numeric_env import pin_unavailable_reason
+
     reason = missing_extra_reason()
     if reason is not None:
         pytest.skip(f"REAL-MODEL EXTRA MISSING: the expected results include the real rows ({reason})")
+    reason = pin_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"NUMERIC ENVIRONMENT NOT PINNED: the expected results were computed with OpenBLAS's "
+                    f"Haswell kernels and numpy's x86-64-v3 loops (kvasym.numeric_env), and {reason}")
     diffs = ex.compare(ex.load(EXPECTED), ex.snapshot(tiny_local_run / "results"))
     assert not diffs, (
         f"the tiny run differs from {EXPECTED.relative_to(EXPECTED.parents[2])} in {len(diffs)} place(s) "

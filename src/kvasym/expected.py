@@ -13,9 +13,12 @@ rounded, independent of order), so neither file order nor row order matters.
 :func:`compare` lists the differences between two snapshots, one line each. Ids, verdicts, row
 counts, column lists and key hashes must be equal; floats must agree within the tolerance
 :data:`RTOL` / :data:`ATOL`. The pipeline is deterministic: the same code gives bit-identical
-results on one machine whatever ``--cores``. The tolerance only absorbs last-bit differences of
-another numpy/BLAS build or CPU (a matrix product summed in another order); any real change of a
-number is far larger and is reported.
+results on one machine whatever ``--cores``. Across CPUs, BLAS kernels and numpy's SIMD loops
+change last bits, which on the tiny grid's few units can flip a tie or a discrete p-value: the
+tiny grid is therefore run, for the committed file and for its test, in the numeric environment
+that :mod:`kvasym.numeric_env` pins (OpenBLAS's Haswell kernels, numpy's loops at x86-64-v3),
+where the results are bit-identical across x86-64 machines. The tolerance only absorbs what is
+left of another numpy/BLAS build; any real change of a number is far larger and is reported.
 
 The committed file is ``tests/expected/tiny_grid.json`` (the tiny grid, ``config/test.yaml``,
 with the real-model rows), checked by ``tests/test_expected_results.py``. A commit that changes
@@ -68,7 +71,8 @@ CLAIM_FIELDS = ("verdict", "estimate", "low", "high", "log10_p")
 #: uncommitted files included, runs the tiny grid; the checkout's own results/ is not touched).
 REGENERATE = (
     'd=$(mktemp -d) && git ls-files -co --exclude-standard | tar -cf - -T - | tar -xf - -C "$d" && '
-    '(cd "$d" && PYTHONPATH="$d/src" snakemake --cores 2 --configfile config/test.yaml) && '
+    '(cd "$d" && PYTHONPATH="$d/src" python3 -m kvasym.numeric_env '
+    'snakemake --cores 2 --configfile config/test.yaml) && '
     'PYTHONPATH=src python3 -m kvasym.expected --results "$d/results" --write tests/expected/tiny_grid.json'
 )
 _ABOUT = (
