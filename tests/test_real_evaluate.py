@@ -165,6 +165,10 @@ def test_real_metrics_table_feeds_the_stats_stage(tmp_path):
         ({"e2e": {"sensitivity_layers": [30]}}, "real.e2e.sensitivity_layers"),
         ({"e2e": {"blocks": 3}}, "real.e2e: unknown key"),
         ({"e2e": [1]}, "real.e2e must be a mapping"),
+        ({"texts": ["bicycle_repair"], "e2e": {"texts": ["bakery_morning"]}}, r"real.e2e.texts: \['bakery_morning'\]"),
+        ({"e2e": {"texts": []}}, "real.e2e.texts must be 'all' or a non-empty list"),
+        ({"e2e": {"texts": "bicycle_repair"}}, "real.e2e.texts must be 'all'"),
+        ({"e2e": {"schemes": ["KV", "KV"]}}, "real.e2e.schemes must be 'all' or a non-empty list of distinct"),
     ],
 )
 def test_real_settings_reject_bad_config(value, message):
@@ -180,8 +184,23 @@ def test_real_settings_defaults():
     assert real_settings(None) is None
     assert real_settings("off") is None and real_settings(False) is None  # --config real=off; YAML `off`
     settings = real_settings({})
-    e2e = {"rope": ["post", "pre"], "own": "exact", "sensitivity_layers": list(range(N_LAYERS)), "block_tokens": 64}
+    e2e = {"texts": shipped_texts(), "schemes": "all", "rope": ["post", "pre"], "own": "exact",
+           "sensitivity_layers": list(range(N_LAYERS)), "block_tokens": 64}
     assert settings == {"texts": shipped_texts(), "max_tokens": 512, "layers": list(range(N_LAYERS)), "e2e": e2e}
     assert real_settings({"e2e": "off"})["e2e"] is None
     assert real_settings({"e2e": {"sensitivity_layers": []}})["e2e"]["sensitivity_layers"] == []
     assert len(settings["texts"]) >= 4
+
+
+def test_real_e2e_subsets_follow_their_lists():
+    """real.e2e.texts and .schemes subset real.texts and the study's schemes, in those lists' order."""
+    from kvasym.real import real_settings
+
+    texts = ["bicycle_repair", "bakery_morning"]
+    settings = real_settings({"texts": texts, "e2e": {"texts": ["bakery_morning", "bicycle_repair"],
+                                                       "schemes": ["RKV", "KV"]}},
+                             schemes=["KV", "KQV", "RKV"])
+    assert settings["e2e"]["texts"] == texts and settings["e2e"]["schemes"] == ["KV", "RKV"]
+    assert real_settings({}, schemes=["KV", "KQV"])["e2e"]["schemes"] == ["KV", "KQV"]
+    with pytest.raises(KvasymError, match=r"real.e2e.schemes: \['QKQV'\] not among the study schemes"):
+        real_settings({"e2e": {"schemes": ["QKQV"]}}, schemes=["KV", "KQV"])

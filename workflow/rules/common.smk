@@ -83,7 +83,7 @@ STAGE_CODE = {stage: stage_code_digest(stage) for stage in STAGES}
 
 # Real-model rows (SmolLM2-135M captures): only with a `real:` config section and the extra.
 try:
-    REAL = real_settings(config.get("real"))
+    REAL = real_settings(config.get("real"), list(STUDY.schemes))
 except KvasymError as exc:
     raise WorkflowError(f"invalid config: {exc}")
 _shadowed = sorted(
@@ -170,7 +170,7 @@ def e2e_slice(w):
         "text": w.text,
         "max_tokens": REAL["max_tokens"],
         "schemes": [
-            {"name": name, **STUDY.schemes[name].to_dict()} for name in STUDY.schemes
+            {"name": name, **STUDY.schemes[name].to_dict()} for name in E2E["schemes"]
         ],
         "budgets": list(STUDY.budgets),
         "base_seed": STUDY.base_seed,
@@ -181,7 +181,7 @@ def e2e_slice(w):
 
 def e2e_stats_slice(w):
     return {
-        "schemes": list(STUDY.schemes),
+        "schemes": list(E2E["schemes"]),
         "budgets": list(STUDY.budgets),
         "base_seed": STUDY.base_seed,
         "n_boot": STUDY.stats["n_boot"],
@@ -190,7 +190,7 @@ def e2e_stats_slice(w):
 
 
 def e2e_texts(wildcards=None):
-    return [f"{E2E_DIR}/texts/{text}.parquet" for text in REAL["texts"]]
+    return [f"{E2E_DIR}/texts/{text}.parquet" for text in E2E["texts"]]
 
 
 def e2e_targets():

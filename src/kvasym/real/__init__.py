@@ -63,7 +63,8 @@ REAL_SHARPNESS = 1.0
 N_LAYERS = 30
 REAL_KEYS = {"texts", "max_tokens", "layers", "e2e"}
 #: Keys of ``real.e2e`` (the end-to-end passes, kvasym.real.endtoend) and their defaults.
-E2E_DEFAULTS = {"rope": ["post", "pre"], "own": "exact", "sensitivity_layers": "all", "block_tokens": 64}
+E2E_DEFAULTS = {"texts": "all", "schemes": "all", "rope": ["post", "pre"], "own": "exact",
+                "sensitivity_layers": "all", "block_tokens": 64}
 MAX_TOKENS_LIMIT = 8192  # the model's context length
 
 
@@ -72,11 +73,13 @@ def shipped_texts() -> list[str]:
     return sorted(p.stem for p in TEXTS_DIR.glob("*.txt"))
 
 
-def real_settings(value: object) -> dict | None:
+def real_settings(value: object, schemes: list[str] | None = None) -> dict | None:
     """The config's ``real`` section, validated: ``texts`` ("all" or names of shipped texts),
-    ``max_tokens`` (tokens kept per text, 2..8192, default 512) and ``layers`` ("all" or layer
-    numbers 0..29). None when the section is absent or ``off``/false (no real rows: the config
-    file's section can be switched off from the command line, ``--config real=off``)."""
+    ``max_tokens`` (tokens kept per text, 2..8192, default 512), ``layers`` ("all" or layer
+    numbers 0..29) and ``e2e`` (:func:`e2e_settings`; ``schemes``, the study's scheme names,
+    are what its ``schemes: all`` means). None when the section is absent or ``off``/false (no
+    real rows: the config file's section can be switched off from the command line,
+    ``--config real=off``)."""
     if value is None or value is False or value == "off":
         return None
     if not isinstance(value, dict):
@@ -105,14 +108,32 @@ def real_settings(value: object) -> dict | None:
         raise KvasymError(f"config key real.layers must be 'all' or distinct layer numbers in 0..{N_LAYERS - 1}, "
                           f"got {layers!r}")
     return {"texts": list(texts), "max_tokens": int(max_tokens), "layers": sorted(layers),
-            "e2e": e2e_settings(value.get("e2e", {}), int(max_tokens))}
+            "e2e": e2e_settings(value.get("e2e", {}), int(max_tokens), list(texts), schemes)}
 
 
-def e2e_settings(value: object, max_tokens: int) -> dict | None:
-    """The ``real.e2e`` section, validated: ``rope`` (non-empty list of "post", "pre"),
+def _subset(key: str, value: object, allowed: list[str], what: str) -> list[str]:
+    """``value`` ("all" or a non-empty list of distinct names among ``allowed``) as a list, in
+    the order of ``allowed``."""
+    if value == "all":
+        return list(allowed)
+    if (not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value)
+            or len(set(value)) != len(value)):
+        raise KvasymError(f"config key {key} must be 'all' or a non-empty list of distinct {what}, got {value!r}")
+    foreign = [v for v in value if v not in allowed]
+    if foreign:
+        raise KvasymError(f"config key {key}: {foreign} not among the {what} {allowed}")
+    return [v for v in allowed if v in value]
+
+
+def e2e_settings(value: object, max_tokens: int, texts: list[str] | None = None,
+                 schemes: list[str] | None = None) -> dict | None:
+    """The ``real.e2e`` section, validated: ``texts`` ("all" or a subset of the real rows'
+    ``texts``: the end-to-end passes cost ~160 CPU-s per 512-token text), ``schemes`` ("all"
+    or a subset of the study's ``schemes``), ``rope`` (non-empty list of "post", "pre"),
     ``own`` ("exact" or "quantized"), ``sensitivity_layers`` ("all", or distinct layers 0..29;
     an empty list: no single-layer passes) and ``block_tokens`` (positions per bootstrap block,
-    1..max_tokens). None when ``off``/false: no end-to-end passes."""
+    1..max_tokens). None when ``off``/false: no end-to-end passes. ``texts`` and ``schemes``
+    are the lists they subset (None: taken as given, unchecked)."""
     if value is None or value is False or value == "off":
         return None
     if not isinstance(value, dict):
@@ -137,4 +158,13 @@ def e2e_settings(value: object, max_tokens: int) -> dict | None:
     if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= max_tokens:
         raise KvasymError(f"config key real.e2e.block_tokens must be an integer in 1..{max_tokens} (real.max_tokens), "
                           f"got {block!r}")
-    return {"rope": list(rope), "own": out["own"], "sensitivity_layers": sorted(layers), "block_tokens": block}
+    chosen = {}
+    for key, allowed, what in (("texts", texts, "real.texts"), ("schemes", schemes, "study schemes")):
+        given = out[key]
+        if allowed is None:  # nothing to check against: "all" stays "all", a list is only checked for shape
+            chosen[key] = given if given == "all" else _subset(f"real.e2e.{key}", given,
+                                                                 given if isinstance(given, list) else [], what)
+        else:
+            chosen[key] = _subset(f"real.e2e.{key}", given, list(allowed), what)
+    return {**chosen, "rope": list(rope), "own": out["own"], "sensitivity_layers": sorted(layers),
+            "block_tokens": block}
