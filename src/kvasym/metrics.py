@@ -486,8 +486,8 @@ def trial_metrics(
 
     per_query (n_queries rows): ``query`` (index); ``kl`` (KL(p || p_hat), nats);
     ``recall_top5``; ``tv``, ``js`` (nats), ``top1`` and ``catastrophic`` (0/1) of
-    :func:`distribution_distances` and :func:`catastrophic`; ``t_snr_db``, ``t_eff_bits``, ``t_phi``, ``t_eps_dir`` of the attention
-    output of that query; ``{k,v}_snr_db``, ``{k,v}_eff_bits``, ``{k,v}_phi``,
+    :func:`distribution_distances` and :func:`catastrophic`; ``t_snr_db``, ``t_eff_bits``,
+    ``t_phi``, ``t_eps_dir`` of the attention output of that query; ``{k,v}_snr_db``, ``{k,v}_eff_bits``, ``{k,v}_phi``,
     ``{k,v}_eps_dir``: the per-trial cache aggregates (:func:`matrix_coordinates`) repeated on
     every row.
 
