@@ -63,7 +63,10 @@ def test_real_comparisons_use_the_text_as_unit(real_files):
     comparisons = pd.read_parquet(out[0])
     kl = comparisons[comparisons["metric"] == "kl"].iloc[0]
     assert kl["unit"] == "text" and kl["n_units"] == 3 and kl["n_trials"] == len(texts)
-    assert set(comparisons.loc[comparisons["metric"] == "error6d", "unit"]) == {"query"}
+    energy = comparisons[comparisons["metric"] == "error6d"]
+    # the energy test's points are the texts too: one per text and scheme, 2^(3-1) swap patterns
+    assert set(energy["unit"]) == {"text"} and set(energy["n_units"]) == {3} and set(energy["energy_exact"]) == {1}
+    assert energy["energy_p"].min() >= 0.25
     # reference: per-text means of the per-query rows, then scipy's paired Wilcoxon
     per_query["text"] = per_query["trial"].map(texts)
     means = per_query.groupby(["scheme", "text"])["kl"].mean().unstack("scheme")

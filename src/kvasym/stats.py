@@ -47,6 +47,8 @@ __all__ = [
     "ks_2samp_exact_ties",
     "wilcoxon_paired",
     "energy_distance",
+    "energy_test_paired",
+    "permutations_for_family",
     "bootstrap_ratio_ci",
     "ks_distance",
     "ks_distance_ci",
@@ -627,6 +629,160 @@ def energy_distance(
         done += size
     p = (1.0 + exceed) / (1.0 + n_perm)
     return {"statistic": observed, "p": float(p), "log10_p": float(math.log10(p)), **result}
+
+
+ENERGY_RESOLUTION = 20
+"""How far below Holm's first threshold ``alpha / m`` the smallest Monte Carlo p-value of
+:func:`energy_test_paired` reaches: :func:`permutations_for_family` gives ``1 / (B + 1) =
+alpha / (ENERGY_RESOLUTION m)``."""
+
+
+def permutations_for_family(family_size: int, alpha: float = 0.05,
+                            resolution: int = ENERGY_RESOLUTION) -> int:
+    """Monte Carlo permutations ``B`` whose smallest p-value ``1 / (B + 1)`` lies ``resolution``
+    times below Holm's smallest threshold ``alpha / family_size``.
+
+    Parameters
+    ----------
+    family_size : int
+        Number of tests Holm adjusts together (>= 1).
+    alpha : float, optional
+        Family-wise level (default 0.05).
+    resolution : int, optional
+        Default :data:`ENERGY_RESOLUTION` (20).
+
+    Returns
+    -------
+    int
+        ``B = ceil(resolution * family_size / alpha) - 1``.
+
+    Notes
+    -----
+    With 200 permutations (min p = 1/201) and a family of ~1,000 tests, every Holm-adjusted p
+    is 1: the test cannot decide whatever the data. With ``B`` from here a p-value can reach
+    ``alpha / m`` with room to spare: at ``p = alpha / m`` the Monte Carlo count of exceedances
+    has mean ``resolution`` and relative standard error ``1 / sqrt(resolution)`` (22% at 20).
+    """
+    m = _check_int(family_size, "family_size", minimum=1)
+    lv = _check_level(alpha)
+    r = _check_int(resolution, "resolution", minimum=1)
+    return int(math.ceil(r * m / lv)) - 1
+
+
+def energy_test_paired(
+    x: ArrayLike,
+    y: ArrayLike,
+    n_permutations: int,
+    base_seed: int,
+    identity: Sequence[str | int],
+) -> dict[str, float | int]:
+    """Energy distance between paired units' summaries, with the within-pair permutation null.
+
+    Parameters
+    ----------
+    x : array_like
+        ``(G, d)``: one point per unit (e.g. a trial's six error coordinates under scheme A).
+    y : array_like
+        ``(G, d)``: the same units under scheme B (row g of ``y`` pairs with row g of ``x``).
+    n_permutations : int
+        Monte Carlo swap patterns (>= 1) when the exact enumeration is larger (see Notes).
+    base_seed : int
+        Non-negative base seed of the generator.
+    identity : sequence of (str or int)
+        Identity of the comparison; generator ``rng(base_seed, *identity, "energy-swap")``.
+
+    Returns
+    -------
+    dict
+        Keys ``statistic, p, log10_p, n_units, n_dims, n_permutations, exact`` (``exact`` = 1
+        when every swap pattern was enumerated; ``n_permutations`` = patterns evaluated).
+
+    Raises
+    ------
+    KvasymError
+        If the clouds are not finite 2-D arrays of the same shape, or an argument is invalid.
+
+    Notes
+    -----
+    The unit is the trial (or text), not the query: four of the six error coordinates (K and V
+    scale and direction) are per-trial constants and the queries of a trial share its keys, so
+    a permutation of queries (as in :func:`energy_distance`) treats dependent points as
+    independent and its p-values are far too small or, with few permutations, cannot reach a
+    Holm threshold at all. Here each scheme contributes one point per unit and the two points of
+    a unit are the same data under two schemes.
+
+    - Statistic: :func:`energy_distance`'s V-statistic of the two clouds of G points each,
+      coordinates standardised by the pooled mean and sd (constant coordinates dropped).
+    - Null: within every unit the two schemes' summaries are exchangeable (no scheme effect), so
+      swapping the two points of any subset of units leaves the joint law unchanged: the
+      randomization distribution of a paired design (Fisher 1935; Good 2005, ch. 3). The pooled
+      standardisation is the same for every swap pattern, and swapping all units gives the
+      same statistic as none (E is symmetric), so there are ``2^(G-1)`` distinct patterns.
+    - p-value: if ``2^(G-1) <= n_permutations``, exact: the fraction of all ``2^(G-1)`` patterns
+      (the identity included) whose statistic is ``>=`` the observed one (tolerance 1e-12 times
+      the mean pooled distance); its smallest value is ``2^-(G-1)``. Otherwise Monte Carlo,
+      ``(1 + #{E_s >= E_obs}) / (1 + B)`` over ``B = n_permutations`` patterns with independent
+      fair swaps (a valid p-value, Phipson & Smyth 2010), smallest ``1 / (B + 1)``: choose ``B``
+      for the Holm family with :func:`permutations_for_family`.
+    - Size and power are measured in the tests: under a true null with unit effects the
+      rejection rate at 0.05 is near 0.05 and the p-values are uniform; a shift of one
+      coordinate is found.
+
+    References
+    ----------
+    .. [1] Szekely, G. J., Rizzo, M. L. (2013) "Energy statistics: A class of statistics based on
+       distances", J. Stat. Plan. Inference 143(8):1249-1272.
+    .. [2] Good, P. I. (2005) "Permutation, Parametric, and Bootstrap Tests of Hypotheses", 3rd
+       ed., Springer (paired designs: within-pair exchangeability).
+    .. [3] Phipson, B., Smyth, G. K. (2010) "Permutation p-values should never be zero",
+       Stat. Appl. Genet. Mol. Biol. 9(1):39.
+    """
+    xa = _as_cloud(x, "x")
+    ya = _as_cloud(y, "y")
+    if xa.shape != ya.shape:
+        raise KvasymError(f"x and y must hold the same units and coordinates (paired): shapes {xa.shape} "
+                          f"!= {ya.shape}")
+    n_perm = _check_int(n_permutations, "n_permutations", minimum=1)
+    gen = _generator(base_seed, identity, "energy-swap")
+    g = xa.shape[0]
+    pooled = np.vstack([xa, ya])
+    keep = np.ptp(pooled, axis=0) > 0.0
+    result: dict[str, float | int] = {"n_units": int(g), "n_dims": int(keep.sum())}
+    if not keep.any() or g < 2:
+        return {"statistic": 0.0 if not keep.any() else math.nan, "p": 1.0, "log10_p": 0.0,
+                "n_permutations": 0, "exact": 1, **result}
+    z = pooled[:, keep]
+    z = (z - z.mean(axis=0)) / z.std(axis=0)
+    dist = cdist(z, z)
+    row_sums = dist.sum(axis=1)
+    total = float(row_sums.sum())
+    identity_swap = np.zeros((1, g), dtype=bool)
+    observed = float(_energy_from_indicators(dist, row_sums, total, _swap_indicators(identity_swap), g, g)[0])
+    tol = 1e-12 * total / (4 * g * g)
+    exact = g - 1 < 62 and 2 ** (g - 1) <= n_perm
+    exceed, done = 0, 0
+    n_eval = 2 ** (g - 1) if exact else n_perm
+    while done < n_eval:
+        size = min(PERMUTATION_CHUNK * 16, n_eval - done)
+        if exact:  # patterns done..done+size-1 as bits of units 1..G-1 (unit 0 never swapped)
+            codes = np.arange(done, done + size, dtype=np.int64)[:, None]
+            swaps = np.zeros((size, g), dtype=bool)
+            swaps[:, 1:] = (codes >> np.arange(g - 1, dtype=np.int64)) & 1 == 1
+        else:
+            swaps = gen.random((size, g)) < 0.5
+        e_perm = _energy_from_indicators(dist, row_sums, total, _swap_indicators(swaps), g, g)
+        exceed += int(np.count_nonzero(e_perm >= observed - tol))
+        done += size
+    p = exceed / n_eval if exact else (1.0 + exceed) / (1.0 + n_eval)
+    return {"statistic": observed, "p": float(p), "log10_p": float(math.log10(p)),
+            "n_permutations": int(n_eval), "exact": int(exact), **result}
+
+
+def _swap_indicators(swaps: np.ndarray) -> np.ndarray:
+    """(2G, P) first-sample indicators of P swap patterns over the pooled [x; y] rows: unit g's
+    x row (row g) is in the first sample unless swapped, then its y row (row G + g) is."""
+    s = swaps.T.astype(np.float64)
+    return np.vstack([1.0 - s, s])
 
 
 # ------------------------------------------------------------- ratio intervals (Fieller)
@@ -1259,7 +1415,8 @@ def holm_log10(log10_p: ArrayLike) -> np.ndarray:
 
 
 def cell_summary(kl: ArrayLike, recall: ArrayLike,
-                 coords: Mapping[str, ArrayLike]) -> dict[str, float | int]:
+                 coords: Mapping[str, ArrayLike],
+                 tails: Mapping[str, ArrayLike] | None = None) -> dict[str, float | int]:
     """Summary of one cell (scheme x budget x distribution ...) from its per-query arrays.
 
     Parameters
@@ -1270,12 +1427,15 @@ def cell_summary(kl: ArrayLike, recall: ArrayLike,
         Per-query routing recall, 1-D, no NaN.
     coords : mapping of str to array_like
         Further per-query (or per-trial) arrays to average, by name.
+    tails : mapping of str to array_like, optional
+        Further per-query measures summarised like KL, by their mean and 99th percentile (the
+        bounded measures ``tv``, ``js`` reported beside KL).
 
     Returns
     -------
     dict
-        ``n, kl_mean, kl_median, kl_p99, kl_max, recall_mean`` and ``<name>_mean`` per entry of
-        ``coords``.
+        ``n, kl_mean, kl_median, kl_p99, kl_max, recall_mean``, ``<name>_mean`` per entry of
+        ``coords`` and ``<name>_mean``, ``<name>_p99`` per entry of ``tails``.
 
     Raises
     ------
@@ -1289,7 +1449,9 @@ def cell_summary(kl: ArrayLike, recall: ArrayLike,
       ``kl_max`` of the KL divergences; ``n`` = number of KL values.
     - ``recall_mean`` = mean routing recall.
     - ``<name>_mean`` = mean of each array in ``coords`` (e.g. ``k_eps_dir`` ->
-      ``k_eps_dir_mean``).
+      ``k_eps_dir_mean``); of a 0/1 indicator (``top1``, ``catastrophic``) it is a share.
+    - ``<name>_mean`` and ``<name>_p99`` (``numpy.quantile(x, 0.99)``, as ``kl_p99``) of each
+      array in ``tails``.
 
     NaN anywhere raises (a NaN would reveal an upstream bug); infinite values are allowed.
     """
@@ -1312,6 +1474,16 @@ def cell_summary(kl: ArrayLike, recall: ArrayLike,
         if key in out:
             raise KvasymError(f"coords name {name!r} collides with summary key {key!r}")
         out[key] = float(np.mean(_as_1d(arr, f"coords[{name!r}]")))
+    if tails is not None and not isinstance(tails, Mapping):
+        raise KvasymError(f"tails must be a mapping name -> array, got {type(tails).__name__}")
+    for name, arr in (tails or {}).items():
+        if not isinstance(name, str) or not name:
+            raise KvasymError(f"tails keys must be non-empty strings, got {name!r}")
+        values = _as_1d(arr, f"tails[{name!r}]")
+        for key, value in ((f"{name}_mean", np.mean(values)), (f"{name}_p99", np.quantile(values, 0.99))):
+            if key in out:
+                raise KvasymError(f"tails name {name!r} collides with summary key {key!r}")
+            out[key] = float(value)
     return out
 
 
