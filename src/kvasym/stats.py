@@ -781,8 +781,8 @@ def energy_test_paired(
 def _swap_indicators(swaps: np.ndarray) -> np.ndarray:
     """(2G, P) first-sample indicators of P swap patterns over the pooled [x; y] rows: unit g's
     x row (row g) is in the first sample unless swapped, then its y row (row G + g) is."""
-    s = swaps.T.astype(np.float64)
-    return np.vstack([1.0 - s, s])
+    s = np.ascontiguousarray(swaps.T, dtype=np.float64)
+    return np.ascontiguousarray(np.vstack([1.0 - s, s]))
 
 
 # ------------------------------------------------------------- ratio intervals (Fieller)
