@@ -314,7 +314,7 @@ def stat_theory(t: Tables, where: Mapping[str, Any]) -> Measurement:
     for key in ("budget", "scheme"):
         if key in where:
             conditions[key] = where[key]
-    if "sharpness" in where and where["check"] == "jensen_slope":
+    if "sharpness" in where and where["check"] in ("jensen_slope", "jensen_slope_adjusted"):
         conditions["sharpness"] = float(where["sharpness"])
     row = select_cells(t.theory, "theory", **conditions).iloc[0]
     details = {"theory": float(row["theory"]), "n": float(row["n"])}

@@ -525,6 +525,10 @@ def energy_distance(
 ) -> dict[str, float | int]:
     """Energy distance between two clouds of d-dimensional points, with a permutation p-value.
 
+    The points are exchangeable under the null: for clouds whose points are independent. The
+    study's per-scheme error clouds are not (queries of a trial share its keys): it uses
+    :func:`energy_test_paired` on per-unit summaries instead.
+
     Parameters
     ----------
     x : array_like
@@ -1496,8 +1500,12 @@ def linear_slope_ci(
     identity: Sequence[str | int],
     clusters: ArrayLike | None = None,
     level: float = 0.95,
+    controls: ArrayLike | None = None,
 ) -> dict[str, float | int]:
     """OLS fit ``y = intercept + slope * x`` with a percentile (cluster) bootstrap CI of the slope.
+
+    With ``controls`` (covariates ``z``), the slope is the partial one of the multiple regression
+    ``y = intercept + slope * x + z beta``: the effect of ``x`` holding ``z`` fixed.
 
     Parameters
     ----------
@@ -1515,11 +1523,15 @@ def linear_slope_ci(
         One label per point; clusters are resampled as wholes (default: the points themselves).
     level : float, optional
         Confidence level in (0, 1) (default 0.95).
+    controls : array_like, optional
+        Covariates held fixed, ``(n,)`` or ``(n, k)``, finite (e.g. a key's log reference
+        weight, which confounds its error variance and its weight excess).
 
     Returns
     -------
     dict
-        Keys ``slope, intercept, low, high, r, n, n_clusters, n_boot, n_valid, level``.
+        Keys ``slope, intercept, low, high, r, n, n_clusters, n_boot, n_valid, level`` (and
+        ``n_controls``).
 
     Raises
     ------
@@ -1537,15 +1549,26 @@ def linear_slope_ci(
       ``(base_seed, *identity, "bootstrap-slope")``. Replicates in which x is constant have no
       slope and are ignored by the quantiles (``n_valid`` counts the others).
     - ``low``, ``high`` = (1 - level)/2 and (1 + level)/2 quantiles of the replicate slopes.
+    - With ``controls``: the coefficient of ``x`` in the least-squares fit on ``[1, x, z]``
+      (``intercept`` its constant, ``r`` the partial correlation of x and y given z), and every
+      bootstrap replicate refits the same regression on the drawn clusters (normal equations
+      weighted by the clusters' multiplicities; replicates whose design is singular are
+      ignored). By Frisch-Waugh-Lovell it equals the simple slope of y's residual on x's
+      residual after regressing both on ``[1, z]``.
 
     References
     ----------
     .. [1] Efron, B., Tibshirani, R. J. (1993) "An Introduction to the Bootstrap", Chapman & Hall.
+    .. [2] Lovell, M. C. (1963) "Seasonal adjustment of economic time series and multiple
+       regression analysis", J. Am. Statist. Assoc. 58(304):993-1010 (partial regression).
     """
     xa = _as_1d(x, "x", allow_inf=False, min_size=2)
     ya = _as_1d(y, "y", allow_inf=False, min_size=2)
     if xa.size != ya.size:
         raise KvasymError(f"x and y must have the same length: {xa.size} != {ya.size}")
+    if controls is not None:
+        return _partial_slope_ci(xa, ya, controls, n_boot=n_boot, base_seed=base_seed, identity=identity,
+                                 clusters=clusters, level=level)
     n_boot = _check_int(n_boot, "n_boot", minimum=1)
     lv = _check_level(level)
     if clusters is None:
@@ -1600,6 +1623,63 @@ def linear_slope_ci(
         "n_valid": n_valid,
         "level": lv,
     }
+
+
+def _partial_slope_ci(xa: np.ndarray, ya: np.ndarray, controls: ArrayLike, *, n_boot: int, base_seed: int,
+                      identity: Sequence[str | int], clusters: ArrayLike | None,
+                      level: float) -> dict[str, float | int]:
+    """:func:`linear_slope_ci` with covariates: the coefficient of x in the OLS of y on [1, x, z]."""
+    n_boot = _check_int(n_boot, "n_boot", minimum=1)
+    lv = _check_level(level)
+    try:
+        z = np.asarray(controls, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise KvasymError(f"controls must be an array of numbers: {exc}") from None
+    z = z.reshape(z.shape[0], -1) if z.ndim in (1, 2) else z
+    if z.ndim != 2 or z.shape[0] != xa.size:
+        raise KvasymError(f"controls must hold one row per point ({xa.size}), got shape {np.shape(controls)}")
+    if not np.isfinite(z).all():
+        raise KvasymError("controls contain NaN or infinite values")
+    if clusters is None:
+        ids = np.arange(xa.size)
+    else:
+        labels = np.asarray(clusters)
+        if labels.shape != xa.shape:
+            raise KvasymError(f"clusters must have one label per point: shape {labels.shape} != {xa.shape}")
+        _, ids = np.unique(labels, return_inverse=True)
+        ids = ids.ravel()
+    n_clusters = int(ids.max()) + 1
+    design = np.column_stack([np.ones_like(xa), xa, z])
+    k = design.shape[1]
+    coef, _, rank, _ = np.linalg.lstsq(design, ya, rcond=None)
+    if rank < k:
+        raise KvasymError("linear_slope_ci: x is constant or collinear with the controls, the partial slope is "
+                          "undefined")
+    # partial correlation: of the residuals of x and y on [1, z]
+    base = np.column_stack([np.ones_like(xa), z])
+    rx = xa - base @ np.linalg.lstsq(base, xa, rcond=None)[0]
+    ry = ya - base @ np.linalg.lstsq(base, ya, rcond=None)[0]
+    den = math.sqrt(float(rx @ rx) * float(ry @ ry))
+    r = float(rx @ ry) / den if den > 0 else 0.0
+    # per-cluster normal equations, then every replicate's weighted sums by matrix products
+    xtx = np.zeros((n_clusters, k, k))
+    np.add.at(xtx, ids, design[:, :, None] * design[:, None, :])
+    xty = np.zeros((n_clusters, k))
+    np.add.at(xty, ids, design * ya[:, None])
+    gen = _generator(base_seed, identity, "bootstrap-slope")
+    counts = _resample_counts(gen, n_boot, n_clusters)
+    a = np.einsum("bc,cij->bij", counts, xtx)
+    b = np.einsum("bc,ci->bi", counts, xty)
+    cond = np.linalg.cond(a)
+    valid = np.isfinite(cond) & (cond < 1e12)
+    slopes = np.full(n_boot, np.nan)
+    if valid.any():
+        slopes[valid] = np.linalg.solve(a[valid], b[valid][..., None])[:, 1, 0]
+    n_valid = int(valid.sum())
+    low, high = (np.nanquantile(slopes, [(1.0 - lv) / 2.0, (1.0 + lv) / 2.0]) if n_valid else (math.nan, math.nan))
+    return {"slope": float(coef[1]), "intercept": float(coef[0]), "low": float(low), "high": float(high), "r": r,
+            "n": int(xa.size), "n_clusters": n_clusters, "n_boot": n_boot, "n_valid": n_valid, "level": lv,
+            "n_controls": int(z.shape[1])}
 
 
 # -------------------------------------------------------------------------- comparison
