@@ -404,3 +404,39 @@ def test_paired_ratio_interval_is_narrower_on_paired_data():
     assert paired["low"] == pytest.approx(1.1) and paired["high"] == pytest.approx(1.1)
     assert unpaired["high"] - unpaired["low"] > 0.5
     assert math.isnan(paired["log10_p"]) and "wilcoxon_log10_p" in paired["details"]
+
+
+def _share_tables(shares: list[float]) -> Tables:
+    trials = pd.DataFrame([dict(distribution="g", dim=64, budget=4, scheme="KQV", sharpness=8.0, trial=i,
+                                catastrophic=s, kl=0.1) for i, s in enumerate(shares)])
+    summary = pd.DataFrame([dict(distribution="g", dim=64, budget=4, scheme="KQV", sharpness=8.0, kl_mean=0.1,
+                                 kl_p99=0.9, tv_p99=0.6, top1_mean=0.9, n_queries=64 * len(shares))])
+    empty = pd.DataFrame({"distribution": [], "dim": [], "check": []})
+    return Tables(comparisons=pd.DataFrame(), summary=summary, trials=trials, theory=empty)
+
+
+_SHARE_CLAIM = [{"id": "C8b", "statement": "s", "statistic": "catastrophic_share",
+                 "where": {"distribution": "g", "dim": 64, "scheme": "KQV", "budget": 4, "sharpness": 8.0},
+                 "holds_if": {"op": ">=", "value": 0.01}}]
+
+
+@pytest.mark.parametrize("shares, expected", [
+    ([0.03, 0.05, 0.04, 0.02, 0.06, 0.04, 0.03, 0.05], HOLDS),      # every trial fails often
+    ([0.0, 0.0, 0.001, 0.0, 0.002, 0.0, 0.001, 0.0], FAILS),         # rare failures: CI below 1%
+    ([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.16], INCONCLUSIVE),       # one trial carries them all
+    ([0.0] * 8, INCONCLUSIVE),                                       # no failure: cannot rule out
+])
+def test_catastrophic_share_claim_is_decided_over_trials(shares, expected):
+    """The interval is the t interval of the per-trial shares (the trial is the unit): the same
+    mean share 0.02 holds when spread over trials and is inconclusive when one trial holds it."""
+    from scipy import stats as ss
+
+    (result,) = evaluate_claims(_SHARE_CLAIM, _share_tables(shares))
+    assert result["verdict"] == expected, result["reason"]
+    x = np.array(shares)
+    assert result["estimate"] == pytest.approx(x.mean())
+    if x.std() > 0:
+        half = ss.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
+        assert result["high"] == pytest.approx(min(1.0, x.mean() + half), rel=1e-9)
+        assert result["low"] == pytest.approx(max(0.0, x.mean() - half), rel=1e-9, abs=1e-15)
+    assert result["details"]["kl_mean"] == 0.1 and result["details"]["n_trials"] == 8

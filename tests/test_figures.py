@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import math
 import os
 from pathlib import Path
 
@@ -49,6 +50,8 @@ def make_per_query(distributions=("gaussian", "t1.05", "lowrank4"), dims=(64,), 
                 "sharpness": s, "trial": trial, "query": q,
                 "kl": float(gen.lognormal(np.log(0.05 * scale), 1.0)) if q else 0.0,
                 "recall_top5": float(gen.integers(0, 6) / 5), **cache,
+                "tv": min(1.0, 0.3 * scale), "js": min(math.log(2), 0.05 * scale), "top1": float(q % 3 > 0),
+                "catastrophic": float(q % 3 == 0 and 0.3 * scale > 0.5),
                 "t_snr_db": 5.0 * budget - 10 * phi_t, "t_eff_bits": budget - 2 * phi_t, "t_phi": phi_t,
                 "t_eps_dir": 1 - np.cos(phi_t), "k_bits_payload": float(budget), "k_bits_side": 0.5,
                 "v_bits_payload": float(budget), "v_bits_side": 0.5,

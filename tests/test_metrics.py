@@ -15,8 +15,11 @@ from scipy.stats import entropy
 
 from kvasym.errors import KvasymError
 from kvasym.metrics import (
+    CATASTROPHIC_TV,
     EFF_BITS_CAP,
     SNR_DB_CAP,
+    catastrophic,
+    distribution_distances,
     error_coordinates,
     kl_divergence,
     matrix_coordinates,
@@ -271,7 +274,7 @@ def make_trial(seed: int = 5, n_q: int = 6, n_k: int = 40, d: int = 16):
     return gen, q, k, v
 
 
-PER_QUERY = {"query", "kl", "recall_top5"} | {
+PER_QUERY = {"query", "kl", "recall_top5", "tv", "js", "top1", "catastrophic"} | {
     f"{s}_{m}" for s in "kvt" for m in ("snr_db", "eff_bits", "phi", "eps_dir")
 }
 PER_KEY = {
@@ -376,3 +379,98 @@ def test_trial_metrics_shape_errors() -> None:
         trial_metrics(q, k, v, k[:-1], v, 1.0)
     with pytest.raises(KvasymError, match="values"):
         trial_metrics(q, k, v, k, v[:, :-1], 1.0)
+
+
+# ------------------------------------------------- bounded measures: TV, JS, top-1 (issue 14.7)
+
+
+def _log(p: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.log(p)
+
+
+def test_tv_js_top1_against_scipy_and_brute_force() -> None:
+    """TV = 1/2 sum |p - q| (brute force), JS = scipy's jensenshannon squared (scipy returns the
+    distance, the square root of the divergence, natural log by default), top-1 by argmax."""
+    from scipy.spatial.distance import jensenshannon
+
+    gen = np.random.default_rng(11)
+    logits = 3.0 * gen.standard_normal((50, 17))
+    p = softmax(logits, axis=1)
+    q = softmax(logits + gen.standard_normal((50, 17)) * gen.uniform(0, 3, (50, 1)), axis=1)
+    out = distribution_distances(_log(p), _log(q))
+    np.testing.assert_allclose(out["tv"], 0.5 * np.abs(p - q).sum(axis=1), rtol=1e-12)
+    js_scipy = np.array([jensenshannon(p[i], q[i]) ** 2 for i in range(50)])
+    np.testing.assert_allclose(out["js"], js_scipy, rtol=1e-9, atol=1e-15)
+    np.testing.assert_array_equal(out["top1"], (p.argmax(axis=1) == q.argmax(axis=1)).astype(float))
+    assert 0.0 < out["top1"].mean() < 1.0  # both outcomes are exercised
+
+
+def test_tv_js_bounds_and_identities() -> None:
+    """Disjoint supports: TV = 1, JS = ln 2; identical: 0; always TV^2/2 <= JS <= ln 2 TV."""
+    p = np.array([[0.5, 0.5, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    q = np.array([[0.0, 0.0, 0.25, 0.75], [0.0, 0.0, 0.0, 1.0]])
+    out = distribution_distances(_log(p), _log(q))
+    np.testing.assert_allclose(out["tv"], 1.0, rtol=1e-15)
+    np.testing.assert_allclose(out["js"], math.log(2.0), rtol=1e-15)
+    np.testing.assert_array_equal(out["top1"], 0.0)
+    same = distribution_distances(_log(p), _log(p))
+    np.testing.assert_array_equal(same["tv"], 0.0)
+    np.testing.assert_array_equal(same["js"], 0.0)
+    np.testing.assert_array_equal(same["top1"], 1.0)
+    gen = np.random.default_rng(5)
+    a = softmax(gen.standard_normal((400, 9)) * 4, axis=1)
+    b = softmax(gen.standard_normal((400, 9)) * 4, axis=1)
+    r = distribution_distances(_log(a), _log(b))
+    assert np.all(r["tv"] ** 2 / 2 <= r["js"] * (1 + 1e-12))
+    assert np.all(r["js"] <= math.log(2.0) * r["tv"] * (1 + 1e-12))
+
+
+def test_js_accurate_for_nearly_equal_distributions() -> None:
+    """For q = p (1 + eps x) the JS divergence is eps^2 / 8 sum p x^2 to leading order (its
+    chi-square limit); the log-domain formula keeps it positive and accurate at eps = 1e-7,
+    where the naive sum of p log(p/m) + q log(q/m) is dominated by rounding."""
+    gen = np.random.default_rng(3)
+    p = softmax(gen.standard_normal((20, 64)), axis=1)
+    x = gen.standard_normal((20, 64))
+    x -= (p * x).sum(axis=1, keepdims=True)  # keep q normalised: sum p x = 0
+    for eps in (1e-3, 1e-5, 1e-7):
+        q = p * (1.0 + eps * x)
+        out = distribution_distances(_log(p), _log(q))
+        expected = eps**2 / 8.0 * (p * x**2).sum(axis=1)
+        np.testing.assert_allclose(out["js"], expected, rtol=max(1e-6, 10 * eps))
+        np.testing.assert_allclose(out["tv"], 0.5 * eps * (p * np.abs(x)).sum(axis=1), rtol=1e-6)
+
+
+def test_distances_with_mask_and_ties() -> None:
+    """Masked keys never win the argmax and add nothing; ties go to the lower index."""
+    lp = _log(np.array([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]]))
+    lq = _log(np.array([[0.5, 0.5, 0.0], [0.1, 0.1, 0.8]]))
+    mask = np.array([[True, True, False], [True, True, True]])
+    out = distribution_distances(lp, lq, mask)
+    np.testing.assert_array_equal(out["top1"], [1.0, 1.0])
+    np.testing.assert_allclose(out["tv"], [0.0, 0.3], rtol=1e-12)
+    # a tie in p (keys 0 and 1) with q favouring key 1: argmax p is key 0, so top-1 flips
+    tie = distribution_distances(_log(np.array([[0.4, 0.4, 0.2]])), _log(np.array([[0.3, 0.5, 0.2]])))
+    np.testing.assert_array_equal(tie["top1"], [0.0])
+    with pytest.raises(KvasymError, match="2-D of equal shape"):
+        distribution_distances(lp, lq[:, :2])
+
+
+def test_catastrophic_needs_both_a_flip_and_tv_above_half() -> None:
+    top1 = np.array([0.0, 0.0, 1.0, 0.0])
+    tv = np.array([0.9, CATASTROPHIC_TV, 0.9, 0.2])
+    np.testing.assert_array_equal(catastrophic(top1, tv), [1.0, 0.0, 0.0, 0.0])
+
+
+def test_trial_metrics_carries_bounded_measures() -> None:
+    gen, q, k, v = make_trial()
+    s, d = 6.0, q.shape[1]
+    k_hat = k + 0.3 * gen.standard_normal(k.shape)
+    per_query, _ = trial_metrics(q, k, v, k_hat, v, sharpness=s)
+    p = softmax(s * q @ k.T / math.sqrt(d), axis=1)
+    p_hat = softmax(s * q @ k_hat.T / math.sqrt(d), axis=1)
+    np.testing.assert_allclose(per_query["tv"], 0.5 * np.abs(p - p_hat).sum(axis=1), rtol=1e-10)
+    np.testing.assert_array_equal(per_query["top1"], (p.argmax(1) == p_hat.argmax(1)).astype(float))
+    flip = (p.argmax(1) != p_hat.argmax(1)) & (0.5 * np.abs(p - p_hat).sum(axis=1) > 0.5)
+    np.testing.assert_array_equal(per_query["catastrophic"], flip.astype(float))

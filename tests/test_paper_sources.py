@@ -218,7 +218,8 @@ CELL = ["distribution", "kind", "dim", "budget", "sharpness"]
 
 def _summary_columns() -> list[str]:
     coords = {m: np.ones(3) for m in stats_stage.SUMMARY_METRICS}
-    return [*CELL, "scheme", "n_trials", "n_queries", *stats.cell_summary(np.ones(3), np.ones(3), coords)]
+    tails = {m: np.ones(3) for m in stats_stage.TAIL_METRICS}
+    return [*CELL, "scheme", "n_trials", "n_queries", *stats.cell_summary(np.ones(3), np.ones(3), coords, tails)]
 
 
 def _comparison_columns() -> list[str]:
@@ -545,7 +546,7 @@ def _rows(text: str) -> dict[tuple[str, str], list[str]]:
     out, budget = {}, None
     for line in text.splitlines():
         cells = [c.strip() for c in line.rstrip("\\ ").split(" & ")]
-        if len(cells) == 10 and not line.startswith("$n$") and "multicolumn" not in line and "mean &" not in line:
+        if len(cells) == 13 and not line.startswith("$n$") and "multicolumn" not in line and "mean &" not in line:
             budget = cells[0] or budget
             out[(budget, cells[1])] = cells
     return out
@@ -565,7 +566,7 @@ def test_bold_marks_the_lowest_kl_and_highest_recall():
     assert len(rows) == 8
     for budget in ("2", "4"):
         for scheme in ("KV", "KQV", "QKQV", "RKV"):
-            kl_cell, recall_cell = rows[(budget, scheme)][2], rows[(budget, scheme)][4]
+            kl_cell, recall_cell = rows[(budget, scheme)][2], rows[(budget, scheme)][7]
             assert ("\\mathbf" in kl_cell) == (scheme == "KQV"), (budget, scheme, kl_cell)
             assert ("\\mathbf" in recall_cell) == (scheme in ("QKQV", "RKV")), (budget, scheme, recall_cell)
     assert rows[("2", "KQV")][2] == r"$\mathbf{0.100}$"

@@ -63,7 +63,13 @@ def test_real_comparisons_use_the_text_as_unit(real_files):
     comparisons = pd.read_parquet(out[0])
     kl = comparisons[comparisons["metric"] == "kl"].iloc[0]
     assert kl["unit"] == "text" and kl["n_units"] == 3 and kl["n_trials"] == len(texts)
-    assert set(comparisons.loc[comparisons["metric"] == "error6d", "unit"]) == {"query"}
+    energy = comparisons[comparisons["metric"] == "error6d"]
+    # the energy test's points are the texts too: one per text and scheme, 2^(3-1) swap patterns
+    assert set(energy["unit"]) == {"text"} and set(energy["n_units"]) == {3} and set(energy["energy_exact"]) == {1}
+    assert energy["energy_p"].min() >= 0.25 and set(energy["energy_n_permutations"]) == {4}
+    # its Holm family is this (distribution, dim)'s: 1 budget x 1 sharpness x 1 scheme pair, adjusted here
+    assert set(energy["energy_family_size"]) == {1}
+    np.testing.assert_allclose(energy["energy_log10_p_holm"], stats.holm_log10(energy["energy_log10_p"].to_numpy()))
     # reference: per-text means of the per-query rows, then scipy's paired Wilcoxon
     per_query["text"] = per_query["trial"].map(texts)
     means = per_query.groupby(["scheme", "text"])["kl"].mean().unstack("scheme")

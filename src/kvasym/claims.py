@@ -314,7 +314,7 @@ def stat_theory(t: Tables, where: Mapping[str, Any]) -> Measurement:
     for key in ("budget", "scheme"):
         if key in where:
             conditions[key] = where[key]
-    if "sharpness" in where and where["check"] == "jensen_slope":
+    if "sharpness" in where and where["check"] in ("jensen_slope", "jensen_slope_adjusted"):
         conditions["sharpness"] = float(where["sharpness"])
     row = select_cells(t.theory, "theory", **conditions).iloc[0]
     details = {"theory": float(row["theory"]), "n": float(row["n"])}
@@ -374,6 +374,47 @@ def stat_tail_to_mean(t: Tables, where: Mapping[str, Any]) -> Measurement:
                        details={"min": float(ratio.min()), "max": float(ratio.max()), "n_cells": int(ratio.size)})
 
 
+def stat_catastrophic_share(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """Share of catastrophic queries of ``scheme`` in one cell (``distribution``, ``dim``,
+    ``budget``, ``sharpness``), with its interval over trials.
+
+    A query is catastrophic when its top-1 key flips and its total variation exceeds
+    :data:`kvasym.metrics.CATASTROPHIC_TV` (column ``catastrophic`` of the per-query table; the
+    per-trial table holds each trial's share). The estimate is the pooled share, the mean of the
+    per-trial shares (every trial has the same number of queries); the interval is
+    :func:`kvasym.stats.bootstrap_ratio_ci` of the per-trial shares over a denominator of one,
+    i.e. Fieller's interval over trials, here the t interval ``mean +- t_{G-1} sd / sqrt(G)`` of
+    the G per-trial shares, clipped to [0, 1]: the trial is the unit (its queries share its keys),
+    so the query count does not narrow it. When every trial has the same share (e.g. none has a
+    catastrophic query) the interval has zero width and the verdict is inconclusive: G trials
+    without a failure cannot rule out a share above a threshold. The details give the cell's
+    mean and p99 KL, the top-1 agreement, the p99 TV and how many trials have a catastrophic
+    query."""
+    from . import stats
+
+    _known("catastrophic", t.trials.columns, "per-trial column")
+    cell = dict(distribution=where["distribution"], dim=where["dim"], budget=where["budget"],
+                scheme=where["scheme"], sharpness=float(where["sharpness"]))
+    rows = select_cells(t.trials, "per-trial", **cell).sort_values("trial")
+    shares = rows["catastrophic"].to_numpy(dtype=float)
+    ci = stats.bootstrap_ratio_ci(shares, np.ones_like(shares), statistic="mean", n_boot=t.n_boot,
+                                  base_seed=t.base_seed, identity=("claims", "catastrophic", *map(str, cell.values())),
+                                  paired=True)
+    low, high = (min(max(float(ci[k]), 0.0), 1.0) if math.isfinite(float(ci[k])) else float(ci[k])
+                 for k in ("low", "high"))
+    details: dict[str, Any] = {"n_trials": int(shares.size), "n_trials_with_catastrophic": int(np.sum(shares > 0)),
+                               "interval": "fieller over trials"}
+    try:
+        summary = select_cells(t.summary, "summary", **cell).iloc[0]
+    except MissingCell:
+        summary = None
+    if summary is not None:
+        for key in ("kl_mean", "kl_p99", "tv_p99", "top1_mean", "n_queries"):
+            if key in summary.index:
+                details[key] = float(summary[key])
+    return Measurement(float(ci["estimate"]), low, high, details=details, interval=True)
+
+
 def _e2e_table(table: pd.DataFrame | None, what: str) -> pd.DataFrame:
     if table is None:
         raise MissingCell(f"no end-to-end {what} table (the real rows or real.e2e are off)")
@@ -429,6 +470,7 @@ STATISTICS: dict[str, Callable[[Tables, Mapping[str, Any]], Measurement]] = {
     "theory": stat_theory,
     "ranking_disagreement": stat_ranking_disagreement,
     "tail_to_mean": stat_tail_to_mean,
+    "catastrophic_share": stat_catastrophic_share,
     "e2e_ratio": stat_e2e_ratio,
     "e2e_rank_agreement": stat_e2e_rank_agreement,
 }

@@ -41,6 +41,7 @@ ERROR_COORDINATES = ("snr_db", "eff_bits", "phi", "eps_dir")
 PER_QUERY_SCHEMA = pa.schema(
     IDENTIFIERS
     + [pa.field("query", pa.int32()), pa.field("kl", pa.float64()), pa.field("recall_top5", pa.float64())]
+    + [pa.field(name, pa.float64()) for name in ("tv", "js", "top1", "catastrophic")]
     + [pa.field(f"{site}_{name}", pa.float64()) for site in SITES for name in ERROR_COORDINATES]
     + [pa.field(f"{side}_bits_{part}", pa.float64()) for side in ("k", "v") for part in ("payload", "side")]
 )

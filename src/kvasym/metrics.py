@@ -34,11 +34,20 @@ Conventions (documented constants, chosen so results hold no NaN and no infinity
   set to 0, anything more negative is left as is (it would reveal a bug).
 - Top-k recall ``|topk(p) & topk(p_hat)| / k``; ties are broken by key index (the lower index
   ranks first); with fewer than ``k`` allowed keys, ``k`` becomes the number of allowed keys.
+- Bounded measures beside KL (issue 14, point 7: KL reaches 1e3-1e5 nats on near-one-hot
+  attention, where it stops describing how much attention moved): total variation
+  ``TV = 1/2 sum_j |p_j - p_hat_j|`` in [0, 1], Jensen-Shannon divergence
+  ``JS = 1/2 KL(p || m) + 1/2 KL(p_hat || m)``, ``m = (p + p_hat) / 2``, in nats, in [0, ln 2],
+  and top-1 agreement (1 if ``argmax p = argmax p_hat``, ties to the lower index, else 0). A
+  *catastrophic* query is one whose top-1 key flips while more than half the attention mass
+  moves: ``top1 = 0`` and ``TV > CATASTROPHIC_TV = 0.5`` (the spec's argmax-shift failure).
 
 References
 ----------
 .. [1] Kullback, S., Leibler, R. A. (1951) "On information and sufficiency", Ann. Math. Statist.
    22(1):79-86.
+.. [2] Lin, J. (1991) "Divergence measures based on the Shannon entropy", IEEE Trans. Inf.
+   Theory 37(1):145-151.
 """
 
 from __future__ import annotations
@@ -58,10 +67,13 @@ __all__ = [
     "KL_ROUNDING_TOL",
     "ROUTING_TOPK",
     "LOGIT_LIMIT",
+    "CATASTROPHIC_TV",
     "error_coordinates",
     "matrix_coordinates",
     "kl_divergence",
     "topk_recall",
+    "distribution_distances",
+    "catastrophic",
     "trial_metrics",
     "trial_metrics_multi",
 ]
@@ -80,6 +92,10 @@ LOGIT_LIMIT = 1e150
 """Largest |logit| :func:`trial_metrics` accepts. Past it the per-key logit-error variance (a
 square) overflows float64 and attention is one-hot to the last bit anyway; with the query rule
 of :mod:`kvasym.distributions` logits are O(sharpness), so only foreign caches get here."""
+
+CATASTROPHIC_TV = 0.5
+"""A query is catastrophic when its top-1 key flips AND its total variation exceeds this: more
+than half of the attention mass lands elsewhere (the argmax-shift failure of spec part A)."""
 
 _DB_PER_LOG2 = 10.0 * math.log10(2.0)
 
@@ -334,6 +350,104 @@ def topk_recall(
     return same.sum(axis=-1) / k_row
 
 
+def distribution_distances(
+    log_p: np.ndarray, log_q: np.ndarray, mask: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """Total variation, Jensen-Shannon divergence and top-1 agreement per row (last axis).
+
+    Parameters
+    ----------
+    log_p : array_like
+        ``(n_rows, n_keys)`` log-probabilities of the reference ``p`` (rows sum to 1 in
+        probability; ``-inf`` for impossible entries).
+    log_q : array_like
+        Log-probabilities of the approximation ``q``, same shape.
+    mask : array_like, optional
+        Boolean, same shape, True = allowed; masked entries are ignored (they never win the
+        argmax and contribute nothing).
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Float64 arrays of shape ``(n_rows,)``:
+
+        - ``tv = 1/2 sum_j |p_j - q_j|`` in [0, 1];
+        - ``js = 1/2 sum_j [p_j log(p_j / m_j) + q_j log(q_j / m_j)]``, ``m = (p + q) / 2``,
+          in nats, in [0, ln 2] (Lin 1991; ``0 log 0 = 0``); scipy's
+          ``jensenshannon(p, q) ** 2`` (which returns the square root of this);
+        - ``top1``: 1.0 if ``argmax_j p_j = argmax_j q_j`` (ties to the lower index), else 0.0.
+
+    Raises
+    ------
+    KvasymError
+        If the shapes differ, the inputs are not 2-D, or the mask is invalid.
+
+    Notes
+    -----
+    Both distances are computed from ``m_j`` and ``r_j = (p_j - q_j) / (p_j + q_j)
+    = tanh((log p_j - log q_j) / 2)`` in [-1, 1], taken from the log-probabilities (accurate
+    however small the weights):
+
+    - ``tv = sum_j m_j |r_j|``;
+    - ``js = 1/2 sum_j m_j g(r_j)`` with ``g(r) = (1 + r) log(1 + r) + (1 - r) log(1 - r)
+      = 2 r atanh(r) + log1p(-r^2)``, ``g(+-1) = 2 ln 2``. The second form has no cancellation
+      of the terms linear in ``r`` (``g(r) ~ r^2`` for small ``r``), so ``js >= 0`` holds to
+      rounding even when ``p`` and ``q`` agree to 1e-8.
+
+    Disjoint supports give ``tv = 1`` and ``js = ln 2``; ``q = p`` gives 0 for both. The
+    two are tied by ``tv^2 / 2 <= js <= ln 2 * tv`` (the upper bound: ``g(r) / 2`` is convex
+    with ``g(0) = 0`` and ``g(+-1) / 2 = ln 2``, so ``g(r) / 2 <= ln 2 |r|``; the lower: Pinsker's
+    inequality on each half, ``KL(p || m) >= 2 TV(p, m)^2 = tv^2 / 2``).
+
+    References
+    ----------
+    .. [1] Lin, J. (1991) "Divergence measures based on the Shannon entropy", IEEE Trans. Inf.
+       Theory 37(1):145-151.
+    """
+    lp = np.asarray(log_p, dtype=np.float64)
+    lq = np.asarray(log_q, dtype=np.float64)
+    if lp.shape != lq.shape or lp.ndim != 2:
+        raise KvasymError(f"log_p and log_q must be 2-D of equal shape, got {lp.shape} and {lq.shape}")
+    allowed = np.ones(lp.shape, dtype=bool) if mask is None else check_mask(mask, *lp.shape)
+    both_zero = (lp == -np.inf) & (lq == -np.inf)
+    live = allowed & ~both_zero
+    with np.errstate(invalid="ignore", divide="ignore"):
+        log_m = np.logaddexp(lp, lq) - math.log(2.0)
+        m = np.where(live, np.exp(log_m), 0.0)
+        r = np.where(live, np.tanh(0.5 * (lp - lq)), 0.0)  # +-inf differences give +-1
+        abs_r = np.abs(r)
+        g = np.where(abs_r < 1.0, 2.0 * r * np.arctanh(np.where(abs_r < 1.0, r, 0.0)) + np.log1p(-r * r),
+                     2.0 * math.log(2.0))
+    tv = np.sum(m * abs_r, axis=-1)
+    js = 0.5 * np.sum(m * np.where(live, g, 0.0), axis=-1)
+    a = np.where(allowed, lp, -np.inf)
+    b = np.where(allowed, lq, -np.inf)
+    top1 = (np.argmax(a, axis=-1) == np.argmax(b, axis=-1)).astype(np.float64)
+    return {"tv": np.minimum(tv, 1.0), "js": np.clip(js, 0.0, math.log(2.0)), "top1": top1}
+
+
+def catastrophic(top1: np.ndarray, tv: np.ndarray) -> np.ndarray:
+    """1.0 where the top-1 key flipped (``top1 == 0``) and ``tv > CATASTROPHIC_TV``, else 0.0.
+
+    Parameters
+    ----------
+    top1 : array_like
+        Top-1 agreement per query (1.0 or 0.0), from :func:`distribution_distances`.
+    tv : array_like
+        Total variation per query, same shape.
+
+    Returns
+    -------
+    numpy.ndarray
+        Float64 indicator, same shape (a mean over queries is the catastrophic share).
+    """
+    t1 = np.asarray(top1, dtype=np.float64)
+    d = np.asarray(tv, dtype=np.float64)
+    if t1.shape != d.shape:
+        raise KvasymError(f"top1 has shape {t1.shape} but tv has shape {d.shape}")
+    return ((t1 == 0.0) & (d > CATASTROPHIC_TV)).astype(np.float64)
+
+
 def _check_logit_range(
     q: np.ndarray, scores: np.ndarray, scores_hat: np.ndarray, sharpness: Sequence[float]
 ) -> None:
@@ -371,8 +485,9 @@ def trial_metrics(
     Returns ``(per_query, per_key)``, dicts of equal-length 1-D arrays (Parquet-ready columns).
 
     per_query (n_queries rows): ``query`` (index); ``kl`` (KL(p || p_hat), nats);
-    ``recall_top5``; ``t_snr_db``, ``t_eff_bits``, ``t_phi``, ``t_eps_dir`` of the attention
-    output of that query; ``{k,v}_snr_db``, ``{k,v}_eff_bits``, ``{k,v}_phi``,
+    ``recall_top5``; ``tv``, ``js`` (nats), ``top1`` and ``catastrophic`` (0/1) of
+    :func:`distribution_distances` and :func:`catastrophic`; ``t_snr_db``, ``t_eff_bits``,
+    ``t_phi``, ``t_eps_dir`` of the attention output of that query; ``{k,v}_snr_db``, ``{k,v}_eff_bits``, ``{k,v}_phi``,
     ``{k,v}_eps_dir``: the per-trial cache aggregates (:func:`matrix_coordinates`) repeated on
     every row.
 
@@ -479,10 +594,13 @@ def trial_metrics_multi(
         s = float(s)
         ref = attend_logits(s * scores, v, mask)
         hat = attend_logits(s * scores_hat, v_hat, mask)
+        distances = distribution_distances(ref.log_weights, hat.log_weights, mask)
         per_query: dict[str, np.ndarray] = {
             "query": np.arange(n_q, dtype=np.int64),
             "kl": kl_divergence(ref.log_weights, hat.log_weights, allowed),
             "recall_top5": topk_recall(ref.weights, hat.weights, ROUTING_TOPK, mask),
+            **distances,
+            "catastrophic": catastrophic(distances["top1"], distances["tv"]),
             **cache_columns,
         }
         site_t = error_coordinates(ref.output, hat.output)

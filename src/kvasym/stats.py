@@ -47,6 +47,8 @@ __all__ = [
     "ks_2samp_exact_ties",
     "wilcoxon_paired",
     "energy_distance",
+    "energy_test_paired",
+    "permutations_for_family",
     "bootstrap_ratio_ci",
     "ks_distance",
     "ks_distance_ci",
@@ -523,6 +525,10 @@ def energy_distance(
 ) -> dict[str, float | int]:
     """Energy distance between two clouds of d-dimensional points, with a permutation p-value.
 
+    The points are exchangeable under the null: for clouds whose points are independent. The
+    study's per-scheme error clouds are not (queries of a trial share its keys): it uses
+    :func:`energy_test_paired` on per-unit summaries instead.
+
     Parameters
     ----------
     x : array_like
@@ -627,6 +633,160 @@ def energy_distance(
         done += size
     p = (1.0 + exceed) / (1.0 + n_perm)
     return {"statistic": observed, "p": float(p), "log10_p": float(math.log10(p)), **result}
+
+
+ENERGY_RESOLUTION = 20
+"""How far below Holm's first threshold ``alpha / m`` the smallest Monte Carlo p-value of
+:func:`energy_test_paired` reaches: :func:`permutations_for_family` gives ``1 / (B + 1) =
+alpha / (ENERGY_RESOLUTION m)``."""
+
+
+def permutations_for_family(family_size: int, alpha: float = 0.05,
+                            resolution: int = ENERGY_RESOLUTION) -> int:
+    """Monte Carlo permutations ``B`` whose smallest p-value ``1 / (B + 1)`` lies ``resolution``
+    times below Holm's smallest threshold ``alpha / family_size``.
+
+    Parameters
+    ----------
+    family_size : int
+        Number of tests Holm adjusts together (>= 1).
+    alpha : float, optional
+        Family-wise level (default 0.05).
+    resolution : int, optional
+        Default :data:`ENERGY_RESOLUTION` (20).
+
+    Returns
+    -------
+    int
+        ``B = ceil(resolution * family_size / alpha) - 1``.
+
+    Notes
+    -----
+    With 200 permutations (min p = 1/201) and a family of ~1,000 tests, every Holm-adjusted p
+    is 1: the test cannot decide whatever the data. With ``B`` from here a p-value can reach
+    ``alpha / m`` with room to spare: at ``p = alpha / m`` the Monte Carlo count of exceedances
+    has mean ``resolution`` and relative standard error ``1 / sqrt(resolution)`` (22% at 20).
+    """
+    m = _check_int(family_size, "family_size", minimum=1)
+    lv = _check_level(alpha)
+    r = _check_int(resolution, "resolution", minimum=1)
+    return int(math.ceil(r * m / lv)) - 1
+
+
+def energy_test_paired(
+    x: ArrayLike,
+    y: ArrayLike,
+    n_permutations: int,
+    base_seed: int,
+    identity: Sequence[str | int],
+) -> dict[str, float | int]:
+    """Energy distance between paired units' summaries, with the within-pair permutation null.
+
+    Parameters
+    ----------
+    x : array_like
+        ``(G, d)``: one point per unit (e.g. a trial's six error coordinates under scheme A).
+    y : array_like
+        ``(G, d)``: the same units under scheme B (row g of ``y`` pairs with row g of ``x``).
+    n_permutations : int
+        Monte Carlo swap patterns (>= 1) when the exact enumeration is larger (see Notes).
+    base_seed : int
+        Non-negative base seed of the generator.
+    identity : sequence of (str or int)
+        Identity of the comparison; generator ``rng(base_seed, *identity, "energy-swap")``.
+
+    Returns
+    -------
+    dict
+        Keys ``statistic, p, log10_p, n_units, n_dims, n_permutations, exact`` (``exact`` = 1
+        when every swap pattern was enumerated; ``n_permutations`` = patterns evaluated).
+
+    Raises
+    ------
+    KvasymError
+        If the clouds are not finite 2-D arrays of the same shape, or an argument is invalid.
+
+    Notes
+    -----
+    The unit is the trial (or text), not the query: four of the six error coordinates (K and V
+    scale and direction) are per-trial constants and the queries of a trial share its keys, so
+    a permutation of queries (as in :func:`energy_distance`) treats dependent points as
+    independent and its p-values are far too small or, with few permutations, cannot reach a
+    Holm threshold at all. Here each scheme contributes one point per unit and the two points of
+    a unit are the same data under two schemes.
+
+    - Statistic: :func:`energy_distance`'s V-statistic of the two clouds of G points each,
+      coordinates standardised by the pooled mean and sd (constant coordinates dropped).
+    - Null: within every unit the two schemes' summaries are exchangeable (no scheme effect), so
+      swapping the two points of any subset of units leaves the joint law unchanged: the
+      randomization distribution of a paired design (Fisher 1935; Good 2005, ch. 3). The pooled
+      standardisation is the same for every swap pattern, and swapping all units gives the
+      same statistic as none (E is symmetric), so there are ``2^(G-1)`` distinct patterns.
+    - p-value: if ``2^(G-1) <= n_permutations``, exact: the fraction of all ``2^(G-1)`` patterns
+      (the identity included) whose statistic is ``>=`` the observed one (tolerance 1e-12 times
+      the mean pooled distance); its smallest value is ``2^-(G-1)``. Otherwise Monte Carlo,
+      ``(1 + #{E_s >= E_obs}) / (1 + B)`` over ``B = n_permutations`` patterns with independent
+      fair swaps (a valid p-value, Phipson & Smyth 2010), smallest ``1 / (B + 1)``: choose ``B``
+      for the Holm family with :func:`permutations_for_family`.
+    - Size and power are measured in the tests: under a true null with unit effects the
+      rejection rate at 0.05 is near 0.05 and the p-values are uniform; a shift of one
+      coordinate is found.
+
+    References
+    ----------
+    .. [1] Szekely, G. J., Rizzo, M. L. (2013) "Energy statistics: A class of statistics based on
+       distances", J. Stat. Plan. Inference 143(8):1249-1272.
+    .. [2] Good, P. I. (2005) "Permutation, Parametric, and Bootstrap Tests of Hypotheses", 3rd
+       ed., Springer (paired designs: within-pair exchangeability).
+    .. [3] Phipson, B., Smyth, G. K. (2010) "Permutation p-values should never be zero",
+       Stat. Appl. Genet. Mol. Biol. 9(1):39.
+    """
+    xa = _as_cloud(x, "x")
+    ya = _as_cloud(y, "y")
+    if xa.shape != ya.shape:
+        raise KvasymError(f"x and y must hold the same units and coordinates (paired): shapes {xa.shape} "
+                          f"!= {ya.shape}")
+    n_perm = _check_int(n_permutations, "n_permutations", minimum=1)
+    gen = _generator(base_seed, identity, "energy-swap")
+    g = xa.shape[0]
+    pooled = np.vstack([xa, ya])
+    keep = np.ptp(pooled, axis=0) > 0.0
+    result: dict[str, float | int] = {"n_units": int(g), "n_dims": int(keep.sum())}
+    if not keep.any() or g < 2:
+        return {"statistic": 0.0 if not keep.any() else math.nan, "p": 1.0, "log10_p": 0.0,
+                "n_permutations": 0, "exact": 1, **result}
+    z = pooled[:, keep]
+    z = (z - z.mean(axis=0)) / z.std(axis=0)
+    dist = cdist(z, z)
+    row_sums = dist.sum(axis=1)
+    total = float(row_sums.sum())
+    identity_swap = np.zeros((1, g), dtype=bool)
+    observed = float(_energy_from_indicators(dist, row_sums, total, _swap_indicators(identity_swap), g, g)[0])
+    tol = 1e-12 * total / (4 * g * g)
+    exact = g - 1 < 62 and 2 ** (g - 1) <= n_perm
+    exceed, done = 0, 0
+    n_eval = 2 ** (g - 1) if exact else n_perm
+    while done < n_eval:
+        size = min(PERMUTATION_CHUNK * 16, n_eval - done)
+        if exact:  # patterns done..done+size-1 as bits of units 1..G-1 (unit 0 never swapped)
+            codes = np.arange(done, done + size, dtype=np.int64)[:, None]
+            swaps = np.zeros((size, g), dtype=bool)
+            swaps[:, 1:] = (codes >> np.arange(g - 1, dtype=np.int64)) & 1 == 1
+        else:
+            swaps = gen.random((size, g)) < 0.5
+        e_perm = _energy_from_indicators(dist, row_sums, total, _swap_indicators(swaps), g, g)
+        exceed += int(np.count_nonzero(e_perm >= observed - tol))
+        done += size
+    p = exceed / n_eval if exact else (1.0 + exceed) / (1.0 + n_eval)
+    return {"statistic": observed, "p": float(p), "log10_p": float(math.log10(p)),
+            "n_permutations": int(n_eval), "exact": int(exact), **result}
+
+
+def _swap_indicators(swaps: np.ndarray) -> np.ndarray:
+    """(2G, P) first-sample indicators of P swap patterns over the pooled [x; y] rows: unit g's
+    x row (row g) is in the first sample unless swapped, then its y row (row G + g) is."""
+    s = np.ascontiguousarray(swaps.T, dtype=np.float64)
+    return np.ascontiguousarray(np.vstack([1.0 - s, s]))
 
 
 # ------------------------------------------------------------- ratio intervals (Fieller)
@@ -1259,7 +1419,8 @@ def holm_log10(log10_p: ArrayLike) -> np.ndarray:
 
 
 def cell_summary(kl: ArrayLike, recall: ArrayLike,
-                 coords: Mapping[str, ArrayLike]) -> dict[str, float | int]:
+                 coords: Mapping[str, ArrayLike],
+                 tails: Mapping[str, ArrayLike] | None = None) -> dict[str, float | int]:
     """Summary of one cell (scheme x budget x distribution ...) from its per-query arrays.
 
     Parameters
@@ -1270,12 +1431,15 @@ def cell_summary(kl: ArrayLike, recall: ArrayLike,
         Per-query routing recall, 1-D, no NaN.
     coords : mapping of str to array_like
         Further per-query (or per-trial) arrays to average, by name.
+    tails : mapping of str to array_like, optional
+        Further per-query measures summarised like KL, by their mean and 99th percentile (the
+        bounded measures ``tv``, ``js`` reported beside KL).
 
     Returns
     -------
     dict
-        ``n, kl_mean, kl_median, kl_p99, kl_max, recall_mean`` and ``<name>_mean`` per entry of
-        ``coords``.
+        ``n, kl_mean, kl_median, kl_p99, kl_max, recall_mean``, ``<name>_mean`` per entry of
+        ``coords`` and ``<name>_mean``, ``<name>_p99`` per entry of ``tails``.
 
     Raises
     ------
@@ -1289,7 +1453,9 @@ def cell_summary(kl: ArrayLike, recall: ArrayLike,
       ``kl_max`` of the KL divergences; ``n`` = number of KL values.
     - ``recall_mean`` = mean routing recall.
     - ``<name>_mean`` = mean of each array in ``coords`` (e.g. ``k_eps_dir`` ->
-      ``k_eps_dir_mean``).
+      ``k_eps_dir_mean``); of a 0/1 indicator (``top1``, ``catastrophic``) it is a share.
+    - ``<name>_mean`` and ``<name>_p99`` (``numpy.quantile(x, 0.99)``, as ``kl_p99``) of each
+      array in ``tails``.
 
     NaN anywhere raises (a NaN would reveal an upstream bug); infinite values are allowed.
     """
@@ -1312,6 +1478,16 @@ def cell_summary(kl: ArrayLike, recall: ArrayLike,
         if key in out:
             raise KvasymError(f"coords name {name!r} collides with summary key {key!r}")
         out[key] = float(np.mean(_as_1d(arr, f"coords[{name!r}]")))
+    if tails is not None and not isinstance(tails, Mapping):
+        raise KvasymError(f"tails must be a mapping name -> array, got {type(tails).__name__}")
+    for name, arr in (tails or {}).items():
+        if not isinstance(name, str) or not name:
+            raise KvasymError(f"tails keys must be non-empty strings, got {name!r}")
+        values = _as_1d(arr, f"tails[{name!r}]")
+        for key, value in ((f"{name}_mean", np.mean(values)), (f"{name}_p99", np.quantile(values, 0.99))):
+            if key in out:
+                raise KvasymError(f"tails name {name!r} collides with summary key {key!r}")
+            out[key] = float(value)
     return out
 
 
@@ -1324,8 +1500,12 @@ def linear_slope_ci(
     identity: Sequence[str | int],
     clusters: ArrayLike | None = None,
     level: float = 0.95,
+    controls: ArrayLike | None = None,
 ) -> dict[str, float | int]:
     """OLS fit ``y = intercept + slope * x`` with a percentile (cluster) bootstrap CI of the slope.
+
+    With ``controls`` (covariates ``z``), the slope is the partial one of the multiple regression
+    ``y = intercept + slope * x + z beta``: the effect of ``x`` holding ``z`` fixed.
 
     Parameters
     ----------
@@ -1343,11 +1523,15 @@ def linear_slope_ci(
         One label per point; clusters are resampled as wholes (default: the points themselves).
     level : float, optional
         Confidence level in (0, 1) (default 0.95).
+    controls : array_like, optional
+        Covariates held fixed, ``(n,)`` or ``(n, k)``, finite (e.g. a key's log reference
+        weight, which confounds its error variance and its weight excess).
 
     Returns
     -------
     dict
-        Keys ``slope, intercept, low, high, r, n, n_clusters, n_boot, n_valid, level``.
+        Keys ``slope, intercept, low, high, r, n, n_clusters, n_boot, n_valid, level`` (and
+        ``n_controls``).
 
     Raises
     ------
@@ -1365,15 +1549,26 @@ def linear_slope_ci(
       ``(base_seed, *identity, "bootstrap-slope")``. Replicates in which x is constant have no
       slope and are ignored by the quantiles (``n_valid`` counts the others).
     - ``low``, ``high`` = (1 - level)/2 and (1 + level)/2 quantiles of the replicate slopes.
+    - With ``controls``: the coefficient of ``x`` in the least-squares fit on ``[1, x, z]``
+      (``intercept`` its constant, ``r`` the partial correlation of x and y given z), and every
+      bootstrap replicate refits the same regression on the drawn clusters (normal equations
+      weighted by the clusters' multiplicities; replicates whose design is singular are
+      ignored). By Frisch-Waugh-Lovell it equals the simple slope of y's residual on x's
+      residual after regressing both on ``[1, z]``.
 
     References
     ----------
     .. [1] Efron, B., Tibshirani, R. J. (1993) "An Introduction to the Bootstrap", Chapman & Hall.
+    .. [2] Lovell, M. C. (1963) "Seasonal adjustment of economic time series and multiple
+       regression analysis", J. Am. Statist. Assoc. 58(304):993-1010 (partial regression).
     """
     xa = _as_1d(x, "x", allow_inf=False, min_size=2)
     ya = _as_1d(y, "y", allow_inf=False, min_size=2)
     if xa.size != ya.size:
         raise KvasymError(f"x and y must have the same length: {xa.size} != {ya.size}")
+    if controls is not None:
+        return _partial_slope_ci(xa, ya, controls, n_boot=n_boot, base_seed=base_seed, identity=identity,
+                                 clusters=clusters, level=level)
     n_boot = _check_int(n_boot, "n_boot", minimum=1)
     lv = _check_level(level)
     if clusters is None:
@@ -1428,6 +1623,63 @@ def linear_slope_ci(
         "n_valid": n_valid,
         "level": lv,
     }
+
+
+def _partial_slope_ci(xa: np.ndarray, ya: np.ndarray, controls: ArrayLike, *, n_boot: int, base_seed: int,
+                      identity: Sequence[str | int], clusters: ArrayLike | None,
+                      level: float) -> dict[str, float | int]:
+    """:func:`linear_slope_ci` with covariates: the coefficient of x in the OLS of y on [1, x, z]."""
+    n_boot = _check_int(n_boot, "n_boot", minimum=1)
+    lv = _check_level(level)
+    try:
+        z = np.asarray(controls, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise KvasymError(f"controls must be an array of numbers: {exc}") from None
+    z = z.reshape(z.shape[0], -1) if z.ndim in (1, 2) else z
+    if z.ndim != 2 or z.shape[0] != xa.size:
+        raise KvasymError(f"controls must hold one row per point ({xa.size}), got shape {np.shape(controls)}")
+    if not np.isfinite(z).all():
+        raise KvasymError("controls contain NaN or infinite values")
+    if clusters is None:
+        ids = np.arange(xa.size)
+    else:
+        labels = np.asarray(clusters)
+        if labels.shape != xa.shape:
+            raise KvasymError(f"clusters must have one label per point: shape {labels.shape} != {xa.shape}")
+        _, ids = np.unique(labels, return_inverse=True)
+        ids = ids.ravel()
+    n_clusters = int(ids.max()) + 1
+    design = np.column_stack([np.ones_like(xa), xa, z])
+    k = design.shape[1]
+    coef, _, rank, _ = np.linalg.lstsq(design, ya, rcond=None)
+    if rank < k:
+        raise KvasymError("linear_slope_ci: x is constant or collinear with the controls, the partial slope is "
+                          "undefined")
+    # partial correlation: of the residuals of x and y on [1, z]
+    base = np.column_stack([np.ones_like(xa), z])
+    rx = xa - base @ np.linalg.lstsq(base, xa, rcond=None)[0]
+    ry = ya - base @ np.linalg.lstsq(base, ya, rcond=None)[0]
+    den = math.sqrt(float(rx @ rx) * float(ry @ ry))
+    r = float(rx @ ry) / den if den > 0 else 0.0
+    # per-cluster normal equations, then every replicate's weighted sums by matrix products
+    xtx = np.zeros((n_clusters, k, k))
+    np.add.at(xtx, ids, design[:, :, None] * design[:, None, :])
+    xty = np.zeros((n_clusters, k))
+    np.add.at(xty, ids, design * ya[:, None])
+    gen = _generator(base_seed, identity, "bootstrap-slope")
+    counts = _resample_counts(gen, n_boot, n_clusters)
+    a = np.einsum("bc,cij->bij", counts, xtx)
+    b = np.einsum("bc,ci->bi", counts, xty)
+    cond = np.linalg.cond(a)
+    valid = np.isfinite(cond) & (cond < 1e12)
+    slopes = np.full(n_boot, np.nan)
+    if valid.any():
+        slopes[valid] = np.linalg.solve(a[valid], b[valid][..., None])[:, 1, 0]
+    n_valid = int(valid.sum())
+    low, high = (np.nanquantile(slopes, [(1.0 - lv) / 2.0, (1.0 + lv) / 2.0]) if n_valid else (math.nan, math.nan))
+    return {"slope": float(coef[1]), "intercept": float(coef[0]), "low": float(low), "high": float(high), "r": r,
+            "n": int(xa.size), "n_clusters": n_clusters, "n_boot": n_boot, "n_valid": n_valid, "level": lv,
+            "n_controls": int(z.shape[1])}
 
 
 # -------------------------------------------------------------------------- comparison

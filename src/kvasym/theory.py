@@ -21,6 +21,10 @@
 3. Jensen's bias (claim C9): per key, the log attention-weight excess
    ``log(mean_i p_hat_ij / mean_i p_ij)`` against the key's logit-error variance over queries;
    a positive slope means keys with noisier inner products are systematically over-weighted.
+   Jensen's prediction for the slope is :data:`JENSEN_SLOPE` = 1/2 (diffuse attention, small
+   zero-mean errors); ``jensen_slope_adjusted`` is the same slope holding the key's log
+   reference weight fixed (a key's weight confounds its error and its excess: e.g. a reconstruction
+   that shrinks every key lowers the dominant keys' logits, hence their weights).
 
 References
 ----------
@@ -56,16 +60,30 @@ __all__ = [
     "ks_against_beta",
     "ks_beta_distance",
     "jensen_points",
+    "JENSEN_SLOPE",
 ]
+
+JENSEN_SLOPE = 0.5
+"""Jensen's prediction of the slope of the log weight excess on the logit-error variance.
+
+For key j, p_hat_ij = p_ij exp(e_ij) / Z_i with Z_i = sum_k p_ik exp(e_ik). If over the
+queries i the error e_ij has mean 0 and variance s_j^2, independently of p_ij, and attention is
+diffuse (every p_ik small, so Z_i barely depends on e_ij), then mean_i p_hat_ij ~= mean_i p_ij
+E exp(e_ij) / Z = mean_i p_ij exp(s_j^2 / 2 + O(s_j^4)) / Z, so ``log(mean p_hat / mean p) =
+s_j^2 / 2 - log Z``: slope 1/2 against s_j^2 (exactly 1/2 for Gaussian errors). Concentrated
+attention attenuates it (the j-th term of Z_i moves with e_ij: a correction -p_ij s_j^2), and a
+non-zero mean error (a biased reconstruction) adds a term the slope does not predict. Measured on
+unbiased per-key Gaussian noise (d = 64, 512 keys, 4 trials): 0.48 at sharpness 1, 0.39 at 2,
+0.20 at 4."""
 
 
 #: The checks of the theory table (stage ``theory``), one row each per cell where they apply:
 #: the two QJL variance ratios against their closed forms, the same two with the orthogonal
 #: hadamard sketch in place of QJL's Gaussian one (:mod:`kvasym.sketch`), the KS test of the rotated marginal
-#: against Beta, and the Jensen slope of KL excess on logit-error variance (absent without
-#: per-key rows, NaN where its points have no spread).
+#: against Beta, and the Jensen slope of KL excess on logit-error variance, alone and holding
+#: the log reference weight fixed (absent without per-key rows, NaN where its points have no spread).
 THEORY_CHECKS: tuple[str, ...] = ("qjl_vs_residual", "qjl_vs_nbit", "hadamard_vs_residual", "hadamard_vs_nbit",
-                                   "ks_beta", "jensen_slope")
+                                   "ks_beta", "jensen_slope", "jensen_slope_adjusted")
 
 
 def sketch_error_energy(sketch: str, work: int) -> float:

@@ -63,6 +63,9 @@ E2E_INPUT_KEYS = ("e2e_summary", "e2e_sensitivity")
 RESULT_COLUMNS: dict[str, str] = {
     "kl_mean": "lower",
     "kl_p99": "lower",
+    "tv_mean": "lower",
+    "tv_p99": "lower",
+    "top1_mean": "higher",
     "recall_top5_mean": "higher",
     "k_eps_dir_mean": "lower",
     "v_eps_dir_mean": "lower",

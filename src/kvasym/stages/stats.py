@@ -6,15 +6,19 @@ ratio of mean KL (Fieller's, over units) and of p99 KL (percentile cluster boots
 from :func:`kvasym.stats.bootstrap_ratio_ci` (stored as ``a / b``: read them
 oriented with :func:`kvasym.cells.pair_ratio`) beside its second-order prediction from the key
 sides' closed-form error energies (``ratio_theory``, :func:`kvasym.theory.predicted_kl_ratio`);
-the energy distance between the six-dimensional error clouds; per-cell summaries and per-trial
-means.
+the energy test of the six-dimensional error summaries with units as its points
+(:func:`kvasym.stats.energy_test_paired`: one point per unit and scheme, the within-unit swap
+null, enough permutations for its Holm family, which is this job's: every (budget, sharpness,
+scheme pair) of the (distribution, dim), so adding a distribution to the grid changes no
+existing p); per-cell summaries (KL, and the bounded measures TV and JS by mean and p99, top-1
+agreement and the catastrophic share) and per-trial means.
 
 The independent unit of the per-unit tests and intervals is the trial for synthetic
 distributions (every trial an independent draw) and the TEXT for real-model ones, whose trials
 are (text, layer, KV head) caches nested in texts (their files map trials to texts in the
 ``trial_map`` metadata): a text's caches are resampled together and enter the paired tests as
-one mean. Each comparison row says which (``unit``: trial, text, or query for the energy
-distance's permutations) and how many (``n_units``).
+one mean. Each comparison row says which (``unit``: trial or text, the energy test's too) and
+how many (``n_units``).
 """
 
 from __future__ import annotations
@@ -45,10 +49,15 @@ PER_TRIAL_ONLY = {"k_eps_dir", "k_snr_db", "v_eps_dir", "v_snr_db"}
 #: The six coordinates of the error framework: scale (Shannon bits) and direction at K, V, T.
 ERROR_6D = ("k_eff_bits", "k_phi", "v_eff_bits", "v_phi", "t_eff_bits", "t_phi")
 SUMMARY_METRICS = (
-    "recall_top5", "t_eps_dir", "t_phi", "t_snr_db", "t_eff_bits", "k_eps_dir", "k_phi", "k_snr_db",
-    "k_eff_bits", "v_eps_dir", "v_phi", "v_snr_db", "v_eff_bits",
+    "recall_top5", "top1", "catastrophic", "t_eps_dir", "t_phi", "t_snr_db", "t_eff_bits", "k_eps_dir", "k_phi",
+    "k_snr_db", "k_eff_bits", "v_eps_dir", "v_phi", "v_snr_db", "v_eff_bits",
     "k_bits_payload", "k_bits_side", "v_bits_payload", "v_bits_side",
 )
+#: Bounded per-query measures summarised beside KL by their mean and 99th percentile (issue 14,
+#: point 7: KL reaches 1e3-1e5 nats on near-one-hot cells; TV is in [0, 1], JS in [0, ln 2]).
+TAIL_METRICS = ("tv", "js")
+#: Family-wise level the energy test's permutations are sized for (:func:`kvasym.stats.permutations_for_family`).
+ENERGY_ALPHA = 0.05
 CELL = ["distribution", "kind", "dim", "budget", "sharpness"]
 
 
@@ -62,6 +71,14 @@ def _by_unit(frame: pd.DataFrame, metric: str, texts: Mapping[int, str] | None) 
         return _by_trial(frame, metric)
     unit = frame["trial"].map(texts)
     return [g[metric].to_numpy() for _, g in frame.assign(_unit=unit).groupby("_unit", sort=True)]
+
+
+def unit_summaries(frame: pd.DataFrame, texts: Mapping[int, str] | None) -> np.ndarray:
+    """``(units, 6)``: per unit (trial, or text for real rows; sorted) the mean of each of the six
+    error coordinates (:data:`ERROR_6D`) over its queries; K and V are per-trial constants, so
+    for a trial their mean is that constant."""
+    unit = frame["trial"] if texts is None else frame["trial"].map(texts)
+    return frame.assign(_unit=unit).groupby("_unit", sort=True)[list(ERROR_6D)].mean().to_numpy()
 
 
 def trial_texts(paths: Sequence[str | os.PathLike]) -> dict[int, str] | None:
@@ -127,7 +144,11 @@ def run_stats(
     unit = {"unit": "trial" if texts is None else "text"}
     rows: list[dict[str, Any]] = []
     summaries: list[dict[str, Any]] = []
-    for (budget, sharpness), group in frame.groupby(["budget", "sharpness"], sort=True):
+    groups = list(frame.groupby(["budget", "sharpness"], sort=True))
+    # the energy test's Holm family: this (distribution, dim)'s cells times its scheme pairs
+    energy_family = len(groups) * len(list(combinations(schemes, 2)))
+    n_swaps = max(int(settings["n_permutations"]), stats.permutations_for_family(max(energy_family, 1), ENERGY_ALPHA))
+    for (budget, sharpness), group in groups:
         cell = {
             "distribution": slice_["distribution"],
             "kind": str(group["kind"].iloc[0]),
@@ -139,7 +160,8 @@ def run_stats(
         for scheme in schemes:
             g = per_scheme[scheme]
             summary = stats.cell_summary(
-                g["kl"].to_numpy(), g["recall_top5"].to_numpy(), {m: g[m].to_numpy() for m in SUMMARY_METRICS}
+                g["kl"].to_numpy(), g["recall_top5"].to_numpy(), {m: g[m].to_numpy() for m in SUMMARY_METRICS},
+                {m: g[m].to_numpy() for m in TAIL_METRICS},
             )
             summaries.append({**cell, "scheme": scheme, "n_trials": int(g["trial"].nunique()), "n_queries": len(g),
                               **summary})
@@ -164,18 +186,23 @@ def run_stats(
                     # what the key sides' closed-form error energies predict (NaN if unrotated)
                     row["ratio_theory"] = predicted_kl_ratio(specs[a].K, specs[b].K, int(budget), int(slice_["dim"]))
                 rows.append(row)
-            energy = stats.energy_distance(
-                ga[list(ERROR_6D)].to_numpy(), gb[list(ERROR_6D)].to_numpy(),
-                n_permutations=settings["n_permutations"], base_seed=slice_["base_seed"],
-                identity=(*identity, "error6d"), max_n=settings["energy_max_n"],
+            energy = stats.energy_test_paired(
+                unit_summaries(ga, texts), unit_summaries(gb, texts), n_permutations=n_swaps,
+                base_seed=slice_["base_seed"], identity=(*identity, "error6d"),
             )
             rows.append({**cell, "scheme_a": a, "scheme_b": b, "metric": "error6d", "per_trial_only": False,
-                         "unit": "query",
+                         **unit, "n_units": energy["n_units"], "n_trials": len(trials_a),
                          "energy": energy["statistic"], "energy_p": energy["p"],
-                         "energy_log10_p": energy["log10_p"], "n_a": energy["n_x"], "n_b": energy["n_y"]})
+                         "energy_log10_p": energy["log10_p"], "energy_n_permutations": energy["n_permutations"],
+                         "energy_exact": energy["exact"], "energy_family_size": energy_family,
+                         "n_a": len(ga), "n_b": len(gb)})
+    energy_rows = [r for r in rows if r["metric"] == "error6d"]
+    adjusted = stats.holm_log10([r["energy_log10_p"] for r in energy_rows])
+    for r, value in zip(energy_rows, adjusted):
+        r["energy_log10_p_holm"] = float(value)
     trial_means = (
         frame.groupby(["distribution", "kind", "dim", "scheme", "budget", "sharpness", "trial"], sort=True)[
-            ["kl", *SUMMARY_METRICS]
+            ["kl", *TAIL_METRICS, *SUMMARY_METRICS]
         ]
         .mean()
         .reset_index()

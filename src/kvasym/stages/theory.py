@@ -4,7 +4,10 @@ Measured QJL inner-product error-variance ratios against their closed forms
 (:func:`kvasym.theory.qjl_closed_forms`), for QJL's Gaussian sketch and for the orthogonal
 hadamard sketch (checks ``hadamard_vs_*``; same keys, probes, rotation and scalar codes), the
 KS test of rotated key coordinates against the Beta law, and the Jensen-bias slope of the
-attention-weight excess on the logit error variance from the per-key tables.
+attention-weight excess on the logit error variance from the per-key tables, for every scheme,
+alone (``jensen_slope``) and holding the key's log reference weight fixed
+(``jensen_slope_adjusted``), both beside Jensen's prediction 1/2 (``theory``,
+:data:`kvasym.theory.JENSEN_SLOPE`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,15 @@ from ..cells import parse_cells, read_cell_tables
 from ..dataset import provenance, write_frame_atomic
 from ..manifest import load_manifest, verified_trial
 from ..seeds import derived_seed
-from ..theory import inner_product_errors, jensen_points, ks_beta_distance, qjl_closed_forms, rotated_marginal_sample
+from ..errors import KvasymError
+from ..theory import (
+    JENSEN_SLOPE,
+    inner_product_errors,
+    jensen_points,
+    ks_beta_distance,
+    qjl_closed_forms,
+    rotated_marginal_sample,
+)
 from ._slice import add_slice_arguments, stage_slice
 
 
@@ -82,21 +93,28 @@ def run_theory(
     for (scheme, budget, sharpness), g in keys.groupby(["scheme", "budget", "sharpness"], sort=True):
         var, excess, kept = jensen_points(g)
         trials = g["trial"].to_numpy()[kept]
-        if var.size < 3 or np.ptp(var) == 0:
-            # no variance to regress on (a lossless cell, two keys per trial): the row says the
-            # slope is undefined, and a claim on it is inconclusive rather than an unknown check
-            rows.append({**base_row, "check": "jensen_slope", "scheme": scheme, "budget": int(budget),
-                         "sharpness": float(sharpness), "estimate": np.nan, "low": np.nan, "high": np.nan,
-                         "theory": np.nan, "statistic": np.nan, "p": np.nan, "n": float(var.size)})
-            continue
-        fit = stats.linear_slope_ci(var, excess, n_boot=settings["n_boot"], base_seed=base,
-                                    identity=(name, dim, scheme, int(budget), float(sharpness).hex(), "jensen"),
-                                    clusters=trials)
-        # one trial gives no between-cluster spread: report the slope without an interval
-        low, high = (fit["low"], fit["high"]) if fit["n_clusters"] >= 2 else (np.nan, np.nan)
-        rows.append({**base_row, "check": "jensen_slope", "scheme": scheme, "budget": int(budget),
-                     "sharpness": float(sharpness), "estimate": fit["slope"], "low": low, "high": high,
-                     "theory": np.nan, "statistic": fit["r"], "p": np.nan, "n": float(fit["n"])})
+        log_ref = np.log(g["weight_ref_mean"].to_numpy(dtype=float)[kept])
+        cell_row = {**base_row, "scheme": scheme, "budget": int(budget), "sharpness": float(sharpness),
+                    "theory": JENSEN_SLOPE, "p": np.nan}
+        for check, controls in (("jensen_slope", None), ("jensen_slope_adjusted", log_ref)):
+            fit = None
+            if var.size >= 3 and np.ptp(var) > 0:
+                try:
+                    fit = stats.linear_slope_ci(
+                        var, excess, n_boot=settings["n_boot"], base_seed=base, clusters=trials, controls=controls,
+                        identity=(name, dim, scheme, int(budget), float(sharpness).hex(), "jensen"))
+                except KvasymError:  # the variance is collinear with the weight: no partial slope
+                    fit = None
+            if fit is None:
+                # no variance to regress on (a lossless cell, two keys per trial): the row says the
+                # slope is undefined, and a claim on it is inconclusive rather than an unknown check
+                rows.append({**cell_row, "check": check, "estimate": np.nan, "low": np.nan, "high": np.nan,
+                             "statistic": np.nan, "n": float(var.size)})
+                continue
+            # one trial gives no between-cluster spread: report the slope without an interval
+            low, high = (fit["low"], fit["high"]) if fit["n_clusters"] >= 2 else (np.nan, np.nan)
+            rows.append({**cell_row, "check": check, "estimate": fit["slope"], "low": low, "high": high,
+                         "statistic": fit["r"], "n": float(fit["n"])})
     write_frame_atomic(pd.DataFrame(rows), out, provenance(slice_))
 
 
