@@ -337,8 +337,8 @@ def test_tables_render_from_synthetic_frames():
     assert "$0.178\\ [0.150, 0.190]$" in texts["table_tests"]
     assert "$2.72$" in texts["table_tests"]  # energy distance from the error6d row
     assert "$1.57\\ [1.53, 1.61]$" in texts["table_theory"] and "$0.66$" in texts["table_theory"]
-    assert "3/6 cells" in texts["table_claims"]
-    assert "$3.14\\ [2.50, 3.90]$" in texts["table_claims"]
+    assert "3/6 better, 0 worse" in texts["table_claims"]
+    assert "$3.14$ $[2.50, 3.90]$" in texts["table_claims"]  # breakable in the ledger's narrow column
     assert "\\label{tab:results}" in texts["table_results"]
 
 
@@ -355,7 +355,8 @@ HOSTILE_DISTS = ["a_b", "50%", "R&D"]
 HOSTILE_SCHEMES = ["#1", "$x$", "~", "é", "x^2", "{b}", "back\\slash", "<>"]
 HOSTILE_CLAIMS = ["#1", "R&D_50%"]
 HOSTILE_TEXT = {"statement": "a_b costs 50% of R&D, #1 in $x$ ~ é", "paper_text": "x^2 {b}",
-                "reason": "CI [1, 2] vs >= 3; log10 p = -4 is not <= -23"}
+                # not a restated interval ("CI [a, b] vs ..."), which the ledger's note column drops
+                "reason": "log10 p = -4 is not <= -23; R&D ~ #1"}
 
 
 def _render_named(dists, schemes, claim_ids, text) -> dict[str, str]:

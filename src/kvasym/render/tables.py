@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -224,7 +225,25 @@ def theory_context(theory: pd.DataFrame) -> dict[str, Any]:
     return {"groups": groups}
 
 
+_RESTATED = re.compile(r"^(?:CI \[[^\]]*\]|estimate \S+) vs [^;]*(?:;\s*|$)")
+
+
+_COUNTED = re.compile(r"^significantly (?:better|worse) in (?:\d+ of|all) \d+ cells"
+                      r"(?:, never significantly worse)?:?\s*")
+
+
+def _note(reason: str) -> str:
+    """The part of a verdict's reason the other ledger columns do not already say: the reversing
+    cells of a claim over cells (``significantly worse in 1 of 2 cells: t1.05 d64 n4 s1`` ->
+    ``t1.05 d64 n4 s1``), why an interval is missing, an unreachable p; a reason that only
+    restates the interval against the rule (``CI [a, b] vs > 1``) or the counts of the ours
+    column leaves no note."""
+    return _COUNTED.sub("", _RESTATED.sub("", reason, count=1).strip(), count=1).strip()
+
+
 def _claim_row(r: Mapping[str, Any]) -> dict[str, Any]:
+    from .ledger import rule_math, statement_math, test_and_unit
+
     details = r.get("details") or {}
     cells = None
     if "n_cells" in details and "n_a_significantly_better" in details:
@@ -234,22 +253,32 @@ def _claim_row(r: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "id": str(r["id"]),
         "statement": str(r.get("statement", "")),
+        "statement_tex": statement_math(r.get("statement", "")),
+        "test": test_and_unit(r),
+        "rule": rule_math(r),
         "paper_text": r.get("paper_text"),
+        "paper_tex": statement_math(r["paper_text"]) if r.get("paper_text") else None,
         "paper_value": math.nan if paper_value is None else float(paper_value),
         "estimate": math.nan if r.get("estimate") is None else float(r["estimate"]),
         "low": math.nan if r.get("low") is None else float(r["low"]),
         "high": math.nan if r.get("high") is None else float(r["high"]),
         "log10_p": math.nan if r.get("log10_p") is None else float(r["log10_p"]),
+        # the p a rule bounds (kl_ratio's max_log10_p): shown under the estimate
+        "show_p": "max_log10_p" in (r.get("holds_if") or {}) and r.get("log10_p") is not None,
         "verdict": str(r["verdict"]),
         "reason": str(r.get("reason", "")),
+        "note": _note(str(r.get("reason", ""))),
         "cells": cells,
     }
 
 
 def claims_context(claims: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The claims ledger, in the claims file's order; ``disagreements``: the evaluated claims
-    whose verdict is not *holds*."""
-    rows = [_claim_row(r) for r in claims]
+    """The claims ledger, one row per claim ordered by claim number then suffix
+    (:func:`kvasym.render.ledger.claim_order`); ``disagreements``: the evaluated claims whose
+    verdict is not *holds*."""
+    from .ledger import claim_order
+
+    rows = [_claim_row(r) for r in claim_order(claims)]
     return {
         "claims": rows,
         "disagreements": [r for r in rows if r["verdict"] not in ("holds", "not evaluated")],
