@@ -46,6 +46,7 @@ STAGES: dict[str, str] = {
     "figure": "draw the figures of one figure family (or all) from the gathered tables",
     "tables": "the paper's LaTeX tables (jinja2) from the gathered tables",
     "numbers": "numbers.tex: a macro for every number and name the paper's prose quotes",
+    "reproduce": "reproduce.tex: commands, commit, hashes, versions, machine, job costs, claims amendments",
     "paper": "the paper PDF (latexmk) from its sources and the generated parts",
 }
 
