@@ -157,7 +157,8 @@ def stage_code_files(name: str) -> list[Path]:
         todo.extend(_imports(path, module) - set(seen))
     files = sorted(set(seen.values()))
     package = Path(__file__).resolve().parent.parent
-    data = {"tables": package.glob("templates/*.j2"), "capture": package.glob("real/texts/*.txt")}
+    data = {"tables": package.glob("templates/table_*.j2"), "reproduce": package.glob("templates/reproduce.tex.j2"),
+            "capture": package.glob("real/texts/*.txt")}
     return files + sorted(data.get(name, ()))
 
 
