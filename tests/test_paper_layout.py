@@ -49,9 +49,11 @@ def float_labels_and_refs(texts: dict[str, str]) -> tuple[dict[str, set[str]], d
         for label in defined:
             if label.startswith(_FLOAT_KINDS):
                 labels.setdefault(label, set()).add(name)
-        for label in _REF.findall(text):
-            if label not in defined or not name.endswith(".j2"):
-                refs.setdefault(label, set()).add(name)
+        for line in text.splitlines():
+            for label in _REF.findall(line):
+                # a longtable's "continued" head refers to its own table: not a reference
+                if not (name.endswith(".j2") and label in defined and "continued" in line):
+                    refs.setdefault(label, set()).add(name)
     return labels, refs
 
 
@@ -75,7 +77,7 @@ def test_every_reference_names_a_label():
 
 def test_the_checker_sees_an_unreferenced_float():
     texts = {"sections/a.tex": "\\kvfigure{alpha}{cap} See Figure~\\ref{fig:alpha}. \\kvtable{beta}",
-             "templates/t.tex.j2": "\\label{tab:gamma} Table~\\ref{tab:gamma}, continued"}
+             "templates/t.tex.j2": "\\label{tab:gamma}\n Table~\\ref{tab:gamma}, continued"}
     assert unreferenced(texts) == ["tab:beta", "tab:gamma"]
 
 
@@ -126,3 +128,25 @@ def test_ledger_note_keeps_only_what_other_columns_do_not_say():
     assert _note("CI [1.5, 1.692] vs >= 1.5708") == ""
     assert _note("CI [4.8, 6.6] vs > 1; p <= 1e-23 is unreachable here") == "p <= 1e-23 is unreachable here"
     assert _note("estimate 0.54 has no interval") == "estimate 0.54 has no interval"
+
+
+def test_the_main_text_summary_is_one_panel_at_the_headline_cell():
+    import pandas as pd
+
+    from kvasym.render import tables
+    from test_paper_sources import HEADLINE, make_summary
+
+    def kl(dist, scheme, budget, column):
+        if column == "kl_mean":
+            return {"KV": 0.5, "KQV": 0.2, "QKQV": 0.9, "RKV": 0.2}[scheme] + (budget == 2)
+        return None
+
+    synthetic = make_summary(["gaussian", "t1.05"], ["KV", "KQV", "QKQV", "RKV"], value=kl)
+    real = make_summary(["smollm2"], ["KV", "KQV", "QKQV", "RKV"], sharpness=(1.0,), value=kl)
+    context = tables.summary_context(pd.concat([synthetic, real], ignore_index=True), HEADLINE)
+    assert [(g["distribution"], g["real"]) for g in context["groups"]] == [("gaussian", False), ("smollm2", True)]
+    rows = {r["scheme"]: r["cells"] for r in context["rows"]}
+    assert rows["KQV"][0]["kl_mean"] == 0.2 and rows["KQV"][0]["best"]["kl_mean"]  # n = 4, tie with RKV
+    assert rows["RKV"][0]["best"]["kl_mean"] and not rows["KV"][0]["best"]["kl_mean"]
+    text = tables.table_texts({"summary": synthetic}, HEADLINE, ["table_summary"])["table_summary"]
+    assert "\\label{tab:summary}" in text and "real keys" not in text and "t1.05" not in text

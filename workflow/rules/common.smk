@@ -384,7 +384,16 @@ def figure_flags(wildcards, input):
 
 
 GENERATED = "paper/generated"
-TABLES = ["results", "tests", "theory", "claims", "disagreements", "real", "e2e"]
+TABLES = [
+    "summary",
+    "results",
+    "tests",
+    "theory",
+    "claims",
+    "disagreements",
+    "real",
+    "e2e",
+]
 
 
 def real_capture_files(wildcards=None):

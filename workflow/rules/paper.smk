@@ -80,7 +80,11 @@ rule paper:
         numbers=rules.numbers.output,
         claims=rules.claims.output.tex,
         reproduce=rules.reproduce.output,
-        figures=[path for path in figure_outputs().values() if path.endswith(".pdf")],
+        figures=[
+            path
+            for path in figure_outputs().values()
+            if path.endswith((".pdf", ".caption.tex"))
+        ],
     output:
         "paper/build/main.pdf",
     log:

@@ -43,6 +43,7 @@ from .numbers import TAIL_PERCENTILE
 #: Table name -> (template, the ``inputs`` key it reads). ``render_tables`` writes
 #: ``<out_dir>/<name>.tex`` for each.
 TABLES: dict[str, tuple[str, str]] = {
+    "table_summary": ("table_summary.tex.j2", "summary"),
     "table_results": ("table_results.tex.j2", "summary"),
     "table_tests": ("table_tests.tex.j2", "comparisons"),
     "table_theory": ("table_theory.tex.j2", "theory"),
@@ -151,6 +152,53 @@ def results_context(summary: pd.DataFrame, headline: Mapping[str, Any]) -> dict[
         "n_queries": n_queries[0] if len(n_queries) == 1 else None,
         "groups": groups,
     }
+
+
+#: Columns of the one-panel summary (main text): summary column -> which direction is better.
+SUMMARY_COLUMNS: dict[str, str] = {
+    "kl_mean": "lower",
+    "recall_top5_mean": "higher",
+    "v_eps_dir_mean": "lower",
+    "t_eps_dir_mean": "lower",
+}
+
+
+def summary_context(summary: pd.DataFrame, headline: Mapping[str, Any]) -> dict[str, Any]:
+    """The main text's one-panel summary: every scheme at the headline cell (distribution, dim,
+    sharpness, budget) and, when the summary has real rows, at the real keys after RoPE (their
+    dim, sharpness :data:`REAL_SHARPNESS`, the headline budget); bold marks the best scheme of
+    each column and group. The full grid is :func:`results_context`'s appendix table."""
+    _require(summary, "summary", ["distribution", "dim", "budget", "sharpness", "scheme", *SUMMARY_COLUMNS])
+    at_cell = _at(summary, "summary", headline, ["dim", "sharpness", "budget"])
+    synthetic = at_cell[~at_cell["distribution"].isin(list(REAL_ROPE_LABELS))]
+    # the headline distribution; a summary without it (a table rendered alone) shows its first one
+    present = _unique(synthetic["distribution"])
+    if not present:
+        raise MissingCell("the summary table has no synthetic rows at the headline dim, sharpness and budget")
+    name = headline.get("distribution") if headline.get("distribution") in present else present[0]
+    head = synthetic[synthetic["distribution"] == name]
+    groups = [{"distribution": str(name), "real": False, "dim": int(headline["dim"]),
+               "sharpness": float(headline["sharpness"]), "frame": head}]
+    real = summary[(summary["distribution"] == REAL_POST) & (summary["budget"] == int(headline["budget"]))
+                   & np.isclose(summary["sharpness"].astype(float), REAL_SHARPNESS)]
+    if not real.empty:
+        groups.append({"distribution": REAL_POST, "real": True, "dim": int(real["dim"].iloc[0]),
+                       "sharpness": REAL_SHARPNESS, "frame": real})
+    schemes = _unique(head["scheme"])
+    cells: dict[str, list[dict[str, Any]]] = {str(x): [] for x in schemes}
+    for g in groups:
+        frame = g.pop("frame")
+        values = {}
+        for scheme in schemes:
+            hit = frame[frame["scheme"] == scheme]
+            values[scheme] = {c: (float(hit[c].iloc[0]) if len(hit) else math.nan) for c in SUMMARY_COLUMNS}
+        flags = {c: best_flags([values[x][c] for x in schemes], better) for c, better in SUMMARY_COLUMNS.items()}
+        for i, scheme in enumerate(schemes):
+            cells[str(scheme)].append({**values[scheme], "best": {c: flags[c][i] for c in SUMMARY_COLUMNS}})
+    from ..metrics import ROUTING_TOPK
+
+    return {"groups": groups, "rows": [{"scheme": str(x), "cells": cells[str(x)]} for x in schemes],
+            "budget": int(headline["budget"]), "topk": ROUTING_TOPK, "model": REAL_MODEL_NAME}
 
 
 def tests_context(comparisons: pd.DataFrame, headline: Mapping[str, Any]) -> dict[str, Any]:
@@ -570,6 +618,9 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
 
             out[name] = render_template(template, **e2e_context(frames.get("e2e_summary"),
                                                                 frames.get("e2e_sensitivity")))
+            continue
+        if name == "table_summary":
+            out[name] = render_template(template, **summary_context(frames[key], headline))
             continue
         if key not in contexts:
             if key == "summary":
