@@ -643,6 +643,7 @@ def _paper_copy(root: Path) -> Path:
     shutil.copy2(PAPER / "main.tex", paper / "main.tex")
     shutil.copytree(PAPER / "sections", paper / "sections")
     shutil.copy2(PAPER / "references.bib", paper / "references.bib")
+    shutil.copy2(PAPER / "layout.tex", paper / "layout.tex")
     return paper
 
 

@@ -74,6 +74,7 @@ rule reproduce:
 rule paper:
     input:
         main="paper/main.tex",
+        layout="paper/layout.tex",
         sections=sorted(str(p) for p in Path("paper/sections").glob("*.tex")),
         bibliography="paper/references.bib",
         tables=rules.tables.output,
