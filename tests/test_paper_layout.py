@@ -150,3 +150,48 @@ def test_the_main_text_summary_is_one_panel_at_the_headline_cell():
     assert rows["RKV"][0]["best"]["kl_mean"] and not rows["KV"][0]["best"]["kl_mean"]
     text = tables.table_texts({"summary": synthetic}, HEADLINE, ["table_summary"])["table_summary"]
     assert "\\label{tab:summary}" in text and "real keys" not in text and "t1.05" not in text
+
+
+def test_paper_grid_tables_fit_the_margins_at_extreme_values(tmp_path):
+    """The paper config's tables, rendered from synthetic frames whose numbers all print in
+    scientific notation (KL 1e-13, p = 1e-312), compile through the paper stage's gate: no
+    overfull box (the paper grid's own values are narrower; the tiny grid cannot show this)."""
+    import shutil
+
+    import numpy as np
+    import pytest
+
+    import test_paper_sources as t
+    from kvasym.claims import load_claims
+    from kvasym.render import numbers, tables
+    from kvasym.render.claims import render_latex
+    from kvasym.stages.paper import build_pdf
+    from kvasym.study import load_study_file
+
+    if not all(shutil.which(tool) for tool in ("latexmk", "pdflatex")):
+        pytest.skip(f"LaTeX TOOLS MISSING: the margins were NOT checked. Install them with: {t.APT_INSTALL}")
+    paper = t._paper_copy(tmp_path)
+    study = load_study_file(ROOT / "config" / "config.yaml")
+    claims = load_claims(ROOT / study.claims_file, study.headline)
+    results = t._claims_results(claims)
+    for r in results:
+        r.update(estimate=-1.23456e-13, low=-9.87654e-14, high=3.3333e-12)
+    (paper / "generated" / "claims.tex").write_text(render_latex(results), encoding="utf-8")
+    numbers.render_numbers(numbers.numbers_slice(study, study.headline, claims, commit=t.COMMIT), paper / "generated")
+    dists = ["gaussian", "t1.05", "t3", "t10", "lowrank4", "lowrank16", "lowrank64", "outliers4_x100"]
+    schemes = ["KV", "KQV", "QKQV", "RKV"]
+    summary = t.make_summary(dists, schemes, budgets=(2, 3, 4), dim=128, sharpness=(2.0,))
+    for col in summary.columns:
+        if summary[col].dtype == float and col != "sharpness" and "bits" not in col:
+            summary[col] = -1.23456e-13
+    comparisons = t.make_comparisons(dists, schemes, budgets=(2, 3, 4), dim=128, sharpness=(2.0,))
+    for col, value in {"ratio_mean": 1.23456e-13, "ratio_mean_low": 1.2e-13, "ratio_mean_high": 1.3e-13,
+                       "energy": 1.23456e-13, "q_rank_biserial": -0.523, "q_ks_d": 0.0625, "q_log10_p": -312.4,
+                       "q_log10_p_holm": -312.4, "t_wilcoxon_log10_p_holm": -312.4,
+                       "energy_log10_p_holm": -312.4}.items():
+        comparisons[col] = np.where(comparisons[col].notna(), value, comparisons[col])
+    theory = t.make_theory(dists, budgets=(2, 3, 4), dim=128)
+    frames = {"summary": summary, "comparisons": comparisons, "theory": theory, "claims": results}
+    for name, text in tables.table_texts(frames, study.headline).items():
+        (paper / "generated" / f"{name}.tex").write_text(text, encoding="utf-8")
+    assert build_pdf(paper / "main.tex").is_file()  # raises, naming the box, on any overfull line
