@@ -522,6 +522,12 @@ def reproduce_param(wildcards):
     )
 
 
+def reproduce_forward(wildcards):
+    """The committed forward-pass check (benchmarks/validate_forward.py), when the checkout has it."""
+    path = "tests/expected/forward_reference.json"
+    return [path] if os.path.isfile(path) else []
+
+
 def reproduce_captures(wildcards):
     """The real-model captures whose metadata the reproduce section prints (none without them)."""
     return real_capture_files() if REAL_CELLS else []

@@ -55,7 +55,7 @@ rule reproduce:
         tables=rules.tables.output,
         figures=[path for path in figure_outputs().values() if path.endswith(".pdf")],
         captures=reproduce_captures,
-        forward="tests/expected/forward_reference.json",
+        forward=reproduce_forward,
     output:
         f"{GENERATED}/reproduce.tex",
     log:
