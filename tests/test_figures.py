@@ -610,7 +610,7 @@ def test_real_heatmap_draws_the_means_on_one_log_scale(real_rows, tmp_path, monk
               "facet_distributions": [], "distributions": [], "base_seed": 0, "max_points": 10}
     written = run_figures(slice_, {"real_per_query": [str(p) for p in real_rows["headline"]]}, tmp_path,
                           ["real_heatmap"])
-    assert [p.name for p in written] == ["real_kl_heatmap.pdf", "real_kl_heatmap.png"]
+    assert [p.name for p in written] == ["real_kl_heatmap.pdf", "real_kl_heatmap.png", "real_kl_heatmap.caption.tex"]
     fig, provenance = figures["real_kl_heatmap"]
     assert provenance["figure"] == "real_kl_heatmap"
     panels = _panels(fig)
