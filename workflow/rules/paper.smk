@@ -67,8 +67,9 @@ rule reproduce:
         code=STAGE_CODE["reproduce"],  # reruns the job when the code it runs changes
         slice=reproduce_param,
         captures=reproduce_capture_flags,
+        benchmarks=f"{RESULTS}/benchmarks",
     shell:
-        "kvasym stage reproduce --slice {params.slice:q} --benchmarks {RESULTS}/benchmarks"
+        "kvasym stage reproduce --slice {params.slice:q} --benchmarks {params.benchmarks:q}"
         " {params.captures} --out {output:q} > {log:q} 2>&1"
 
 
