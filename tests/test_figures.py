@@ -188,9 +188,31 @@ def test_every_figure_has_the_expected_axes(tables):
         assert isinstance(fig, Figure), name
         assert len(fig.axes) == n_axes, name
         assert "nothing to show" not in title_of(fig), name
-        # grids of panels across budgets or distributions span the text width, the rest a column
-        wide = name.startswith("shannon") or name in ("jensen_bias", "theory_check")
-        assert fig.get_figwidth() == pytest.approx(fg.TEXT_WIDTH if wide else fg.COLUMN_WIDTH), name
+        # every figure spans the text width and is included at its natural size (issue 15)
+        assert fig.get_figwidth() == pytest.approx(fg.TEXT_WIDTH), name
+
+
+def _text_sizes(fig: Figure) -> list[tuple[float, str]]:
+    """(size in pt, text) of every visible, non-empty text of a drawn figure: titles, labels,
+    tick labels, legends, annotations."""
+    fig.canvas.draw()  # tick labels exist only once drawn
+    out = []
+    for text in fig.findobj(match=lambda a: hasattr(a, "get_fontsize") and hasattr(a, "get_text")):
+        if text.get_visible() and text.get_text().strip():
+            out.append((float(text.get_fontsize()), text.get_text()))
+    return out
+
+
+def test_every_text_is_at_least_8_pt_at_its_printed_size(tables):
+    """Drawn at the text width and included unscaled (\\kvgraphic never enlarges and the paper's
+    text width is wider than TEXT_WIDTH), a font's size in the file is its size on the page."""
+    for name, fig, _ in draw_all(tables):
+        small = [(size, text[:30]) for size, text in _text_sizes(fig) if size < 8 - 1e-9]
+        assert not small, f"{name}: text below 8 pt: {small[:5]}"
+    # and the check sees a small font
+    fig = fg.budget_crossover(make_summary(make_per_query(distributions=("gaussian",), trials=1, queries=4)))
+    fig.axes[0].set_title("tiny", fontsize=6)
+    assert (6.0, "tiny") in _text_sizes(fig)
 
 
 def test_marginals_hide_the_spare_panel():
@@ -244,7 +266,7 @@ def test_save_figure_writes_pdf_and_png_atomically(tmp_path, monkeypatch):
     png = (tmp_path / "sub" / "crossover.png").read_bytes()
     assert png.startswith(b"\x89PNG")
     width = int.from_bytes(png[16:20], "big")
-    assert width == pytest.approx(fg.COLUMN_WIDTH * fg.PNG_DPI, abs=2)
+    assert width == pytest.approx(fg.TEXT_WIDTH * fg.PNG_DPI, abs=2)
     assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["crossover.pdf", "crossover.png"]
     assert not fig.axes  # closed and cleared
 
@@ -444,7 +466,8 @@ def test_run_figures_writes_every_file(tmp_path, monkeypatch, real_rows):
     # one family reads only its own inputs: the budget crossover needs nothing but the summary
     drawn.clear()
     written = run_figures(sl, {"summary": paths["summary"]}, tmp_path / "one", ["budget_crossover"])
-    assert [p.name for p in written] == ["budget_crossover.pdf", "budget_crossover.png"]
+    assert [p.name for p in written] == ["budget_crossover.pdf", "budget_crossover.png",
+                                         "budget_crossover.caption.tex"]
     assert [name for name, _, _ in drawn] == ["budget_crossover"]
     with pytest.raises(KvasymError, match="jensen_bias need inputs\\['theory'\\]"):
         run_figures(sl, {"per_key": paths["per_key"]}, tmp_path / "one", ["jensen_bias"])
@@ -455,7 +478,7 @@ def test_run_figures_writes_every_file(tmp_path, monkeypatch, real_rows):
     drawn.clear()
     written = run_figures(sl, {**paths, "data": []}, out)  # no manifests: the marginal figure says so
     assert sorted(map(str, written)) == sorted(figure_files(out))
-    assert len(written) == 2 * len(FIGURES)
+    assert len(written) == 3 * len(FIGURES)  # pdf, png and the caption
     assert [name for name, _, _ in drawn] == list(FIGURES)
     empty = {name for name, title, _ in drawn if "nothing to show" in title}
     # no end-to-end tables given: their figures say so (drawn from data in tests/test_real_endtoend_stats.py)
@@ -471,7 +494,8 @@ def test_families_partition_the_figures_and_name_their_cells():
     names = [n for family in FAMILIES.values() for n in family]
     assert sorted(names) == sorted(FIGURES) and len(set(names)) == len(names)
     assert set(FAMILY_INPUTS) == set(FAMILIES)
-    assert figure_files("out", ["shannon_phi"]) == [f"out/shannon_phi_{s}.{f}" for s in "kvt" for f in ("pdf", "png")]
+    assert figure_files("out", ["shannon_phi"]) == [f"out/shannon_phi_{s}.{f}" for s in "kvt"
+                                                    for f in ("pdf", "png", "caption.tex")]
     paper = load_study_file(ROOT / "config/config.yaml")
     sl = figures_slice(paper)
     facets = ["gaussian", "t1.05", "lowrank2", "outliers4"]
@@ -589,7 +613,7 @@ def test_real_heatmap_draws_the_means_on_one_log_scale(real_rows, tmp_path, monk
               "facet_distributions": [], "distributions": [], "base_seed": 0, "max_points": 10}
     written = run_figures(slice_, {"real_per_query": [str(p) for p in real_rows["headline"]]}, tmp_path,
                           ["real_heatmap"])
-    assert [p.name for p in written] == ["real_kl_heatmap.pdf", "real_kl_heatmap.png"]
+    assert [p.name for p in written] == ["real_kl_heatmap.pdf", "real_kl_heatmap.png", "real_kl_heatmap.caption.tex"]
     fig, provenance = figures["real_kl_heatmap"]
     assert provenance["figure"] == "real_kl_heatmap"
     panels = _panels(fig)
@@ -656,7 +680,7 @@ def test_real_heatmap_grey_cells_missing_panels_and_many_layers():
     means = means[~((means["distribution"] == "smollm2-prerope") & (means["scheme"] == "QKQV"))]  # a missing panel
     fig = fg.real_kl_heatmap(means, distributions=["smollm2", "smollm2-prerope"], schemes=["KV", "QKQV"], budget=4)
     panels = _panels(fig)
-    assert len(panels) == 4 and fig.get_figwidth() == pytest.approx(fg.COLUMN_WIDTH)  # two columns: one LaTeX column
+    assert len(panels) == 4 and fig.get_figwidth() == pytest.approx(fg.TEXT_WIDTH)
     first = panels[("smollm2", "KV")][1].get_array()
     assert first.mask[0, 0] and first.mask.sum() == 1  # the zero is grey, the rest drawn
     missing_ax, missing = panels[("smollm2-prerope", "QKQV")]
@@ -743,7 +767,8 @@ def test_real_family_inputs_flags_and_dag_presence(tmp_path, monkeypatch):
     # the end-to-end family only with end-to-end passes (real.e2e not off)
     assert fs.E2E_FAMILIES == ("e2e",)
     assert fs.dag_families(True, False) == {f: n for f, n in fs.FAMILIES.items() if f != "e2e"}
-    assert fs.figure_files("out", ["real_heatmap"]) == ["out/real_kl_heatmap.pdf", "out/real_kl_heatmap.png"]
+    assert fs.figure_files("out", ["real_heatmap"]) == ["out/real_kl_heatmap.pdf", "out/real_kl_heatmap.png",
+                                                        "out/real_kl_heatmap.caption.tex"]
     from kvasym import figure_registry as registry
 
     sl = registry.figures_slice(load_study_file(ROOT / "config/test.yaml"))
@@ -821,3 +846,23 @@ def test_sharpness_sweep_draws_the_prediction_and_the_papers_value(tables):
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+def test_captions_state_what_the_drawn_figure_shows(tables):
+    """The caption's facts come from the figure: its cell (title), its panels and row titles
+    (distributions, budgets) and every legend entry (schemes, reference lines)."""
+    from kvasym.figure_captions import caption_facts, caption_tex
+
+    drawn = {name: fig for name, fig, _ in draw_all(tables)}
+    ecdf = caption_facts(drawn["kl_ecdf"])
+    assert set(ecdf["rows"]) == set(FACETS) and any("n = 4" in p for p in ecdf["panels"])
+    assert {"KV", "KQV", "QKQV", "RKV"} <= set(ecdf["legend"])
+    assert "d = 64" in ecdf["title"]
+    rank = caption_facts(drawn["rank_sweep"])
+    assert any("t1.05" in entry for entry in rank["legend"])  # the reference line is named
+    text = caption_tex(drawn["kl_ecdf"])
+    assert text.startswith("As drawn:") and "Panels (" in text and "Shown: KV" in text
+    # a figure with one distribution lists only that one
+    one = fg.kl_ecdf(tables["per_query"][tables["per_query"]["distribution"] == "gaussian"], sharpness=1.0, dim=64,
+                     distributions=["gaussian"])
+    assert caption_facts(one)["rows"] in ([], ["gaussian"]) and "t1.05" not in caption_tex(one)

@@ -331,15 +331,16 @@ def test_tables_render_from_synthetic_frames():
     texts = tables.table_texts(synthetic_frames(), HEADLINE)
     assert set(texts) == set(tables.TABLES)
     for name, text in texts.items():
-        assert "\\begin{longtable}" in text or name in ("table_disagreements", "table_real", "table_e2e"), name
+        assert "\\begin{longtable}" in text or name in ("table_disagreements", "table_real", "table_e2e",
+                                                                                      "table_summary"), name
         assert "\\VAR{" not in text and "\\BLOCK{" not in text and "\\#{" not in text
         assert "nan" not in text.lower().replace("nonan", ""), name
     assert "$4\\times10^{-31}$" in texts["table_tests"]  # q_log10_p = -30.4
-    assert "$0.178\\ [0.150, 0.190]$" in texts["table_tests"]
+    assert "$0.178$ $[0.150, 0.190]$" in texts["table_tests"]  # breakable between estimate and interval
     assert "$2.72$" in texts["table_tests"]  # energy distance from the error6d row
     assert "$1.57\\ [1.53, 1.61]$" in texts["table_theory"] and "$0.66$" in texts["table_theory"]
-    assert "3/6 cells" in texts["table_claims"]
-    assert "$3.14\\ [2.50, 3.90]$" in texts["table_claims"]
+    assert "3/6 better, 0 worse" in texts["table_claims"]
+    assert "$3.14$ $[2.50, 3.90]$" in texts["table_claims"]  # breakable in the ledger's narrow column
     assert "\\label{tab:results}" in texts["table_results"]
 
 
@@ -356,7 +357,8 @@ HOSTILE_DISTS = ["a_b", "50%", "R&D"]
 HOSTILE_SCHEMES = ["#1", "$x$", "~", "é", "x^2", "{b}", "back\\slash", "<>"]
 HOSTILE_CLAIMS = ["#1", "R&D_50%"]
 HOSTILE_TEXT = {"statement": "a_b costs 50% of R&D, #1 in $x$ ~ é", "paper_text": "x^2 {b}",
-                "reason": "CI [1, 2] vs >= 3; log10 p = -4 is not <= -23"}
+                # not a restated interval ("CI [a, b] vs ..."), which the ledger's note column drops
+                "reason": "log10 p = -4 is not <= -23; R&D ~ #1"}
 
 
 def _render_named(dists, schemes, claim_ids, text) -> dict[str, str]:
@@ -642,6 +644,7 @@ def _paper_copy(root: Path) -> Path:
     shutil.copy2(PAPER / "main.tex", paper / "main.tex")
     shutil.copytree(PAPER / "sections", paper / "sections")
     shutil.copy2(PAPER / "references.bib", paper / "references.bib")
+    shutil.copy2(PAPER / "layout.tex", paper / "layout.tex")
     return paper
 
 

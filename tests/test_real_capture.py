@@ -422,3 +422,27 @@ def test_shipped_texts_are_enough_ascii_units_of_512_tokens(model) -> None:
     assert len({hashlib.sha256(b).hexdigest() for b in bodies}) == len(bodies)
     counts = {f.stem: int(model.encode(b.decode("ascii")).size) for f, b in zip(files, bodies)}
     assert min(counts.values()) >= 512, counts
+
+
+def test_forward_pass_matches_an_independent_implementation(model) -> None:
+    """Our numpy forward pass against Hugging Face transformers' Llama (PyTorch) loading the same
+    GGUF file, kept as a fixture (tests/expected/forward_reference.json, written by
+    benchmarks/validate_forward.py; CI needs neither torch nor transformers): the same token ids
+    give the reference's top logits at every position within the fixture's measured
+    max |delta logit| (plus float32 slack) and the same next-token argmax."""
+    import json
+
+    from kvasym.real.gguf_model import file_sha256, find_model_file
+
+    fixture = json.loads((Path(__file__).parent / "expected" / "forward_reference.json").read_text())
+    assert fixture["model_sha256"] == file_sha256(find_model_file()), "the fixture was made from another model file"
+    ids = np.array(fixture["token_ids"])
+    logits = model.logits(model.forward(ids).hidden).astype(np.float64)
+    top_ids = np.array(fixture["top_ids"])
+    ref = np.array(fixture["top_logits"])
+    ours = np.take_along_axis(logits, top_ids, axis=1)
+    delta = float(np.abs(ours - ref).max())
+    # the reference's own full-vocabulary bound, and float32 accumulation slack
+    assert delta <= fixture["max_abs_delta_logit"] + 1e-3, delta
+    assert delta < 1e-2 * fixture["logit_scale"], delta  # an implementation error moves logits by units
+    assert np.array_equal(logits.argmax(axis=1), top_ids[:, 0])

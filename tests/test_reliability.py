@@ -47,7 +47,7 @@ def test_per_key_trials_zero_writes_an_empty_per_key_table(tmp_path):
                       "ks_beta"}  # no slope without per-key rows
     written = run_figures(figures_slice(study), {"per_key": [per_key], "theory": theory}, tmp_path / "f",
                           ["jensen_bias"])
-    assert sorted(p.name for p in written) == ["jensen_bias.pdf", "jensen_bias.png"]
+    assert sorted(p.name for p in written) == ["jensen_bias.caption.tex", "jensen_bias.pdf", "jensen_bias.png"]
 
 
 @pytest.mark.parametrize("command", ["quantize", "dequantize"])

@@ -96,7 +96,7 @@ def test_tiny_config_through_slurm_matches_a_local_run(slurm, tiny_local_run, tm
     families = dag_families(real)
     assert ("real_heatmap" in families) == real and ("e2e" in families) == real and len(families) == 9 + 2 * int(real)
     # with the real extra also the end-to-end jobs: one per text of the tiny config (one), then e2e_stats
-    summary_rules = ["gather", "claims", "tables", "numbers"] + [f"figure_{f}" for f in families]
+    summary_rules = ["gather", "claims", "tables", "numbers", "reproduce"] + [f"figure_{f}" for f in families]
     summary_rules += ["e2e", "e2e_stats"] if real else []
     latex = all(shutil.which(t) for t in ("latexmk", "pdflatex"))
     assert len(submitted) == len(groups) + len(summary_rules) + int(latex), log[-3000:]

@@ -64,7 +64,9 @@ REAL_FAMILIES: tuple[str, ...] = tuple(f for f, inputs in FAMILY_INPUTS.items() 
 E2E_FAMILIES: tuple[str, ...] = tuple(f for f, inputs in FAMILY_INPUTS.items() if "e2e_summary" in inputs)
 #: Figure names, in drawing order.
 FIGURES: tuple[str, ...] = tuple(name for names in FAMILIES.values() for name in names)
-FORMATS: tuple[str, ...] = ("pdf", "png")
+#: The files of a figure ``<name>``: its drawing (PDF, PNG) and the factual part of its caption
+#: (``<name>.caption.tex``, :mod:`kvasym.figure_captions`).
+FORMATS: tuple[str, ...] = ("pdf", "png", "caption.tex")
 MAX_FACETS = 4
 
 

@@ -6,7 +6,8 @@ Every function takes DataFrames with the columns of the pipeline's tables
 :class:`matplotlib.figure.Figure`; :func:`save_figure` writes ``stem.pdf`` and ``stem.png``
 atomically and closes it. :mod:`kvasym.stages.figure` draws them all for the DAG.
 
-Shared style (:data:`STYLE`): one LaTeX column (:data:`COLUMN_WIDTH` = 3.3 in), 8 pt text,
+Shared style (:data:`STYLE`): the paper's text width (:data:`TEXT_WIDTH` = 6.5 in; figures are
+included at their natural size, so 8 pt in the file is 8 pt on the page), 8 pt text everywhere,
 units on every axis, legends outside the axes (figure level, or below a panel) so they never
 hide data. Every scheme has one colour and one marker in every figure:
 :data:`SCHEME_COLORS` / :data:`SCHEME_MARKERS` fix them for KV, KQV, QKQV and RKV (Okabe-Ito,
@@ -62,10 +63,10 @@ STYLE: dict[str, Any] = {
     "font.size": 8,
     "axes.titlesize": 8,
     "axes.labelsize": 8,
-    "xtick.labelsize": 7,
-    "ytick.labelsize": 7,
-    "legend.fontsize": 7,
-    "legend.title_fontsize": 7,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "legend.fontsize": 8,
+    "legend.title_fontsize": 8,
     "figure.titlesize": 8,
     "figure.labelsize": 8,
     "axes.linewidth": 0.6,
@@ -188,7 +189,7 @@ def _palette(frame_schemes: Iterable[str], colors: Mapping[str, str] | None) -> 
     return filled, scheme_markers(names)
 
 
-def new_figure(nrows: int = 1, ncols: int = 1, *, width: float = COLUMN_WIDTH, height: float | None = None,
+def new_figure(nrows: int = 1, ncols: int = 1, *, width: float = TEXT_WIDTH, height: float | None = None,
                row_height: float = 1.3, extra: float = 0.55, sharex: Any = False,
                sharey: Any = False) -> tuple[Figure, np.ndarray]:
     """A constrained-layout figure with an (nrows, ncols) array of axes (never squeezed)."""
@@ -197,7 +198,7 @@ def new_figure(nrows: int = 1, ncols: int = 1, *, width: float = COLUMN_WIDTH, h
     return fig, axes
 
 
-def nothing_to_show(title: str, reason: str, *, width: float = COLUMN_WIDTH) -> Figure:
+def nothing_to_show(title: str, reason: str, *, width: float = TEXT_WIDTH) -> Figure:
     """A placeholder figure: the title says there is nothing to show, the body says why."""
     with matplotlib.rc_context(STYLE):
         fig = Figure(figsize=(width, 1.3), layout="constrained")
@@ -295,10 +296,15 @@ def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
+#: ``gid`` of a row title drawn in a panel's right margin.
+MARGIN_TITLE_GID = "margin-title"
+
+
 def _margin_title(ax: Any, text: str) -> None:
     """A row title on the right of a panel (as seaborn's margin titles)."""
-    ax.annotate(safe_text(text), xy=(1.03, 0.5), xycoords="axes fraction", rotation=-90, ha="left", va="center",
-                fontsize=STYLE["axes.titlesize"])
+    note = ax.annotate(safe_text(text), xy=(1.03, 0.5), xycoords="axes fraction", rotation=-90, ha="left",
+                       va="center", fontsize=STYLE["axes.titlesize"])
+    note.set_gid(MARGIN_TITLE_GID)  # the caption lists it as a panel title (kvasym.figure_captions)
 
 
 BUDGET_LABEL = "budget n (bits)"
@@ -428,8 +434,8 @@ def shannon_phi_plane(
     schemes = scheme_order(frame["scheme"].unique())
     # a page-wide grid: at column width the panels of a 3-budget grid were 1 inch wide
     wide = len(cols) > 1
-    fig, axes = new_figure(len(rows), len(cols), width=TEXT_WIDTH if wide else COLUMN_WIDTH,
-                           row_height=1.75 if wide else 1.6, extra=0.75, sharex="row", sharey="row")
+    fig, axes = new_figure(len(rows), len(cols), width=TEXT_WIDTH,
+                           row_height=1.4 if wide else 1.6, extra=0.75, sharex="row", sharey="row")
     per_trial = site in ("k", "v")
     for i, dist in enumerate(rows):
         for j, budget in enumerate(cols):
@@ -713,7 +719,7 @@ def rank_sweep(
         if ranks:
             ax.set_xticks(ranks, [_fmt(r) for r in ranks])
         ax.xaxis.set_minor_locator(mticker.NullLocator())
-        ax.set_xlabel("rank r")
+        ax.set_xlabel("rank R")
         ax.set_title(f"d = {d}")
     if not frame.empty and metric in frame.columns:
         _log_axis(axes[0, 0], "y", np.r_[frame[metric].to_numpy(dtype=float), reference[metric].to_numpy(dtype=float)])
@@ -833,14 +839,14 @@ def marginals(samples: Mapping[str, tuple[np.ndarray, int]], *, ks_rows: pd.Data
             r = row.iloc[0]
             ci = (f" [{sig_text(float(r['low']))}, {sig_text(float(r['high']))}]"
                   if np.isfinite(r["low"]) and np.isfinite(r["high"]) else "")
-            text = f"KS distance {sig_text(float(r['estimate']))}{ci}\nn = {int(r['n'])} keys"
-        ax.text(0.02, 0.97, text, transform=ax.transAxes, va="top", ha="left", fontsize=6)
-        ax.set_title(safe_text(f"{name} (D = {work_dim})"))
+            text = f"KS distance {sig_text(float(r['estimate']))}{ci}\nN = {int(r['n'])} keys"
+        ax.text(0.02, 0.97, text, transform=ax.transAxes, va="top", ha="left", fontsize=STYLE["font.size"])
+        ax.set_title(safe_text(f"{name} (d = {work_dim})"))
         ax.set_xlim(-half, half)
     axes[0, 0].set_ylim(0, 1.3 * top)  # shared: headroom for the KS text
     fig.supxlabel("rotated unit-vector coordinate (dimensionless)")  # no legend below: no clash
     fig.supylabel("density")
-    _suptitle(fig, "Rotated key coordinates (grey) vs the unit-vector coordinate law in dimension D (line)")
+    _suptitle(fig, "Rotated key coordinates (grey) vs the unit-vector coordinate law in dimension d (line)")
     return fig
 
 
@@ -892,7 +898,7 @@ def jensen_bias(
     # each panel keeps its own legend because the fitted slopes differ by distribution
     ncols = 2 if len(dists) > 1 else 1
     nrows = -(-len(dists) // ncols)
-    fig, axes = new_figure(nrows, ncols, width=TEXT_WIDTH if ncols > 1 else COLUMN_WIDTH, row_height=2.0,
+    fig, axes = new_figure(nrows, ncols, width=TEXT_WIDTH, row_height=2.0,
                            extra=0.75 if not with_slopes else 0.55)
     for ax in axes.flat[len(dists):]:
         ax.set_axis_off()
@@ -934,7 +940,8 @@ def jensen_bias(
         ax.set_title(safe_text(str(dist)))
         if with_slopes and handles:
             ax.legend(handles, [safe_text(label) for label in labels], loc="center left", bbox_to_anchor=(1.01, 0.5),
-                      frameon=False, fontsize=6.5, title="fitted slope", title_fontsize=6.5, handlelength=1.2,
+                      frameon=False, fontsize=STYLE["legend.fontsize"], title="fitted slope",
+                      title_fontsize=STYLE["legend.fontsize"], handlelength=1.2,
                       labelspacing=0.3)
     x_label = "logit-error variance over queries (logit², log scale)"
     if with_slopes:
@@ -1006,7 +1013,7 @@ def sharpness_sweep(
                                  label=safe_text(f"paper's value ({_fmt(paper_ratio)})"))
             ax_ratio.axhline(1.0, color="0.4", ls="--", lw=0.8)
             if i == 0:
-                ax_ratio.legend(loc="best", fontsize=6, frameon=False)
+                ax_ratio.legend(loc="best", fontsize=STYLE["legend.fontsize"], frameon=False)
             spread = np.r_[ratio, [] if low is None else low, [] if high is None else high, 1.0,
                            [] if theory is None else theory, [] if paper_ratio is None else [paper_ratio]]
             finite = spread[np.isfinite(spread) & (spread > 0)]
@@ -1125,7 +1132,7 @@ def real_kl_heatmap(
         vmin, vmax = vmin / 1.5, vmax * 1.5
     norm = LogNorm(vmin=vmin, vmax=vmax)
     cmap = matplotlib.colormaps[HEATMAP_CMAP].with_extremes(bad=HEATMAP_MISSING)
-    width = TEXT_WIDTH if len(cols) > 2 else COLUMN_WIDTH
+    width = TEXT_WIDTH
     row_height = min(3.0, max(1.1, 0.16 * len(layers) + 0.35))
     fig, axes = new_figure(len(rows), len(cols), width=width, row_height=row_height, extra=1.05, sharex=True,
                            sharey=True)
@@ -1156,7 +1163,7 @@ def real_kl_heatmap(
                 rgba = cmap(norm(panel[li, hi]))
                 luminance = rgba[:, :3] @ np.array([0.299, 0.587, 0.114])
                 for y, x, v, lum in zip(li, hi, panel[li, hi], luminance):
-                    ax.text(x, y, f"{v:.2g}", ha="center", va="center", fontsize=6,
+                    ax.text(x, y, f"{v:.2g}", ha="center", va="center", fontsize=STYLE["font.size"],
                             color="black" if lum > 0.5 else "white")
             if i == 0:
                 ax.set_title(safe_text(scheme))

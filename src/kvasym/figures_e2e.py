@@ -14,7 +14,6 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from .figures import (
-    COLUMN_WIDTH,
     HEATMAP_CMAP,
     HEATMAP_MISSING,
     TEXT_WIDTH,
@@ -50,7 +49,7 @@ def e2e_ppl_bits(summary: pd.DataFrame | None, *, colors: Mapping[str, str] | No
     ropes = [r for r in ROPE_TITLES if r in set(summary["rope"])]
     colors, markers = _palette(summary["scheme"].unique(), colors)
     schemes = scheme_order(summary["scheme"].unique())
-    fig, axes = new_figure(1, len(ropes), width=COLUMN_WIDTH if len(ropes) == 1 else TEXT_WIDTH, height=2.4,
+    fig, axes = new_figure(1, len(ropes), width=TEXT_WIDTH, height=2.4,
                            sharey=True)
     hidden = 0
     shown: list[float] = []
@@ -112,7 +111,7 @@ def e2e_layer_sensitivity(sensitivity: pd.DataFrame | None, *, schemes: Sequence
         vmin, vmax = vmin / 1.5, vmax * 1.5
     norm = LogNorm(vmin=vmin, vmax=vmax)
     cmap = matplotlib.colormaps[HEATMAP_CMAP].with_extremes(bad=HEATMAP_MISSING)
-    fig, axes = new_figure(1, 1, width=COLUMN_WIDTH, height=min(5.0, 1.2 + 0.11 * len(layers)))
+    fig, axes = new_figure(1, 1, width=TEXT_WIDTH, height=min(4.0, 1.4 + 0.09 * len(layers)))
     ax = axes[0, 0]
     shown = np.ma.masked_where(~(np.isfinite(grid) & (grid > 0)), grid)
     image = ax.imshow(shown, norm=norm, cmap=cmap, aspect="auto", interpolation="nearest", origin="upper")

@@ -30,6 +30,7 @@ FIXED_RESOURCES: dict[str, tuple[int, int]] = {
     "figure": (1500, 10),
     "tables": (1000, 5),
     "numbers": (1000, 5),
+    "reproduce": (1000, 5),
     "paper": (2000, 10),
     "capture": (3000, 20),
     "real_metrics": (3000, 30),

@@ -28,6 +28,7 @@ from kvasym.real import REAL_MODEL_NAME, REAL_SHARPNESS
 from kvasym.real import missing_extra_reason, real_settings
 from kvasym.real.evaluate import REAL_DISTRIBUTIONS
 from kvasym.render.numbers import numbers_slice
+from kvasym.render.reproduce import reproduce_slice
 from kvasym.resources import SLICE_STAGES, job_resources
 from kvasym.stages import STAGES, stage_code_digest
 from kvasym.stages.paper import LATEX_PACKAGES, have_latex
@@ -383,7 +384,16 @@ def figure_flags(wildcards, input):
 
 
 GENERATED = "paper/generated"
-TABLES = ["results", "tests", "theory", "claims", "disagreements", "real", "e2e"]
+TABLES = [
+    "summary",
+    "results",
+    "tests",
+    "theory",
+    "claims",
+    "disagreements",
+    "real",
+    "e2e",
+]
 
 
 def real_capture_files(wildcards=None):
@@ -451,7 +461,8 @@ LATEX_HINT = (
 
 def paper_targets():
     targets = [f"{GENERATED}/table_{name}.tex" for name in TABLES] + [
-        f"{GENERATED}/numbers.tex"
+        f"{GENERATED}/numbers.tex",
+        f"{GENERATED}/reproduce.tex",
     ]
     if HAVE_LATEX:
         targets.append("paper/build/main.pdf")
@@ -499,6 +510,36 @@ def file_cache(wildcards):
 
 def numbers_param(wildcards):
     return canonical_json(numbers_slice(STUDY, HEADLINE, CLAIMS))
+
+
+def reproduce_param(wildcards):
+    return canonical_json(
+        reproduce_slice(
+            STUDY,
+            validate_config(config),
+            [os.path.relpath(f) for f in workflow.configfiles],
+        )
+    )
+
+
+def reproduce_forward(wildcards):
+    """The committed forward-pass check (benchmarks/validate_forward.py), when the checkout has it."""
+    path = "tests/expected/forward_reference.json"
+    return [path] if os.path.isfile(path) else []
+
+
+def reproduce_captures(wildcards):
+    """The real-model captures whose metadata the reproduce section prints (none without them)."""
+    return real_capture_files() if REAL_CELLS else []
+
+
+def reproduce_capture_flags(wildcards, input):
+    captures = list(input.captures) if REAL_CELLS else []
+    return (
+        " ".join(["--captures", *(shlex.quote(p) for p in captures)])
+        if captures
+        else ""
+    )
 
 
 def headline_param(wildcards):

@@ -15,6 +15,10 @@ for _family, _names in FIGURE_FAMILIES.items():
         output:
             **{f"{name}_pdf": f"{FIGURES_DIR}/{name}.pdf" for name in _names},
             **{
+                f"{name}_caption": f"{FIGURES_DIR}/{name}.caption.tex"
+                for name in _names
+            },
+            **{
                 f"{name}_png": report(
                     f"{FIGURES_DIR}/{name}.png",
                     caption=f"../report/figures/{_family}.rst",

@@ -47,15 +47,47 @@ rule numbers:
         "kvasym stage numbers --slice {params.slice:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
+rule reproduce:
+    input:
+        # after every job whose benchmark: file it sums (the ledger, the tables, the figures)
+        claims=rules.claims.output.json,
+        claims_file=STUDY.claims_file,
+        tables=rules.tables.output,
+        figures=[path for path in figure_outputs().values() if path.endswith(".pdf")],
+        captures=reproduce_captures,
+        forward=reproduce_forward,
+    output:
+        f"{GENERATED}/reproduce.tex",
+    log:
+        f"{RESULTS}/logs/reproduce.log",
+    threads: 1
+    resources:
+        **resources_of("reproduce"),
+    params:
+        code=STAGE_CODE["reproduce"],  # reruns the job when the code it runs changes
+        slice=reproduce_param,
+        captures=reproduce_capture_flags,
+        benchmarks=f"{RESULTS}/benchmarks",
+    shell:
+        "kvasym stage reproduce --slice {params.slice:q} --benchmarks {params.benchmarks:q}"
+        " {params.captures} --out {output:q} > {log:q} 2>&1"
+
+
 rule paper:
     input:
         main="paper/main.tex",
+        layout="paper/layout.tex",
         sections=sorted(str(p) for p in Path("paper/sections").glob("*.tex")),
         bibliography="paper/references.bib",
         tables=rules.tables.output,
         numbers=rules.numbers.output,
         claims=rules.claims.output.tex,
-        figures=[path for path in figure_outputs().values() if path.endswith(".pdf")],
+        reproduce=rules.reproduce.output,
+        figures=[
+            path
+            for path in figure_outputs().values()
+            if path.endswith((".pdf", ".caption.tex"))
+        ],
     output:
         "paper/build/main.pdf",
     log:

@@ -37,7 +37,7 @@ import pandas as pd
 from ..errors import KvasymError
 from ..latex import escape_latex
 
-__all__ = ["DIGITS", "FILTERS", "Latex", "P_DECIMAL_MIN", "bits", "ci", "count", "environment", "escape",
+__all__ = ["DIGITS", "FILTERS", "Latex", "P_DECIMAL_MIN", "bits", "ci", "ci_wrap", "count", "environment", "escape",
            "mediqr", "num", "plain", "pvalue", "pvalue_raw", "pvalue_text", "render_template", "sig", "sig_text"]
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -197,6 +197,17 @@ def ci(estimate: Any, low: Any = None, high: Any = None, digits: int = DIGITS, b
     return Latex(f"${est}\\ [{sig(low, digits)}, {sig(high, digits)}]$")
 
 
+def ci_wrap(estimate: Any, low: Any = None, high: Any = None, digits: int = DIGITS) -> Latex:
+    """:func:`ci` for a narrow column: ``$5.60$ $[5.32, 6.03]$``, the estimate and the interval
+    as two math groups, so the line may break between them."""
+    if _missing(estimate):
+        return Latex("--")
+    est = sig(estimate, digits)
+    if _missing(low) or _missing(high):
+        return Latex(f"${est}$")
+    return Latex(f"${est}$ $[{sig(low, digits)}, {sig(high, digits)}]$")
+
+
 def bits(payload: Any, side: Any) -> Latex:
     """Measured bits per coordinate, payload + side information: ``$4 + 0.25$``."""
     if _missing(payload) or _missing(side):
@@ -242,6 +253,7 @@ FILTERS = {
     "e": escape,
     "sig": sig,
     "num": num,
+    "ci_wrap": ci_wrap,
     "plain": plain,
     "count": count,
     "pvalue": pvalue,

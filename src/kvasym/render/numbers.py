@@ -43,7 +43,7 @@ FORMULAS: dict[str, str] = {
     "SymInterval": r"[-1, 1]",
     "GaussianLimit": r"\mathcal{N}(0, 1/d)",
     "SphereDim": r"d-1",
-    "JensenIneq": r"\mathbb{E}[e^{s+e}] = e^{s}\,\mathbb{E}[e^{e}] > e^{s}",
+    "JensenIneq": r"\mathbb{E}[e^{\ell+e}] = e^{\ell}\,\mathbb{E}[e^{e}] > e^{\ell}",
     "QJLReconstruction": r"\hat r = \frac{\sqrt{\pi/2}}{m}\,\lVert r\rVert\, S^{\top}\operatorname{sign}(S r)",
     "QJLVariance": r"\operatorname{Var}\langle q, \hat r\rangle \approx "
                    r"\frac{\pi}{2}\,\frac{\lVert r\rVert^{2}\lVert q\rVert^{2}}{m}",

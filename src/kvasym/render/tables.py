@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from .numbers import TAIL_PERCENTILE
 #: Table name -> (template, the ``inputs`` key it reads). ``render_tables`` writes
 #: ``<out_dir>/<name>.tex`` for each.
 TABLES: dict[str, tuple[str, str]] = {
+    "table_summary": ("table_summary.tex.j2", "summary"),
     "table_results": ("table_results.tex.j2", "summary"),
     "table_tests": ("table_tests.tex.j2", "comparisons"),
     "table_theory": ("table_theory.tex.j2", "theory"),
@@ -155,6 +157,53 @@ def results_context(summary: pd.DataFrame, headline: Mapping[str, Any]) -> dict[
     }
 
 
+#: Columns of the one-panel summary (main text): summary column -> which direction is better.
+SUMMARY_COLUMNS: dict[str, str] = {
+    "kl_mean": "lower",
+    "recall_top5_mean": "higher",
+    "v_eps_dir_mean": "lower",
+    "t_eps_dir_mean": "lower",
+}
+
+
+def summary_context(summary: pd.DataFrame, headline: Mapping[str, Any]) -> dict[str, Any]:
+    """The main text's one-panel summary: every scheme at the headline cell (distribution, dim,
+    sharpness, budget) and, when the summary has real rows, at the real keys after RoPE (their
+    dim, sharpness :data:`REAL_SHARPNESS`, the headline budget); bold marks the best scheme of
+    each column and group. The full grid is :func:`results_context`'s appendix table."""
+    _require(summary, "summary", ["distribution", "dim", "budget", "sharpness", "scheme", *SUMMARY_COLUMNS])
+    at_cell = _at(summary, "summary", headline, ["dim", "sharpness", "budget"])
+    synthetic = at_cell[~at_cell["distribution"].isin(list(REAL_ROPE_LABELS))]
+    # the headline distribution; a summary without it (a table rendered alone) shows its first one
+    present = _unique(synthetic["distribution"])
+    if not present:
+        raise MissingCell("the summary table has no synthetic rows at the headline dim, sharpness and budget")
+    name = headline.get("distribution") if headline.get("distribution") in present else present[0]
+    head = synthetic[synthetic["distribution"] == name]
+    groups = [{"distribution": str(name), "real": False, "dim": int(headline["dim"]),
+               "sharpness": float(headline["sharpness"]), "frame": head}]
+    real = summary[(summary["distribution"] == REAL_POST) & (summary["budget"] == int(headline["budget"]))
+                   & np.isclose(summary["sharpness"].astype(float), REAL_SHARPNESS)]
+    if not real.empty:
+        groups.append({"distribution": REAL_POST, "real": True, "dim": int(real["dim"].iloc[0]),
+                       "sharpness": REAL_SHARPNESS, "frame": real})
+    schemes = _unique(head["scheme"])
+    cells: dict[str, list[dict[str, Any]]] = {str(x): [] for x in schemes}
+    for g in groups:
+        frame = g.pop("frame")
+        values = {}
+        for scheme in schemes:
+            hit = frame[frame["scheme"] == scheme]
+            values[scheme] = {c: (float(hit[c].iloc[0]) if len(hit) else math.nan) for c in SUMMARY_COLUMNS}
+        flags = {c: best_flags([values[x][c] for x in schemes], better) for c, better in SUMMARY_COLUMNS.items()}
+        for i, scheme in enumerate(schemes):
+            cells[str(scheme)].append({**values[scheme], "best": {c: flags[c][i] for c in SUMMARY_COLUMNS}})
+    from ..metrics import ROUTING_TOPK
+
+    return {"groups": groups, "rows": [{"scheme": str(x), "cells": cells[str(x)]} for x in schemes],
+            "budget": int(headline["budget"]), "topk": ROUTING_TOPK, "model": REAL_MODEL_NAME}
+
+
 def tests_context(comparisons: pd.DataFrame, headline: Mapping[str, Any]) -> dict[str, Any]:
     """Scheme-pair tests at the headline dim, sharpness and budget, per distribution."""
     _require(comparisons, "comparisons", [
@@ -227,7 +276,25 @@ def theory_context(theory: pd.DataFrame) -> dict[str, Any]:
     return {"groups": groups}
 
 
+_RESTATED = re.compile(r"^(?:CI \[[^\]]*\]|estimate \S+) vs [^;]*(?:;\s*|$)")
+
+
+_COUNTED = re.compile(r"^significantly (?:better|worse) in (?:\d+ of|all) \d+ cells"
+                      r"(?:, never significantly worse)?:?\s*")
+
+
+def _note(reason: str) -> str:
+    """The part of a verdict's reason the other ledger columns do not already say: the reversing
+    cells of a claim over cells (``significantly worse in 1 of 2 cells: t1.05 d64 n4 s1`` ->
+    ``t1.05 d64 n4 s1``), why an interval is missing, an unreachable p; a reason that only
+    restates the interval against the rule (``CI [a, b] vs > 1``) or the counts of the ours
+    column leaves no note."""
+    return _COUNTED.sub("", _RESTATED.sub("", reason, count=1).strip(), count=1).strip()
+
+
 def _claim_row(r: Mapping[str, Any]) -> dict[str, Any]:
+    from .ledger import rule_math, statement_math, test_and_unit
+
     details = r.get("details") or {}
     cells = None
     if "n_cells" in details and "n_a_significantly_better" in details:
@@ -237,22 +304,32 @@ def _claim_row(r: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "id": str(r["id"]),
         "statement": str(r.get("statement", "")),
+        "statement_tex": statement_math(r.get("statement", "")),
+        "test": test_and_unit(r),
+        "rule": rule_math(r),
         "paper_text": r.get("paper_text"),
+        "paper_tex": statement_math(r["paper_text"]) if r.get("paper_text") else None,
         "paper_value": math.nan if paper_value is None else float(paper_value),
         "estimate": math.nan if r.get("estimate") is None else float(r["estimate"]),
         "low": math.nan if r.get("low") is None else float(r["low"]),
         "high": math.nan if r.get("high") is None else float(r["high"]),
         "log10_p": math.nan if r.get("log10_p") is None else float(r["log10_p"]),
+        # the p a rule bounds (kl_ratio's max_log10_p): shown under the estimate
+        "show_p": "max_log10_p" in (r.get("holds_if") or {}) and r.get("log10_p") is not None,
         "verdict": str(r["verdict"]),
         "reason": str(r.get("reason", "")),
+        "note": _note(str(r.get("reason", ""))),
         "cells": cells,
     }
 
 
 def claims_context(claims: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The claims ledger, in the claims file's order; ``disagreements``: the evaluated claims
-    whose verdict is not *holds*."""
-    rows = [_claim_row(r) for r in claims]
+    """The claims ledger, one row per claim ordered by claim number then suffix
+    (:func:`kvasym.render.ledger.claim_order`); ``disagreements``: the evaluated claims whose
+    verdict is not *holds*."""
+    from .ledger import claim_order
+
+    rows = [_claim_row(r) for r in claim_order(claims)]
     return {
         "claims": rows,
         "disagreements": [r for r in rows if r["verdict"] not in ("holds", "not evaluated")],
@@ -544,6 +621,9 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
 
             out[name] = render_template(template, **e2e_context(frames.get("e2e_summary"),
                                                                 frames.get("e2e_sensitivity")))
+            continue
+        if name == "table_summary":
+            out[name] = render_template(template, **summary_context(frames[key], headline))
             continue
         if key not in contexts:
             if key == "summary":

@@ -46,6 +46,7 @@ STAGES: dict[str, str] = {
     "figure": "draw the figures of one figure family (or all) from the gathered tables",
     "tables": "the paper's LaTeX tables (jinja2) from the gathered tables",
     "numbers": "numbers.tex: a macro for every number and name the paper's prose quotes",
+    "reproduce": "reproduce.tex: commands, commit, hashes, versions, machine, job costs, claims amendments",
     "paper": "the paper PDF (latexmk) from its sources and the generated parts",
 }
 
@@ -156,7 +157,8 @@ def stage_code_files(name: str) -> list[Path]:
         todo.extend(_imports(path, module) - set(seen))
     files = sorted(set(seen.values()))
     package = Path(__file__).resolve().parent.parent
-    data = {"tables": package.glob("templates/*.j2"), "capture": package.glob("real/texts/*.txt")}
+    data = {"tables": package.glob("templates/table_*.j2"), "reproduce": package.glob("templates/reproduce.tex.j2"),
+            "capture": package.glob("real/texts/*.txt")}
     return files + sorted(data.get(name, ()))
 
 

@@ -305,13 +305,21 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
     assert list(drawers) == list(FIGURES)
     from ..dataset import provenance
 
+    from ..atomic import write_text_atomic
+    from ..figure_captions import CAPTION_SUFFIX, caption_tex
+
     out = Path(out_dir)
     written: list[Path] = []
     for family in families:
         for name in FAMILIES[family]:
             # every file says what made it: version, commit, the slice (with its base seed)
             meta = {"figure": name, **provenance(slice_)}
-            written.extend(fg.save_figure(drawers[name](), out / name, meta))
+            fig = drawers[name]()
+            # the caption's facts (cell, panels, lines shown), read from the figure just drawn
+            caption = out / f"{name}.{CAPTION_SUFFIX}"
+            write_text_atomic(caption_tex(fig) + "\n", caption)
+            written.extend(fg.save_figure(fig, out / name, meta))
+            written.append(caption)
     return written
 
 

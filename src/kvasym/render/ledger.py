@@ -1,0 +1,153 @@
+"""The ledger's words for people: each claim's test and unit, its rule in mathematics, its order.
+
+A ledger row (``table_claims``) reads: id, claim, test and unit, rule, paper, ours [CI], verdict,
+note. This module writes the three columns the claims file does not hold as text:
+
+- :func:`test_and_unit`: which estimate and interval the statistic computes, over which
+  independent unit (trials of a synthetic distribution, texts of the real model, blocks of
+  positions end to end), and how a claim over cells adjusts its p-values (Holm over its own
+  cells, :func:`kvasym.claims.evaluate_claims`);
+- :func:`rule_math`: the ``holds_if`` rule typeset (``\\geq \\pi/2``, ``\\in 2.25(1 \\pm 10\\%)``,
+  ``\\log_{10} p \\le -23``);
+- :func:`statement_math`: a claim statement with its formulas typeset (``pi/2`` -> ``\\pi/2``,
+  ``>=`` -> ``\\geq``, ``1e-23`` -> ``10^{-23}``, ``n = 4`` in math), escaped otherwise;
+- :func:`claim_order`: claims sorted by their number, then their suffix (C1a, C1b, C2, C2b,
+  C3, ..., C10, C10e, C10r): the order a reader looks them up in.
+
+Every output is LaTeX (:class:`kvasym.render.format.Latex`); strings from the claims file are
+escaped with :func:`kvasym.latex.escape_latex` before any mathematics is put back.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..latex import escape_latex
+from .format import Latex, plain
+
+__all__ = ["claim_order", "rule_math", "statement_math", "test_and_unit"]
+
+_ID = re.compile(r"^[A-Za-z]*(\d+)(.*)$")
+
+
+def claim_order(claims: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Claims sorted by (number, suffix) of their id (``C10r`` after ``C10e`` after ``C10``, all
+    after ``C9``); ids without a number keep their order after the numbered ones."""
+
+    def key(item: tuple[int, Mapping[str, Any]]) -> tuple[int, int, str, int]:
+        position, claim = item
+        m = _ID.match(str(claim["id"]))
+        if not m:
+            return (1, 0, "", position)
+        return (0, int(m.group(1)), m.group(2), position)
+
+    return [c for _, c in sorted(enumerate(claims), key=key)]
+
+
+def _unit(where: Mapping[str, Any], details: Mapping[str, Any]) -> str:
+    from ..real.evaluate import REAL_DISTRIBUTIONS
+
+    named = [where.get(k) for k in ("num", "den")] + list(where.get("distributions") or [])
+    if where.get("distribution") in REAL_DISTRIBUTIONS and not where.get("num"):
+        named.append(where["distribution"])
+    return "texts" if any(n in REAL_DISTRIBUTIONS for n in named) else "trials"
+
+
+#: The theory checks' estimates (kvasym.theory): what the ledger says they are.
+_CHECKS = {
+    "qjl_vs_residual": "variance ratio vs closed form",
+    "qjl_vs_nbit": "variance ratio vs closed form",
+    "hadamard_vs_residual": "variance ratio vs closed form",
+    "hadamard_vs_nbit": "variance ratio vs closed form",
+    "ks_beta": "Kolmogorov distance from Beta law",
+    "jensen_slope": "regression slope",
+}
+
+
+def test_and_unit(claim: Mapping[str, Any]) -> Latex:
+    """The estimate, its interval and test, and the independent unit, in a few words."""
+    statistic = str(claim.get("statistic", ""))
+    where = claim.get("where") or {}
+    details = claim.get("details") or {}
+    unit = _unit(where, details)
+    if statistic == "theory":
+        check = str(where.get("check", ""))
+        what = _CHECKS.get(check, escape_latex(check))
+        interval = "bootstrap" if check in ("ks_beta", "jensen_slope") else "Fieller"
+        text = f"{what}; {interval} CI over trials"
+    elif statistic == "kl_ratio":
+        text = f"mean-KL ratio, Fieller CI; paired Wilcoxon over {unit}"
+    elif statistic in ("cells_better", "crossover"):
+        text = f"paired Wilcoxon per cell over {unit}; Holm over the claim's cells"
+    elif statistic == "distribution_ratio":
+        paired = "paired" if where.get("paired") else "unpaired"
+        text = f"ratio of means, {paired} Fieller CI over {unit}"
+    elif statistic == "ranking_disagreement":
+        text = "count of groups; paired ratio CIs (mean, p99) over trials"
+    elif statistic == "tail_to_mean":
+        text = "median over cells of p99/mean KL"
+    elif statistic == "e2e_ratio":
+        text = "perplexity ratio, block bootstrap CI; Wilcoxon over blocks of positions"
+    elif statistic == "e2e_rank_agreement":
+        text = "Spearman rank correlation; bootstrap CI over blocks of positions"
+    else:
+        text = escape_latex(statistic)
+    return Latex(text)
+
+
+_OPS = {">=": r"\geq", ">": ">", "<=": r"\leq", "<": "<"}
+
+
+def rule_math(claim: Mapping[str, Any]) -> Latex:
+    """The ``holds_if`` rule in math mode: ``$\\geq 1.57$``, ``$\\in 2.25(1\\pm10\\%)$`` (a target),
+    ``$\\in \\theta(1\\pm5\\%)$`` (the closed form), ``all cells``, with ``$\\log_{10} p \\le -23$``
+    appended when the rule bounds p."""
+    rule = claim.get("holds_if") or {}
+    op = str(rule.get("op", ""))
+    if op == "all":
+        text = "all cells better"
+    elif op == "within":
+        margin = plain(100 * float(rule["value"]))
+        centre = plain(rule["target"]) if "target" in rule else r"\theta"
+        text = rf"$\in {centre}\,(1 \pm {margin}\%)$"
+    elif op in _OPS and "value" in rule:
+        text = rf"${_OPS[op]} {plain(rule['value'])}$"
+    else:
+        text = escape_latex(op)
+    if "max_log10_p" in rule:
+        text += rf", $\log_{{10}} p \leq {plain(rule['max_log10_p'])}$"
+    return Latex(text)
+
+
+_POWER = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)e(-?\d+)\b")
+# formulas of claim statements, applied after escaping (so the patterns see escaped text)
+_STATEMENT_MATH: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"\b2 pi\b"), r"$2\\pi$"),
+    (re.compile(r"\bpi/2\b"), r"$\\pi/2$"),
+    (re.compile(r"\\textgreater\{\}="), r"$\\geq$"),
+    (re.compile(r"\\textless\{\}="), r"$\\leq$"),
+    (re.compile(r"\\textgreater\{\}"), r"$>$"),
+    (re.compile(r"\\textless\{\}"), r"$<$"),
+    (re.compile(r"\(n-1\)"), r"$(n-1)$"),
+    (re.compile(r"\bn = (\d+)\b"), r"$n = \1$"),
+    (re.compile(r"\bd = (\d+)\b"), r"$d = \1$"),
+    (re.compile(r"\bp99\b"), r"99th-percentile"),
+    (re.compile(r"(\d+(?:\.\d+)?)x\b"), r"\1$\\times$"),
+)
+
+
+def statement_math(statement: Any) -> Latex:
+    """A claim statement escaped for LaTeX with its formulas typeset (see the module doc)."""
+    text = escape_latex(str(statement))
+    text = _POWER.sub(lambda m: f"${_mantissa(m.group(1))}10^{{{m.group(2)}}}$", text)  # 1e-23
+    for pattern, repl in _STATEMENT_MATH:
+        text = pattern.sub(repl, text)
+    return Latex(text)
+
+
+def _mantissa(text: str) -> str:
+    value = float(text)
+    return "" if math.isclose(value, 1.0) else f"{plain(value)}\\times"
