@@ -210,3 +210,40 @@ def test_frontier_config_key_is_checked() -> None:
             load_study({**tiny, "frontier": bad})
     assert not load_study({k: v for k, v in tiny.items() if k != "frontier"}).frontier_schemes
     assert math.isfinite(total_bits(1, 2, 3, 4)) and total_bits(1, 2, 3, 4) == 5.0
+
+
+def test_frontier_table_names_the_brute_force_best_scheme() -> None:
+    from kvasym.render.table_frontier import frontier_context
+    from kvasym.render.tables import render_template
+
+    points = frontier_points(_per_query(np.random.default_rng(7)))
+    context = frontier_context(points, {"dim": 64, "sharpness": 1.0})
+    text = render_template("table_frontier.tex.j2", **context)
+    assert "\\begin{longtable}" in text and "\\label{tab:frontier}" in text and "\\kvfigure{frontier_kl}" in text
+    [group] = context["groups"]
+    for row in group["rows"]:
+        fit = points[points["bits_total"] <= row["budget"] + 0.5]
+        entry = row["entries"][0]  # mean KL
+        if fit.empty:
+            assert entry["scheme"] == ""
+        else:
+            assert entry["scheme"] == fit.loc[fit["kl_mean"].idxmin(), "scheme"]
+    # the side-bit ledger: scheme C's measured side bits, (1.4 + 1.4 + 0.1 t) / 2 over t = 0..3
+    side = {e["scheme"]: e["side"] for e in context["ledger"]}
+    assert side["C"] == pytest.approx((2.8 + 0.15) / 2)
+    empty = render_template("table_frontier.tex.j2", **frontier_context(None, {"dim": 64, "sharpness": 1.0}))
+    assert "frontier.schemes" in empty and "\\label{fig:frontier_kl}" in empty
+
+
+def test_frontier_figure_draws_every_scheme_and_rings_the_pareto_points() -> None:
+    from kvasym.figures_frontier import FRONTIER_FIGURES, frontier_figure
+
+    points = frontier_points(_per_query(np.random.default_rng(8)))
+    for name, (column, _, _) in FRONTIER_FIGURES.items():
+        fig = frontier_figure(points, name, sharpness=1.0)
+        [ax] = [a for a in fig.axes if a.get_visible()]
+        gids = {line.get_gid() for line in ax.get_lines()}
+        assert {"scheme=A", "scheme=B", "scheme=C"} <= gids
+        rings = [line for line in ax.get_lines() if line.get_gid() is None]
+        assert sum(len(line.get_xdata()) for line in rings) == int(points[f"pareto_{column}"].sum())
+    assert "nothing to show" in frontier_figure(None, "frontier_kl", sharpness=1.0)._suptitle.get_text()
