@@ -137,7 +137,7 @@ def metrics_tables():
     ]
 
 
-# The rate-distortion frontier (kvasym.frontier, rule frontier): only with frontier.schemes.
+# The rate-distortion frontier (kvasym.frontier; its rule is in frontier.smk), only with frontier.schemes.
 FRONTIER = bool(STUDY.frontier_schemes)
 FRONTIER_DIR = f"{RESULTS}/frontier"
 
