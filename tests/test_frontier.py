@@ -247,3 +247,38 @@ def test_frontier_figure_draws_every_scheme_and_rings_the_pareto_points() -> Non
         rings = [line for line in ax.get_lines() if line.get_gid() is None]
         assert sum(len(line.get_xdata()) for line in rings) == int(points[f"pareto_{column}"].sum())
     assert "nothing to show" in frontier_figure(None, "frontier_kl", sharpness=1.0)._suptitle.get_text()
+    # a scheme whose side bits put it far right of the budgets is named, not drawn
+    far = points[points["scheme"] == "C"].assign(scheme="FAR", bits_total=lambda f: f["bits_total"] + 20.0)
+    fig = frontier_figure(pd.concat([points, far], ignore_index=True), "frontier_kl", sharpness=1.0)
+    [ax] = [a for a in fig.axes if a.get_visible()]
+    assert "scheme=FAR" not in {line.get_gid() for line in ax.get_lines()}
+    assert any("beyond the axis: FAR at" in t.get_text() for t in ax.texts)
+
+
+def test_frontier_stage_reads_files_and_pools_real_trials_by_text(tmp_path) -> None:
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kvasym.stages.frontier import run_frontier
+
+    frame = _per_query(np.random.default_rng(9))
+    paths = []
+    for (scheme, budget), g in frame.groupby(["scheme", "budget"]):
+        table = pa.Table.from_pandas(g, preserve_index=False)
+        # a real-cache file: trials 0, 1 are one text, 2, 3 another
+        trial_map = [{"trial": t, "text": "alpha" if t < 2 else "beta"} for t in range(4)]
+        table = table.replace_schema_metadata({b"trial_map": json.dumps(trial_map).encode()})
+        path = tmp_path / f"{scheme}_n{budget}.parquet"
+        pq.write_table(table, path)
+        paths.append(path)
+    run_frontier({"schemes": ["A", "B", "C"]}, paths, tmp_path / "points.parquet", tmp_path / "units.parquet")
+    points, units = pd.read_parquet(tmp_path / "points.parquet"), pd.read_parquet(tmp_path / "units.parquet")
+    assert len(points) == 9 and points["pareto_kl_mean"].any()
+    assert sorted(units["unit"].unique()) == ["alpha", "beta"]
+    one = units[(units["scheme"] == "A") & (units["budget"] == 2) & (units["unit"] == "beta")].iloc[0]
+    rows = frame[(frame["scheme"] == "A") & (frame["budget"] == 2) & (frame["trial"] >= 2)]
+    assert one["kl"] == pytest.approx(rows["kl"].mean())
+    with pytest.raises(KvasymError, match="not in the frontier's schemes"):
+        run_frontier({"schemes": ["A"]}, paths, tmp_path / "p.parquet", tmp_path / "u.parquet")

@@ -38,6 +38,10 @@ FRONTIER_FIGURES: dict[str, tuple[str, str, bool]] = {
     "frontier_t_eps_dir": ("t_eps_dir_mean", "output direction error", True),
 }
 MAX_COLS = 3
+#: Bits per coordinate shown right of the largest budget: a point beyond it (a scheme whose side
+#: information alone exceeds the budgets, e.g. SKLT's d x d basis at d = 1024) is named in the
+#: panel instead of squeezing every other scheme into a sliver of the axis.
+X_MARGIN = 2.0
 
 
 @styled
@@ -65,15 +69,20 @@ def frontier_figure(points: pd.DataFrame | None, name: str, *, sharpness: float,
     schemes = scheme_order(frame["scheme"].unique())
     fig, axes = new_figure(nrow, ncol, width=TEXT_WIDTH, row_height=1.75, extra=0.9)
     flag = f"pareto_{column}"
+    x_max = float(frame["budget"].max()) + X_MARGIN
     for k, (dist, dim) in enumerate(panels):
         ax = axes[k // ncol, k % ncol]
         g = frame[(frame["distribution"] == dist) & (frame["dim"] == dim)]
         shown: list[float] = []
+        beyond: list[str] = []
         for scheme in schemes:
             s = g[g["scheme"] == scheme].sort_values("bits_total")
             x = s["bits_total"].to_numpy(dtype=float)
             y = s[column].to_numpy(dtype=float)
-            ok = np.isfinite(x) & np.isfinite(y) & ((y > 0) if log else np.ones(len(y), bool))
+            far = x > x_max
+            if far.any():
+                beyond.append(f"{scheme} at {x[far].min():.3g}-{x[far].max():.3g} bits")
+            ok = (np.isfinite(x) & np.isfinite(y) & ((y > 0) if log else np.ones(len(y), bool))) & ~far
             if not ok.any():
                 continue
             _tag(ax.plot(x[ok], y[ok], color=colors[scheme], marker=markers[scheme], ms=3.2, lw=0.9,
@@ -84,6 +93,9 @@ def frontier_figure(points: pd.DataFrame | None, name: str, *, sharpness: float,
             shown.extend(y[ok])
         if log and shown:
             _log_axis(ax, "y", shown)
+        if beyond:
+            ax.text(0.98, 0.98, safe_text("beyond the axis: " + "; ".join(beyond)), ha="right", va="top",
+                    fontsize="x-small", transform=ax.transAxes, wrap=True)
         note = " (real)" if dist in real else ""
         ax.set_title(safe_text(f"{dist}{note}, d = {dim}"), fontsize="small")
         ax.set_xlabel("total bits per coordinate")
