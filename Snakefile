@@ -33,6 +33,7 @@ include: "workflow/rules/metrics.smk"
 include: "workflow/rules/real.smk"
 include: "workflow/rules/files.smk"
 include: "workflow/rules/stats.smk"
+include: "workflow/rules/frontier.smk"
 include: "workflow/rules/claims.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/paper.smk"
@@ -45,6 +46,7 @@ rule all:
         metrics_tables(),
         rules.gather.output,
         rules.claims.output,
+        frontier_targets(),
         e2e_targets(),
         figure_outputs().values(),
         paper_targets(),

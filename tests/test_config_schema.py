@@ -43,10 +43,11 @@ MINIMAL = {
 
 
 def _config(**changes):
-    """The tiny config without its headline (so the default rule applies), plus ``changes``
-    (a key mapped to None is removed)."""
+    """The tiny config without its headline (so the default rule applies) and its frontier (whose
+    distributions name the tiny grid's), plus ``changes`` (a key mapped to None is removed)."""
     config = copy.deepcopy(TINY)
     config.pop("headline", None)
+    config.pop("frontier", None)
     for key, value in changes.items():
         if value is None:
             config.pop(key, None)
@@ -183,6 +184,7 @@ def test_schema_defaults_are_what_load_study_uses():
         "stats": study.stats,
         "theory": study.theory,
         "claims_file": study.claims_file,
+        "frontier": {"schemes": list(study.frontier_schemes)},
     }
     assert got == expected
     assert expected["stats"] == {"n_boot": 1000, "n_permutations": 200, "energy_max_n": 512}

@@ -481,9 +481,16 @@ def test_run_figures_writes_every_file(tmp_path, monkeypatch, real_rows):
     assert len(written) == 3 * len(FIGURES)  # pdf, png and the caption
     assert [name for name, _, _ in drawn] == list(FIGURES)
     empty = {name for name, title, _ in drawn if "nothing to show" in title}
-    # no end-to-end tables given: their figures say so (drawn from data in tests/test_real_endtoend_stats.py)
-    assert empty == {"marginals", "e2e_ppl_bits", "e2e_layer_sensitivity"}, drawn
+    # no end-to-end tables given: their figures say so (drawn from data in tests/test_real_endtoend_stats.py);
+    # nor frontier points (drawn from data in tests/test_frontier.py)
+    assert empty == {"marginals", "e2e_ppl_bits", "e2e_layer_sensitivity", *fs_frontier_names()}, drawn
     assert dict((name, n) for name, _, n in drawn)["shannon_phi_k"] == 6
+
+
+def fs_frontier_names() -> tuple[str, ...]:
+    from kvasym.figure_registry import FAMILIES
+
+    return FAMILIES["frontier"]
 
 
 def test_families_partition_the_figures_and_name_their_cells():
@@ -767,6 +774,9 @@ def test_real_family_inputs_flags_and_dag_presence(tmp_path, monkeypatch):
     # the end-to-end family only with end-to-end passes (real.e2e not off)
     assert fs.E2E_FAMILIES == ("e2e",)
     assert fs.dag_families(True, False) == {f: n for f, n in fs.FAMILIES.items() if f != "e2e"}
+    # the frontier family only with frontier.schemes
+    assert fs.FRONTIER_FAMILIES == ("frontier",)
+    assert fs.dag_families(True, True, False) == {f: n for f, n in fs.FAMILIES.items() if f != "frontier"}
     assert fs.figure_files("out", ["real_heatmap"]) == ["out/real_kl_heatmap.pdf", "out/real_kl_heatmap.png",
                                                         "out/real_kl_heatmap.caption.tex"]
     from kvasym import figure_registry as registry

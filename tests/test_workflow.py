@@ -61,7 +61,7 @@ def test_dataset_is_complete_and_sane(complete_run):
     study = load_study_file(complete_run / "config/test.yaml")
     df = read_table(complete_run / "results/metrics", "per_query")
     df = df[df["distribution"].isin(list(study.distributions))]  # the real rows: their own test
-    cells = list(study.cells())
+    cells = [*study.cells(), *study.frontier_cells()]  # the grid's and the frontier's (config key frontier)
     assert len(df) == len(cells) * study.trials * study.n_queries * len(study.sharpness)
     assert set(map(tuple, df[["distribution", "dim", "scheme", "budget"]].drop_duplicates().values)) == set(cells)
     numeric = df.select_dtypes("number")
@@ -202,7 +202,8 @@ def test_adding_a_budget_reruns_only_its_cells(complete_run, tmp_path):
     proc = snakemake(complete_run, "--cores", "2", "--dry-run", "--configfile", "config/test.yaml", "more_budgets.yaml")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout + proc.stderr
-    n_new = len(list(study.data_cells())) * len(study.schemes)
+    n_new = (len(list(study.data_cells())) * len(study.schemes)
+             + len(study.frontier_data_cells()) * len(study.frontier_schemes))
     counts = {}
     for line in out.splitlines():
         parts = line.split()

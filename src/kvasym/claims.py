@@ -93,6 +93,8 @@ class Tables:
     #: End-to-end tables of the real model (stage e2e_stats), None when not configured.
     e2e: pd.DataFrame | None = None
     e2e_agreement: pd.DataFrame | None = None
+    #: The frontier's per-unit values (stage frontier), None when no frontier is configured.
+    frontier_units: pd.DataFrame | None = None
 
 
 def _known(value: Any, available: Any, what: str) -> None:
@@ -462,7 +464,57 @@ def stat_e2e_rank_agreement(t: Tables, where: Mapping[str, Any]) -> Measurement:
                        interval=True)
 
 
+def stat_equal_rate_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """Ratio of the mean ``metric`` (default ``kl``) of scheme ``a`` over scheme ``b`` at one
+    measured total rate (payload + side bits per coordinate), from the frontier's per-unit
+    values (stage frontier; :func:`kvasym.frontier.equal_rate_pairs`), with its paired interval
+    over units (Fieller's: trials, or texts for real caches).
+
+    ``fixed``: ``same`` (both at ``budget``: equal payload), ``b`` (``b``'s point at ``budget`` is
+    kept and ``a`` is interpolated, log-linearly between two of its budgets, at the same unit's
+    rate of ``b``) or ``a``. A rate outside the interpolated scheme's measured range (in any
+    unit) is *not evaluated*: never extrapolated. The rates and the interpolated scheme's own
+    budgets are in the details."""
+    from . import stats
+    from .frontier import equal_rate_pairs
+
+    if t.frontier_units is None:
+        raise MissingCell("no frontier table (config key frontier.schemes is empty)")
+    metric = where.get("metric", "kl")
+    fixed = where.get("fixed", "same")
+    units = t.frontier_units
+    rows = units[(units["distribution"] == where["distribution"]) & (units["dim"] == int(where["dim"]))
+                 & np.isclose(units["sharpness"].to_numpy(dtype=float), float(where["sharpness"]))]
+    if rows.empty:
+        raise MissingCell(f"no frontier rows for {where['distribution']} d{where['dim']} s{where['sharpness']}")
+    present = set(rows["scheme"].unique())
+    for scheme in (where["a"], where["b"]):
+        if scheme not in present:
+            raise MissingCell(f"no frontier rows of scheme {scheme} in {where['distribution']} d{where['dim']}")
+    pairs = equal_rate_pairs(rows, a=where["a"], b=where["b"], budget=int(where["budget"]), metric=metric,
+                             fixed=fixed)
+    if pairs.empty:
+        raise MissingCell(f"no unit has both {where['a']} and {where['b']} at n = {where['budget']}")
+    outside = pairs[pairs[["a", "b"]].isna().any(axis=1)]
+    if len(outside):
+        moving = where["a"] if fixed == "b" else where["b"]
+        raise MissingCell(f"the fixed point's rate {outside['rate'].iloc[0]:.3f} bits/coordinate is outside "
+                          f"{moving}'s measured rates (no extrapolation)")
+    ci = stats.bootstrap_ratio_ci(pairs["a"].to_numpy(), pairs["b"].to_numpy(), statistic="mean",
+                                  n_boot=t.n_boot, base_seed=t.base_seed, paired=True, undefined="nan",
+                                  identity=("claims", "equal_rate", where["a"], where["b"], where["distribution"],
+                                            int(where["dim"]), int(where["budget"]), metric, fixed))
+    test = stats.wilcoxon_paired(pairs["a"].to_numpy(), pairs["b"].to_numpy())
+    return Measurement(float(ci["estimate"]), float(ci["low"]), float(ci["high"]),
+                       details={"rate_bits": float(pairs["rate"].mean()), "mean_a": float(pairs["a"].mean()),
+                                "mean_b": float(pairs["b"].mean()), "n_units": int(len(pairs)),
+                                "n_trials": int(len(pairs)), "fixed": fixed, "metric": metric,
+                                "wilcoxon_log10_p": float(test["log10_p"])},
+                       interval=True)
+
+
 STATISTICS: dict[str, Callable[[Tables, Mapping[str, Any]], Measurement]] = {
+    "equal_rate_ratio": stat_equal_rate_ratio,
     "kl_ratio": stat_kl_ratio,
     "cells_better": stat_cells_better,
     "crossover": stat_crossover,
@@ -562,7 +614,7 @@ RULE_KEYS = {"op", "value", "max_log10_p", "target"}
 WHERE_KEYS = {
     "distribution", "dim", "sharpness", "alpha", "budget", "a", "b", "which", "metrics", "metric",
     "better", "budgets", "dims", "distributions", "all_sharpness", "num", "den", "scheme", "check", "by",
-    "paired", "rope",
+    "paired", "rope", "fixed",
 }
 #: Claim ids name LaTeX macros as typed (``\\csname claim:<id>:<field>\\endcsname``): ASCII only.
 _CLAIM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}$")

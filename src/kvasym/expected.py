@@ -63,6 +63,11 @@ GATHERED_TABLES = {
     "trials": "stats/trials.parquet",
     "theory": "theory/theory.parquet",
 }
+#: Tables only some runs have (a frontier: config key frontier.schemes), digested when present.
+OPTIONAL_TABLES = {
+    "frontier_points": "frontier/points.parquet",
+    "frontier_units": "frontier/units.parquet",
+}
 #: The metrics datasets (every file under ``metrics/<table>/``).
 METRICS_TABLES = tuple(SCHEMAS)
 #: The claim fields a snapshot keeps (besides the id).
@@ -215,7 +220,7 @@ def snapshot(results_dir: str | Path) -> dict[str, Any]:
     results_dir
         The run's results folder (``results/``): it must hold ``claims/claims.json``, the gathered
         tables of :data:`GATHERED_TABLES` and the metrics datasets ``metrics/per_query`` and
-        ``metrics/per_key``.
+        ``metrics/per_key``; the tables of :data:`OPTIONAL_TABLES` are digested when present.
 
     Returns
     -------
@@ -235,6 +240,9 @@ def snapshot(results_dir: str | Path) -> dict[str, Any]:
     tables: dict[str, Any] = {}
     for name, rel in GATHERED_TABLES.items():
         tables[name] = table_digest(read_parquet_checked(root / rel))
+    for name, rel in OPTIONAL_TABLES.items():
+        if (root / rel).is_file():
+            tables[name] = table_digest(read_parquet_checked(root / rel))
     for name in METRICS_TABLES:
         tables[name] = table_digest(read_table(root / "metrics", name))
     return {"_about": _ABOUT, "format": FORMAT, "claims": _claims(root / "claims" / "claims.json"), "tables": tables}

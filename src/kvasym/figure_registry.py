@@ -18,7 +18,8 @@ from typing import Any
 
 from .errors import KvasymError
 
-__all__ = ["E2E_FAMILIES", "FAMILIES", "FAMILY_INPUTS", "FIGURES", "FIGURE_FAMILIES", "FORMATS", "REAL_FAMILIES",
+__all__ = ["E2E_FAMILIES", "FAMILIES", "FRONTIER_FAMILIES", "FAMILY_INPUTS", "FIGURES", "FIGURE_FAMILIES", "FORMATS",
+           "REAL_FAMILIES",
            "FigureFamily",
            "dag_families", "family_cells", "figure_files", "figures_slice"]
 
@@ -30,7 +31,8 @@ class FigureFamily:
     ``inputs``: ``summary``, ``comparisons``, ``theory`` (gathered tables), ``per_query`` /
     ``per_key`` (metrics files of :func:`family_cells`), ``data`` (manifests of
     :func:`family_cells`), ``real_per_query`` (the real rows' per-query files at the headline
-    budget, every scheme), ``e2e_summary`` / ``e2e_sensitivity`` (tables of stage e2e_stats).
+    budget, every scheme), ``e2e_summary`` / ``e2e_sensitivity`` (tables of stage e2e_stats),
+    ``frontier_points`` (the points of stage frontier).
     """
 
     names: tuple[str, ...]
@@ -53,6 +55,8 @@ FIGURE_FAMILIES: dict[str, FigureFamily] = {
     "real_heatmap": FigureFamily(("real_kl_heatmap",), ("real_per_query",), "Real model"),
     "e2e": FigureFamily(("e2e_ppl_bits", "e2e_layer_sensitivity"), ("e2e_summary", "e2e_sensitivity"),
                         "Real model"),
+    "frontier": FigureFamily(("frontier_kl", "frontier_kl_p99", "frontier_recall", "frontier_t_eps_dir"),
+                             ("frontier_points",), "Rate-distortion frontier"),
 }
 #: Family -> its figure names (a view of :data:`FIGURE_FAMILIES`).
 FAMILIES: dict[str, tuple[str, ...]] = {f: spec.names for f, spec in FIGURE_FAMILIES.items()}
@@ -62,6 +66,8 @@ FAMILY_INPUTS: dict[str, tuple[str, ...]] = {f: spec.inputs for f, spec in FIGUR
 REAL_FAMILIES: tuple[str, ...] = tuple(f for f, inputs in FAMILY_INPUTS.items() if "real_per_query" in inputs)
 #: Families drawn from the end-to-end passes: in the DAG only when those passes are.
 E2E_FAMILIES: tuple[str, ...] = tuple(f for f, inputs in FAMILY_INPUTS.items() if "e2e_summary" in inputs)
+#: Families drawn from the frontier's points: in the DAG only when frontier.schemes is set.
+FRONTIER_FAMILIES: tuple[str, ...] = tuple(f for f, inputs in FAMILY_INPUTS.items() if "frontier_points" in inputs)
 #: Figure names, in drawing order.
 FIGURES: tuple[str, ...] = tuple(name for names in FAMILIES.values() for name in names)
 #: The files of a figure ``<name>``: its drawing (PDF, PNG) and the factual part of its caption
@@ -76,13 +82,16 @@ def figure_files(out_dir: str | os.PathLike, families: Sequence[str] | None = No
     return [str(Path(out_dir) / f"{name}.{fmt}") for name in names for fmt in FORMATS]
 
 
-def dag_families(with_real: bool, with_e2e: bool | None = None) -> dict[str, tuple[str, ...]]:
+def dag_families(with_real: bool, with_e2e: bool | None = None,
+                 with_frontier: bool = True) -> dict[str, tuple[str, ...]]:
     """The families (and their figures) of a DAG: every family, less :data:`REAL_FAMILIES`
     when the DAG has no real-model rows, less :data:`E2E_FAMILIES` when it has no end-to-end
-    passes (``with_e2e``; default: ``with_real``)."""
+    passes (``with_e2e``; default: ``with_real``), less :data:`FRONTIER_FAMILIES` when it has no
+    frontier (``with_frontier``)."""
     with_e2e = with_real if with_e2e is None else with_e2e
     return {f: names for f, names in FAMILIES.items()
-            if (with_real or f not in REAL_FAMILIES) and (with_e2e or f not in E2E_FAMILIES)}
+            if (with_real or f not in REAL_FAMILIES) and (with_e2e or f not in E2E_FAMILIES)
+            and (with_frontier or f not in FRONTIER_FAMILIES)}
 
 
 def _check_families(families: Sequence[str]) -> list[str]:

@@ -26,6 +26,8 @@ SLICE_STAGES = ("data", "quantize", "metrics", "theory")
 FIXED_RESOURCES: dict[str, tuple[int, int]] = {
     "stats": (4000, 30),
     "gather": (2000, 10),
+    # frontier: one per-query file in memory at a time (real cells: ~0.5 M rows x 13 columns)
+    "frontier": (2000, 20),
     "claims": (2000, 10),
     "figure": (1500, 10),
     "tables": (1000, 5),

@@ -58,6 +58,38 @@ class Study:
     #: "dim": int, "sharpness": float, "budget": int}``, from the config's ``headline`` (fields
     #: left out: :func:`headline_default`), always a cell of the grid.
     headline: dict[str, Any] = field(default_factory=dict)
+    #: The rate-distortion frontier's own schemes (config key ``frontier.schemes``), run on
+    #: :attr:`frontier_distributions` and the real rows, outside the grid's ``schemes``.
+    frontier_schemes: dict[str, Scheme] = field(default_factory=dict)
+    #: The synthetic distributions the frontier's schemes run on (every dim of each).
+    frontier_distributions: tuple[str, ...] = ()
+
+    def scheme(self, name: str) -> Scheme:
+        """A scheme of the grid or of the frontier, by name."""
+        if name in self.schemes:
+            return self.schemes[name]
+        if name in self.frontier_schemes:
+            return self.frontier_schemes[name]
+        raise KvasymError(f"unknown scheme {name!r}")
+
+    def frontier_cells(self) -> Iterator[tuple[str, int, str, int]]:
+        """(distribution, dim, scheme, budget) of the frontier's own schemes (synthetic cells)."""
+        for name, dim in self.data_cells():
+            if name in self.frontier_distributions:
+                for scheme in self.frontier_schemes:
+                    for budget in self.budgets:
+                        yield name, dim, scheme, budget
+
+    def frontier_data_cells(self) -> list[tuple[str, int]]:
+        """(distribution, dim) pairs of the frontier (synthetic), in config order."""
+        if not self.frontier_schemes:
+            return []
+        return [(name, dim) for name, dim in self.data_cells() if name in self.frontier_distributions]
+
+    def frontier_slice(self) -> dict[str, Any]:
+        """What the frontier stage depends on besides its per-query inputs."""
+        return {"schemes": [*self.schemes, *self.frontier_schemes], "frontier_schemes": list(self.frontier_schemes),
+                "budgets": list(self.budgets)}
 
     def file_slice(self, distribution: str, dim: int, scheme: str, budget: int) -> dict[str, Any]:
         """Everything a file cell's metrics job depends on besides the file itself."""
@@ -106,10 +138,8 @@ class Study:
 
     def cell_slice(self, distribution: str, dim: int, scheme: str, budget: int) -> dict[str, Any]:
         """Everything a quantize job depends on (the data slice, the scheme's spec, budget)."""
-        if scheme not in self.schemes:
-            raise KvasymError(f"unknown scheme {scheme!r}")
         out = self.data_slice(distribution, dim)
-        spec = self.schemes[scheme].to_dict()
+        spec = self.scheme(scheme).to_dict()
         spec.pop("description", None)  # prose: changing it must not rerun anything
         out.update(
             scheme={"name": scheme, **spec},
@@ -212,7 +242,8 @@ def load_study(config: Mapping[str, Any]) -> Study:
             "concentrated): the study's headline and theory checks need one; file caches are evaluated beside it"
         )
 
-    _check_sketch_dims(schemes, distribution_dims)
+    frontier_schemes, frontier_distributions = _frontier(cfg["frontier"], registry, schemes, budgets, distributions)
+    _check_sketch_dims({**schemes, **frontier_schemes}, distribution_dims)
     trials, per_key_trials = cfg["trials"], cfg["per_key_trials"]
     if per_key_trials > trials:
         raise KvasymError(f"config key per_key_trials: must be in 0..trials = 0..{trials}, got {per_key_trials}")
@@ -237,7 +268,36 @@ def load_study(config: Mapping[str, Any]) -> Study:
         claims_file=cfg["claims_file"],
         files=files,
         headline=_headline(cfg.get("headline", {}), distribution_dims, sharpness, budgets, files),
+        frontier_schemes=frontier_schemes,
+        frontier_distributions=frontier_distributions,
     )
+
+
+def _frontier(cfg: Mapping[str, Any], registry: Mapping[str, Scheme], schemes: Mapping[str, Scheme],
+              budgets: tuple[int, ...], distributions: Mapping[str, Any]) -> tuple[dict[str, Scheme], tuple[str, ...]]:
+    """The frontier's schemes and distributions (config key ``frontier``), checked: known,
+    realisable at every budget, not already in ``schemes``, distributions synthetic ones."""
+    out: dict[str, Scheme] = {}
+    names = list(cfg.get("schemes", []))
+    _no_case_clash([*schemes, *names], "schemes and frontier.schemes")
+    for i, name in enumerate(names):
+        if name not in registry:
+            raise KvasymError(f"config key frontier.schemes[{i}] = {name!r} is not a known scheme; known: "
+                              f"{', '.join(sorted(registry))}")
+        if name in schemes:
+            raise KvasymError(f"config key frontier.schemes[{i}] = {name!r} is already in schemes (a frontier "
+                              "scheme runs beside the grid's, not twice)")
+        for budget in budgets:
+            registry[name].validate_budget(budget)
+        out[name] = registry[name]
+    chosen = cfg.get("distributions")
+    if chosen is None:
+        return out, tuple(distributions)
+    for i, name in enumerate(chosen):
+        if name not in distributions:
+            raise KvasymError(f"config key frontier.distributions[{i}] = {name!r} is not a synthetic distribution "
+                              f"of the grid; known: {', '.join(distributions)}")
+    return out, tuple(n for n in distributions if n in chosen)
 
 
 def _check_sketch_dims(schemes: Mapping[str, Scheme], distribution_dims: Mapping[str, tuple[int, ...]]) -> None:

@@ -133,9 +133,41 @@ def data_manifests():
 def metrics_tables():
     return [
         f"{RESULTS}/metrics/{table}/{dist}/d{dim}/{scheme}/n{budget}.parquet"
-        for dist, dim, scheme, budget in STUDY.cells()
+        for dist, dim, scheme, budget in [*STUDY.cells(), *STUDY.frontier_cells()]
         for table in ("per_query", "per_key")
     ]
+
+
+# The rate-distortion frontier (kvasym.frontier; its rule is in frontier.smk), only with frontier.schemes.
+FRONTIER = bool(STUDY.frontier_schemes)
+FRONTIER_DIR = f"{RESULTS}/frontier"
+
+
+def frontier_per_query(wildcards=None):
+    """Every scheme's (the grid's and the frontier's) per-query files at every budget, on the
+    frontier's synthetic cells and the real cells."""
+    schemes = [*STUDY.schemes, *STUDY.frontier_schemes]
+    return [
+        f"{RESULTS}/metrics/per_query/{dist}/d{dim}/{scheme}/n{budget}.parquet"
+        for dist, dim in [
+            *STUDY.frontier_data_cells(),
+            *(REAL_CELLS if FRONTIER else []),
+        ]
+        for scheme in schemes
+        for budget in STUDY.budgets
+    ]
+
+
+def frontier_targets():
+    return (
+        [f"{FRONTIER_DIR}/points.parquet", f"{FRONTIER_DIR}/units.parquet"]
+        if FRONTIER
+        else []
+    )
+
+
+def frontier_param(wildcards):
+    return canonical_json(STUDY.frontier_slice())
 
 
 def stats_tables(kind):
@@ -150,7 +182,7 @@ def real_slice(w):
     """What one real metrics job depends on besides its captures."""
     return {
         "distribution": w.distribution,
-        "scheme": {"name": w.scheme, **STUDY.schemes[w.scheme].to_dict()},
+        "scheme": {"name": w.scheme, **STUDY.scheme(w.scheme).to_dict()},
         "budget": int(w.budget),
         "sharpness": [REAL_SHARPNESS],  # the model's own attention
         "base_seed": STUDY.base_seed,
@@ -200,7 +232,9 @@ def e2e_targets():
 
 
 def e2e_claims_input(wildcards):
-    return (
+    """The claims' optional inputs: the end-to-end tables and the frontier's per-unit values,
+    when configured."""
+    e2e = (
         {
             "e2e": f"{E2E_DIR}/comparisons.parquet",
             "e2e_agreement": f"{E2E_DIR}/agreement.parquet",
@@ -208,12 +242,18 @@ def e2e_claims_input(wildcards):
         if E2E
         else {}
     )
+    frontier = {"frontier_units": f"{FRONTIER_DIR}/units.parquet"} if FRONTIER else {}
+    return {**e2e, **frontier}
 
 
 def e2e_claims_flags(wildcards, input):
+    flags = f" --frontier-units {shlex.quote(input.frontier_units)}" if FRONTIER else ""
     if not E2E:
-        return ""
-    return f"--e2e {shlex.quote(input.e2e)} --e2e-agreement {shlex.quote(input.e2e_agreement)}"
+        return flags.strip()
+    return (
+        f"--e2e {shlex.quote(input.e2e)} --e2e-agreement {shlex.quote(input.e2e_agreement)}"
+        + flags
+    )
 
 
 def theory_tables():
@@ -308,7 +348,7 @@ def per_key_inputs(w):
 # the figures: what each family draws, reads and is shown as in the report
 FIGURES_DIR = f"{RESULTS}/figures"
 # the figure families of this DAG: the real-model heat map only with real-model rows
-FIGURE_FAMILIES = dag_families(bool(REAL_CELLS), bool(E2E))
+FIGURE_FAMILIES = dag_families(bool(REAL_CELLS), bool(E2E), FRONTIER)
 
 
 def figure_outputs():
@@ -334,6 +374,8 @@ def figure_label(family):
         return f"{REAL_MODEL_NAME}, d = {REAL_HEAD_DIM}, n = {HEADLINE['budget']}"
     if "e2e_summary" in FIGURE_REGISTRY[family].inputs:
         return f"{REAL_MODEL_NAME}, end to end, every budget"
+    if "frontier_points" in FIGURE_REGISTRY[family].inputs:
+        return f"frontier cells, sharpness {HEADLINE['sharpness']:g}, every budget"
     return HEADLINE_LABEL
 
 
@@ -370,6 +412,8 @@ def figure_inputs(family):
     for key in ("e2e_summary", "e2e_sensitivity"):
         if key in wanted:
             inputs[key] = f"{E2E_DIR}/{key.removeprefix('e2e_')}.parquet"
+    if "frontier_points" in wanted:
+        inputs["frontier_points"] = f"{FRONTIER_DIR}/points.parquet"
     return inputs
 
 
@@ -393,7 +437,17 @@ TABLES = [
     "disagreements",
     "real",
     "e2e",
+    "frontier",
 ]
+
+
+def frontier_table_inputs(wildcards):
+    """The frontier table's input, only with a frontier."""
+    return {"frontier_points": f"{FRONTIER_DIR}/points.parquet"} if FRONTIER else {}
+
+
+def frontier_table_flags(wildcards, input):
+    return f"--frontier-points {shlex.quote(input.frontier_points)}" if FRONTIER else ""
 
 
 def real_capture_files(wildcards=None):

@@ -7,6 +7,8 @@ rule tables:
     input:
         # with real-model rows: the real caches' statistics and the synthetic data manifests
         unpack(real_table_inputs),
+        # with a frontier: its points
+        unpack(frontier_table_inputs),
         summary=rules.gather.output.summary,
         comparisons=rules.gather.output.comparisons,
         theory=rules.gather.output.theory,
@@ -22,10 +24,11 @@ rule tables:
         code=STAGE_CODE["tables"],  # reruns the job when the code it runs changes
         headline=headline_param,
         real=real_table_flags,
+        frontier=frontier_table_flags,
         out_dir=out_dir,
     shell:
         "kvasym stage tables --summary {input.summary:q} --comparisons {input.comparisons:q}"
-        " --theory {input.theory:q} --claims {input.claims:q} {params.real} --headline {params.headline:q}"
+        " --theory {input.theory:q} --claims {input.claims:q} {params.real} {params.frontier} --headline {params.headline:q}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 

@@ -155,6 +155,7 @@ STATISTIC_TABLES: dict[str, tuple[str, ...]] = {
     "catastrophic_share": ("trials", "summary"),
     "e2e_ratio": ("e2e",),
     "e2e_rank_agreement": ("e2e_agreement",),
+    "equal_rate_ratio": ("frontier_units",),
 }
 #: Where each gathered table comes from: rule and stage (the same word), and its file.
 TABLE_SOURCES: dict[str, tuple[str, str]] = {
@@ -164,6 +165,7 @@ TABLE_SOURCES: dict[str, tuple[str, str]] = {
     "theory": ("theory", "results/theory/theory.parquet"),
     "e2e": ("e2e_stats", "results/real/e2e/comparisons.parquet"),
     "e2e_agreement": ("e2e_stats", "results/real/e2e/agreement.parquet"),
+    "frontier_units": ("frontier", "results/frontier/units.parquet"),
 }
 #: Metrics rules feeding the stats of a distribution, by its kind of rows.
 _METRICS_RULES = {"real": "real_metrics", "synthetic": "metrics"}

@@ -51,6 +51,7 @@ TABLES: dict[str, tuple[str, str]] = {
     "table_disagreements": ("table_disagreements.tex.j2", "claims"),
     "table_real": ("table_real.tex.j2", "summary"),
     "table_e2e": ("table_e2e.tex.j2", "summary"),
+    "table_frontier": ("table_frontier.tex.j2", "summary"),
 }
 INPUT_KEYS = ("summary", "comparisons", "theory", "claims")
 #: Optional inputs of ``table_real`` (given only when the DAG has real-model rows): the real
@@ -60,6 +61,9 @@ REAL_INPUT_KEYS = ("real_cachestats", "data_manifests")
 #: Optional inputs of ``table_e2e`` (given only when the DAG has end-to-end passes): the
 #: summary and layer sensitivity of stage e2e_stats (:mod:`kvasym.render.table_e2e`).
 E2E_INPUT_KEYS = ("e2e_summary", "e2e_sensitivity")
+#: Optional input of ``table_frontier`` (given only when the DAG has a frontier): the points of
+#: stage frontier (:mod:`kvasym.render.table_frontier`).
+FRONTIER_INPUT_KEYS = ("frontier_points",)
 
 #: Columns of the main results table: summary column -> which direction is better.
 RESULT_COLUMNS: dict[str, str] = {
@@ -625,6 +629,15 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
         if name == "table_summary":
             out[name] = render_template(template, **summary_context(frames[key], headline))
             continue
+        if name == "table_frontier":
+            from ..real import REAL_SHARPNESS
+            from ..real.evaluate import REAL_DISTRIBUTIONS
+            from .table_frontier import frontier_context
+
+            out[name] = render_template(template, **frontier_context(
+                frames.get("frontier_points"), headline, real_distributions=list(REAL_DISTRIBUTIONS),
+                real_sharpness=REAL_SHARPNESS))
+            continue
         if key not in contexts:
             if key == "summary":
                 contexts[key] = results_context(frames[key], headline)
@@ -665,6 +678,8 @@ def render_tables(
         needed |= {key for key in REAL_INPUT_KEYS if inputs.get(key)}
     if "table_e2e" in names:
         needed |= {key for key in E2E_INPUT_KEYS if inputs.get(key)}
+    if "table_frontier" in names:
+        needed |= {key for key in FRONTIER_INPUT_KEYS if inputs.get(key)}
     frames = {key: _read_input(key, inputs[key]) for key in sorted(needed)}
     texts = table_texts(frames, headline, names)
     out = Path(out_dir)

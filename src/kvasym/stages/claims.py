@@ -18,8 +18,9 @@ from ..claims import Tables, _json_safe, evaluate_claims, load_claims
 from ..render.claims import render_html, render_latex, render_markdown
 
 TABLES = ("comparisons", "summary", "trials", "theory")
-#: Tables only some DAGs have (the end-to-end passes of the real model).
-OPTIONAL_TABLES = ("e2e", "e2e_agreement")
+#: Tables only some DAGs have (the end-to-end passes of the real model; the frontier's
+#: per-unit values, stage frontier).
+OPTIONAL_TABLES = ("e2e", "e2e_agreement", "frontier_units")
 
 
 def run_claims(
@@ -58,8 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name in TABLES:
         parser.add_argument(f"--{name}", required=True, help=f"the gathered {name} table")
     for name in OPTIONAL_TABLES:
-        parser.add_argument(f"--{name.replace('_', '-')}", help=f"the end-to-end {name} table (stage e2e_stats), "
-                            "when the end-to-end passes are configured")
+        what = ("the frontier's per-unit table (stage frontier), when frontier.schemes is set"
+                if name == "frontier_units" else
+                f"the end-to-end {name} table (stage e2e_stats), when the end-to-end passes are configured")
+        parser.add_argument(f"--{name.replace('_', '-')}", help=what)
     parser.add_argument("--headline", help="the study's headline cell as JSON (fills each claim's where)")
     for name in ("json", "md", "tex"):
         parser.add_argument(f"--{name}", required=True, help=f"the ledger as {name}")

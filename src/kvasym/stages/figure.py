@@ -248,8 +248,10 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
     """
     from .. import figures as fg
     from .. import figures_e2e as fe
+    from .. import figures_frontier as ff
     from ..dataset import read_parquet_checked
     from ..real import REAL_MODEL_NAME
+    from ..real.evaluate import REAL_DISTRIBUTIONS
 
     families = list(FAMILIES) if families is None else _check_families(families)
     needed = {key for family in families for key in FAMILY_INPUTS[family]}
@@ -272,6 +274,8 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
                              {"dim": [dim], "sharpness": [sharp], "budget": [budget], "distribution": facets})
                if "per_key" in needed else None)
     real = real_kl_means(inputs.get("real_per_query"), budget=budget) if "real_per_query" in needed else None
+    frontier = (read_parquet_checked(inputs["frontier_points"])
+                if "frontier_points" in needed and inputs.get("frontier_points") else None)
     e2e = {name: read_parquet_checked(inputs[f"e2e_{name}"]) if f"e2e_{name}" in needed and inputs.get(f"e2e_{name}")
            else None for name in ("summary", "sensitivity")}
     specs = slice_["distributions"]
@@ -301,6 +305,9 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
         "e2e_ppl_bits": lambda: fe.e2e_ppl_bits(e2e["summary"], colors=colors, model=REAL_MODEL_NAME),
         "e2e_layer_sensitivity": lambda: fe.e2e_layer_sensitivity(e2e["sensitivity"], schemes=slice_["schemes"],
                                                                   model=REAL_MODEL_NAME),
+        **{name: (lambda name=name: ff.frontier_figure(frontier, name, sharpness=sharp, real_sharpness=REAL_SHARPNESS,
+                                                       real_distributions=list(REAL_DISTRIBUTIONS), colors=colors))
+           for name in ff.FRONTIER_FIGURES},
     }
     assert list(drawers) == list(FIGURES)
     from ..dataset import provenance
@@ -338,7 +345,7 @@ def _real_heatmap(means: pd.DataFrame, schemes: Sequence[str], budget: int) -> A
 
 #: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
 INTERMEDIATE_INPUTS = ("summary", "comparisons", "theory", "per_query", "per_key", "data", "real_per_query",
-                       "e2e_summary", "e2e_sensitivity")
+                       "e2e_summary", "e2e_sensitivity", "frontier_points")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -357,6 +364,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--e2e-summary", dest="e2e_summary", help="the end-to-end summary (stage e2e_stats)")
     parser.add_argument("--e2e-sensitivity", dest="e2e_sensitivity",
                         help="the end-to-end layer sensitivity (stage e2e_stats)")
+    parser.add_argument("--frontier-points", dest="frontier_points",
+                        help="the rate-distortion frontier's points (stage frontier)")
     parser.add_argument("--out-dir", dest="out_dir", required=True)
 
 

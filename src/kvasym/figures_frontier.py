@@ -1,0 +1,108 @@
+"""The rate-distortion frontier figures: one distortion against measured total bits per coordinate.
+
+Each figure reads the frontier's points (stage ``frontier``, :func:`kvasym.frontier.frontier_points`)
+and draws one panel per (distribution, dim) at one sharpness (the headline's for synthetic data,
+the model's own, 1, for the real caches): each scheme is a line through its budgets at its
+measured total bits (payload + side); points on the Pareto set (:func:`kvasym.frontier.pareto_mask`)
+are ringed in black. Style: :mod:`kvasym.figures`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from .figures import (
+    TEXT_WIDTH,
+    _figure_legend,
+    _log_axis,
+    _palette,
+    _scheme_handles,
+    _suptitle,
+    _tag,
+    new_figure,
+    nothing_to_show,
+    safe_text,
+    scheme_order,
+    styled,
+)
+
+#: Figure name -> (points column, axis label, log axis).
+FRONTIER_FIGURES: dict[str, tuple[str, str, bool]] = {
+    "frontier_kl": ("kl_mean", "mean KL", True),
+    "frontier_kl_p99": ("kl_p99", "p99 KL", True),
+    "frontier_recall": ("recall_mean", "top-5 recall", False),
+    "frontier_t_eps_dir": ("t_eps_dir_mean", "output direction error", True),
+}
+MAX_COLS = 3
+#: Bits per coordinate shown right of the largest budget: a point beyond it (a scheme whose side
+#: information alone exceeds the budgets, e.g. SKLT's d x d basis at d = 1024) is named in the
+#: panel instead of squeezing every other scheme into a sliver of the axis.
+X_MARGIN = 2.0
+
+
+@styled
+def frontier_figure(points: pd.DataFrame | None, name: str, *, sharpness: float, real_sharpness: float = 1.0,
+                    real_distributions: Sequence[str] = (), colors: Mapping[str, str] | None = None) -> Figure:
+    """The frontier of one distortion (``name`` in :data:`FRONTIER_FIGURES`) against measured
+    total bits per coordinate, one panel per (distribution, dim)."""
+    column, label, log = FRONTIER_FIGURES[name]
+    title = f"Rate-distortion frontier: {label} against total bits"
+    if points is None or points.empty:
+        return nothing_to_show(title, "no frontier points (config key frontier.schemes is empty)")
+    real = set(real_distributions)
+    keep = np.where(points["distribution"].isin(real),
+                    np.isclose(points["sharpness"].to_numpy(dtype=float), real_sharpness),
+                    np.isclose(points["sharpness"].to_numpy(dtype=float), sharpness))
+    frame = points[keep]
+    if frame.empty:
+        return nothing_to_show(title, f"no frontier points at sharpness {sharpness:g}")
+    panels = list(frame[["distribution", "dim"]].drop_duplicates().itertuples(index=False, name=None))
+    order = {d: i for i, d in enumerate(dict.fromkeys(frame["distribution"]))}
+    panels.sort(key=lambda p: (p[0] in real, order[p[0]], p[1]))
+    ncol = min(MAX_COLS, len(panels))
+    nrow = int(np.ceil(len(panels) / ncol))
+    colors, markers = _palette(frame["scheme"].unique(), colors)
+    schemes = scheme_order(frame["scheme"].unique())
+    fig, axes = new_figure(nrow, ncol, width=TEXT_WIDTH, row_height=1.75, extra=0.9)
+    flag = f"pareto_{column}"
+    x_max = float(frame["budget"].max()) + X_MARGIN
+    for k, (dist, dim) in enumerate(panels):
+        ax = axes[k // ncol, k % ncol]
+        g = frame[(frame["distribution"] == dist) & (frame["dim"] == dim)]
+        shown: list[float] = []
+        beyond: list[str] = []
+        for scheme in schemes:
+            s = g[g["scheme"] == scheme].sort_values("bits_total")
+            x = s["bits_total"].to_numpy(dtype=float)
+            y = s[column].to_numpy(dtype=float)
+            far = x > x_max
+            if far.any():
+                beyond.append(f"{scheme} at {x[far].min():.3g}-{x[far].max():.3g} bits")
+            ok = (np.isfinite(x) & np.isfinite(y) & ((y > 0) if log else np.ones(len(y), bool))) & ~far
+            if not ok.any():
+                continue
+            _tag(ax.plot(x[ok], y[ok], color=colors[scheme], marker=markers[scheme], ms=3.2, lw=0.9,
+                         zorder=3)[0], scheme)
+            on = ok & s[flag].to_numpy(dtype=bool) if flag in s.columns else np.zeros(len(s), bool)
+            if on.any():
+                ax.plot(x[on], y[on], ls="none", marker="o", ms=7, mfc="none", mec="black", mew=0.8, zorder=4)
+            shown.extend(y[ok])
+        if log and shown:
+            _log_axis(ax, "y", shown)
+        if beyond:
+            ax.text(0.98, 0.98, safe_text("beyond the axis: " + "; ".join(beyond)), ha="right", va="top",
+                    fontsize="x-small", transform=ax.transAxes, wrap=True)
+        note = " (real)" if dist in real else ""
+        ax.set_title(safe_text(f"{dist}{note}, d = {dim}"), fontsize="small")
+        ax.set_xlabel("total bits per coordinate")
+        if k % ncol == 0:
+            ax.set_ylabel(label)
+    for k in range(len(panels), nrow * ncol):
+        axes[k // ncol, k % ncol].set_visible(False)
+    _suptitle(fig, f"{title} (sharpness {sharpness:g}; real caches at {real_sharpness:g}); ringed: Pareto set")
+    _figure_legend(fig, _scheme_handles(schemes, colors, markers), schemes, ncol=min(6, len(schemes)))
+    return fig

@@ -1,0 +1,284 @@
+"""The rate-distortion frontier (kvasym.frontier), its equal-rate claim and its config key.
+
+References: the Pareto set against the brute-force definition (every pair compared); the
+log-linear interpolation against a geometric distortion it must reproduce exactly; the measured
+rate against a hand count of a packed cache's bits; the frontier table against a brute-force
+search of the allowance; the claim's ratio against the means it is a ratio of.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvasym.errors import KvasymError
+from kvasym.frontier import (
+    best_per_budget,
+    equal_rate_pairs,
+    frontier_points,
+    interpolate_at_rate,
+    pareto_mask,
+    total_bits,
+)
+
+
+def brute_pareto(rate: np.ndarray, loss: np.ndarray) -> np.ndarray:
+    n = rate.size
+    out = np.ones(n, dtype=bool)
+    for i in range(n):
+        for j in range(n):
+            if (rate[j] <= rate[i] and loss[j] <= loss[i]) and (rate[j] < rate[i] or loss[j] < loss[i]):
+                out[i] = False
+                break
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=1, max_size=25))
+def test_pareto_mask_equals_brute_force_with_ties(points: list[tuple[int, int]]) -> None:
+    # small integer grids force ties in rate, in loss and exact duplicates
+    rate = np.array([p[0] for p in points], dtype=float) / 2
+    loss = np.array([p[1] for p in points], dtype=float) / 3
+    assert np.array_equal(pareto_mask(rate, loss), brute_pareto(rate, loss))
+
+
+def test_pareto_mask_continuous_and_errors() -> None:
+    rng = np.random.default_rng(3)
+    rate, loss = rng.random(200), rng.random(200)
+    mask = pareto_mask(rate, loss)
+    assert np.array_equal(mask, brute_pareto(rate, loss))
+    # the frontier is a staircase: sorted by rate, its losses strictly fall
+    order = np.argsort(rate[mask])
+    assert np.all(np.diff(loss[mask][order]) < 0)
+    with pytest.raises(KvasymError, match="finite"):
+        pareto_mask([1.0, np.nan], [1.0, 2.0])
+    with pytest.raises(KvasymError, match="1-D"):
+        pareto_mask([1.0, 2.0], [1.0])
+
+
+def test_interpolation_reproduces_a_geometric_distortion_and_never_extrapolates() -> None:
+    rates = np.array([2.3, 3.3, 4.3])
+    values = 0.7 * 4.0 ** (-rates)  # log-linear in the rate: interpolation is exact
+    at = np.array([2.3, 2.8, 3.9, 4.3])
+    assert np.allclose(interpolate_at_rate(rates, values, at), 0.7 * 4.0 ** (-at), rtol=1e-12)
+    assert np.isnan(interpolate_at_rate(rates, values, [2.29, 4.31])).all()
+    # linear mode: the straight line between neighbours
+    assert interpolate_at_rate([1.0, 3.0], [0.2, 0.6], 2.5, log=False) == pytest.approx(0.5)
+    with pytest.raises(KvasymError, match="distinct"):
+        interpolate_at_rate([1.0, 1.0], [0.2, 0.3], 1.0)
+    with pytest.raises(KvasymError, match="positive"):
+        interpolate_at_rate([1.0, 2.0], [0.0, 0.3], 1.5)
+
+
+def test_total_bits_is_the_hand_count_of_a_packed_centred_cache() -> None:
+    from kvasym.cache import SEED_BITS, quantize
+    from kvasym.schemes import get_scheme
+
+    rows, dim, n = 96, 32, 3
+    x = np.random.default_rng(0).standard_normal((rows, dim))
+    parts = {}
+    for side in ("K", "V"):
+        cache = quantize(x, get_scheme("CRKV").side(side), n, rotation_seed=1, qjl_seed=2)
+        parts[side] = cache.bits_per_coordinate()
+    # payload n bits per coordinate; side: one float32 norm per row, the float32 mean once, one seed
+    hand = (n * rows * dim + 32 * rows + 32 * dim + SEED_BITS) / (rows * dim)
+    got = total_bits(parts["K"]["payload"], parts["K"]["side"], parts["V"]["payload"], parts["V"]["side"])
+    assert got == pytest.approx(hand, rel=1e-12)
+
+
+def _per_query(rng: np.random.Generator) -> pd.DataFrame:
+    """A per-query table: 3 schemes x 3 budgets, 4 trials x 50 queries, bits growing with n."""
+    rows = []
+    side = {"A": 0.1, "B": 0.6, "C": 1.4}
+    for scheme, s in side.items():
+        for budget in (2, 3, 4):
+            for trial in range(4):
+                kl = rng.gamma(2.0, 0.01 * 4.0 ** (-budget) * (1 + s), size=50)
+                rows.append(pd.DataFrame({
+                    "distribution": "g", "dim": 64, "sharpness": 1.0, "scheme": scheme, "budget": budget,
+                    "trial": trial, "query": np.arange(50), "kl": kl, "recall_top5": rng.random(50),
+                    "t_eps_dir": rng.random(50) * 4.0 ** (-budget),
+                    "k_bits_payload": float(budget), "k_bits_side": s, "v_bits_payload": float(budget),
+                    "v_bits_side": s + 0.1 * trial}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def test_frontier_points_against_direct_computation() -> None:
+    frame = _per_query(np.random.default_rng(5))
+    points = frontier_points(frame)
+    assert len(points) == 9
+    one = points[(points["scheme"] == "B") & (points["budget"] == 3)].iloc[0]
+    cell = frame[(frame["scheme"] == "B") & (frame["budget"] == 3)]
+    assert one["kl_p99"] == pytest.approx(np.quantile(cell["kl"], 0.99))
+    assert one["kl_mean"] == pytest.approx(cell["kl"].mean())
+    # rate: (3 + 0.6 + 3 + 0.6 + 0.1 t) / 2 averaged over trials t = 0..3
+    assert one["bits_total"] == pytest.approx((6 + 1.2 + 0.15) / 2)
+    for name, higher in (("kl_mean", False), ("recall_mean", True), ("t_eps_dir_mean", False)):
+        loss = -points[name].to_numpy() if higher else points[name].to_numpy()
+        assert np.array_equal(points[f"pareto_{name}"].to_numpy(),
+                              brute_pareto(points["bits_total"].to_numpy(), loss))
+
+
+def test_best_per_budget_is_the_brute_force_best_within_the_allowance() -> None:
+    points = frontier_points(_per_query(np.random.default_rng(6)))
+    table = best_per_budget(points, [2, 3, 4], distortion="kl_mean", slack=0.5)
+    for _, row in table.iterrows():
+        fit = points[points["bits_total"] <= row["budget"] + 0.5]
+        if fit.empty:
+            assert row["scheme"] == ""
+            continue
+        best = fit.loc[fit["kl_mean"].idxmin()]
+        assert (row["scheme"], row["scheme_budget"]) == (best["scheme"], best["budget"])
+        assert row["value"] == pytest.approx(best["kl_mean"])
+    high = best_per_budget(points, [4], distortion="recall_mean")
+    fit = points[points["bits_total"] <= 4.5]
+    assert high["value"].iloc[0] == pytest.approx(fit["recall_mean"].max())
+
+
+def _units(a_rates: list[float], a_kl: list[float], b_rate: float, b_kl: float, n_units: int = 5,
+           jitter: float = 0.0) -> pd.DataFrame:
+    rows = []
+    for u in range(n_units):
+        scale = 1.0 + 0.1 * u
+        for budget, (r, v) in enumerate(zip(a_rates, a_kl), start=3):
+            rows.append({"distribution": "g", "dim": 64, "sharpness": 1.0, "scheme": "A", "budget": budget,
+                         "unit": f"u{u}", "bits_total": r, "kl": v * scale, "recall_top5": 0.5, "t_eps_dir": 0.1})
+        rows.append({"distribution": "g", "dim": 64, "sharpness": 1.0, "scheme": "B", "budget": 4, "unit": f"u{u}",
+                     "bits_total": b_rate, "kl": b_kl * scale * (1 + jitter * (u % 2)), "recall_top5": 0.5,
+                     "t_eps_dir": 0.1})
+    return pd.DataFrame(rows)
+
+
+def test_equal_rate_pairs_interpolate_the_moving_scheme_at_the_fixed_rate() -> None:
+    units = _units([4.0, 5.0], [0.2, 0.05], 4.5, 0.15)
+    pairs = equal_rate_pairs(units, a="A", b="B", budget=4, fixed="b")
+    # geometric mean of the bracketing points: sqrt(0.2 * 0.05) = 0.1 (times the unit's scale)
+    scale = 1.0 + 0.1 * np.arange(5)
+    assert np.allclose(pairs["a"], 0.1 * scale) and np.allclose(pairs["b"], 0.15 * scale)
+    outside = equal_rate_pairs(_units([4.6, 5.6], [0.2, 0.05], 4.5, 0.15), a="A", b="B", budget=4, fixed="b")
+    assert outside["a"].isna().all()
+
+
+def test_equal_rate_claim_estimate_and_not_evaluated_outside_the_range() -> None:
+    from kvasym.claims import Tables, evaluate_claims
+
+    empty = pd.DataFrame()
+    claim = {"id": "X", "statement": "s", "statistic": "equal_rate_ratio", "holds_if": {"op": "<", "value": 1.0},
+             "where": {"distribution": "g", "dim": 64, "sharpness": 1.0, "a": "A", "b": "B", "budget": 4,
+                       "fixed": "b"}}
+    units = _units([4.0, 5.0], [0.2, 0.05], 4.5, 0.15)
+    tables = Tables(empty, empty, empty, empty, n_boot=100, frontier_units=units)
+    [result] = evaluate_claims([claim], tables)
+    assert result["estimate"] == pytest.approx(0.1 / 0.15)
+    # every unit's ratio exactly 2/3: a zero-width interval cannot decide (kvasym.claims.Measurement)
+    assert result["verdict"] == "inconclusive"
+    tables.frontier_units = _units([4.0, 5.0], [0.2, 0.05], 4.5, 0.15, jitter=0.1)
+    [result] = evaluate_claims([claim], tables)
+    pairs = equal_rate_pairs(tables.frontier_units, a="A", b="B", budget=4, fixed="b")
+    assert result["estimate"] == pytest.approx(pairs["a"].mean() / pairs["b"].mean())
+    assert result["low"] < result["estimate"] < result["high"] < 1.0
+    assert result["verdict"] == "holds"
+    tables.frontier_units = _units([4.6, 5.6], [0.2, 0.05], 4.5, 0.15)
+    [result] = evaluate_claims([claim], tables)
+    assert result["verdict"] == "not evaluated" and "no extrapolation" in result["reason"]
+    tables.frontier_units = None
+    [result] = evaluate_claims([claim], tables)
+    assert result["verdict"] == "not evaluated" and "frontier.schemes" in result["reason"]
+
+
+def test_frontier_config_key_is_checked() -> None:
+    import yaml
+
+    from kvasym.study import load_study
+
+    from pathlib import Path
+
+    tiny = yaml.safe_load((Path(__file__).resolve().parents[1] / "config/test.yaml").read_text())
+    study = load_study(tiny)
+    assert list(study.frontier_schemes) and set(study.frontier_distributions) <= set(study.distributions)
+    cells = list(study.frontier_cells())
+    assert len(cells) == len(study.frontier_schemes) * len(study.budgets) * len(study.frontier_data_cells())
+    assert study.cell_slice(*cells[0])["scheme"]["name"] == cells[0][2]
+    for bad, message in (({"schemes": ["KQV"]}, "already in schemes"), ({"schemes": ["NOPE"]}, "not a known"),
+                         ({"schemes": ["SKLT"], "distributions": ["nope"]}, "frontier.distributions")):
+        with pytest.raises(KvasymError, match=message):
+            load_study({**tiny, "frontier": bad})
+    assert not load_study({k: v for k, v in tiny.items() if k != "frontier"}).frontier_schemes
+    assert math.isfinite(total_bits(1, 2, 3, 4)) and total_bits(1, 2, 3, 4) == 5.0
+
+
+def test_frontier_table_names_the_brute_force_best_scheme() -> None:
+    from kvasym.render.table_frontier import frontier_context
+    from kvasym.render.tables import render_template
+
+    points = frontier_points(_per_query(np.random.default_rng(7)))
+    context = frontier_context(points, {"dim": 64, "sharpness": 1.0})
+    text = render_template("table_frontier.tex.j2", **context)
+    assert "\\begin{longtable}" in text and "\\label{tab:frontier}" in text and "\\kvfigure{frontier_kl}" in text
+    [group] = context["groups"]
+    for row in group["rows"]:
+        fit = points[points["bits_total"] <= row["budget"] + 0.5]
+        entry = row["entries"][0]  # mean KL
+        if fit.empty:
+            assert entry["scheme"] == ""
+        else:
+            assert entry["scheme"] == fit.loc[fit["kl_mean"].idxmin(), "scheme"]
+    # the side-bit ledger: scheme C's measured side bits, (1.4 + 1.4 + 0.1 t) / 2 over t = 0..3
+    side = {e["scheme"]: e["side"] for e in context["ledger"]}
+    assert side["C"] == pytest.approx((2.8 + 0.15) / 2)
+    empty = render_template("table_frontier.tex.j2", **frontier_context(None, {"dim": 64, "sharpness": 1.0}))
+    assert "frontier.schemes" in empty and "\\label{fig:frontier_kl}" in empty
+
+
+def test_frontier_figure_draws_every_scheme_and_rings_the_pareto_points() -> None:
+    from kvasym.figures_frontier import FRONTIER_FIGURES, frontier_figure
+
+    points = frontier_points(_per_query(np.random.default_rng(8)))
+    for name, (column, _, _) in FRONTIER_FIGURES.items():
+        fig = frontier_figure(points, name, sharpness=1.0)
+        [ax] = [a for a in fig.axes if a.get_visible()]
+        gids = {line.get_gid() for line in ax.get_lines()}
+        assert {"scheme=A", "scheme=B", "scheme=C"} <= gids
+        rings = [line for line in ax.get_lines() if line.get_gid() is None]
+        assert sum(len(line.get_xdata()) for line in rings) == int(points[f"pareto_{column}"].sum())
+    assert "nothing to show" in frontier_figure(None, "frontier_kl", sharpness=1.0)._suptitle.get_text()
+    # a scheme whose side bits put it far right of the budgets is named, not drawn
+    far = points[points["scheme"] == "C"].assign(scheme="FAR", bits_total=lambda f: f["bits_total"] + 20.0)
+    fig = frontier_figure(pd.concat([points, far], ignore_index=True), "frontier_kl", sharpness=1.0)
+    [ax] = [a for a in fig.axes if a.get_visible()]
+    assert "scheme=FAR" not in {line.get_gid() for line in ax.get_lines()}
+    assert any("beyond the axis: FAR at" in t.get_text() for t in ax.texts)
+
+
+def test_frontier_stage_reads_files_and_pools_real_trials_by_text(tmp_path) -> None:
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kvasym.stages.frontier import run_frontier
+
+    frame = _per_query(np.random.default_rng(9))
+    paths = []
+    for (scheme, budget), g in frame.groupby(["scheme", "budget"]):
+        table = pa.Table.from_pandas(g, preserve_index=False)
+        # a real-cache file: trials 0, 1 are one text, 2, 3 another
+        trial_map = [{"trial": t, "text": "alpha" if t < 2 else "beta"} for t in range(4)]
+        table = table.replace_schema_metadata({b"trial_map": json.dumps(trial_map).encode()})
+        path = tmp_path / f"{scheme}_n{budget}.parquet"
+        pq.write_table(table, path)
+        paths.append(path)
+    run_frontier({"schemes": ["A", "B", "C"]}, paths, tmp_path / "points.parquet", tmp_path / "units.parquet")
+    points, units = pd.read_parquet(tmp_path / "points.parquet"), pd.read_parquet(tmp_path / "units.parquet")
+    assert len(points) == 9 and points["pareto_kl_mean"].any()
+    assert sorted(units["unit"].unique()) == ["alpha", "beta"]
+    one = units[(units["scheme"] == "A") & (units["budget"] == 2) & (units["unit"] == "beta")].iloc[0]
+    rows = frame[(frame["scheme"] == "A") & (frame["budget"] == 2) & (frame["trial"] >= 2)]
+    assert one["kl"] == pytest.approx(rows["kl"].mean())
+    with pytest.raises(KvasymError, match="not in the frontier's schemes"):
+        run_frontier({"schemes": ["A"]}, paths, tmp_path / "p.parquet", tmp_path / "u.parquet")

@@ -1,0 +1,24 @@
+# Stage 4b: the rate-distortion frontier (kvasym.frontier): measured total bits per coordinate
+# against attention damage, for the grid's schemes and the frontier's own (frontier.schemes),
+# on the frontier's distributions and the real rows. Only with frontier.schemes.
+
+
+rule frontier:
+    input:
+        frontier_per_query,
+    output:
+        points=f"{FRONTIER_DIR}/points.parquet",
+        units=f"{FRONTIER_DIR}/units.parquet",
+    log:
+        f"{RESULTS}/logs/frontier.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/frontier.tsv"
+    threads: 1
+    resources:
+        **resources_of("frontier"),
+    params:
+        code=STAGE_CODE["frontier"],  # reruns the job when the code it runs changes
+        slice=frontier_param,
+    shell:
+        "kvasym stage frontier --slice {params.slice:q} --per-query {input:q}"
+        " --points {output.points:q} --units {output.units:q} > {log:q} 2>&1"
