@@ -183,6 +183,7 @@ def test_schema_defaults_are_what_load_study_uses():
         "stats": study.stats,
         "theory": study.theory,
         "claims_file": study.claims_file,
+        "query_models": study.query_models,
     }
     assert got == expected
     assert expected["stats"] == {"n_boot": 1000, "n_permutations": 200, "energy_max_n": 512}

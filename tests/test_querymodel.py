@@ -159,3 +159,67 @@ def test_bad_query_models_are_named(entry: dict, match: str) -> None:
 def test_an_alignment_the_rank_cannot_give_is_refused_with_its_range() -> None:
     with pytest.raises(KvasymError, match=r"alignment 9 is outside .* \[0, 8\]"):
         generate_trial(lowrank("a9"), 64, 20, 3, base_seed=0, trial=0)
+
+
+# --------------------------------------------------------------------------------------------
+# the query model as a factor of the grid (config key query_models, kvasym.study)
+# --------------------------------------------------------------------------------------------
+
+def _study(query_models: dict | None = None, **extra):
+    from kvasym.study import load_study
+
+    config = {"dims": [64], "budgets": [4], "schemes": ["KQV"], "distributions": [
+        {"name": "g", "kind": "gaussian"}, {"name": "lr4", "kind": "low_rank", "params": {"rank": 4}},
+        {"name": "lr32", "kind": "low_rank", "params": {"rank": 32}, "dims": [64, 128]}], **extra}
+    if query_models is not None:
+        config["query_models"] = query_models
+    return load_study(config)
+
+
+def test_variants_expand_low_rank_distributions_only_and_share_their_parents_caches() -> None:
+    study = _study({"models": ["isotropic", "a8"]})
+    # a8 exceeds d/r for lr32 (2 at d = 64, 4 at d = 128): that variant is left out at both dims
+    assert study.query_variants == {"lr4+isotropic": {"of": "lr4", "query": "isotropic"},
+                                    "lr4+a8": {"of": "lr4", "query": "a8"},
+                                    "lr32+isotropic": {"of": "lr32", "query": "isotropic"}}
+    assert study.distribution_dims["lr32+isotropic"] == (64, 128)
+    assert study.packed_distribution("lr4+a8") == "lr4" and study.packed_distribution("lr4") == "lr4"
+    assert ("lr4+a8", 64) in set(study.data_cells()) and ("lr4+a8", 64) not in set(study.main_data_cells())
+    assert study.data_slice("lr4+a8", 64)["distribution"] == {"name": "lr4+a8", "kind": "low_rank",
+                                                             "params": {"rank": 4, "noise": 0.0}, "query": "a8",
+                                                             "keys_of": "lr4"}
+    # without the key, or with no models, the grid and its slices are what they were
+    for plain in (_study(), _study({"models": []})):
+        assert plain.query_variants == {} and list(plain.data_cells()) == list(_study().main_data_cells())
+        assert "query" not in plain.data_slice("lr4", 64)["distribution"]
+
+
+def test_variant_cells_quantize_to_their_parents_bytes(tmp_path) -> None:
+    """The variant's keys are its parent's, so the quantize stage writes the same caches (the DAG
+    then reads the parent's file): checked on the digests of the packed caches' payloads."""
+    from kvasym.cache import load_packed
+    from kvasym.stages.data import run_data
+    from kvasym.stages.quantize import run_quantize
+
+    study = _study({"models": ["isotropic"], "distributions": ["lr4"]}, seq_len=16, n_queries=4, trials=2)
+    payloads = {}
+    for name in ("lr4", "lr4+isotropic"):
+        manifest = tmp_path / name / "d64.json"
+        run_data(study.data_slice(name, 64), manifest)
+        out = tmp_path / name / "KQV.npz"
+        run_quantize(study.cell_slice(name, 64, "KQV", 4), manifest, out)
+        payloads[name] = {k: c.dequantize("float64") for k, c in load_packed(out).items()}
+    assert payloads["lr4"].keys() == payloads["lr4+isotropic"].keys()
+    for key, array in payloads["lr4"].items():
+        np.testing.assert_array_equal(array, payloads["lr4+isotropic"][key])
+
+
+@pytest.mark.parametrize(("query_models", "match"), [
+    ({"models": ["a2"], "distributions": ["g"]}, r"query_models.distributions\[0\] = 'g' is of kind gaussian"),
+    ({"models": ["a2"], "distributions": ["nope"]}, r"query_models.distributions\[0\] = 'nope' is not a synthetic"),
+    ({"models": ["a2.x"]}, r"query_models.models\[0\]"),
+    ({"models": ["a2"], "colour": 1}, r"query_models"),
+])
+def test_bad_query_model_settings_name_the_key(query_models: dict, match: str) -> None:
+    with pytest.raises(KvasymError, match=match):
+        _study(query_models)

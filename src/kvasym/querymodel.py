@@ -61,8 +61,8 @@ import numpy as np
 
 from .errors import KvasymError
 
-__all__ = ["DEFAULT_QUERY_MODEL", "QueryModel", "draw_model_queries", "expected_alignment", "parse_query_model",
-           "query_alignment"]
+__all__ = ["DEFAULT_QUERY_MODEL", "QueryModel", "check_query_model", "draw_model_queries", "expected_alignment",
+           "parse_query_model", "query_alignment"]
 
 #: The study's original rule (queries from the keys' family): the default of every distribution.
 DEFAULT_QUERY_MODEL = "subspace"
@@ -109,6 +109,17 @@ def _low_rank_share(model: QueryModel, dim: int, rank: int, noise: float, where:
         raise KvasymError(f"{where}: alignment {model.alignment:g} is outside what rank {rank} keys allow at "
                           f"d = {dim} (noise {noise:g}): [{low:.4g}, {high:.4g}]")
     return min(share, 1.0)
+
+
+def check_query_model(model: QueryModel, kind: str, dim: int, rank: int | None, noise: float,
+                      where: str = "query model") -> None:
+    """Refuse, naming ``where``, a calibrated alignment on keys other than ``low_rank`` or one
+    outside the range the keys' rank allows at ``dim`` (module docstring)."""
+    if model.alignment is None:
+        return
+    if kind != "low_rank" or rank is None:
+        raise KvasymError(f"{where}: a calibrated alignment ({model.name}) needs low_rank keys, got kind {kind!r}")
+    _low_rank_share(model, dim, rank, noise, where)
 
 
 def expected_alignment(model: QueryModel, kind: str, dim: int, rank: int | None = None,
