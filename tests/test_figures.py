@@ -841,6 +841,13 @@ def test_query_model_points_are_ratios_of_trial_means_at_each_alignment():
                                    sharpness=2.0)
     got = {r.query: (r.alignment, r.ratio) for r in points.itertuples()}
     assert got == {"subspace": (16.0, 3.0 / 2.0), "isotropic": (1.0, 12.0 / 2.0), "a2": (2.0, 7.0 / 2.0)}
+    # the interval is the claims' own (Fieller over trials, unpaired), as stat_distribution_ratio gives it
+    from kvasym.stats import bootstrap_ratio_ci
+
+    iso = points[points["query"] == "isotropic"].iloc[0]
+    ci = bootstrap_ratio_ci([10.0, 14.0], [1.0, 3.0], statistic="mean", n_boot=1, base_seed=0,
+                            identity=("claims", "lr+isotropic", "t", "kl", 64), paired=False)
+    assert (iso["low"], iso["high"]) == (ci["low"], ci["high"])
     fig = fg.query_model_sweep(points, scheme="KQV", budget=4, sharpness=2.0)
     assert "Query model" in title_of(fig)
     empty = fg.query_model_sweep(points.iloc[0:0], scheme="KQV", budget=4, sharpness=2.0)

@@ -739,11 +739,18 @@ def query_model_points(trials: pd.DataFrame, parents: Mapping[str, Mapping[str, 
 
     ``parents``: ``{name: {"rank", "noise"}}``; ``variants``: ``{name: {"of", "query"}}``.
     Columns: ``distribution``, ``rank``, ``dim``, ``query``, ``alignment`` (E[a] of the model,
-    :func:`kvasym.querymodel.expected_alignment`), ``ratio``, ``reference``."""
+    :func:`kvasym.querymodel.expected_alignment`), ``ratio`` with its 95% interval ``low``,
+    ``high`` (Fieller's over trials, unpaired: the interval the claims print), ``reference``."""
     from .querymodel import DEFAULT_QUERY_MODEL, expected_alignment, parse_query_model
+    from .stats import bootstrap_ratio_ci
 
     rows = _select(trials, scheme=scheme, budget=int(budget), sharpness=float(sharpness))
     means = rows.groupby(["distribution", "dim"])[metric].mean() if not rows.empty else pd.Series(dtype=float)
+
+    def values(dist: str, dim: Any) -> np.ndarray:
+        cell = rows[(rows["distribution"] == dist) & (rows["dim"] == dim)]
+        return cell.sort_values("trial")[metric].to_numpy(dtype=float) if "trial" in cell else cell[metric].to_numpy()
+
     models = {name: (name, DEFAULT_QUERY_MODEL) for name in parents}
     models.update({name: (v["of"], v["query"]) for name, v in variants.items() if v["of"] in parents})
     out = []
@@ -757,9 +764,13 @@ def query_model_points(trials: pd.DataFrame, parents: Mapping[str, Mapping[str, 
                 continue
             alignment = expected_alignment(parse_query_model(query), "low_rank", int(dim), int(spec["rank"]),
                                            float(spec.get("noise", 0.0)))
+            # the claims' interval (kvasym.claims.stat_distribution_ratio: Fieller's, unpaired, over trials)
+            ci = bootstrap_ratio_ci(values(name, dim), values(ref, dim), statistic="mean", n_boot=1, base_seed=0,
+                                    identity=("claims", name, ref, metric, int(dim)), paired=False, undefined="nan")
             out.append({"distribution": name, "rank": int(spec["rank"]), "dim": int(dim), "query": query,
-                        "alignment": alignment, "ratio": float(value) / float(means[(ref, dim)]), "reference": ref})
-    columns = ["distribution", "rank", "dim", "query", "alignment", "ratio", "reference"]
+                        "alignment": alignment, "ratio": float(value) / float(means[(ref, dim)]),
+                        "low": float(ci["low"]), "high": float(ci["high"]), "reference": ref})
+    columns = ["distribution", "rank", "dim", "query", "alignment", "ratio", "low", "high", "reference"]
     return pd.DataFrame(out, columns=columns).sort_values(["dim", "rank", "alignment"]).reset_index(drop=True)
 
 
@@ -774,8 +785,8 @@ def query_model_sweep(points: pd.DataFrame, *, scheme: str, budget: int, sharpne
     calibrated models at their a, the isotropic model (hollow marker) at E[a] = 1. The grey
     dotted line through each subspace point is the second-order prediction ``KL proportional to
     1 / a`` (after the logit rule a query's norm is d^2 / (a tr C), and the rotated key error
-    spreads over all d coordinates, so the logit error variance scales as 1 / a); the dashed
-    horizontal line is ratio 1."""
+    spreads over all d coordinates, so the logit error variance scales as 1 / a); vertical bars are
+    the 95% intervals where finite and positive; the dashed horizontal line is ratio 1."""
     title = "Query model"
     if points.empty:
         return nothing_to_show(title, "no low-rank distribution with a reference distribution at its dim "
@@ -794,6 +805,9 @@ def query_model_sweep(points: pd.DataFrame, *, scheme: str, budget: int, sharpne
             ax.plot(line["alignment"], line["ratio"], color="black", ls=styles[rank], lw=0.9)
             for _, p in line.iterrows():
                 hollow = p["query"] == "isotropic"
+                low, high = p["low"], p["high"]
+                if np.isfinite(low) and np.isfinite(high) and low > 0:
+                    ax.plot([p["alignment"]] * 2, [low, high], color="black", lw=0.7)
                 ax.plot([p["alignment"]], [p["ratio"]], marker=markers[rank], ms=4, ls="none", color="black",
                         mfc="white" if hollow else "black")
             base = line[line["query"] == "subspace"]
@@ -806,14 +820,14 @@ def query_model_sweep(points: pd.DataFrame, *, scheme: str, budget: int, sharpne
         ax.set_yscale("log")
         ax.set_xlabel("alignment a of the queries")
         refs = ", ".join(sorted(set(panel["reference"])))
-        ax.set_title(f"d = {d} (over {refs})")
+        ax.set_title(f"d = {d}: low rank / {refs}")
     axes[0, 0].set_ylabel(f"mean KL ratio, {safe_text(scheme)}")
-    _suptitle(fig, f"{title}: low rank over heavy tails, n = {budget}, sharpness {_fmt(float(sharpness))}")
+    _suptitle(fig, f"{title}: n = {budget}, sharpness {_fmt(float(sharpness))}")
     handles = [Line2D([], [], color="black", ls=styles[r], marker=markers[r], ms=4, lw=0.9) for r in ranks]
     labels = [f"rank {r}" for r in ranks]
     handles += [Line2D([], [], color="black", marker="o", mfc="white", ls="none", ms=4),
                 Line2D([], [], color="0.55", ls=":", lw=0.8)]
-    labels += ["isotropic queries", "∝ 1/a from the subspace rule"]
+    labels += ["isotropic queries", "∝ 1/a (2nd order)"]
     _figure_legend(fig, handles, labels, ncol=min(len(handles), 3))
     return fig
 
