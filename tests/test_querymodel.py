@@ -223,3 +223,26 @@ def test_variant_cells_quantize_to_their_parents_bytes(tmp_path) -> None:
 def test_bad_query_model_settings_name_the_key(query_models: dict, match: str) -> None:
     with pytest.raises(KvasymError, match=match):
         _study(query_models)
+
+
+def test_the_ledger_names_the_query_model_of_each_low_rank_distribution() -> None:
+    import pandas as pd
+
+    from kvasym.claims import Tables, query_model_note
+
+    trials = pd.DataFrame({"distribution": ["lr", "lr+isotropic", "t3", "g"],
+                           "kind": ["low_rank", "low_rank", "student_t", "gaussian"]})
+    comparisons = pd.DataFrame({"distribution": ["lr", "g"], "kind": ["low_rank", "gaussian"]})
+    tables = Tables(comparisons=comparisons, summary=comparisons, trials=trials, theory=pd.DataFrame(),
+                    query_variants={"lr+isotropic": {"of": "lr", "query": "isotropic"}})
+
+    def note(statistic: str, **where) -> str:
+        return query_model_note({"statistic": statistic, "where": where}, tables)
+
+    assert note("distribution_ratio", num="lr+isotropic", den="t3") == "query model lr+isotropic: isotropic"
+    assert note("distribution_ratio", num="lr", den="t3") == (
+        "query model lr: subspace (in the keys' subspace, a = d/r)")
+    assert note("distribution_ratio", num="t3", den="g") == ""  # no low-rank data: nothing to name
+    assert "low-rank cells: query model subspace" in note("cells_better", a="KQV", b="QKQV")
+    assert note("cells_better", a="KQV", b="QKQV", distributions=["g"]) == ""
+    assert note("kl_ratio", distribution="g") == "" and note("theory", check="ks_beta") == ""
