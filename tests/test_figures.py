@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import math
 import os
 from pathlib import Path
 
@@ -845,6 +846,10 @@ def test_query_model_points_are_ratios_of_trial_means_at_each_alignment():
     from kvasym.stats import bootstrap_ratio_ci
 
     iso = points[points["query"] == "isotropic"].iloc[0]
+    # prediction from the subspace point (ratio 1.5 at a = 16): E[1/a] = r (d-2)/(d (r-2)) = 4 * 62 / (64 * 2)
+    assert math.isclose(iso["predicted"], 1.5 * (4 * 62 / (64 * 2)) / (4 / 64), rel_tol=1e-12)
+    a2 = points[points["query"] == "a2"].iloc[0]
+    assert math.isclose(a2["predicted"], 1.5 * (1 / 2) / (4 / 64), rel_tol=1e-12)
     ci = bootstrap_ratio_ci([10.0, 14.0], [1.0, 3.0], statistic="mean", n_boot=1, base_seed=0,
                             identity=("claims", "lr+isotropic", "t", "kl", 64), paired=False)
     assert (iso["low"], iso["high"]) == (ci["low"], ci["high"])

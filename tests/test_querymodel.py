@@ -246,3 +246,26 @@ def test_the_ledger_names_the_query_model_of_each_low_rank_distribution() -> Non
     assert "low-rank cells: query model subspace" in note("cells_better", a="KQV", b="QKQV")
     assert note("cells_better", a="KQV", b="QKQV", distributions=["g"]) == ""
     assert note("kl_ratio", distribution="g") == "" and note("theory", check="ks_beta") == ""
+
+
+@pytest.mark.parametrize("rank", [4, 8, 32])
+def test_isotropic_inverse_alignment_matches_the_beta_closed_form(rank: int) -> None:
+    """E[1/a] = r (d - 2) / (d (r - 2)) for isotropic queries on rank-r keys (Beta(r/2, (d-r)/2)
+    subspace share): against scipy's Beta mean of 1/f and a Monte Carlo of the generated queries."""
+    from kvasym.querymodel import expected_inverse_alignment
+
+    dim = 64
+    closed = expected_inverse_alignment(parse_query_model("isotropic"), dim, rank)
+    alpha, beta = rank / 2, (dim - rank) / 2
+    by_scipy = (rank / dim) * stats.beta(alpha, beta).expect(lambda f: 1.0 / f)
+    assert abs(closed / by_scipy - 1) < 1e-6
+    spec = lowrank("isotropic", rank=rank)
+    inv = []
+    for trial in range(3):
+        data = generate_trial(spec, dim, 200, 2000, base_seed=12, trial=trial)
+        inv.append(1.0 / population_alignment(spec, dim, trial, 12, data.queries)[0])
+    inv = np.concatenate(inv)
+    assert abs(np.mean(inv) - closed) < 5 * np.std(inv) / math.sqrt(inv.size)
+    assert expected_inverse_alignment(parse_query_model("isotropic"), dim, 2) == math.inf
+    assert expected_inverse_alignment(parse_query_model("a8"), dim, rank) == 1 / 8
+    assert expected_inverse_alignment(parse_query_model("subspace"), dim, rank) == rank / dim

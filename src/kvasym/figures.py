@@ -740,7 +740,10 @@ def query_model_points(trials: pd.DataFrame, parents: Mapping[str, Mapping[str, 
     ``parents``: ``{name: {"rank", "noise"}}``; ``variants``: ``{name: {"of", "query"}}``.
     Columns: ``distribution``, ``rank``, ``dim``, ``query``, ``alignment`` (E[a] of the model,
     :func:`kvasym.querymodel.expected_alignment`), ``ratio`` with its 95% interval ``low``,
-    ``high`` (Fieller's over trials, unpaired: the interval the claims print), ``reference``."""
+    ``high`` (Fieller's over trials, unpaired: the interval the claims print), ``reference``, and
+    ``predicted``: the second-order prediction from the subspace point, its ratio times
+    ``E[1/a] / E[1/a]_subspace`` (:func:`kvasym.querymodel.expected_inverse_alignment`; inf for
+    isotropic queries on rank <= 2 keys, NaN without a subspace point)."""
     from .querymodel import DEFAULT_QUERY_MODEL, expected_alignment, parse_query_model
     from .stats import bootstrap_ratio_ci
 
@@ -771,7 +774,19 @@ def query_model_points(trials: pd.DataFrame, parents: Mapping[str, Mapping[str, 
                         "alignment": alignment, "ratio": float(value) / float(means[(ref, dim)]),
                         "low": float(ci["low"]), "high": float(ci["high"]), "reference": ref})
     columns = ["distribution", "rank", "dim", "query", "alignment", "ratio", "low", "high", "reference"]
-    return pd.DataFrame(out, columns=columns).sort_values(["dim", "rank", "alignment"]).reset_index(drop=True)
+    frame = pd.DataFrame(out, columns=columns).sort_values(["dim", "rank", "alignment"]).reset_index(drop=True)
+    # the second-order prediction from the subspace point: ratio x E[1/a] / E[1/a]_subspace
+    from .querymodel import expected_inverse_alignment
+
+    predicted = np.full(len(frame), np.nan)
+    for i, p in frame.iterrows():
+        base = frame[(frame["rank"] == p["rank"]) & (frame["dim"] == p["dim"]) & (frame["query"] == "subspace")]
+        if not base.empty:
+            inv = expected_inverse_alignment(parse_query_model(p["query"]), int(p["dim"]), int(p["rank"]))
+            inv0 = expected_inverse_alignment(parse_query_model("subspace"), int(p["dim"]), int(p["rank"]))
+            predicted[i] = float(base["ratio"].iloc[0]) * inv / inv0 if math.isfinite(inv) else np.inf
+    frame["predicted"] = predicted
+    return frame
 
 
 RANK_STYLES = ("-", "--", ":", "-.")
@@ -785,7 +800,9 @@ def query_model_sweep(points: pd.DataFrame, *, scheme: str, budget: int, sharpne
     calibrated models at their a, the isotropic model (hollow marker) at E[a] = 1. The grey
     dotted line through each subspace point is the second-order prediction ``KL proportional to
     1 / a`` (after the logit rule a query's norm is d^2 / (a tr C), and the rotated key error
-    spreads over all d coordinates, so the logit error variance scales as 1 / a); vertical bars are
+    spreads over all d coordinates, so the logit error variance scales as 1 / a), and a grey cross
+    the same prediction for isotropic queries, whose E[1/a] is r (d - 2) / (d (r - 2)) (above the
+    line by about r / (r - 2); none for r <= 2, where it is infinite); vertical bars are
     the 95% intervals where finite and positive; the dashed horizontal line is ratio 1."""
     title = "Query model"
     if points.empty:
@@ -815,6 +832,8 @@ def query_model_sweep(points: pd.DataFrame, *, scheme: str, budget: int, sharpne
                 a0, y0 = float(base["alignment"].iloc[0]), float(base["ratio"].iloc[0])
                 grid = np.geomspace(min(line["alignment"].min(), 1.0), a0, 20)
                 ax.plot(grid, y0 * a0 / grid, color="0.55", ls=":", lw=0.8)
+        iso = panel[(panel["query"] == "isotropic") & np.isfinite(panel["predicted"])]
+        ax.plot(iso["alignment"], iso["predicted"], ls="none", marker="x", ms=4, color="0.45")
         ax.axhline(1.0, color="0.4", ls="--", lw=0.6)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -826,8 +845,9 @@ def query_model_sweep(points: pd.DataFrame, *, scheme: str, budget: int, sharpne
     handles = [Line2D([], [], color="black", ls=styles[r], marker=markers[r], ms=4, lw=0.9) for r in ranks]
     labels = [f"rank {r}" for r in ranks]
     handles += [Line2D([], [], color="black", marker="o", mfc="white", ls="none", ms=4),
-                Line2D([], [], color="0.55", ls=":", lw=0.8)]
-    labels += ["isotropic queries", "∝ 1/a (2nd order)"]
+                Line2D([], [], color="0.55", ls=":", lw=0.8),
+                Line2D([], [], color="0.45", marker="x", ls="none", ms=4)]
+    labels += ["isotropic queries", "∝ 1/a (2nd order)", "∝ E[1/a], isotropic"]
     _figure_legend(fig, handles, labels, ncol=min(len(handles), 3))
     return fig
 

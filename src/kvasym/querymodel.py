@@ -40,6 +40,15 @@ over the trial's keys):
     ``[sigma^2 / (1 + sigma^2), (d / r + sigma^2) / (1 + sigma^2)]`` (``f`` in [0, 1]); ``x = d / r``
     without noise is the subspace rule's alignment (in law: then ``u_out`` has weight 0).
 
+To second order the KL of a query is proportional to its logit error variance, hence to ``1 / a``
+(see above), so a model's mean KL follows ``E[1 / a]`` (:func:`expected_inverse_alignment`):
+``1 / x`` for ``a<x>`` and ``r / d`` for ``subspace``, but for ``isotropic`` queries on rank-``r``
+keys without noise ``E[1 / a] = (r / d) E[1 / f] = r (d - 2) / (d (r - 2))`` for ``r > 2`` (the
+Beta(alpha, beta) law has ``E[1 / f] = (alpha + beta - 1) / (alpha - 1)``), about ``r / (r - 2)``
+times that of a fixed ``a = 1``, and infinite for ``r <= 2``: an isotropic query almost
+orthogonal to a rank-2 subspace has almost no logit spread, and the logit rule stretches it
+until its quantization error dominates (its mean KL is then driven by a few such queries).
+
 Measured against the trial's *sample* covariance (:func:`query_alignment`, what the manifests
 and the real-cache statistics report) ``a`` fluctuates around these values by
 ``O(sqrt(r / n))`` for ``n`` keys.
@@ -62,6 +71,7 @@ import numpy as np
 from .errors import KvasymError
 
 __all__ = ["DEFAULT_QUERY_MODEL", "QueryModel", "check_query_model", "draw_model_queries", "expected_alignment",
+           "expected_inverse_alignment",
            "parse_query_model", "query_alignment"]
 
 #: The study's original rule (queries from the keys' family): the default of every distribution.
@@ -156,6 +166,20 @@ def expected_alignment(model: QueryModel, kind: str, dim: int, rank: int | None 
 
     share = quad(integrand, 0.0, math.inf, limit=200)[0]
     return ((dim / rank) * share + s2) / (1.0 + s2)
+
+
+def expected_inverse_alignment(model: QueryModel, dim: int, rank: int) -> float:
+    """``E[1 / a]`` of a model's queries on noise-free rank-``rank`` keys at ``dim`` (module
+    docstring): ``subspace`` r / d, ``a<x>`` 1 / x, ``isotropic`` ``r (d - 2) / (d (r - 2))`` for
+    ``2 < r < d`` (1 at r = d), ``inf`` for r <= 2. The second-order KL of a query scales as
+    ``1 / a``, so ratios of these predict ratios of mean KL between query models."""
+    if model.name == "isotropic":
+        if rank >= dim:
+            return 1.0
+        return rank * (dim - 2) / (dim * (rank - 2)) if rank > 2 else math.inf
+    if model.alignment is not None:
+        return 1.0 / float(model.alignment)
+    return rank / dim
 
 
 def draw_model_queries(model: QueryModel, kind: str, n: int, dim: int, basis: np.ndarray | None, noise: float,
