@@ -69,6 +69,8 @@ FORMULAS: dict[str, str] = {
     "IsotropicAlignment": r"\mathrm{E}[a] = 1",
     "UnitAlignment": r"a = 1",
     "SubspaceShrink": r"r/d",
+    "IsotropicInverseAlignment": r"\mathrm{E}[1/a] = r(d-2)/(d(r-2))",
+    "RankAtMostTwo": r"r \le 2",
 }
 
 
