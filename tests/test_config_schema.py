@@ -185,6 +185,7 @@ def test_schema_defaults_are_what_load_study_uses():
         "theory": study.theory,
         "claims_file": study.claims_file,
         "frontier": {"schemes": list(study.frontier_schemes)},
+        "query_models": study.query_models,
     }
     assert got == expected
     assert expected["stats"] == {"n_boot": 1000, "n_permutations": 200, "energy_max_n": 512}

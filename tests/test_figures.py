@@ -452,6 +452,9 @@ def test_run_figures_writes_every_file(tmp_path, monkeypatch, real_rows):
             files.append(path)
         paths[table] = files
     paths["real_per_query"] = real_rows["headline"]
+    trials = pq.groupby(["distribution", "dim", "scheme", "budget", "sharpness", "trial"], as_index=False)["kl"].mean()
+    paths["trials"] = tmp_path / "trials.parquet"
+    trials.to_parquet(paths["trials"])
     sl = {
         "schemes": list(SCHEMES), "budgets": [2, 4], "sharpness": [1.0, 4.0], "base_seed": 0, "seq_len": 8,
         "n_queries": 4, "trials": 1,
@@ -876,3 +879,38 @@ def test_captions_state_what_the_drawn_figure_shows(tables):
     one = fg.kl_ecdf(tables["per_query"][tables["per_query"]["distribution"] == "gaussian"], sharpness=1.0, dim=64,
                      distributions=["gaussian"])
     assert caption_facts(one)["rows"] in ([], ["gaussian"]) and "t1.05" not in caption_tex(one)
+
+
+def test_query_model_points_are_ratios_of_trial_means_at_each_alignment():
+    """C5's statistic per query model: the mean of the low-rank (or variant) trials over the
+    reference's, placed at E[a] (subspace d/r, isotropic 1, a<x> x); the figure draws them."""
+    rows = []
+    for dist, values in (("lr", [2.0, 4.0]), ("lr+isotropic", [10.0, 14.0]), ("lr+a2", [6.0, 8.0]),
+                         ("t", [1.0, 3.0])):
+        for trial, kl in enumerate(values):
+            rows.append({"distribution": dist, "dim": 64, "scheme": "KQV", "budget": 4, "sharpness": 2.0,
+                         "trial": trial, "kl": kl})
+    rows.append({"distribution": "lr", "dim": 64, "scheme": "KV", "budget": 4, "sharpness": 2.0, "trial": 0,
+                 "kl": 99.0})  # another scheme: left out
+    trials = pd.DataFrame(rows)
+    points = fg.query_model_points(trials, {"lr": {"rank": 4, "noise": 0.0}},
+                                   {"lr+isotropic": {"of": "lr", "query": "isotropic"},
+                                    "lr+a2": {"of": "lr", "query": "a2"}}, ["t"], scheme="KQV", budget=4,
+                                   sharpness=2.0)
+    got = {r.query: (r.alignment, r.ratio) for r in points.itertuples()}
+    assert got == {"subspace": (16.0, 3.0 / 2.0), "isotropic": (1.0, 12.0 / 2.0), "a2": (2.0, 7.0 / 2.0)}
+    # the interval is the claims' own (Fieller over trials, unpaired), as stat_distribution_ratio gives it
+    from kvasym.stats import bootstrap_ratio_ci
+
+    iso = points[points["query"] == "isotropic"].iloc[0]
+    # prediction from the subspace point (ratio 1.5 at a = 16): E[1/a] = r (d-2)/(d (r-2)) = 4 * 62 / (64 * 2)
+    assert math.isclose(iso["predicted"], 1.5 * (4 * 62 / (64 * 2)) / (4 / 64), rel_tol=1e-12)
+    a2 = points[points["query"] == "a2"].iloc[0]
+    assert math.isclose(a2["predicted"], 1.5 * (1 / 2) / (4 / 64), rel_tol=1e-12)
+    ci = bootstrap_ratio_ci([10.0, 14.0], [1.0, 3.0], statistic="mean", n_boot=1, base_seed=0,
+                            identity=("claims", "lr+isotropic", "t", "kl", 64), paired=False)
+    assert (iso["low"], iso["high"]) == (ci["low"], ci["high"])
+    fig = fg.query_model_sweep(points, scheme="KQV", budget=4, sharpness=2.0)
+    assert "Query model" in title_of(fig)
+    empty = fg.query_model_sweep(points.iloc[0:0], scheme="KQV", budget=4, sharpness=2.0)
+    assert "nothing to show" in title_of(empty)

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "paper"
 HAND_WRITTEN = [PAPER / "main.tex", *sorted((PAPER / "sections").glob("*.tex"))]
 FIGURES = ("shannon_phi_k", "shannon_phi_v", "shannon_phi_t", "kl_ecdf", "budget_crossover", "tail_sweep",
-           "rank_sweep", "theory_check", "marginals", "jensen_bias", "sharpness_sweep")
+           "rank_sweep", "query_model", "theory_check", "marginals", "jensen_bias", "sharpness_sweep")
 COMMIT = "feedc0de0123456789abcdef0123456789abcdef"
 APT_INSTALL = ("apt-get update && apt-get install -y --no-install-recommends latexmk texlive-latex-recommended "
                "texlive-latex-extra texlive-fonts-recommended poppler-utils")

@@ -332,7 +332,7 @@ def stats_rows(text: str) -> dict[tuple[str, str], list[str]]:
     out, source = {}, None
     for line in body.splitlines():
         cells = [c.strip() for c in line.rstrip().removesuffix("\\\\").split(" & ")]
-        if len(cells) == 9:
+        if len(cells) == 10:
             source = cells[0] or source
             out[(source, cells[1])] = cells
     return out
@@ -367,7 +367,19 @@ def test_statistics_rows_are_medians_and_iqrs_of_their_own_matrices(tmp_path):
                  ("\\texttt{lowrank4}", "V")]
     real = [(f"\\texttt{{{REAL_MODEL_NAME}}}", label) for label in
             ("K after RoPE", "K before RoPE", "V", "Q after RoPE", "Q before RoPE")]
-    assert list(rows) == synthetic + real
+    queries = [("\\texttt{gaussian}", "Q"), ("\\texttt{lowrank4}", "Q")]
+    assert list(rows) == [synthetic[0], synthetic[1], queries[0], synthetic[2], synthetic[3], queries[1]] + real
+    # the queries' alignment: per trial from the manifests (gaussian about 1, lowrank4 d/r = 16)
+    for (source, label) in queries:
+        dist = source[len("\\texttt{"):-1]
+        manifest = json.loads((tmp_path / "data" / dist / "d64.json").read_text())
+        values = np.array([t["queries"]["alignment"] for t in manifest["trials"]])
+        assert rows[(source, label)][9] == _expected_cells(values, 64.0, "alignment")
+        assert rows[(source, label)][4] == "--"
+        assert abs(np.median(values) - {"gaussian": 1.0, "lowrank4": 16.0}[dist]) < 0.25 * {"gaussian": 1.0,
+                                                                                             "lowrank4": 16.0}[dist]
+    for (source, label) in synthetic:
+        assert rows[(source, label)][9] == "--"
     columns = ["tail_index", "participation_ratio", "pr_fraction", "top_channel_energy", "mean_energy"]
     # synthetic: per trial, from the manifests as the data stage wrote them (d = 32 left out)
     for (source, label) in synthetic:
@@ -391,6 +403,22 @@ def test_statistics_rows_are_medians_and_iqrs_of_their_own_matrices(tmp_path):
         for c, stat in enumerate(columns):
             values = np.array([s["participation_ratio" if stat == "pr_fraction" else stat] for s in per_matrix])
             assert cells[4 + c] == _expected_cells(values, float(D), stat), (label, stat)
+        if label.startswith("Q"):
+            # the alignment of each query head with its KV head's keys, by a direct covariance
+            keys_of = {"Q after RoPE": "k_post_rope", "Q before RoPE": "k_pre_rope"}[label]
+            means = []
+            for i in range(2):
+                capture = make_capture(seed=10 + i)
+                for layer, k_layer in zip(getattr(capture, arrays[label]), getattr(capture, keys_of)):
+                    for head, q in enumerate(layer):
+                        k = k_layer[capture.kv_head_of_query_head[head]].astype(np.float64)
+                        cov = np.cov(k, rowvar=False, ddof=0)
+                        q = q.astype(np.float64)
+                        a = np.einsum("td,de,te->t", q, cov, q) / (np.sum(q * q, axis=1) * np.trace(cov) / D)
+                        means.append(np.mean(a))
+            assert cells[9] == _expected_cells(np.array(means), float(D), "alignment"), label
+        else:
+            assert cells[9] == "--", label
     assert f"top-{TOP_CHANNELS} energy" in text
     assert "(2 texts, 2 layers)" in text and "at $d = 64$ (3 trials)" in text
 

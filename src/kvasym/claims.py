@@ -95,6 +95,11 @@ class Tables:
     e2e_agreement: pd.DataFrame | None = None
     #: The frontier's per-unit values (stage frontier), None when no frontier is configured.
     frontier_units: pd.DataFrame | None = None
+    #: Query-model variants of the grid (:attr:`kvasym.study.Study.query_variants`):
+    #: ``{name: {"of": parent, "query": model}}``; every other low-rank distribution's queries
+    #: follow the subspace rule. The ledger's reason names the query model of each low-rank
+    #: distribution a verdict reads (:func:`query_model_note`).
+    query_variants: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 def _known(value: Any, available: Any, what: str) -> None:
@@ -750,6 +755,45 @@ def _check_where_keys(where: Mapping[str, Any], context: str) -> None:
         raise KvasymError(f"{context}: unknown key(s) {extra}; allowed: {', '.join(sorted(WHERE_KEYS))}")
 
 
+#: Statistics over many cells of the comparisons or summary tables (whose low-rank cells all
+#: follow the subspace rule: query-model variants have per-trial rows only).
+_CELL_STATISTICS = ("cells_better", "crossover", "ranking_disagreement", "tail_to_mean", "kl_ratio")
+
+
+def query_model_note(claim: Mapping[str, Any], tables: Tables) -> str:
+    """The query model behind a verdict that reads low-rank data, for the ledger's reason (issue
+    14: C5 is decided by the query rule), or "" when the claim reads no low-rank cell.
+
+    ``distribution_ratio``: its ``num`` and ``den`` (a variant named by its model, another
+    low-rank distribution by the subspace rule); claims over cells of the comparisons or summary
+    tables: "subspace" when their cells include low-rank ones (variants are not there)."""
+    where = claim["where"]
+    statistic = claim["statistic"]
+    subspace = "subspace (in the keys' subspace, a = d/r)"
+    if statistic == "distribution_ratio":
+        parts = []
+        kinds = (dict(zip(tables.trials["distribution"], tables.trials["kind"]))
+                 if {"distribution", "kind"} <= set(tables.trials.columns) else {})
+        for role in ("num", "den"):
+            name = where.get(role)
+            if name in tables.query_variants:
+                parts.append(f"{name}: {tables.query_variants[name]['query']}")
+            elif kinds.get(name) == "low_rank":
+                parts.append(f"{name}: {subspace}")
+        return f"query model {'; '.join(parts)}" if parts else ""
+    if statistic not in _CELL_STATISTICS:
+        return ""
+    frame = tables.comparisons if statistic != "tail_to_mean" else tables.summary
+    if not {"distribution", "kind"} <= set(frame.columns):
+        return ""
+    rows = frame
+    if statistic == "kl_ratio":
+        rows = frame[frame["distribution"] == where.get("distribution")]
+    elif where.get("distributions") is not None:
+        rows = frame[frame["distribution"].isin(list(where["distributions"]))]
+    return f"low-rank cells: query model {subspace}" if (rows["kind"] == "low_rank").any() else ""
+
+
 def evaluate_claims(claims: list[dict[str, Any]], tables: Tables) -> list[dict[str, Any]]:
     results = []
     for claim in claims:
@@ -776,6 +820,9 @@ def evaluate_claims(claims: list[dict[str, Any]], tables: Tables) -> list[dict[s
                                                    f"measured: {reason}")
             else:
                 reason += f"; contrary to the construction argument from {construction['from']}"
+        note = query_model_note(claim, tables)
+        if note:
+            reason += f"; {note}"
         record.update(estimate=m.estimate, low=m.low, high=m.high, log10_p=m.log10_p, details=m.details,
                       verdict=result, reason=reason)
         results.append(record)

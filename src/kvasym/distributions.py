@@ -27,10 +27,12 @@ Kinds (:data:`DISTRIBUTION_KINDS`), every coordinate of order 1:
     scale 20 in dim 128 the outlier channels carry about 93 % of the energy. Keys and queries
     share the outlier channels; values draw their own channels.
 
-Query rule (a definition of the study): query directions are drawn independently from the
-same family as the keys, with the same parameters (for ``low_rank`` in the keys' subspace, for
-``concentrated`` with the keys' outlier channels). Each query is then rescaled so that the
-standard deviation (population, ddof = 0), over the trial's keys, of its raw scores
+Query rule (a definition of the study): by default (query model ``subspace``) query directions
+are drawn independently from the same family as the keys, with the same parameters (for
+``low_rank`` in the keys' subspace, for ``concentrated`` with the keys' outlier channels). A
+spec's ``query`` names another query model (:mod:`kvasym.querymodel`: ``isotropic``, or a
+calibrated alignment ``a<x>`` for ``low_rank``), which only changes the directions. Each query
+is then rescaled so that the standard deviation (population, ddof = 0), over the trial's keys, of its raw scores
 ``q . k / sqrt(dim)`` equals exactly 1. Attention uses ``logits = sharpness * q . k / sqrt(dim)``
 (:mod:`kvasym.attention`), so ``sharpness`` is the standard deviation of a query's logits over
 the keys: attention is neither uniform nor one-hot for sharpness in roughly 1..8. If that
@@ -40,7 +42,12 @@ instead left at norm ``sqrt(dim)`` (the norm of a typical N(0, I) query), never 
 Seeds: every draw comes from :func:`kvasym.seeds.rng` with identity
 ``("data", name, kind, canonical_params, dim, trial, role)``, where ``role`` is one of
 ``"kq_structure"`` (shared key/query subspace or outlier channels), ``"v_structure"``,
-``"keys"``, ``"values"``, ``"queries"``. The data of a cell is therefore identical for every
+``"keys"``, ``"values"``, ``"queries"``. A spec with another query model draws its queries from
+``(..., "queries", "query_model", <model>)`` instead, and a spec with ``keys_of`` (a query-model
+variant of another distribution, :func:`kvasym.study.load_study`) uses that distribution's name
+in the identity: its keys, values and structure are the other's, bit for bit, and only its
+queries differ. The default model's identity is the original one, so the data of every
+distribution without ``query`` are unchanged. The data of a cell is therefore identical for every
 scheme and budget (a paired design) and independent of execution order; ``seq_len`` and
 ``n_queries`` are not part of the identity.
 """
@@ -58,6 +65,7 @@ import numpy as np
 
 from kvasym.cache import row_norms
 from kvasym.errors import KvasymError
+from kvasym.querymodel import DEFAULT_QUERY_MODEL, draw_model_queries, parse_query_model
 from kvasym.seeds import rng
 
 
@@ -126,12 +134,17 @@ class DistributionSpec:
 
     Construction validates (directly or through :meth:`from_dict`, which also parses config
     entries); afterwards ``params`` is read-only and holds every parameter of the kind
-    (defaults filled in), as int or float.
+    (defaults filled in), as int or float. ``query`` is the query model
+    (:mod:`kvasym.querymodel`, default ``subspace``: the original rule); ``keys_of`` names the
+    distribution whose keys, values and seeds this one shares (a query-model variant), None for
+    its own.
     """
 
     name: str
     kind: str
     params: Mapping[str, int | float] = field(default_factory=dict)
+    query: str = DEFAULT_QUERY_MODEL
+    keys_of: str | None = None
 
     def __post_init__(self) -> None:
         # Validate here (not only in from_dict) so a directly constructed spec is checked too.
@@ -171,10 +184,21 @@ class DistributionSpec:
                 )
         # Frozen dataclass: replace the caller's mapping by a validated read-only copy.
         object.__setattr__(self, "params", MappingProxyType(params))
+        model = parse_query_model(self.query, f"{where}.query")
+        if model.alignment is not None and self.kind != "low_rank":
+            raise KvasymError(f"{where}.query = {self.query!r}: a calibrated alignment needs kind low_rank "
+                              f"(a subspace to align with), got kind {self.kind!r}")
+        if self.keys_of is not None and (not isinstance(self.keys_of, str) or not NAME_PATTERN.match(self.keys_of)):
+            raise KvasymError(f"{where}.keys_of must be a distribution name, got {self.keys_of!r}")
+
+    @property
+    def data_name(self) -> str:
+        """The name in the seed identity of the keys and values: ``keys_of`` if set, else ``name``."""
+        return self.keys_of if self.keys_of is not None else self.name
 
     def __hash__(self) -> int:
         # params is a read-only mapping (unhashable), so hash the canonical form instead.
-        return hash((self.name, self.kind, self.canonical_params()))
+        return hash((self.name, self.kind, self.canonical_params(), self.query, self.keys_of))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], name: str | None = None) -> DistributionSpec:
@@ -195,22 +219,30 @@ class DistributionSpec:
         where = f"distributions[{spec_name if spec_name is not None else '?'}]"
         if spec_name is None:
             raise KvasymError(f"{where}.name is missing")
+        own = ("name", "kind", "query", "keys_of")
         if "params" in d:
-            extra = sorted(str(k) for k in set(d) - {"name", "kind", "params"})
+            extra = sorted(str(k) for k in set(d) - {*own, "params"})
             if extra:
                 raise KvasymError(f"{where}.{extra[0]} is not allowed next to {where}.params")
             params = d["params"]
         else:
-            params = {k: v for k, v in d.items() if k not in ("name", "kind")}
-        return cls(name=spec_name, kind=d.get("kind"), params=params)
+            params = {k: v for k, v in d.items() if k not in own}
+        return cls(name=spec_name, kind=d.get("kind"), params=params, query=d.get("query", DEFAULT_QUERY_MODEL),
+                   keys_of=d.get("keys_of"))
 
     def canonical_params(self) -> str:
         """Stable text of the parameters (sorted, floats by ``repr``), used in seed identities."""
         return ";".join(f"{k}={self.params[k]!r}" for k in sorted(self.params))
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-dict form (round-trips through :meth:`from_dict`)."""
-        return {"name": self.name, "kind": self.kind, "params": dict(self.params)}
+        """Plain-dict form (round-trips through :meth:`from_dict`); ``query`` and ``keys_of`` only
+        when not the defaults, so a default spec's form (and every slice holding it) is unchanged."""
+        out: dict[str, Any] = {"name": self.name, "kind": self.kind, "params": dict(self.params)}
+        if self.query != DEFAULT_QUERY_MODEL:
+            out["query"] = self.query
+        if self.keys_of is not None:
+            out["keys_of"] = self.keys_of
+        return out
 
 
 @dataclass
@@ -324,16 +356,23 @@ def generate_trial(
     if spec.kind == "concentrated" and int(spec.params["n_outliers"]) > dim:
         raise KvasymError(f"{where}.n_outliers = {spec.params['n_outliers']} exceeds dim = {dim}")
 
-    identity = ("data", spec.name, spec.kind, spec.canonical_params(), dim, trial)
+    identity = ("data", spec.data_name, spec.kind, spec.canonical_params(), dim, trial)
 
-    def stream(role: str) -> np.random.Generator:
-        return rng(base_seed, *identity, role)
+    def stream(*role: str) -> np.random.Generator:
+        return rng(base_seed, *identity, *role)
 
     kq_structure = _structure(spec, dim, stream("kq_structure"))
     v_structure = _structure(spec, dim, stream("v_structure"))
     keys = _draw(spec, dim, seq_len, kq_structure, stream("keys"))
     values = _draw(spec, dim, seq_len, v_structure, stream("values"))
-    queries = rescale_queries(_draw(spec, dim, n_queries, kq_structure, stream("queries")), keys)
+    model = parse_query_model(spec.query, f"{where}.query")
+    if model.is_default:
+        directions = _draw(spec, dim, n_queries, kq_structure, stream("queries"))
+    else:
+        directions = draw_model_queries(
+            model, spec.kind, n_queries, dim, kq_structure if spec.kind == "low_rank" else None,
+            float(spec.params.get("noise", 0.0)), stream("queries", "query_model", model.name), f"{where}.query")
+    queries = rescale_queries(directions, keys)
 
     for role, arr in (("keys", keys), ("values", values), ("queries", queries)):
         # Student-t at nu near 1 is the only way to get here; it would need a ~1e-150 event.

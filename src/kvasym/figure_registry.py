@@ -28,7 +28,7 @@ __all__ = ["E2E_FAMILIES", "FAMILIES", "FRONTIER_FAMILIES", "FAMILY_INPUTS", "FI
 class FigureFamily:
     """One figure family: its figure names, the inputs it reads and its report heading.
 
-    ``inputs``: ``summary``, ``comparisons``, ``theory`` (gathered tables), ``per_query`` /
+    ``inputs``: ``summary``, ``comparisons``, ``theory``, ``trials`` (gathered tables), ``per_query`` /
     ``per_key`` (metrics files of :func:`family_cells`), ``data`` (manifests of
     :func:`family_cells`), ``real_per_query`` (the real rows' per-query files at the headline
     budget, every scheme), ``e2e_summary`` / ``e2e_sensitivity`` (tables of stage e2e_stats),
@@ -48,6 +48,7 @@ FIGURE_FAMILIES: dict[str, FigureFamily] = {
     "budget_crossover": FigureFamily(("budget_crossover",), ("summary",), "Sweeps"),
     "tail_sweep": FigureFamily(("tail_sweep",), ("summary",), "Sweeps"),
     "rank_sweep": FigureFamily(("rank_sweep",), ("summary",), "Sweeps"),
+    "query_model": FigureFamily(("query_model",), ("trials",), "Sweeps"),
     "sharpness_sweep": FigureFamily(("sharpness_sweep",), ("summary", "comparisons"), "Sweeps"),
     "theory_check": FigureFamily(("theory_check",), ("theory",), "Theory checks"),
     "marginals": FigureFamily(("marginals",), ("data", "theory"), "Theory checks"),
@@ -146,9 +147,10 @@ def figures_slice(study: Any) -> dict[str, Any]:
     """The figure stage's slice from a :class:`kvasym.study.Study`: the grid, the study's
     headline cell (:attr:`~kvasym.study.Study.headline`), the facet distributions and the
     rank-sweep references."""
+    variants = getattr(study, "query_variants", {})
     distributions = [
         {**study.distributions[name].to_dict(), "dims": list(study.distribution_dims[name])}
-        for name in study.distributions
+        for name in study.distributions if name not in variants
     ]
     head = dict(study.headline)
     dim = int(head["dim"])
@@ -179,6 +181,9 @@ def figures_slice(study: Any) -> dict[str, Any]:
         "marginal_trials": int(min(study.trials, study.theory.get("trials", study.trials), 4)),
         # the paper's QKQV/KQV mean-KL ratio, a reference line of the sharpness sweep
         "paper_kl_ratio": _paper_kl_ratio(study),
+        # query-model variants of the low-rank distributions (kvasym.study): the query_model figure
+        "query_variants": [{**study.distributions[name].to_dict(), "dims": list(study.distribution_dims[name])}
+                           for name in variants],
         "jensen_bins": 20,
         "max_points": 300,
     }

@@ -735,6 +735,129 @@ def rank_sweep(
     return fig
 
 
+def query_model_points(trials: pd.DataFrame, parents: Mapping[str, Mapping[str, Any]],
+                       variants: Mapping[str, Mapping[str, Any]], references: Sequence[str], *, scheme: str,
+                       budget: int, sharpness: float, metric: str = "kl") -> pd.DataFrame:
+    """The points of :func:`query_model_sweep`: per low-rank distribution (parent, or variant of a
+    parent) and dim, the ratio of its mean per-trial ``metric`` over the reference distribution's
+    (the heaviest-tailed one at that dim, ``references``) for one scheme, budget and sharpness:
+    C5's statistic (the ratio of the trial means) under each query model.
+
+    ``parents``: ``{name: {"rank", "noise"}}``; ``variants``: ``{name: {"of", "query"}}``.
+    Columns: ``distribution``, ``rank``, ``dim``, ``query``, ``alignment`` (E[a] of the model,
+    :func:`kvasym.querymodel.expected_alignment`), ``ratio`` with its 95% interval ``low``,
+    ``high`` (Fieller's over trials, unpaired: the interval the claims print), ``reference``, and
+    ``predicted``: the second-order prediction from the subspace point, its ratio times
+    ``E[1/a] / E[1/a]_subspace`` (:func:`kvasym.querymodel.expected_inverse_alignment`; inf for
+    isotropic queries on rank <= 2 keys, NaN without a subspace point)."""
+    from .querymodel import DEFAULT_QUERY_MODEL, expected_alignment, parse_query_model
+    from .stats import bootstrap_ratio_ci
+
+    rows = _select(trials, scheme=scheme, budget=int(budget), sharpness=float(sharpness))
+    means = rows.groupby(["distribution", "dim"])[metric].mean() if not rows.empty else pd.Series(dtype=float)
+
+    def values(dist: str, dim: Any) -> np.ndarray:
+        cell = rows[(rows["distribution"] == dist) & (rows["dim"] == dim)]
+        return cell.sort_values("trial")[metric].to_numpy(dtype=float) if "trial" in cell else cell[metric].to_numpy()
+
+    models = {name: (name, DEFAULT_QUERY_MODEL) for name in parents}
+    models.update({name: (v["of"], v["query"]) for name, v in variants.items() if v["of"] in parents})
+    out = []
+    for name, (parent, query) in models.items():
+        spec = parents[parent]
+        for (dist, dim), value in means.items():
+            if dist != name:
+                continue
+            ref = next((r for r in references if (r, dim) in means.index), None)
+            if ref is None or not np.isfinite(means[(ref, dim)]) or means[(ref, dim)] <= 0:
+                continue
+            alignment = expected_alignment(parse_query_model(query), "low_rank", int(dim), int(spec["rank"]),
+                                           float(spec.get("noise", 0.0)))
+            # the claims' interval (kvasym.claims.stat_distribution_ratio: Fieller's, unpaired, over trials)
+            ci = bootstrap_ratio_ci(values(name, dim), values(ref, dim), statistic="mean", n_boot=1, base_seed=0,
+                                    identity=("claims", name, ref, metric, int(dim)), paired=False, undefined="nan")
+            out.append({"distribution": name, "rank": int(spec["rank"]), "dim": int(dim), "query": query,
+                        "alignment": alignment, "ratio": float(value) / float(means[(ref, dim)]),
+                        "low": float(ci["low"]), "high": float(ci["high"]), "reference": ref})
+    columns = ["distribution", "rank", "dim", "query", "alignment", "ratio", "low", "high", "reference"]
+    frame = pd.DataFrame(out, columns=columns).sort_values(["dim", "rank", "alignment"]).reset_index(drop=True)
+    # the second-order prediction from the subspace point: ratio x E[1/a] / E[1/a]_subspace
+    from .querymodel import expected_inverse_alignment
+
+    predicted = np.full(len(frame), np.nan)
+    for i, p in frame.iterrows():
+        base = frame[(frame["rank"] == p["rank"]) & (frame["dim"] == p["dim"]) & (frame["query"] == "subspace")]
+        if not base.empty:
+            inv = expected_inverse_alignment(parse_query_model(p["query"]), int(p["dim"]), int(p["rank"]))
+            inv0 = expected_inverse_alignment(parse_query_model("subspace"), int(p["dim"]), int(p["rank"]))
+            predicted[i] = float(base["ratio"].iloc[0]) * inv / inv0 if math.isfinite(inv) else np.inf
+    frame["predicted"] = predicted
+    return frame
+
+
+RANK_STYLES = ("-", "--", ":", "-.")
+
+
+@styled
+def query_model_sweep(points: pd.DataFrame, *, scheme: str, budget: int, sharpness: float) -> Figure:
+    """C5's statistic (mean KL of low-rank data over the heaviest-tailed reference) against the
+    queries' alignment a with the keys' covariance (log-log), one panel per dim, one line per
+    rank through its query models (:func:`query_model_points`): the subspace rule at a = d / r,
+    calibrated models at their a, the isotropic model (hollow marker) at E[a] = 1. The grey
+    dotted line through each subspace point is the second-order prediction ``KL proportional to
+    1 / a`` (after the logit rule a query's norm is d^2 / (a tr C), and the rotated key error
+    spreads over all d coordinates, so the logit error variance scales as 1 / a), and a grey cross
+    the same prediction for isotropic queries, whose E[1/a] is r (d - 2) / (d (r - 2)) (above the
+    line by about r / (r - 2); none for r <= 2, where it is infinite); vertical bars are
+    the 95% intervals where finite and positive; the dashed horizontal line is ratio 1."""
+    title = "Query model"
+    if points.empty:
+        return nothing_to_show(title, "no low-rank distribution with a reference distribution at its dim "
+                                      "(or no query-model variants: config key query_models)")
+    dims = sorted(points["dim"].unique())
+    fig, axes = new_figure(1, len(dims), height=2.3, sharey=True)
+    ranks = sorted(points["rank"].unique())
+    styles = {r: RANK_STYLES[i % len(RANK_STYLES)] for i, r in enumerate(ranks)}
+    markers = {r: m for r, m in zip(ranks, "osD^v<>")}
+    for ax, d in zip(axes[0], dims):
+        panel = points[points["dim"] == d]
+        for rank in ranks:
+            line = panel[panel["rank"] == rank].sort_values("alignment")
+            if line.empty:
+                continue
+            ax.plot(line["alignment"], line["ratio"], color="black", ls=styles[rank], lw=0.9)
+            for _, p in line.iterrows():
+                hollow = p["query"] == "isotropic"
+                low, high = p["low"], p["high"]
+                if np.isfinite(low) and np.isfinite(high) and low > 0:
+                    ax.plot([p["alignment"]] * 2, [low, high], color="black", lw=0.7)
+                ax.plot([p["alignment"]], [p["ratio"]], marker=markers[rank], ms=4, ls="none", color="black",
+                        mfc="white" if hollow else "black")
+            base = line[line["query"] == "subspace"]
+            if not base.empty:
+                a0, y0 = float(base["alignment"].iloc[0]), float(base["ratio"].iloc[0])
+                grid = np.geomspace(min(line["alignment"].min(), 1.0), a0, 20)
+                ax.plot(grid, y0 * a0 / grid, color="0.55", ls=":", lw=0.8)
+        iso = panel[(panel["query"] == "isotropic") & np.isfinite(panel["predicted"])]
+        ax.plot(iso["alignment"], iso["predicted"], ls="none", marker="x", ms=4, color="0.45")
+        ax.axhline(1.0, color="0.4", ls="--", lw=0.6)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("alignment a of the queries")
+        refs = ", ".join(sorted(set(panel["reference"])))
+        ax.set_title(f"d = {d}: low rank / {refs}")
+    axes[0, 0].set_ylabel(f"mean KL ratio, {safe_text(scheme)}")
+    _suptitle(fig, f"{title}: n = {budget}, sharpness {_fmt(float(sharpness))}")
+    handles = [Line2D([], [], color="black", ls=styles[r], marker=markers[r], ms=4, lw=0.9) for r in ranks]
+    labels = [f"rank {r}" for r in ranks]
+    handles += [Line2D([], [], color="black", marker="o", mfc="white", ls="none", ms=4),
+                Line2D([], [], color="0.55", ls=":", lw=0.8),
+                Line2D([], [], color="0.45", marker="x", ls="none", ms=4)]
+    labels += ["isotropic queries", "∝ 1/a (2nd order)", "∝ E[1/a], isotropic"]
+    _figure_legend(fig, handles, labels, ncol=min(len(handles), 3))
+    return fig
+
+
 THEORY_CHECKS = {
     "qjl_vs_residual": ("(n−1) bits + QJL\nvs (n−1)-bit residual", math.pi / 2, "π/2"),
     "qjl_vs_nbit": ("(n−1) bits + QJL\nvs n-bit scalar", 2 * math.pi, "2π"),

@@ -2,9 +2,10 @@
 
 The data stage draws every trial of a (distribution, dim) from seeds keyed by its identity and
 writes a manifest with a SHA-256 digest of each trial's K, V and Q and their descriptive
-statistics (:func:`kvasym.cachestats.cache_statistics`), and the arrays themselves beside it
-(:func:`trials_path`, written by :func:`write_trials`): one float64 ``.npy`` of shape
-``(trials, 2 seq_len + n_queries, dim)``, each trial's K, V and Q rows one after the other, so
+statistics (:func:`kvasym.cachestats.cache_statistics` of K and V; the mean and median alignment
+of the queries with the keys' covariance, :func:`kvasym.querymodel.query_alignment`), and the
+arrays themselves beside it (:func:`trials_path`, written by :func:`write_trials`): one float64
+``.npy`` of shape ``(trials, 2 seq_len + n_queries, dim)``, each trial's K, V and Q rows one after the other, so
 that a trial's bytes are exactly what its digest covers. The quantize and metrics jobs of a
 (distribution, dim), 24 in the paper grid, read them (:func:`stored_trials`) instead of drawing
 them again: reading and checking a trial costs about a tenth of drawing and checking it
@@ -77,18 +78,33 @@ def build_manifest(
     the digest of all that (:data:`CONTENT_DIGEST_KEY`). ``sink(trial, data)``, when given,
     receives each trial's data as it is drawn (:func:`write_trials` stores them)."""
     from .cachestats import cache_statistics
+    from .querymodel import query_alignment
 
     trials = []
     for trial in range(slice_["trials"]):
         data = regenerate_trial(slice_, trial)
         if sink is not None:
             sink(trial, data)
+        alignment = query_alignment(data.queries, data.keys)
         trials.append({"trial": trial, "sha256": trial_digest(data), "keys": cache_statistics(data.keys),
-                       "values": cache_statistics(data.values)})
+                       "values": cache_statistics(data.values),
+                       # the queries' alignment with the keys' covariance (kvasym.querymodel)
+                       "queries": {"alignment": _finite_mean(alignment),
+                                   "alignment_median": _finite_median(alignment)}})
     # through JSON once, so the digest is of exactly what a reader parses (tuples as lists, keys as text)
     manifest = json.loads(json.dumps({"format": DATA_FORMAT, "slice": dict(slice_), "trials": trials}))
     manifest[CONTENT_DIGEST_KEY] = content_digest(manifest)
     return manifest
+
+
+def _finite_mean(values: np.ndarray) -> float | None:
+    finite = values[np.isfinite(values)]
+    return float(np.mean(finite)) if finite.size else None
+
+
+def _finite_median(values: np.ndarray) -> float | None:
+    finite = values[np.isfinite(values)]
+    return float(np.median(finite)) if finite.size else None
 
 
 def _parse_manifest(path: str | Path) -> dict[str, Any]:

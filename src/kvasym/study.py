@@ -8,6 +8,18 @@ in the grid). Either step names the offending key in a one-line :class:`KvasymEr
 
 A *cell* is (distribution, dim, scheme, budget); its data depend on (distribution, dim, trial)
 only, so every scheme and budget sees the same keys, values and queries (a paired design).
+
+Query-model variants (config key ``query_models``, :mod:`kvasym.querymodel`): each model of
+``query_models.models`` applied to each low-rank distribution it names adds a distribution
+``<name>+<model>`` (e.g. ``lowrank8+isotropic``, ``lowrank8+a2``) with the same kind, params
+and dims (those of ``query_models.dims``; a calibrated alignment above the largest the rank
+allows, d / r without noise, is left out at that d: d / r is the parent's own rule),
+``query: <model>`` and ``keys_of: <name>``: its keys,
+values and packed caches are its parent's, bit for bit (the DAG reads the parent's packed file,
+so a variant costs a data job, its metrics jobs and a stats job, no quantize or theory job), and
+only its queries differ. Variants are a factor of their parent's cells, not new distributions:
+their per-trial rows are gathered (claims may name them), their comparisons and summary rows and
+their theory checks are not (so no "every cell" claim, Holm family or table of the paper moves).
 """
 
 from __future__ import annotations
@@ -90,6 +102,24 @@ class Study:
         """What the frontier stage depends on besides its per-query inputs."""
         return {"schemes": [*self.schemes, *self.frontier_schemes], "frontier_schemes": list(self.frontier_schemes),
                 "budgets": list(self.budgets)}
+    #: Query-model variants (config key ``query_models``): ``{name: {"of": parent, "query": model}}``,
+    #: in config order; each is also in :attr:`distributions` (its spec has ``keys_of`` = parent).
+    query_variants: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: The config's ``query_models`` settings (schema defaults filled in) that made them.
+    query_models: dict[str, Any] = field(default_factory=dict)
+
+    def packed_distribution(self, distribution: str) -> str:
+        """The distribution whose packed caches a cell of ``distribution`` reads: its parent for a
+        query-model variant (same keys, same seeds), itself otherwise."""
+        variant = self.query_variants.get(distribution)
+        return variant["of"] if variant else distribution
+
+    def main_data_cells(self) -> Iterator[tuple[str, int]]:
+        """(distribution, dim) pairs without the query-model variants: those with theory checks and
+        gathered comparisons and summary rows."""
+        for name, dim in self.data_cells():
+            if name not in self.query_variants:
+                yield name, dim
 
     def file_slice(self, distribution: str, dim: int, scheme: str, budget: int) -> dict[str, Any]:
         """Everything a file cell's metrics job depends on besides the file itself."""
@@ -243,6 +273,9 @@ def load_study(config: Mapping[str, Any]) -> Study:
         )
 
     frontier_schemes, frontier_distributions = _frontier(cfg["frontier"], registry, schemes, budgets, distributions)
+    # after the frontier's distributions are chosen: the query-model variants read their parents'
+    # caches and have no frontier cells of their own
+    query_variants = _query_variants(cfg["query_models"], distributions, distribution_dims, files)
     _check_sketch_dims({**schemes, **frontier_schemes}, distribution_dims)
     trials, per_key_trials = cfg["trials"], cfg["per_key_trials"]
     if per_key_trials > trials:
@@ -267,7 +300,10 @@ def load_study(config: Mapping[str, Any]) -> Study:
         theory=dict(cfg["theory"]),
         claims_file=cfg["claims_file"],
         files=files,
-        headline=_headline(cfg.get("headline", {}), distribution_dims, sharpness, budgets, files),
+        headline=_headline(cfg.get("headline", {}), {n: d for n, d in distribution_dims.items()
+                                                      if n not in query_variants}, sharpness, budgets, files),
+        query_variants=query_variants,
+        query_models=dict(cfg["query_models"]),
         frontier_schemes=frontier_schemes,
         frontier_distributions=frontier_distributions,
     )
@@ -298,6 +334,62 @@ def _frontier(cfg: Mapping[str, Any], registry: Mapping[str, Scheme], schemes: M
             raise KvasymError(f"config key frontier.distributions[{i}] = {name!r} is not a synthetic distribution "
                               f"of the grid; known: {', '.join(distributions)}")
     return out, tuple(n for n in distributions if n in chosen)
+
+
+def _query_variants(
+    settings: Mapping[str, Any],
+    distributions: dict[str, DistributionSpec],
+    distribution_dims: dict[str, tuple[int, ...]],
+    files: Mapping[str, Any],
+) -> dict[str, dict[str, str]]:
+    """Add the query-model variants of ``settings`` (the config's ``query_models``, typed and
+    default-filled by the schema) to ``distributions`` and ``distribution_dims`` (in place) and
+    return ``{variant: {"of": parent, "query": model}}``. Errors name the key."""
+    from .querymodel import check_query_model, parse_query_model
+
+    models = [parse_query_model(m, f"config key query_models.models[{i}]") for i, m in enumerate(settings["models"])]
+    if not models:
+        return {}
+    chosen = settings["distributions"]
+    if chosen == "all":
+        parents = [name for name, spec in distributions.items() if spec.kind == "low_rank"]
+    else:
+        parents = list(chosen)
+        for i, name in enumerate(parents):
+            where = f"config key query_models.distributions[{i}]"
+            if name in files or name not in distributions:
+                raise KvasymError(f"{where} = {name!r} is not a synthetic distribution of the grid "
+                                  f"({', '.join(distributions)})")
+            if distributions[name].kind != "low_rank":
+                raise KvasymError(f"{where} = {name!r} is of kind {distributions[name].kind}: query models are swept "
+                                  "over low_rank distributions only (their keys have a subspace to align with)")
+    wanted_dims = settings["dims"]
+    variants: dict[str, dict[str, str]] = {}
+    for parent in parents:
+        spec = distributions[parent]
+        dims = tuple(d for d in distribution_dims[parent] if wanted_dims == "all" or d in wanted_dims)
+        if not dims:
+            continue
+        for model in models:
+            name = f"{parent}+{model.name}"
+            if name in distributions or name in files:
+                raise KvasymError(f"config key query_models: the variant {name!r} of {parent} clashes with a "
+                                  "distribution of that name")
+            # an alignment above d / r (the subspace rule's own, the parent itself) does not exist at that d
+            rank, noise = int(spec.params["rank"]), float(spec.params["noise"])
+            own = tuple(d for d in dims if model.alignment is None
+                        or model.alignment <= (d / rank + noise**2) / (1 + noise**2) * (1 + 1e-12))
+            if not own:
+                continue
+            for dim in own:
+                check_query_model(model, spec.kind, dim, rank, noise,
+                                  f"config key query_models.models ({model.name} for {parent} at d = {dim})")
+            distributions[name] = DistributionSpec(name=name, kind=spec.kind, params=dict(spec.params),
+                                                   query=model.name, keys_of=parent)
+            distribution_dims[name] = own
+            variants[name] = {"of": parent, "query": model.name}
+    _no_case_clash(list(distributions), "distributions[].name")
+    return variants
 
 
 def _check_sketch_dims(schemes: Mapping[str, Scheme], distribution_dims: Mapping[str, tuple[int, ...]]) -> None:

@@ -30,10 +30,13 @@ rule claims:
         base_seed=STUDY.base_seed,
         n_boot=STUDY.stats["n_boot"],
         headline=headline_param,
+        # the query model of each low-rank distribution, named in the ledger's reasons
+        query_variants=canonical_json(STUDY.query_variants),
         e2e=e2e_claims_flags,
     shell:
         "kvasym stage claims --claims {input.claims:q} --comparisons {input.comparisons:q}"
         " --summary {input.summary:q} --trials {input.trials:q} --theory {input.theory:q}"
-        " --base-seed {params.base_seed} --n-boot {params.n_boot} --headline {params.headline:q} {params.e2e}"
+        " --base-seed {params.base_seed} --n-boot {params.n_boot} --headline {params.headline:q}"
+        " --query-variants {params.query_variants:q} {params.e2e}"
         " --json {output.json:q} --md {output.md:q} --tex {output.tex:q} --html {output.html:q}"
         " > {log:q} 2>&1"

@@ -170,11 +170,20 @@ def frontier_param(wildcards):
     return canonical_json(STUDY.frontier_slice())
 
 
+def gathered_cells(kind):
+    """The (distribution, dim) of the stats parts gathered into table ``kind``: every synthetic
+    data cell, then the file and real cells; the query-model variants (kvasym.study) only into
+    the per-trial table (claims may name them; no comparison, summary or theory row of theirs).
+    """
+    synthetic = STUDY.data_cells() if kind == "trials" else STUDY.main_data_cells()
+    return [*synthetic, *FILE_CELLS, *REAL_CELLS]
+
+
 def stats_tables(kind):
-    """The stats parts gathered: every synthetic data cell, then the file and real cells."""
+    """The stats parts gathered into table ``kind`` (gathered_cells)."""
     return [
         f"{RESULTS}/stats/{kind}/{dist}/d{dim}.parquet"
-        for dist, dim in [*STUDY.data_cells(), *FILE_CELLS, *REAL_CELLS]
+        for dist, dim in gathered_cells(kind)
     ]
 
 
@@ -258,8 +267,16 @@ def e2e_claims_flags(wildcards, input):
 
 def theory_tables():
     return [
-        f"{RESULTS}/theory/{dist}/d{dim}.parquet" for dist, dim in STUDY.data_cells()
+        f"{RESULTS}/theory/{dist}/d{dim}.parquet"
+        for dist, dim in STUDY.main_data_cells()
     ]
+
+
+def packed_input(w):
+    """The packed caches a metrics job reads: its own cell's, or for a query-model variant its
+    parent's (the same keys and seeds: kvasym.study.Study.packed_distribution)."""
+    dist = STUDY.packed_distribution(w.distribution)
+    return f"{RESULTS}/packed/{dist}/d{w.dim}/{w.scheme}/n{w.budget}.npz"
 
 
 def data_slice(w):
@@ -386,7 +403,7 @@ def figure_inputs(family):
     gathered = rules.gather.output  # included before the figure rules that call this
     inputs = {
         key: gathered[key]
-        for key in ("summary", "comparisons", "theory")
+        for key in ("summary", "comparisons", "theory", "trials")
         if key in wanted
     }
     cells = family_cells(FIGURES_SLICE, family)
@@ -540,11 +557,7 @@ def gather_flags(wildcards, input, output):
         flags.append(f"--out-{table} {shlex.quote(output[table])}")
         # the (distribution, dim) each part is filed under, in the order of stats_tables /
         # theory_tables: a part copied over another is refused (and moved aside) by itself
-        cells = (
-            STUDY.data_cells()
-            if table == "theory"
-            else [*STUDY.data_cells(), *FILE_CELLS, *REAL_CELLS]
-        )
+        cells = STUDY.main_data_cells() if table == "theory" else gathered_cells(table)
         listed = canonical_json([{"distribution": d, "dim": int(n)} for d, n in cells])
         flags.append(f"--{table}-cells {shlex.quote(listed)}")
     return " ".join(flags)

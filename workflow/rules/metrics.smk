@@ -5,7 +5,7 @@ rule metrics:
     input:
         data=rules.data.output.manifest,
         trials=rules.data.output.trials,
-        packed=rules.quantize.output[0],
+        packed=packed_input,
     output:
         per_query=f"{RESULTS}/metrics/per_query/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.parquet",
         per_key=f"{RESULTS}/metrics/per_key/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.parquet",

@@ -17,8 +17,14 @@ head, one (tokens, head_dim) matrix at a time (all tokens of the text):
 Columns of the table (:data:`COLUMNS`): ``text``, ``layer`` (the model's layer number),
 ``kv_head`` (for queries: the KV head the query head reads), ``head`` (the head within its
 tensor: the KV head for K and V, the query head for Q), ``tensor``, ``head_dim``, ``n_rows``
-(tokens) and the statistics of :func:`kvasym.cachestats.cache_statistics` (``tail_index``,
-``participation_ratio``, ``top_channel_energy``, ``mean_energy``).
+(tokens), the statistics of :func:`kvasym.cachestats.cache_statistics` (``tail_index``,
+``participation_ratio``, ``top_channel_energy``, ``mean_energy``) and, for the queries only,
+``alignment``: the mean over the text's positions of the query's alignment with the covariance of
+the keys it reads (:func:`kvasym.querymodel.query_alignment`: ``a = q^T C_K q / (||q||^2 tr C_K /
+d)``, ``C_K`` the centred covariance of all the text's keys of its KV head, the same RoPE mode;
+1 for a query direction unrelated to the keys, ``d / r`` for one inside rank-``r`` keys), the
+quantity the synthetic query models set (:mod:`kvasym.querymodel`); NaN for K and V rows. The
+causal mask is ignored here: every position is measured against the whole text's keys.
 
 The statistics are computed for all heads of a layer at once
 (:func:`kvasym.cachestats.batched_cache_statistics`, one layer in memory at a time).
@@ -38,13 +44,16 @@ import numpy as np
 
 from ..cachestats import STATISTICS, batched_cache_statistics
 from ..errors import KvasymError
+from ..querymodel import query_alignment
 from .capture import HEAD_ARRAYS, Capture
 
 #: Tensors summarized, in table order: keys after and before RoPE, values, queries.
 TENSORS = ("k_post_rope", "k_pre_rope", "v", "q_post_rope", "q_pre_rope")
 KEY_COLUMNS = ("text", "layer", "kv_head", "head", "tensor")
-COLUMNS = (*KEY_COLUMNS, "head_dim", "n_rows", *STATISTICS)
-CACHESTATS_FORMAT = "kvasym.real.cachestats/1"
+COLUMNS = (*KEY_COLUMNS, "head_dim", "n_rows", *STATISTICS, "alignment")
+#: The keys each query tensor's alignment is measured against (same RoPE mode).
+QUERY_KEYS = {"q_post_rope": "k_post_rope", "q_pre_rope": "k_pre_rope"}
+CACHESTATS_FORMAT = "kvasym.real.cachestats/2"
 
 
 def capture_statistics(capture: Capture, text: str, tensors: Sequence[str] = TENSORS) -> dict[str, np.ndarray]:
@@ -71,6 +80,13 @@ def capture_statistics(capture: Capture, text: str, tensors: Sequence[str] = TEN
             parts["n_rows"].append(np.full(n_heads, n_rows, dtype=np.int64))
             for name in STATISTICS:
                 parts[name].append(stats[name])
+            alignment = np.full(n_heads, np.nan)
+            if tensor in QUERY_KEYS:
+                keys = getattr(capture, QUERY_KEYS[tensor])[li]  # (KV heads, T, D)
+                for head in heads:
+                    a = query_alignment(array[li, head], keys[kv_heads[head]])
+                    alignment[head] = float(np.mean(a[np.isfinite(a)])) if np.isfinite(a).any() else np.nan
+            parts["alignment"].append(alignment)
     return {c: np.concatenate(v) if v else np.array([]) for c, v in parts.items()}
 
 

@@ -61,6 +61,16 @@ FORMULAS: dict[str, str] = {
     "ShannonBits": r"\tfrac{1}{2}\log_{2}\mathrm{SNR}",
     "EpsDirDef": r"\varepsilon_{\mathrm{dir}} = 1-\cos\varphi",
     "RecallDef": r"\lvert \mathrm{top}_k(p)\cap \mathrm{top}_k(\hat p)\rvert / k",
+    # the query models of kvasym.querymodel (issue 14, point 1)
+    "AlignmentDef": r"a = q^{\top} C_K\, q \,/\, (\lVert q\rVert^{2} \operatorname{tr} C_K / d)",
+    "SubspaceAlignment": r"a = d/r",
+    "QueryNormAtAlignment": r"\lVert q\rVert^{2} = d^{2}/(a \operatorname{tr} C_K)",
+    "InverseAlignment": r"1/a",
+    "IsotropicAlignment": r"\mathrm{E}[a] = 1",
+    "UnitAlignment": r"a = 1",
+    "SubspaceShrink": r"r/d",
+    "IsotropicInverseAlignment": r"\mathrm{E}[1/a] = r(d-2)/(d(r-2))",
+    "RankAtMostTwo": r"r \le 2",
 }
 
 
@@ -87,7 +97,10 @@ def numbers_slice(
     return {
         "distributions": [
             {**study.distributions[n].to_dict(), "dims": list(study.distribution_dims[n])} for n in study.distributions
+            if n not in getattr(study, "query_variants", {})
         ],
+        # the query models swept over the low-rank distributions (config key query_models)
+        "query_models": list(dict.fromkeys(v["query"] for v in getattr(study, "query_variants", {}).values())),
         "schemes": list(study.schemes),
         "budgets": list(study.budgets),
         "sharpness": list(study.sharpness),
@@ -178,6 +191,7 @@ def numbers_macros(slice_: Mapping[str, Any]) -> dict[str, str]:
         "TailNuMax": plain(nus[-1]) if nus else "n/a",
         "NumLowRankDistributions": str(len(ranks)),
         "RankList": _join(ranks) if ranks else "n/a",
+        "QueryModelList": _join(["subspace", *slice_.get("query_models", [])]),
         "NumConcentratedDistributions": str(len(outliers)),
         "OutlierChannels": _join([d["params"]["n_outliers"] for d in outliers]) if outliers else "n/a",
         "OutlierScale": _join([d["params"]["outlier_scale"] for d in outliers]) if outliers else "n/a",

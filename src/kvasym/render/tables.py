@@ -359,6 +359,7 @@ REAL_ROPE_LABELS: dict[str, str] = {REAL_POST: "K after RoPE", REAL_PRE: "K befo
 TENSOR_LABELS: dict[str, str] = {
     "keys": "K",
     "values": "V",
+    "queries": "Q",
     "k_post_rope": "K after RoPE",
     "k_pre_rope": "K before RoPE",
     "v": "V",
@@ -366,7 +367,7 @@ TENSOR_LABELS: dict[str, str] = {
     "q_pre_rope": "Q before RoPE",
 }
 REAL_CACHESTATS_COLUMNS = ("text", "layer", "kv_head", "head", "tensor", "head_dim", *STATISTICS)
-MANIFEST_STATS_COLUMNS = ("distribution", "kind", "dim", "trial", "tensor", *STATISTICS)
+MANIFEST_STATS_COLUMNS = ("distribution", "kind", "dim", "trial", "tensor", *STATISTICS, "alignment")
 
 
 def median_iqr(values: Sequence[Any]) -> tuple[float, float]:
@@ -382,7 +383,10 @@ def median_iqr(values: Sequence[Any]) -> tuple[float, float]:
 
 def manifest_statistics(manifest: Mapping[str, Any], where: str = "data manifest") -> pd.DataFrame:
     """The per-trial cache statistics of one data manifest (:func:`kvasym.manifest.build_manifest`)
-    as rows (:data:`MANIFEST_STATS_COLUMNS`, ``tensor`` = ``keys`` or ``values``)."""
+    as rows (:data:`MANIFEST_STATS_COLUMNS`, ``tensor`` = ``keys``, ``values`` or ``queries``: the
+    queries' mean alignment with the keys' covariance in ``alignment``, NaN in the other rows and
+    the other columns; a query-model variant, whose keys and values are its parent's, has its
+    ``queries`` rows only)."""
     try:
         spec = manifest["slice"]["distribution"]
         name, kind, dim = str(spec["name"]), str(spec["kind"]), int(manifest["slice"]["dim"])
@@ -393,8 +397,16 @@ def manifest_statistics(manifest: Mapping[str, Any], where: str = "data manifest
     if not isinstance(trials, list) or not trials:
         raise KvasymError(f"{where}: the data manifest lists no trials")
     rows = []
+    # a query-model variant (kvasym.study) has its parent's keys and values: only its queries differ
+    variant = spec.get("keys_of") is not None
     for i, trial in enumerate(trials):
-        for tensor in ("keys", "values"):
+        queries = trial.get("queries") if isinstance(trial, Mapping) else None
+        if isinstance(queries, Mapping):
+            value = queries.get("alignment")
+            rows.append({"distribution": name, "kind": kind, "dim": dim, "trial": int(trial.get("trial", i)),
+                         "tensor": "queries", **{s: math.nan for s in STATISTICS},
+                         "alignment": math.nan if value is None else float(value)})
+        for tensor in () if variant else ("keys", "values"):
             stats = trial.get(tensor) if isinstance(trial, Mapping) else None
             if not isinstance(stats, Mapping):
                 raise KvasymError(f"{where}: trial {i} has no '{tensor}' statistics (rerun the data rule)")
@@ -406,7 +418,7 @@ def manifest_statistics(manifest: Mapping[str, Any], where: str = "data manifest
             except (TypeError, ValueError) as exc:
                 raise KvasymError(f"{where}: trial {i} '{tensor}' statistics are not numbers ({exc})") from None
             rows.append({"distribution": name, "kind": kind, "dim": dim, "trial": int(trial.get("trial", i)),
-                         "tensor": tensor, **values})
+                         "tensor": tensor, **values, "alignment": math.nan})
     return pd.DataFrame(rows, columns=list(MANIFEST_STATS_COLUMNS))
 
 
@@ -420,6 +432,8 @@ def _stat_row(frame: pd.DataFrame, source: str, tensor: str, dim: int) -> dict[s
     else:
         fraction = frame["participation_ratio"].to_numpy(dtype=float) / float(dim)
     row["pr_fraction"] = median_iqr(fraction)
+    row["alignment"] = (median_iqr(frame["alignment"].to_numpy(dtype=float)) if "alignment" in frame.columns
+                        else (math.nan, math.nan))
     return row
 
 
@@ -492,9 +506,9 @@ def _statistics_rows(cachestats: pd.DataFrame | None, manifests: pd.DataFrame | 
         for dist in _unique(at_dim["distribution"]):
             d = at_dim[at_dim["distribution"] == dist]
             n_trials.append(int(d["trial"].nunique()))
-            for tensor in ("keys", "values"):
+            for tensor in ("keys", "values", "queries"):
                 part = d[d["tensor"] == tensor]
-                if not part.empty:
+                if not part.empty and (tensor != "queries" or part["alignment"].notna().any()):
                     synthetic_rows.append(_stat_row(part, str(dist), tensor, int(headline["dim"])))
     real_rows: list[dict[str, Any]] = []
     texts = layers = None

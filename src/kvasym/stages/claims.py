@@ -34,13 +34,17 @@ def run_claims(
     n_boot: int = 1000,
     out_html: str | os.PathLike | None = None,
     headline: Mapping[str, Any] | None = None,
+    query_variants: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Evaluate the claims of ``claims_path`` on the gathered ``tables`` and write the ledger."""
+    """Evaluate the claims of ``claims_path`` on the gathered ``tables`` and write the ledger;
+    ``query_variants`` (:attr:`kvasym.study.Study.query_variants`) names the query model of each
+    low-rank distribution in the reasons."""
     from ..dataset import read_parquet_checked
 
     claims = load_claims(claims_path, headline=headline)
     frames = {name: read_parquet_checked(path) for name, path in tables.items() if path is not None}
-    results = evaluate_claims(claims, Tables(**frames, base_seed=base_seed, n_boot=n_boot))
+    results = evaluate_claims(claims, Tables(**frames, base_seed=base_seed, n_boot=n_boot,
+                                             query_variants=dict(query_variants or {})))
     safe = _json_safe(results)
     write_text_atomic(json.dumps(safe, indent=1) + "\n", out_json)
     write_text_atomic(render_markdown(safe), out_md)
@@ -69,6 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", help="also write the ledger as an HTML page (for the Snakemake report)")
     parser.add_argument("--base-seed", type=int, default=0)
     parser.add_argument("--n-boot", type=int, default=1000)
+    parser.add_argument("--query-variants", dest="query_variants",
+                        help='the query-model variants as JSON, {name: {"of": parent, "query": model}}')
 
 
 def run(args: argparse.Namespace) -> None:
@@ -76,7 +82,8 @@ def run(args: argparse.Namespace) -> None:
 
     headline = parse_slice(args.headline) if args.headline else None
     tables = {name: getattr(args, name) for name in TABLES + OPTIONAL_TABLES}
+    variants = parse_slice(args.query_variants) if args.query_variants else None
     results = run_claims(args.claims, tables, args.json, args.md, args.tex, base_seed=args.base_seed,
-                         n_boot=args.n_boot, out_html=args.html, headline=headline)
+                         n_boot=args.n_boot, out_html=args.html, headline=headline, query_variants=variants)
     for r in results:
         print(f"{r['id']:>5}  {r['verdict']:<14} {r.get('reason', '')}")

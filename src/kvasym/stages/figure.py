@@ -27,7 +27,12 @@ holds everything the figures depend on besides their input files:
     other kind: smallest nu, smallest rank, most outlier energy).
 ``rank_references``
     the heavy-tailed distributions drawn as reference lines in the rank sweep: at each dim
-    with low-rank data, the Student-t instance with the smallest nu there.
+    with low-rank data, the Student-t instance with the smallest nu there (the query-model
+    figure's denominators).
+``query_variants``
+    ``[{name, kind, params, query, keys_of, dims}]``: the query-model variants of the low-rank
+    distributions (:mod:`kvasym.study`), drawn by the query-model figure from the gathered
+    per-trial table; they are not in ``distributions``.
 ``marginal_trials``, ``jensen_bins``, ``max_points``
     the marginal figure's trials (one coordinate per key per trial), the Jensen figure's bins,
     and the points per scheme and panel of the Shannon-phi planes.
@@ -268,6 +273,7 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
     theory = read_parquet_checked(inputs["theory"]) if "theory" in needed else None
     comparisons = (read_parquet_checked(inputs["comparisons"]) if "comparisons" in needed and inputs.get("comparisons")
                    else None)
+    trials = read_parquet_checked(inputs["trials"]) if "trials" in needed and inputs.get("trials") else None
     per_query = (_read_metrics(inputs, "per_query", {"dim": [dim], "sharpness": [sharp], "distribution": facets})
                  if "per_query" in needed else None)
     per_key = (_read_metrics(inputs, "per_key",
@@ -293,6 +299,7 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
         "tail_sweep": lambda: fg.tail_sweep(summary, nu, dim=dim, budget=budget, sharpness=sharp, colors=colors),
         "rank_sweep": lambda: fg.rank_sweep(summary, rank, slice_["rank_references"], budget=budget, sharpness=sharp,
                                             colors=colors),
+        "query_model": lambda: _query_model(slice_, trials, budget, sharp),
         "sharpness_sweep": lambda: fg.sharpness_sweep(summary, dim=dim, budget=budget, distributions=facets,
                                                       comparisons=comparisons, colors=colors,
                                                       paper_ratio=slice_.get("paper_kl_ratio")),
@@ -330,6 +337,21 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
     return written
 
 
+def _query_model(slice_: Mapping[str, Any], trials: pd.DataFrame | None, budget: int, sharpness: float) -> Any:
+    """The query-model figure: C5's statistic for KQV (the claim's scheme; else the first scheme)
+    under each query model of the low-rank distributions (slice ``query_variants``)."""
+    from .. import figures as fg
+
+    parents = {d["name"]: d["params"] for d in slice_["distributions"] if d["kind"] == "low_rank"}
+    variants = {v["name"]: {"of": v["keys_of"], "query": v["query"]} for v in slice_.get("query_variants", [])}
+    scheme = "KQV" if "KQV" in slice_["schemes"] else slice_["schemes"][0]
+    frame = trials if trials is not None else pd.DataFrame(columns=["distribution", "dim", "scheme", "budget",
+                                                                    "sharpness", "kl"])
+    points = fg.query_model_points(frame, parents, variants, slice_["rank_references"], scheme=scheme, budget=budget,
+                                   sharpness=sharpness)
+    return fg.query_model_sweep(points, scheme=scheme, budget=budget, sharpness=sharpness)
+
+
 def _real_heatmap(means: pd.DataFrame, schemes: Sequence[str], budget: int) -> Any:
     """The real heat map: rows the real distributions (keys quantized after RoPE, then before),
     columns the study's schemes in config order."""
@@ -344,7 +366,7 @@ def _real_heatmap(means: pd.DataFrame, schemes: Sequence[str], budget: int) -> A
 
 
 #: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = ("summary", "comparisons", "theory", "per_query", "per_key", "data", "real_per_query",
+INTERMEDIATE_INPUTS = ("summary", "comparisons", "theory", "trials", "per_query", "per_key", "data", "real_per_query",
                        "e2e_summary", "e2e_sensitivity", "frontier_points")
 
 
@@ -356,6 +378,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--summary")
     parser.add_argument("--comparisons")
     parser.add_argument("--theory")
+    parser.add_argument("--trials", help="the gathered per-trial table (the query-model figure)")
     parser.add_argument("--per-query", dest="per_query", nargs="+", default=[])
     parser.add_argument("--per-key", dest="per_key", nargs="+", default=[])
     parser.add_argument("--data", nargs="+", default=[], help="data manifests (for the marginal figure)")

@@ -25,7 +25,7 @@ from ..metrics import trial_metrics_multi
 from ..schemes import Scheme
 from ..seeds import derived_seed
 from ._slice import add_slice_arguments, slice_scheme, stage_slice
-from .quantize import packed_cache_name
+from .quantize import cache_identity_name, packed_cache_name
 
 
 def run_metrics(
@@ -95,10 +95,11 @@ def _check_cache_matches(
 ) -> None:
     """The packed cache must be the one this cell's quantize job writes: same shape, scheme side,
     budget, norm storage and the seeds derived from (distribution, dim, trial, side). A stale
-    file or one copied from another cell would otherwise be measured and labelled as this cell."""
+    file or one copied from another cell would otherwise be measured and labelled as this cell.
+    A query-model variant reads its parent's caches (:func:`.quantize.cache_identity_name`)."""
     spec = scheme.side(side)
     budget = slice_["budget"]
-    identity = (slice_["distribution"]["name"], slice_["dim"], trial)
+    identity = (cache_identity_name(slice_), slice_["dim"], trial)
     base = slice_["base_seed"]
     expected: dict[str, Any] = {
         "rows": shape[0],

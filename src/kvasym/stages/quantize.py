@@ -20,6 +20,12 @@ from ..manifest import load_manifest, stored_trials, trials_path
 from ._slice import add_slice_arguments, slice_scheme, stage_slice
 
 
+def cache_identity_name(slice_: Mapping[str, Any]) -> str:
+    """The distribution name in the rotation and QJL seeds of a cell: the parent's for a
+    query-model variant (``keys_of``: same keys, so the same packed caches), else its own."""
+    return slice_["distribution"].get("keys_of") or slice_["distribution"]["name"]
+
+
 def packed_cache_name(trial: int, side: str) -> str:
     """The name of one trial's cache side inside a cell's packed file."""
     return f"t{trial}.{side}"
@@ -35,7 +41,7 @@ def run_quantize(slice_: Mapping[str, Any], data_json: str | os.PathLike, out_np
     caches: dict[str, PackedCache] = {}
     for trial in range(slice_["trials"]):
         data = read_trial(trial)
-        identity = (slice_["distribution"]["name"], slice_["dim"], trial)
+        identity = (cache_identity_name(slice_), slice_["dim"], trial)
         pair = quantize_pair(data.keys, data.values, scheme, slice_["budget"], base_seed=slice_["base_seed"],
                              identity=identity, norm_dtype=slice_["norm_dtype"])
         for side, cache in pair.items():
