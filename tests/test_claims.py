@@ -440,3 +440,35 @@ def test_catastrophic_share_claim_is_decided_over_trials(shares, expected):
         assert result["high"] == pytest.approx(min(1.0, x.mean() + half), rel=1e-9)
         assert result["low"] == pytest.approx(max(0.0, x.mean() - half), rel=1e-9, abs=1e-15)
     assert result["details"]["kl_mean"] == 0.1 and result["details"]["n_trials"] == 8
+
+
+@pytest.mark.parametrize("ratio, theory, expected", [(5.6, 5.7, HOLDS), (2.25, 5.7, FAILS), (5.1, 5.7, INCONCLUSIVE)])
+def test_kl_ratio_within_its_second_order_prediction(ratio, theory, expected):
+    """C2t: {op: within} without a target compares the KL ratio's CI (ratio +- 2% here) with the
+    comparisons row's ``ratio_theory`` (the second-order prediction), oriented as asked: read as
+    B/A the same cell has the inverse ratio and the inverse prediction, and the same verdict."""
+    comparisons = _comparisons(ratio, -30.0, -5.0).assign(ratio_theory=theory, ratio_mean_low=0.98 * ratio,
+                                                          ratio_mean_high=1.02 * ratio)
+    rule = {"op": "within", "value": 0.10}
+    where = {"distribution": "g", "dim": 64, "budget": 4, "sharpness": 1.0}
+    claims = [{"id": cid, "statement": "s", "statistic": "kl_ratio", "where": {**where, "a": a, "b": b},
+               "holds_if": rule} for cid, a, b in (("F", "A", "B"), ("R", "B", "A"))]
+    forward, backward = evaluate_claims(claims, _tables(comparisons))
+    assert forward["details"]["theory"] == pytest.approx(theory)
+    assert backward["details"]["theory"] == pytest.approx(1 / theory)
+    assert forward["verdict"] == backward["verdict"] == expected
+    assert "closed form" in forward["reason"]
+
+
+def test_shipped_ledger_tests_closed_forms_two_sidedly():
+    """Issue 14, point 5: the "matches its closed form" claims are `within` rules without a target
+    (the closed form decides), C1a's "at least pi/2" is marked as fixed by its closed form, and
+    every "within X%" statement carries its rule's margin."""
+    claims = {c["id"]: c for c in load_claims("config/claims.yaml")}
+    for cid in ("C1f", "C1g", "C1h", "C2t"):
+        assert claims[cid]["holds_if"]["op"] == "within" and "target" not in claims[cid]["holds_if"], cid
+    assert claims["C1a"]["construction"]["verdict"] == FAILS
+    for cid, claim in claims.items():
+        rule = claim["holds_if"]
+        if rule["op"] == "within":
+            assert f"within {100 * rule['value']:g}%" in claim["statement"], cid

@@ -723,3 +723,21 @@ def test_paper_compiles_without_tables_claims_or_figures(tmp_path):
     text = _latexmk(paper)
     assert "table table_results has not been generated" in text
     assert "n/a" in text and COMMIT[:12] in text
+
+
+def test_closed_forms_stand_beside_the_measured_ratios():
+    """Issue 14, point 5: the tests table prints each KL ratio's second-order prediction (as
+    stored, A/B), the theory table the hadamard ratio beside its closed form, the claims ledger
+    the closed form a claim is decided against; '--' where there is none."""
+    frames = synthetic_frames()
+    frames["comparisons"]["ratio_theory"] = 5.6993
+    theory = frames["theory"]
+    extra = theory[theory["check"] == "qjl_vs_nbit"].assign(check="hadamard_vs_nbit", estimate=2.0123, low=1.9,
+                                                            high=2.1, theory=2.0611)
+    frames["theory"] = pd.concat([theory, extra], ignore_index=True)
+    frames["claims"][0]["details"] = {"theory": 4.8666}
+    texts = tables.table_texts(frames, HEADLINE, ["table_tests", "table_theory", "table_claims"])
+    assert "$5.70$" in texts["table_tests"]
+    assert "$2.01\\ [1.90, 2.10]$ & $2.06$" in texts["table_theory"]
+    rows = [line for line in texts["table_claims"].splitlines() if line.startswith("C2 &") or line.startswith("C3 &")]
+    assert "& $4.87$ &" in rows[0] and "& -- &" in rows[1]

@@ -181,6 +181,8 @@ def tests_context(comparisons: pd.DataFrame, headline: Mapping[str, Any]) -> dic
             rows.append({
                 "a": str(r["scheme_a"]), "b": str(r["scheme_b"]),
                 "ratio": ratio["estimate"], "ratio_low": ratio["low"], "ratio_high": ratio["high"],
+                # its second-order prediction (kvasym.theory.predicted_kl_ratio), stored as a / b
+                "ratio_theory": float(r["ratio_theory"]) if "ratio_theory" in r.index else math.nan,
                 "rank_biserial": float(r["q_rank_biserial"]), "ks_d": float(r["q_ks_d"]),
                 "q_log10_p": float(r["q_log10_p"]), "q_log10_p_holm": float(r["q_log10_p_holm"]),
                 "t_log10_p_holm": float(r["t_wilcoxon_log10_p_holm"]),
@@ -198,8 +200,10 @@ def tests_context(comparisons: pd.DataFrame, headline: Mapping[str, Any]) -> dic
 
 
 def theory_context(theory: pd.DataFrame) -> dict[str, Any]:
-    """QJL variance ratios (measured with CI, closed form) per (distribution, dim, budget) and
-    the KS test of rotated key coordinates against the Beta law per (distribution, dim)."""
+    """Variance ratios of a sketched key (measured with CI, closed form) per (distribution, dim,
+    budget): QJL's Gaussian sketch against the scalar residual and the n-bit scalar, and the
+    hadamard sketch against the n-bit scalar; the KS test of rotated key coordinates against the
+    Beta law per (distribution, dim)."""
     _require(theory, "theory", ["distribution", "dim", "check", "budget", "estimate", "low", "high", "theory",
                                 "statistic", "p"])
     groups = []
@@ -209,7 +213,8 @@ def theory_context(theory: pd.DataFrame) -> dict[str, Any]:
         rows = []
         for budget in sorted(t.loc[t["check"].isin(["qjl_vs_residual", "qjl_vs_nbit"]), "budget"].unique()):
             row: dict[str, Any] = {"budget": int(budget)}
-            for check, label in (("qjl_vs_residual", "residual"), ("qjl_vs_nbit", "nbit")):
+            for check, label in (("qjl_vs_residual", "residual"), ("qjl_vs_nbit", "nbit"),
+                                 ("hadamard_vs_nbit", "hadamard")):
                 hit = t[(t["check"] == check) & (t["budget"] == budget)]
                 r = hit.iloc[0] if not hit.empty else None
                 for field in ("estimate", "low", "high", "theory"):
@@ -225,6 +230,13 @@ def theory_context(theory: pd.DataFrame) -> dict[str, Any]:
     if not groups:
         raise KvasymError("the theory table is empty")
     return {"groups": groups}
+
+
+def _finite_or_nan(value: Any) -> float:
+    try:
+        return float(value) if value is not None else math.nan
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def _claim_row(r: Mapping[str, Any]) -> dict[str, Any]:
@@ -243,6 +255,9 @@ def _claim_row(r: Mapping[str, Any]) -> dict[str, Any]:
         "low": math.nan if r.get("low") is None else float(r["low"]),
         "high": math.nan if r.get("high") is None else float(r["high"]),
         "log10_p": math.nan if r.get("log10_p") is None else float(r["log10_p"]),
+        # the closed form a claim's statistic is predicted by (theory rows, the KL ratio's
+        # second-order prediction), beside the estimate; NaN where there is none
+        "theory": _finite_or_nan(details.get("theory")),
         "verdict": str(r["verdict"]),
         "reason": str(r.get("reason", "")),
         "cells": cells,
