@@ -11,7 +11,8 @@ the energy test of the six-dimensional error summaries with units as its points
 null, enough permutations for its Holm family, which is this job's: every (budget, sharpness,
 scheme pair) of the (distribution, dim), so adding a distribution to the grid changes no
 existing p); per-cell summaries (KL, and the bounded measures TV and JS by mean and p99, top-1
-agreement and the catastrophic share) and per-trial means.
+agreement and the catastrophic share) and per-trial means (with the trial's ``text``: its unit
+for real rows, empty for synthetic ones).
 
 The independent unit of the per-unit tests and intervals is the trial for synthetic
 distributions (every trial an independent draw) and the TEXT for real-model ones, whose trials
@@ -207,6 +208,10 @@ def run_stats(
         .mean()
         .reset_index()
     )
+    # the independent unit each trial belongs to: its text for real rows ("" for synthetic ones,
+    # whose every trial is its own unit), so that claims over per-trial means (distribution_ratio)
+    # can resample and pair texts, not the caches nested in them
+    trial_means["text"] = "" if texts is None else trial_means["trial"].map(texts).astype(str)
     meta = provenance(slice_)
     write_frame_atomic(pd.DataFrame(rows), out_comparisons, meta)
     write_frame_atomic(pd.DataFrame(summaries), out_summary, meta)
