@@ -543,3 +543,23 @@ def test_c11r_pairs_per_text_means_with_the_text_as_unit():
     (caches,) = evaluate_claims([{**claim, "where": {**where, "paired": True}}], _text_design(with_text=False))
     assert caches["details"]["unit"] == "trial" and caches["details"]["n_units"] == 56
     assert caches["high"] - caches["low"] < 0.5 * (paired["high"] - paired["low"])
+
+
+def test_a_jensen_claim_shows_the_cells_three_slopes():
+    """C9kqv is decided on the weight-adjusted slope; its details carry the plain and the
+    key-norm-adjusted slope of the same cell (and no other cell's)."""
+    rows = []
+    for check, value in (("jensen_slope", -1.7), ("jensen_slope_adjusted", -1.5), ("jensen_slope_norm", -2.1)):
+        for scheme, shift in (("KQV", 0.0), ("QKQV", 5.0)):
+            rows.append(dict(distribution="g", dim=64, check=check, scheme=scheme, budget=4, sharpness=2.0,
+                             estimate=value + shift, low=value + shift - 0.2, high=value + shift + 0.2, theory=0.5,
+                             statistic=np.nan, p=np.nan, n=512.0))
+    empty = pd.DataFrame()
+    claim = {"id": "C9kqv", "statement": "s", "statistic": "theory", "holds_if": {"op": "within", "value": 0.5},
+             "where": {"check": "jensen_slope_adjusted", "distribution": "g", "dim": 64, "budget": 4,
+                       "scheme": "KQV", "sharpness": 2.0}}
+    (result,) = evaluate_claims([claim], Tables(comparisons=empty, summary=empty, trials=empty,
+                                                theory=pd.DataFrame(rows)))
+    assert result["estimate"] == -1.5 and result["verdict"] == FAILS
+    assert result["details"]["jensen_slope"] == pytest.approx([-1.7, -1.9, -1.5])
+    assert result["details"]["jensen_slope_norm"] == pytest.approx([-2.1, -2.3, -1.9])

@@ -503,3 +503,46 @@ def test_second_order_expansion_makes_the_kl_ratio_the_logit_error_variance_rati
         kl[name] = float(np.mean(kl_divergence(log_ref, log_softmax(attention_logits(queries, k_hat, 1.0)))))
     predicted = predicted_kl_ratio(get_scheme("QKQV").K, get_scheme("KQV").K, 4, 128)
     assert kl["QKQV"] / kl["KQV"] == pytest.approx(predicted, rel=0.05)
+
+
+def test_jensen_slope_sign_flips_with_edens_unbiased_rescale() -> None:
+    """Issue 14, point 6: why KV/KQV/RKV show negative Jensen slopes. A Lloyd-Max reconstruction
+    shrinks each key (<k_hat, k> / |k|^2 = 1 - D(n) < 1: 0.992 at d = 64, n = 4), so logit errors
+    carry a bias -(1 - c) l_ij and the keys whose logits vary most (the dominant ones) lose weight;
+    EDEN's unbiased scale (RKV-EDEN, the same codes) removes the shrinkage and the slope returns
+    to Jensen's 1/2. Holding the key norm fixed does not remove the negative slope: the bias is
+    proportional to the logit, not to the norm. Gaussian data, d = 64, 512 keys, 256 queries,
+    s = 1, 3 trials as clusters (the JENSEN_SLOPE docstring has the 4-trial numbers)."""
+    from kvasym import stats
+    from kvasym.cache import quantize
+    from kvasym.distributions import DistributionSpec, generate_trial
+    from kvasym.metrics import trial_metrics
+    from kvasym.schemes import get_scheme
+
+    spec = DistributionSpec("gaussian", "gaussian")
+    fits = {}
+    for name in ("RKV", "RKV-EDEN"):
+        parts: dict[str, list] = {"var": [], "excess": [], "log_norm": [], "trial": [], "shrink": []}
+        for trial in range(3):
+            data = generate_trial(spec, 64, 512, 256, 0, trial)
+            k_hat = quantize(data.keys, get_scheme(name).K, 4, rotation_seed=100 + trial,
+                             qjl_seed=200 + trial).dequantize("float64")
+            _, per_key = trial_metrics(data.queries, data.keys, data.values, k_hat, data.values, 1.0)
+            var, excess, kept = jensen_points(per_key)
+            parts["var"].append(var)
+            parts["excess"].append(excess)
+            parts["log_norm"].append(np.log(per_key["key_norm"][kept]))
+            parts["trial"].append(np.full(var.size, trial))
+            parts["shrink"].append(np.sum(k_hat * data.keys, 1) / np.sum(data.keys**2, 1))
+        c = {k: np.concatenate(v) for k, v in parts.items()}
+        fits[name] = {label: stats.linear_slope_ci(c["var"], c["excess"], n_boot=200, base_seed=0,
+                                                   identity=(name, label), clusters=c["trial"], controls=ctl)
+                      for label, ctl in (("plain", None), ("norm", c["log_norm"]))}
+        fits[name]["shrink"] = float(np.mean(c["shrink"]))
+    assert fits["RKV"]["shrink"] == pytest.approx(1 - lloyd_max_codebook(64, 4).mse_per_vector, abs=2e-3)
+    assert fits["RKV-EDEN"]["shrink"] == pytest.approx(1.0, abs=1e-3)
+    for label in ("plain", "norm"):
+        assert fits["RKV"][label]["high"] < 0 < fits["RKV-EDEN"][label]["low"], label
+    from kvasym.theory import JENSEN_SLOPE
+
+    assert fits["RKV-EDEN"]["plain"]["slope"] == pytest.approx(JENSEN_SLOPE, abs=0.15)

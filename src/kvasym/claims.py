@@ -334,6 +334,11 @@ def stat_distribution_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
     return Measurement(ci["estimate"], ci["low"], ci["high"], details=details, interval=True)
 
 
+#: The Jensen-slope rows of the theory table: alone, holding the log reference weight fixed,
+#: holding the log key norm fixed (kvasym.stages.theory).
+JENSEN_CHECKS = ("jensen_slope", "jensen_slope_adjusted", "jensen_slope_norm")
+
+
 def stat_theory(t: Tables, where: Mapping[str, Any]) -> Measurement:
     """A row of the theory table (``check``): the measured estimate with its CI and the closed
     form (``theory``) in the details."""
@@ -345,10 +350,21 @@ def stat_theory(t: Tables, where: Mapping[str, Any]) -> Measurement:
     for key in ("budget", "scheme"):
         if key in where:
             conditions[key] = where[key]
-    if "sharpness" in where and where["check"] in ("jensen_slope", "jensen_slope_adjusted"):
+    if "sharpness" in where and where["check"] in JENSEN_CHECKS:
         conditions["sharpness"] = float(where["sharpness"])
     row = select_cells(t.theory, "theory", **conditions).iloc[0]
     details = {"theory": float(row["theory"]), "n": float(row["n"])}
+    if where["check"] in JENSEN_CHECKS:
+        # the same cell's slope fitted alone, holding the reference weight and holding the key
+        # norm fixed: a Jensen claim decided on one of them shows the others beside it
+        for check in JENSEN_CHECKS:
+            sibling = t.theory[(t.theory["check"] == check) & (t.theory["distribution"] == row["distribution"])
+                               & (t.theory["dim"] == row["dim"]) & (t.theory["scheme"] == row["scheme"])
+                               & (t.theory["budget"] == row["budget"])
+                               & np.isclose(t.theory["sharpness"].astype(float), float(row["sharpness"]))]
+            if not sibling.empty:
+                details[check] = [float(sibling["estimate"].iloc[0]), float(sibling["low"].iloc[0]),
+                                  float(sibling["high"].iloc[0])]
     if not math.isnan(row["theory"]):
         details["relative_to_theory"] = float(row["estimate"] / row["theory"])
     if where["check"] == "ks_beta":

@@ -59,6 +59,7 @@ PER_KEY_SCHEMA = pa.schema(
             "log_weight_excess",
             "k_eps_dir",
             "k_snr_db",
+            "key_norm",
         )
     ]
 )
