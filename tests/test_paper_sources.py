@@ -546,7 +546,7 @@ def _rows(text: str) -> dict[tuple[str, str], list[str]]:
     out, budget = {}, None
     for line in text.splitlines():
         cells = [c.strip() for c in line.rstrip("\\ ").split(" & ")]
-        if len(cells) == 13 and not line.startswith("$n$") and "multicolumn" not in line and "mean &" not in line:
+        if len(cells) == 15 and not line.startswith("$n$") and "multicolumn" not in line and "mean &" not in line:
             budget = cells[0] or budget
             out[(budget, cells[1])] = cells
     return out
@@ -741,3 +741,19 @@ def test_closed_forms_stand_beside_the_measured_ratios():
     assert "$2.01\\ [1.90, 2.10]$ & $2.06$" in texts["table_theory"]
     rows = [line for line in texts["table_claims"].splitlines() if line.startswith("C2 &") or line.startswith("C3 &")]
     assert "& $4.87$ &" in rows[0] and "& -- &" in rows[1]
+
+
+def test_results_table_gives_total_bits_as_stored_and_with_float16_norms():
+    """Issue 14, point 8: beside K's and V's payload + side, the whole cache's total bits per
+    coordinate (mean of K's and V's payload + side) as stored and with float16 norms; '--' for
+    the float16 column when the summary predates it."""
+    frames = synthetic_frames()
+    frames["summary"] = frames["summary"].drop(columns=["k_bits_side16_mean", "v_bits_side16_mean"])
+    text = tables.table_texts(frames, HEADLINE, ["table_results"])["table_results"]
+    row = next(line for line in text.splitlines() if line.startswith("4 & KV &"))
+    # budget 4: (4 + 0.5 + 4 + 1.015625) / 2 = 4.7578125
+    assert row.endswith("& $4 + 0.5$ & $4 + 1.02$ & $4.76$ & -- \\\\"), row
+    summary = frames["summary"].assign(k_bits_side16_mean=0.25, v_bits_side16_mean=0.5078125)
+    text = tables.table_texts({**frames, "summary": summary}, HEADLINE, ["table_results"])["table_results"]
+    row = next(line for line in text.splitlines() if line.startswith("4 & KV &"))
+    assert row.endswith("& $4.76$ & $4.38$ \\\\"), row  # (4 + 0.25 + 4 + 0.5078125) / 2 = 4.379

@@ -114,11 +114,20 @@ def _require(frame: pd.DataFrame, what: str, columns: Sequence[str]) -> None:
         raise KvasymError(f"the {what} table lacks column(s) {missing}")
 
 
+def total_bits(row: Mapping[str, Any], side: str = "side") -> float:
+    """Bits per coordinate of the whole cache (K and V, of equal dim): the mean over the two
+    sides of payload + ``side`` (``side``: as stored; ``side16``: with float16 norms) of a
+    summary row."""
+    return float(np.mean([float(row[f"{s}_bits_payload_mean"]) + float(row[f"{s}_bits_{side}_mean"])
+                          for s in ("k", "v")]))
+
+
 def results_context(summary: pd.DataFrame, headline: Mapping[str, Any]) -> dict[str, Any]:
     """Main results: every distribution, budget and scheme at the headline dim and sharpness."""
     _require(summary, "summary", ["distribution", "kind", "dim", "budget", "sharpness", "scheme", "n_queries",
                                   *RESULT_COLUMNS, "k_bits_payload_mean", "k_bits_side_mean",
                                   "v_bits_payload_mean", "v_bits_side_mean"])
+    has_side16 = {"k_bits_side16_mean", "v_bits_side16_mean"} <= set(summary.columns)
     frame = _at(summary, "summary", headline, ["dim", "sharpness"])
     schemes = _unique(frame["scheme"])
     groups = []
@@ -138,6 +147,10 @@ def results_context(summary: pd.DataFrame, headline: Mapping[str, Any]) -> dict[
                     n_queries=int(r["n_queries"]),
                     k_bits_payload=float(r["k_bits_payload_mean"]), k_bits_side=float(r["k_bits_side_mean"]),
                     v_bits_payload=float(r["v_bits_payload_mean"]), v_bits_side=float(r["v_bits_side_mean"]),
+                    # the whole cache's bits per coordinate (K and V have the same dim): as
+                    # stored, and with float16 norms (issue 14, point 8: equal budget is payload only)
+                    bits_total=total_bits(r, "side"),
+                    bits_total16=total_bits(r, "side16") if has_side16 else math.nan,
                     best={c: flags[c][i] for c in RESULT_COLUMNS},
                 )
                 rows.append(row)

@@ -52,7 +52,7 @@ ERROR_6D = ("k_eff_bits", "k_phi", "v_eff_bits", "v_phi", "t_eff_bits", "t_phi")
 SUMMARY_METRICS = (
     "recall_top5", "top1", "catastrophic", "t_eps_dir", "t_phi", "t_snr_db", "t_eff_bits", "k_eps_dir", "k_phi",
     "k_snr_db", "k_eff_bits", "v_eps_dir", "v_phi", "v_snr_db", "v_eff_bits",
-    "k_bits_payload", "k_bits_side", "v_bits_payload", "v_bits_side",
+    "k_bits_payload", "k_bits_side", "v_bits_payload", "v_bits_side", "k_bits_side16", "v_bits_side16",
 )
 #: Bounded per-query measures summarised beside KL by their mean and 99th percentile (issue 14,
 #: point 7: KL reaches 1e3-1e5 nats on near-one-hot cells; TV is in [0, 1], JS in [0, ln 2]).
