@@ -752,7 +752,7 @@ def test_results_table_gives_total_bits_as_stored_and_with_float16_norms():
     text = tables.table_texts(frames, HEADLINE, ["table_results"])["table_results"]
     row = next(line for line in text.splitlines() if line.startswith("4 & KV &"))
     # budget 4: (4 + 0.5 + 4 + 1.015625) / 2 = 4.7578125
-    assert row.endswith("& $4 + 0.5$ & $4 + 1.02$ & $4.76$ & -- \\\\"), row
+    assert row.endswith("& $0.500$ & $1.02$ & $4.76$ & -- \\\\"), row
     summary = frames["summary"].assign(k_bits_side16_mean=0.25, v_bits_side16_mean=0.5078125)
     text = tables.table_texts({**frames, "summary": summary}, HEADLINE, ["table_results"])["table_results"]
     row = next(line for line in text.splitlines() if line.startswith("4 & KV &"))
