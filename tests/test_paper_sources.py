@@ -757,3 +757,26 @@ def test_results_table_gives_total_bits_as_stored_and_with_float16_norms():
     text = tables.table_texts({**frames, "summary": summary}, HEADLINE, ["table_results"])["table_results"]
     row = next(line for line in text.splitlines() if line.startswith("4 & KV &"))
     assert row.endswith("& $4.76$ & $4.38$ \\\\"), row  # (4 + 0.25 + 4 + 0.5078125) / 2 = 4.379
+
+
+def test_theory_table_sets_the_kl_ratio_beside_its_second_order_prediction():
+    """Issue 14, point 5: per (distribution, d, budget) the theory table gives the mean-KL ratio
+    of the first pair with a prediction other than 1, oriented so that the prediction exceeds 1
+    (stored KQV/QKQV = 0.17777 [0.15, 0.19] with prediction 1/5.6993 prints as QKQV/KQV
+    5.63 [5.26, 6.67] beside 5.70), at the headline sharpness only; pairs predicted equal (1)
+    or without a prediction (unrotated keys: NaN) are skipped."""
+    frames = synthetic_frames(schemes=("KV", "KQV", "QKQV", "RKV"))
+    comparisons = frames["comparisons"]
+    predictions = {("KV", "KQV"): np.nan, ("KQV", "RKV"): 1.0, ("KQV", "QKQV"): 1 / 5.6993}
+    comparisons["ratio_theory"] = [predictions.get((a, b), np.nan) for a, b in
+                                   zip(comparisons["scheme_a"], comparisons["scheme_b"])]
+    comparisons.loc[comparisons["sharpness"] != HEADLINE["sharpness"], "ratio_mean"] = 99.0
+    assert tables.kl_prediction_pair(comparisons) == ("QKQV", "KQV")
+    text = tables.table_texts({**frames, "comparisons": comparisons}, HEADLINE, ["table_theory"])["table_theory"]
+    assert "\\textsf{QKQV}/\\textsf{KQV}" in text
+    rows = [line for line in text.splitlines() if line.startswith("4 &")]
+    assert rows and all(line.endswith("& $5.63\\ [5.26, 6.67]$ & $5.70$ \\\\") for line in rows), rows
+    without = tables.table_texts(frames | {"comparisons": comparisons.drop(columns="ratio_theory")}, HEADLINE,
+                                 ["table_theory"])["table_theory"]
+    assert "\\textsf{" not in without and all(line.endswith("& -- & -- \\\\")
+                                             for line in without.splitlines() if line.startswith("4 &"))

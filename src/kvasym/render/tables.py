@@ -212,13 +212,52 @@ def tests_context(comparisons: pd.DataFrame, headline: Mapping[str, Any]) -> dic
     }
 
 
-def theory_context(theory: pd.DataFrame) -> dict[str, Any]:
+def kl_prediction_pair(comparisons: pd.DataFrame) -> tuple[str, str] | None:
+    """The scheme pair whose KL ratio the theory table sets beside its second-order prediction:
+    the first KL comparison (in table order) with a finite prediction other than 1, oriented so
+    that the prediction exceeds 1 (e.g. QKQV/KQV); None without one."""
+    if "ratio_theory" not in comparisons.columns:
+        return None
+    kl = comparisons[comparisons["metric"] == "kl"]
+    for _, r in kl.iterrows():
+        theory = float(r["ratio_theory"])
+        if math.isfinite(theory) and theory > 0 and theory != 1.0:
+            a, b = str(r["scheme_a"]), str(r["scheme_b"])
+            return (a, b) if theory > 1 else (b, a)
+    return None
+
+
+def _kl_prediction(comparisons: pd.DataFrame | None, pair: tuple[str, str] | None, headline: Mapping[str, Any] | None,
+                   distribution: str, dim: int, budget: int) -> dict[str, float]:
+    """``kl_estimate``, ``kl_low``, ``kl_high`` (mean-KL ratio of ``pair`` at the headline
+    sharpness, :func:`kvasym.cells.pair_ratio`) and ``kl_theory`` (its prediction, oriented
+    alike); NaN where the cell is missing."""
+    out = {"kl_estimate": math.nan, "kl_low": math.nan, "kl_high": math.nan, "kl_theory": math.nan}
+    if comparisons is None or pair is None or headline is None or "sharpness" not in headline:
+        return out
+    try:
+        ratio = pair_ratio(comparisons, pair[0], pair[1], distribution=distribution, dim=dim, budget=budget,
+                           sharpness=float(headline["sharpness"]))
+    except MissingCell:
+        return out
+    theory = float(ratio["row"]["ratio_theory"])
+    if ratio["swapped"]:
+        theory = math.nan if not math.isfinite(theory) or theory == 0 else 1.0 / theory
+    return {"kl_estimate": ratio["estimate"], "kl_low": ratio["low"], "kl_high": ratio["high"], "kl_theory": theory}
+
+
+def theory_context(theory: pd.DataFrame, comparisons: pd.DataFrame | None = None,
+                   headline: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Variance ratios of a sketched key (measured with CI, closed form) per (distribution, dim,
     budget): QJL's Gaussian sketch against the scalar residual and the n-bit scalar, and the
-    hadamard sketch against the n-bit scalar; the KS test of rotated key coordinates against the
-    Beta law per (distribution, dim)."""
+    hadamard sketch against the n-bit scalar; with ``comparisons`` and ``headline``, the mean-KL
+    ratio of :func:`kl_prediction_pair` at the headline sharpness beside its second-order
+    prediction (the key sides' error-energy ratio, ``ratio_theory``: KL ~ (s^2/2) Var_p(delta l)
+    makes the KL ratio the logit-error variance ratio); the KS test of rotated key coordinates
+    against the Beta law per (distribution, dim)."""
     _require(theory, "theory", ["distribution", "dim", "check", "budget", "estimate", "low", "high", "theory",
                                 "statistic", "p"])
+    pair = None if comparisons is None else kl_prediction_pair(comparisons)
     groups = []
     for dist, dim in dict.fromkeys(zip(theory["distribution"], theory["dim"])):
         t = theory[(theory["distribution"] == dist) & (theory["dim"] == dim)]
@@ -232,6 +271,7 @@ def theory_context(theory: pd.DataFrame) -> dict[str, Any]:
                 r = hit.iloc[0] if not hit.empty else None
                 for field in ("estimate", "low", "high", "theory"):
                     row[f"{label}_{field}"] = math.nan if r is None else float(r[field])
+            row.update(_kl_prediction(comparisons, pair, headline, str(dist), int(dim), int(budget)))
             rows.append(row)
         groups.append({
             "distribution": str(dist), "dim": int(dim), "rows": rows,
@@ -242,7 +282,8 @@ def theory_context(theory: pd.DataFrame) -> dict[str, Any]:
         })
     if not groups:
         raise KvasymError("the theory table is empty")
-    return {"groups": groups}
+    return {"groups": groups, "kl_pair": list(pair) if pair else None,
+            "sharpness": float(headline["sharpness"]) if headline and "sharpness" in headline else math.nan}
 
 
 def _finite_or_nan(value: Any) -> float:
@@ -579,7 +620,8 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
             elif key == "comparisons":
                 contexts[key] = tests_context(frames[key], headline)
             elif key == "theory":
-                contexts[key] = theory_context(frames[key])
+                # the KL ratios beside their second-order predictions come from the comparisons
+                contexts[key] = theory_context(frames[key], frames.get("comparisons"), headline)
             else:
                 contexts[key] = claims_context(frames[key])
         out[name] = render_template(template, **contexts[key])
