@@ -440,3 +440,126 @@ def test_catastrophic_share_claim_is_decided_over_trials(shares, expected):
         assert result["high"] == pytest.approx(min(1.0, x.mean() + half), rel=1e-9)
         assert result["low"] == pytest.approx(max(0.0, x.mean() - half), rel=1e-9, abs=1e-15)
     assert result["details"]["kl_mean"] == 0.1 and result["details"]["n_trials"] == 8
+
+
+@pytest.mark.parametrize("ratio, theory, expected", [(5.6, 5.7, HOLDS), (2.25, 5.7, FAILS), (5.1, 5.7, INCONCLUSIVE)])
+def test_kl_ratio_within_its_second_order_prediction(ratio, theory, expected):
+    """C2t: {op: within} without a target compares the KL ratio's CI (ratio +- 2% here) with the
+    comparisons row's ``ratio_theory`` (the second-order prediction), oriented as asked: read as
+    B/A the same cell has the inverse ratio and the inverse prediction, and the same verdict."""
+    comparisons = _comparisons(ratio, -30.0, -5.0).assign(ratio_theory=theory, ratio_mean_low=0.98 * ratio,
+                                                          ratio_mean_high=1.02 * ratio)
+    rule = {"op": "within", "value": 0.10}
+    where = {"distribution": "g", "dim": 64, "budget": 4, "sharpness": 1.0}
+    claims = [{"id": cid, "statement": "s", "statistic": "kl_ratio", "where": {**where, "a": a, "b": b},
+               "holds_if": rule} for cid, a, b in (("F", "A", "B"), ("R", "B", "A"))]
+    forward, backward = evaluate_claims(claims, _tables(comparisons))
+    assert forward["details"]["theory"] == pytest.approx(theory)
+    assert backward["details"]["theory"] == pytest.approx(1 / theory)
+    assert forward["verdict"] == backward["verdict"] == expected
+    assert "closed form" in forward["reason"]
+
+
+def test_shipped_ledger_tests_closed_forms_two_sidedly():
+    """Issue 14, point 5: the "matches its closed form" claims are `within` rules without a target
+    (the closed form decides), C1a's "at least pi/2" is marked as fixed by its closed form, and
+    every "within X%" statement carries its rule's margin."""
+    claims = {c["id"]: c for c in load_claims("config/claims.yaml")}
+    for cid in ("C1f", "C1g", "C1h", "C2t"):
+        assert claims[cid]["holds_if"]["op"] == "within" and "target" not in claims[cid]["holds_if"], cid
+    assert claims["C1a"]["construction"]["verdict"] == FAILS
+    for cid, claim in claims.items():
+        rule = claim["holds_if"]
+        if rule["op"] == "within":
+            assert f"within {100 * rule['value']:g}%" in claim["statement"], cid
+
+
+def _fieller_by_hand(x: np.ndarray, y: np.ndarray, paired: bool) -> tuple[float, float]:
+    """Fieller's 95% set for mean(x)/mean(y) over the units' means x_g, y_g (Fieller 1954),
+    solved as a quadratic in r: paired on x_g - r y_g, unpaired with Welch's df at the estimate."""
+    from scipy import stats as sps
+
+    g_x, g_y = x.size, y.size
+    sxx, syy = np.var(x, ddof=1), np.var(y, ddof=1)
+    if paired:
+        sxy = np.cov(x, y, ddof=1)[0, 1]
+        t2 = sps.t.ppf(0.975, g_x - 1) ** 2
+        q2, q1, q0 = (g_x * y.mean() ** 2 - t2 * syy, -2 * (g_x * x.mean() * y.mean() - t2 * sxy),
+                      g_x * x.mean() ** 2 - t2 * sxx)
+    else:
+        r = x.mean() / y.mean()
+        va, vb = sxx / g_x, r * r * syy / g_y
+        df = (va + vb) ** 2 / (va**2 / (g_x - 1) + vb**2 / (g_y - 1))
+        t2 = sps.t.ppf(0.975, df) ** 2
+        q2, q1, q0 = y.mean() ** 2 - t2 * syy / g_y, -2 * x.mean() * y.mean(), x.mean() ** 2 - t2 * sxx / g_x
+    disc = math.sqrt(q1 * q1 - 4 * q2 * q0)
+    return (-q1 - disc) / (2 * q2), (-q1 + disc) / (2 * q2)
+
+
+def _text_design(copies: int = 1, with_text: bool = True) -> Tables:
+    """C11r's design: 8 texts x 7 (layer, head) caches quantized before ('pre') and after ('post')
+    RoPE. Text levels spread by a factor ~e (shared by pre and post), caches within a text by
+    ~e^0.3, pre/post = 1.15 with a text-level wobble of 5%; each cache listed ``copies`` times."""
+    gen = np.random.default_rng(4)
+    rows, trial = [], 0
+    for text in range(8):
+        level, ratio = math.exp(gen.normal(0, 1.0)), 1.15 * math.exp(gen.normal(0, 0.05))
+        for cache in range(7):
+            post = level * math.exp(gen.normal(0, 0.3))
+            for _ in range(copies):
+                for dist, value in (("pre", ratio * post), ("post", post)):
+                    rows.append(dict(distribution=dist, dim=64, budget=4, scheme="S", sharpness=1.0, trial=trial,
+                                     kl=value, **({"text": f"text{text}"} if with_text else {})))
+                trial += 1
+    return Tables(comparisons=pd.DataFrame(), summary=pd.DataFrame(), trials=pd.DataFrame(rows),
+                  theory=pd.DataFrame({"distribution": [], "dim": [], "check": []}))
+
+
+def test_c11r_pairs_per_text_means_with_the_text_as_unit():
+    """Issue 14: C11r's interval has the text as its unit and pairs the texts. On a constructed
+    design (8 texts x 7 caches, text levels shared by both treatments): the paired interval is
+    Fieller's on the 8 per-text means (solved by hand); the unpaired one is Welch-Fieller on the
+    same means and several times wider (the text levels do not cancel); listing every cache three
+    times leaves both unchanged (the text is the unit), while dropping the texts makes the 56
+    caches units and narrows the interval (the nesting ignored)."""
+    where = {"num": "pre", "den": "post", "dim": 64, "budget": 4, "scheme": "S", "sharpness": 1.0, "metric": "kl"}
+    claim = {"id": "C11r", "statement": "s", "statistic": "distribution_ratio", "holds_if": {"op": "<=", "value": 1.25}}
+    t = _text_design()
+    (paired,) = evaluate_claims([{**claim, "where": {**where, "paired": True}}], t)
+    (unpaired,) = evaluate_claims([{**claim, "where": where}], t)
+    frame = t.trials
+    means = {d: frame[frame["distribution"] == d].groupby("text")["kl"].mean().to_numpy() for d in ("pre", "post")}
+    assert (paired["low"], paired["high"]) == pytest.approx(_fieller_by_hand(means["pre"], means["post"], True),
+                                                            rel=1e-9)
+    assert (unpaired["low"], unpaired["high"]) == pytest.approx(
+        _fieller_by_hand(means["pre"], means["post"], False), rel=1e-9)
+    assert paired["details"]["unit"] == "text" and paired["details"]["n_units"] == 8
+    assert paired["details"]["n_trials"] == 56
+    assert 1.1 < paired["low"] < 1.15 < paired["high"] < 1.25
+    assert unpaired["high"] - unpaired["low"] > 5 * (paired["high"] - paired["low"])
+    assert paired["verdict"] == HOLDS and unpaired["verdict"] == INCONCLUSIVE
+    (tripled,) = evaluate_claims([{**claim, "where": {**where, "paired": True}}], _text_design(copies=3))
+    assert (tripled["low"], tripled["high"]) == pytest.approx((paired["low"], paired["high"]), rel=1e-9)
+    (caches,) = evaluate_claims([{**claim, "where": {**where, "paired": True}}], _text_design(with_text=False))
+    assert caches["details"]["unit"] == "trial" and caches["details"]["n_units"] == 56
+    assert caches["high"] - caches["low"] < 0.5 * (paired["high"] - paired["low"])
+
+
+def test_a_jensen_claim_shows_the_cells_three_slopes():
+    """C9kqv is decided on the weight-adjusted slope; its details carry the plain and the
+    key-norm-adjusted slope of the same cell (and no other cell's)."""
+    rows = []
+    for check, value in (("jensen_slope", -1.7), ("jensen_slope_adjusted", -1.5), ("jensen_slope_norm", -2.1)):
+        for scheme, shift in (("KQV", 0.0), ("QKQV", 5.0)):
+            rows.append(dict(distribution="g", dim=64, check=check, scheme=scheme, budget=4, sharpness=2.0,
+                             estimate=value + shift, low=value + shift - 0.2, high=value + shift + 0.2, theory=0.5,
+                             statistic=np.nan, p=np.nan, n=512.0))
+    empty = pd.DataFrame()
+    claim = {"id": "C9kqv", "statement": "s", "statistic": "theory", "holds_if": {"op": "within", "value": 0.5},
+             "where": {"check": "jensen_slope_adjusted", "distribution": "g", "dim": 64, "budget": 4,
+                       "scheme": "KQV", "sharpness": 2.0}}
+    (result,) = evaluate_claims([claim], Tables(comparisons=empty, summary=empty, trials=empty,
+                                                theory=pd.DataFrame(rows)))
+    assert result["estimate"] == -1.5 and result["verdict"] == FAILS
+    assert result["details"]["jensen_slope"] == pytest.approx([-1.7, -1.9, -1.5])
+    assert result["details"]["jensen_slope_norm"] == pytest.approx([-2.1, -2.3, -1.9])

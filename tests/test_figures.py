@@ -54,7 +54,7 @@ def make_per_query(distributions=("gaussian", "t1.05", "lowrank4"), dims=(64,), 
                 "catastrophic": float(q % 3 == 0 and 0.3 * scale > 0.5),
                 "t_snr_db": 5.0 * budget - 10 * phi_t, "t_eff_bits": budget - 2 * phi_t, "t_phi": phi_t,
                 "t_eps_dir": 1 - np.cos(phi_t), "k_bits_payload": float(budget), "k_bits_side": 0.5,
-                "v_bits_payload": float(budget), "v_bits_side": 0.5,
+                "v_bits_payload": float(budget), "v_bits_side": 0.5, "k_bits_side16": 0.25, "v_bits_side16": 0.25,
             })
     frame = pd.DataFrame(rows)
     return frame[PER_QUERY_SCHEMA.names]
@@ -114,6 +114,7 @@ def make_per_key(distributions=("gaussian", "t1.05", "lowrank4"), dims=(64,), sc
             "trial": 0, "key": np.arange(keys), "n_queries": 16, "logit_err_mean": gen.normal(0, 0.01, keys),
             "logit_err_var": var, "weight_ref_mean": ref, "weight_hat_mean": hat / hat.sum(),
             "log_weight_excess": np.log(hat / ref), "k_eps_dir": 0.01, "k_snr_db": 20.0,
+            "key_norm": gen.chisquare(dim, keys) ** 0.5,
         }))
     return pd.concat(parts, ignore_index=True)[PER_KEY_SCHEMA.names]
 

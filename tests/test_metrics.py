@@ -287,6 +287,7 @@ PER_KEY = {
     "log_weight_excess",
     "k_eps_dir",
     "k_snr_db",
+    "key_norm",
 }
 
 
@@ -327,6 +328,7 @@ def test_trial_metrics_against_direct_computation() -> None:
     k_cos = np.sum(k * k_hat, axis=1) / (np.linalg.norm(k, axis=1) * np.linalg.norm(k_hat, axis=1))
     np.testing.assert_allclose(per_query["k_eps_dir"], np.mean(1 - k_cos), rtol=1e-9)
     np.testing.assert_allclose(per_key["k_eps_dir"], 1 - k_cos, rtol=1e-8)
+    np.testing.assert_allclose(per_key["key_norm"], [math.hypot(*row) for row in k], rtol=1e-14)
 
     # Injected logit perturbation: e_ij = s * q_i . delta_j / sqrt(d).
     e = s * q @ delta.T / math.sqrt(d)

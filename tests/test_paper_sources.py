@@ -548,7 +548,7 @@ def _rows(text: str) -> dict[tuple[str, str], list[str]]:
     out, budget = {}, None
     for line in text.splitlines():
         cells = [c.strip() for c in line.rstrip("\\ ").split(" & ")]
-        if len(cells) == 13 and not line.startswith("$n$") and "multicolumn" not in line and "mean &" not in line:
+        if len(cells) == 15 and not line.startswith("$n$") and "multicolumn" not in line and "mean &" not in line:
             budget = cells[0] or budget
             out[(budget, cells[1])] = cells
     return out
@@ -726,3 +726,61 @@ def test_paper_compiles_without_tables_claims_or_figures(tmp_path):
     text = _latexmk(paper)
     assert "table table_results has not been generated" in text
     assert "n/a" in text and COMMIT[:12] in text
+
+
+def test_closed_forms_stand_beside_the_measured_ratios():
+    """Issue 14, point 5: the tests table prints each KL ratio's second-order prediction (as
+    stored, A/B), the theory table the hadamard ratio beside its closed form, the claims ledger
+    the closed form a claim is decided against; '--' where there is none."""
+    frames = synthetic_frames()
+    frames["comparisons"]["ratio_theory"] = 5.6993
+    theory = frames["theory"]
+    extra = theory[theory["check"] == "qjl_vs_nbit"].assign(check="hadamard_vs_nbit", estimate=2.0123, low=1.9,
+                                                            high=2.1, theory=2.0611)
+    frames["theory"] = pd.concat([theory, extra], ignore_index=True)
+    frames["claims"][0]["details"] = {"theory": 4.8666}
+    texts = tables.table_texts(frames, HEADLINE, ["table_tests", "table_theory", "table_claims"])
+    assert "$5.70$" in texts["table_tests"]
+    assert "$2.01\\ [1.90, 2.10]$ & $2.06$" in texts["table_theory"]
+    rows = [line for line in texts["table_claims"].splitlines() if line.startswith("C2 &") or line.startswith("C3 &")]
+    # the ledger's "ours [CI]" cell carries the closed form where there is one, and only there
+    assert "; theory $4.87$ &" in rows[0] and "theory" not in rows[1]
+
+
+def test_results_table_gives_total_bits_as_stored_and_with_float16_norms():
+    """Issue 14, point 8: beside K's and V's payload + side, the whole cache's total bits per
+    coordinate (mean of K's and V's payload + side) as stored and with float16 norms; '--' for
+    the float16 column when the summary predates it."""
+    frames = synthetic_frames()
+    frames["summary"] = frames["summary"].drop(columns=["k_bits_side16_mean", "v_bits_side16_mean"])
+    text = tables.table_texts(frames, HEADLINE, ["table_results"])["table_results"]
+    row = next(line for line in text.splitlines() if line.startswith("4 & KV &"))
+    # budget 4: (4 + 0.5 + 4 + 1.015625) / 2 = 4.7578125
+    assert row.endswith("& $0.500$ & $1.02$ & $4.76$ & -- \\\\"), row
+    summary = frames["summary"].assign(k_bits_side16_mean=0.25, v_bits_side16_mean=0.5078125)
+    text = tables.table_texts({**frames, "summary": summary}, HEADLINE, ["table_results"])["table_results"]
+    row = next(line for line in text.splitlines() if line.startswith("4 & KV &"))
+    assert row.endswith("& $4.76$ & $4.38$ \\\\"), row  # (4 + 0.25 + 4 + 0.5078125) / 2 = 4.379
+
+
+def test_theory_table_sets_the_kl_ratio_beside_its_second_order_prediction():
+    """Issue 14, point 5: per (distribution, d, budget) the theory table gives the mean-KL ratio
+    of the first pair with a prediction other than 1, oriented so that the prediction exceeds 1
+    (stored KQV/QKQV = 0.17777 [0.15, 0.19] with prediction 1/5.6993 prints as QKQV/KQV
+    5.63 [5.26, 6.67] beside 5.70), at the headline sharpness only; pairs predicted equal (1)
+    or without a prediction (unrotated keys: NaN) are skipped."""
+    frames = synthetic_frames(schemes=("KV", "KQV", "QKQV", "RKV"))
+    comparisons = frames["comparisons"]
+    predictions = {("KV", "KQV"): np.nan, ("KQV", "RKV"): 1.0, ("KQV", "QKQV"): 1 / 5.6993}
+    comparisons["ratio_theory"] = [predictions.get((a, b), np.nan) for a, b in
+                                   zip(comparisons["scheme_a"], comparisons["scheme_b"])]
+    comparisons.loc[comparisons["sharpness"] != HEADLINE["sharpness"], "ratio_mean"] = 99.0
+    assert tables.kl_prediction_pair(comparisons) == ("QKQV", "KQV")
+    text = tables.table_texts({**frames, "comparisons": comparisons}, HEADLINE, ["table_theory"])["table_theory"]
+    assert "\\textsf{QKQV}/\\textsf{KQV}" in text
+    rows = [line for line in text.splitlines() if line.startswith("4 &")]
+    assert rows and all(line.endswith("& $5.63\\ [5.26, 6.67]$ & $5.70$ \\\\") for line in rows), rows
+    without = tables.table_texts(frames | {"comparisons": comparisons.drop(columns="ratio_theory")}, HEADLINE,
+                                 ["table_theory"])["table_theory"]
+    assert "\\textsf{" not in without and all(line.endswith("& -- & -- \\\\")
+                                             for line in without.splitlines() if line.startswith("4 &"))

@@ -234,7 +234,7 @@ def test_seq_len_two_runs_to_a_ledger_with_undefined_slopes(tmp_path):
         per_key.append(pk)
     run_theory(study.theory_slice("gaussian", 64), data, per_key, theory)
     frame = pd.read_parquet(theory)
-    for check in ("jensen_slope", "jensen_slope_adjusted"):  # every scheme, beside Jensen's 1/2
+    for check in ("jensen_slope", "jensen_slope_adjusted", "jensen_slope_norm"):  # every scheme, beside 1/2
         slopes = frame[frame["check"] == check]
         assert len(slopes) == len(study.schemes) * len(study.sharpness)
         assert slopes["estimate"].isna().all() and (slopes["n"] < 3).all() and (slopes["theory"] == 0.5).all()

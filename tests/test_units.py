@@ -63,6 +63,9 @@ def test_real_comparisons_use_the_text_as_unit(real_files):
     comparisons = pd.read_parquet(out[0])
     kl = comparisons[comparisons["metric"] == "kl"].iloc[0]
     assert kl["unit"] == "text" and kl["n_units"] == 3 and kl["n_trials"] == len(texts)
+    # the per-trial table names each trial's text: C11r's interval resamples and pairs texts
+    trials = pd.read_parquet(out[2])
+    assert (trials["text"] == trials["trial"].map(texts)).all() and set(trials["text"]) == {"alpha", "beta", "gamma"}
     energy = comparisons[comparisons["metric"] == "error6d"]
     # the energy test's points are the texts too: one per text and scheme, 2^(3-1) swap patterns
     assert set(energy["unit"]) == {"text"} and set(energy["n_units"]) == {3} and set(energy["energy_exact"]) == {1}

@@ -64,6 +64,9 @@ __all__ = [
 #: 2: the header carries a SHA-256 of its fields and of every array (:func:`content_digest`).
 PACKED_FORMAT = 2
 NORM_DTYPES = ("float16", "float32")
+#: The primitives' side arrays stored in the cache's ``norm_dtype`` (:mod:`kvasym.composed`):
+#: the block mean of ``center`` and the coordinate scales of ``allocation: waterfill``.
+NORM_DTYPE_EXTRAS = ("mean", "coord_std")
 SEED_BITS = 64
 
 
@@ -163,8 +166,32 @@ class PackedCache:
         seeds = (1 if self.rotate else 0) + (1 if self.qjl else 0)
         return norm_bits + SEED_BITS * seeds
 
-    def bits_per_coordinate(self) -> dict[str, float]:
+    def side_bits_at(self, norm_dtype: str) -> int:
+        """:attr:`side_bits` with every array this cache stores in its ``norm_dtype`` (norms,
+        residual norms, and the primitives' mean and coordinate scales,
+        :data:`NORM_DTYPE_EXTRAS`) counted at ``norm_dtype``'s width instead: the side bits of
+        the same cache quantized with ``norm_dtype`` (the KLT basis and min-max scales keep
+        their own dtypes).
+
+        Raises
+        ------
+        KvasymError
+            If ``norm_dtype`` is not one of :data:`NORM_DTYPES`.
+        """
+        if norm_dtype not in NORM_DTYPES:
+            raise KvasymError(f"norm_dtype must be one of {', '.join(NORM_DTYPES)}, got {norm_dtype!r}")
+        width = np.dtype(norm_dtype).itemsize
+        governed = [self.norms, self.residual_norms] + [a for k, a in self.extras.items() if k in NORM_DTYPE_EXTRAS]
+        return self.side_bits + sum(8 * a.size * (width - a.itemsize) for a in governed)
+
+    def bits_per_coordinate(self, norm_dtype: str | None = None) -> dict[str, float]:
         """Measured bits per original coordinate: payload, side information and their total.
+
+        Parameters
+        ----------
+        norm_dtype : {"float16", "float32"}, optional
+            Count the side information as if the norms were stored in this dtype
+            (:meth:`side_bits_at`); default: as stored.
 
         Returns
         -------
@@ -174,7 +201,7 @@ class PackedCache:
         """
         coords = max(self.rows * self.dim, 1)
         payload = self.payload_bits / coords
-        side = self.side_bits / coords
+        side = (self.side_bits if norm_dtype is None else self.side_bits_at(norm_dtype)) / coords
         return {"payload": payload, "side": side, "total": payload + side}
 
     def dequantize(self, dtype: str = "float64", *, kernel: str = "numpy", threads: int = 1) -> np.ndarray:

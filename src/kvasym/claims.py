@@ -263,11 +263,28 @@ def stat_crossover(t: Tables, where: Mapping[str, Any]) -> Measurement:
 
 
 def _trial_values(t: Tables, distribution: str, where: Mapping[str, Any], metric: str) -> pd.DataFrame:
-    _known(metric, set(t.trials.columns) - {"distribution", "kind", "dim", "scheme", "budget", "sharpness", "trial"},
-           "metric")
+    keys = {"distribution", "kind", "dim", "scheme", "budget", "sharpness", "trial", "text"}
+    _known(metric, set(t.trials.columns) - keys, "metric")
     rows = select_cells(t.trials, "per-trial", distribution=distribution, dim=where["dim"], budget=where["budget"],
                         scheme=where["scheme"], sharpness=float(where["sharpness"]))
-    return rows.sort_values("trial")[["trial", metric]]
+    columns = ["trial", metric] + (["text"] if "text" in rows.columns else [])
+    return rows.sort_values("trial")[columns]
+
+
+def _unit_values(rows: pd.DataFrame, metric: str) -> tuple[list[str], list[np.ndarray], str]:
+    """The per-trial ``metric`` values grouped by independent unit: (unit names, one array of
+    trial values per unit, the unit's kind). Real rows carry their trial's ``text`` (stage
+    ``stats``): the text is the unit and its (layer, head) caches one cluster; synthetic rows
+    (no text, or an empty one) are one unit per trial."""
+    texts = rows["text"].astype(str).to_numpy() if "text" in rows.columns else None
+    if texts is None or (texts == "").any():
+        if texts is not None and (texts != "").any():
+            raise KvasymError("per-trial rows of one distribution mix trials with and without a text")
+        return ([str(t) for t in rows["trial"]], [np.array([v]) for v in rows[metric].to_numpy(dtype=float)],
+                "trial")
+    names = sorted(set(texts.tolist()))
+    values = rows[metric].to_numpy(dtype=float)
+    return names, [values[texts == name] for name in names], "text"
 
 
 def stat_distribution_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
@@ -275,14 +292,21 @@ def stat_distribution_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
     budget, scheme, sharpness), with its interval over trials (:func:`kvasym.stats.bootstrap_ratio_ci`:
     Fieller's for means).
 
-    ``paired: true`` pairs trial ``i`` of ``num`` with trial ``i`` of ``den`` (the interval
-    works on their per-trial differences): for two treatments of the same data, e.g. real keys quantized before
-    and after RoPE, whose trial ``i`` is the same (text, layer, head) cache; the trial ids must
-    then be the same. Otherwise the two are independent samples (unpaired interval). The claim
-    is decided on the interval alone; the Mann-Whitney (unpaired) or Wilcoxon (paired)
-    difference-test p is in the details, never in the verdict (a "stays within" claim is not
-    shown by a difference test). The KS statistics of both distributions' rotated coordinates
-    against the Beta law are in the details as well."""
+    The unit is the trial for synthetic rows and the TEXT for real ones (the trials table's
+    ``text``; its (layer, head) caches are nested in it and share it): the interval is Fieller's
+    over units, each unit's trials one cluster (:func:`kvasym.stats.fieller_ratio_ci`: a text's
+    trials enter through their total, so repeating a text's caches does not narrow it), and the
+    difference test runs on the per-unit means.
+
+    ``paired: true`` pairs unit ``g`` of ``num`` with unit ``g`` of ``den`` (the interval
+    works on their per-unit differences, Fieller's paired set): for two treatments of the same
+    data, e.g. real keys quantized before and after RoPE, whose trial ``i`` is the same (text,
+    layer, head) cache; the trial ids (and so the texts) must then be the same. Otherwise the two
+    are independent samples (unpaired, Welch-type interval). The claim is decided on the interval
+    alone; the Mann-Whitney (unpaired) or Wilcoxon (paired) difference-test p over units is in the
+    details, never in the verdict (a "stays within" claim is not shown by a difference test). The
+    KS statistics of both distributions' rotated coordinates against the Beta law are in the
+    details as well."""
     from . import stats  # scipy.stats costs ~1 s to import: not at Snakefile parse time
 
     metric = where.get("metric", "kl")
@@ -294,12 +318,19 @@ def stat_distribution_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
     if paired and not np.array_equal(num["trial"].to_numpy(), den["trial"].to_numpy()):
         raise KvasymError(f"paired: true needs the same trials in {where['num']} ({len(num)}) and {where['den']} "
                           f"({len(den)}); they differ")
-    a, b = num[metric].to_numpy(), den[metric].to_numpy()
+    names_a, a, kind_a = _unit_values(num, metric)
+    names_b, b, kind_b = _unit_values(den, metric)
+    if paired and names_a != names_b:
+        raise KvasymError(f"paired: true needs the same units in {where['num']} and {where['den']}; their "
+                          f"{kind_a}s differ")
     ci = stats.bootstrap_ratio_ci(a, b, statistic="mean", n_boot=t.n_boot, base_seed=t.base_seed,
                                   identity=("claims", where["num"], where["den"], metric, int(where["dim"])),
                                   paired=paired)
-    test = stats.wilcoxon_paired(a, b) if paired else stats.mann_whitney(a, b)
-    details: dict[str, Any] = {"mean_num": float(np.mean(a)), "mean_den": float(np.mean(b)), "n_trials": int(len(a)),
+    unit_a, unit_b = np.array([np.mean(x) for x in a]), np.array([np.mean(x) for x in b])
+    test = stats.wilcoxon_paired(unit_a, unit_b) if paired else stats.mann_whitney(unit_a, unit_b)
+    pooled_a, pooled_b = np.concatenate(a), np.concatenate(b)
+    details: dict[str, Any] = {"mean_num": float(np.mean(pooled_a)), "mean_den": float(np.mean(pooled_b)),
+                               "n_trials": int(pooled_a.size), "unit": kind_a, "n_units": len(a),
                                "paired": paired,
                                ("wilcoxon" if paired else "mann_whitney") + "_log10_p": float(test["log10_p"])}
     for role in ("num", "den"):
@@ -308,6 +339,11 @@ def stat_distribution_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
         if not ks.empty:
             details[f"ks_beta_d_{role}"] = float(ks["statistic"].iloc[0])
     return Measurement(ci["estimate"], ci["low"], ci["high"], details=details, interval=True)
+
+
+#: The Jensen-slope rows of the theory table: alone, holding the log reference weight fixed,
+#: holding the log key norm fixed (kvasym.stages.theory).
+JENSEN_CHECKS = ("jensen_slope", "jensen_slope_adjusted", "jensen_slope_norm")
 
 
 def stat_theory(t: Tables, where: Mapping[str, Any]) -> Measurement:
@@ -321,10 +357,21 @@ def stat_theory(t: Tables, where: Mapping[str, Any]) -> Measurement:
     for key in ("budget", "scheme"):
         if key in where:
             conditions[key] = where[key]
-    if "sharpness" in where and where["check"] in ("jensen_slope", "jensen_slope_adjusted"):
+    if "sharpness" in where and where["check"] in JENSEN_CHECKS:
         conditions["sharpness"] = float(where["sharpness"])
     row = select_cells(t.theory, "theory", **conditions).iloc[0]
     details = {"theory": float(row["theory"]), "n": float(row["n"])}
+    if where["check"] in JENSEN_CHECKS:
+        # the same cell's slope fitted alone, holding the reference weight and holding the key
+        # norm fixed: a Jensen claim decided on one of them shows the others beside it
+        for check in JENSEN_CHECKS:
+            sibling = t.theory[(t.theory["check"] == check) & (t.theory["distribution"] == row["distribution"])
+                               & (t.theory["dim"] == row["dim"]) & (t.theory["scheme"] == row["scheme"])
+                               & (t.theory["budget"] == row["budget"])
+                               & np.isclose(t.theory["sharpness"].astype(float), float(row["sharpness"]))]
+            if not sibling.empty:
+                details[check] = [float(sibling["estimate"].iloc[0]), float(sibling["low"].iloc[0]),
+                                  float(sibling["high"].iloc[0])]
     if not math.isnan(row["theory"]):
         details["relative_to_theory"] = float(row["estimate"] / row["theory"])
     if where["check"] == "ks_beta":

@@ -38,12 +38,17 @@ IDENTIFIERS = [
 SITES = ("k", "v", "t")
 ERROR_COORDINATES = ("snr_db", "eff_bits", "phi", "eps_dir")
 
+#: The measured bits per coordinate of each packed side in the per-query table: payload, side
+#: information as stored, and side information counted with float16 norms (issue 14, point 8).
+BITS_PARTS = ("payload", "side", "side16")
+
 PER_QUERY_SCHEMA = pa.schema(
     IDENTIFIERS
     + [pa.field("query", pa.int32()), pa.field("kl", pa.float64()), pa.field("recall_top5", pa.float64())]
     + [pa.field(name, pa.float64()) for name in ("tv", "js", "top1", "catastrophic")]
     + [pa.field(f"{site}_{name}", pa.float64()) for site in SITES for name in ERROR_COORDINATES]
-    + [pa.field(f"{side}_bits_{part}", pa.float64()) for side in ("k", "v") for part in ("payload", "side")]
+    # side16: the side bits the same cache would have with float16 norms (PackedCache.side_bits_at)
+    + [pa.field(f"{side}_bits_{part}", pa.float64()) for side in ("k", "v") for part in BITS_PARTS]
 )
 
 PER_KEY_SCHEMA = pa.schema(
@@ -59,6 +64,7 @@ PER_KEY_SCHEMA = pa.schema(
             "log_weight_excess",
             "k_eps_dir",
             "k_snr_db",
+            "key_norm",
         )
     ]
 )

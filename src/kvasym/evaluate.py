@@ -65,7 +65,8 @@ def head_metrics(
     """One attention head of a real cache: quantize ``stored_keys`` and ``values`` with
     ``scheme`` at ``budget``, read them with ``queries`` against the reference ``keys``, and
     return, per sharpness, the per-query metric columns and the measured bits per coordinate
-    (``k_bits_payload``, ``k_bits_side``, ``v_bits_payload``, ``v_bits_side``).
+    (``k_bits_payload``, ``k_bits_side``, ``v_bits_payload``, ``v_bits_side``, and ``k_bits_side16``,
+    ``v_bits_side16``: the side bits with float16 norms, :meth:`kvasym.cache.PackedCache.side_bits_at`).
 
     ``reconstruct_keys`` maps the dequantized stored keys to the space of ``keys`` (e.g. RoPE
     for keys stored before it); ``mask`` (n_queries, n_keys) says which keys each query sees.
@@ -78,6 +79,8 @@ def head_metrics(
     values_hat = packed["V"].dequantize("float64")
     bits = {f"{side.lower()}_bits_{part}": packed[side].bits_per_coordinate()[part]
             for side in SIDES for part in ("payload", "side")}
+    bits.update({f"{side.lower()}_bits_side16": packed[side].bits_per_coordinate("float16")["side"]
+                 for side in SIDES})
     results = trial_metrics_multi(queries, keys, values, keys_hat, values_hat, list(sharpness), mask=mask)
     return [(per_query, bits) for per_query, _per_key in results]
 

@@ -496,7 +496,9 @@ def trial_metrics(
     variance over those queries of ``e_ij = logit_hat_ij - logit_ij``, sharpness included);
     ``weight_ref_mean`` and ``weight_hat_mean`` (mean over them of ``p_ij`` and ``p_hat_ij``);
     ``log_weight_excess`` (mean of ``log p_hat_ij - log p_ij`` over entries where both are
-    finite); ``k_eps_dir`` and ``k_snr_db`` of the key itself. A key no query sees gets NaN
+    finite); ``k_eps_dir`` and ``k_snr_db`` of the key itself; ``key_norm``, the reference key's
+    Euclidean norm ``||k_j||`` (a key's norm sets both its logits' spread and its quantization
+    error's scale, so the Jensen slope is also fitted holding it fixed). A key no query sees gets NaN
     in the averaged columns (impossible without a mask). For small errors
     ``log p_hat - log p ~= e - E_p[e]``; Jensen predicts larger weight for keys with larger
     logit-error variance.
@@ -584,6 +586,7 @@ def trial_metrics_multi(
         for name in ("snr_db", "eff_bits", "phi", "eps_dir"):
             cache_columns[f"{site}_{name}"] = np.full(n_q, coords[name])
     key_coords = error_coordinates(k, k_hat)
+    key_norm = np.sqrt(np.einsum("ij,ij->i", k, k))
 
     def column_mean(a: np.ndarray, where: np.ndarray, n: np.ndarray) -> np.ndarray:
         total = np.sum(np.where(where, a, 0.0), axis=0)
@@ -624,6 +627,7 @@ def trial_metrics_multi(
             "log_weight_excess": column_mean(log_ratio, finite, finite.sum(axis=0)),
             "k_eps_dir": key_coords["eps_dir"],
             "k_snr_db": key_coords["snr_db"],
+            "key_norm": key_norm,
         }
         out.append((per_query, per_key))
     return out

@@ -74,16 +74,38 @@ s_j^2 / 2 - log Z``: slope 1/2 against s_j^2 (exactly 1/2 for Gaussian errors). 
 attention attenuates it (the j-th term of Z_i moves with e_ij: a correction -p_ij s_j^2), and a
 non-zero mean error (a biased reconstruction) adds a term the slope does not predict. Measured on
 unbiased per-key Gaussian noise (d = 64, 512 keys, 4 trials): 0.48 at sharpness 1, 0.39 at 2,
-0.20 at 4."""
+0.20 at 4.
+
+Why the scalar schemes' slopes are negative (issue 14, point 6; measured outside the grid,
+Gaussian data, d = 64, 512 keys, 256 queries, 4 trials as bootstrap clusters, slope [95% CI]): a
+Lloyd-Max reconstruction shrinks each key, ``<k_hat, k> / |k|^2 ~= 1 - D(n)`` (0.884 at n = 2,
+0.992 at n = 4), so the logit error carries a bias ``-(1 - c) l_ij`` proportional to the logit:
+the keys whose logits vary most over the queries, which are also the ones that dominate, lose
+weight. EDEN's unbiased scale (scheme RKV-EDEN: the same codes, the norm divided by ``c``)
+removes the shrinkage and the sign flips back to Jensen's:
+
+===========  =======================  =======================  ======================
+cell         RKV                      RKV-EDEN                 QKQV (QJL: unbiased)
+===========  =======================  =======================  ======================
+n = 4, s = 1 -1.97 [-2.26, -1.75]     +0.48 [+0.31, +0.68]     +0.49 [+0.44, +0.56]
+n = 4, s = 2 -1.68 [-1.99, -1.50]     +0.39 [+0.23, +0.59]     +0.42 [+0.36, +0.50]
+n = 2, s = 1 -0.75 [-0.81, -0.69]     +0.42 [+0.37, +0.46]     +0.42 [+0.40, +0.45]
+n = 2, s = 2 -0.64 [-0.69, -0.59]     +0.33 [+0.27, +0.37]     +0.27 [+0.25, +0.30]
+===========  =======================  =======================  ======================
+
+Holding the key's log norm fixed (``jensen_slope_norm``) leaves RKV's slope negative (-2.45
+[-3.05, -2.08] at n = 4, s = 1; -0.93 at n = 2) and RKV-EDEN's at +0.47: the key norm is not the
+confounder, the shrinkage bias is (test: ``test_jensen_slope_sign_flips_with_edens_unbiased_rescale``)."""
 
 
 #: The checks of the theory table (stage ``theory``), one row each per cell where they apply:
 #: the two QJL variance ratios against their closed forms, the same two with the orthogonal
 #: hadamard sketch in place of QJL's Gaussian one (:mod:`kvasym.sketch`), the KS test of the rotated marginal
-#: against Beta, and the Jensen slope of KL excess on logit-error variance, alone and holding
-#: the log reference weight fixed (absent without per-key rows, NaN where its points have no spread).
+#: against Beta, and the Jensen slope of KL excess on logit-error variance, alone, holding
+#: the log reference weight fixed and holding the log key norm fixed (absent without per-key
+#: rows, NaN where its points have no spread).
 THEORY_CHECKS: tuple[str, ...] = ("qjl_vs_residual", "qjl_vs_nbit", "hadamard_vs_residual", "hadamard_vs_nbit",
-                                   "ks_beta", "jensen_slope", "jensen_slope_adjusted")
+                                   "ks_beta", "jensen_slope", "jensen_slope_adjusted", "jensen_slope_norm")
 
 
 def sketch_error_energy(sketch: str, work: int) -> float:

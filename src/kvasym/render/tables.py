@@ -120,11 +120,20 @@ def _require(frame: pd.DataFrame, what: str, columns: Sequence[str]) -> None:
         raise KvasymError(f"the {what} table lacks column(s) {missing}")
 
 
+def total_bits(row: Mapping[str, Any], side: str = "side") -> float:
+    """Bits per coordinate of the whole cache (K and V, of equal dim): the mean over the two
+    sides of payload + ``side`` (``side``: as stored; ``side16``: with float16 norms) of a
+    summary row."""
+    return float(np.mean([float(row[f"{s}_bits_payload_mean"]) + float(row[f"{s}_bits_{side}_mean"])
+                          for s in ("k", "v")]))
+
+
 def results_context(summary: pd.DataFrame, headline: Mapping[str, Any]) -> dict[str, Any]:
     """Main results: every distribution, budget and scheme at the headline dim and sharpness."""
     _require(summary, "summary", ["distribution", "kind", "dim", "budget", "sharpness", "scheme", "n_queries",
                                   *RESULT_COLUMNS, "k_bits_payload_mean", "k_bits_side_mean",
                                   "v_bits_payload_mean", "v_bits_side_mean"])
+    has_side16 = {"k_bits_side16_mean", "v_bits_side16_mean"} <= set(summary.columns)
     frame = _at(summary, "summary", headline, ["dim", "sharpness"])
     schemes = _unique(frame["scheme"])
     groups = []
@@ -144,6 +153,10 @@ def results_context(summary: pd.DataFrame, headline: Mapping[str, Any]) -> dict[
                     n_queries=int(r["n_queries"]),
                     k_bits_payload=float(r["k_bits_payload_mean"]), k_bits_side=float(r["k_bits_side_mean"]),
                     v_bits_payload=float(r["v_bits_payload_mean"]), v_bits_side=float(r["v_bits_side_mean"]),
+                    # the whole cache's bits per coordinate (K and V have the same dim): as
+                    # stored, and with float16 norms (issue 14, point 8: equal budget is payload only)
+                    bits_total=total_bits(r, "side"),
+                    bits_total16=total_bits(r, "side16") if has_side16 else math.nan,
                     best={c: flags[c][i] for c in RESULT_COLUMNS},
                 )
                 rows.append(row)
@@ -234,6 +247,8 @@ def tests_context(comparisons: pd.DataFrame, headline: Mapping[str, Any]) -> dic
             rows.append({
                 "a": str(r["scheme_a"]), "b": str(r["scheme_b"]),
                 "ratio": ratio["estimate"], "ratio_low": ratio["low"], "ratio_high": ratio["high"],
+                # its second-order prediction (kvasym.theory.predicted_kl_ratio), stored as a / b
+                "ratio_theory": float(r["ratio_theory"]) if "ratio_theory" in r.index else math.nan,
                 "rank_biserial": float(r["q_rank_biserial"]), "ks_d": float(r["q_ks_d"]),
                 "q_log10_p": float(r["q_log10_p"]), "q_log10_p_holm": float(r["q_log10_p_holm"]),
                 "t_log10_p_holm": float(r["t_wilcoxon_log10_p_holm"]),
@@ -250,11 +265,52 @@ def tests_context(comparisons: pd.DataFrame, headline: Mapping[str, Any]) -> dic
     }
 
 
-def theory_context(theory: pd.DataFrame) -> dict[str, Any]:
-    """QJL variance ratios (measured with CI, closed form) per (distribution, dim, budget) and
-    the KS test of rotated key coordinates against the Beta law per (distribution, dim)."""
+def kl_prediction_pair(comparisons: pd.DataFrame) -> tuple[str, str] | None:
+    """The scheme pair whose KL ratio the theory table sets beside its second-order prediction:
+    the first KL comparison (in table order) with a finite prediction other than 1, oriented so
+    that the prediction exceeds 1 (e.g. QKQV/KQV); None without one."""
+    if "ratio_theory" not in comparisons.columns:
+        return None
+    kl = comparisons[comparisons["metric"] == "kl"]
+    for _, r in kl.iterrows():
+        theory = float(r["ratio_theory"])
+        if math.isfinite(theory) and theory > 0 and theory != 1.0:
+            a, b = str(r["scheme_a"]), str(r["scheme_b"])
+            return (a, b) if theory > 1 else (b, a)
+    return None
+
+
+def _kl_prediction(comparisons: pd.DataFrame | None, pair: tuple[str, str] | None, headline: Mapping[str, Any] | None,
+                   distribution: str, dim: int, budget: int) -> dict[str, float]:
+    """``kl_estimate``, ``kl_low``, ``kl_high`` (mean-KL ratio of ``pair`` at the headline
+    sharpness, :func:`kvasym.cells.pair_ratio`) and ``kl_theory`` (its prediction, oriented
+    alike); NaN where the cell is missing."""
+    out = {"kl_estimate": math.nan, "kl_low": math.nan, "kl_high": math.nan, "kl_theory": math.nan}
+    if comparisons is None or pair is None or headline is None or "sharpness" not in headline:
+        return out
+    try:
+        ratio = pair_ratio(comparisons, pair[0], pair[1], distribution=distribution, dim=dim, budget=budget,
+                           sharpness=float(headline["sharpness"]))
+    except MissingCell:
+        return out
+    theory = float(ratio["row"]["ratio_theory"])
+    if ratio["swapped"]:
+        theory = math.nan if not math.isfinite(theory) or theory == 0 else 1.0 / theory
+    return {"kl_estimate": ratio["estimate"], "kl_low": ratio["low"], "kl_high": ratio["high"], "kl_theory": theory}
+
+
+def theory_context(theory: pd.DataFrame, comparisons: pd.DataFrame | None = None,
+                   headline: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Variance ratios of a sketched key (measured with CI, closed form) per (distribution, dim,
+    budget): QJL's Gaussian sketch against the scalar residual and the n-bit scalar, and the
+    hadamard sketch against the n-bit scalar; with ``comparisons`` and ``headline``, the mean-KL
+    ratio of :func:`kl_prediction_pair` at the headline sharpness beside its second-order
+    prediction (the key sides' error-energy ratio, ``ratio_theory``: KL ~ (s^2/2) Var_p(delta l)
+    makes the KL ratio the logit-error variance ratio); the KS test of rotated key coordinates
+    against the Beta law per (distribution, dim)."""
     _require(theory, "theory", ["distribution", "dim", "check", "budget", "estimate", "low", "high", "theory",
                                 "statistic", "p"])
+    pair = None if comparisons is None else kl_prediction_pair(comparisons)
     groups = []
     for dist, dim in dict.fromkeys(zip(theory["distribution"], theory["dim"])):
         t = theory[(theory["distribution"] == dist) & (theory["dim"] == dim)]
@@ -262,11 +318,13 @@ def theory_context(theory: pd.DataFrame) -> dict[str, Any]:
         rows = []
         for budget in sorted(t.loc[t["check"].isin(["qjl_vs_residual", "qjl_vs_nbit"]), "budget"].unique()):
             row: dict[str, Any] = {"budget": int(budget)}
-            for check, label in (("qjl_vs_residual", "residual"), ("qjl_vs_nbit", "nbit")):
+            for check, label in (("qjl_vs_residual", "residual"), ("qjl_vs_nbit", "nbit"),
+                                 ("hadamard_vs_nbit", "hadamard")):
                 hit = t[(t["check"] == check) & (t["budget"] == budget)]
                 r = hit.iloc[0] if not hit.empty else None
                 for field in ("estimate", "low", "high", "theory"):
                     row[f"{label}_{field}"] = math.nan if r is None else float(r[field])
+            row.update(_kl_prediction(comparisons, pair, headline, str(dist), int(dim), int(budget)))
             rows.append(row)
         groups.append({
             "distribution": str(dist), "dim": int(dim), "rows": rows,
@@ -277,7 +335,15 @@ def theory_context(theory: pd.DataFrame) -> dict[str, Any]:
         })
     if not groups:
         raise KvasymError("the theory table is empty")
-    return {"groups": groups}
+    return {"groups": groups, "kl_pair": list(pair) if pair else None,
+            "sharpness": float(headline["sharpness"]) if headline and "sharpness" in headline else math.nan}
+
+
+def _finite_or_nan(value: Any) -> float:
+    try:
+        return float(value) if value is not None else math.nan
+    except (TypeError, ValueError):
+        return math.nan
 
 
 _RESTATED = re.compile(r"^(?:CI \[[^\]]*\]|estimate \S+) vs [^;]*(?:;\s*|$)")
@@ -320,6 +386,9 @@ def _claim_row(r: Mapping[str, Any]) -> dict[str, Any]:
         "log10_p": math.nan if r.get("log10_p") is None else float(r["log10_p"]),
         # the p a rule bounds (kl_ratio's max_log10_p): shown under the estimate
         "show_p": "max_log10_p" in (r.get("holds_if") or {}) and r.get("log10_p") is not None,
+        # the closed form a claim's statistic is predicted by (theory rows, the KL ratio's
+        # second-order prediction), beside the estimate; NaN where there is none
+        "theory": _finite_or_nan(details.get("theory")),
         "verdict": str(r["verdict"]),
         "reason": str(r.get("reason", "")),
         "note": _note(str(r.get("reason", ""))),
@@ -658,7 +727,8 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
             elif key == "comparisons":
                 contexts[key] = tests_context(frames[key], headline)
             elif key == "theory":
-                contexts[key] = theory_context(frames[key])
+                # the KL ratios beside their second-order predictions come from the comparisons
+                contexts[key] = theory_context(frames[key], frames.get("comparisons"), headline)
             else:
                 contexts[key] = claims_context(frames[key])
         out[name] = render_template(template, **contexts[key])

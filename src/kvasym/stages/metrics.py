@@ -61,11 +61,12 @@ def run_metrics(
             _check_cache_matches(cache, matrix.shape, slice_, scheme, trial, side, packed_npz)
         keys_hat = k_cache.dequantize("float64")
         values_hat = v_cache.dequantize("float64")
-        bits = {
-            f"{side}_bits_{part}": cache.bits_per_coordinate()[part]
-            for side, cache in (("k", k_cache), ("v", v_cache))
-            for part in ("payload", "side")
-        }
+        bits = {}
+        for side, cache in (("k", k_cache), ("v", v_cache)):
+            stored = cache.bits_per_coordinate()
+            bits.update({f"{side}_bits_payload": stored["payload"], f"{side}_bits_side": stored["side"],
+                         # what float16 norms would cost: total bits at norm_dtype float16
+                         f"{side}_bits_side16": cache.bits_per_coordinate("float16")["side"]})
         results = trial_metrics_multi(
             data.queries, data.keys, data.values, keys_hat, values_hat, slice_["sharpness"]
         )

@@ -11,7 +11,8 @@ the energy test of the six-dimensional error summaries with units as its points
 null, enough permutations for its Holm family, which is this job's: every (budget, sharpness,
 scheme pair) of the (distribution, dim), so adding a distribution to the grid changes no
 existing p); per-cell summaries (KL, and the bounded measures TV and JS by mean and p99, top-1
-agreement and the catastrophic share) and per-trial means.
+agreement and the catastrophic share) and per-trial means (with the trial's ``text``: its unit
+for real rows, empty for synthetic ones).
 
 The independent unit of the per-unit tests and intervals is the trial for synthetic
 distributions (every trial an independent draw) and the TEXT for real-model ones, whose trials
@@ -51,7 +52,7 @@ ERROR_6D = ("k_eff_bits", "k_phi", "v_eff_bits", "v_phi", "t_eff_bits", "t_phi")
 SUMMARY_METRICS = (
     "recall_top5", "top1", "catastrophic", "t_eps_dir", "t_phi", "t_snr_db", "t_eff_bits", "k_eps_dir", "k_phi",
     "k_snr_db", "k_eff_bits", "v_eps_dir", "v_phi", "v_snr_db", "v_eff_bits",
-    "k_bits_payload", "k_bits_side", "v_bits_payload", "v_bits_side",
+    "k_bits_payload", "k_bits_side", "v_bits_payload", "v_bits_side", "k_bits_side16", "v_bits_side16",
 )
 #: Bounded per-query measures summarised beside KL by their mean and 99th percentile (issue 14,
 #: point 7: KL reaches 1e3-1e5 nats on near-one-hot cells; TV is in [0, 1], JS in [0, ln 2]).
@@ -207,6 +208,10 @@ def run_stats(
         .mean()
         .reset_index()
     )
+    # the independent unit each trial belongs to: its text for real rows ("" for synthetic ones,
+    # whose every trial is its own unit), so that claims over per-trial means (distribution_ratio)
+    # can resample and pair texts, not the caches nested in them
+    trial_means["text"] = "" if texts is None else trial_means["trial"].map(texts).astype(str)
     meta = provenance(slice_)
     write_frame_atomic(pd.DataFrame(rows), out_comparisons, meta)
     write_frame_atomic(pd.DataFrame(summaries), out_summary, meta)

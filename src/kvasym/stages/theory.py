@@ -5,9 +5,9 @@ Measured QJL inner-product error-variance ratios against their closed forms
 hadamard sketch (checks ``hadamard_vs_*``; same keys, probes, rotation and scalar codes), the
 KS test of rotated key coordinates against the Beta law, and the Jensen-bias slope of the
 attention-weight excess on the logit error variance from the per-key tables, for every scheme,
-alone (``jensen_slope``) and holding the key's log reference weight fixed
-(``jensen_slope_adjusted``), both beside Jensen's prediction 1/2 (``theory``,
-:data:`kvasym.theory.JENSEN_SLOPE`).
+alone (``jensen_slope``), holding the key's log reference weight fixed
+(``jensen_slope_adjusted``) and holding its log norm fixed (``jensen_slope_norm``), each beside
+Jensen's prediction 1/2 (``theory``, :data:`kvasym.theory.JENSEN_SLOPE`).
 """
 
 from __future__ import annotations
@@ -94,16 +94,19 @@ def run_theory(
         var, excess, kept = jensen_points(g)
         trials = g["trial"].to_numpy()[kept]
         log_ref = np.log(g["weight_ref_mean"].to_numpy(dtype=float)[kept])
+        with np.errstate(divide="ignore"):
+            log_norm = np.log(g["key_norm"].to_numpy(dtype=float)[kept])
         cell_row = {**base_row, "scheme": scheme, "budget": int(budget), "sharpness": float(sharpness),
                     "theory": JENSEN_SLOPE, "p": np.nan}
-        for check, controls in (("jensen_slope", None), ("jensen_slope_adjusted", log_ref)):
+        for check, controls in (("jensen_slope", None), ("jensen_slope_adjusted", log_ref),
+                                ("jensen_slope_norm", log_norm)):
             fit = None
             if var.size >= 3 and np.ptp(var) > 0:
                 try:
                     fit = stats.linear_slope_ci(
                         var, excess, n_boot=settings["n_boot"], base_seed=base, clusters=trials, controls=controls,
                         identity=(name, dim, scheme, int(budget), float(sharpness).hex(), "jensen"))
-                except KvasymError:  # the variance is collinear with the weight: no partial slope
+                except KvasymError:  # the variance collinear with the control (or a zero key): no partial slope
                     fit = None
             if fit is None:
                 # no variance to regress on (a lossless cell, two keys per trial): the row says the
