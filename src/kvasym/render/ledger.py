@@ -64,6 +64,8 @@ _CHECKS = {
     "hadamard_vs_nbit": "variance ratio vs closed form",
     "ks_beta": "Kolmogorov distance from Beta law",
     "jensen_slope": "regression slope",
+    "jensen_slope_adjusted": "regression slope at fixed reference weight",
+    "jensen_slope_norm": "regression slope at fixed key norm",
 }
 
 
@@ -76,7 +78,7 @@ def test_and_unit(claim: Mapping[str, Any]) -> Latex:
     if statistic == "theory":
         check = str(where.get("check", ""))
         what = _CHECKS.get(check, escape_latex(check))
-        interval = "bootstrap" if check in ("ks_beta", "jensen_slope") else "Fieller"
+        interval = "bootstrap" if check == "ks_beta" or check.startswith("jensen_slope") else "Fieller"
         text = f"{what}; {interval} CI over trials"
     elif statistic == "kl_ratio":
         text = f"mean-KL ratio, Fieller CI; paired Wilcoxon over {unit}"
@@ -93,6 +95,10 @@ def test_and_unit(claim: Mapping[str, Any]) -> Latex:
         text = "perplexity ratio, block bootstrap CI; Wilcoxon over blocks of positions"
     elif statistic == "e2e_rank_agreement":
         text = "Spearman rank correlation; bootstrap CI over blocks of positions"
+    elif statistic == "catastrophic_share":
+        text = f"share of catastrophic queries, t CI over {unit}"
+    elif statistic == "equal_rate_ratio":
+        text = f"mean-KL ratio at equal total bits (interpolated), Fieller CI over {unit}"
     else:
         text = escape_latex(statistic)
     return Latex(text)
