@@ -76,7 +76,7 @@ def test_a_claim_text_the_pdf_cannot_typeset_is_refused(tmp_path, text):
     with pytest.raises(KvasymError) as info:
         load_claims(path)
     message = str(info.value)
-    assert "claims[1] (C1b): statement holds the character" in message and "\n" not in message
+    assert f"claims[1] ({data['claims'][1]['id']}): statement holds the character" in message and "\n" not in message
 
 
 def test_a_configfile_is_the_whole_config_and_the_run_prints_it(tmp_path):

@@ -94,8 +94,8 @@ def test_tiny_config_through_slurm_matches_a_local_run(slurm, tiny_local_run, tm
     assert len(groups) == len(cells) + (3 if real else 0), log[-3000:]
     # one figure job per family: the synthetic ones, and the real heat map when real rows exist
     families = dag_families(real)
-    # (and the rate-distortion frontier's: the tiny config sets frontier.schemes)
-    assert ("real_heatmap" in families) == real and ("e2e" in families) == real and len(families) == 10 + 2 * int(real)
+    # (and the rate-distortion frontier's and the query-model sweep's: the tiny config sets both)
+    assert ("real_heatmap" in families) == real and ("e2e" in families) == real and len(families) == 11 + 2 * int(real)
     # with the real extra also the end-to-end jobs: one per text of the tiny config (one), then e2e_stats
     summary_rules = ["gather", "frontier", "claims", "tables", "numbers", "reproduce"]
     summary_rules += [f"figure_{f}" for f in families]
