@@ -121,11 +121,11 @@ def _require(frame: pd.DataFrame, what: str, columns: Sequence[str]) -> None:
 
 
 def total_bits(row: Mapping[str, Any], side: str = "side") -> float:
-    """Bits per coordinate of the whole cache (K and V, of equal dim): the mean over the two
-    sides of payload + ``side`` (``side``: as stored; ``side16``: with float16 norms) of a
-    summary row."""
-    return float(np.mean([float(row[f"{s}_bits_payload_mean"]) + float(row[f"{s}_bits_{side}_mean"])
-                          for s in ("k", "v")]))
+    """Bits per coordinate of the whole cache of a summary row (:func:`kvasym.frontier.total_bits`,
+    the frontier's rate), with ``side``: ``side`` as stored, ``side16`` with float16 norms."""
+    from ..frontier import total_bits as rate
+
+    return float(rate(*(row[f"{s}_bits_{part}_mean"] for s in ("k", "v") for part in ("payload", side))))
 
 
 def results_context(summary: pd.DataFrame, headline: Mapping[str, Any]) -> dict[str, Any]:
