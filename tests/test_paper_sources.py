@@ -437,6 +437,8 @@ def test_numbers_cover_the_grid(paper_numbers):
     assert paper_numbers["claim:C2:MaxLogP"] == "-23"
     assert paper_numbers["claim:C5:WhereDim"] == "1024"
     assert paper_numbers["claim:C10:Id"] == "C10"
+    # the frontier section names its sub-grid from the config, not from typed prose
+    assert paper_numbers["FrontierDistributionList"] == "gaussian, t3, lowrank8, lowrank32, outliers4"
 
 
 def test_finalize_escapes_strings_even_without_the_filter_and_refuses_raw_floats():

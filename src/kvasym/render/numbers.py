@@ -102,6 +102,8 @@ def numbers_slice(
         # the query models swept over the low-rank distributions (config key query_models)
         "query_models": list(dict.fromkeys(v["query"] for v in getattr(study, "query_variants", {}).values())),
         "schemes": list(study.schemes),
+        # the synthetic distributions the frontier's own schemes run on (config key frontier)
+        "frontier_distributions": list(getattr(study, "frontier_distributions", ())),
         "budgets": list(study.budgets),
         "sharpness": list(study.sharpness),
         "trials": study.trials,
@@ -191,6 +193,7 @@ def numbers_macros(slice_: Mapping[str, Any]) -> dict[str, str]:
         "TailNuMax": plain(nus[-1]) if nus else "n/a",
         "NumLowRankDistributions": str(len(ranks)),
         "RankList": _join(ranks) if ranks else "n/a",
+        "FrontierDistributionList": _join(slice_.get("frontier_distributions", [])) or "none",
         "QueryModelList": _join(["subspace", *slice_.get("query_models", [])]),
         "NumConcentratedDistributions": str(len(outliers)),
         "OutlierChannels": _join([d["params"]["n_outliers"] for d in outliers]) if outliers else "n/a",
