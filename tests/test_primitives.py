@@ -162,6 +162,21 @@ def test_integer_allocation_is_the_closed_form_when_it_is_whole() -> None:
     assert integer_allocation(v, 36).tolist() == list(range(8, 0, -1))
 
 
+def test_integer_allocation_saturates_on_exact_rank_data() -> None:
+    # rank 8 in d = 128 at n = 2 (256 bits): the 8 principal coordinates reach the widest codebook
+    # (64 bits) and the other 192 bits fall on zero-variance coordinates, so more budget buys nothing
+    from kvasym.waterfill import MAX_WIDTH_BITS
+
+    v = np.zeros(128)
+    v[:8] = np.linspace(2.0, 1.0, 8)
+    for n in (2, 3, 4):
+        got = integer_allocation(v, n * 128)
+        assert got.sum() == n * 128 and got.max() <= MAX_WIDTH_BITS
+        assert got[:8].tolist() == [MAX_WIDTH_BITS] * 8
+        assert np.sum(v * np.array([gaussian_codebook(int(b)).mse if b else 1.0 for b in got])) \
+            == pytest.approx(v.sum() * gaussian_codebook(MAX_WIDTH_BITS).mse, rel=1e-12)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_integer_allocation_is_optimal_by_brute_force(seed: int) -> None:
     rng = np.random.default_rng(seed)

@@ -35,7 +35,12 @@ import numpy as np
 from .errors import KvasymError
 from .gaussian_codebook import gaussian_codebook
 
-__all__ = ["reverse_waterfill", "integer_allocation"]
+__all__ = ["MAX_WIDTH_BITS", "reverse_waterfill", "integer_allocation"]
+
+#: Largest width of one coordinate (bits), the widest Gaussian codebook an allocation uses. On
+#: data of exact rank ``r`` every principal coordinate reaches it once ``B >= MAX_WIDTH_BITS * r``;
+#: further bits fall on coordinates of zero variance and buy nothing.
+MAX_WIDTH_BITS = 8
 
 
 def reverse_waterfill(variances: np.ndarray, total_bits: float) -> tuple[float, np.ndarray]:
@@ -77,7 +82,7 @@ def reverse_waterfill(variances: np.ndarray, total_bits: float) -> tuple[float, 
     return theta, rates
 
 
-def integer_allocation(variances: np.ndarray, total_bits: int, max_bits: int = 8) -> np.ndarray:
+def integer_allocation(variances: np.ndarray, total_bits: int, max_bits: int = MAX_WIDTH_BITS) -> np.ndarray:
     """Whole bits per coordinate, summing to ``total_bits``, by greedy marginal returns.
 
     Parameters
@@ -87,7 +92,7 @@ def integer_allocation(variances: np.ndarray, total_bits: int, max_bits: int = 8
     total_bits : int
         Bits to spend, ``0 <= total_bits <= max_bits * d``.
     max_bits : int, optional
-        Largest width of one coordinate (default 8).
+        Largest width of one coordinate (default :data:`MAX_WIDTH_BITS`).
 
     Returns
     -------

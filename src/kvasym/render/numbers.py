@@ -146,6 +146,7 @@ def numbers_macros(slice_: Mapping[str, Any]) -> dict[str, str]:
     """Macro name -> LaTeX body (already escaped) of every number/name the prose quotes."""
     from .claims import claim_macro
     from ..metrics import ROUTING_TOPK
+    from ..waterfill import MAX_WIDTH_BITS
 
     dists = slice_["distributions"]
     by_kind: dict[str, list[Mapping[str, Any]]] = {}
@@ -206,6 +207,7 @@ def numbers_macros(slice_: Mapping[str, Any]) -> dict[str, str]:
         "CILevel": plain(round(100 * _default_level(), 6)) + r"\%",
         "QJLBits": str(QJL_BITS),
         "TopK": str(ROUTING_TOPK),
+        "WaterfillMaxBits": str(MAX_WIDTH_BITS),
         "TailPercentile": str(TAIL_PERCENTILE),
         "PiHalfValue": f"{math.pi / 2:.4f}",
         "TwoPiValue": f"{2 * math.pi:.4f}",
