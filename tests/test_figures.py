@@ -854,7 +854,7 @@ def test_sharpness_sweep_draws_the_prediction_and_the_papers_value(tables):
     fig = fg.sharpness_sweep(tables["summary"], dim=64, budget=4, distributions=["gaussian"],
                              comparisons=comparisons, paper_ratio=2.25)
     lines = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
-    predicted = lines["second-order prediction"].get_ydata()
+    predicted = lines["closed form (second-order prediction)"].get_ydata()
     assert np.allclose(predicted, 5.7)
     assert np.allclose(lines["paper's value (2.25)"].get_ydata(), 2.25)
     import matplotlib.pyplot as plt
