@@ -871,6 +871,8 @@ def test_captions_state_what_the_drawn_figure_shows(tables):
     ecdf = caption_facts(drawn["kl_ecdf"])
     assert set(ecdf["rows"]) == set(FACETS) and any("n = 4" in p for p in ecdf["panels"])
     assert {"KV", "KQV", "QKQV", "RKV"} <= set(ecdf["legend"])
+    # in the order the figure gave them, not matplotlib's column-major filling of 4 columns
+    assert ecdf["legend"] == ["KV", "KQV", "QKQV", "RKV", "ECDF", "mean", "p99"]
     assert "d = 64" in ecdf["title"]
     rank = caption_facts(drawn["rank_sweep"])
     assert any("t1.05" in entry for entry in rank["legend"])  # the reference line is named

@@ -225,8 +225,9 @@ def _figure_legend(fig: Figure, handles: Sequence[Any], labels: Sequence[str], *
     if not handles:
         return
     ncol = ncol or min(len(handles), 4)
-    fig.legend(_row_major(list(handles), ncol), _row_major([safe_text(label) for label in labels], ncol), loc=loc,
-               ncol=ncol, frameon=False)
+    legend = fig.legend(_row_major(list(handles), ncol), _row_major([safe_text(label) for label in labels], ncol),
+                        loc=loc, ncol=ncol, frameon=False)
+    legend.set_gid(ROW_MAJOR_GID)  # the caption reads its entries back in the order given (row by row)
 
 
 def _suptitle(fig: Figure, text: str) -> None:
@@ -391,9 +392,19 @@ def _log_ticks(axis: Any, values: Iterable[float] = ()) -> None:
     axis.set_minor_formatter(mticker.NullFormatter())
 
 
+#: ``gid`` of a figure legend whose entries :func:`_row_major` reordered.
+ROW_MAJOR_GID = "legend-row-major"
+
+
 def _row_major(items: Sequence[Any], ncol: int) -> list[Any]:
     """Reorder legend entries so that matplotlib's column-major filling reads row by row."""
-    return [items[k] for c in range(ncol) for k in range(c, len(items), ncol)]
+    return [items[k] for k in row_major_order(len(items), ncol)]
+
+
+def row_major_order(n: int, ncol: int) -> list[int]:
+    """The positions :func:`_row_major` takes the entries from: entry ``i`` of the reordered
+    legend is entry ``row_major_order(n, ncol)[i]`` of the list given."""
+    return [k for c in range(ncol) for k in range(c, n, ncol)]
 
 
 def _bottom_xlabel(axes: np.ndarray, text: str) -> None:
