@@ -44,6 +44,8 @@ def test_the_record_names_each_float_page_its_floats_and_fill():
     assert lone_small_floats(pages, min_fraction=0.8) == [pages[0], pages[2]]
     assert "sec:intro" not in str(float_labels(AUX))
     assert str(pages[0]) == "page 2 (PDF page 2): Figure 1 (fig:small) alone on a float page, 20% of the text height"
+    assert str(pages[1]).startswith("page 4 (PDF page 4): Figure 2 (fig:big), Table 1 (tab:t) on a float page "
+                                    "of their own")
 
 
 def test_check_float_pages_raises_naming_the_page_and_float(tmp_path):

@@ -89,8 +89,8 @@ class FloatPage:
 
     def __str__(self) -> str:
         names = ", ".join(self.floats) or f"{len(self.heights)} unlabelled float(s)"
-        return (f"page {self.page} (PDF page {self.pdf_page}): {names} alone on a float page, "
-                f"{self.fraction:.0%} of the text height")
+        where = "alone on a float page" if len(self.heights) == 1 else "on a float page of their own"
+        return f"page {self.page} (PDF page {self.pdf_page}): {names} {where}, {self.fraction:.0%} of the text height"
 
 
 def write_hook(folder: str | Path) -> Path:
