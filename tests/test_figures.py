@@ -854,7 +854,7 @@ def test_sharpness_sweep_draws_the_prediction_and_the_papers_value(tables):
     fig = fg.sharpness_sweep(tables["summary"], dim=64, budget=4, distributions=["gaussian"],
                              comparisons=comparisons, paper_ratio=2.25)
     lines = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
-    predicted = lines["second-order prediction"].get_ydata()
+    predicted = lines["closed form (second-order prediction)"].get_ydata()
     assert np.allclose(predicted, 5.7)
     assert np.allclose(lines["paper's value (2.25)"].get_ydata(), 2.25)
     import matplotlib.pyplot as plt
@@ -871,6 +871,8 @@ def test_captions_state_what_the_drawn_figure_shows(tables):
     ecdf = caption_facts(drawn["kl_ecdf"])
     assert set(ecdf["rows"]) == set(FACETS) and any("n = 4" in p for p in ecdf["panels"])
     assert {"KV", "KQV", "QKQV", "RKV"} <= set(ecdf["legend"])
+    # in the order the figure gave them, not matplotlib's column-major filling of 4 columns
+    assert ecdf["legend"] == ["KV", "KQV", "QKQV", "RKV", "ECDF", "mean", "p99"]
     assert "d = 64" in ecdf["title"]
     rank = caption_facts(drawn["rank_sweep"])
     assert any("t1.05" in entry for entry in rank["legend"])  # the reference line is named
@@ -915,3 +917,177 @@ def test_query_model_points_are_ratios_of_trial_means_at_each_alignment():
     assert "Query model" in title_of(fig)
     empty = fg.query_model_sweep(points.iloc[0:0], scheme="KQV", budget=4, sharpness=2.0)
     assert "nothing to show" in title_of(empty)
+
+
+# ----------------------------------------------------------------------------- issue 15: figures a reader can use
+
+
+def test_log_ticks_label_a_range_holding_every_value():
+    """The labelled ticks start at or below the smallest value and end at or above the largest,
+    with at most MAX_LOG_LABELS labels: no plotted quantity lies beyond the last label."""
+    for values in ([0.004, 0.12], [0.03, 0.09], [1e-27, 1e5], [1e-4, 2e4], [0.05, 5.6], [2.0], [3e-3, 3.2e-3, 0.7]):
+        ticks = fg.log_ticks(values)
+        assert ticks[0] <= min(values) and ticks[-1] >= max(values), (values, ticks)
+        assert 2 <= len(ticks) <= fg.MAX_LOG_LABELS, (values, ticks)
+        assert ticks == sorted(ticks)
+    assert fg.log_ticks([0.004, 0.12]) == [0.003, 0.01, 0.03, 0.1, 0.3]
+    assert fg.log_ticks([1e-4, 2e4]) == [1e-4, 0.1, 100.0, 1e5]  # every third decade
+    assert fg.log_ticks([0.0, -1.0, float("nan")]) == []
+
+
+def test_tail_sweep_keeps_its_key_quantity_inside_labelled_ticks(tables):
+    """KQV's key direction error, C7a's quantity and the smallest value of the panel, lies at or
+    above the lowest labelled tick and inside the axis (the review found it below the lowest tick)."""
+    summary = tables["summary"].copy()
+    rows = summary["scheme"].isin(["KQV", "RKV"])
+    summary.loc[rows, "k_eps_dir_mean"] = 0.004  # far below every other scheme's
+    fig = fg.tail_sweep(summary, NU, dim=64, budget=4, sharpness=1.0)
+    ax = fig.axes[0]
+    shown = _select_panel(summary, "k_eps_dir_mean")
+    lo, hi = ax.get_ylim()
+    ticks = [t for t in ax.yaxis.get_majorticklocs() if lo <= t <= hi]
+    assert min(ticks) <= 0.004 <= max(ticks) and lo < 0.004
+    assert min(ticks) <= shown.min() and max(ticks) >= shown.max()
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert labels and labels[0] == fg._number(min(ticks))  # the lowest tick is labelled
+
+
+def _select_panel(summary: pd.DataFrame, metric: str) -> np.ndarray:
+    cell = summary[summary["distribution"].isin(list(NU)) & (summary["dim"] == 64) & (summary["budget"] == 4)
+                   & np.isclose(summary["sharpness"], 1.0)]
+    return cell[metric].to_numpy(dtype=float)
+
+
+def test_theory_check_plots_measured_over_closed_form_with_the_closed_form_on_top():
+    """Each point is estimate / theory (1.01 in make_theory), the closed form is the line at 1
+    drawn above the markers, a heavy-tailed point 30x off stays on a log axis without setting
+    a linear range, and an unbounded interval is a hollow marker, not a bar to the axis edge."""
+    theory = make_theory()
+    heavy = (theory["distribution"] == "t1.05") & (theory["check"] == "qjl_vs_nbit") & (theory["budget"] == 4)
+    theory.loc[heavy, "estimate"] = 30 * theory.loc[heavy, "theory"]
+    theory.loc[heavy, ["low", "high"]] = [-np.inf, np.inf]
+    fig = fg.theory_check(theory, dim=64)
+    for ax in fig.axes[:2]:  # make_theory has no hadamard rows: the third panel is empty
+        closed = [line for line in ax.lines if line.get_gid() == "closed-form"]
+        assert len(closed) == 1 and np.allclose(closed[0].get_ydata(), 1.0)
+        markers = [line for line in ax.lines if line.get_gid() != "closed-form" and line.get_marker() not in
+                   ("", "None", None)]
+        assert markers and all(closed[0].get_zorder() > m.get_zorder() for m in markers)
+        assert ax.get_yscale() == "log"
+    ax_nbit = fig.axes[1]
+    ys = np.concatenate([np.asarray(line.get_ydata(), dtype=float) for line in ax_nbit.lines
+                         if line.get_gid() != "closed-form"])
+    assert np.any(np.isclose(ys, 1.01)) and np.any(np.isclose(ys, 30.0))
+    lo, hi = ax_nbit.get_ylim()
+    assert lo <= 1.0 <= hi and hi >= 30.0 and hi < 300  # the heavy point is shown, on a few decades
+    hollow = [line for line in ax_nbit.lines if line.get_gid() == "unbounded-interval"]
+    assert len(hollow) == 1 and np.allclose(hollow[0].get_ydata(), 30.0) and hollow[0].get_markerfacecolor() == "white"
+    assert "hollow: CI unbounded" in title_of(fig)
+
+
+def test_jensen_bias_has_one_figure_legend_and_the_slopes_in_its_panel_titles(tables):
+    fig = fg.jensen_bias(tables["per_key"], budget=4, sharpness=1.0, dim=64, distributions=FACETS,
+                         slopes=tables["theory"])
+    assert len(fig.legends) == 1 and not [ax for ax in fig.axes if ax.get_legend() is not None]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == list(SCHEMES)
+    # make_theory's jensen_slope estimate is 0.1: the paper's formatter prints 0.100
+    title = fig.axes[0].get_title()
+    assert title.startswith("gaussian\nslope: KV $0.100$, KQV $0.100$,") and "RKV $0.100$" in title
+
+
+def test_kl_ecdf_draws_kl_below_its_floor_at_the_floor_and_says_how_many(tables):
+    pq = tables["per_query"]
+    frame = pq[(pq["dim"] == 64) & np.isclose(pq["sharpness"], 4.0)]
+    floor = 0.01
+    fig = fg.kl_ecdf(pq, sharpness=4.0, dim=64, distributions=["gaussian"], floor=floor)
+    kl = frame.loc[frame["distribution"] == "gaussian", "kl"].to_numpy(dtype=float)
+    share = 100 * np.count_nonzero(kl < floor) / kl.size
+    assert 0 < share < 100
+    assert f"KL below 0.01 nats drawn at it: {share:.2g}% of gaussian's queries" in title_of(fig)
+    for ax in fig.axes:
+        lo, hi = ax.get_xlim()
+        assert floor / 1.2 < lo <= floor and hi >= kl.max()
+        steps = [line for line in ax.lines if len(line.get_xdata()) > 2]
+        assert steps and min(float(np.min(line.get_xdata())) for line in steps) == pytest.approx(floor)
+    # the default floor: 1e-4 nats; no KL under it is said too
+    above = pq[pq["kl"] > 1e-3]
+    assert "no KL below 1e-4 nats" in title_of(fg.kl_ecdf(above, sharpness=4.0, dim=64, distributions=["gaussian"]))
+    assert fg.KL_FLOOR == 1e-4
+
+
+def test_density_levels_enclose_the_stated_share_of_the_points():
+    """The 50% and 90% levels: the share of points whose smoothed density is at least the level
+    is the level's mass (a Gaussian cloud of 20000 points, within 3 points)."""
+    gen = np.random.default_rng(5)
+    x, y = gen.normal(30, 8, 20000), gen.normal(1.0, 0.5, 20000) + 0.02 * gen.normal(30, 8, 20000)
+    xc, yc, density, levels = fg.density_levels(x, y, (0.5, 0.9))
+    ix = np.clip(np.searchsorted(xc, x) - 1, 0, xc.size - 1)
+    iy = np.clip(np.searchsorted(yc, y) - 1, 0, yc.size - 1)
+    at_points = density[iy, ix]
+    for mass, level in zip((0.5, 0.9), levels):
+        assert abs(np.mean(at_points >= level) - mass) < 0.03, (mass, np.mean(at_points >= level))
+    assert levels[0] > levels[1] > 0
+
+
+def test_output_plane_draws_density_contours_above_the_point_threshold(tables):
+    """Above density_points queries per scheme and panel the T plane draws contours (tagged
+    with the scheme), with none of the scatter; at or below it, the points."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.contour import ContourSet
+
+    pq = tables["per_query"]
+    n = int(((pq["distribution"] == "gaussian") & (pq["dim"] == 64) & np.isclose(pq["sharpness"], 1.0)
+             & (pq["budget"] == 4) & (pq["scheme"] == "KV")).sum())
+    dense = fg.shannon_phi_plane(pq, "t", sharpness=1.0, dim=64, distributions=FACETS, density_points=n - 1)
+    sparse = fg.shannon_phi_plane(pq, "t", sharpness=1.0, dim=64, distributions=FACETS, density_points=n)
+    for ax in dense.axes:
+        contours = [c for c in ax.collections if isinstance(c, ContourSet)]
+        assert {c.get_gid() for c in contours} == {f"scheme={s}" for s in SCHEMES}
+        assert not [c for c in ax.collections if isinstance(c, PathCollection) and not isinstance(c, ContourSet)]
+    for ax in sparse.axes:
+        assert not [c for c in ax.collections if isinstance(c, ContourSet)]
+        assert len([c for c in ax.collections if isinstance(c, PathCollection)]) == len(SCHEMES)
+    assert "contours: the densest regions holding 50% and 90%" in title_of(dense)
+    assert "points: queries" in title_of(sparse)
+
+
+def test_key_and_value_planes_are_low(tables):
+    """The per-trial planes (K, V) have low rows: a 3 x 2 grid is 2 in shorter than the T plane's."""
+    k = fg.shannon_phi_plane(tables["per_query"], "k", sharpness=1.0, dim=64, distributions=FACETS)
+    t = fg.shannon_phi_plane(tables["per_query"], "t", sharpness=1.0, dim=64, distributions=FACETS)
+    assert k.get_figheight() == pytest.approx(3 * 1.0 + 0.75) and t.get_figheight() == pytest.approx(3 * 1.4 + 0.75)
+
+
+def test_sharpness_sweep_draws_the_closed_form_and_the_claims_files_paper_value(tables):
+    """The ratio panels carry the closed form of theory.predicted_kl_ratio, (pi/2 - 1/d) D(n-1)/D(n)
+    for QKQV over KQV, and the paper's 2.25 as the claims file (C2's paper_value) gives it to
+    the figure stage; every entry is in one figure legend outside the panels."""
+    from kvasym.claims import load_claims
+    from kvasym.codebook import lloyd_max_codebook
+    from kvasym.figure_registry import figures_slice
+    from kvasym.schemes import get_scheme
+    from kvasym.study import load_study_file
+    from kvasym.theory import predicted_kl_ratio
+
+    closed = predicted_kl_ratio(get_scheme("QKQV").K, get_scheme("KQV").K, 4, 64)
+    assert closed == pytest.approx((math.pi / 2 - 1 / 64) * lloyd_max_codebook(64, 3).mse_per_vector
+                                   / lloyd_max_codebook(64, 4).mse_per_vector, rel=1e-12)
+    study = load_study_file(ROOT / "config" / "config.yaml")
+    paper = figures_slice(study)["paper_kl_ratio"]
+    c2 = next(c for c in load_claims(ROOT / study.claims_file, study.headline) if c["id"] == "C2")
+    assert paper == c2["paper_value"] == 2.25
+    comparisons = tables["comparisons"].copy()
+    forward = (comparisons["scheme_a"] == "QKQV") & (comparisons["scheme_b"] == "KQV")
+    comparisons["ratio_theory"] = np.where(forward, closed, 1.0 / closed)
+    fig = fg.sharpness_sweep(tables["summary"], dim=64, budget=4, distributions=FACETS, comparisons=comparisons,
+                             paper_ratio=paper)
+    ratio_axes = fig.axes[1::2]
+    for ax in ratio_axes:
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert np.allclose(lines["closed form (second-order prediction)"].get_ydata(), closed)
+        assert np.allclose(lines["paper's value (2.25)"].get_ydata(), 2.25)
+    assert not [ax for ax in fig.axes if ax.get_legend() is not None] and len(fig.legends) == 1
+    entries = [t.get_text() for t in fig.legends[0].get_texts()]
+    wanted = {"closed form (second-order prediction)", "paper's value (2.25)", "ratio: measured", *SCHEMES}
+    assert wanted <= set(entries)

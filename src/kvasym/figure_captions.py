@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .figures import ROW_MAJOR_GID, row_major_order
 from .latex import escape_latex
 
 __all__ = ["CAPTION_SUFFIX", "caption_facts", "caption_tex"]
@@ -88,8 +89,14 @@ def caption_facts(fig: Any) -> dict[str, Any]:
                 rows.append(text)
     legends = list(getattr(fig, "legends", [])) + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
     for leg in legends:
-        for t in leg.get_texts():
-            text = t.get_text().strip()
+        texts = [t.get_text() for t in leg.get_texts()]
+        if leg.get_gid() == ROW_MAJOR_GID:  # back in the order the figure gave them (row by row)
+            given = [""] * len(texts)
+            for i, k in enumerate(row_major_order(len(texts), leg._ncols)):
+                given[k] = texts[i]
+            texts = given
+        for text in texts:
+            text = text.strip()
             if text and text not in legend:
                 legend.append(text)
     return {"title": " ".join(title.split()), "panels": [" ".join(p.split()) for p in panels],

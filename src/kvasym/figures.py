@@ -47,7 +47,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from .atomic import atomic_target  # noqa: E402
-from .render.format import sig_text  # noqa: E402
+from .render.format import sig, sig_text  # noqa: E402
 from .seeds import rng  # noqa: E402
 
 #: One LaTeX column (inches); figures are drawn at this width unless stated otherwise.
@@ -225,8 +225,9 @@ def _figure_legend(fig: Figure, handles: Sequence[Any], labels: Sequence[str], *
     if not handles:
         return
     ncol = ncol or min(len(handles), 4)
-    fig.legend(_row_major(list(handles), ncol), _row_major([safe_text(label) for label in labels], ncol), loc=loc,
-               ncol=ncol, frameon=False)
+    legend = fig.legend(_row_major(list(handles), ncol), _row_major([safe_text(label) for label in labels], ncol),
+                        loc=loc, ncol=ncol, frameon=False)
+    legend.set_gid(ROW_MAJOR_GID)  # the caption reads its entries back in the order given (row by row)
 
 
 def _suptitle(fig: Figure, text: str) -> None:
@@ -322,29 +323,88 @@ def _number(value: float, _pos: Any = None) -> str:
 
 
 def _log_axis(ax: Any, which: str = "y", values: Iterable[float] = ()) -> None:
-    """Log scale with readable ticks: 1-2-5 ticks within about a decade, decades otherwise,
-    no minor tick labels (narrow panels would print 2x10^-2, 3x10^-2, ... over each other)."""
+    """Log scale with readable ticks whose labelled range holds every value: 1-2-5 ticks within
+    about a decade, 1-3 within two, else decades (at most :data:`MAX_LOG_LABELS` labels, every
+    k-th decade beyond that), and the axis limits at the labelled ticks just outside the values
+    (:func:`log_ticks`), so no plotted value lies beyond the last label (issue 15: a key
+    quantity below the lowest tick). No minor tick labels (narrow panels would print
+    2x10^-2, 3x10^-2, ... over each other). Without positive values: the ticks alone."""
     (ax.set_yscale if which == "y" else ax.set_xscale)("log")
-    _log_ticks(ax.yaxis if which == "y" else ax.xaxis, values)
+    axis = ax.yaxis if which == "y" else ax.xaxis
+    ticks = log_ticks(values)
+    if not ticks:
+        _log_ticks(axis, values)
+        return
+    axis.set_major_locator(mticker.FixedLocator(ticks))
+    axis.set_major_formatter(mticker.FuncFormatter(_number))
+    axis.set_minor_formatter(mticker.NullFormatter())
+    stride = math.log10(ticks[1] / ticks[0]) if len(ticks) > 1 else 1.0
+    if stride > 1.5:  # decades left unlabelled get a minor tick each
+        lo, hi = (round(math.log10(t)) for t in (ticks[0], ticks[-1]))
+        axis.set_minor_locator(mticker.FixedLocator([10.0**e for e in range(lo, hi + 1)]))
+    # a hair beyond the end ticks, so markers on them are not cut in half
+    pad = 10 ** (0.02 * math.log10(ticks[-1] / ticks[0]))
+    (ax.set_ylim if which == "y" else ax.set_xlim)(ticks[0] / pad, ticks[-1] * pad)
+
+
+#: At most this many labelled ticks on a log axis (narrow panels overprint more).
+MAX_LOG_LABELS = 5
+
+
+def log_ticks(values: Iterable[float]) -> list[float]:
+    """The labelled ticks of a log axis showing ``values`` (their finite positive part): from
+    the largest tick at or below the smallest value to the smallest tick at or above the
+    largest, on 1-2-5 steps within about a decade, 1-3 steps within two, else on every k-th
+    decade with k the smallest stride giving at most :data:`MAX_LOG_LABELS` ticks. Empty
+    without a finite positive value."""
+    v = np.asarray(list(values), dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not v.size:
+        return []
+    lo, hi = float(v.min()), float(v.max())
+    if hi <= lo * (1 + 1e-9):  # one value: a decade around it
+        lo, hi = lo / 3, hi * 3
+    span = math.log10(hi / lo)
+    if span < 2:
+        subs = (1.0, 2.0, 5.0) if span < 1.2 else (1.0, 3.0)
+        e_lo, e_hi = math.floor(math.log10(lo) + 1e-9), math.ceil(math.log10(hi) - 1e-9)
+        grid = [float(f"{m:g}e{e}") for e in range(e_lo, e_hi + 1) for m in subs]  # exact decimals
+        below = [t for t in grid if t <= lo * (1 + 1e-9)]
+        above = [t for t in grid if t >= hi * (1 - 1e-9)]
+        start, stop = (below[-1] if below else grid[0]), (above[0] if above else grid[-1])
+        return [t for t in grid if start <= t <= stop]
+    e_lo, e_hi = math.floor(math.log10(lo) + 1e-9), math.ceil(math.log10(hi) - 1e-9)
+    stride = max(1, math.ceil((e_hi - e_lo) / (MAX_LOG_LABELS - 1)))
+    count = math.ceil((e_hi - e_lo) / stride)
+    return [float(f"1e{e_lo + k * stride}") for k in range(count + 1)]
 
 
 def _log_ticks(axis: Any, values: Iterable[float] = ()) -> None:
-    """The ticks of :func:`_log_axis` on an axis that is already logarithmic (a colour bar's)."""
+    """Readable log ticks on an axis that is already logarithmic and whose limits are set
+    elsewhere (a colour bar's): 1-2-5 ticks within about a decade, decades otherwise."""
     v = np.asarray(list(values), dtype=float)
     v = v[np.isfinite(v) & (v > 0)]
     decades = math.log10(v.max() / v.min()) if v.size else 10.0
     subs = (1.0, 2.0, 5.0) if decades < 1.2 else (1.0, 3.0) if decades < 2 else (1.0,)
-    # at most ~5 labels in a panel: the locator strides decades beyond that
-    # several decades (heavy tails reach 1e-27..1e5) get 3 labels, or narrow panels overprint them
-    numticks = 3 if decades >= 2.5 else 8
+    numticks = 3 if decades >= 2.5 else 8  # several decades in a narrow bar: 3 labels
     axis.set_major_locator(mticker.LogLocator(base=10, subs=subs, numticks=numticks))
     axis.set_major_formatter(mticker.FuncFormatter(_number))
     axis.set_minor_formatter(mticker.NullFormatter())
 
 
+#: ``gid`` of a figure legend whose entries :func:`_row_major` reordered.
+ROW_MAJOR_GID = "legend-row-major"
+
+
 def _row_major(items: Sequence[Any], ncol: int) -> list[Any]:
     """Reorder legend entries so that matplotlib's column-major filling reads row by row."""
-    return [items[k] for c in range(ncol) for k in range(c, len(items), ncol)]
+    return [items[k] for k in row_major_order(len(items), ncol)]
+
+
+def row_major_order(n: int, ncol: int) -> list[int]:
+    """The positions :func:`_row_major` takes the entries from: entry ``i`` of the reordered
+    legend is entry ``row_major_order(n, ncol)[i]`` of the list given."""
+    return [k for c in range(ncol) for k in range(c, n, ncol)]
 
 
 def _bottom_xlabel(axes: np.ndarray, text: str) -> None:
@@ -355,9 +415,20 @@ def _bottom_xlabel(axes: np.ndarray, text: str) -> None:
             ax.set_xlabel(text)
 
 
-def _positive_floor(values: np.ndarray) -> float:
-    positive = values[np.isfinite(values) & (values > 0)]
-    return float(positive.min()) / 2 if positive.size else 1e-12
+#: The ECDF figure's floor (nats): a per-query KL below it is drawn at it. By Pinsker's
+#: inequality such a query's attention moves by a total variation of at most
+#: sqrt(1e-4 / 2) = 0.7%: at the floor, quantization has left attention unchanged for a reader.
+KL_FLOOR = 1e-4
+
+
+def _share(count: int, total: int) -> str:
+    """``count`` of ``total`` as a percentage, two significant digits ("<0.01%" below that; never
+    "100%" for a count short of the total)."""
+    pct = 100.0 * count / total
+    if pct < 0.01:
+        return "<0.01%"
+    text = f"{pct:.2g}" if pct < 99.5 else f"{pct:.3g}"
+    return "99.9%" if count < total and float(text) >= 100 else f"{text}%"
 
 
 # ----------------------------------------------------------------------------- saving
@@ -409,14 +480,20 @@ def shannon_phi_plane(
     colors: Mapping[str, str] | None = None,
     max_points: int = 300,
     seed: int = 0,
+    density_points: int | None = None,
 ) -> Figure:
     """Scale error (Shannon effective bits) against direction error phi (degrees) at ``site``.
 
-    Rows: distributions; columns: budgets; one sharpness and one dim. Per scheme: a light
-    random subsample (at most ``max_points``, seeded by the panel's identity) of the points and
-    the median with its interquartile range as a cross. The K and V errors are per-trial
-    aggregates (repeated on each query row), so for those sites each point is one trial.
+    Rows: distributions; columns: budgets; one sharpness and one dim. Per scheme and panel: the
+    median with its interquartile range as a cross, over either its points (a light random
+    subsample of at most ``max_points``, seeded by the panel's identity) or, with more than
+    ``density_points`` points (default :data:`DENSITY_POINTS`), the contours of their density
+    around the regions holding :data:`DENSITY_MASSES` of them (:func:`_density_contours`): a
+    scatter of thousands of queries hides every scheme but the last drawn. The K and V errors
+    are per-trial aggregates (repeated on each query row), so for those sites each point is one
+    trial, and the rows are low.
     """
+    density_points = DENSITY_POINTS if density_points is None else int(density_points)
     if site not in SITE_NAMES:
         raise ValueError(f"site must be one of {', '.join(SITE_NAMES)}, got {site!r}")
     title = f"Shannon–φ plane at {SITE_NAMES[site]}"
@@ -434,9 +511,13 @@ def shannon_phi_plane(
     schemes = scheme_order(frame["scheme"].unique())
     # a page-wide grid: at column width the panels of a 3-budget grid were 1 inch wide
     wide = len(cols) > 1
-    fig, axes = new_figure(len(rows), len(cols), width=TEXT_WIDTH,
-                           row_height=1.4 if wide else 1.6, extra=0.75, sharex="row", sharey="row")
     per_trial = site in ("k", "v")
+    # the K and V planes show a few tight clusters of trials: low rows, so each figure takes
+    # part of a page instead of a whole one (issue 15)
+    row_height = (1.0 if per_trial else 1.4) if wide else 1.6
+    fig, axes = new_figure(len(rows), len(cols), width=TEXT_WIDTH, row_height=row_height, extra=0.75,
+                           sharex="row", sharey="row")
+    densities = 0
     for i, dist in enumerate(rows):
         for j, budget in enumerate(cols):
             ax = axes[i, j]
@@ -451,14 +532,19 @@ def shannon_phi_plane(
                 x, y = x[ok], y[ok]
                 if x.size == 0:
                     continue
-                if x.size > max_points:
-                    pick = rng(seed, "figure", "shannon_phi", site, str(dist), int(budget), scheme).choice(
-                        x.size, max_points, replace=False)
-                    xs, ys = x[pick], y[pick]
+                if x.size > density_points:
+                    # thousands of queries overplot each other: the density's contours instead
+                    if _tag(_density_contours(ax, x, y, colors[scheme]), scheme) is not None:
+                        densities += 1
                 else:
-                    xs, ys = x, y
-                _tag(ax.scatter(xs, ys, s=4 if wide else 2.5, color=colors[scheme], alpha=0.3, linewidths=0,
-                                rasterized=True, zorder=2), scheme)
+                    if x.size > max_points:
+                        pick = rng(seed, "figure", "shannon_phi", site, str(dist), int(budget), scheme).choice(
+                            x.size, max_points, replace=False)
+                        xs, ys = x[pick], y[pick]
+                    else:
+                        xs, ys = x, y
+                    _tag(ax.scatter(xs, ys, s=4 if wide else 2.5, color=colors[scheme], alpha=0.3, linewidths=0,
+                                    rasterized=True, zorder=2), scheme)
                 qx, qy = np.percentile(x, [25, 50, 75]), np.percentile(y, [25, 50, 75])
                 # later schemes get smaller markers, so coinciding medians (e.g. KQV and RKV share
                 # their K side) stay visible as nested markers
@@ -472,14 +558,66 @@ def shannon_phi_plane(
             if j == len(cols) - 1:
                 _margin_title(ax, str(dist))
             ax.tick_params(labelbottom=True)
+            ax.margins(0.08, 0.14)  # room for the large median markers at the edges of the low rows
     S = site.upper()
     _bottom_xlabel(axes, rf"direction error $\varphi_{S}$ (degrees)")
     fig.supylabel(rf"Shannon effective bits $0.5\,\log_2\,\mathrm{{SNR}}_{S}$ (bits)")
     note = "points: trials" if per_trial else "points: queries"
+    if densities:
+        masses = " and ".join(f"{m:.0%}" for m in DENSITY_MASSES)
+        note = (f"contours: the densest regions holding {masses} of a scheme's queries "
+                f"(above {density_points} per panel; fewer: points)")
     _suptitle(fig, (f"{title}: d = {dim}{dim_note}, sharpness {_fmt(float(sharpness))}{s_note}; "
                            f"{note}; cross: median and IQR"))
     _figure_legend(fig, _scheme_handles(schemes, colors, markers, line=False), schemes)
     return fig
+
+
+#: Above this many points of one scheme in one panel, the Shannon-phi plane draws their
+#: density's contours instead of the points.
+DENSITY_POINTS = 200
+#: The contours enclose the densest regions holding these fractions of the points.
+DENSITY_MASSES = (0.5, 0.9)
+
+
+def density_levels(x: np.ndarray, y: np.ndarray, masses: Sequence[float] = DENSITY_MASSES, *, bins: int = 40,
+                   smooth: float = 1.5) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float]]:
+    """A smoothed 2-D histogram of the points (``bins`` per axis over their central 99% range
+    padded by 15%, a Gaussian kernel of ``smooth`` bins; the few extreme points left out would
+    otherwise set the panel's range) and, per mass in ``masses``, the density level whose
+    super-level set holds that fraction of all the points (the highest-density region):
+    ``(x_centres, y_centres, density[y, x], levels)`` with the levels in the order of ``masses``."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    ranges = []
+    for v in (x, y):
+        lo, hi = (float(q) for q in np.percentile(v, [0.5, 99.5]))
+        pad = 0.15 * (hi - lo) if hi > lo else max(abs(lo), 1.0) * 0.05
+        ranges.append((lo - pad, hi + pad))
+    hist, xe, ye = np.histogram2d(x, y, bins=bins, range=ranges)
+    radius = max(1, int(math.ceil(3 * smooth)))
+    kernel = np.exp(-0.5 * (np.arange(-radius, radius + 1) / smooth) ** 2)
+    kernel /= kernel.sum()
+    for axis in (0, 1):
+        hist = np.apply_along_axis(lambda r: np.convolve(r, kernel, mode="same"), axis, hist)
+    density = hist / x.size  # a fraction of every point, those outside the range included
+    ordered = np.sort(density.ravel())[::-1]
+    cumulative = np.cumsum(ordered)
+    levels = [float(ordered[min(int(np.searchsorted(cumulative, m)), ordered.size - 1)]) for m in masses]
+    return (xe[:-1] + xe[1:]) / 2, (ye[:-1] + ye[1:]) / 2, density.T, levels
+
+
+def _density_contours(ax: Any, x: np.ndarray, y: np.ndarray, color: str) -> Any:
+    """The contours of :func:`density_levels` (the larger mass thinner), or None when the points
+    have no spread to draw a density of."""
+    if np.ptp(x) == 0 and np.ptp(y) == 0:
+        return None
+    xc, yc, density, levels = density_levels(x, y)
+    order = np.argsort(levels)  # contour needs increasing levels: the largest mass has the lowest
+    unique = np.unique(np.asarray(levels)[order])
+    if unique.size < len(levels) or unique[0] <= 0:
+        return None
+    widths = [0.6 + 0.6 * (1 - DENSITY_MASSES[k]) / (1 - min(DENSITY_MASSES)) for k in order]
+    return ax.contour(xc, yc, density, levels=list(unique), colors=[color], linewidths=widths, zorder=2)
 
 
 @styled
@@ -491,11 +629,14 @@ def kl_ecdf(
     distributions: Sequence[str] | None = None,
     budgets: Sequence[int] | None = None,
     colors: Mapping[str, str] | None = None,
+    floor: float | None = None,
 ) -> Figure:
     """Empirical CDF of per-query KL (log x) per scheme, rows = distributions, columns =
     budgets, with each scheme's mean (dashed) and 99th percentile (dotted) as vertical lines.
-    KL = 0 (exact attention) is drawn at the panel's floor (half the smallest positive KL);
-    an infinite KL counts in the CDF but cannot be drawn (the curve stays below 1)."""
+    A KL below ``floor`` nats (default :data:`KL_FLOOR`; KL = 0, exact attention, included) is
+    drawn at the floor, so the axis spans the decades where KL matters (heavy tails reach
+    1e-27), and the title says how many queries of which rows lie below it. An infinite KL
+    counts in the CDF but cannot be drawn (the curve stays below 1)."""
     title = "ECDF of per-query KL"
     dim, dim_note = _choose(per_query, "dim", dim)
     frame = _select(per_query, dim=dim)
@@ -509,8 +650,14 @@ def kl_ecdf(
     schemes = scheme_order(frame["scheme"].unique())
     fig, axes = new_figure(len(rows), len(cols), row_height=1.2 if len(cols) > 1 else 1.5, extra=0.85,
                            sharex="row", sharey=True)
+    floor = KL_FLOOR if floor is None else float(floor)
+    below: list[str] = []  # "<share> of <row>'s queries", rows with any KL under the floor
     for i, dist in enumerate(rows):
-        floor = _positive_floor(_select(frame, distribution=dist)["kl"].to_numpy(dtype=float))
+        row_kl = _select(frame, distribution=dist)["kl"].to_numpy(dtype=float)
+        row_kl = row_kl[~np.isnan(row_kl)]
+        under = int(np.count_nonzero(row_kl < floor))
+        if under:
+            below.append(f"{_share(under, row_kl.size)} of {dist}'s")
         for j, budget in enumerate(cols):
             ax = axes[i, j]
             cell = _select(frame, distribution=dist, budget=budget)
@@ -529,7 +676,7 @@ def kl_ecdf(
                     if np.isfinite(value):
                         _tag(ax.axvline(max(value, floor), color=colors[scheme], ls=style, lw=0.9, alpha=0.9,
                                         zorder=2), scheme)
-            _log_axis(ax, "x", _select(frame, distribution=dist)["kl"].to_numpy(dtype=float))
+            _log_axis(ax, "x", np.maximum(row_kl[np.isfinite(row_kl)], floor))
             ax.set_ylim(0, 1.02)
             if i == 0:
                 ax.set_title(f"n = {budget} bits")
@@ -538,7 +685,9 @@ def kl_ecdf(
             ax.tick_params(labelbottom=True)
     _bottom_xlabel(axes, "KL (nats)")
     fig.supylabel("fraction of queries")
-    _suptitle(fig, (f"{title}: d = {dim}{dim_note}, sharpness {_fmt(float(sharpness))}{s_note}"))
+    floor_note = (f"; KL below {_number(floor)} nats drawn at it: {', '.join(below)} queries" if below
+                  else f"; no KL below {_number(floor)} nats")
+    _suptitle(fig, (f"{title}: d = {dim}{dim_note}, sharpness {_fmt(float(sharpness))}{s_note}{floor_note}"))
     handles = _scheme_handles(schemes, colors, markers) + [
         Line2D([], [], color="black", ls="-", lw=1.0), Line2D([], [], color="black", ls="--", lw=0.9),
         Line2D([], [], color="black", ls=":", lw=0.9),
@@ -868,9 +1017,14 @@ THEORY_CHECKS = {
 
 @styled
 def theory_check(theory: pd.DataFrame, *, dim: int | None = None, distributions: Sequence[str] | None = None) -> Figure:
-    """Measured QJL variance ratios (estimate and CI per distribution) against the budget,
-    the closed form as a black line, and its limits pi/2 and 2 pi as grey dashed lines; the
-    third panel is the second ratio with the orthogonal hadamard sketch (limit 4 (pi/2 - 1))."""
+    """Measured QJL variance ratios divided by their closed forms (estimate and 95% CI per
+    distribution) against the budget, one panel per check, on one shared log axis: the closed
+    form is the line at 1 (drawn above the markers, so it is never hidden under them), and a
+    heavy-tailed point far from it cannot squeeze the others onto one line. The axis range is
+    set by the estimates and 1 (:func:`log_ticks`), not by the intervals, which are clipped to
+    it (heavy tails give unbounded ones). The third panel is the second ratio with the
+    orthogonal hadamard sketch. The limits pi/2, 2 pi and 4 (pi/2 - 1) of the closed forms are
+    named in the panel titles."""
     title = "QJL inner-product variance ratios"
     frame = (_select(theory, check=list(THEORY_CHECKS)) if theory is not None and "check" in theory.columns
              else pd.DataFrame())
@@ -880,47 +1034,53 @@ def theory_check(theory: pd.DataFrame, *, dim: int | None = None, distributions:
     frame = _select(frame, distribution=dists) if dists else frame.iloc[0:0]
     if frame.empty:
         return nothing_to_show(title, f"no qjl_vs_residual / qjl_vs_nbit rows in the theory table for d = {dim}")
-    # three panels with two-line titles and a label right of each: the text width, not a column
-    fig, axes = new_figure(1, len(THEORY_CHECKS), width=TEXT_WIDTH, height=2.6)
+    frame = frame.copy()
+    closed = frame["theory"].to_numpy(dtype=float)
+    closed = np.where(np.isfinite(closed) & (closed > 0), closed, np.nan)  # no closed form: no point
+    for column in ("estimate", "low", "high"):
+        frame[f"{column}_rel"] = frame[column].to_numpy(dtype=float) / closed
+    # three panels with two-line titles: the text width, not a column
+    fig, axes = new_figure(1, len(THEORY_CHECKS), width=TEXT_WIDTH, height=2.3, sharey=True)
     budgets = sorted(frame["budget"].unique())
     width = 0.5
     offsets = {d: (k - (len(dists) - 1) / 2) * (width / max(len(dists), 1)) for k, d in enumerate(dists)}
-    for ax, (check, (label, limit, limit_text)) in zip(axes[0], THEORY_CHECKS.items()):
+    for ax, (check, (label, _limit, limit_text)) in zip(axes[0], THEORY_CHECKS.items()):
         rows = frame[frame["check"] == check]
         for k, dist in enumerate(dists):
             g = rows[rows["distribution"] == dist].sort_values("budget")
+            g = g[np.isfinite(g["estimate_rel"]) & (g["estimate_rel"] > 0)]
             if g.empty:
                 continue
-            est, low, high = (g[c].to_numpy(dtype=float) for c in ("estimate", "low", "high"))
-            yerr = np.vstack([np.where(np.isfinite(low), est - low, 0), np.where(np.isfinite(high), high - est, 0)])
-            ax.errorbar(g["budget"].to_numpy(dtype=float) + offsets[dist], est, yerr=np.clip(yerr, 0, None),
-                        fmt=DISTRIBUTION_MARKERS[k % len(DISTRIBUTION_MARKERS)],
-                        color=DISTRIBUTION_COLORS[k % len(DISTRIBUTION_COLORS)],
-                        markersize=3.5, elinewidth=0.9, capsize=1.5, lw=0, zorder=3)
-        closed = rows.groupby("budget")["theory"].first().sort_index()
-        if closed.notna().any():
-            ax.plot(closed.index.to_numpy(dtype=float), closed.to_numpy(dtype=float), color="black", lw=1.0, marker="_",
-                    markersize=8, zorder=2)
-        ax.axhline(limit, color="0.45", ls="--", lw=0.8, zorder=1)
-        ax.annotate(limit_text, xy=(1.0, limit), xycoords=("axes fraction", "data"), xytext=(2, 0),
-                    textcoords="offset points", va="center", ha="left", color="0.3")
+            x = g["budget"].to_numpy(dtype=float) + offsets[dist]
+            est, low, high = (g[f"{c}_rel"].to_numpy(dtype=float) for c in ("estimate", "low", "high"))
+            bounded = np.isfinite(low) & np.isfinite(high) & (low > 0)
+            color = DISTRIBUTION_COLORS[k % len(DISTRIBUTION_COLORS)]
+            marker = DISTRIBUTION_MARKERS[k % len(DISTRIBUTION_MARKERS)]
+            if bounded.any():
+                ax.errorbar(x[bounded], est[bounded],
+                            yerr=np.clip(np.vstack([est - low, high - est])[:, bounded], 0, None), fmt=marker,
+                            color=color, markersize=3.5, elinewidth=0.9, capsize=1.5, lw=0, zorder=3)
+            if not bounded.all():  # an interval without a finite positive bound: a hollow marker alone
+                ax.plot(x[~bounded], est[~bounded], marker=marker, ls="none", color=color, mfc="white",
+                        markersize=3.5, markeredgewidth=0.9, zorder=3, gid="unbounded-interval")
+        # the closed form, above the markers: every point is read against it
+        ax.axhline(1.0, color="black", lw=1.0, zorder=5, gid="closed-form")
         ax.set_xticks(budgets)
         ax.set_xlim(min(budgets) - 0.6, max(budgets) + 0.6)
         ax.set_xlabel(BUDGET_LABEL)
-        ax.set_title(label)
-        values = np.r_[rows[["estimate", "low", "high", "theory"]].to_numpy(dtype=float).ravel(), limit]
-        values = values[np.isfinite(values)]
-        pad = 0.08 * (values.max() - values.min() or 1)
-        ax.set_ylim(values.min() - pad, values.max() + pad)
-    axes[0, 0].set_ylabel("variance ratio (×)")
-    _suptitle(fig, (f"{title}: d = {dim}{dim_note}; points = measured (95% CI), line = closed form"))
+        ax.set_title(f"{label}\n(closed form → {limit_text})")
+    shown = frame["estimate_rel"].to_numpy(dtype=float)
+    _log_axis(axes[0, 0], "y", np.r_[shown[np.isfinite(shown) & (shown > 0)], 1.0])
+    axes[0, 0].set_ylabel("measured / closed form (×)")
+    hollow = "; hollow: CI unbounded" if any(
+        line.get_gid() == "unbounded-interval" for ax in axes[0] for line in ax.lines) else ""
+    _suptitle(fig, f"{title} over their closed forms: d = {dim}{dim_note}; bars: 95% CI{hollow}")
     handles = [Line2D([], [], color=DISTRIBUTION_COLORS[k % len(DISTRIBUTION_COLORS)],
                       marker=DISTRIBUTION_MARKERS[k % len(DISTRIBUTION_MARKERS)], ls="none", markersize=4)
                for k in range(len(dists))]
     handles.append(Line2D([], [], color="black", lw=1.0))
-    handles.append(Line2D([], [], color="0.45", ls="--", lw=0.8))
-    labels = [*map(str, dists), "closed form", "limit (π/2, 2π, 4(π/2−1))"]
-    _figure_legend(fig, handles, labels, ncol=3, loc="outside lower center")
+    labels = [*map(str, dists), "closed form (ratio 1)"]
+    _figure_legend(fig, handles, labels, ncol=min(len(labels), 6), loc="outside lower center")
     return fig
 
 
@@ -973,16 +1133,16 @@ def marginals(samples: Mapping[str, tuple[np.ndarray, int]], *, ks_rows: pd.Data
     return fig
 
 
-def _slope_label(slopes: pd.DataFrame | None, scheme: str, **cell: Any) -> str:
+def _slope_text(slopes: pd.DataFrame | None, scheme: str, **cell: Any) -> str | None:
+    """``<scheme> $<fitted slope>$`` of the theory table's ``jensen_slope`` row (the paper's
+    number formatter, :func:`kvasym.render.format.sig`, as mathtext; the ledger prints its
+    interval), or None."""
     if slopes is None or slopes.empty or "check" not in slopes.columns:
-        return scheme
+        return None
     row = _select(slopes, check="jensen_slope", scheme=scheme, **cell)
-    if row.empty:
-        return scheme
-    est, low, high = (float(row[c].iloc[0]) for c in ("estimate", "low", "high"))
-    # the paper's one number formatter (kvasym.render.format), as in the tables and the ledger
-    ci = f"\n[{sig_text(low)}, {sig_text(high)}]" if np.isfinite(low) and np.isfinite(high) and high > low else ""
-    return f"{scheme}: {sig_text(est)}{ci}"
+    if row.empty or not np.isfinite(float(row["estimate"].iloc[0])):
+        return None
+    return f"{safe_text(scheme)} ${sig(float(row['estimate'].iloc[0]))}$"
 
 
 @styled
@@ -1000,7 +1160,8 @@ def jensen_bias(
     """Per key: log(mean attention weight quantized / reference) against the variance of its
     logit error, as means over ``n_bins`` quantile bins of the variance (with standard errors),
     one line per scheme, one panel per distribution, one budget and sharpness. With ``slopes``
-    (the theory table), each legend entry shows the fitted Jensen slope and its CI."""
+    (the theory table), each panel's title gives the fitted Jensen slope of each scheme; one
+    figure legend below the panels names the schemes."""
     from .theory import jensen_points
 
     title = "Jensen bias"
@@ -1018,15 +1179,15 @@ def jensen_bias(
     schemes = scheme_order(frame["scheme"].unique())
     with_slopes = slopes is not None and not slopes.empty and "check" in slopes.columns
     # two panels per row at text width (a single column of four panels was taller than a page);
-    # each panel keeps its own legend because the fitted slopes differ by distribution
+    # one figure legend for the schemes, and each panel's fitted slopes (they differ by
+    # distribution) in its title: per-panel legends filled a third of each panel (issue 15)
     ncols = 2 if len(dists) > 1 else 1
     nrows = -(-len(dists) // ncols)
-    fig, axes = new_figure(nrows, ncols, width=TEXT_WIDTH, row_height=2.0,
-                           extra=0.75 if not with_slopes else 0.55)
+    fig, axes = new_figure(nrows, ncols, width=TEXT_WIDTH, row_height=1.75, extra=0.75)
     for ax in axes.flat[len(dists):]:
         ax.set_axis_off()
     for ax, dist in zip(axes.flat, dists):
-        handles, labels, shown = [], [], []
+        fitted, shown = [], []
         cell = _select(frame, distribution=dist)
         for scheme in schemes:
             g = cell[cell["scheme"] == scheme]
@@ -1050,31 +1211,23 @@ def jensen_bias(
                              lw=_nested(schemes, scheme, 1.5, 0.25, 0.7), elinewidth=0.7, capsize=0,
                              zorder=3 + 0.1 * schemes.index(scheme)), scheme)
             shown.extend(xs)
-            handles.append(Line2D([], [], color=colors[scheme], marker=markers[scheme], markersize=3.5))
-            cell_ids = dict(distribution=dist, dim=dim, budget=budget,
-                            sharpness=None if sharpness is None else float(sharpness))
-            labels.append(_slope_label(slopes, scheme, **cell_ids) if with_slopes else scheme)
+            text = _slope_text(slopes, scheme, distribution=dist, dim=dim, budget=budget,
+                               sharpness=None if sharpness is None else float(sharpness)) if with_slopes else None
+            if text:
+                fitted.append(text)
         ax.axhline(0.0, color="0.4", lw=0.7, ls="-", zorder=1)
         if shown:
             _log_axis(ax, "x", shown)
         else:
             ax.text(0.5, 0.5, "no keys with positive logit-error variance", ha="center", va="center",
                     transform=ax.transAxes)
-        ax.set_title(safe_text(str(dist)))
-        if with_slopes and handles:
-            ax.legend(handles, [safe_text(label) for label in labels], loc="center left", bbox_to_anchor=(1.01, 0.5),
-                      frameon=False, fontsize=STYLE["legend.fontsize"], title="fitted slope",
-                      title_fontsize=STYLE["legend.fontsize"], handlelength=1.2,
-                      labelspacing=0.3)
-    x_label = "logit-error variance over queries (logit², log scale)"
-    if with_slopes:
-        fig.supxlabel(x_label)  # no figure legend below: no clash
-    else:
-        _bottom_xlabel(axes, x_label)
+        # two slopes per line: a half-width panel holds about 45 characters at 8 pt
+        slope_lines = [", ".join(fitted[k:k + 2]) for k in range(0, len(fitted), 2)]
+        ax.set_title(safe_text(str(dist)) + ("\nslope: " + ",\n".join(slope_lines) if fitted else ""))
+    _bottom_xlabel(axes, "logit-error variance over queries (logit², log scale)")
     fig.supylabel("ln(mean ŵ / mean w) (nats)")
-    if not with_slopes:
-        _figure_legend(fig, _scheme_handles(schemes, colors, markers), schemes)
-    slope_note = "; fitted slope: linear fit of the per-key points" if with_slopes else ""
+    _figure_legend(fig, _scheme_handles(schemes, colors, markers), schemes)
+    slope_note = "; slope: linear fit of the per-key points" if with_slopes else ""
     _suptitle(fig, f"{title}: d = {dim}{dim_note}, n = {budget}{b_note}, sharpness {_fmt(float(sharpness))}{s_note}; "
                    f"means of {n_bins} quantile bins ± s.e.{slope_note}")
     return fig
@@ -1111,6 +1264,7 @@ def sharpness_sweep(
     schemes = scheme_order(frame["scheme"].unique())
     fig, axes = new_figure(len(dists), 2, row_height=1.3, extra=0.75, sharex=True)
     sharp = sorted(frame["sharpness"].unique())
+    ratio_entries: dict[str, Any] = {}  # label -> line of the ratio panels, for the figure legend
     for i, dist in enumerate(dists):
         cell = _select(frame, distribution=dist)
         ax_kl, ax_ratio = axes[i]
@@ -1130,13 +1284,14 @@ def sharpness_sweep(
                 ax_ratio.fill_between(common, low, high, color="0.5", alpha=0.3, linewidth=0, zorder=2)
             if theory is not None and np.isfinite(theory).any():
                 ax_ratio.plot(common, theory, color="tab:blue", ls=":", lw=1.3, zorder=4,
-                              label="second-order prediction")
+                              label="closed form (second-order prediction)")
             if paper_ratio is not None:
                 ax_ratio.axhline(paper_ratio, color="tab:red", ls="-.", lw=0.9, zorder=1,
                                  label=safe_text(f"paper's value ({_fmt(paper_ratio)})"))
             ax_ratio.axhline(1.0, color="0.4", ls="--", lw=0.8)
-            if i == 0:
-                ax_ratio.legend(loc="best", fontsize=STYLE["legend.fontsize"], frameon=False)
+            for line in ax_ratio.get_lines():  # the figure legend names each reference line once
+                if not line.get_label().startswith("_") and line.get_label() not in ratio_entries:
+                    ratio_entries[line.get_label()] = line
             spread = np.r_[ratio, [] if low is None else low, [] if high is None else high, 1.0,
                            [] if theory is None else theory, [] if paper_ratio is None else [paper_ratio]]
             finite = spread[np.isfinite(spread) & (spread > 0)]
@@ -1159,7 +1314,13 @@ def sharpness_sweep(
     _bottom_xlabel(axes, "sharpness (logit s.d.)")
     ci_note = ", shaded: 95% CI" if comparisons is not None and not comparisons.empty else ""
     _suptitle(fig, f"{title}: d = {dim}{dim_note}, n = {budget}{b_note}; ratio > 1: {den} better{ci_note}")
-    _figure_legend(fig, _scheme_handles(schemes, colors, markers), schemes)
+    # one legend outside the panels: a legend inside the first ratio panel hid its data (issue 15)
+    handles = _scheme_handles(schemes, colors, markers)
+    for line in ratio_entries.values():
+        handles.append(Line2D([], [], color=line.get_color(), ls=line.get_linestyle(), lw=line.get_linewidth(),
+                              marker=line.get_marker(), markersize=line.get_markersize()))
+    labels = [*schemes, *(f"ratio: {label}" if label == "measured" else label for label in ratio_entries)]
+    _figure_legend(fig, handles, labels, ncol=4)
     return fig
 
 

@@ -70,12 +70,17 @@ def e2e_ppl_bits(summary: pd.DataFrame | None, *, colors: Mapping[str, str] | No
                              lw=_nested(schemes, scheme, 1.8, 0.4, 0.6), capsize=2,
                              zorder=3 + 0.1 * schemes.index(scheme)), scheme)
             shown.extend(y[ok])
+            # the axis holds the intervals too (_log_axis sets its limits from these values);
+            # a non-positive lower bound is left to the clipping of the log axis
+            raw_low = g["ppl_ratio_low"].to_numpy(dtype=float)[ok] - 1.0
+            shown.extend(raw_low[np.isfinite(raw_low) & (raw_low > 0)])
+            shown.extend(high[ok][np.isfinite(high[ok])])
         ax.set_title(safe_text(ROPE_TITLES[rope]))
         ax.set_xlabel("measured bits per coordinate (K and V mean)")
     if shown:
         for ax in axes[0]:
             _log_axis(ax, "y", shown)
-    axes[0, 0].set_ylabel("perplexity increase (ppl / ppl_ref - 1)")
+    axes[0, 0].set_ylabel("perplexity increase\n(ppl / ppl_ref - 1)")  # one line ran into the title
     note = f"; {hidden} point(s) with no increase not shown" if hidden else ""
     _suptitle(fig, f"{title}: every layer's KV cache quantized, 95% block-bootstrap intervals{note}")
     _figure_legend(fig, _scheme_handles(schemes, colors, markers), schemes)

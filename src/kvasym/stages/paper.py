@@ -4,7 +4,11 @@ The hand-written sections quote only macros; the generated parts (tables, ``numb
 ``claims.tex``, figures) are the DAG's outputs. A missing LaTeX toolchain is an error naming
 what to install (the DAG leaves the PDF out of its default target in that case). A page that
 runs into its margins is an error too: any ``Overfull \\hbox`` of the final LaTeX run fails the
-build, naming the box, its lines and its source file (:func:`kvasym.render.latexlog.check_no_overfull`).
+build, naming the box, its lines and its source file (:func:`kvasym.render.latexlog.check_no_overfull`),
+and so does a page that holds one small float and nothing else: latexmk loads the hook of
+:mod:`kvasym.render.floatpages` before the document (``-usepretex``), which records every float-only
+page, and :func:`kvasym.render.floatpages.check_float_pages` names each one holding a single float
+shorter than half the text height.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import subprocess
 from pathlib import Path
 
 from ..errors import KvasymError
+from ..render.floatpages import check_float_pages, write_hook
 from ..render.latexlog import UNWRAPPED_LINE, check_no_overfull
 
 #: What a Debian or Ubuntu machine needs for the PDF.
@@ -28,25 +33,37 @@ def have_latex() -> bool:
     return all(shutil.which(tool) for tool in LATEX_TOOLS)
 
 
-def build_pdf(main_tex: str | Path, out_dir: str = "build", *, allow_overfull: bool = False) -> Path:
+def build_pdf(main_tex: str | Path, out_dir: str = "build", *, allow_overfull: bool = False,
+              allow_single_float_pages: bool = False) -> Path:
     """Run latexmk (pdf, non-stop, halting on the first error) in the folder of ``main_tex``;
     returns the PDF's path (``<folder>/<out_dir>/<stem>.pdf``). The log is written unwrapped
     (``max_print_line``) and checked: an overfull ``\\hbox`` raises :class:`KvasymError` naming
-    it, unless ``allow_overfull``."""
+    it, unless ``allow_overfull``. The float-only pages are recorded (the hook of
+    :mod:`kvasym.render.floatpages`, read before the document) and checked: a page holding one
+    float shorter than half the text height and nothing else raises :class:`KvasymError` naming
+    the page and the float, unless ``allow_single_float_pages``."""
     main = Path(main_tex)
     if not main.is_file():
         raise KvasymError(f"{main}: no such LaTeX file")
     if not have_latex():
         raise KvasymError(f"no LaTeX engine (latexmk, pdflatex) found; Debian: apt-get install {LATEX_PACKAGES}")
-    command = ["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", f"-outdir={out_dir}", "-cd", str(main)]
+    folder = main.parent / out_dir
+    hook = write_hook(folder)
+    # the hook's path as the engine sees it from the main file's folder (latexmk -cd); the job
+    # keeps the main file's name (latexmk would otherwise name it after the first file read)
+    hook_tex = hook.resolve().as_posix() if Path(out_dir).is_absolute() else f"{Path(out_dir).as_posix()}/{hook.name}"
+    command = ["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", f"-outdir={out_dir}",
+               f"-jobname={main.stem}", f"-usepretex=\\input{{{hook_tex}}}", "-cd", str(main)]
     env = {**os.environ, "max_print_line": str(UNWRAPPED_LINE)}
     done = subprocess.run(command, check=False, env=env)
-    pdf = main.parent / out_dir / f"{main.stem}.pdf"
-    log = main.parent / out_dir / f"{main.stem}.log"
+    pdf = folder / f"{main.stem}.pdf"
+    log = folder / f"{main.stem}.log"
     if done.returncode != 0:
         raise KvasymError(f"latexmk failed with status {done.returncode}; the log is {log}")
     if not allow_overfull:
         check_no_overfull(log)
+    if not allow_single_float_pages:
+        check_float_pages(folder / f"{main.stem}.fpg", folder / f"{main.stem}.aux")
     return pdf
 
 
@@ -55,7 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", default="build", help="latexmk's output folder, relative to the main file's")
     parser.add_argument("--allow-overfull", action="store_true",
                         help="keep the PDF even when a line runs into the margin (a draft; the DAG never passes it)")
+    parser.add_argument("--allow-single-float-pages", action="store_true",
+                        help="keep the PDF even when a page holds one small float alone (a draft; the DAG never "
+                             "passes it)")
 
 
 def run(args: argparse.Namespace) -> None:
-    print(build_pdf(args.main, args.out_dir, allow_overfull=args.allow_overfull))
+    print(build_pdf(args.main, args.out_dir, allow_overfull=args.allow_overfull,
+                    allow_single_float_pages=args.allow_single_float_pages))
