@@ -184,7 +184,7 @@ def test_schema_defaults_are_what_load_study_uses():
         "stats": study.stats,
         "theory": study.theory,
         "claims_file": study.claims_file,
-        "frontier": {"schemes": list(study.frontier_schemes)},
+        "frontier": {"schemes": list(study.frontier_schemes), "distributions_of": study.frontier_distributions_of},
         "query_models": study.query_models,
     }
     assert got == expected

@@ -470,7 +470,9 @@ def quantize(
 
     The side spec is applied as given at ``budget``; checking that a scheme spends exactly the
     budget is :meth:`Scheme.validate_budget`'s job (the theory stage quantizes with an
-    (n-1)-bit scalar side on purpose).
+    (n-1)-bit scalar side on purpose). A side that declares a lower spend (``spend: n-k``,
+    :meth:`SideSpec.spent_at`) is quantized as the same side at budget ``n - k``: its header
+    records that budget.
 
     Parameters
     ----------
@@ -524,6 +526,7 @@ def quantize(
        KV Cache Quantization with Zero Overhead", arXiv:2406.03482.
     """
     x = check_matrix(x)
+    spec, budget = spec.spent_at(budget)
     rows, dim = x.shape
     _check_working_dim(dim, spec.rotate)
     kernel = _check_kernel(kernel, threads)

@@ -75,6 +75,9 @@ class Study:
     frontier_schemes: dict[str, Scheme] = field(default_factory=dict)
     #: The synthetic distributions the frontier's schemes run on (every dim of each).
     frontier_distributions: tuple[str, ...] = ()
+    #: Per frontier scheme, its own distributions when the config gives them
+    #: (``frontier.distributions_of``); a scheme not listed runs on :attr:`frontier_distributions`.
+    frontier_distributions_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def scheme(self, name: str) -> Scheme:
         """A scheme of the grid or of the frontier, by name."""
@@ -84,19 +87,22 @@ class Study:
             return self.frontier_schemes[name]
         raise KvasymError(f"unknown scheme {name!r}")
 
+    def frontier_schemes_on(self, distribution: str) -> list[str]:
+        """The frontier's schemes that run on the synthetic ``distribution``, in config order."""
+        return [s for s in self.frontier_schemes
+                if distribution in self.frontier_distributions_of.get(s, self.frontier_distributions)]
+
     def frontier_cells(self) -> Iterator[tuple[str, int, str, int]]:
         """(distribution, dim, scheme, budget) of the frontier's own schemes (synthetic cells)."""
         for name, dim in self.data_cells():
-            if name in self.frontier_distributions:
-                for scheme in self.frontier_schemes:
-                    for budget in self.budgets:
-                        yield name, dim, scheme, budget
+            for scheme in self.frontier_schemes_on(name):
+                for budget in self.budgets:
+                    yield name, dim, scheme, budget
 
     def frontier_data_cells(self) -> list[tuple[str, int]]:
-        """(distribution, dim) pairs of the frontier (synthetic), in config order."""
-        if not self.frontier_schemes:
-            return []
-        return [(name, dim) for name, dim in self.data_cells() if name in self.frontier_distributions]
+        """(distribution, dim) pairs of the frontier (synthetic: those at least one frontier
+        scheme runs on), in config order."""
+        return [(name, dim) for name, dim in self.data_cells() if self.frontier_schemes_on(name)]
 
     def frontier_slice(self) -> dict[str, Any]:
         """What the frontier stage depends on besides its per-query inputs."""
@@ -272,7 +278,8 @@ def load_study(config: Mapping[str, Any]) -> Study:
             "concentrated): the study's headline and theory checks need one; file caches are evaluated beside it"
         )
 
-    frontier_schemes, frontier_distributions = _frontier(cfg["frontier"], registry, schemes, budgets, distributions)
+    frontier_schemes, frontier_distributions, frontier_distributions_of = _frontier(
+        cfg["frontier"], registry, schemes, budgets, distributions)
     # after the frontier's distributions are chosen: the query-model variants read their parents'
     # caches and have no frontier cells of their own
     query_variants = _query_variants(cfg["query_models"], distributions, distribution_dims, files)
@@ -306,13 +313,16 @@ def load_study(config: Mapping[str, Any]) -> Study:
         query_models=dict(cfg["query_models"]),
         frontier_schemes=frontier_schemes,
         frontier_distributions=frontier_distributions,
+        frontier_distributions_of=frontier_distributions_of,
     )
 
 
 def _frontier(cfg: Mapping[str, Any], registry: Mapping[str, Scheme], schemes: Mapping[str, Scheme],
-              budgets: tuple[int, ...], distributions: Mapping[str, Any]) -> tuple[dict[str, Scheme], tuple[str, ...]]:
+              budgets: tuple[int, ...], distributions: Mapping[str, Any],
+              ) -> tuple[dict[str, Scheme], tuple[str, ...], dict[str, tuple[str, ...]]]:
     """The frontier's schemes and distributions (config key ``frontier``), checked: known,
-    realisable at every budget, not already in ``schemes``, distributions synthetic ones."""
+    realisable at every budget, not already in ``schemes``, distributions synthetic ones; and
+    each scheme's own distributions (``frontier.distributions_of``), checked the same way."""
     out: dict[str, Scheme] = {}
     names = list(cfg.get("schemes", []))
     _no_case_clash([*schemes, *names], "schemes and frontier.schemes")
@@ -326,14 +336,25 @@ def _frontier(cfg: Mapping[str, Any], registry: Mapping[str, Scheme], schemes: M
         for budget in budgets:
             registry[name].validate_budget(budget)
         out[name] = registry[name]
+    own: dict[str, tuple[str, ...]] = {}
+    for scheme, listed in (cfg.get("distributions_of") or {}).items():
+        if scheme not in out:
+            raise KvasymError(f"config key frontier.distributions_of.{scheme}: {scheme!r} is not one of "
+                              f"frontier.schemes ({', '.join(out) or 'none'})")
+        own[scheme] = _frontier_distributions(listed, distributions, f"frontier.distributions_of.{scheme}")
     chosen = cfg.get("distributions")
     if chosen is None:
-        return out, tuple(distributions)
+        return out, tuple(distributions), own
+    return out, _frontier_distributions(chosen, distributions, "frontier.distributions"), own
+
+
+def _frontier_distributions(chosen: Any, distributions: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    """The synthetic distributions of ``chosen`` in config order (each must be one)."""
     for i, name in enumerate(chosen):
         if name not in distributions:
-            raise KvasymError(f"config key frontier.distributions[{i}] = {name!r} is not a synthetic distribution "
+            raise KvasymError(f"config key {key}[{i}] = {name!r} is not a synthetic distribution "
                               f"of the grid; known: {', '.join(distributions)}")
-    return out, tuple(n for n in distributions if n in chosen)
+    return tuple(n for n in distributions if n in chosen)
 
 
 def _query_variants(

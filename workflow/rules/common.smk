@@ -146,13 +146,17 @@ FRONTIER_DIR = f"{RESULTS}/frontier"
 def frontier_per_query(wildcards=None):
     """Every scheme's (the grid's and the frontier's) per-query files at every budget, on the
     frontier's synthetic cells and the real cells."""
-    schemes = [*STUDY.schemes, *STUDY.frontier_schemes]
+    synthetic = [
+        (dist, dim, [*STUDY.schemes, *STUDY.frontier_schemes_on(dist)])
+        for dist, dim in STUDY.frontier_data_cells()
+    ]
+    real = [
+        (dist, dim, [*STUDY.schemes, *STUDY.frontier_schemes])
+        for dist, dim in (REAL_CELLS if FRONTIER else [])
+    ]
     return [
         f"{RESULTS}/metrics/per_query/{dist}/d{dim}/{scheme}/n{budget}.parquet"
-        for dist, dim in [
-            *STUDY.frontier_data_cells(),
-            *(REAL_CELLS if FRONTIER else []),
-        ]
+        for dist, dim, schemes in [*synthetic, *real]
         for scheme in schemes
         for budget in STUDY.budgets
     ]
