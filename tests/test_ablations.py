@@ -93,3 +93,111 @@ def test_frontier_distributions_of_restricts_a_scheme() -> None:
     bad = {**tiny, "frontier": {**tiny["frontier"], "distributions_of": {"KQV": ["gaussian"]}}}
     with pytest.raises(KvasymError, match=r"frontier\.distributions_of\.KQV: 'KQV' is not one of frontier"):
         load_study(bad)
+
+
+def test_haar_rotation_is_orthogonal_and_its_inverse() -> None:
+    from kvasym.rotation import HaarRotation, haar_orthogonal
+
+    for d in (3, 64, 100):
+        q = haar_orthogonal(d, 17)
+        assert np.abs(q.T @ q - np.eye(d)).max() < 1e-12 and np.abs(q @ q.T - np.eye(d)).max() < 1e-12
+        x = np.random.default_rng(d).standard_normal((5, d))
+        rot = HaarRotation(d, 17)
+        assert np.abs(rot.inverse(rot.forward(x)) - x).max() < 1e-12
+        assert np.allclose(np.linalg.norm(rot.forward(x), axis=1), np.linalg.norm(x, axis=1), rtol=1e-12)
+    assert np.array_equal(haar_orthogonal(16, 3), haar_orthogonal(16, 3))
+    assert not np.array_equal(haar_orthogonal(16, 3), haar_orthogonal(16, 4))
+
+
+def test_haar_rotation_maps_a_basis_vector_to_a_uniform_point_of_the_sphere() -> None:
+    """Over seeds, an entry Q_ij = <e_i, Q e_j> of a Haar matrix has the law of one coordinate of
+    a uniform unit vector: Q_ij^2 ~ Beta(1/2, (d-1)/2), symmetric in sign (KS test against that
+    closed form), E Q_ij^4 = 3 / (d (d + 2)). Without Mezzadri's sign fix LAPACK's Q_00 has one
+    sign, which the same KS test rejects."""
+    from scipy import stats
+
+    from kvasym.rotation import haar_orthogonal
+
+    d, seeds = 8, 1500
+
+    def cdf(x: np.ndarray) -> np.ndarray:
+        return 0.5 + 0.5 * np.sign(x) * stats.beta(0.5, (d - 1) / 2).cdf(x * x)
+
+    for i, j in ((0, 0), (3, 5)):
+        entries = np.array([haar_orthogonal(d, s)[i, j] for s in range(seeds)])
+        assert stats.kstest(entries, cdf).pvalue > 1e-3
+        fourth = np.mean(entries**4)
+        se = np.std(entries**4) / np.sqrt(seeds)
+        assert abs(fourth - 3 / (d * (d + 2))) < 4 * se
+    unfixed = np.array([np.linalg.qr(np.random.Generator(np.random.PCG64(s)).standard_normal((d, d)))[0][0, 0]
+                        for s in range(seeds)])
+    assert stats.kstest(unfixed, cdf).pvalue < 1e-10  # the test can tell a non-Haar Q
+
+
+def test_haar_schemes_store_the_seed_and_round_trip(tmp_path: Path) -> None:
+    """RKV-HAAR quantizes z = Q x with the Beta codebook of dimension d; its packed cache holds
+    the seed (counted: the same side bits as RKV's at a power-of-two d), reloads and decodes to
+    the brute-force reconstruction Q^T (norm * centroids[codes])."""
+    from kvasym.cache import load_packed, save_packed
+    from kvasym.codebook import lloyd_max_codebook
+    from kvasym.packing import unpack_codes
+    from kvasym.rotation import haar_orthogonal
+
+    rng = np.random.default_rng(9)
+    keys, values = rng.standard_normal((40, 64)), rng.standard_normal((40, 64))
+    haar, rkv = _pair("RKV-HAAR", 3, keys, values), _pair("RKV", 3, keys, values)
+    k = haar["K"]
+    assert k.primitives == {"transform": "haar"} and k.rotation_seed != 0 and not k.rotate
+    assert k.side_bits == rkv["K"].side_bits and k.bits_per_coordinate() == rkv["K"].bits_per_coordinate()
+    q = haar_orthogonal(64, k.rotation_seed)
+    brute = (lloyd_max_codebook(64, 3).centroids[unpack_codes(k.codes, 3, 64)] * k.norms[:, None]) @ q
+    assert np.allclose(k.dequantize("float64"), brute, rtol=1e-12, atol=1e-12)
+    save_packed(tmp_path / "haar.npz", haar)
+    back = load_packed(tmp_path / "haar.npz")
+    assert np.array_equal(back["K"].dequantize("float64"), k.dequantize("float64"))
+    kqv_haar = _pair("KQV-HAAR", 3, keys, values)
+    assert np.array_equal(kqv_haar["K"].codes, k.codes) and kqv_haar["V"].qjl
+    for name in ("RKV-HAAR", "KQV-HAAR"):
+        assert scheme_from_dict(name, get_scheme(name).to_dict()) == get_scheme(name)
+
+
+def test_the_wht_flattens_a_one_hot_key_and_haar_does_not() -> None:
+    """The review's mechanism: H D e_j = +-1/sqrt(d) in every coordinate (exactly), so every
+    coordinate of a one-hot key falls in the same codebook cell and its reconstruction is e_j
+    scaled (direction error 0); a Haar rotation leaves it a uniform point of the sphere, whose
+    direction error is the codebook's typical distortion."""
+    from kvasym.cache import quantize
+    from kvasym.rotation import RandomizedHadamard
+    from kvasym.schemes import SideSpec
+
+    d = 64
+    e = np.eye(d)[:8]
+    assert np.allclose(np.abs(RandomizedHadamard(d, 5).forward(e)), 1 / np.sqrt(d), rtol=1e-12)
+    for transform in ("wht", "haar"):
+        spec = SideSpec(rotate=transform == "wht", transform=transform, scalar_offset=0, qjl=False)
+        x = quantize(e, spec, 3, rotation_seed=5, qjl_seed=6).dequantize("float64")
+        cos = np.sum(x * e, axis=1) / np.linalg.norm(x, axis=1)
+        if transform == "wht":
+            assert np.allclose(cos, 1.0, atol=1e-12)
+        else:
+            assert np.all(1 - cos > 1e-3)
+
+
+def test_haar_qjl_ratio_matches_the_closed_form_and_undoes_the_wht_on_one_hot_keys() -> None:
+    """Under a Haar rotation every unit key is a uniform point of the sphere, so the QJL vs
+    residual ratio is pi/2 - 1/d (qjl_closed_forms) even for one-hot keys, whose WHT images are
+    flat (+-1/sqrt(d)) and put the (n-1)-bit vs n-bit ratio off its closed form."""
+    from kvasym.theory import inner_product_errors, qjl_closed_forms
+
+    d = 64
+    one_hot = np.repeat(np.eye(d), 4, axis=0) * 3.0
+    sums = {t: inner_product_errors(one_hot, 2, base_seed=1, identity=("oh", d, 0), n_probes=64, transform=t)
+            for t in ("wht", "haar")}
+    closed = qjl_closed_forms(d, 2)
+    haar = sums["haar"]
+    assert haar["ss_qjl"] / haar["ss_residual"] == pytest.approx(closed["vs_residual"], rel=0.15)
+    assert haar["ss_residual"] / haar["ss_nbit"] == pytest.approx(closed["vs_nbit"] / closed["vs_residual"], rel=0.25)
+    wht = sums["wht"]  # D(1)/D(2) on the flat vector is not the Beta law's (about 3.1 at d = 64)
+    assert abs(wht["ss_residual"] / wht["ss_nbit"] - closed["vs_nbit"] / closed["vs_residual"]) > 1.0
+    with pytest.raises(KvasymError, match="transform must be wht or haar"):
+        inner_product_errors(one_hot, 2, base_seed=1, identity=("oh", d, 0), n_probes=4, transform="klt")

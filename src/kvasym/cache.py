@@ -163,7 +163,7 @@ class PackedCache:
         per random map in use (rotation, QJL)."""
         norm_bits = 8 * (self.norms.nbytes + self.residual_norms.nbytes)
         norm_bits += 8 * sum(array.nbytes for array in self.extras.values())
-        seeds = (1 if self.rotate else 0) + (1 if self.qjl else 0)
+        seeds = (1 if self.rotate or self.primitives.get("transform") == "haar" else 0) + (1 if self.qjl else 0)
         return norm_bits + SEED_BITS * seeds
 
     def side_bits_at(self, norm_dtype: str) -> int:

@@ -17,7 +17,9 @@ scalar bits with QJL (pure QJL at n = 1) is allowed.
 
 Built in: the paper's KV, KQV, QKQV and ``RKV`` (rotated scalar on both sides, no QJL: the
 TurboQuant_mse construction deployed systems use), and, made of primitives and outside the
-paper's grid, ``KQV-H``, ``QKQV-H``, ``CRKV``, ``SKLT``, ``KIVI32``, ``KIVI128``, ``RKV-EDEN``.
+paper's grid, ``KQV-H``, ``QKQV-H``, ``CRKV``, ``SKLT``, ``KIVI32``, ``KIVI128``, ``RKV-EDEN``, and
+the ablations of issue 14 (point 9) ``RKV-HAAR``, ``KQV-HAAR`` (a Haar rotation in place of the
+WHT) and ``KQV-NOQJL`` (KQV's values without their sketch: they spend ``n - 1`` bits).
 Users add schemes in config, in the same mapping form as :data:`BUILTIN_SCHEMES`.
 
 References
@@ -64,7 +66,9 @@ PRIMITIVE_KEYS = ("center", "transform", "transform_dtype", "allocation", "scala
                   "sketch_m", "rescale")
 #: The one side key that lets a side spend fewer bits than the budget (an ablation), never more.
 SPEND_KEY = "spend"
-TRANSFORMS = ("none", "wht", "klt")
+TRANSFORMS = ("none", "wht", "klt", "haar")
+#: Transforms drawn from the side's rotation seed (stored in the packed cache, counted as side bits).
+SEEDED_TRANSFORMS = ("wht", "haar")
 ALLOCATIONS = ("uniform", "waterfill")
 SCALARS = ("lloyd_max", "minmax")
 SKETCH_M = ("d", "2d")
@@ -98,9 +102,10 @@ class SideSpec:
         Which sketch when ``qjl`` (default ``"gaussian"``, QJL's; :data:`~kvasym.sketch.SKETCH_KINDS`).
     center : bool, optional
         Subtract the block's mean vector first (:mod:`kvasym.centering`; default False).
-    transform : {"none", "wht", "klt"} or None, optional
+    transform : {"none", "wht", "klt", "haar"} or None, optional
         The orthogonal transform; None (default) means ``"wht" if rotate else "none"``. ``rotate``
-        must agree with it (``rotate`` is True exactly for ``"wht"``).
+        must agree with it (``rotate`` is True exactly for ``"wht"``). ``"haar"`` is a dense
+        Haar-random orthogonal matrix from the rotation seed (:class:`kvasym.rotation.HaarRotation`).
     transform_dtype : {"float16", "float32"}, optional
         Storage precision of the KLT basis (:mod:`kvasym.klt`; default ``"float32"``).
     allocation : {"uniform", "waterfill"}, optional
@@ -179,6 +184,11 @@ class SideSpec:
                 budget - self.spend_offset)
 
     @property
+    def seeded_transform(self) -> bool:
+        """The transform is drawn from the rotation seed (``wht`` or ``haar``): the seed is stored."""
+        return self.transform in SEEDED_TRANSFORMS
+
+    @property
     def sketch_bits(self) -> int:
         """Bits per coordinate the sketch spends: ``sketch_m`` with ``qjl``, else 0."""
         return self.sketch_m if self.qjl else 0
@@ -205,6 +215,8 @@ class SideSpec:
         if self.transform == "klt":
             out["transform"] = "klt"
             out["transform_dtype"] = self.transform_dtype
+        elif self.transform == "haar":
+            out["transform"] = "haar"
         for key in ("allocation", "scalar", "sketch_m", "rescale"):
             if getattr(self, key) != _DEFAULTS[key]:
                 out[key] = getattr(self, key)
@@ -218,8 +230,8 @@ class SideSpec:
         side (inverse of parsing; ``sketch`` only when it is not the default ``gaussian``, a
         primitive only when it is not its default, ``transform: klt`` in place of ``rotate``)."""
         out: dict = {"rotate": self.rotate, "scalar_bits": self.scalar_bits_expr, "qjl": self.qjl}
-        if self.transform == "klt":
-            del out["rotate"]  # transform: klt says it
+        if self.transform in ("klt", "haar"):
+            del out["rotate"]  # transform: klt (haar) says it
         if self.sketch != "gaussian":
             out["sketch"] = self.sketch
         for key, value in self.primitives().items():
@@ -542,6 +554,17 @@ BUILTIN_SCHEMES: dict[str, dict] = {
     # Issue 14, point 9 (ablation): KQV with its QJL sketch dropped, so V spends n-1 bits (fewer
     # than the budget, declared by spend: n-1); C1a's closed form says the sketch's error energy
     # (pi/2 - 1/d) |r|^2 exceeds the bare residual's |r|^2, so this beats KQV on values.
+    # Issue 14, point 9 (ablation): a Haar-random rotation in place of the WHT.
+    "RKV-HAAR": {
+        "description": "RKV with a Haar-random orthogonal rotation (QR of a Gaussian matrix) in place of the WHT",
+        "K": {"transform": "haar", "scalar_bits": "n", "qjl": False},
+        "V": {"transform": "haar", "scalar_bits": "n", "qjl": False},
+    },
+    "KQV-HAAR": {
+        "description": "KQV with a Haar-random orthogonal rotation in place of the WHT on both sides",
+        "K": {"transform": "haar", "scalar_bits": "n", "qjl": False},
+        "V": {"transform": "haar", "scalar_bits": "n-1", "qjl": True},
+    },
     "KQV-NOQJL": {
         "description": "KQV without the QJL sketch: WHT; K n-bit scalar; V (n-1)-bit scalar only (V spends n-1 bits)",
         "K": {"rotate": True, "scalar_bits": "n", "qjl": False},

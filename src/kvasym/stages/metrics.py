@@ -112,7 +112,7 @@ def _check_cache_matches(
         "sketch": spec.sketch if spec.qjl else "gaussian",
         "primitives": spec.primitives(),
         "norm_dtype": slice_["norm_dtype"],
-        "rotation_seed": derived_seed(base, "rotation", *identity, side) if spec.rotate else 0,
+        "rotation_seed": derived_seed(base, "rotation", *identity, side) if spec.seeded_transform else 0,
         "qjl_seed": derived_seed(base, "qjl", *identity, side) if spec.qjl else 0,
     }
     for key, want in expected.items():
