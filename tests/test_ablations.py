@@ -201,3 +201,68 @@ def test_haar_qjl_ratio_matches_the_closed_form_and_undoes_the_wht_on_one_hot_ke
     assert abs(wht["ss_residual"] / wht["ss_nbit"] - closed["vs_nbit"] / closed["vs_residual"]) > 1.0
     with pytest.raises(KvasymError, match="transform must be wht or haar"):
         inner_product_errors(one_hot, 2, base_seed=1, identity=("oh", d, 0), n_probes=4, transform="klt")
+
+
+def test_length_slopes_recover_a_known_power_law() -> None:
+    """Rows built as c L^b times trial noise: the fitted slope of log metric on log L is b (OLS on
+    exact power laws is exact; with noise, within the interval), and the interval resamples trials."""
+    import pandas as pd
+
+    from kvasym.seqlen import length_slopes
+
+    rng = np.random.default_rng(1)
+    lengths = [32, 64, 128, 256]
+    rows = [{"distribution": "g", "dim": 8, "sharpness": 1.0, "seq_len": L, "scheme": "S", "budget": 2,
+             "trial": t, "kl": 0.3 * L**0.5 * np.exp(0.01 * rng.standard_normal()), "t_eps_dir": 0.1 * L**-0.25}
+            for t in range(6) for L in lengths]
+    slopes = length_slopes(pd.DataFrame(rows), n_boot=200, base_seed=3).set_index("metric")
+    assert slopes.loc["t_eps_dir", "slope"] == pytest.approx(-0.25, abs=1e-12)
+    kl = slopes.loc["kl"]
+    assert kl["low"] <= kl["slope"] <= kl["high"] and kl["slope"] == pytest.approx(0.5, abs=0.02)
+    assert kl["n_lengths"] == 4 and kl["n_trials"] == 6 and (kl["min_seq_len"], kl["max_seq_len"]) == (32, 256)
+
+
+def test_sweep_rows_are_seeded_by_length_and_trial() -> None:
+    """Each length is its own draw (the data name carries it), a rerun is bit-identical, and KQV's
+    keys are RKV's (same seeds): equal KL, different output error."""
+    from kvasym.distributions import DistributionSpec
+    from kvasym.seqlen import sweep_trial_rows
+
+    spec = DistributionSpec("gaussian", "gaussian", {})
+    schemes = {n: get_scheme(n) for n in ("KQV", "RKV")}
+    a = sweep_trial_rows(spec, 16, 32, 4, 2, schemes, [2], 1.0, base_seed=5)
+    again = sweep_trial_rows(spec, 16, 32, 4, 2, schemes, [2], 1.0, base_seed=5)
+    longer = sweep_trial_rows(spec, 16, 64, 4, 2, schemes, [2], 1.0, base_seed=5)
+    assert a.equals(again) and len(a) == 4 and not np.allclose(a["kl"], longer["kl"])
+    by = a.set_index(["scheme", "trial"])
+    assert np.array_equal(by.loc["KQV", "kl"].to_numpy(), by.loc["RKV", "kl"].to_numpy())
+    assert not np.array_equal(by.loc["KQV", "t_eps_dir"].to_numpy(), by.loc["RKV", "t_eps_dir"].to_numpy())
+
+
+def test_seq_len_sweep_config_is_checked_and_its_claim_reads_the_slopes() -> None:
+    import pandas as pd
+
+    from kvasym.claims import Tables, stat_seq_len_slope
+    from kvasym.study import load_study
+
+    tiny = yaml.safe_load((ROOT / "config/test.yaml").read_text())
+    study = load_study(tiny)
+    assert study.seq_len_sweep["seq_lens"] == [32, 64] and study.seq_len_sweep["dim"] == 64
+    assert not load_study({**tiny, "seq_len_sweep": {}}).seq_len_sweep
+    for bad, message in (({"distribution": "nope"}, r"seq_len_sweep\.distribution = 'nope'"),
+                         ({"schemes": ["SKLT"]}, r"seq_len_sweep\.schemes\[0\] = 'SKLT'"),
+                         ({"budgets": [9]}, r"seq_len_sweep\.budgets\[0\]"),
+                         ({"distribution": "lowrank4+isotropic"}, "query-model variant")):
+        with pytest.raises(KvasymError, match=message):
+            load_study({**tiny, "seq_len_sweep": {**tiny["seq_len_sweep"], **bad}})
+    slopes = pd.DataFrame([{"distribution": "gaussian", "dim": 64, "sharpness": 1.0, "scheme": "KQV", "budget": 4,
+                            "metric": "kl", "slope": 0.02, "low": 0.01, "high": 0.03, "n_lengths": 2, "n_trials": 2,
+                            "min_seq_len": 32, "max_seq_len": 64}])
+    empty = pd.DataFrame()
+    tables = Tables(empty, empty, empty, empty, seq_len_slopes=slopes)
+    m = stat_seq_len_slope(tables, {"distribution": "gaussian", "dim": 64, "sharpness": 1.0, "scheme": "KQV",
+                                    "budget": 4})
+    assert (m.estimate, m.low, m.high, m.interval) == (0.02, 0.01, 0.03, True)
+    with pytest.raises(KvasymError, match="does not exist"):
+        stat_seq_len_slope(tables, {"distribution": "gaussian", "dim": 64, "sharpness": 1.0, "scheme": "KQV",
+                                    "budget": 4, "metric": "nope"})

@@ -104,10 +104,29 @@ class Study:
         scheme runs on), in config order."""
         return [(name, dim) for name, dim in self.data_cells() if self.frontier_schemes_on(name)]
 
+    def seq_len_sweep_slice(self) -> dict[str, Any]:
+        """What the seq_len_sweep job depends on: the resolved sweep, its distribution's spec,
+        its schemes' specs, the seeds and norm storage, and the bootstrap's replicates."""
+        sweep = self.seq_len_sweep
+        if not sweep:
+            raise KvasymError("config key seq_len_sweep.seq_lens is empty: no sweep")
+        schemes = []
+        for name in sweep["schemes"]:
+            spec = self.scheme(name).to_dict()
+            spec.pop("description", None)
+            schemes.append({"name": name, "spec": spec})
+        return {**{k: v for k, v in sweep.items() if k != "schemes"}, "schemes": schemes,
+                "distribution": self.distributions[sweep["distribution"]].to_dict(), "base_seed": self.base_seed,
+                "norm_dtype": self.norm_dtype, "n_boot": int(self.stats["n_boot"])}
+
     def frontier_slice(self) -> dict[str, Any]:
         """What the frontier stage depends on besides its per-query inputs."""
         return {"schemes": [*self.schemes, *self.frontier_schemes], "frontier_schemes": list(self.frontier_schemes),
                 "budgets": list(self.budgets)}
+    #: The sequence-length sweep (config key ``seq_len_sweep``, :mod:`kvasym.seqlen`), resolved:
+    #: ``{seq_lens, distribution, dim, sharpness, schemes, budgets, trials, n_queries}``; empty
+    #: when not configured.
+    seq_len_sweep: dict[str, Any] = field(default_factory=dict)
     #: Query-model variants (config key ``query_models``): ``{name: {"of": parent, "query": model}}``,
     #: in config order; each is also in :attr:`distributions` (its spec has ``keys_of`` = parent).
     query_variants: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -290,6 +309,10 @@ def load_study(config: Mapping[str, Any]) -> Study:
     _check_trial_size(cfg["seq_len"], cfg["n_queries"], max(max(d) for d in distribution_dims.values()),
                       trials, tuple(cfg["sharpness"]))
     sharpness = tuple(float(s) for s in cfg["sharpness"])
+    headline = _headline(cfg.get("headline", {}), {n: d for n, d in distribution_dims.items()
+                                                    if n not in query_variants}, sharpness, budgets, files)
+    seq_len_sweep = _seq_len_sweep(cfg.get("seq_len_sweep", {}), schemes, budgets, distributions, distribution_dims,
+                                   headline)
     return Study(
         base_seed=cfg["base_seed"],
         norm_dtype=cfg["norm_dtype"],
@@ -307,10 +330,10 @@ def load_study(config: Mapping[str, Any]) -> Study:
         theory=dict(cfg["theory"]),
         claims_file=cfg["claims_file"],
         files=files,
-        headline=_headline(cfg.get("headline", {}), {n: d for n, d in distribution_dims.items()
-                                                      if n not in query_variants}, sharpness, budgets, files),
+        headline=headline,
         query_variants=query_variants,
         query_models=dict(cfg["query_models"]),
+        seq_len_sweep=seq_len_sweep,
         frontier_schemes=frontier_schemes,
         frontier_distributions=frontier_distributions,
         frontier_distributions_of=frontier_distributions_of,
@@ -346,6 +369,49 @@ def _frontier(cfg: Mapping[str, Any], registry: Mapping[str, Scheme], schemes: M
     if chosen is None:
         return out, tuple(distributions), own
     return out, _frontier_distributions(chosen, distributions, "frontier.distributions"), own
+
+
+def _seq_len_sweep(cfg: Mapping[str, Any], schemes: Mapping[str, Scheme], budgets: tuple[int, ...],
+                   distributions: Mapping[str, Any], distribution_dims: Mapping[str, tuple[int, ...]],
+                   headline: Mapping[str, Any]) -> dict[str, Any]:
+    """The sequence-length sweep resolved (config key ``seq_len_sweep``; defaults: the headline's
+    distribution, dim and sharpness, every scheme and budget), or {} without lengths."""
+    lengths = [int(x) for x in cfg.get("seq_lens", [])]
+    if not lengths:
+        return {}
+    name = cfg.get("distribution", headline["distribution"])
+    if name not in distributions:
+        raise KvasymError(f"config key seq_len_sweep.distribution = {name!r} is not a synthetic distribution of the "
+                          f"grid; known: {', '.join(distributions)}")
+    spec = distributions[name]
+    if spec.keys_of is not None:
+        raise KvasymError(f"config key seq_len_sweep.distribution = {name!r} is a query-model variant; name its parent")
+    own_dims = distribution_dims[name]
+    dim = int(cfg.get("dim", headline.get("dim", own_dims[0]) if headline.get("distribution", name) == name
+                      else own_dims[0]))
+    for key in ("rank", "n_outliers"):
+        if key in spec.params and int(spec.params[key]) > dim:
+            raise KvasymError(f"config key seq_len_sweep.dim = {dim}: distributions[{name}].{key} exceeds it")
+    chosen = list(cfg.get("schemes", list(schemes)))
+    for i, scheme in enumerate(chosen):
+        if scheme not in schemes:
+            raise KvasymError(f"config key seq_len_sweep.schemes[{i}] = {scheme!r} is not one of schemes "
+                              f"({', '.join(schemes)})")
+    chosen_budgets = [int(b) for b in cfg.get("budgets", list(budgets))]
+    for i, budget in enumerate(chosen_budgets):
+        for scheme in chosen:
+            try:
+                schemes[scheme].validate_budget(budget)
+            except KvasymError as exc:
+                raise KvasymError(f"config key seq_len_sweep.budgets[{i}]: {exc}") from None
+    n_queries, trials = int(cfg.get("n_queries", 64)), int(cfg.get("trials", 8))
+    for length in lengths:
+        if length * max(n_queries, dim) > 2**31:
+            raise KvasymError(f"config key seq_len_sweep.seq_lens: {length} keys x {max(n_queries, dim)} pass 2^31 "
+                              "entries per matrix")
+    return {"seq_lens": sorted(lengths), "distribution": name, "dim": dim,
+            "sharpness": float(cfg.get("sharpness", headline["sharpness"])),
+            "schemes": chosen, "budgets": sorted(chosen_budgets), "trials": trials, "n_queries": n_queries}
 
 
 def _frontier_distributions(chosen: Any, distributions: Mapping[str, Any], key: str) -> tuple[str, ...]:

@@ -174,6 +174,23 @@ def frontier_param(wildcards):
     return canonical_json(STUDY.frontier_slice())
 
 
+# The sequence-length sweep (kvasym.seqlen; its rule is in seqlen.smk), only with seq_len_sweep.seq_lens.
+SEQ_LEN = bool(STUDY.seq_len_sweep)
+SEQ_LEN_DIR = f"{RESULTS}/seq_len_sweep"
+
+
+def seq_len_targets():
+    return (
+        [f"{SEQ_LEN_DIR}/{name}.parquet" for name in ("rows", "summary", "slopes")]
+        if SEQ_LEN
+        else []
+    )
+
+
+def seq_len_sweep_param(wildcards):
+    return canonical_json(STUDY.seq_len_sweep_slice())
+
+
 def gathered_cells(kind):
     """The (distribution, dim) of the stats parts gathered into table ``kind``: every synthetic
     data cell, then the file and real cells; the query-model variants (kvasym.study) only into
@@ -256,11 +273,14 @@ def e2e_claims_input(wildcards):
         else {}
     )
     frontier = {"frontier_units": f"{FRONTIER_DIR}/units.parquet"} if FRONTIER else {}
-    return {**e2e, **frontier}
+    sweep = {"seq_len_slopes": f"{SEQ_LEN_DIR}/slopes.parquet"} if SEQ_LEN else {}
+    return {**e2e, **frontier, **sweep}
 
 
 def e2e_claims_flags(wildcards, input):
     flags = f" --frontier-units {shlex.quote(input.frontier_units)}" if FRONTIER else ""
+    if SEQ_LEN:
+        flags += f" --seq-len-slopes {shlex.quote(input.seq_len_slopes)}"
     if not E2E:
         return flags.strip()
     return (

@@ -102,6 +102,8 @@ def test_and_unit(claim: Mapping[str, Any]) -> Latex:
         text = f"share of catastrophic queries, t CI over {unit}"
     elif statistic == "equal_rate_ratio":
         text = f"mean-KL ratio at equal total bits (interpolated), Fieller CI over {unit}"
+    elif statistic == "seq_len_slope":
+        text = "slope of log mean KL on log sequence length, bootstrap CI over trials"
     else:
         text = escape_latex(statistic)
     return Latex(text)
