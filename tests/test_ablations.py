@@ -21,12 +21,12 @@ def _pair(name: str, budget: int, keys: np.ndarray, values: np.ndarray) -> dict:
 
 
 def test_kqv_noqjl_is_kqv_keys_and_rkv_values_one_bit_lower() -> None:
-    """KQV-NOQJL's keys are KQV's bit for bit; its values are exactly RKV's values at n - 1 (the
+    """KQV-NS's keys are KQV's bit for bit; its values are exactly RKV's values at n - 1 (the
     same rotation seed, codebook and norms), so its measured V payload is n - 1 bits."""
     rng = np.random.default_rng(3)
     keys, values = rng.standard_normal((64, 32)), rng.standard_normal((64, 32))
     for n in (2, 4):
-        ablated, kqv, rkv_lower = _pair("KQV-NOQJL", n, keys, values), _pair("KQV", n, keys, values), \
+        ablated, kqv, rkv_lower = _pair("KQV-NS", n, keys, values), _pair("KQV", n, keys, values), \
             _pair("RKV", n - 1, keys, values)
         assert np.array_equal(ablated["K"].codes, kqv["K"].codes)
         assert np.array_equal(ablated["K"].norms, kqv["K"].norms)
@@ -39,7 +39,7 @@ def test_kqv_noqjl_is_kqv_keys_and_rkv_values_one_bit_lower() -> None:
 
 def test_dropping_the_value_sketch_lowers_the_value_error_by_the_sketch_energy() -> None:
     """C1a's closed form: the Gaussian sketch of the (n-1)-bit residual r leaves error energy
-    (pi/2 - 1/d) |r|^2, the bare residual |r|^2, so KQV's value error over KQV-NOQJL's is
+    (pi/2 - 1/d) |r|^2, the bare residual |r|^2, so KQV's value error over KQV-NS's is
     pi/2 - 1/d (averaged over rows and over independent sketches: 8 identities)."""
     from kvasym.theory import sketch_error_energy
 
@@ -49,10 +49,10 @@ def test_dropping_the_value_sketch_lowers_the_value_error_by_the_sketch_energy()
     for trial in range(8):
         keys, values = rng.standard_normal((rows, d)), rng.standard_normal((rows, d))
         err = {}
-        for name in ("KQV", "KQV-NOQJL"):
+        for name in ("KQV", "KQV-NS"):
             pair = quantize_pair(keys, values, get_scheme(name), 3, base_seed=2, identity=("abl", d, trial))
             err[name] = float(np.sum((pair["V"].dequantize("float64") - values) ** 2))
-        ratios.append(err["KQV"] / err["KQV-NOQJL"])
+        ratios.append(err["KQV"] / err["KQV-NS"])
     assert np.mean(ratios) == pytest.approx(sketch_error_energy("gaussian", d), rel=0.05)
     assert min(ratios) > 1.0  # the sketch never helped the values here
 
@@ -72,7 +72,7 @@ def test_a_side_spends_the_budget_or_declares_less() -> None:
     with pytest.raises(KvasymError, match=r"V\.spend must be 'n' or 'n-k'"):
         scheme_from_dict("U", {**spec, "V": {**spec["V"], "spend": "n+1"}})
     with pytest.raises(KvasymError, match="stores nothing"):
-        get_scheme("KQV-NOQJL").validate_budget(1)
+        get_scheme("KQV-NS").validate_budget(1)
 
 
 def test_frontier_distributions_of_restricts_a_scheme() -> None:
@@ -87,8 +87,8 @@ def test_frontier_distributions_of_restricts_a_scheme() -> None:
         on = {c[0] for c in cells if c[2] == scheme}
         assert on == set(own.get(scheme, study.frontier_distributions))
     assert {c[:2] for c in cells} == set(study.frontier_data_cells())
-    bad = {**tiny, "frontier": {**tiny["frontier"], "distributions_of": {"KQV-NOQJL": ["nope"]}}}
-    with pytest.raises(KvasymError, match=r"frontier\.distributions_of\.KQV-NOQJL\[0\]"):
+    bad = {**tiny, "frontier": {**tiny["frontier"], "distributions_of": {"KQV-NS": ["nope"]}}}
+    with pytest.raises(KvasymError, match=r"frontier\.distributions_of\.KQV-NS\[0\]"):
         load_study(bad)
     bad = {**tiny, "frontier": {**tiny["frontier"], "distributions_of": {"KQV": ["gaussian"]}}}
     with pytest.raises(KvasymError, match=r"frontier\.distributions_of\.KQV: 'KQV' is not one of frontier"):
@@ -135,7 +135,7 @@ def test_haar_rotation_maps_a_basis_vector_to_a_uniform_point_of_the_sphere() ->
 
 
 def test_haar_schemes_store_the_seed_and_round_trip(tmp_path: Path) -> None:
-    """RKV-HAAR quantizes z = Q x with the Beta codebook of dimension d; its packed cache holds
+    """HRKV quantizes z = Q x with the Beta codebook of dimension d; its packed cache holds
     the seed (counted: the same side bits as RKV's at a power-of-two d), reloads and decodes to
     the brute-force reconstruction Q^T (norm * centroids[codes])."""
     from kvasym.cache import load_packed, save_packed
@@ -145,7 +145,7 @@ def test_haar_schemes_store_the_seed_and_round_trip(tmp_path: Path) -> None:
 
     rng = np.random.default_rng(9)
     keys, values = rng.standard_normal((40, 64)), rng.standard_normal((40, 64))
-    haar, rkv = _pair("RKV-HAAR", 3, keys, values), _pair("RKV", 3, keys, values)
+    haar, rkv = _pair("HRKV", 3, keys, values), _pair("RKV", 3, keys, values)
     k = haar["K"]
     assert k.primitives == {"transform": "haar"} and k.rotation_seed != 0 and not k.rotate
     assert k.side_bits == rkv["K"].side_bits and k.bits_per_coordinate() == rkv["K"].bits_per_coordinate()
@@ -155,9 +155,9 @@ def test_haar_schemes_store_the_seed_and_round_trip(tmp_path: Path) -> None:
     save_packed(tmp_path / "haar.npz", haar)
     back = load_packed(tmp_path / "haar.npz")
     assert np.array_equal(back["K"].dequantize("float64"), k.dequantize("float64"))
-    kqv_haar = _pair("KQV-HAAR", 3, keys, values)
+    kqv_haar = _pair("HKQV", 3, keys, values)
     assert np.array_equal(kqv_haar["K"].codes, k.codes) and kqv_haar["V"].qjl
-    for name in ("RKV-HAAR", "KQV-HAAR"):
+    for name in ("HRKV", "HKQV"):
         assert scheme_from_dict(name, get_scheme(name).to_dict()) == get_scheme(name)
 
 

@@ -60,11 +60,11 @@ PRIMITIVE_BUILTINS = {
     "KIVI128": {"K": {"scalar": "minmax", "axis": "channel", "group": 128},
                 "V": {"scalar": "minmax", "axis": "token", "group": 128}},
     "RKV-EDEN": {"K": {"rescale": "eden"}, "V": {"rescale": "eden"}},
-    "RKV-HAAR": {"K": {"transform": "haar"}, "V": {"transform": "haar"}},
-    "KQV-HAAR": {"K": {"transform": "haar"}, "V": {"transform": "haar"}},
+    "HRKV": {"K": {"transform": "haar"}, "V": {"transform": "haar"}},
+    "HKQV": {"K": {"transform": "haar"}, "V": {"transform": "haar"}},
 }
 #: Built-ins of issue 14's ablations that spend fewer bits than n on purpose (tests/test_ablations.py).
-ABLATION_BUILTINS = {"KQV-NOQJL"}
+ABLATION_BUILTINS = {"KQV-NS"}
 
 
 def test_registry_holds_exactly_the_builtins() -> None:

@@ -18,8 +18,8 @@ scalar bits with QJL (pure QJL at n = 1) is allowed.
 Built in: the paper's KV, KQV, QKQV and ``RKV`` (rotated scalar on both sides, no QJL: the
 TurboQuant_mse construction deployed systems use), and, made of primitives and outside the
 paper's grid, ``KQV-H``, ``QKQV-H``, ``CRKV``, ``SKLT``, ``KIVI32``, ``KIVI128``, ``RKV-EDEN``, and
-the ablations of issue 14 (point 9) ``RKV-HAAR``, ``KQV-HAAR`` (a Haar rotation in place of the
-WHT) and ``KQV-NOQJL`` (KQV's values without their sketch: they spend ``n - 1`` bits).
+the ablations of issue 14 (point 9) ``HRKV``, ``HKQV`` (a Haar rotation in place of the
+WHT) and ``KQV-NS`` (KQV's values without their sketch: they spend ``n - 1`` bits).
 Users add schemes in config, in the same mapping form as :data:`BUILTIN_SCHEMES`.
 
 References
@@ -555,17 +555,17 @@ BUILTIN_SCHEMES: dict[str, dict] = {
     # than the budget, declared by spend: n-1); C1a's closed form says the sketch's error energy
     # (pi/2 - 1/d) |r|^2 exceeds the bare residual's |r|^2, so this beats KQV on values.
     # Issue 14, point 9 (ablation): a Haar-random rotation in place of the WHT.
-    "RKV-HAAR": {
+    "HRKV": {
         "description": "RKV with a Haar-random orthogonal rotation (QR of a Gaussian matrix) in place of the WHT",
         "K": {"transform": "haar", "scalar_bits": "n", "qjl": False},
         "V": {"transform": "haar", "scalar_bits": "n", "qjl": False},
     },
-    "KQV-HAAR": {
+    "HKQV": {
         "description": "KQV with a Haar-random orthogonal rotation in place of the WHT on both sides",
         "K": {"transform": "haar", "scalar_bits": "n", "qjl": False},
         "V": {"transform": "haar", "scalar_bits": "n-1", "qjl": True},
     },
-    "KQV-NOQJL": {
+    "KQV-NS": {
         "description": "KQV without the QJL sketch: WHT; K n-bit scalar; V (n-1)-bit scalar only (V spends n-1 bits)",
         "K": {"rotate": True, "scalar_bits": "n", "qjl": False},
         "V": {"rotate": True, "scalar_bits": "n-1", "qjl": False, "spend": "n-1"},
