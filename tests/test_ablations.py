@@ -266,3 +266,23 @@ def test_seq_len_sweep_config_is_checked_and_its_claim_reads_the_slopes() -> Non
     with pytest.raises(KvasymError, match="does not exist"):
         stat_seq_len_slope(tables, {"distribution": "gaussian", "dim": 64, "sharpness": 1.0, "scheme": "KQV",
                                     "budget": 4, "metric": "nope"})
+
+
+def test_seq_len_table_places_each_length_and_slope() -> None:
+    import pandas as pd
+
+    from kvasym.render.format import render_template
+    from kvasym.render.table_seqlen import seq_len_context
+
+    summary = pd.DataFrame([{"distribution": "gaussian", "dim": 64, "sharpness": 1.0, "scheme": "KQV", "budget": 4,
+                             "seq_len": L, "kl": kl, "t_eps_dir": 0.1, "kl_se": 0.0, "t_eps_dir_se": 0.0,
+                             "n_trials": 2} for L, kl in ((64, 0.25), (32, 0.125))])
+    slopes = pd.DataFrame([{"scheme": "KQV", "budget": 4, "metric": m, "slope": s, "low": s - 0.5, "high": s + 0.5}
+                           for m, s in (("kl", 1.0), ("t_eps_dir", 0.0))])
+    context = seq_len_context(summary, slopes)
+    assert context["lengths"] == [32, 64]
+    kl_row = context["blocks"][0]["rows"][0]
+    assert kl_row["cells"] == [0.125, 0.25] and (kl_row["slope"], kl_row["low"], kl_row["high"]) == (1.0, 0.5, 1.5)
+    text = render_template("table_seq_len.tex.j2", **context)
+    assert "\\label{tab:seq_len}" in text and "$0.125$ & $0.250$" in text
+    assert "\\begin{table}" not in render_template("table_seq_len.tex.j2", **seq_len_context(None, None))

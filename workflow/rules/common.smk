@@ -483,12 +483,29 @@ TABLES = [
 
 
 def frontier_table_inputs(wildcards):
-    """The frontier table's input, only with a frontier."""
-    return {"frontier_points": f"{FRONTIER_DIR}/points.parquet"} if FRONTIER else {}
+    """The frontier table's input, only with a frontier; the sweep table's, only with a sweep."""
+    frontier = {"frontier_points": f"{FRONTIER_DIR}/points.parquet"} if FRONTIER else {}
+    sweep = (
+        {
+            "seq_len_summary": f"{SEQ_LEN_DIR}/summary.parquet",
+            "seq_len_slopes": f"{SEQ_LEN_DIR}/slopes.parquet",
+        }
+        if SEQ_LEN
+        else {}
+    )
+    return {**frontier, **sweep}
 
 
 def frontier_table_flags(wildcards, input):
-    return f"--frontier-points {shlex.quote(input.frontier_points)}" if FRONTIER else ""
+    flags = (
+        f"--frontier-points {shlex.quote(input.frontier_points)}" if FRONTIER else ""
+    )
+    if SEQ_LEN:
+        flags += (
+            f" --seq-len-summary {shlex.quote(input.seq_len_summary)}"
+            f" --seq-len-slopes {shlex.quote(input.seq_len_slopes)}"
+        )
+    return flags.strip()
 
 
 def real_capture_files(wildcards=None):
