@@ -286,3 +286,14 @@ def test_seq_len_table_places_each_length_and_slope() -> None:
     text = render_template("table_seq_len.tex.j2", **context)
     assert "\\label{tab:seq_len}" in text and "$0.125$ & $0.250$" in text
     assert "\\begin{table}" not in render_template("table_seq_len.tex.j2", **seq_len_context(None, None))
+
+
+def test_frontier_real_schemes_choose_the_real_rows_schemes() -> None:
+    from kvasym.study import load_study
+
+    tiny = yaml.safe_load((ROOT / "config/test.yaml").read_text())
+    assert load_study(tiny).frontier_real_schemes == tuple(load_study(tiny).frontier_schemes)
+    study = load_study({**tiny, "frontier": {**tiny["frontier"], "real_schemes": ["HRKV", "CRKV"]}})
+    assert study.frontier_real_schemes == ("CRKV", "HRKV")  # in frontier.schemes order
+    with pytest.raises(KvasymError, match=r"frontier\.real_schemes\[0\] = 'KQV'"):
+        load_study({**tiny, "frontier": {**tiny["frontier"], "real_schemes": ["KQV"]}})

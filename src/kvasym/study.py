@@ -78,6 +78,8 @@ class Study:
     #: Per frontier scheme, its own distributions when the config gives them
     #: (``frontier.distributions_of``); a scheme not listed runs on :attr:`frontier_distributions`.
     frontier_distributions_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: The frontier schemes that run on the real rows (``frontier.real_schemes``; default all).
+    frontier_real_schemes: tuple[str, ...] = ()
 
     def scheme(self, name: str) -> Scheme:
         """A scheme of the grid or of the frontier, by name."""
@@ -337,6 +339,7 @@ def load_study(config: Mapping[str, Any]) -> Study:
         frontier_schemes=frontier_schemes,
         frontier_distributions=frontier_distributions,
         frontier_distributions_of=frontier_distributions_of,
+        frontier_real_schemes=_frontier_real(cfg["frontier"], frontier_schemes),
     )
 
 
@@ -412,6 +415,18 @@ def _seq_len_sweep(cfg: Mapping[str, Any], schemes: Mapping[str, Scheme], budget
     return {"seq_lens": sorted(lengths), "distribution": name, "dim": dim,
             "sharpness": float(cfg.get("sharpness", headline["sharpness"])),
             "schemes": chosen, "budgets": sorted(chosen_budgets), "trials": trials, "n_queries": n_queries}
+
+
+def _frontier_real(cfg: Mapping[str, Any], frontier_schemes: Mapping[str, Scheme]) -> tuple[str, ...]:
+    """The frontier schemes of the real rows (``frontier.real_schemes``, each a frontier scheme)."""
+    chosen = cfg.get("real_schemes")
+    if chosen is None:
+        return tuple(frontier_schemes)
+    for i, name in enumerate(chosen):
+        if name not in frontier_schemes:
+            raise KvasymError(f"config key frontier.real_schemes[{i}] = {name!r} is not one of frontier.schemes "
+                              f"({', '.join(frontier_schemes) or 'none'})")
+    return tuple(n for n in frontier_schemes if n in chosen)
 
 
 def _frontier_distributions(chosen: Any, distributions: Mapping[str, Any], key: str) -> tuple[str, ...]:

@@ -151,7 +151,7 @@ def frontier_per_query(wildcards=None):
         for dist, dim in STUDY.frontier_data_cells()
     ]
     real = [
-        (dist, dim, [*STUDY.schemes, *STUDY.frontier_schemes])
+        (dist, dim, [*STUDY.schemes, *STUDY.frontier_real_schemes])
         for dist, dim in (REAL_CELLS if FRONTIER else [])
     ]
     return [
