@@ -34,6 +34,7 @@ include: "workflow/rules/real.smk"
 include: "workflow/rules/files.smk"
 include: "workflow/rules/stats.smk"
 include: "workflow/rules/frontier.smk"
+include: "workflow/rules/seqlen.smk"
 include: "workflow/rules/claims.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/paper.smk"
@@ -47,6 +48,7 @@ rule all:
         rules.gather.output,
         rules.claims.output,
         frontier_targets(),
+        seq_len_targets(),
         e2e_targets(),
         figure_outputs().values(),
         paper_targets(),

@@ -60,11 +60,15 @@ PRIMITIVE_BUILTINS = {
     "KIVI128": {"K": {"scalar": "minmax", "axis": "channel", "group": 128},
                 "V": {"scalar": "minmax", "axis": "token", "group": 128}},
     "RKV-EDEN": {"K": {"rescale": "eden"}, "V": {"rescale": "eden"}},
+    "HRKV": {"K": {"transform": "haar"}, "V": {"transform": "haar"}},
+    "HKQV": {"K": {"transform": "haar"}, "V": {"transform": "haar"}},
 }
+#: Built-ins of issue 14's ablations that spend fewer bits than n on purpose (tests/test_ablations.py).
+ABLATION_BUILTINS = {"KQV-NS"}
 
 
 def test_registry_holds_exactly_the_builtins() -> None:
-    assert set(scheme_registry()) == set(EXPECTED) | set(PRIMITIVE_BUILTINS) == set(BUILTIN_SCHEMES)
+    assert set(scheme_registry()) == set(EXPECTED) | set(PRIMITIVE_BUILTINS) | ABLATION_BUILTINS == set(BUILTIN_SCHEMES)
 
 
 @pytest.mark.parametrize("name", sorted(PRIMITIVE_BUILTINS))
@@ -200,7 +204,7 @@ def test_user_scheme_added_via_registry() -> None:
         }
     }
     registry = scheme_registry(user)
-    assert set(registry) == set(EXPECTED) | set(PRIMITIVE_BUILTINS) | {"VQ"}
+    assert set(registry) == set(EXPECTED) | set(PRIMITIVE_BUILTINS) | ABLATION_BUILTINS | {"VQ"}
     vq = get_scheme("VQ", user)
     assert vq.K == SideSpec(False, 0, False) and vq.V == SideSpec(True, 1, True)
     assert vq.description == "QJL on values only, raw"

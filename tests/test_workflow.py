@@ -206,7 +206,7 @@ def test_adding_a_budget_reruns_only_its_cells(complete_run, tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout + proc.stderr
     n_new = (len(list(study.data_cells())) * len(study.schemes)
-             + len(study.frontier_data_cells()) * len(study.frontier_schemes))
+             + sum(len(study.frontier_schemes_on(dist)) for dist, _ in study.frontier_data_cells()))
     # a query-model variant (lowrank4+isotropic) reads its parent's packed caches: no quantize job
     n_quantize = n_new - (len(list(study.data_cells())) - len(list(study.main_data_cells()))) * len(study.schemes)
     counts = {}

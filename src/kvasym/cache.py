@@ -163,7 +163,7 @@ class PackedCache:
         per random map in use (rotation, QJL)."""
         norm_bits = 8 * (self.norms.nbytes + self.residual_norms.nbytes)
         norm_bits += 8 * sum(array.nbytes for array in self.extras.values())
-        seeds = (1 if self.rotate else 0) + (1 if self.qjl else 0)
+        seeds = (1 if self.rotate or self.primitives.get("transform") == "haar" else 0) + (1 if self.qjl else 0)
         return norm_bits + SEED_BITS * seeds
 
     def side_bits_at(self, norm_dtype: str) -> int:
@@ -470,7 +470,9 @@ def quantize(
 
     The side spec is applied as given at ``budget``; checking that a scheme spends exactly the
     budget is :meth:`Scheme.validate_budget`'s job (the theory stage quantizes with an
-    (n-1)-bit scalar side on purpose).
+    (n-1)-bit scalar side on purpose). A side that declares a lower spend (``spend: n-k``,
+    :meth:`SideSpec.spent_at`) is quantized as the same side at budget ``n - k``: its header
+    records that budget.
 
     Parameters
     ----------
@@ -524,6 +526,7 @@ def quantize(
        KV Cache Quantization with Zero Overhead", arXiv:2406.03482.
     """
     x = check_matrix(x)
+    spec, budget = spec.spent_at(budget)
     rows, dim = x.shape
     _check_working_dim(dim, spec.rotate)
     kernel = _check_kernel(kernel, threads)

@@ -95,6 +95,8 @@ class Tables:
     e2e_agreement: pd.DataFrame | None = None
     #: The frontier's per-unit values (stage frontier), None when no frontier is configured.
     frontier_units: pd.DataFrame | None = None
+    #: The sequence-length sweep's slopes (stage seq_len_sweep), None when no sweep is configured.
+    seq_len_slopes: pd.DataFrame | None = None
     #: Query-model variants of the grid (:attr:`kvasym.study.Study.query_variants`):
     #: ``{name: {"of": parent, "query": model}}``; every other low-rank distribution's queries
     #: follow the subspace rule. The ledger's reason names the query model of each low-rank
@@ -565,7 +567,33 @@ def stat_equal_rate_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
                        interval=True)
 
 
+def stat_seq_len_slope(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """Slope of log (trial mean ``metric``, default ``kl``) on log sequence length for ``scheme``
+    at ``budget``, with its trial-cluster bootstrap interval, from the sequence-length sweep
+    (stage seq_len_sweep; :func:`kvasym.seqlen.length_slopes`). The second-order expansion of KL
+    predicts 0 at fixed sharpness (:mod:`kvasym.seqlen`)."""
+    if t.seq_len_slopes is None:
+        raise MissingCell("no sequence-length sweep (config key seq_len_sweep.seq_lens is empty)")
+    metric = where.get("metric", "kl")
+    table = t.seq_len_slopes
+    _known(metric, table["metric"].unique(), "sequence-length sweep metric")
+    rows = table[(table["distribution"] == where["distribution"]) & (table["dim"] == int(where["dim"]))
+                 & np.isclose(table["sharpness"].to_numpy(dtype=float), float(where["sharpness"]))
+                 & (table["scheme"] == where["scheme"]) & (table["budget"] == int(where["budget"]))
+                 & (table["metric"] == metric)]
+    if rows.empty:
+        raise MissingCell(f"no sequence-length slope of {where['scheme']} n = {where['budget']} {metric} at "
+                          f"{where['distribution']} d{where['dim']} s{where['sharpness']}")
+    row = rows.iloc[0]
+    return Measurement(float(row["slope"]), float(row["low"]), float(row["high"]),
+                       details={"metric": metric, "n_lengths": int(row["n_lengths"]),
+                                "n_trials": int(row["n_trials"]), "min_seq_len": int(row["min_seq_len"]),
+                                "max_seq_len": int(row["max_seq_len"])},
+                       interval=True)
+
+
 STATISTICS: dict[str, Callable[[Tables, Mapping[str, Any]], Measurement]] = {
+    "seq_len_slope": stat_seq_len_slope,
     "equal_rate_ratio": stat_equal_rate_ratio,
     "kl_ratio": stat_kl_ratio,
     "cells_better": stat_cells_better,

@@ -8,7 +8,8 @@ rows ``x`` of the ``(rows, dim)`` block go through, in float64:
    array ``mean``, ``dim`` floats per block);
 2. ``transform``: ``z = R x`` (``wht``, padded to a power of two, from the rotation seed), or
    ``z = Q^T x`` (``klt``: ``Q`` from the stored basis, array ``basis``, ``dim^2`` floats in
-   ``transform_dtype``, :mod:`kvasym.klt`), or ``z = x``;
+   ``transform_dtype``, :mod:`kvasym.klt`), or ``z = Q x`` (``haar``: ``Q`` Haar-random from the
+   rotation seed, :class:`kvasym.rotation.HaarRotation`, no side bits but the seed), or ``z = x``;
 3. the scalar quantizer at ``b = n - sketch bits`` bits per coordinate:
 
    - ``lloyd_max``: stored norm ``||z||`` and ``u = z / ||z||``; ``uniform`` allocation codes
@@ -47,7 +48,7 @@ from .klt import klt_basis, orthonormalize, store_basis
 from .minmax import SCALE_DTYPE, group_shape, minmax_dequantize, minmax_quantize
 from .packing import pack_codes, pack_widths, unpack_codes, unpack_widths
 from .rescale import rescale_factors
-from .rotation import RandomizedHadamard, next_power_of_two
+from .rotation import HaarRotation, RandomizedHadamard, next_power_of_two
 from .scalar import ThresholdEncoder
 from .schemes import SideSpec
 from .sketch import QJLSketch, residual_sketch
@@ -181,6 +182,8 @@ def quantize_composed(x: np.ndarray, spec: SideSpec, budget: int, *, rotation_se
         z = subtract_mean(z, extras["mean"])
     if spec.transform == "wht":
         z = RandomizedHadamard(dim, rotation_seed).forward(z)
+    elif spec.transform == "haar":
+        z = HaarRotation(dim, rotation_seed).forward(z)
     elif spec.transform == "klt":
         extras["basis"] = store_basis(klt_basis(z)[1], spec.transform_dtype)
         z = z @ orthonormalize(extras["basis"])
@@ -233,7 +236,7 @@ def quantize_composed(x: np.ndarray, spec: SideSpec, budget: int, *, rotation_se
         residual_norms = np.zeros(0, dtype=norm_dtype)
     return PackedCache(
         dim=dim, rows=rows, budget=budget, rotate=spec.rotate, scalar_bits=scalar_bits, qjl=spec.qjl,
-        rotation_seed=int(rotation_seed) if spec.rotate else 0, qjl_seed=int(qjl_seed) if spec.qjl else 0,
+        rotation_seed=int(rotation_seed) if spec.seeded_transform else 0, qjl_seed=int(qjl_seed) if spec.qjl else 0,
         norm_dtype=norm_dtype, codes=packed_codes, norms=norms, qjl_signs=signs, residual_norms=residual_norms,
         meta=dict(meta or {}), sketch=spec.sketch if spec.qjl else "gaussian", primitives=spec.primitives(),
         extras=extras,
@@ -278,6 +281,8 @@ def dequantize_composed(cache: PackedCache, dtype: str = "float64") -> np.ndarra
         unit = unit * cache.norms.astype(np.float64)[:, None]
     if spec.transform == "wht":
         unit = RandomizedHadamard(cache.dim, cache.rotation_seed).inverse(unit)
+    elif spec.transform == "haar":
+        unit = HaarRotation(cache.dim, cache.rotation_seed).inverse(unit)
     elif spec.transform == "klt":
         unit = unit @ orthonormalize(extras["basis"]).T
     if spec.center:

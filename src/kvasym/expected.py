@@ -63,10 +63,13 @@ GATHERED_TABLES = {
     "trials": "stats/trials.parquet",
     "theory": "theory/theory.parquet",
 }
-#: Tables only some runs have (a frontier: config key frontier.schemes), digested when present.
+#: Tables only some runs have (a frontier: config key frontier.schemes; a sequence-length sweep:
+#: seq_len_sweep.seq_lens), digested when present.
 OPTIONAL_TABLES = {
     "frontier_points": "frontier/points.parquet",
     "frontier_units": "frontier/units.parquet",
+    "seq_len_rows": "seq_len_sweep/rows.parquet",
+    "seq_len_slopes": "seq_len_sweep/slopes.parquet",
 }
 #: The metrics datasets (every file under ``metrics/<table>/``).
 METRICS_TABLES = tuple(SCHEMAS)

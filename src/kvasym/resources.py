@@ -29,6 +29,9 @@ FIXED_RESOURCES: dict[str, tuple[int, int]] = {
     # frontier: one per-query file in memory at a time (real cells: ~0.5 M rows x 13 columns)
     "frontier": (2000, 20),
     "claims": (2000, 10),
+    # seq_len_sweep: one trial at the longest length in float64 (16k x 128: K, V, their
+    # reconstructions, a 64 x 16k attention matrix), about 0.2 GB; ~115 CPU-s at the paper's sweep
+    "seq_len_sweep": (2000, 30),
     "figure": (1500, 10),
     "tables": (1000, 5),
     "numbers": (1000, 5),

@@ -22,6 +22,14 @@ References
 .. [2] Zandieh, A., Daliri, M., Hadian, M., Mirrokni, V. (2025) "TurboQuant: Online Vector
    Quantization with Near-optimal Distortion Rate", arXiv:2504.19874 (a random rotation before
    scalar quantization).
+.. [3] Mezzadri, F. (2007) "How to generate random matrices from the classical compact groups",
+   Notices of the AMS 54(5):592-604 (:func:`haar_orthogonal`: the QR factor of a Gaussian matrix
+   with the signs of R's diagonal moved into Q is Haar-distributed).
+
+:class:`HaarRotation` is the ablation's alternative (issue 14, point 9): a dense Haar-random
+orthogonal matrix, ``O(d^2)`` per row and no padding, against which the WHT's structure is tested
+(the WHT maps a one-hot vector to the flat vector ``+-1/sqrt(D)``; a Haar rotation maps it to a
+uniform point of the sphere).
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ __all__ = [
     "fwht",
     "fwht_butterfly",
     "RandomizedHadamard",
+    "haar_orthogonal",
+    "HaarRotation",
 ]
 
 #: Largest Hadamard factor applied as one matmul (a measured sweet spot for numpy + OpenBLAS).
@@ -283,3 +293,79 @@ def _as_float(x: np.ndarray) -> np.ndarray:
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float64)
     return x
+
+
+@lru_cache(maxsize=8)
+def _haar(dim: int, seed: int) -> np.ndarray:
+    gen = np.random.Generator(np.random.PCG64(seed))
+    q, r = np.linalg.qr(gen.standard_normal((dim, dim)))
+    q = q * np.where(np.diag(r) < 0, -1.0, 1.0)[None, :]  # Mezzadri's fix: Q diag(sign(diag R))
+    q.setflags(write=False)
+    return q
+
+
+def haar_orthogonal(dim: int, seed: int) -> np.ndarray:
+    """A Haar-distributed ``dim x dim`` orthogonal matrix drawn from ``seed``.
+
+    ``G`` has i.i.d. N(0, 1) entries (``Generator(PCG64(seed)).standard_normal``), ``G = Q R`` its
+    QR decomposition, and the result is ``Q Lambda`` with ``Lambda = diag(sign(R_ii))``: the
+    decomposition with a positive diagonal of ``R`` is unique, and ``G`` is invariant under left
+    multiplication by any orthogonal matrix, so ``Q Lambda`` is too (Mezzadri 2007). Without the
+    sign fix LAPACK's Householder QR gives a ``Q`` that is not Haar (its first column's first
+    entry has one sign).
+
+    Parameters
+    ----------
+    dim : int
+        Order, at least 1.
+    seed : int
+        Seed of the Gaussian matrix (derived from the cell's identity and side, like the WHT's).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(dim, dim)`` float64, read-only, orthogonal to rounding (``Q^T Q = I``).
+    """
+    if dim < 1:
+        raise KvasymError(f"dimension must be >= 1, got {dim}")
+    return _haar(int(dim), int(seed))
+
+
+@dataclass(frozen=True)
+class HaarRotation:
+    """A Haar-random rotation of one cache side, rebuilt exactly from (dim, seed): ``y = Q x``.
+
+    No padding (the working dimension is ``dim``), no side bits beyond the seed; ``O(dim^2)`` per
+    row and one ``O(dim^3)`` QR per (dim, seed). Under it a unit vector becomes a uniform point of
+    the sphere whatever its direction, so each coordinate follows the Beta law of the Lloyd-Max
+    codebook exactly (for the WHT this holds only for vectors in general position).
+
+    Parameters
+    ----------
+    dim : int
+        Vector dimension.
+    seed : int
+        Seed of :func:`haar_orthogonal`.
+    """
+
+    dim: int
+    seed: int
+
+    @property
+    def matrix(self) -> np.ndarray:
+        """``Q``, the ``(dim, dim)`` orthogonal matrix (read-only)."""
+        return haar_orthogonal(self.dim, self.seed)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """Rotate rows: ``y = Q x`` (``x @ Q^T``), in float64."""
+        x = np.asarray(x, dtype=np.float64)
+        if x.shape[-1] != self.dim:
+            raise KvasymError(f"rows must have {self.dim} coordinates, got {x.shape[-1]}")
+        return x @ self.matrix.T
+
+    def inverse(self, y: np.ndarray) -> np.ndarray:
+        """Undo :meth:`forward`: ``x = Q^T y`` (``y @ Q``), in float64."""
+        y = np.asarray(y, dtype=np.float64)
+        if y.shape[-1] != self.dim:
+            raise KvasymError(f"rows must have {self.dim} coordinates, got {y.shape[-1]}")
+        return y @ self.matrix

@@ -17,7 +17,9 @@ scalar bits with QJL (pure QJL at n = 1) is allowed.
 
 Built in: the paper's KV, KQV, QKQV and ``RKV`` (rotated scalar on both sides, no QJL: the
 TurboQuant_mse construction deployed systems use), and, made of primitives and outside the
-paper's grid, ``KQV-H``, ``QKQV-H``, ``CRKV``, ``SKLT``, ``KIVI32``, ``KIVI128``, ``RKV-EDEN``.
+paper's grid, ``KQV-H``, ``QKQV-H``, ``CRKV``, ``SKLT``, ``KIVI32``, ``KIVI128``, ``RKV-EDEN``, and
+the ablations of issue 14 (point 9) ``HRKV``, ``HKQV`` (a Haar rotation in place of the
+WHT) and ``KQV-NS`` (KQV's values without their sketch: they spend ``n - 1`` bits).
 Users add schemes in config, in the same mapping form as :data:`BUILTIN_SCHEMES`.
 
 References
@@ -62,7 +64,11 @@ _RELATIVE = re.compile(r"^n(?:\s*-\s*(\d+))?$")
 #: Side keys beyond the original four, each naming one composable primitive (see :class:`SideSpec`).
 PRIMITIVE_KEYS = ("center", "transform", "transform_dtype", "allocation", "scalar", "axis", "group",
                   "sketch_m", "rescale")
-TRANSFORMS = ("none", "wht", "klt")
+#: The one side key that lets a side spend fewer bits than the budget (an ablation), never more.
+SPEND_KEY = "spend"
+TRANSFORMS = ("none", "wht", "klt", "haar")
+#: Transforms drawn from the side's rotation seed (stored in the packed cache, counted as side bits).
+SEEDED_TRANSFORMS = ("wht", "haar")
 ALLOCATIONS = ("uniform", "waterfill")
 SCALARS = ("lloyd_max", "minmax")
 SKETCH_M = ("d", "2d")
@@ -96,9 +102,10 @@ class SideSpec:
         Which sketch when ``qjl`` (default ``"gaussian"``, QJL's; :data:`~kvasym.sketch.SKETCH_KINDS`).
     center : bool, optional
         Subtract the block's mean vector first (:mod:`kvasym.centering`; default False).
-    transform : {"none", "wht", "klt"} or None, optional
+    transform : {"none", "wht", "klt", "haar"} or None, optional
         The orthogonal transform; None (default) means ``"wht" if rotate else "none"``. ``rotate``
-        must agree with it (``rotate`` is True exactly for ``"wht"``).
+        must agree with it (``rotate`` is True exactly for ``"wht"``). ``"haar"`` is a dense
+        Haar-random orthogonal matrix from the rotation seed (:class:`kvasym.rotation.HaarRotation`).
     transform_dtype : {"float16", "float32"}, optional
         Storage precision of the KLT basis (:mod:`kvasym.klt`; default ``"float32"``).
     allocation : {"uniform", "waterfill"}, optional
@@ -115,6 +122,12 @@ class SideSpec:
         Gaussian sketch only).
     rescale : {"none", "eden", "lsq", "norm"}, optional
         Scale correction of the lloyd_max reconstruction (:mod:`kvasym.rescale`; no sketch).
+    spend_offset : int, optional
+        ``k`` in ``spend: n-k``: the side spends ``n - k`` bits per coordinate in all
+        (``scalar_bits + sketch bits = n - k``), ``k`` bits fewer than the budget, on purpose (an
+        ablation: e.g. KQV's values without the sketch bit). Default 0: the side spends ``n``.
+        Such a side is quantized as a side of budget ``n - k`` (:meth:`spent_at`), so its packed
+        cache says so, and the frontier measures its lower rate.
     """
 
     rotate: bool
@@ -130,6 +143,7 @@ class SideSpec:
     group: int = 32
     sketch_m: int = 1
     rescale: str = "none"
+    spend_offset: int = 0
 
     def __post_init__(self) -> None:
         _check_side(self, "side spec")
@@ -147,6 +161,32 @@ class SideSpec:
         int
         """
         return budget - self.scalar_offset
+
+    def spent_at(self, budget: int) -> tuple[SideSpec, int]:
+        """The spec and budget this side is quantized with at the scheme's ``budget``: itself
+        at ``budget`` when it spends the budget, else the same side at its own budget ``n - k``
+        (``spend_offset`` 0, the scalar offset reduced by ``k``: the same scalar and sketch bits).
+
+        Parameters
+        ----------
+        budget : int
+            The scheme's budget ``n``.
+
+        Returns
+        -------
+        tuple of (SideSpec, int)
+        """
+        if not self.spend_offset:
+            return self, budget
+        from dataclasses import replace
+
+        return (replace(self, scalar_offset=self.scalar_offset - self.spend_offset, spend_offset=0),
+                budget - self.spend_offset)
+
+    @property
+    def seeded_transform(self) -> bool:
+        """The transform is drawn from the rotation seed (``wht`` or ``haar``): the seed is stored."""
+        return self.transform in SEEDED_TRANSFORMS
 
     @property
     def sketch_bits(self) -> int:
@@ -175,6 +215,8 @@ class SideSpec:
         if self.transform == "klt":
             out["transform"] = "klt"
             out["transform_dtype"] = self.transform_dtype
+        elif self.transform == "haar":
+            out["transform"] = "haar"
         for key in ("allocation", "scalar", "sketch_m", "rescale"):
             if getattr(self, key) != _DEFAULTS[key]:
                 out[key] = getattr(self, key)
@@ -188,12 +230,14 @@ class SideSpec:
         side (inverse of parsing; ``sketch`` only when it is not the default ``gaussian``, a
         primitive only when it is not its default, ``transform: klt`` in place of ``rotate``)."""
         out: dict = {"rotate": self.rotate, "scalar_bits": self.scalar_bits_expr, "qjl": self.qjl}
-        if self.transform == "klt":
-            del out["rotate"]  # transform: klt says it
+        if self.transform in ("klt", "haar"):
+            del out["rotate"]  # transform: klt (haar) says it
         if self.sketch != "gaussian":
             out["sketch"] = self.sketch
         for key, value in self.primitives().items():
             out[key] = "2d" if key == "sketch_m" else value
+        if self.spend_offset:
+            out[SPEND_KEY] = f"n-{self.spend_offset}"
         return out
 
 
@@ -223,6 +267,8 @@ def _check_side(spec: SideSpec, where: str) -> None:
                           "(rotate: true is transform: wht)")
     if isinstance(spec.group, bool) or not isinstance(spec.group, int) or not 1 <= spec.group <= 1 << 20:
         raise KvasymError(f"{where}.group must be an integer in 1..{1 << 20}, got {spec.group!r}")
+    if isinstance(spec.spend_offset, bool) or not isinstance(spec.spend_offset, int) or spec.spend_offset < 0:
+        raise KvasymError(f"{where}.spend must be n or n-k (k >= 0 a whole number), got offset {spec.spend_offset!r}")
     if spec.sketch_m not in (1, 2):
         raise KvasymError(f"{where}.sketch_m must be d or 2d, got {spec.sketch_m!r}")
     if spec.sketch_m == 2 and (not spec.qjl or spec.sketch != "gaussian"):
@@ -302,11 +348,13 @@ class Scheme:
             if scalar > MAX_SCALAR_BITS:
                 raise KvasymError(f"{where}: scalar_bits = {scalar} exceeds {MAX_SCALAR_BITS}")
             spent = scalar + spec.sketch_bits
-            if spent != budget:
+            if spent != budget - spec.spend_offset:
+                declared = (f"the declared spend n-{spec.spend_offset} = {budget - spec.spend_offset}"
+                            if spec.spend_offset else f"the budget {budget}")
                 raise KvasymError(
                     f"{where}: spends {spent} bits per coordinate "
                     f"({spec.scalar_bits_expr} scalar{f' + {spec.sketch_bits} QJL' if spec.qjl else ''}), "
-                    f"not the budget {budget}; every scheme must spend exactly n"
+                    f"not {declared}; every side must spend exactly n (or its declared spend n-k, never more)"
                 )
             if scalar == 0 and not spec.qjl:
                 raise KvasymError(f"{where}: no scalar bits and no QJL stores nothing")
@@ -322,7 +370,7 @@ class Scheme:
         return out
 
 
-_SIDE_KEYS = ("rotate", "scalar_bits", "qjl", "sketch", *PRIMITIVE_KEYS)
+_SIDE_KEYS = ("rotate", "scalar_bits", "qjl", "sketch", *PRIMITIVE_KEYS, SPEND_KEY)
 
 
 def _parse_side(data: object, where: str) -> SideSpec:
@@ -344,6 +392,11 @@ def _parse_side(data: object, where: str) -> SideSpec:
     if match is None:
         raise KvasymError(f"{where}.scalar_bits must be 'n' or 'n-k' (k a whole number), got {expr!r}")
     offset = int(match.group(1) or 0)
+    spend = data.get(SPEND_KEY, "n")
+    spend_match = _RELATIVE.match(spend.strip()) if isinstance(spend, str) else None
+    if spend_match is None:
+        raise KvasymError(f"{where}.{SPEND_KEY} must be 'n' or 'n-k' (k a whole number), got {spend!r}")
+    spend_offset = int(spend_match.group(1) or 0)
     sketch = data.get("sketch", "gaussian")
     from .sketch import SKETCH_KINDS
 
@@ -376,19 +429,20 @@ def _parse_side(data: object, where: str) -> SideSpec:
     if isinstance(group, bool) or not isinstance(group, int) or group < 1:
         raise KvasymError(f"{where}.group must be a positive integer, got {group!r}")
     try:
-        return _side_spec(data, rotate, offset, sketch, transform, scalar, sketch_m, group)
+        return _side_spec(data, rotate, offset, sketch, transform, scalar, sketch_m, group, spend_offset)
     except KvasymError as exc:
         raise KvasymError(str(exc).replace("side spec", where, 1)) from None
 
 
 def _side_spec(data: Mapping, rotate: bool, offset: int, sketch: str, transform: str | None, scalar: str,
-               sketch_m: str, group: int) -> SideSpec:
+               sketch_m: str, group: int, spend_offset: int = 0) -> SideSpec:
     return SideSpec(
         rotate=rotate, scalar_offset=offset, qjl=data["qjl"], sketch=sketch,
         center=data.get("center", False), transform=transform if transform is not None else None,
         transform_dtype=data.get("transform_dtype", _DEFAULTS["transform_dtype"]),
         allocation=data.get("allocation", "uniform"), scalar=scalar, axis=data.get("axis", "channel"),
         group=group, sketch_m=2 if sketch_m == "2d" else 1, rescale=data.get("rescale", "none"),
+        spend_offset=spend_offset,
     )
 
 
@@ -496,6 +550,25 @@ BUILTIN_SCHEMES: dict[str, dict] = {
         "description": "RKV with EDEN's unbiased scale 1/<z, c> folded into the stored norm",
         "K": {"rotate": True, "scalar_bits": "n", "qjl": False, "rescale": "eden"},
         "V": {"rotate": True, "scalar_bits": "n", "qjl": False, "rescale": "eden"},
+    },
+    # Issue 14, point 9 (ablation): KQV with its QJL sketch dropped, so V spends n-1 bits (fewer
+    # than the budget, declared by spend: n-1); C1a's closed form says the sketch's error energy
+    # (pi/2 - 1/d) |r|^2 exceeds the bare residual's |r|^2, so this beats KQV on values.
+    # Issue 14, point 9 (ablation): a Haar-random rotation in place of the WHT.
+    "HRKV": {
+        "description": "RKV with a Haar-random orthogonal rotation (QR of a Gaussian matrix) in place of the WHT",
+        "K": {"transform": "haar", "scalar_bits": "n", "qjl": False},
+        "V": {"transform": "haar", "scalar_bits": "n", "qjl": False},
+    },
+    "HKQV": {
+        "description": "KQV with a Haar-random orthogonal rotation in place of the WHT on both sides",
+        "K": {"transform": "haar", "scalar_bits": "n", "qjl": False},
+        "V": {"transform": "haar", "scalar_bits": "n-1", "qjl": True},
+    },
+    "KQV-NS": {
+        "description": "KQV without the QJL sketch: WHT; K n-bit scalar; V (n-1)-bit scalar only (V spends n-1 bits)",
+        "K": {"rotate": True, "scalar_bits": "n", "qjl": False},
+        "V": {"rotate": True, "scalar_bits": "n-1", "qjl": False, "spend": "n-1"},
     },
 }
 

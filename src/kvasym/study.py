@@ -75,6 +75,11 @@ class Study:
     frontier_schemes: dict[str, Scheme] = field(default_factory=dict)
     #: The synthetic distributions the frontier's schemes run on (every dim of each).
     frontier_distributions: tuple[str, ...] = ()
+    #: Per frontier scheme, its own distributions when the config gives them
+    #: (``frontier.distributions_of``); a scheme not listed runs on :attr:`frontier_distributions`.
+    frontier_distributions_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: The frontier schemes that run on the real rows (``frontier.real_schemes``; default all).
+    frontier_real_schemes: tuple[str, ...] = ()
 
     def scheme(self, name: str) -> Scheme:
         """A scheme of the grid or of the frontier, by name."""
@@ -84,24 +89,46 @@ class Study:
             return self.frontier_schemes[name]
         raise KvasymError(f"unknown scheme {name!r}")
 
+    def frontier_schemes_on(self, distribution: str) -> list[str]:
+        """The frontier's schemes that run on the synthetic ``distribution``, in config order."""
+        return [s for s in self.frontier_schemes
+                if distribution in self.frontier_distributions_of.get(s, self.frontier_distributions)]
+
     def frontier_cells(self) -> Iterator[tuple[str, int, str, int]]:
         """(distribution, dim, scheme, budget) of the frontier's own schemes (synthetic cells)."""
         for name, dim in self.data_cells():
-            if name in self.frontier_distributions:
-                for scheme in self.frontier_schemes:
-                    for budget in self.budgets:
-                        yield name, dim, scheme, budget
+            for scheme in self.frontier_schemes_on(name):
+                for budget in self.budgets:
+                    yield name, dim, scheme, budget
 
     def frontier_data_cells(self) -> list[tuple[str, int]]:
-        """(distribution, dim) pairs of the frontier (synthetic), in config order."""
-        if not self.frontier_schemes:
-            return []
-        return [(name, dim) for name, dim in self.data_cells() if name in self.frontier_distributions]
+        """(distribution, dim) pairs of the frontier (synthetic: those at least one frontier
+        scheme runs on), in config order."""
+        return [(name, dim) for name, dim in self.data_cells() if self.frontier_schemes_on(name)]
+
+    def seq_len_sweep_slice(self) -> dict[str, Any]:
+        """What the seq_len_sweep job depends on: the resolved sweep, its distribution's spec,
+        its schemes' specs, the seeds and norm storage, and the bootstrap's replicates."""
+        sweep = self.seq_len_sweep
+        if not sweep:
+            raise KvasymError("config key seq_len_sweep.seq_lens is empty: no sweep")
+        schemes = []
+        for name in sweep["schemes"]:
+            spec = self.scheme(name).to_dict()
+            spec.pop("description", None)
+            schemes.append({"name": name, "spec": spec})
+        return {**{k: v for k, v in sweep.items() if k != "schemes"}, "schemes": schemes,
+                "distribution": self.distributions[sweep["distribution"]].to_dict(), "base_seed": self.base_seed,
+                "norm_dtype": self.norm_dtype, "n_boot": int(self.stats["n_boot"])}
 
     def frontier_slice(self) -> dict[str, Any]:
         """What the frontier stage depends on besides its per-query inputs."""
         return {"schemes": [*self.schemes, *self.frontier_schemes], "frontier_schemes": list(self.frontier_schemes),
                 "budgets": list(self.budgets)}
+    #: The sequence-length sweep (config key ``seq_len_sweep``, :mod:`kvasym.seqlen`), resolved:
+    #: ``{seq_lens, distribution, dim, sharpness, schemes, budgets, trials, n_queries}``; empty
+    #: when not configured.
+    seq_len_sweep: dict[str, Any] = field(default_factory=dict)
     #: Query-model variants (config key ``query_models``): ``{name: {"of": parent, "query": model}}``,
     #: in config order; each is also in :attr:`distributions` (its spec has ``keys_of`` = parent).
     query_variants: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -272,7 +299,8 @@ def load_study(config: Mapping[str, Any]) -> Study:
             "concentrated): the study's headline and theory checks need one; file caches are evaluated beside it"
         )
 
-    frontier_schemes, frontier_distributions = _frontier(cfg["frontier"], registry, schemes, budgets, distributions)
+    frontier_schemes, frontier_distributions, frontier_distributions_of = _frontier(
+        cfg["frontier"], registry, schemes, budgets, distributions)
     # after the frontier's distributions are chosen: the query-model variants read their parents'
     # caches and have no frontier cells of their own
     query_variants = _query_variants(cfg["query_models"], distributions, distribution_dims, files)
@@ -283,6 +311,10 @@ def load_study(config: Mapping[str, Any]) -> Study:
     _check_trial_size(cfg["seq_len"], cfg["n_queries"], max(max(d) for d in distribution_dims.values()),
                       trials, tuple(cfg["sharpness"]))
     sharpness = tuple(float(s) for s in cfg["sharpness"])
+    headline = _headline(cfg.get("headline", {}), {n: d for n, d in distribution_dims.items()
+                                                    if n not in query_variants}, sharpness, budgets, files)
+    seq_len_sweep = _seq_len_sweep(cfg.get("seq_len_sweep", {}), schemes, budgets, distributions, distribution_dims,
+                                   headline)
     return Study(
         base_seed=cfg["base_seed"],
         norm_dtype=cfg["norm_dtype"],
@@ -300,19 +332,23 @@ def load_study(config: Mapping[str, Any]) -> Study:
         theory=dict(cfg["theory"]),
         claims_file=cfg["claims_file"],
         files=files,
-        headline=_headline(cfg.get("headline", {}), {n: d for n, d in distribution_dims.items()
-                                                      if n not in query_variants}, sharpness, budgets, files),
+        headline=headline,
         query_variants=query_variants,
         query_models=dict(cfg["query_models"]),
+        seq_len_sweep=seq_len_sweep,
         frontier_schemes=frontier_schemes,
         frontier_distributions=frontier_distributions,
+        frontier_distributions_of=frontier_distributions_of,
+        frontier_real_schemes=_frontier_real(cfg["frontier"], frontier_schemes),
     )
 
 
 def _frontier(cfg: Mapping[str, Any], registry: Mapping[str, Scheme], schemes: Mapping[str, Scheme],
-              budgets: tuple[int, ...], distributions: Mapping[str, Any]) -> tuple[dict[str, Scheme], tuple[str, ...]]:
+              budgets: tuple[int, ...], distributions: Mapping[str, Any],
+              ) -> tuple[dict[str, Scheme], tuple[str, ...], dict[str, tuple[str, ...]]]:
     """The frontier's schemes and distributions (config key ``frontier``), checked: known,
-    realisable at every budget, not already in ``schemes``, distributions synthetic ones."""
+    realisable at every budget, not already in ``schemes``, distributions synthetic ones; and
+    each scheme's own distributions (``frontier.distributions_of``), checked the same way."""
     out: dict[str, Scheme] = {}
     names = list(cfg.get("schemes", []))
     _no_case_clash([*schemes, *names], "schemes and frontier.schemes")
@@ -326,14 +362,80 @@ def _frontier(cfg: Mapping[str, Any], registry: Mapping[str, Scheme], schemes: M
         for budget in budgets:
             registry[name].validate_budget(budget)
         out[name] = registry[name]
+    own: dict[str, tuple[str, ...]] = {}
+    for scheme, listed in (cfg.get("distributions_of") or {}).items():
+        if scheme not in out:
+            raise KvasymError(f"config key frontier.distributions_of.{scheme}: {scheme!r} is not one of "
+                              f"frontier.schemes ({', '.join(out) or 'none'})")
+        own[scheme] = _frontier_distributions(listed, distributions, f"frontier.distributions_of.{scheme}")
     chosen = cfg.get("distributions")
     if chosen is None:
-        return out, tuple(distributions)
+        return out, tuple(distributions), own
+    return out, _frontier_distributions(chosen, distributions, "frontier.distributions"), own
+
+
+def _seq_len_sweep(cfg: Mapping[str, Any], schemes: Mapping[str, Scheme], budgets: tuple[int, ...],
+                   distributions: Mapping[str, Any], distribution_dims: Mapping[str, tuple[int, ...]],
+                   headline: Mapping[str, Any]) -> dict[str, Any]:
+    """The sequence-length sweep resolved (config key ``seq_len_sweep``; defaults: the headline's
+    distribution, dim and sharpness, every scheme and budget), or {} without lengths."""
+    lengths = [int(x) for x in cfg.get("seq_lens", [])]
+    if not lengths:
+        return {}
+    name = cfg.get("distribution", headline["distribution"])
+    if name not in distributions:
+        raise KvasymError(f"config key seq_len_sweep.distribution = {name!r} is not a synthetic distribution of the "
+                          f"grid; known: {', '.join(distributions)}")
+    spec = distributions[name]
+    if spec.keys_of is not None:
+        raise KvasymError(f"config key seq_len_sweep.distribution = {name!r} is a query-model variant; name its parent")
+    own_dims = distribution_dims[name]
+    dim = int(cfg.get("dim", headline.get("dim", own_dims[0]) if headline.get("distribution", name) == name
+                      else own_dims[0]))
+    for key in ("rank", "n_outliers"):
+        if key in spec.params and int(spec.params[key]) > dim:
+            raise KvasymError(f"config key seq_len_sweep.dim = {dim}: distributions[{name}].{key} exceeds it")
+    chosen = list(cfg.get("schemes", list(schemes)))
+    for i, scheme in enumerate(chosen):
+        if scheme not in schemes:
+            raise KvasymError(f"config key seq_len_sweep.schemes[{i}] = {scheme!r} is not one of schemes "
+                              f"({', '.join(schemes)})")
+    chosen_budgets = [int(b) for b in cfg.get("budgets", list(budgets))]
+    for i, budget in enumerate(chosen_budgets):
+        for scheme in chosen:
+            try:
+                schemes[scheme].validate_budget(budget)
+            except KvasymError as exc:
+                raise KvasymError(f"config key seq_len_sweep.budgets[{i}]: {exc}") from None
+    n_queries, trials = int(cfg.get("n_queries", 64)), int(cfg.get("trials", 8))
+    for length in lengths:
+        if length * max(n_queries, dim) > 2**31:
+            raise KvasymError(f"config key seq_len_sweep.seq_lens: {length} keys x {max(n_queries, dim)} pass 2^31 "
+                              "entries per matrix")
+    return {"seq_lens": sorted(lengths), "distribution": name, "dim": dim,
+            "sharpness": float(cfg.get("sharpness", headline["sharpness"])),
+            "schemes": chosen, "budgets": sorted(chosen_budgets), "trials": trials, "n_queries": n_queries}
+
+
+def _frontier_real(cfg: Mapping[str, Any], frontier_schemes: Mapping[str, Scheme]) -> tuple[str, ...]:
+    """The frontier schemes of the real rows (``frontier.real_schemes``, each a frontier scheme)."""
+    chosen = cfg.get("real_schemes")
+    if chosen is None:
+        return tuple(frontier_schemes)
+    for i, name in enumerate(chosen):
+        if name not in frontier_schemes:
+            raise KvasymError(f"config key frontier.real_schemes[{i}] = {name!r} is not one of frontier.schemes "
+                              f"({', '.join(frontier_schemes) or 'none'})")
+    return tuple(n for n in frontier_schemes if n in chosen)
+
+
+def _frontier_distributions(chosen: Any, distributions: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    """The synthetic distributions of ``chosen`` in config order (each must be one)."""
     for i, name in enumerate(chosen):
         if name not in distributions:
-            raise KvasymError(f"config key frontier.distributions[{i}] = {name!r} is not a synthetic distribution "
+            raise KvasymError(f"config key {key}[{i}] = {name!r} is not a synthetic distribution "
                               f"of the grid; known: {', '.join(distributions)}")
-    return out, tuple(n for n in distributions if n in chosen)
+    return tuple(n for n in distributions if n in chosen)
 
 
 def _query_variants(

@@ -44,7 +44,7 @@ import numpy as np
 from .cache import quantize
 from .codebook import coordinate_cdf, lloyd_max_codebook
 from .errors import KvasymError
-from .rotation import RandomizedHadamard
+from .rotation import HaarRotation, RandomizedHadamard
 from .schemes import SideSpec
 from .seeds import derived_seed, rng
 from .sketch import SKETCH_KINDS, hadamard_error_energy
@@ -103,9 +103,11 @@ confounder, the shrinkage bias is (test: ``test_jensen_slope_sign_flips_with_ede
 #: hadamard sketch in place of QJL's Gaussian one (:mod:`kvasym.sketch`), the KS test of the rotated marginal
 #: against Beta, and the Jensen slope of KL excess on logit-error variance, alone, holding
 #: the log reference weight fixed and holding the log key norm fixed (absent without per-key
-#: rows, NaN where its points have no spread).
+#: rows, NaN where its points have no spread); and the two QJL ratios and the KS distance under a
+#: Haar-random rotation in place of the WHT (issue 14's ablation, ``haar_*``, ``ks_beta_haar``).
 THEORY_CHECKS: tuple[str, ...] = ("qjl_vs_residual", "qjl_vs_nbit", "hadamard_vs_residual", "hadamard_vs_nbit",
-                                   "ks_beta", "jensen_slope", "jensen_slope_adjusted", "jensen_slope_norm")
+                                   "ks_beta", "jensen_slope", "jensen_slope_adjusted", "jensen_slope_norm",
+                                   "haar_vs_residual", "haar_vs_nbit", "ks_beta_haar")
 
 
 def sketch_error_energy(sketch: str, work: int) -> float:
@@ -259,6 +261,7 @@ def inner_product_errors(
     identity: Sequence[str | int],
     n_probes: int = 256,
     hadamard: bool = False,
+    transform: str = "wht",
 ) -> dict[str, float]:
     """Mean squared inner-product errors of one trial's keys under the three K quantizers.
 
@@ -284,6 +287,10 @@ def inner_product_errors(
     hadamard : bool, optional
         Also measure the QJL side with the hadamard sketch (same rotation, scalar codes and
         sketch seed) as ``ss_qjl_hadamard`` (default False).
+    transform : {"wht", "haar"}, optional
+        The rotation of the three sides: the pipeline's randomized WHT (default) or a Haar-random
+        orthogonal matrix from the same rotation seed (the ablation of issue 14, point 9: under
+        it every unit key's coordinates follow the Beta law exactly, near-one-hot keys too).
 
     Returns
     -------
@@ -317,13 +324,16 @@ def inner_product_errors(
         "qjl_seed": derived_seed(base_seed, "qjl", *identity, "K"),
     }
     out: dict[str, float] = {}
+    if transform not in ("wht", "haar"):
+        raise KvasymError(f"transform must be wht or haar, got {transform!r}")
+    rot = {"rotate": transform == "wht", "transform": transform}
     variants = {
-        "ss_qjl": SideSpec(rotate=True, scalar_offset=1, qjl=True),
-        "ss_residual": SideSpec(rotate=True, scalar_offset=1, qjl=False),
-        "ss_nbit": SideSpec(rotate=True, scalar_offset=0, qjl=False),
+        "ss_qjl": SideSpec(scalar_offset=1, qjl=True, **rot),
+        "ss_residual": SideSpec(scalar_offset=1, qjl=False, **rot),
+        "ss_nbit": SideSpec(scalar_offset=0, qjl=False, **rot),
     }
     if hadamard:
-        variants["ss_qjl_hadamard"] = SideSpec(rotate=True, scalar_offset=1, qjl=True, sketch="hadamard")
+        variants["ss_qjl_hadamard"] = SideSpec(scalar_offset=1, qjl=True, sketch="hadamard", **rot)
     for name, spec in variants.items():
         if spec.scalar_bits(budget) == 0 and not spec.qjl:
             estimate = np.zeros_like(keys)  # no bits at all: the residual is the whole vector
@@ -335,7 +345,7 @@ def inner_product_errors(
     return out
 
 
-def rotated_marginal_sample(keys: np.ndarray, rotation_seed: int) -> tuple[np.ndarray, int]:
+def rotated_marginal_sample(keys: np.ndarray, rotation_seed: int, transform: str = "wht") -> tuple[np.ndarray, int]:
     """One rotated unit-vector coordinate per key (index ``key mod D``) and the dimension D.
 
     Parameters
@@ -345,6 +355,10 @@ def rotated_marginal_sample(keys: np.ndarray, rotation_seed: int) -> tuple[np.nd
     rotation_seed : int
         Seed of the :class:`~kvasym.rotation.RandomizedHadamard` rotation (the pipeline's K-side
         rotation seed).
+    transform : {"wht", "haar"}, optional
+        The rotation: the randomized WHT (default) or :class:`~kvasym.rotation.HaarRotation`
+        from the same seed (no padding: ``D = dim``; its coordinates follow ``f_D`` for every
+        non-zero key, whatever its direction).
 
     Returns
     -------
@@ -364,7 +378,12 @@ def rotated_marginal_sample(keys: np.ndarray, rotation_seed: int) -> tuple[np.nd
     keys = np.asarray(keys, dtype=np.float64)
     norms = np.linalg.norm(keys, axis=1)
     unit = keys / np.where(norms > 0, norms, 1.0)[:, None]
-    rotated = RandomizedHadamard(keys.shape[1], rotation_seed).forward(unit)
+    if transform == "haar":
+        rotated = HaarRotation(keys.shape[1], rotation_seed).forward(unit)
+    elif transform == "wht":
+        rotated = RandomizedHadamard(keys.shape[1], rotation_seed).forward(unit)
+    else:
+        raise KvasymError(f"transform must be wht or haar, got {transform!r}")
     work = rotated.shape[1]
     picks = rotated[np.arange(keys.shape[0]), np.arange(keys.shape[0]) % work]
     return picks[norms > 0], work

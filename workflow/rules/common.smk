@@ -146,13 +146,17 @@ FRONTIER_DIR = f"{RESULTS}/frontier"
 def frontier_per_query(wildcards=None):
     """Every scheme's (the grid's and the frontier's) per-query files at every budget, on the
     frontier's synthetic cells and the real cells."""
-    schemes = [*STUDY.schemes, *STUDY.frontier_schemes]
+    synthetic = [
+        (dist, dim, [*STUDY.schemes, *STUDY.frontier_schemes_on(dist)])
+        for dist, dim in STUDY.frontier_data_cells()
+    ]
+    real = [
+        (dist, dim, [*STUDY.schemes, *STUDY.frontier_real_schemes])
+        for dist, dim in (REAL_CELLS if FRONTIER else [])
+    ]
     return [
         f"{RESULTS}/metrics/per_query/{dist}/d{dim}/{scheme}/n{budget}.parquet"
-        for dist, dim in [
-            *STUDY.frontier_data_cells(),
-            *(REAL_CELLS if FRONTIER else []),
-        ]
+        for dist, dim, schemes in [*synthetic, *real]
         for scheme in schemes
         for budget in STUDY.budgets
     ]
@@ -168,6 +172,23 @@ def frontier_targets():
 
 def frontier_param(wildcards):
     return canonical_json(STUDY.frontier_slice())
+
+
+# The sequence-length sweep (kvasym.seqlen; its rule is in seqlen.smk), only with seq_len_sweep.seq_lens.
+SEQ_LEN = bool(STUDY.seq_len_sweep)
+SEQ_LEN_DIR = f"{RESULTS}/seq_len_sweep"
+
+
+def seq_len_targets():
+    return (
+        [f"{SEQ_LEN_DIR}/{name}.parquet" for name in ("rows", "summary", "slopes")]
+        if SEQ_LEN
+        else []
+    )
+
+
+def seq_len_sweep_param(wildcards):
+    return canonical_json(STUDY.seq_len_sweep_slice())
 
 
 def gathered_cells(kind):
@@ -252,11 +273,14 @@ def e2e_claims_input(wildcards):
         else {}
     )
     frontier = {"frontier_units": f"{FRONTIER_DIR}/units.parquet"} if FRONTIER else {}
-    return {**e2e, **frontier}
+    sweep = {"seq_len_slopes": f"{SEQ_LEN_DIR}/slopes.parquet"} if SEQ_LEN else {}
+    return {**e2e, **frontier, **sweep}
 
 
 def e2e_claims_flags(wildcards, input):
     flags = f" --frontier-units {shlex.quote(input.frontier_units)}" if FRONTIER else ""
+    if SEQ_LEN:
+        flags += f" --seq-len-slopes {shlex.quote(input.seq_len_slopes)}"
     if not E2E:
         return flags.strip()
     return (
@@ -459,12 +483,29 @@ TABLES = [
 
 
 def frontier_table_inputs(wildcards):
-    """The frontier table's input, only with a frontier."""
-    return {"frontier_points": f"{FRONTIER_DIR}/points.parquet"} if FRONTIER else {}
+    """The frontier table's input, only with a frontier; the sweep table's, only with a sweep."""
+    frontier = {"frontier_points": f"{FRONTIER_DIR}/points.parquet"} if FRONTIER else {}
+    sweep = (
+        {
+            "seq_len_summary": f"{SEQ_LEN_DIR}/summary.parquet",
+            "seq_len_slopes": f"{SEQ_LEN_DIR}/slopes.parquet",
+        }
+        if SEQ_LEN
+        else {}
+    )
+    return {**frontier, **sweep}
 
 
 def frontier_table_flags(wildcards, input):
-    return f"--frontier-points {shlex.quote(input.frontier_points)}" if FRONTIER else ""
+    flags = (
+        f"--frontier-points {shlex.quote(input.frontier_points)}" if FRONTIER else ""
+    )
+    if SEQ_LEN:
+        flags += (
+            f" --seq-len-summary {shlex.quote(input.seq_len_summary)}"
+            f" --seq-len-slopes {shlex.quote(input.seq_len_slopes)}"
+        )
+    return flags.strip()
 
 
 def real_capture_files(wildcards=None):

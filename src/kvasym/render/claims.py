@@ -156,6 +156,7 @@ STATISTIC_TABLES: dict[str, tuple[str, ...]] = {
     "e2e_ratio": ("e2e",),
     "e2e_rank_agreement": ("e2e_agreement",),
     "equal_rate_ratio": ("frontier_units",),
+    "seq_len_slope": ("seq_len_slopes",),
 }
 #: Where each gathered table comes from: rule and stage (the same word), and its file.
 TABLE_SOURCES: dict[str, tuple[str, str]] = {
@@ -166,6 +167,7 @@ TABLE_SOURCES: dict[str, tuple[str, str]] = {
     "e2e": ("e2e_stats", "results/real/e2e/comparisons.parquet"),
     "e2e_agreement": ("e2e_stats", "results/real/e2e/agreement.parquet"),
     "frontier_units": ("frontier", "results/frontier/units.parquet"),
+    "seq_len_slopes": ("seq_len_sweep", "results/seq_len_sweep/slopes.parquet"),
 }
 #: Metrics rules feeding the stats of a distribution, by its kind of rows.
 _METRICS_RULES = {"real": "real_metrics", "synthetic": "metrics"}
@@ -199,6 +201,8 @@ def claims_map_markdown(claims: Sequence[Mapping[str, Any]]) -> str:
         if statistic.startswith("e2e"):
             upstream = "`e2e` (per text, SmolLM2 with its KV cache quantized)" + (
                 "; `real_metrics` via `gather`" if statistic == "e2e_rank_agreement" else "")
+        if statistic == "seq_len_slope":
+            upstream = "`seq_len_sweep` (its own data, one job)"
         lines.append(f"| {cid} | `{statistic}` | {reads} | {upstream} | `claims` -> `results/claims/claims.json` "
                      f"| `\\claim{{{cid}}}{{Estimate}}` (`claim:{cid}:Estimate`) |")
     return "\n".join(lines) + "\n"

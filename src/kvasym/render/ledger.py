@@ -62,7 +62,10 @@ _CHECKS = {
     "qjl_vs_nbit": "variance ratio vs closed form",
     "hadamard_vs_residual": "variance ratio vs closed form",
     "hadamard_vs_nbit": "variance ratio vs closed form",
+    "haar_vs_residual": "variance ratio vs closed form (Haar rotation)",
+    "haar_vs_nbit": "variance ratio vs closed form (Haar rotation)",
     "ks_beta": "Kolmogorov distance from Beta law",
+    "ks_beta_haar": "Kolmogorov distance from Beta law (Haar rotation)",
     "jensen_slope": "regression slope",
     "jensen_slope_adjusted": "regression slope at fixed reference weight",
     "jensen_slope_norm": "regression slope at fixed key norm",
@@ -99,6 +102,8 @@ def test_and_unit(claim: Mapping[str, Any]) -> Latex:
         text = f"share of catastrophic queries, t CI over {unit}"
     elif statistic == "equal_rate_ratio":
         text = f"mean-KL ratio at equal total bits (interpolated), Fieller CI over {unit}"
+    elif statistic == "seq_len_slope":
+        text = "slope of log mean KL on log sequence length, bootstrap CI over trials"
     else:
         text = escape_latex(statistic)
     return Latex(text)

@@ -52,6 +52,7 @@ TABLES: dict[str, tuple[str, str]] = {
     "table_real": ("table_real.tex.j2", "summary"),
     "table_e2e": ("table_e2e.tex.j2", "summary"),
     "table_frontier": ("table_frontier.tex.j2", "summary"),
+    "table_seq_len": ("table_seq_len.tex.j2", "summary"),
 }
 INPUT_KEYS = ("summary", "comparisons", "theory", "claims")
 #: Optional inputs of ``table_real`` (given only when the DAG has real-model rows): the real
@@ -64,6 +65,9 @@ E2E_INPUT_KEYS = ("e2e_summary", "e2e_sensitivity")
 #: Optional input of ``table_frontier`` (given only when the DAG has a frontier): the points of
 #: stage frontier (:mod:`kvasym.render.table_frontier`).
 FRONTIER_INPUT_KEYS = ("frontier_points",)
+#: Optional inputs of ``table_seq_len`` (given only when the DAG has a sequence-length sweep): the
+#: summary and slopes of stage seq_len_sweep (:mod:`kvasym.render.table_seqlen`).
+SEQ_LEN_INPUT_KEYS = ("seq_len_summary", "seq_len_slopes")
 
 #: Columns of the main results table: summary column -> which direction is better.
 RESULT_COLUMNS: dict[str, str] = {
@@ -721,6 +725,12 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
                 frames.get("frontier_points"), headline, real_distributions=list(REAL_DISTRIBUTIONS),
                 real_sharpness=REAL_SHARPNESS))
             continue
+        if name == "table_seq_len":
+            from .table_seqlen import seq_len_context
+
+            out[name] = render_template(template, **seq_len_context(frames.get("seq_len_summary"),
+                                                                    frames.get("seq_len_slopes")))
+            continue
         if key not in contexts:
             if key == "summary":
                 contexts[key] = results_context(frames[key], headline)
@@ -764,6 +774,8 @@ def render_tables(
         needed |= {key for key in E2E_INPUT_KEYS if inputs.get(key)}
     if "table_frontier" in names:
         needed |= {key for key in FRONTIER_INPUT_KEYS if inputs.get(key)}
+    if "table_seq_len" in names:
+        needed |= {key for key in SEQ_LEN_INPUT_KEYS if inputs.get(key)}
     frames = {key: _read_input(key, inputs[key]) for key in sorted(needed)}
     texts = table_texts(frames, headline, names)
     out = Path(out_dir)

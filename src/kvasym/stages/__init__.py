@@ -42,6 +42,7 @@ STAGES: dict[str, str] = {
     "stats": "scheme-pair tests, KL ratio intervals and summaries of one (distribution, dim)",
     "theory": "QJL variance ratios against closed forms, Beta marginals, Jensen slope of one (distribution, dim)",
     "frontier": "rate-distortion frontier: measured total bits against attention damage of every scheme, Pareto set",
+    "seq_len_sweep": "sequence-length sweep: attention damage against the number of keys, slopes in log-log",
     "gather": "concatenate the per-(distribution, dim) tables, adding Holm-adjusted p-values",
     "claims": "evaluate the claims ledger from the gathered tables",
     "figure": "draw the figures of one figure family (or all) from the gathered tables",

@@ -19,8 +19,8 @@ from ..render.claims import render_html, render_latex, render_markdown
 
 TABLES = ("comparisons", "summary", "trials", "theory")
 #: Tables only some DAGs have (the end-to-end passes of the real model; the frontier's
-#: per-unit values, stage frontier).
-OPTIONAL_TABLES = ("e2e", "e2e_agreement", "frontier_units")
+#: per-unit values, stage frontier; the sequence-length sweep's slopes, stage seq_len_sweep).
+OPTIONAL_TABLES = ("e2e", "e2e_agreement", "frontier_units", "seq_len_slopes")
 
 
 def run_claims(
@@ -65,6 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name in OPTIONAL_TABLES:
         what = ("the frontier's per-unit table (stage frontier), when frontier.schemes is set"
                 if name == "frontier_units" else
+                "the sequence-length sweep's slopes (stage seq_len_sweep), when seq_len_sweep.seq_lens is set"
+                if name == "seq_len_slopes" else
                 f"the end-to-end {name} table (stage e2e_stats), when the end-to-end passes are configured")
         parser.add_argument(f"--{name.replace('_', '-')}", help=what)
     parser.add_argument("--headline", help="the study's headline cell as JSON (fills each claim's where)")

@@ -105,14 +105,14 @@ def _check_cache_matches(
     expected: dict[str, Any] = {
         "rows": shape[0],
         "dim": shape[1],
-        "budget": budget,
+        "budget": budget - spec.spend_offset,  # a side that spends n-k is stored at budget n-k
         "rotate": spec.rotate,
         "scalar_bits": spec.scalar_bits(budget),
         "qjl": spec.qjl,
         "sketch": spec.sketch if spec.qjl else "gaussian",
         "primitives": spec.primitives(),
         "norm_dtype": slice_["norm_dtype"],
-        "rotation_seed": derived_seed(base, "rotation", *identity, side) if spec.rotate else 0,
+        "rotation_seed": derived_seed(base, "rotation", *identity, side) if spec.seeded_transform else 0,
         "qjl_seed": derived_seed(base, "qjl", *identity, side) if spec.qjl else 0,
     }
     for key, want in expected.items():

@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import argparse
 
-from ..render.tables import E2E_INPUT_KEYS, FRONTIER_INPUT_KEYS, INPUT_KEYS, REAL_INPUT_KEYS, TABLES, render_tables
+from ..render.tables import (
+    E2E_INPUT_KEYS,
+    FRONTIER_INPUT_KEYS,
+    INPUT_KEYS,
+    REAL_INPUT_KEYS,
+    SEQ_LEN_INPUT_KEYS,
+    TABLES,
+    render_tables,
+)
 
 
 #: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = (*INPUT_KEYS, *REAL_INPUT_KEYS, *E2E_INPUT_KEYS, *FRONTIER_INPUT_KEYS)
+INTERMEDIATE_INPUTS = (*INPUT_KEYS, *REAL_INPUT_KEYS, *E2E_INPUT_KEYS, *FRONTIER_INPUT_KEYS, *SEQ_LEN_INPUT_KEYS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--e2e-summary", help="table_e2e: the end-to-end summary (stage e2e_stats)")
     parser.add_argument("--e2e-sensitivity", help="table_e2e: the end-to-end layer sensitivity (stage e2e_stats)")
     parser.add_argument("--frontier-points", help="table_frontier: the frontier's points (stage frontier)")
+    parser.add_argument("--seq-len-summary", help="table_seq_len: the sweep's summary (stage seq_len_sweep)")
+    parser.add_argument("--seq-len-slopes", help="table_seq_len: the sweep's slopes (stage seq_len_sweep)")
     parser.add_argument("--headline", required=True,
                         help='the headline cell as JSON, e.g. {"distribution": "gaussian", "dim": 128, '
                         '"sharpness": 2.0, "budget": 4}')

@@ -1,0 +1,22 @@
+# Stage 4c: the sequence-length sweep (kvasym.seqlen): attention damage against the number of keys
+# at fixed sharpness, with the slope of log damage on log length. Only with seq_len_sweep.seq_lens.
+
+
+rule seq_len_sweep:
+    output:
+        rows=f"{SEQ_LEN_DIR}/rows.parquet",
+        summary=f"{SEQ_LEN_DIR}/summary.parquet",
+        slopes=f"{SEQ_LEN_DIR}/slopes.parquet",
+    log:
+        f"{RESULTS}/logs/seq_len_sweep.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/seq_len_sweep.tsv"
+    threads: 1
+    resources:
+        **resources_of("seq_len_sweep"),
+    params:
+        code=STAGE_CODE["seq_len_sweep"],  # reruns the job when the code it runs changes
+        slice=seq_len_sweep_param,
+    shell:
+        "kvasym stage seq_len_sweep --slice {params.slice:q} --rows {output.rows:q}"
+        " --summary {output.summary:q} --slopes {output.slopes:q} > {log:q} 2>&1"
