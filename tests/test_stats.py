@@ -487,6 +487,24 @@ def test_pooled_quantile_matches_numpy_on_expanded_data() -> None:
         np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("kind", ["continuous", "ties", "rounded_heavy"])
+def test_pooled_quantile_search_is_bit_identical_to_the_scan(kind: str) -> None:
+    """The bisection (what the bootstrap runs) gives exactly the linear scan's numbers (the
+    reference), ties across clusters, empty draws and quantiles 0 and 1 included."""
+    g = np.random.default_rng({"continuous": 1, "ties": 2, "rounded_heavy": 3}[kind])
+    for _ in range(40):
+        n_clusters = int(g.integers(1, 30))
+        ids = np.repeat(np.arange(n_clusters), g.integers(1, 50, size=n_clusters))
+        values = {"continuous": g.normal(size=ids.size), "ties": g.integers(0, 5, size=ids.size) / 4.0,
+                  "rounded_heavy": np.round(g.standard_t(1.5, size=ids.size), 1)}[kind]
+        order = np.argsort(values, kind="stable")
+        counts = S._resample_counts(g, 60, n_clusters)
+        for q in (0.0, 0.01, 0.5, 0.99, 1.0):
+            scan = S._pooled_quantile(values[order], ids[order], counts, q)
+            search = S._pooled_quantile_search(values[order], ids[order], counts, q)
+            assert np.array_equal(scan, search), (kind, n_clusters, q)
+
+
 @pytest.mark.parametrize("statistic", ["mean", ("quantile", 0.9)])
 @pytest.mark.parametrize("paired", [True, False])
 def test_bootstrap_ratio_matches_explicit_resampling(statistic, paired: bool) -> None:

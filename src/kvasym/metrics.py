@@ -297,8 +297,14 @@ def _topk_members(p: np.ndarray, k_row: np.ndarray) -> np.ndarray:
         kth[rows, 0] = np.partition(p[rows], n_keys - k, axis=-1)[:, n_keys - k]
     above = p > kth
     ties = p == kth
-    need = k_row[:, None] - above.sum(axis=-1, keepdims=True)
-    return above | (ties & (np.cumsum(ties, axis=-1) <= need))
+    need = k_row - above.sum(axis=-1)
+    members = above | ties
+    # only rows with more ties at the k-th value than places left need the index order (the
+    # cumulative count); in the others every tied entry is in the set
+    over = np.flatnonzero(ties.sum(axis=-1) > need)
+    if over.size:
+        members[over] = above[over] | (ties[over] & (np.cumsum(ties[over], axis=-1) <= need[over, None]))
+    return members
 
 
 def topk_recall(
@@ -461,6 +467,11 @@ def _check_logit_range(
     if not math.isfinite(s_max):
         raise KvasymError(f"sharpness must be finite, got {list(sharpness)}")
     for what, x in (("keys", scores), ("quantized keys", scores_hat)):
+        # one pass in the usual case: a finite max |x| means every entry is finite (a NaN or
+        # an inf would make it NaN or inf), and it is then the peak the full check computes
+        peak = float(np.max(np.abs(x), initial=0.0))
+        if math.isfinite(peak) and s_max * peak <= LOGIT_LIMIT:
+            continue
         finite = np.isfinite(x)
         peak = float(np.max(np.abs(np.where(finite, x, 0.0)), initial=0.0))
         if not finite.all() or s_max * peak > LOGIT_LIMIT:
@@ -548,6 +559,8 @@ def trial_metrics_multi(
     values_hat: np.ndarray,
     sharpness: Sequence[float],
     mask: np.ndarray | None = None,
+    *,
+    per_key: bool = True,
 ) -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
     """:func:`trial_metrics` at several sharpness values, one ``(per_query, per_key)`` each.
 
@@ -560,6 +573,10 @@ def trial_metrics_multi(
         As in :func:`trial_metrics`.
     sharpness : sequence of float
         Logit multipliers, one result each.
+    per_key : bool, optional
+        Compute the per-key table (default True). Callers that keep only the per-query columns
+        (the real-model rows) pass False and get an empty dict in its place: its five column
+        means over the (queries, keys) matrix were a fifth of a real metrics job.
 
     Returns
     -------
@@ -585,8 +602,9 @@ def trial_metrics_multi(
     for site, coords in (("k", matrix_coordinates(k, k_hat)), ("v", matrix_coordinates(v, v_hat))):
         for name in ("snr_db", "eff_bits", "phi", "eps_dir"):
             cache_columns[f"{site}_{name}"] = np.full(n_q, coords[name])
-    key_coords = error_coordinates(k, k_hat)
-    key_norm = np.sqrt(np.einsum("ij,ij->i", k, k))
+    if per_key:
+        key_coords = error_coordinates(k, k_hat)
+        key_norm = np.sqrt(np.einsum("ij,ij->i", k, k))
 
     def column_mean(a: np.ndarray, where: np.ndarray, n: np.ndarray) -> np.ndarray:
         total = np.sum(np.where(where, a, 0.0), axis=0)
@@ -609,6 +627,9 @@ def trial_metrics_multi(
         site_t = error_coordinates(ref.output, hat.output)
         for name in ("snr_db", "eff_bits", "phi", "eps_dir"):
             per_query[f"t_{name}"] = site_t[name]
+        if not per_key:
+            out.append((per_query, {}))
+            continue
         # Logit errors from the logits (not log weights): they include the sharpness and are
         # free of the per-query normalisation shift.
         err = s * (scores_hat - scores)
@@ -617,7 +638,7 @@ def trial_metrics_multi(
         with np.errstate(invalid="ignore"):
             log_ratio = hat.log_weights - ref.log_weights
         finite = allowed & np.isfinite(log_ratio)
-        per_key: dict[str, np.ndarray] = {
+        keyed: dict[str, np.ndarray] = {
             "key": np.arange(n_k, dtype=np.int64),
             "n_queries": count.astype(np.int64),
             "logit_err_mean": err_mean,
@@ -629,5 +650,5 @@ def trial_metrics_multi(
             "k_snr_db": key_coords["snr_db"],
             "key_norm": key_norm,
         }
-        out.append((per_query, per_key))
+        out.append((per_query, keyed))
     return out

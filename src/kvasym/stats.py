@@ -292,6 +292,21 @@ def ks_2samp_exact_ties(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
     i_all = np.arange(m + 1, dtype=np.float64)
     x_step = m + 1.0 - i_all  # (m - (i - 1)): remaining x values before an x step into i
     i_times_n = np.arange(m + 1, dtype=np.int64) * big_n
+    out["p"] = min(1.0, _ks_exact_ties_tail(is_end, i_all, x_step, i_times_n, m, n, h_obs))
+    return out
+
+
+def _ks_exact_ties_tail(is_end: np.ndarray, i_all: np.ndarray, x_step: np.ndarray, i_times_n: np.ndarray,
+                        m: int, n: int, h_obs: int, kernel: str = "auto") -> float:
+    """The exiting mass of :func:`ks_2samp_exact_ties`'s recursion: the compiled loop
+    (:func:`kvasym._stats_numba.ks_exact_ties_tail`, bit-identical) when numba imports, else
+    (or with ``kernel="numpy"``) the numpy loop below, the reference. The loop is sequential in
+    k, so numpy pays its per-call overhead N times: most of a synthetic stats job (profiled)."""
+    if kernel != "numpy":
+        compiled = _stats_kernels()
+        if compiled is not None:
+            return float(compiled.ks_exact_ties_tail(is_end, i_all, x_step, i_times_n, int(m), int(n), int(h_obs)))
+    big_n = m + n
     u = np.zeros(m + 1)
     u[0] = 1.0
     p = 0.0
@@ -307,8 +322,23 @@ def ks_2samp_exact_ties(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
             p += float(new[hit].sum())
             new[hit] = 0.0
         u = new
-    out["p"] = min(1.0, p)
-    return out
+    return p
+
+
+_STATS_KERNELS: Any = False  # not looked up yet; None when numba is not importable
+
+
+def _stats_kernels() -> Any:
+    """The module of compiled loops (:mod:`kvasym._stats_numba`), or None without numba."""
+    global _STATS_KERNELS
+    if _STATS_KERNELS is False:
+        try:
+            from kvasym import _stats_numba
+        except ImportError:
+            _STATS_KERNELS = None
+        else:
+            _STATS_KERNELS = _stats_numba
+    return _STATS_KERNELS
 
 
 def ks_2samp(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
@@ -1105,6 +1135,52 @@ def _pooled_quantile(values_sorted: np.ndarray, ids_sorted: np.ndarray, counts: 
     return out
 
 
+#: Largest (distinct values x clusters) table :func:`_pooled_quantile_search` builds (float64,
+#: 128 MiB); beyond it the bootstrap falls back to :func:`_pooled_quantile`'s linear scan.
+_SEARCH_TABLE_ELEMENTS = 1 << 24
+
+
+def _pooled_quantile_search(values_sorted: np.ndarray, ids_sorted: np.ndarray, counts: np.ndarray,
+                            q: float) -> np.ndarray:
+    """:func:`_pooled_quantile` by bisection over the distinct values, bit-identical to it.
+
+    The linear scan reads every observation once per replicate (n_boot x n_obs: 5e8 gathers and
+    sums for a real-row cell); here a replicate costs ~log2(n_distinct) dot products of length
+    n_clusters. ``table[k, c]`` counts the observations of cluster c at or below the k-th
+    distinct value, so ``F(k) = table[k] @ counts[row]`` is the replicate's count at or below
+    it, an integer-valued float64 as exact as the scan's cumulative sums. The scan's value at
+    expanded position ``p`` is the first sorted value whose cumulative count exceeds ``p``,
+    which is the smallest distinct value with ``F > p`` whatever the order of tied values:
+    the same number, and the interpolation below is the same arithmetic.
+    """
+    distinct, k_of_obs = np.unique(values_sorted, return_inverse=True)
+    n_clusters = counts.shape[1]
+    per_value = np.bincount(k_of_obs * n_clusters + ids_sorted, minlength=distinct.size * n_clusters)
+    table = np.cumsum(per_value.reshape(distinct.size, n_clusters), axis=0).astype(np.float64)
+    total = counts @ table[-1]
+    h = (total - 1.0) * q
+    lo = np.floor(h)
+    hi = np.minimum(lo + 1.0, total - 1.0)
+    frac = h - lo
+
+    def first_above(position: np.ndarray) -> np.ndarray:
+        # smallest k with F(k) > position, F nondecreasing and F(last) = total > position
+        left = np.zeros(position.size, dtype=np.int64)
+        right = np.full(position.size, distinct.size - 1, dtype=np.int64)
+        while True:
+            open_ = left < right
+            if not open_.any():
+                return left
+            mid = (left + right) // 2
+            above = np.einsum("ij,ij->i", table[mid], counts) > position
+            right = np.where(open_ & above, mid, right)
+            left = np.where(open_ & ~above, mid + 1, left)
+
+    v_lo = distinct[first_above(lo)]
+    v_hi = distinct[first_above(hi)]
+    return v_lo + frac * (v_hi - v_lo)
+
+
 def _bootstrap_statistic(values: np.ndarray, ids: np.ndarray, counts: np.ndarray,
                          q: float | None) -> np.ndarray:
     n_clusters = counts.shape[1]
@@ -1113,6 +1189,8 @@ def _bootstrap_statistic(values: np.ndarray, ids: np.ndarray, counts: np.ndarray
         sizes = np.bincount(ids, minlength=n_clusters).astype(np.float64)
         return (counts @ sums) / (counts @ sizes)
     order = np.argsort(values, kind="stable")
+    if counts.shape[0] > 1 and values.size * n_clusters <= _SEARCH_TABLE_ELEMENTS:
+        return _pooled_quantile_search(values[order], ids[order], counts, q)
     return _pooled_quantile(values[order], ids[order], counts, q)
 
 
