@@ -1,4 +1,4 @@
-"""The numba-jitted loops of :mod:`kvasym.stats` (imported only when they are used).
+"""The numba-jitted loops of :mod:`kvasym.stats` and :mod:`kvasym.metrics` (imported only when used).
 
 Module level, like :mod:`kvasym._kernels_numba`, so that numba's on-disk cache (``cache=True``)
 finds them again in a fresh process. Each one repeats, operation for operation, the numpy loop
@@ -139,3 +139,50 @@ def ks_exact_ties_tail(is_end, i_all, x_step, i_times_n, m, n, h_obs):
             p += pairwise_sum(hit, 0, count)
         u, new = new, u
     return p
+
+
+@njit(cache=True, nogil=True)
+def topk_overlap(p, p_hat, allowed, k_row):
+    """Per row i, ``|topk(p_i) & topk(p_hat_i)|`` over the allowed entries, ``k_row[i]`` each, ties
+    to the lower index: :func:`kvasym.metrics.topk_recall`'s sets (the first ``k`` of a stable
+    descending sort of the row, masked entries below every allowed one), by one scan per row
+    that keeps the running top ``k`` (an entry enters only if strictly above the current k-th,
+    since an equal earlier entry ranks first). Pure comparisons: the counts are exact."""
+    n_rows, n_keys = p.shape
+    out = np.zeros(n_rows, dtype=np.int64)
+    kmax = 1
+    for i in range(n_rows):
+        kmax = max(kmax, k_row[i])
+    vals = np.empty(kmax)
+    idx_a = np.empty(kmax, dtype=np.int64)
+    idx_b = np.empty(kmax, dtype=np.int64)
+    for i in range(n_rows):
+        k = k_row[i]
+        for side in range(2):
+            row = p[i] if side == 0 else p_hat[i]
+            idx = idx_a if side == 0 else idx_b
+            count = 0
+            for j in range(n_keys):
+                if not allowed[i, j]:
+                    continue
+                v = row[j]
+                if count == k and not v > vals[k - 1]:
+                    continue
+                # insert after every kept value >= v (equal values keep index order)
+                pos = count if count < k else k - 1
+                while pos > 0 and vals[pos - 1] < v:
+                    vals[pos] = vals[pos - 1]
+                    idx[pos] = idx[pos - 1]
+                    pos -= 1
+                vals[pos] = v
+                idx[pos] = j
+                if count < k:
+                    count += 1
+        same = 0
+        for a in range(k):
+            for b in range(k):
+                if idx_a[a] == idx_b[b]:
+                    same += 1
+                    break
+        out[i] = same
+    return out

@@ -56,6 +56,7 @@ References
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -68,6 +69,24 @@ __all__ = ["KERNELS", "available", "decode_batch", "encode_batch", "hadamard_ske
 KERNELS: tuple[str, ...] = ("numpy", "numba")
 
 _COMPILED = None
+
+
+_LOOPS: Any = False  # not looked up yet; None when numba does not import
+
+
+def compiled_loops() -> Any:
+    """The compiled statistics and metric loops (:mod:`kvasym._stats_numba`), or None when
+    numba does not import (callers then run their numpy reference loop). Imported once, on
+    first use, so jobs that never reach a compiled loop never pay numba's import."""
+    global _LOOPS
+    if _LOOPS is False:
+        try:
+            from . import _stats_numba
+        except ImportError:
+            _LOOPS = None
+        else:
+            _LOOPS = _stats_numba
+    return _LOOPS
 
 
 def available() -> bool:

@@ -59,6 +59,7 @@ import numpy as np
 
 from kvasym.attention import attend_logits, attention_logits, check_mask
 from kvasym.errors import KvasymError
+from kvasym.kernels import compiled_loops
 
 __all__ = [
     "SNR_CAP_LOG2",
@@ -307,6 +308,13 @@ def _topk_members(p: np.ndarray, k_row: np.ndarray) -> np.ndarray:
     return members
 
 
+#: Smallest (rows x keys) matrix :func:`topk_recall` sends to the compiled scan
+#: (:func:`kvasym._stats_numba.topk_overlap`) when numba imports: a real-model trial (1,536 x 512)
+#: goes there, the synthetic trials (64 x 1,024) stay on numpy, whose metrics jobs last ~2 s and
+#: would pay numba's import (~0.5 s) for little.
+TOPK_KERNEL_MIN = 1 << 19
+
+
 def topk_recall(
     p: np.ndarray, p_hat: np.ndarray, k: int = ROUTING_TOPK, mask: np.ndarray | None = None
 ) -> np.ndarray:
@@ -344,6 +352,12 @@ def topk_recall(
     if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 1:
         raise KvasymError(f"k must be an integer >= 1, got {k!r}")
     n_rows, n_keys = a.shape
+    if a.size >= TOPK_KERNEL_MIN and np.isfinite(a).all() and np.isfinite(b).all():
+        compiled = compiled_loops()
+        if compiled is not None:
+            m = np.ones(a.shape, dtype=bool) if mask is None else check_mask(mask, n_rows, n_keys)
+            k_row = np.minimum(int(k), m.sum(axis=1))
+            return compiled.topk_overlap(a, b, m, k_row) / k_row
     if mask is None:
         k_row = np.full(n_rows, min(int(k), n_keys))
     else:

@@ -36,6 +36,7 @@ from scipy.spatial.distance import cdist
 from scipy.special import log_ndtr
 
 from kvasym.errors import KvasymError
+from kvasym.kernels import compiled_loops
 from kvasym.seeds import rng
 
 __all__ = [
@@ -303,7 +304,7 @@ def _ks_exact_ties_tail(is_end: np.ndarray, i_all: np.ndarray, x_step: np.ndarra
     (or with ``kernel="numpy"``) the numpy loop below, the reference. The loop is sequential in
     k, so numpy pays its per-call overhead N times: most of a synthetic stats job (profiled)."""
     if kernel != "numpy":
-        compiled = _stats_kernels()
+        compiled = compiled_loops()
         if compiled is not None:
             return float(compiled.ks_exact_ties_tail(is_end, i_all, x_step, i_times_n, int(m), int(n), int(h_obs)))
     big_n = m + n
@@ -323,22 +324,6 @@ def _ks_exact_ties_tail(is_end: np.ndarray, i_all: np.ndarray, x_step: np.ndarra
             new[hit] = 0.0
         u = new
     return p
-
-
-_STATS_KERNELS: Any = False  # not looked up yet; None when numba is not importable
-
-
-def _stats_kernels() -> Any:
-    """The module of compiled loops (:mod:`kvasym._stats_numba`), or None without numba."""
-    global _STATS_KERNELS
-    if _STATS_KERNELS is False:
-        try:
-            from kvasym import _stats_numba
-        except ImportError:
-            _STATS_KERNELS = None
-        else:
-            _STATS_KERNELS = _stats_numba
-    return _STATS_KERNELS
 
 
 def ks_2samp(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
