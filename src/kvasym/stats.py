@@ -1138,10 +1138,18 @@ def _pooled_quantile_search(values_sorted: np.ndarray, ids_sorted: np.ndarray, c
     which is the smallest distinct value with ``F > p`` whatever the order of tied values:
     the same number, and the interpolation below is the same arithmetic.
     """
-    distinct, k_of_obs = np.unique(values_sorted, return_inverse=True)
+    # the input is sorted: distinct values and each observation's rank among them without
+    # np.unique's second sort
+    new_value = np.empty(values_sorted.size, dtype=bool)
+    new_value[:1] = True
+    np.not_equal(values_sorted[1:], values_sorted[:-1], out=new_value[1:])
+    distinct = values_sorted[new_value]
+    k_of_obs = np.cumsum(new_value) - 1
     n_clusters = counts.shape[1]
-    per_value = np.bincount(k_of_obs * n_clusters + ids_sorted, minlength=distinct.size * n_clusters)
-    table = np.cumsum(per_value.reshape(distinct.size, n_clusters), axis=0).astype(np.float64)
+    # counted and accumulated cluster-major (contiguous), then laid out one row per value
+    per_value = np.bincount(ids_sorted * distinct.size + k_of_obs, minlength=distinct.size * n_clusters)
+    cumulative = np.cumsum(per_value.reshape(n_clusters, distinct.size), axis=1)
+    table = np.ascontiguousarray(cumulative.T, dtype=np.float64)
     total = counts @ table[-1]
     h = (total - 1.0) * q
     lo = np.floor(h)
