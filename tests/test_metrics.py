@@ -503,3 +503,26 @@ def test_topk_compiled_scan_equals_the_numpy_sets(monkeypatch, ties: bool, maske
         monkeypatch.setattr(metrics_module, "TOPK_KERNEL_MIN", 1 << 62)
         ref = topk_recall(p, p_hat, k, mask)
         assert fast.dtype == ref.dtype and np.array_equal(fast, ref)
+
+
+def test_distribution_distances_masked_path_is_bit_identical(monkeypatch) -> None:
+    """Under a mostly-dead mask (the causal real rows) the live-entries path gives the full
+    path's numbers (the reference, forced by a zero threshold) exactly."""
+    import kvasym.metrics as metrics_module
+    from kvasym.attention import log_softmax
+
+    g = np.random.default_rng(21)
+    n = 48
+    mask = np.tile(np.tril(np.ones((n, n), dtype=bool)), (3, 1))
+    for scale in (0.1, 3.0, 40.0):
+        logits = g.normal(size=mask.shape) * scale
+        lp = log_softmax(np.where(mask, logits, -np.inf))
+        lq = log_softmax(np.where(mask, logits + scale * 0.3 * g.normal(size=mask.shape), -np.inf))
+        lq[4, :2] = -np.inf  # q = 0 where p > 0
+        assert np.count_nonzero(mask) < metrics_module.LIVE_SHARE_COMPRESSED * mask.size  # fast path
+        fast = distribution_distances(lp, lq, mask)
+        monkeypatch.setattr(metrics_module, "LIVE_SHARE_COMPRESSED", 0.0)
+        ref = distribution_distances(lp, lq, mask)
+        monkeypatch.undo()
+        for key in ("tv", "js", "top1"):
+            assert np.array_equal(fast[key], ref[key]), key

@@ -370,6 +370,23 @@ def topk_recall(
     return same.sum(axis=-1) / k_row
 
 
+#: Share of live (allowed, not both-zero) entries below which :func:`distribution_distances`
+#: evaluates its terms on the live entries only (a causal mask leaves about half).
+LIVE_SHARE_COMPRESSED = 0.75
+
+
+def _distance_terms(lp: np.ndarray, lq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The TV and JS terms ``m |r|`` and ``m g(r)`` of live entries (1-D log-probabilities), by
+    :func:`distribution_distances`'s formulas, element for element."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m = np.exp(np.logaddexp(lp, lq) - math.log(2.0))
+        r = np.tanh(0.5 * (lp - lq))
+        abs_r = np.abs(r)
+        g = np.where(abs_r < 1.0, 2.0 * r * np.arctanh(np.where(abs_r < 1.0, r, 0.0)) + np.log1p(-r * r),
+                     2.0 * math.log(2.0))
+    return m * abs_r, m * g
+
+
 def distribution_distances(
     log_p: np.ndarray, log_q: np.ndarray, mask: np.ndarray | None = None
 ) -> dict[str, np.ndarray]:
@@ -431,15 +448,27 @@ def distribution_distances(
     allowed = np.ones(lp.shape, dtype=bool) if mask is None else check_mask(mask, *lp.shape)
     both_zero = (lp == -np.inf) & (lq == -np.inf)
     live = allowed & ~both_zero
-    with np.errstate(invalid="ignore", divide="ignore"):
-        log_m = np.logaddexp(lp, lq) - math.log(2.0)
-        m = np.where(live, np.exp(log_m), 0.0)
-        r = np.where(live, np.tanh(0.5 * (lp - lq)), 0.0)  # +-inf differences give +-1
-        abs_r = np.abs(r)
-        g = np.where(abs_r < 1.0, 2.0 * r * np.arctanh(np.where(abs_r < 1.0, r, 0.0)) + np.log1p(-r * r),
-                     2.0 * math.log(2.0))
-    tv = np.sum(m * abs_r, axis=-1)
-    js = 0.5 * np.sum(m * np.where(live, g, 0.0), axis=-1)
+    if np.count_nonzero(live) < LIVE_SHARE_COMPRESSED * live.size:
+        # mostly dead (a causal mask hides half the keys): the transcendental functions run on
+        # the live entries only (36% less time measured at 1536 x 512) and the terms are
+        # scattered back into zeros, so each row is summed over the same full-length array in
+        # the same pairwise order as below: bit-identical (numpy's elementwise functions do not
+        # depend on an element's position; tests/test_metrics.py compares the two paths)
+        tv_terms = np.zeros(lp.shape)
+        js_terms = np.zeros(lp.shape)
+        tv_terms[live], js_terms[live] = _distance_terms(lp[live], lq[live])
+    else:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            log_m = np.logaddexp(lp, lq) - math.log(2.0)
+            m = np.where(live, np.exp(log_m), 0.0)
+            r = np.where(live, np.tanh(0.5 * (lp - lq)), 0.0)  # +-inf differences give +-1
+            abs_r = np.abs(r)
+            g = np.where(abs_r < 1.0, 2.0 * r * np.arctanh(np.where(abs_r < 1.0, r, 0.0)) + np.log1p(-r * r),
+                         2.0 * math.log(2.0))
+        tv_terms = m * abs_r
+        js_terms = m * np.where(live, g, 0.0)
+    tv = np.sum(tv_terms, axis=-1)
+    js = 0.5 * np.sum(js_terms, axis=-1)
     a = np.where(allowed, lp, -np.inf)
     b = np.where(allowed, lq, -np.inf)
     top1 = (np.argmax(a, axis=-1) == np.argmax(b, axis=-1)).astype(np.float64)
