@@ -230,7 +230,7 @@ def matrix_coordinates(x: np.ndarray, x_hat: np.ndarray) -> dict[str, float]:
 
 
 def kl_divergence(
-    log_p: np.ndarray, log_q: np.ndarray, mask: np.ndarray | None = None
+    log_p: np.ndarray, log_q: np.ndarray, mask: np.ndarray | None = None, *, p: np.ndarray | None = None
 ) -> np.ndarray:
     """KL(p || q) in nats per row (last axis) from log-probabilities, float64 (n_rows,).
 
@@ -246,6 +246,9 @@ def kl_divergence(
         Log-probabilities of the approximation ``q``, same shape.
     mask : array_like, optional
         Boolean, same shape, True = allowed.
+    p : numpy.ndarray, optional
+        ``np.exp(log_p)`` when the caller has it already (float64, same shape; the attention's
+        weights are exactly that), saving one exponential pass.
 
     Returns
     -------
@@ -267,7 +270,8 @@ def kl_divergence(
     lq = np.asarray(log_q, dtype=np.float64)
     if lp.shape != lq.shape:
         raise KvasymError(f"log_p has shape {lp.shape} but log_q has shape {lq.shape}")
-    p = np.exp(lp)
+    if p is None or p.shape != lp.shape or p.dtype != np.float64:
+        p = np.exp(lp)
     support = p > 0
     if mask is not None:
         m = np.asarray(mask)
@@ -661,7 +665,7 @@ def trial_metrics_multi(
         distances = distribution_distances(ref.log_weights, hat.log_weights, mask)
         per_query: dict[str, np.ndarray] = {
             "query": np.arange(n_q, dtype=np.int64),
-            "kl": kl_divergence(ref.log_weights, hat.log_weights, allowed),
+            "kl": kl_divergence(ref.log_weights, hat.log_weights, allowed, p=ref.weights),
             "recall_top5": topk_recall(ref.weights, hat.weights, ROUTING_TOPK, mask),
             **distances,
             "catastrophic": catastrophic(distances["top1"], distances["tv"]),
