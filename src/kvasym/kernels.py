@@ -45,6 +45,12 @@ is why the DAG and the CLI still default to the numpy path; ``kernel="numba"`` p
 large batches (``benchmarks/bench_quantize.py`` measures both). The kernels release the GIL;
 :func:`encode_batch` and :func:`decode_batch` split rows over ``threads`` Python threads.
 
+The loops of :mod:`kvasym._stats_numba` (:func:`compiled_loops`) are another matter: they are
+bit-identical to their numpy references (pure comparisons, or the same IEEE operations in the
+same order with numpy's pairwise summation), so :mod:`kvasym.stats` (the exact KS recursion)
+and :func:`kvasym.metrics.topk_recall` (real-model sized matrices) use them whenever numba
+imports, and jobs that never reach them never import numba.
+
 References
 ----------
 .. [1] Lam, S. K., Pitrou, A., Seibert, S. (2015) "Numba: a LLVM-based Python JIT compiler",
