@@ -476,3 +476,53 @@ def test_trial_metrics_carries_bounded_measures() -> None:
     np.testing.assert_array_equal(per_query["top1"], (p.argmax(1) == p_hat.argmax(1)).astype(float))
     flip = (p.argmax(1) != p_hat.argmax(1)) & (0.5 * np.abs(p - p_hat).sum(axis=1) > 0.5)
     np.testing.assert_array_equal(per_query["catastrophic"], flip.astype(float))
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_topk_compiled_scan_equals_the_numpy_sets(monkeypatch, ties: bool, masked: bool) -> None:
+    """The compiled scan (large matrices, when numba imports) gives the numpy path's recall
+    exactly (the reference), ties to the lower index and masked keys never chosen."""
+    import kvasym.metrics as metrics_module
+    from kvasym.kernels import compiled_loops
+
+    if compiled_loops() is None:
+        pytest.skip("numba is not importable")
+    g = np.random.default_rng(7)
+    for n_rows, n_keys, k in ((40, 30, 5), (7, 3, 5), (25, 200, 1), (60, 64, 8)):
+        p = g.random((n_rows, n_keys))
+        p_hat = p + 0.1 * g.random((n_rows, n_keys))
+        if ties:
+            p, p_hat = np.round(p, 1), np.round(p_hat, 1)
+        mask = None
+        if masked:
+            mask = g.random((n_rows, n_keys)) < 0.5
+            mask[:, 0] = True
+        monkeypatch.setattr(metrics_module, "TOPK_KERNEL_MIN", 0)
+        fast = topk_recall(p, p_hat, k, mask)
+        monkeypatch.setattr(metrics_module, "TOPK_KERNEL_MIN", 1 << 62)
+        ref = topk_recall(p, p_hat, k, mask)
+        assert fast.dtype == ref.dtype and np.array_equal(fast, ref)
+
+
+def test_distribution_distances_masked_path_is_bit_identical(monkeypatch) -> None:
+    """Under a mostly-dead mask (the causal real rows) the live-entries path gives the full
+    path's numbers (the reference, forced by a zero threshold) exactly."""
+    import kvasym.metrics as metrics_module
+    from kvasym.attention import log_softmax
+
+    g = np.random.default_rng(21)
+    n = 48
+    mask = np.tile(np.tril(np.ones((n, n), dtype=bool)), (3, 1))
+    for scale in (0.1, 3.0, 40.0):
+        logits = g.normal(size=mask.shape) * scale
+        lp = log_softmax(np.where(mask, logits, -np.inf))
+        lq = log_softmax(np.where(mask, logits + scale * 0.3 * g.normal(size=mask.shape), -np.inf))
+        lq[4, :2] = -np.inf  # q = 0 where p > 0
+        assert np.count_nonzero(mask) < metrics_module.LIVE_SHARE_COMPRESSED * mask.size  # fast path
+        fast = distribution_distances(lp, lq, mask)
+        monkeypatch.setattr(metrics_module, "LIVE_SHARE_COMPRESSED", 0.0)
+        ref = distribution_distances(lp, lq, mask)
+        monkeypatch.undo()
+        for key in ("tv", "js", "top1"):
+            assert np.array_equal(fast[key], ref[key]), key

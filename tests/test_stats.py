@@ -487,6 +487,98 @@ def test_pooled_quantile_matches_numpy_on_expanded_data() -> None:
         np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("kind", ["continuous", "ties", "infinite", "signed_zeros"])
+def test_mann_whitney_rank_sum_route_equals_rankdata_bit_for_bit(kind: str) -> None:
+    """u and the tie term from the sorted pooled sample (what the study runs) equal the
+    ``scipy.stats.rankdata`` / ``np.unique`` route (the reference) exactly."""
+    g = np.random.default_rng(41)
+    for _ in range(30):
+        n1, n2 = int(g.integers(1, 400)), int(g.integers(1, 400))
+        x, y = g.normal(size=n1), g.normal(size=n2) + 0.2
+        if kind == "ties":
+            x, y = np.round(x, 1), np.round(y, 1)
+        elif kind == "infinite":
+            x[::7], y[::5] = np.inf, np.inf
+        elif kind == "signed_zeros":
+            x[::3], y[::4] = -0.0, 0.0
+        pooled = np.concatenate([x, y])
+        u_ref = float(ss.rankdata(pooled, method="average")[:n1].sum() - n1 * (n1 + 1) / 2.0)
+        out = S.mann_whitney(x, y)
+        assert out["u"] == u_ref
+        assert np.array_equal(S._sorted_counts(np.sort(pooled)), np.unique(pooled, return_counts=True)[1])
+        tied = bool(np.unique(pooled).size < pooled.size)
+        sorted_pooled = np.sort(pooled)
+        assert tied == bool(np.any(sorted_pooled[1:] == sorted_pooled[:-1]))
+
+
+def _ks_tail_arguments(x: np.ndarray, y: np.ndarray):
+    """The arrays :func:`kvasym.stats.ks_2samp_exact_ties` hands its recursion."""
+    if y.size < x.size:
+        x, y = y, x
+    m, n = x.size, y.size
+    values, counts = np.unique(np.concatenate([x, y]), return_counts=True)
+    ends = np.cumsum(counts)
+    i_end = np.searchsorted(np.sort(x), values, side="right").astype(np.int64)
+    h_obs = int(np.abs(i_end * n - (ends - i_end) * m).max())
+    is_end = np.zeros(m + n + 1, dtype=bool)
+    is_end[ends[:-1]] = True
+    i_all = np.arange(m + 1, dtype=np.float64)
+    return is_end, i_all, m + 1.0 - i_all, np.arange(m + 1, dtype=np.int64) * (m + n), m, n, h_obs
+
+
+def test_ks_exact_ties_compiled_loop_is_bit_identical() -> None:
+    """The compiled recursion returns the numpy loop's p-value (the reference) to the last bit,
+    on tied samples of unequal sizes, per-trial constants and far tails."""
+    from kvasym.kernels import compiled_loops
+
+    if compiled_loops() is None:
+        pytest.skip("numba is not importable")
+    g = np.random.default_rng(12)
+    for case in range(60):
+        m, n = int(g.integers(1, 200)), int(g.integers(1, 200))
+        levels = int(g.integers(2, 30))
+        x = g.integers(0, levels, m) / levels
+        y = (g.integers(0, levels, n) + (case % 3 == 0)) / levels
+        if case % 4 == 1:  # per-trial values repeated on every query
+            x, y = np.repeat(g.normal(size=max(m // 16, 1)), 16), np.repeat(g.normal(size=max(n // 16, 1)) + 0.3, 16)
+        args = _ks_tail_arguments(x, y)
+        if args[-1] == 0:
+            continue
+        assert S._ks_exact_ties_tail(*args) == S._ks_exact_ties_tail(*args, kernel="numpy"), case
+
+
+def test_compiled_pairwise_sum_matches_numpy_sum() -> None:
+    from kvasym.kernels import compiled_loops
+
+    loops = compiled_loops()
+    if loops is None:
+        pytest.skip("numba is not importable")
+    g = np.random.default_rng(13)
+    for n in [*range(0, 300), *g.integers(300, 20000, size=60).tolist()]:
+        a = g.standard_cauchy(n) * g.random(n) ** 5
+        assert loops.pairwise_sum(a, 0, n) == (np.sum(a) if n else 0.0)
+        if n > 3:
+            assert loops.pairwise_sum(a, 3, n - 3) == np.sum(a[3:])
+
+
+@pytest.mark.parametrize("kind", ["continuous", "ties", "rounded_heavy"])
+def test_pooled_quantile_search_is_bit_identical_to_the_scan(kind: str) -> None:
+    """The bisection (what the bootstrap runs) gives exactly the linear scan's numbers (the
+    reference), ties across clusters, empty draws and quantiles 0 and 1 included."""
+    g = np.random.default_rng({"continuous": 1, "ties": 2, "rounded_heavy": 3}[kind])
+    for _ in range(40):
+        n_clusters = int(g.integers(1, 30))
+        ids = np.repeat(np.arange(n_clusters), g.integers(1, 50, size=n_clusters))
+        values = {"continuous": g.normal(size=ids.size), "ties": g.integers(0, 5, size=ids.size) / 4.0,
+                  "rounded_heavy": np.round(g.standard_t(1.5, size=ids.size), 1)}[kind]
+        order = np.argsort(values, kind="stable")
+        counts = S._resample_counts(g, 60, n_clusters)
+        for q in (0.0, 0.01, 0.5, 0.99, 1.0):
+            scan = S._pooled_quantile(values[order], ids[order], counts, q)
+            search = S._pooled_quantile_search(values[order], ids[order], counts, q)
+            assert np.array_equal(scan, search), (kind, n_clusters, q)
+
+
 @pytest.mark.parametrize("statistic", ["mean", ("quantile", 0.9)])
 @pytest.mark.parametrize("paired", [True, False])
 def test_bootstrap_ratio_matches_explicit_resampling(statistic, paired: bool) -> None:

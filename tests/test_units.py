@@ -116,3 +116,23 @@ def test_bad_trial_maps_are_refused_naming_the_file(real_files):
             trial_texts([files[0], bad])
         assert str(bad) in str(info.value) or trial_map is None
     assert trial_texts([_rewrite(files[0], tmp / "none.parquet", None)]) is None
+
+
+@pytest.mark.parametrize("with_texts", [False, True])
+def test_split_scheme_gives_the_groupby_arrays(with_texts: bool) -> None:
+    """The stats stage's slices (what it runs) equal the pandas groupby (the reference),
+    array for array, for trials and for texts nested in trials out of label order."""
+    from kvasym.stages.stats import _by_trial, _by_unit, _SplitScheme
+
+    g = np.random.default_rng(4)
+    rows = [(t, q) for t in range(9) for q in range(int(g.integers(1, 6)))]
+    frame = pd.DataFrame(rows, columns=["trial", "query"]).assign(kl=g.exponential(size=len(rows)),
+                                                                  recall_top5=g.integers(0, 6, len(rows)) / 5)
+    texts = {t: ["zeta", "alpha", "mid"][t % 3] for t in range(9)} if with_texts else None
+    split = _SplitScheme(frame, texts)
+    for metric in ("kl", "recall_top5"):
+        for got, ref in ((split.by_trial(metric), _by_trial(frame, metric)),
+                         (split.by_unit(metric), _by_unit(frame, metric, texts))):
+            assert len(got) == len(ref)
+            for x, y in zip(got, ref):
+                assert x.dtype == y.dtype and np.array_equal(x, y)

@@ -45,6 +45,12 @@ is why the DAG and the CLI still default to the numpy path; ``kernel="numba"`` p
 large batches (``benchmarks/bench_quantize.py`` measures both). The kernels release the GIL;
 :func:`encode_batch` and :func:`decode_batch` split rows over ``threads`` Python threads.
 
+The loops of :mod:`kvasym._stats_numba` (:func:`compiled_loops`) are another matter: they are
+bit-identical to their numpy references (pure comparisons, or the same IEEE operations in the
+same order with numpy's pairwise summation), so :mod:`kvasym.stats` (the exact KS recursion)
+and :func:`kvasym.metrics.topk_recall` (real-model sized matrices) use them whenever numba
+imports, and jobs that never reach them never import numba.
+
 References
 ----------
 .. [1] Lam, S. K., Pitrou, A., Seibert, S. (2015) "Numba: a LLVM-based Python JIT compiler",
@@ -56,6 +62,7 @@ References
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -68,6 +75,24 @@ __all__ = ["KERNELS", "available", "decode_batch", "encode_batch", "hadamard_ske
 KERNELS: tuple[str, ...] = ("numpy", "numba")
 
 _COMPILED = None
+
+
+_LOOPS: Any = False  # not looked up yet; None when numba does not import
+
+
+def compiled_loops() -> Any:
+    """The compiled statistics and metric loops (:mod:`kvasym._stats_numba`), or None when
+    numba does not import (callers then run their numpy reference loop). Imported once, on
+    first use, so jobs that never reach a compiled loop never pay numba's import."""
+    global _LOOPS
+    if _LOOPS is False:
+        try:
+            from . import _stats_numba
+        except ImportError:
+            _LOOPS = None
+        else:
+            _LOOPS = _stats_numba
+    return _LOOPS
 
 
 def available() -> bool:

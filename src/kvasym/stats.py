@@ -36,6 +36,7 @@ from scipy.spatial.distance import cdist
 from scipy.special import log_ndtr
 
 from kvasym.errors import KvasymError
+from kvasym.kernels import compiled_loops
 from kvasym.seeds import rng
 
 __all__ = [
@@ -132,6 +133,14 @@ def _log10_two_sided_normal(z_abs: float) -> float:
     return min(0.0, (_LN2 + float(log_ndtr(-z_abs))) / _LN10)
 
 
+def _sorted_counts(values_sorted: np.ndarray) -> np.ndarray:
+    """``np.unique(values, return_counts=True)[1]`` of an already sorted, NaN-free array."""
+    if values_sorted.size == 0:
+        return np.zeros(0, dtype=np.intp)
+    change = np.flatnonzero(values_sorted[1:] != values_sorted[:-1]) + 1
+    return np.diff(np.concatenate([[0], change, [values_sorted.size]]))
+
+
 def _tie_term(values: np.ndarray) -> float:
     """``sum(t^3 - t)`` over the groups of tied values (t = group size)."""
     _, counts = np.unique(values, return_counts=True)
@@ -192,13 +201,28 @@ def mann_whitney(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
     """
     xa = _as_1d(x, "x")
     ya = _as_1d(y, "y")
+    return _mann_whitney_sorted(xa, ya, np.sort(np.concatenate([xa, ya])))
+
+
+def _mann_whitney_sorted(xa: np.ndarray, ya: np.ndarray, pooled_sorted: np.ndarray) -> dict[str, float | int]:
+    """:func:`mann_whitney` of checked samples given their pooled values sorted (shared with
+    :func:`ks_2samp` by :func:`compare`: one sort of the pooled sample instead of four).
+
+    The rank sum of x is exact in both this and scipy's ``rankdata`` route (average ranks are
+    half-integers, their sums below 2**52 for any sample that fits in memory): x_i's average
+    rank is ``(L_i + R_i + 1) / 2`` with ``L_i``, ``R_i`` the pooled counts below and at or
+    below it, summed in int64. The tie counts are :func:`np.unique`'s, read off the same sorted
+    values, so ``u``, ``z`` and ``p`` are the reference's to the last bit.
+    """
     n1, n2 = xa.size, ya.size
-    pooled = np.concatenate([xa, ya])
-    ranks = scipy.stats.rankdata(pooled, method="average")
-    u = float(ranks[:n1].sum() - n1 * (n1 + 1) / 2.0)
+    xs = np.sort(xa)
+    twice_rank_sum = int(np.sum(np.searchsorted(pooled_sorted, xs, side="left")
+                                + np.searchsorted(pooled_sorted, xs, side="right") + 1))
+    u = float(twice_rank_sum / 2.0 - n1 * (n1 + 1) / 2.0)
     n = n1 + n2
     mu = n1 * n2 / 2.0
-    tie = _tie_term(pooled)
+    t = _sorted_counts(pooled_sorted).astype(np.float64)
+    tie = float(np.sum(t**3 - t))
     var = n1 * n2 / 12.0 * ((n + 1) - (tie / (n * (n - 1)) if n > 1 else 0.0))
     delta = u - mu
     if var <= 0.0:
@@ -292,6 +316,21 @@ def ks_2samp_exact_ties(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
     i_all = np.arange(m + 1, dtype=np.float64)
     x_step = m + 1.0 - i_all  # (m - (i - 1)): remaining x values before an x step into i
     i_times_n = np.arange(m + 1, dtype=np.int64) * big_n
+    out["p"] = min(1.0, _ks_exact_ties_tail(is_end, i_all, x_step, i_times_n, m, n, h_obs))
+    return out
+
+
+def _ks_exact_ties_tail(is_end: np.ndarray, i_all: np.ndarray, x_step: np.ndarray, i_times_n: np.ndarray,
+                        m: int, n: int, h_obs: int, kernel: str = "auto") -> float:
+    """The exiting mass of :func:`ks_2samp_exact_ties`'s recursion: the compiled loop
+    (:func:`kvasym._stats_numba.ks_exact_ties_tail`, bit-identical) when numba imports, else
+    (or with ``kernel="numpy"``) the numpy loop below, the reference. The loop is sequential in
+    k, so numpy pays its per-call overhead N times: most of a synthetic stats job (profiled)."""
+    if kernel != "numpy":
+        compiled = compiled_loops()
+        if compiled is not None:
+            return float(compiled.ks_exact_ties_tail(is_end, i_all, x_step, i_times_n, int(m), int(n), int(h_obs)))
+    big_n = m + n
     u = np.zeros(m + 1)
     u[0] = 1.0
     p = 0.0
@@ -307,8 +346,7 @@ def ks_2samp_exact_ties(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
             p += float(new[hit].sum())
             new[hit] = 0.0
         u = new
-    out["p"] = min(1.0, p)
-    return out
+    return p
 
 
 def ks_2samp(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
@@ -358,8 +396,13 @@ def ks_2samp(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
     xa = _as_1d(x, "x")
     ya = _as_1d(y, "y")
     pooled = np.concatenate([xa, ya])
-    tied = np.unique(pooled).size < pooled.size
-    exact_ties = int(tied and min(xa.size, ya.size) * pooled.size <= KS_EXACT_TIES_MAX_WORK)
+    return _ks_2samp_tied(xa, ya, bool(np.unique(pooled).size < pooled.size))
+
+
+def _ks_2samp_tied(xa: np.ndarray, ya: np.ndarray, tied: bool) -> dict[str, float | int]:
+    """:func:`ks_2samp` of checked samples, told whether the pooled sample has ties."""
+    pooled_size = xa.size + ya.size
+    exact_ties = int(tied and min(xa.size, ya.size) * pooled_size <= KS_EXACT_TIES_MAX_WORK)
     if exact_ties:
         res_ties = ks_2samp_exact_ties(xa, ya)
         d, p = float(res_ties["d"]), float(res_ties["p"])
@@ -1105,6 +1148,60 @@ def _pooled_quantile(values_sorted: np.ndarray, ids_sorted: np.ndarray, counts: 
     return out
 
 
+#: Largest (distinct values x clusters) table :func:`_pooled_quantile_search` builds (float64,
+#: 128 MiB); beyond it the bootstrap falls back to :func:`_pooled_quantile`'s linear scan.
+_SEARCH_TABLE_ELEMENTS = 1 << 24
+
+
+def _pooled_quantile_search(values_sorted: np.ndarray, ids_sorted: np.ndarray, counts: np.ndarray,
+                            q: float) -> np.ndarray:
+    """:func:`_pooled_quantile` by bisection over the distinct values, bit-identical to it.
+
+    The linear scan reads every observation once per replicate (n_boot x n_obs: 5e8 gathers and
+    sums for a real-row cell); here a replicate costs ~log2(n_distinct) dot products of length
+    n_clusters. ``table[k, c]`` counts the observations of cluster c at or below the k-th
+    distinct value, so ``F(k) = table[k] @ counts[row]`` is the replicate's count at or below
+    it, an integer-valued float64 as exact as the scan's cumulative sums. The scan's value at
+    expanded position ``p`` is the first sorted value whose cumulative count exceeds ``p``,
+    which is the smallest distinct value with ``F > p`` whatever the order of tied values:
+    the same number, and the interpolation below is the same arithmetic.
+    """
+    # the input is sorted: distinct values and each observation's rank among them without
+    # np.unique's second sort
+    new_value = np.empty(values_sorted.size, dtype=bool)
+    new_value[:1] = True
+    np.not_equal(values_sorted[1:], values_sorted[:-1], out=new_value[1:])
+    distinct = values_sorted[new_value]
+    k_of_obs = np.cumsum(new_value) - 1
+    n_clusters = counts.shape[1]
+    # counted and accumulated cluster-major (contiguous), then laid out one row per value
+    per_value = np.bincount(ids_sorted * distinct.size + k_of_obs, minlength=distinct.size * n_clusters)
+    cumulative = np.cumsum(per_value.reshape(n_clusters, distinct.size), axis=1)
+    table = np.ascontiguousarray(cumulative.T, dtype=np.float64)
+    total = counts @ table[-1]
+    h = (total - 1.0) * q
+    lo = np.floor(h)
+    hi = np.minimum(lo + 1.0, total - 1.0)
+    frac = h - lo
+
+    def first_above(position: np.ndarray) -> np.ndarray:
+        # smallest k with F(k) > position, F nondecreasing and F(last) = total > position
+        left = np.zeros(position.size, dtype=np.int64)
+        right = np.full(position.size, distinct.size - 1, dtype=np.int64)
+        while True:
+            open_ = left < right
+            if not open_.any():
+                return left
+            mid = (left + right) // 2
+            above = np.einsum("ij,ij->i", table[mid], counts) > position
+            right = np.where(open_ & above, mid, right)
+            left = np.where(open_ & ~above, mid + 1, left)
+
+    v_lo = distinct[first_above(lo)]
+    v_hi = distinct[first_above(hi)]
+    return v_lo + frac * (v_hi - v_lo)
+
+
 def _bootstrap_statistic(values: np.ndarray, ids: np.ndarray, counts: np.ndarray,
                          q: float | None) -> np.ndarray:
     n_clusters = counts.shape[1]
@@ -1113,6 +1210,8 @@ def _bootstrap_statistic(values: np.ndarray, ids: np.ndarray, counts: np.ndarray
         sizes = np.bincount(ids, minlength=n_clusters).astype(np.float64)
         return (counts @ sums) / (counts @ sizes)
     order = np.argsort(values, kind="stable")
+    if counts.shape[0] > 1 and values.size * n_clusters <= _SEARCH_TABLE_ELEMENTS:
+        return _pooled_quantile_search(values[order], ids[order], counts, q)
     return _pooled_quantile(values[order], ids[order], counts, q)
 
 
@@ -1767,8 +1866,10 @@ def compare(a_by_trial: Sequence[ArrayLike],
     mean_b = float(np.mean(b_all))
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = float(np.float64(mean_a) / np.float64(mean_b))
-    mw_q = mann_whitney(a_all, b_all)
-    ks_q = ks_2samp(a_all, b_all)
+    # one sort of the pooled queries serves both tests (rank sums, tie counts, "any tie")
+    pooled_sorted = np.sort(np.concatenate([a_all, b_all]))
+    mw_q = _mann_whitney_sorted(a_all, b_all, pooled_sorted)
+    ks_q = _ks_2samp_tied(a_all, b_all, bool(np.any(pooled_sorted[1:] == pooled_sorted[:-1])))
     groups = _unit_groups(units, len(a_tr))
     ta = np.array([np.concatenate([a_tr[i] for i in g]).mean() for g in groups])
     tb = np.array([np.concatenate([b_tr[i] for i in g]).mean() for g in groups])

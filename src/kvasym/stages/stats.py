@@ -66,6 +66,42 @@ def _by_trial(frame: pd.DataFrame, metric: str) -> list[np.ndarray]:
     return [g[metric].to_numpy() for _, g in frame.groupby("trial", sort=True)]
 
 
+class _SplitScheme:
+    """One scheme's rows of a cell, sorted by (trial, query), cut into trials and units once.
+
+    :func:`_by_trial` and :func:`_by_unit` (the reference) run a pandas groupby per metric and
+    pair, a third of a synthetic stats job; the rows of a trial are contiguous here (sorted by
+    trial), so the same arrays are slices of the column at the trial boundaries, and a unit's
+    array is its trials' slices in trial order, units sorted by label: what the groupby gives.
+    """
+
+    def __init__(self, frame: pd.DataFrame, texts: Mapping[int, str] | None) -> None:
+        self.frame = frame
+        trial = frame["trial"].to_numpy()
+        self.bounds = np.flatnonzero(trial[1:] != trial[:-1]) + 1
+        self.units: list[list[int]] | None = None
+        if texts is not None:
+            labels = [texts[int(t)] for t in trial[np.concatenate([[0], self.bounds])]] if trial.size else []
+            by_label: dict[str, list[int]] = {}
+            for index, label in enumerate(labels):
+                by_label.setdefault(label, []).append(index)
+            self.units = [by_label[label] for label in sorted(by_label)]
+        self._cache: dict[str, list[np.ndarray]] = {}
+
+    def by_trial(self, metric: str) -> list[np.ndarray]:
+        """The metric's values of each trial (trials sorted), queries in order."""
+        if metric not in self._cache:
+            self._cache[metric] = np.split(self.frame[metric].to_numpy(), self.bounds)
+        return self._cache[metric]
+
+    def by_unit(self, metric: str) -> list[np.ndarray]:
+        """The metric's values of each unit (texts sorted by name, or trials), queries in order."""
+        parts = self.by_trial(metric)
+        if self.units is None:
+            return parts
+        return [np.concatenate([parts[i] for i in unit]) for unit in self.units]
+
+
 def _by_unit(frame: pd.DataFrame, metric: str, texts: Mapping[int, str] | None) -> list[np.ndarray]:
     """The metric's values of each unit (texts sorted by name, or trials), queries in order."""
     if texts is None:
@@ -166,19 +202,20 @@ def run_stats(
             )
             summaries.append({**cell, "scheme": scheme, "n_trials": int(g["trial"].nunique()), "n_queries": len(g),
                               **summary})
+        split = {s: _SplitScheme(g, texts) for s, g in per_scheme.items()}
         for a, b in combinations(schemes, 2):
             ga, gb = per_scheme[a], per_scheme[b]
             identity = (slice_["distribution"], int(slice_["dim"]), int(budget), float(sharpness).hex(), a, b)
             trials_a = sorted(ga["trial"].unique().tolist())
             units = None if texts is None else [texts[t] for t in trials_a]
             for metric in COMPARED_METRICS:
-                result = stats.compare(_by_trial(ga, metric), _by_trial(gb, metric), units=units)
+                result = stats.compare(split[a].by_trial(metric), split[b].by_trial(metric), units=units)
                 row = {**cell, "scheme_a": a, "scheme_b": b, "metric": metric,
                        "per_trial_only": metric in PER_TRIAL_ONLY, **unit, **result}
                 if metric == "kl":
                     for label, statistic in (("mean", "mean"), ("p99", ("quantile", 0.99))):
                         ci = stats.bootstrap_ratio_ci(
-                            _by_unit(ga, "kl", texts), _by_unit(gb, "kl", texts), statistic=statistic,
+                            split[a].by_unit("kl"), split[b].by_unit("kl"), statistic=statistic,
                             n_boot=settings["n_boot"], base_seed=slice_["base_seed"],
                             identity=(*identity, "kl", label), paired=True, undefined="nan",
                         )

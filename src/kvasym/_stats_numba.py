@@ -1,0 +1,188 @@
+"""The numba-jitted loops of :mod:`kvasym.stats` and :mod:`kvasym.metrics` (imported only when used).
+
+Module level, like :mod:`kvasym._kernels_numba`, so that numba's on-disk cache (``cache=True``)
+finds them again in a fresh process. Each one repeats, operation for operation, the numpy loop
+it replaces (kept in :mod:`kvasym.stats` as the reference): the same IEEE additions,
+multiplications and divisions on the same float64 values in the same order (numba does not
+fuse a multiply and an add unless asked to, and nothing here asks), and numpy's pairwise
+summation (:func:`pairwise_sum`) where numpy sums an array, so the results are bit-identical
+(``tests/test_stats.py`` compares them with ``==``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+#: numpy's pairwise summation block (``PW_BLOCKSIZE`` in numpy's ``loops_utils.h.src``).
+_PW_BLOCKSIZE = 128
+
+
+@njit(cache=True, nogil=True)
+def _block_sum(a, lo, n):
+    # numpy's leaf (n <= 128): a plain loop below 8, else 8 interleaved accumulators
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r0 = a[lo]
+    r1 = a[lo + 1]
+    r2 = a[lo + 2]
+    r3 = a[lo + 3]
+    r4 = a[lo + 4]
+    r5 = a[lo + 5]
+    r6 = a[lo + 6]
+    r7 = a[lo + 7]
+    i = 8
+    end = n - (n % 8)
+    while i < end:
+        r0 += a[lo + i]
+        r1 += a[lo + i + 1]
+        r2 += a[lo + i + 2]
+        r3 += a[lo + i + 3]
+        r4 += a[lo + i + 4]
+        r5 += a[lo + i + 5]
+        r6 += a[lo + i + 6]
+        r7 += a[lo + i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@njit(cache=True, nogil=True)
+def pairwise_sum(a, lo, n):
+    """``np.sum(a[lo:lo + n])`` of a contiguous float64 array, with numpy's exact order of
+    additions: 8 interleaved accumulators on blocks of at most 128, halves (rounded down to a
+    multiple of 8) above that, ``sum(left) + sum(right)``.
+
+    The halving recursion runs on an explicit stack: numba's disk cache crashes the process
+    (segmentation fault) when it reloads a recursive function."""
+    if n <= _PW_BLOCKSIZE:
+        return _block_sum(a, lo, n)
+    f_lo = np.empty(64, dtype=np.int64)
+    f_n = np.empty(64, dtype=np.int64)
+    f_left = np.empty(64)
+    f_stage = np.zeros(64, dtype=np.int64)  # 0: left half pending, 1: right half pending
+    top = 0
+    f_lo[0] = lo
+    f_n[0] = n
+    while True:
+        cn = f_n[top]
+        if cn > _PW_BLOCKSIZE:  # descend into the left half
+            half = cn // 2
+            half -= half % 8
+            top += 1
+            f_lo[top] = f_lo[top - 1]
+            f_n[top] = half
+            f_stage[top] = 0
+            continue
+        value = _block_sum(a, f_lo[top], cn)
+        top -= 1
+        while top >= 0 and f_stage[top] == 1:  # both halves done: combine and go up
+            value = f_left[top] + value
+            top -= 1
+        if top < 0:
+            return value
+        f_left[top] = value  # the left half is done: start the right one
+        f_stage[top] = 1
+        half = f_n[top] // 2
+        half -= half % 8
+        top += 1
+        f_lo[top] = f_lo[top - 1] + half
+        f_n[top] = f_n[top - 1] - half
+        f_stage[top] = 0
+
+
+@njit(cache=True, nogil=True)
+def ks_exact_ties_tail(is_end, i_all, x_step, i_times_n, m, n, h_obs):
+    """The exiting mass ``p`` of :func:`kvasym.stats.ks_2samp_exact_ties`'s lattice recursion
+    (its numpy loop, step for step; the arguments are the arrays that loop builds).
+
+    Step k computes each ``new[i] = (u[i] (i + n - k + 1) + u[i - 1] (m - i + 1)) / (N - k + 1)``
+    with the numpy loop's roundings, only over the band ``max(0, k - n) <= i <= min(k, m)`` of
+    lattice points: outside it the numpy loop multiplies zeros and gets zeros (their sign aside,
+    which no sum with a non-zero term keeps). Boundary hits are gathered, zeros included, in
+    index order and summed pairwise as numpy sums ``new[hit]``.
+    """
+    big_n = m + n
+    u = np.zeros(m + 1)
+    u[0] = 1.0
+    new = np.zeros(m + 1)
+    hit = np.empty(m + 1)
+    p = 0.0
+    for k in range(1, big_n + 1):
+        c = float(n - k + 1)
+        d = float(big_n - k + 1)
+        start = max(0, k - n)
+        stop = min(k, m)
+        for i in range(max(0, start - 2), start):  # left the band since this buffer's last use
+            new[i] = 0.0
+        if start == 0:
+            new[0] = u[0] * (i_all[0] + c) / d
+            first = 1
+        else:
+            first = start
+        for i in range(first, stop + 1):
+            new[i] = (u[i] * (i_all[i] + c) + u[i - 1] * x_step[i]) / d
+        if is_end[k]:
+            km = k * m
+            count = 0
+            for i in range(m + 1):
+                if abs(i_times_n[i] - km) >= h_obs:
+                    hit[count] = new[i]
+                    count += 1
+                    new[i] = 0.0
+            p += pairwise_sum(hit, 0, count)
+        u, new = new, u
+    return p
+
+
+@njit(cache=True, nogil=True)
+def topk_overlap(p, p_hat, allowed, k_row):
+    """Per row i, ``|topk(p_i) & topk(p_hat_i)|`` over the allowed entries, ``k_row[i]`` each, ties
+    to the lower index: :func:`kvasym.metrics.topk_recall`'s sets (the first ``k`` of a stable
+    descending sort of the row, masked entries below every allowed one), by one scan per row
+    that keeps the running top ``k`` (an entry enters only if strictly above the current k-th,
+    since an equal earlier entry ranks first). Pure comparisons: the counts are exact."""
+    n_rows, n_keys = p.shape
+    out = np.zeros(n_rows, dtype=np.int64)
+    kmax = 1
+    for i in range(n_rows):
+        kmax = max(kmax, k_row[i])
+    vals = np.empty(kmax)
+    idx_a = np.empty(kmax, dtype=np.int64)
+    idx_b = np.empty(kmax, dtype=np.int64)
+    for i in range(n_rows):
+        k = k_row[i]
+        for side in range(2):
+            row = p[i] if side == 0 else p_hat[i]
+            idx = idx_a if side == 0 else idx_b
+            count = 0
+            for j in range(n_keys):
+                if not allowed[i, j]:
+                    continue
+                v = row[j]
+                if count == k and not v > vals[k - 1]:
+                    continue
+                # insert after every kept value >= v (equal values keep index order)
+                pos = count if count < k else k - 1
+                while pos > 0 and vals[pos - 1] < v:
+                    vals[pos] = vals[pos - 1]
+                    idx[pos] = idx[pos - 1]
+                    pos -= 1
+                vals[pos] = v
+                idx[pos] = j
+                if count < k:
+                    count += 1
+        same = 0
+        for a in range(k):
+            for b in range(k):
+                if idx_a[a] == idx_b[b]:
+                    same += 1
+                    break
+        out[i] = same
+    return out
