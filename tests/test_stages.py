@@ -163,7 +163,14 @@ def test_quantize_and_metrics_jobs_import_only_what_they_use(small_data, tmp_pat
 
     from kvasym.study import canonical_json
 
+    from kvasym.codebook import lloyd_max_codebook
+
     study, _, manifest = small_data
+    # a cold codebook cache computes the Beta codebook once, with scipy.special: warm the ones the
+    # KQV n = 4 job reads (4 and 3 bits at d = 64) in the cache the job shares, so the test sees
+    # the job's own imports whatever ran before it (it was order-dependent under xdist)
+    for bits in (3, 4):
+        lloyd_max_codebook(64, bits)
     script = ("import sys\nfrom kvasym.cli import main\ncode = main(sys.argv[1:])\n"
               "heavy = ('pandas', 'scipy', 'matplotlib', 'seaborn', 'jsonschema', 'kvasym.study', "
               "'kvasym.real.capture')\nprint(code, sorted(m for m in heavy if m in sys.modules))\n")
