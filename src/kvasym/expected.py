@@ -76,10 +76,14 @@ METRICS_TABLES = tuple(SCHEMAS)
 #: The claim fields a snapshot keeps (besides the id).
 CLAIM_FIELDS = ("verdict", "estimate", "low", "high", "log10_p")
 #: How to regenerate the committed file, from the repository root (a copy of the working tree,
-#: uncommitted files included, runs the tiny grid; the checkout's own results/ is not touched).
+#: uncommitted files included, runs the tiny grid; the checkout's own results/ is not touched),
+#: in the pinned numeric environment and with an empty codebook cache, as the tests' run has
+#: (tests/conftest.py): a codebook cached by an earlier unpinned run differs from a fresh one in
+#: its last bits, and dequantization reads the centroids from it, so every metric would move at
+#: 1e-12.
 REGENERATE = (
     'd=$(mktemp -d) && git ls-files -co --exclude-standard | tar -cf - -T - | tar -xf - -C "$d" && '
-    '(cd "$d" && PYTHONPATH="$d/src" python3 -m kvasym.numeric_env '
+    '(cd "$d" && KVASYM_CACHE_DIR="$d/.codebooks" PYTHONPATH="$d/src" python3 -m kvasym.numeric_env '
     'snakemake --cores 2 --configfile config/test.yaml) && '
     'PYTHONPATH=src python3 -m kvasym.expected --results "$d/results" --write tests/expected/tiny_grid.json'
 )
