@@ -73,7 +73,13 @@ def run_env() -> dict[str, str]:
     such CPU."""
     from kvasym.numeric_env import pinned_environment
 
-    env = pinned_environment() or dict(os.environ)
+    pinned = pinned_environment()
+    env = pinned or dict(os.environ)
+    if pinned and env.get("KVASYM_CACHE_DIR"):
+        # codebooks are cached on disk and dequantization reads their centroids: one computed by
+        # this (unpinned) test process differs from a pinned one in its last bits, and a DAG run
+        # that read it would move every metric at ~1e-10 (which test wrote it first decided)
+        env["KVASYM_CACHE_DIR"] = env["KVASYM_CACHE_DIR"].rstrip(os.sep) + "-pinned"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
     return env
 

@@ -44,7 +44,7 @@ def test_per_key_trials_zero_writes_an_empty_per_key_table(tmp_path):
     run_theory(study.theory_slice("gaussian", 64), data, [per_key], theory)
     checks = set(pd.read_parquet(theory)["check"])
     assert checks == {"qjl_vs_residual", "qjl_vs_nbit", "hadamard_vs_residual", "hadamard_vs_nbit",
-                      "ks_beta"}  # no slope without per-key rows
+                      "ks_beta", "haar_vs_residual", "haar_vs_nbit", "ks_beta_haar"}  # no slope without per-key rows
     written = run_figures(figures_slice(study), {"per_key": [per_key], "theory": theory}, tmp_path / "f",
                           ["jensen_bias"])
     assert sorted(p.name for p in written) == ["jensen_bias.caption.tex", "jensen_bias.pdf", "jensen_bias.png"]
