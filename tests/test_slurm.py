@@ -97,7 +97,7 @@ def test_tiny_config_through_slurm_matches_a_local_run(slurm, tiny_local_run, tm
     # (and the rate-distortion frontier's and the query-model sweep's: the tiny config sets both)
     assert ("real_heatmap" in families) == real and ("e2e" in families) == real and len(families) == 11 + 2 * int(real)
     # with the real extra also the end-to-end jobs: one per text of the tiny config (one), then e2e_stats
-    summary_rules = ["gather", "frontier", "claims", "tables", "numbers", "reproduce"]
+    summary_rules = ["gather", "frontier", "seq_len_sweep", "claims", "tables", "numbers", "reproduce"]
     summary_rules += [f"figure_{f}" for f in families]
     summary_rules += ["e2e", "e2e_stats"] if real else []
     latex = all(shutil.which(t) for t in ("latexmk", "pdflatex"))
