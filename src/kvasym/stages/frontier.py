@@ -54,7 +54,8 @@ def run_frontier(slice_: Mapping[str, Any], per_query_paths: Sequence[str | os.P
                 raise KvasymError(f"{path}: no column(s) {', '.join(absent)} (not a per-query metrics file?)")
             frame = pq.read_table(path, columns=list(COLUMNS)).to_pandas()
         except (OSError, pa.ArrowException) as exc:
-            raise DamagedFile(path, f"not a readable per-query file ({exc})") from None
+            # the words of kvasym.dataset's reader: whichever consumer meets the file first says the same
+            raise DamagedFile(path, f"not a readable Parquet table ({type(exc).__name__}: {exc})") from None
         unknown = set(frame["scheme"].unique()) - wanted
         if unknown:
             raise KvasymError(f"{path}: scheme(s) {sorted(unknown)} are not in the frontier's schemes")
