@@ -439,6 +439,9 @@ def test_numbers_cover_the_grid(paper_numbers):
     assert paper_numbers["claim:C10:Id"] == "C10"
     # the frontier section names its sub-grid from the config, not from typed prose
     assert paper_numbers["FrontierDistributionList"] == "gaussian, t3, lowrank8, lowrank32, outliers4"
+    # and the sequence-length ablation its range (config seq_len_sweep.seq_lens: 1024 ... 16384)
+    assert (paper_numbers["SeqLenSweepMin"], paper_numbers["SeqLenSweepMax"], paper_numbers["SeqLenSweepFold"],
+            paper_numbers["SeqLenSweepDistribution"]) == ("1024", "16384", "16", "gaussian")
 
 
 def test_finalize_escapes_strings_even_without_the_filter_and_refuses_raw_floats():

@@ -88,20 +88,25 @@ def test_tiny_config_through_slurm_matches_a_local_run(slurm, tiny_local_run, tm
     groups = re.findall(r"has been submitted with SLURM jobid \d+ \(log: \S*/group_", log)
     cells = re.findall(r"has been submitted with SLURM jobid \d+ \(log: \S*/group_cell_data_", log)
     # one group job per (distribution, d) data cell of the tiny grid; with the real extra, one
-    # group for the captures and their metrics plus the two real stats jobs; one job per summary rule
+    # group for the captures and their metrics plus the two real stats jobs
     assert len(cells) == 3, log[-3000:]
     real = missing_extra_reason() is None
     assert len(groups) == len(cells) + (3 if real else 0), log[-3000:]
-    # one figure job per family: the synthetic ones, and the real heat map when real rows exist
+    # the summary rules (gather, claims, tables, numbers, reproduce, paper, the figures, e2e_stats:
+    # seconds each) are local rules: they run on the submitting host, not as Slurm jobs
     families = dag_families(real)
     # (and the rate-distortion frontier's and the query-model sweep's: the tiny config sets both)
     assert ("real_heatmap" in families) == real and ("e2e" in families) == real and len(families) == 11 + 2 * int(real)
-    # with the real extra also the end-to-end jobs: one per text of the tiny config (one), then e2e_stats
-    summary_rules = ["gather", "frontier", "seq_len_sweep", "claims", "tables", "numbers", "reproduce"]
-    summary_rules += [f"figure_{f}" for f in families]
-    summary_rules += ["e2e", "e2e_stats"] if real else []
+    local_rules = ["all", "gather", "claims", "tables", "numbers", "reproduce"] + [f"figure_{f}" for f in families]
+    local_rules += ["e2e_stats"] if real else []
     latex = all(shutil.which(t) for t in ("latexmk", "pdflatex"))
-    assert len(submitted) == len(groups) + len(summary_rules) + int(latex), log[-3000:]
+    local_rules += ["paper"] if latex else []
+    ran_locally = re.findall(r"^localrule (\w+):", log, flags=re.MULTILINE)
+    assert sorted(ran_locally) == sorted(local_rules), log[-3000:]
+    # on the cluster: the frontier and the sequence-length sweep (minutes on the paper grid) and,
+    # with the real extra, the end-to-end job of the tiny config's one text
+    cluster_rules = ["frontier", "seq_len_sweep"] + (["e2e"] if real else [])
+    assert len(submitted) == len(groups) + len(cluster_rules), log[-3000:]
     print(f"\nSlurm run of the tiny config: {len(submitted)} Slurm jobs ({len(groups)} group jobs), {wall:.0f} s wall")
 
     # the same numbers as the local run, to the bit

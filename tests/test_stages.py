@@ -103,6 +103,39 @@ def test_a_stage_reruns_when_the_code_it_runs_changes_and_only_then():
     assert all(len(d) == 64 for d in digests.values())
 
 
+def test_the_import_scan_finds_what_parsing_each_module_finds():
+    """The code digests scan only the import statements of each module (fast enough for the
+    per-job Snakemake processes of a Slurm group job); parsing the whole module is the
+    reference, for every module of the package, and prose that reads like an import is skipped."""
+    from kvasym import stages
+
+    package = ROOT / "src" / "kvasym"
+    checked = 0
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(ROOT / "src").with_suffix("").parts)
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        assert stages._imports(path, module) == stages._imports_by_parsing(path, module), module
+        checked += 1
+    assert checked > 50
+    assert "kvasym.cache" in stages._imports(package / "stages" / "quantize.py", "kvasym.stages.quantize")
+
+
+def test_the_import_scan_reads_lazy_multiline_and_relative_imports(tmp_path):
+    from kvasym import stages
+
+    source = tmp_path / "mod.py"
+    source.write_text(
+        '"""A docstring line:\nimport the data, from kvasym import nothing here.\n"""\n'
+        "import numpy as np\n"
+        "from .cache import (\n    quantize,  # the hot path\n    save_packed,\n)\n"
+        "def f():\n    from ..figures import draw\n    import kvasym.theory\n"
+    )
+    found = stages._imports(source, "kvasym.stages.mod")
+    assert found == stages._imports_by_parsing(source, "kvasym.stages.mod")
+    assert found == {"kvasym.stages.cache", "kvasym.stages.cache.quantize", "kvasym.stages.cache.save_packed",
+                     "kvasym.figures", "kvasym.figures.draw", "kvasym.theory"}
+
+
 def test_the_data_stage_stores_the_trials_its_consumers_read_and_check(small_data, tmp_path, capsys):
     """Issue 19, item 3: the trials of a (distribution, dim) are drawn once, by the data stage,
     and read by its 24 quantize and metrics jobs instead of drawn again by each; every trial read

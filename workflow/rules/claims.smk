@@ -22,6 +22,7 @@ rule claims:
         ),
     log:
         f"{RESULTS}/logs/claims.log",
+    localrule: True
     threads: 1
     resources:
         **resources_of("claims"),

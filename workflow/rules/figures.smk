@@ -32,6 +32,7 @@ for _family, _names in FIGURE_FAMILIES.items():
             f"{RESULTS}/logs/figures/{_family}.log",
         benchmark:
             f"{RESULTS}/benchmarks/figures/{_family}.tsv"
+        localrule: True
         threads: 1
         resources:
             **resources_of("figure"),

@@ -17,6 +17,7 @@ rule tables:
         [f"{GENERATED}/table_{name}.tex" for name in TABLES],
     log:
         f"{RESULTS}/logs/tables.log",
+    localrule: True
     threads: 1
     resources:
         **resources_of("tables"),
@@ -39,6 +40,7 @@ rule numbers:
         f"{GENERATED}/numbers.tex",
     log:
         f"{RESULTS}/logs/numbers.log",
+    localrule: True
     threads: 1
     resources:
         **resources_of("numbers"),
@@ -63,6 +65,7 @@ rule reproduce:
         f"{GENERATED}/reproduce.tex",
     log:
         f"{RESULTS}/logs/reproduce.log",
+    localrule: True
     threads: 1
     resources:
         **resources_of("reproduce"),
@@ -95,6 +98,7 @@ rule paper:
         "paper/build/main.pdf",
     log:
         f"{RESULTS}/logs/paper.log",
+    localrule: True
     threads: 1
     resources:
         **resources_of("paper"),

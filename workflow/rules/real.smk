@@ -100,6 +100,7 @@ rule e2e_stats:
         f"{RESULTS}/logs/real/e2e_stats.log",
     benchmark:
         f"{RESULTS}/benchmarks/real/e2e_stats.tsv"
+    localrule: True
     threads: 1
     resources:
         **resources_of("e2e_stats"),

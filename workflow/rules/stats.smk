@@ -60,6 +60,7 @@ rule gather:
         theory=f"{RESULTS}/theory/theory.parquet",
     log:
         f"{RESULTS}/logs/gather.log",
+    localrule: True
     threads: 1
     resources:
         **resources_of("gather"),

@@ -5,7 +5,8 @@
 #   workflow/scripts/local_slurm.sh up      install slurm-wlm + munge if missing, write
 #                                           /etc/slurm/slurm.conf, start munged, slurmctld,
 #                                           slurmd, and wait until the node is idle
-#   workflow/scripts/local_slurm.sh down    stop the three daemons (by their PID files)
+#   workflow/scripts/local_slurm.sh down    stop the three daemons (by their PID files) and
+#                                           remove the slurm.conf that up wrote
 #   workflow/scripts/local_slurm.sh status  sinfo and squeue
 #
 # Environment: SLURM_UP_TIMEOUT (seconds to wait for an idle node, default 60),
@@ -115,6 +116,13 @@ down() {
         kill -9 "$pid" 2>/dev/null || true
         rm -f "$pidfile"
     done
+    # A slurm.conf naming a controller that is down makes every `scontrol show config` wait 9 s
+    # for it, and the Slurm executor plugin runs that command whenever Snakemake starts (loading
+    # its plugins), with any executor: remove the configuration this script wrote (up writes it
+    # again), never one it did not write.
+    if [[ -f $CONF ]] && head -n1 "$CONF" | grep -q '^# Written by workflow/scripts/local_slurm.sh'; then
+        rm -f "$CONF"
+    fi
     echo "local_slurm: stopped"
 }
 

@@ -109,6 +109,8 @@ def numbers_slice(
         "trials": study.trials,
         "n_queries": study.n_queries,
         "seq_len": study.seq_len,
+        # the sequence-length sweep (config key seq_len_sweep), resolved; {} without one
+        "seq_len_sweep": dict(getattr(study, "seq_len_sweep", {}) or {}),
         "per_key_trials": study.per_key_trials,
         "base_seed": study.base_seed,
         "norm_dtype": study.norm_dtype,
@@ -125,6 +127,17 @@ def numbers_slice(
         "commit": commit if commit is not None else git_commit(),
         "version": version if version is not None else __version__,
     }
+
+
+def _seq_len_sweep_macros(sweep: Mapping[str, Any]) -> dict[str, str]:
+    """The sweep's distribution, shortest and longest caches (keys) and their ratio; n/a without a sweep."""
+    lengths = [int(x) for x in sweep.get("seq_lens", [])]
+    if not lengths:
+        return {key: "n/a" for key in ("SeqLenSweepDistribution", "SeqLenSweepMin", "SeqLenSweepMax",
+                                       "SeqLenSweepFold")}
+    return {"SeqLenSweepDistribution": escape_latex(str(sweep["distribution"])),
+            "SeqLenSweepMin": plain(min(lengths)), "SeqLenSweepMax": plain(max(lengths)),
+            "SeqLenSweepFold": plain(max(lengths) / min(lengths))}
 
 
 def _join(values: Sequence[Any]) -> str:
@@ -176,6 +189,7 @@ def numbers_macros(slice_: Mapping[str, Any]) -> dict[str, str]:
         "NumTrials": str(slice_["trials"]),
         "NumQueries": str(slice_["n_queries"]),
         "SeqLen": str(slice_["seq_len"]),
+        **_seq_len_sweep_macros(slice_.get("seq_len_sweep") or {}),
         "QueriesPerCell": str(slice_["trials"] * slice_["n_queries"]),
         "NumCells": str(n_data_cells * len(slice_["schemes"]) * len(slice_["budgets"])),
         "NumPairs": str(len(slice_["schemes"]) * (len(slice_["schemes"]) - 1) // 2),
