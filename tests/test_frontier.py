@@ -283,3 +283,55 @@ def test_frontier_stage_reads_files_and_pools_real_trials_by_text(tmp_path) -> N
     assert one["kl"] == pytest.approx(rows["kl"].mean())
     with pytest.raises(KvasymError, match="not in the frontier's schemes"):
         run_frontier({"schemes": ["A"]}, paths, tmp_path / "p.parquet", tmp_path / "u.parquet")
+
+
+def _cell_units(distribution: str, a_values: float, n_units: int = 12) -> list[dict]:
+    """One cell's units: A (the fixed scheme) at budgets 2, 3 (rates 2.4, 3.4), B at budgets 2, 3
+    (rates 2.25, 3.25: A's n = 3 rate lies beyond B's measured rates)."""
+    rows = []
+    for u in range(n_units):
+        scale = 1.0 + 0.05 * u
+        for scheme, rates, values in (("A", (2.4, 3.4), (a_values, a_values / 2)), ("B", (2.25, 3.25), (0.3, 0.2))):
+            for budget, rate, value in zip((2, 3), rates, values):
+                rows.append({"distribution": distribution, "dim": 64, "sharpness": 1.0, "scheme": scheme,
+                             "budget": budget, "unit": f"u{u}", "bits_total": rate, "kl": 0.1,
+                             "recall_top5": 0.5, "t_eps_dir": value * scale * (1 + 0.01 * (u % 3))})
+    return rows
+
+
+def test_equal_rate_cells_counts_cells_against_brute_force_and_never_extrapolates() -> None:
+    """Issue 14, point 8: C10's every-cell comparison at equal total bits. Cell g: A clearly
+    better than B interpolated to A's rate; cell h: clearly worse; both n = 3 cells lie beyond
+    B's rates (not evaluated, named); the real cache's rows are left to their own claims."""
+    from kvasym.claims import Tables, evaluate_claims
+    from kvasym.stats import holm_log10, wilcoxon_paired
+
+    units = pd.DataFrame(_cell_units("g", 0.1) + _cell_units("h", 0.5) + _cell_units("smollm2", 0.5))
+    empty = pd.DataFrame()
+    claim = {"id": "X", "statement": "s", "statistic": "equal_rate_cells", "holds_if": {"op": "all"},
+             "where": {"sharpness": 1.0, "a": "A", "b": "B", "metric": "t_eps_dir", "fixed": "a", "alpha": 0.05}}
+    [result] = evaluate_claims([claim], Tables(empty, empty, empty, empty, n_boot=100, frontier_units=units))
+    details = result["details"]
+    assert (details["n_cells"], details["n_a_significantly_better"], details["n_b_significantly_better"]) == (2, 1, 1)
+    assert details["cells_where_b_better"] == ["h d64 n2 s1"]
+    assert details["cells_not_evaluated"] == ["g d64 n3 s1", "h d64 n3 s1"]
+    assert result["verdict"] == "does not hold" and "2 cells not evaluated" in result["reason"]
+    # the brute force: B at A's rate 2.4, log-linear between B's (2.25, 0.3 s) and (3.25, 0.2 s) per unit
+    weight = (2.4 - 2.25) / (3.25 - 2.25)
+    log10_p = []
+    for name, a_value in (("g", 0.1), ("h", 0.5)):
+        cell = units[(units["distribution"] == name) & (units["budget"] == 2)]
+        by_unit = cell.sort_values("unit", key=lambda s: s.str[1:].astype(int))
+        a = by_unit[by_unit["scheme"] == "A"]["t_eps_dir"].to_numpy()
+        b_lo = by_unit[by_unit["scheme"] == "B"]["t_eps_dir"].to_numpy()
+        b = np.exp((1 - weight) * np.log(b_lo) + weight * np.log(b_lo * 0.2 / 0.3))
+        log10_p.append(wilcoxon_paired(a, b)["log10_p"])
+    assert details["holm_family_size"] == 2 and max(holm_log10(np.array(log10_p))) < math.log10(0.05)
+    # with only the better cell the claim holds, the not-evaluated cell still named
+    [result] = evaluate_claims([{**claim, "where": {**claim["where"], "distributions": ["g"]}}],
+                               Tables(empty, empty, empty, empty, n_boot=100, frontier_units=units))
+    assert result["verdict"] == "holds" and result["details"]["cells_not_evaluated"] == ["g d64 n3 s1"]
+    # no evaluable cell at all: not evaluated, never a count over nothing
+    [result] = evaluate_claims([{**claim, "where": {**claim["where"], "budgets": [3]}}],
+                               Tables(empty, empty, empty, empty, n_boot=100, frontier_units=units))
+    assert result["verdict"] == "not evaluated" and "outside the measured rates" in result["reason"]

@@ -567,6 +567,73 @@ def stat_equal_rate_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
                        interval=True)
 
 
+def stat_equal_rate_cells(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """In how many frontier cells is scheme ``a`` significantly better than ``b`` on ``metric``
+    (default ``t_eps_dir``) at EQUAL TOTAL RATE: the every-cell comparison of ``cells_better``
+    (``op: all``) repeated on the frontier's measured rates instead of the nominal budget.
+
+    A cell is a (distribution, dim, budget) of the frontier's per-unit table at ``sharpness``
+    (``distributions``, ``budgets``: optional filters; without ``distributions``, every
+    synthetic distribution of the frontier, the real caches left to their own claims). In
+    each, :func:`kvasym.frontier.equal_rate_pairs` keeps the ``fixed`` scheme's point at the
+    budget and interpolates the other to each unit's rate; the per-unit pairs get the
+    two-sided paired Wilcoxon test, and the cells' tests are Holm-adjusted together
+    (:func:`_decide_family`: the claim's own family). A cell whose rate lies outside the
+    interpolated scheme's measured rates in some unit is left out, never extrapolated, and
+    named in the details (``cells_not_evaluated``). Estimate: the fraction of the evaluated
+    cells where ``a`` is significantly better."""
+    from . import stats
+    from .frontier import equal_rate_pairs
+
+    if t.frontier_units is None:
+        raise MissingCell("no frontier table (config key frontier.schemes is empty)")
+    metric = where.get("metric", "t_eps_dir")
+    fixed = where.get("fixed", "a")
+    units = t.frontier_units
+    units = units[np.isclose(units["sharpness"].to_numpy(dtype=float), float(where["sharpness"]))]
+    if where.get("distributions") is not None:
+        units = units[units["distribution"].isin(list(where["distributions"]))]
+    else:  # the synthetic cells: real caches have other units (texts) and their own claims
+        from .real.evaluate import REAL_DISTRIBUTIONS
+
+        units = units[~units["distribution"].isin(list(REAL_DISTRIBUTIONS))]
+    lower_better = metric != "recall_top5"
+    rows, skipped = [], []
+    for (distribution, dim), cell in units.groupby(["distribution", "dim"], sort=True):
+        if not {where["a"], where["b"]} <= set(cell["scheme"].unique()):
+            continue
+        anchor = where["a"] if fixed == "a" else where["b"]
+        budgets = sorted(int(b) for b in cell.loc[cell["scheme"] == anchor, "budget"].unique())
+        for budget in budgets:
+            if where.get("budgets") is not None and budget not in [int(b) for b in where["budgets"]]:
+                continue
+            key = (distribution, int(dim), budget, float(where["sharpness"]))
+            pairs = equal_rate_pairs(cell, a=where["a"], b=where["b"], budget=budget, metric=metric, fixed=fixed)
+            if pairs.empty or pairs[["a", "b"]].isna().any(axis=None):
+                skipped.append(_cell_name(key))
+                continue
+            diff = float(pairs["a"].mean() - pairs["b"].mean())
+            test = stats.wilcoxon_paired(pairs["a"].to_numpy(), pairs["b"].to_numpy())
+            rows.append({"distribution": distribution, "dim": int(dim), "budget": budget,
+                         "sharpness": float(where["sharpness"]), "a_minus_b": diff,
+                         "a_better": diff < 0 if lower_better else diff > 0, "tied": diff == 0,
+                         "log10_p": float(test["log10_p"]), "rate_bits": float(pairs["rate"].mean())})
+    if not rows:
+        raise MissingCell(f"no frontier cell has {where['a']} and {where['b']} at one measured rate (sharpness "
+                          f"{where['sharpness']}; outside the measured rates: {', '.join(skipped) or 'none'})")
+    frame = pd.DataFrame(rows).set_index(["distribution", "dim", "budget", "sharpness"]).sort_index()
+    family = _decide_family({metric: frame}, float(where.get("alpha", 0.05)))
+    a_sig, b_sig = frame["a_sig_better"].to_numpy(), frame["b_sig_better"].to_numpy()
+    return Measurement(
+        float(np.mean(a_sig)),
+        details={"n_cells": int(len(frame)), "n_a_significantly_better": int(np.sum(a_sig)),
+                 "n_b_significantly_better": int(np.sum(b_sig)),
+                 "cells_where_b_better": [_cell_name(i) for i in frame.index[b_sig]],
+                 "cells_not_evaluated": skipped, "metrics": [metric], "fixed": fixed,
+                 "holm_family_size": family},
+    )
+
+
 def stat_seq_len_slope(t: Tables, where: Mapping[str, Any]) -> Measurement:
     """Slope of log (trial mean ``metric``, default ``kl``) on log sequence length for ``scheme``
     at ``budget``, with its trial-cluster bootstrap interval, from the sequence-length sweep
@@ -595,6 +662,7 @@ def stat_seq_len_slope(t: Tables, where: Mapping[str, Any]) -> Measurement:
 STATISTICS: dict[str, Callable[[Tables, Mapping[str, Any]], Measurement]] = {
     "seq_len_slope": stat_seq_len_slope,
     "equal_rate_ratio": stat_equal_rate_ratio,
+    "equal_rate_cells": stat_equal_rate_cells,
     "kl_ratio": stat_kl_ratio,
     "cells_better": stat_cells_better,
     "crossover": stat_crossover,
@@ -614,13 +682,17 @@ def verdict(m: Measurement, rule: Mapping[str, Any]) -> tuple[str, str]:
     op = rule["op"]
     if op == "all":
         n, a, b = m.details["n_cells"], m.details["n_a_significantly_better"], m.details["n_b_significantly_better"]
+        skipped = list(m.details.get("cells_not_evaluated", []))
+        left_out = (f"; {len(skipped)} cells not evaluated (rate outside the measured rates): "
+                    + ", ".join(skipped[:4]) + (f" and {len(skipped) - 4} more" if len(skipped) > 4 else "")
+                    if skipped else "")
         if a == n:
-            return HOLDS, f"significantly better in all {n} cells"
+            return HOLDS, f"significantly better in all {n} cells" + left_out
         if b > 0:
             named = list(m.details.get("cells_where_b_better", []))
             shown = ", ".join(named[:6]) + (f" and {len(named) - 6} more" if len(named) > 6 else "")
-            return FAILS, f"significantly worse in {b} of {n} cells" + (f": {shown}" if shown else "")
-        return INCONCLUSIVE, f"significantly better in {a} of {n} cells, never significantly worse"
+            return FAILS, f"significantly worse in {b} of {n} cells" + (f": {shown}" if shown else "") + left_out
+        return INCONCLUSIVE, f"significantly better in {a} of {n} cells, never significantly worse" + left_out
     compare = OPS.get(op)
     value = float(rule["value"])
     has_ci = not (math.isnan(m.low) or math.isnan(m.high))

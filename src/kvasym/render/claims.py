@@ -156,6 +156,7 @@ STATISTIC_TABLES: dict[str, tuple[str, ...]] = {
     "e2e_ratio": ("e2e",),
     "e2e_rank_agreement": ("e2e_agreement",),
     "equal_rate_ratio": ("frontier_units",),
+    "equal_rate_cells": ("frontier_units",),
     "seq_len_slope": ("seq_len_slopes",),
 }
 #: Where each gathered table comes from: rule and stage (the same word), and its file.

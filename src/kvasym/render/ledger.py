@@ -72,6 +72,9 @@ _CHECKS = {
 }
 
 
+_METRIC_WORDS = {"kl": "mean-KL", "t_eps_dir": "output-direction-error", "recall_top5": "top-5-recall"}
+
+
 def test_and_unit(claim: Mapping[str, Any]) -> Latex:
     """The estimate, its interval and test, and the independent unit, in a few words."""
     statistic = str(claim.get("statistic", ""))
@@ -101,7 +104,10 @@ def test_and_unit(claim: Mapping[str, Any]) -> Latex:
     elif statistic == "catastrophic_share":
         text = f"share of catastrophic queries, t CI over {unit}"
     elif statistic == "equal_rate_ratio":
-        text = f"mean-KL ratio at equal total bits (interpolated), Fieller CI over {unit}"
+        metric = _METRIC_WORDS.get(str(where.get("metric", "kl")), "metric")
+        text = f"{metric} ratio at equal total bits (interpolated), Fieller CI over {unit}"
+    elif statistic == "equal_rate_cells":
+        text = f"paired Wilcoxon per cell at equal total bits (interpolated) over {unit}; Holm over the claim's cells"
     elif statistic == "seq_len_slope":
         text = "slope of log mean KL on log sequence length, bootstrap CI over trials"
     else:
