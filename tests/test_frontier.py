@@ -335,3 +335,19 @@ def test_equal_rate_cells_counts_cells_against_brute_force_and_never_extrapolate
     [result] = evaluate_claims([{**claim, "where": {**claim["where"], "budgets": [3]}}],
                                Tables(empty, empty, empty, empty, n_boot=100, frontier_units=units))
     assert result["verdict"] == "not evaluated" and "outside the measured rates" in result["reason"]
+
+
+def test_equal_rate_cells_orients_recall_as_higher_is_better() -> None:
+    from kvasym.claims import Tables, evaluate_claims
+
+    units = pd.DataFrame(_cell_units("g", 0.1))
+    scale = 1.0 + 0.01 * units["unit"].str[1:].astype(int)
+    units["recall_top5"] = np.where(units["scheme"] == "A", 0.9, 0.5) * scale  # A recalls more
+    empty = pd.DataFrame()
+    claim = {"id": "X", "statement": "s", "statistic": "equal_rate_cells", "holds_if": {"op": "all"},
+             "where": {"sharpness": 1.0, "a": "A", "b": "B", "metric": "recall_top5", "fixed": "a", "alpha": 0.05}}
+    [result] = evaluate_claims([claim], Tables(empty, empty, empty, empty, n_boot=100, frontier_units=units))
+    assert result["verdict"] == "holds" and result["details"]["n_a_significantly_better"] == 1
+    [result] = evaluate_claims([{**claim, "where": {**claim["where"], "a": "B", "b": "A", "fixed": "b"}}],
+                               Tables(empty, empty, empty, empty, n_boot=100, frontier_units=units))
+    assert result["verdict"] == "does not hold" and result["details"]["n_b_significantly_better"] == 1

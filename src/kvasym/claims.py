@@ -583,11 +583,12 @@ def stat_equal_rate_cells(t: Tables, where: Mapping[str, Any]) -> Measurement:
     named in the details (``cells_not_evaluated``). Estimate: the fraction of the evaluated
     cells where ``a`` is significantly better."""
     from . import stats
-    from .frontier import equal_rate_pairs
+    from .frontier import DISTORTIONS, equal_rate_pairs
 
     if t.frontier_units is None:
         raise MissingCell("no frontier table (config key frontier.schemes is empty)")
     metric = where.get("metric", "t_eps_dir")
+    higher_better = {source: higher for source, higher in DISTORTIONS.values()}
     fixed = where.get("fixed", "a")
     units = t.frontier_units
     units = units[np.isclose(units["sharpness"].to_numpy(dtype=float), float(where["sharpness"]))]
@@ -597,7 +598,6 @@ def stat_equal_rate_cells(t: Tables, where: Mapping[str, Any]) -> Measurement:
         from .real.evaluate import REAL_DISTRIBUTIONS
 
         units = units[~units["distribution"].isin(list(REAL_DISTRIBUTIONS))]
-    lower_better = metric != "recall_top5"
     rows, skipped = [], []
     for (distribution, dim), cell in units.groupby(["distribution", "dim"], sort=True):
         if not {where["a"], where["b"]} <= set(cell["scheme"].unique()):
@@ -616,7 +616,7 @@ def stat_equal_rate_cells(t: Tables, where: Mapping[str, Any]) -> Measurement:
             test = stats.wilcoxon_paired(pairs["a"].to_numpy(), pairs["b"].to_numpy())
             rows.append({"distribution": distribution, "dim": int(dim), "budget": budget,
                          "sharpness": float(where["sharpness"]), "a_minus_b": diff,
-                         "a_better": diff < 0 if lower_better else diff > 0, "tied": diff == 0,
+                         "a_better": diff > 0 if higher_better.get(metric) else diff < 0, "tied": diff == 0,
                          "log10_p": float(test["log10_p"]), "rate_bits": float(pairs["rate"].mean())})
     if not rows:
         raise MissingCell(f"no frontier cell has {where['a']} and {where['b']} at one measured rate (sharpness "
