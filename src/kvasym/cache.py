@@ -389,7 +389,7 @@ def _check_norms_kept(norms: np.ndarray, stored: np.ndarray, norm_dtype: str) ->
         )
 
 
-def check_matrix(x: object, what: str = "input") -> np.ndarray:
+def check_matrix(x: object, what: str = "input", *, finite: bool = True) -> np.ndarray:
     """A finite 2-D float matrix with at least one row and one column, or a clear KvasymError.
 
     Parameters
@@ -398,6 +398,10 @@ def check_matrix(x: object, what: str = "input") -> np.ndarray:
         Anything ``numpy.asarray`` accepts.
     what : str, optional
         Name used in error messages (default ``"input"``).
+    finite : bool, optional
+        Scan for non-finite values (default True). A caller that passes False must call
+        :func:`check_finite` itself before it uses a value (the fused numba encode does so
+        when its own sums of squares show a non-finite row, saving a pass over the batch).
 
     Returns
     -------
@@ -418,11 +422,17 @@ def check_matrix(x: object, what: str = "input") -> np.ndarray:
         raise KvasymError(f"{what} is empty (shape {array.shape})")
     if array.dtype not in (np.float32, np.float64):
         array = array.astype(np.float64)
+    if finite:
+        check_finite(array, what)
+    return array
+
+
+def check_finite(array: np.ndarray, what: str = "input") -> None:
+    """Raise a KvasymError naming the count and the first position of non-finite values."""
     bad = ~np.isfinite(array)
     if bad.any():
         row, col = (int(i) for i in np.argwhere(bad)[0])
         raise KvasymError(f"{what} has {int(bad.sum())} non-finite values (first at row {row}, column {col})")
-    return array
 
 
 def _check_kernel(kernel: object, threads: object) -> str:
@@ -525,7 +535,9 @@ def quantize(
     .. [2] Zandieh, A., Daliri, M., Han, I. (2024/2025) "QJL: 1-Bit Quantized JL Transform for
        KV Cache Quantization with Zero Overhead", arXiv:2406.03482.
     """
-    x = check_matrix(x)
+    # the numba kernel's float64 sums of squares see a non-finite value: it scans only on failure
+    deferred = kernel == "numba"
+    x = check_matrix(x, finite=not deferred)
     spec, budget = spec.spent_at(budget)
     rows, dim = x.shape
     _check_working_dim(dim, spec.rotate)
@@ -533,6 +545,18 @@ def quantize(
     scalar_bits = spec.scalar_bits(budget)
     if scalar_bits < 0 or scalar_bits > 8 or (scalar_bits == 0 and not spec.qjl):
         raise KvasymError(f"side spec {spec.to_dict()} is impossible at budget {budget}")
+    work = next_power_of_two(dim) if spec.rotate else dim
+    fused = None
+    if (kernel == "numba" and norm_dtype == "float32" and scalar_bits > 0 and work >= 3
+            and not spec.primitives()):
+        from . import kernels
+
+        rotation_signs = RandomizedHadamard(dim, rotation_seed).signs if spec.rotate else None
+        book = lloyd_max_codebook(work, scalar_bits)
+        fused = kernels.encode_batch_with_norms(x, rotation_signs, book.thresholds, scalar_bits, threads=threads,
+                                                centroids=book.centroids if spec.qjl else None)
+    if fused is None and deferred:
+        check_finite(x)
     if spec.primitives():
         _refuse_numba(kernel, spec.primitives())
         if scalar_bits == 0 and (spec.scalar == "minmax" or spec.allocation == "waterfill"):
@@ -544,41 +568,38 @@ def quantize(
         return quantize_composed(x, spec, budget, rotation_seed=rotation_seed, qjl_seed=qjl_seed,
                                  norm_dtype=norm_dtype, meta=meta)
     dtype = x.dtype
-    exact_norms = row_norms(x)
-    norms = _store_norms(exact_norms, norm_dtype, "norm")
-    _check_norms_kept(exact_norms, norms, norm_dtype)
-    stored = norms.astype(np.float64)
-    inv = np.divide(1.0, stored, out=np.zeros_like(stored), where=stored > 0)
-    work = next_power_of_two(dim) if spec.rotate else dim
-    # 1/norm of a row below ~3e-39 overflows float32: such a batch is normalized in float64
-    tiny_norms = dtype == np.float32 and np.any(inv > np.finfo(np.float32).max)
     residual = None
-    if kernel == "numba" and scalar_bits > 0 and work >= 3 and not tiny_norms:
-        from . import kernels
-
-        rotation_signs = RandomizedHadamard(dim, rotation_seed).signs if spec.rotate else None
-        book = lloyd_max_codebook(work, scalar_bits)
-        packed_codes = kernels.encode_batch(x, inv, rotation_signs, book.thresholds, scalar_bits, threads=threads,
-                                            centroids=book.centroids if spec.qjl else None)
-        if spec.qjl:
-            packed_codes, residual = packed_codes
+    if fused is not None:
+        # the kernel's norms passed the checks below (it declines any row that would not)
+        packed_codes, residual, _, norms = fused
     else:
-        if tiny_norms:
-            unit = (x.astype(np.float64) * inv[:, None]).astype(dtype)
-        else:
-            unit = x * inv.astype(dtype)[:, None]
-        if spec.rotate:
-            unit = RandomizedHadamard(dim, rotation_seed).forward(unit)
-        work = unit.shape[1]
-        if work < 3:
-            raise KvasymError(f"vectors must have at least 3 coordinates, got {dim}")
-        if scalar_bits > 0:
+        norms, inv, tiny_norms = _norms_and_reciprocals(x, norm_dtype)
+        if kernel == "numba" and scalar_bits > 0 and work >= 3 and not tiny_norms:
+            from . import kernels
+
+            rotation_signs = RandomizedHadamard(dim, rotation_seed).signs if spec.rotate else None
             book = lloyd_max_codebook(work, scalar_bits)
-            codes = ThresholdEncoder(book.thresholds).encode(unit)
-            packed_codes = pack_codes(codes, scalar_bits)
+            packed_codes = kernels.encode_batch(x, inv, rotation_signs, book.thresholds, scalar_bits,
+                                                threads=threads, centroids=book.centroids if spec.qjl else None)
+            if spec.qjl:
+                packed_codes, residual = packed_codes
         else:
-            codes = None
-            packed_codes = np.zeros((rows, 0), dtype=np.uint8)
+            if tiny_norms:
+                unit = (x.astype(np.float64) * inv[:, None]).astype(dtype)
+            else:
+                unit = x * inv.astype(dtype)[:, None]
+            if spec.rotate:
+                unit = RandomizedHadamard(dim, rotation_seed).forward(unit)
+            work = unit.shape[1]
+            if work < 3:
+                raise KvasymError(f"vectors must have at least 3 coordinates, got {dim}")
+            if scalar_bits > 0:
+                book = lloyd_max_codebook(work, scalar_bits)
+                codes = ThresholdEncoder(book.thresholds).encode(unit)
+                packed_codes = pack_codes(codes, scalar_bits)
+            else:
+                codes = None
+                packed_codes = np.zeros((rows, 0), dtype=np.uint8)
     if spec.qjl:
         if residual is None:  # the numpy branch above
             residual = unit if codes is None else unit - book.centroids.astype(dtype)[codes]
@@ -610,6 +631,19 @@ def quantize(
         meta=dict(meta or {}),
         sketch=spec.sketch if spec.qjl else "gaussian",
     )
+
+
+def _norms_and_reciprocals(x: np.ndarray, norm_dtype: str) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The stored norms of the rows of ``x`` (refused when ``norm_dtype`` cannot keep one), the
+    float64 reciprocals ``1 / stored`` (0 for a zero row), and whether a float32 batch must be
+    normalized in float64 because such a reciprocal overflows float32 (a norm below ~3e-39)."""
+    exact_norms = row_norms(x)
+    norms = _store_norms(exact_norms, norm_dtype, "norm")
+    _check_norms_kept(exact_norms, norms, norm_dtype)
+    stored = norms.astype(np.float64)
+    inv = np.divide(1.0, stored, out=np.zeros_like(stored), where=stored > 0)
+    tiny_norms = bool(x.dtype == np.float32 and np.any(inv > np.finfo(np.float32).max))
+    return norms, inv, tiny_norms
 
 
 def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:

@@ -14,7 +14,10 @@ cache from its norm to its packed bytes:
     row's bytes in :mod:`kvasym.packing`'s layout (code ``j`` at bits ``b j .. b j + b - 1`` of
     the row's little-endian bit stream).
     Optionally it also writes the residual ``u_j - centroids[c_j]`` (in the dtype), which a QJL
-    side sketches.
+    side sketches. :func:`encode_batch_with_norms` computes the norms in the same pass (float64
+    sum of squares in row order, ``float32`` storage, ``inv = 1 / stored``), which saves the
+    reference's separate finiteness scan and norm pass over the batch; it declines (and the
+    caller runs the reference passes) on any row those passes would rescale or refuse.
 ``decode_rows``
     the inverse: unpack, centroid lookup (plus an optional additive term, the QJL residual
     estimate), if rotated ``u <- s * (H_D u) * D^{-1/2}`` (the signs and the scale premultiplied
@@ -27,6 +30,13 @@ cache from its norm to its packed bytes:
     sign`` with the passes of two :meth:`~kvasym.rotation.RandomizedHadamard.inverse` calls. The
     Gaussian sketch stays a dense BLAS product (:class:`kvasym.sketch.QJLSketch`), which no
     row kernel would beat.
+
+Layout. A block of ``BLOCK`` rows is transposed into a ``(D, BLOCK)`` buffer, ``TILE``
+coordinates at a time, so that every butterfly, threshold comparison and packing step is a
+vector over the block's rows; the WHT's stages go in radix-4 pairs (the same additions as two
+radix-2 stages, half the passes over the buffer), and the threshold counts are kept in int32
+lanes. ``benchmarks/bench_quantize.py`` measures the result against a copy and the dense
+reference.
 
 Equality with the reference. Every step but the WHT is the same operation on the same values
 in the same dtype. The WHT adds the same numbers in another order (butterfly against blocked
@@ -68,7 +78,7 @@ import numpy as np
 
 from .errors import KvasymError
 
-__all__ = ["KERNELS", "available", "decode_batch", "encode_batch", "hadamard_sketch_encode",
+__all__ = ["KERNELS", "available", "decode_batch", "encode_batch", "encode_batch_with_norms", "hadamard_sketch_encode",
            "hadamard_sketch_decode"]
 
 #: Implementations a caller can choose: the numpy reference and the compiled kernels.
@@ -143,6 +153,34 @@ def check_threads(threads: object) -> int:
     return int(threads)
 
 
+def _encode(x: np.ndarray, inv: np.ndarray | None, signs: np.ndarray | None, thresholds: np.ndarray, bits: int,
+            threads: int, centroids: np.ndarray | None):
+    encode_rows = _compiled()[0]
+    if thresholds.size != (1 << bits) - 1:  # the binary search's probes stay inside the array
+        raise KvasymError(f"{bits}-bit codes need {(1 << bits) - 1} thresholds, got {thresholds.size}")
+    dtype = x.dtype
+    rows = x.shape[0]
+    rotate = signs is not None
+    work = signs.size if rotate else x.shape[1]
+    out = np.empty((rows, -(-work * bits // 8)), dtype=np.uint8)
+    sign_arr = (signs if rotate else np.ones(1)).astype(dtype)
+    scale = dtype.type(1.0 / np.sqrt(work))
+    want_resid = centroids is not None
+    resid = np.empty((rows, work) if want_resid else (1, 1), dtype=dtype)
+    books = np.asarray(centroids if want_resid else np.zeros(1), dtype=np.float64).astype(dtype)
+    fuse = inv is None
+    if fuse:
+        inv = np.empty(rows, dtype=np.float64)
+    exact = np.empty(rows if fuse else 1, dtype=np.float64)
+    stored = np.empty(rows if fuse else 1, dtype=np.float32)
+    ok = np.ones(1, dtype=np.bool_)
+    cut = np.ascontiguousarray(thresholds, dtype=np.float64).astype(dtype)
+    args = (np.ascontiguousarray(x), np.ascontiguousarray(inv, dtype=np.float64), sign_arr, scale, rotate, cut,
+            int(bits), out, books, resid, want_resid, fuse, exact, stored, ok)
+    _run(encode_rows, args, rows, check_threads(threads))
+    return out, (resid if want_resid else None), exact, stored, bool(ok[0])
+
+
 def encode_batch(x: np.ndarray, inv: np.ndarray, signs: np.ndarray | None, thresholds: np.ndarray,
                  bits: int, *, threads: int = 1, centroids: np.ndarray | None = None
                  ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
@@ -153,7 +191,7 @@ def encode_batch(x: np.ndarray, inv: np.ndarray, signs: np.ndarray | None, thres
     x : numpy.ndarray
         ``(rows, dim)`` float32 or float64 matrix (C-contiguous or not).
     inv : numpy.ndarray
-        ``(rows,)`` reciprocal stored norms, float64 (0 for a zero row); cast to ``x.dtype``.
+        ``(rows,)`` reciprocal stored norms, float64 (0 for a zero row); rounded to ``x.dtype``.
     signs : numpy.ndarray or None
         The rotation's ``D`` random signs (+-1), or None for an unrotated side.
     thresholds : numpy.ndarray
@@ -172,24 +210,30 @@ def encode_batch(x: np.ndarray, inv: np.ndarray, signs: np.ndarray | None, thres
         of the reference's codes (up to the near-ties of the module docstring); with
         ``centroids``, also the ``(rows, D)`` residuals ``u - centroids[codes]`` in ``x.dtype``.
     """
-    encode_rows = _compiled()[0]
-    if thresholds.size != (1 << bits) - 1:  # the binary search's probes stay inside the array
-        raise KvasymError(f"{bits}-bit codes need {(1 << bits) - 1} thresholds, got {thresholds.size}")
-    dtype = x.dtype
-    rows = x.shape[0]
-    rotate = signs is not None
-    work = signs.size if rotate else x.shape[1]
-    out = np.empty((rows, -(-work * bits // 8)), dtype=np.uint8)
-    sign_arr = (signs if rotate else np.ones(1)).astype(dtype)
-    scale = dtype.type(1.0 / np.sqrt(work))
-    want_resid = centroids is not None
-    resid = np.empty((rows, work) if want_resid else (1, 1), dtype=dtype)
-    books = np.asarray(centroids if want_resid else np.zeros(1), dtype=np.float64).astype(dtype)
-    args = (np.ascontiguousarray(x), inv.astype(dtype), sign_arr, scale, rotate,
-            np.ascontiguousarray(thresholds, dtype=np.float64).astype(dtype), int(bits), out, books, resid,
-            want_resid)
-    _run(encode_rows, args, rows, check_threads(threads))
-    return (out, resid) if want_resid else out
+    out, resid, _, _, _ = _encode(x, np.asarray(inv, dtype=np.float64), signs, thresholds, bits, threads, centroids)
+    return (out, resid) if centroids is not None else out
+
+
+def encode_batch_with_norms(x: np.ndarray, signs: np.ndarray | None, thresholds: np.ndarray, bits: int, *,
+                            threads: int = 1, centroids: np.ndarray | None = None
+                            ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray] | None:
+    """:func:`encode_batch` with the float32-stored norms computed in the same pass.
+
+    Per row, ``||x||`` is a float64 sum of the squares in row order, ``stored = float32(||x||)``
+    and ``inv = 1 / stored`` (0 for a zero row), as :func:`kvasym.cache.quantize` computes them
+    (its sum is numpy's ``einsum``, whose order differs: a stored norm can differ only when the
+    two float64 norms straddle a float32 rounding boundary, about 2^-29 of the rows).
+
+    Returns
+    -------
+    tuple or None
+        ``(packed, residuals or None, exact_norms, stored_norms)``; None when a row needs the
+        reference path: a non-finite value, float64 squares outside ``(1e-290, 1e290)``, a norm
+        float32 cannot keep (overflow, or a non-zero norm stored as 0), or a float32 ``1/norm``
+        that overflows. The caller then runs the reference passes, which raise or rescale.
+    """
+    out, resid, exact, stored, ok = _encode(x, None, signs, thresholds, bits, threads, centroids)
+    return (out, resid, exact, stored) if ok else None
 
 
 def decode_batch(packed: np.ndarray, bits: int, centroids: np.ndarray, signs: np.ndarray | None, norms: np.ndarray,
