@@ -140,9 +140,11 @@ def _log2_snr(signal_norm: np.ndarray, error_norm: np.ndarray) -> np.ndarray:
     return np.clip(log2_snr, -SNR_CAP_LOG2, SNR_CAP_LOG2)
 
 
-def _angle(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Angle between rows (last axis) of a and b in radians, Kahan's formula."""
-    na, nb = _norms(a), _norms(b)
+def _angle(a: np.ndarray, b: np.ndarray, na: np.ndarray | None = None) -> np.ndarray:
+    """Angle between rows (last axis) of a and b in radians, Kahan's formula (``na``: the
+    norms of a, when the caller has them)."""
+    na = _norms(a) if na is None else na
+    nb = _norms(b)
     ua = a / np.where(na > 0, na, 1.0)[..., None]
     ub = b / np.where(nb > 0, nb, 1.0)[..., None]
     phi = 2.0 * np.arctan2(_norms(ua - ub), _norms(ua + ub))
@@ -180,8 +182,14 @@ def error_coordinates(x: np.ndarray, x_hat: np.ndarray) -> dict[str, np.ndarray]
         If the shapes differ, there is no coordinate, or a value is not finite.
     """
     a, b = _pair(x, x_hat)
-    log2_snr = _log2_snr(_norms(a), _norms(a - b))
-    phi = _angle(a, b)
+    return _error_coordinates(a, b, a - b)
+
+
+def _error_coordinates(a: np.ndarray, b: np.ndarray, diff: np.ndarray) -> dict[str, np.ndarray]:
+    """:func:`error_coordinates` of checked float64 inputs and their difference ``a - b``."""
+    na = _norms(a)
+    log2_snr = _log2_snr(na, _norms(diff))
+    phi = _angle(a, b, na)
     return {
         "snr": np.exp2(log2_snr),
         "snr_db": _DB_PER_LOG2 * log2_snr,
@@ -216,17 +224,24 @@ def matrix_coordinates(x: np.ndarray, x_hat: np.ndarray) -> dict[str, float]:
         If the inputs are not finite 2-D matrices of equal shape.
     """
     a, b = _pair(x, x_hat)
+    return _matrix_coordinates(a, b)[0]
+
+
+def _matrix_coordinates(a: np.ndarray, b: np.ndarray) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """:func:`matrix_coordinates` of checked float64 inputs, and the per-row
+    :func:`error_coordinates` it averages (a caller that needs both computes them once)."""
     if a.ndim != 2:
         raise KvasymError(f"x must be a 2-D matrix (rows, dim), got shape {a.shape}")
-    rows = error_coordinates(a, b)
-    log2_snr = float(_log2_snr(_norms(a.reshape(-1)), _norms((a - b).reshape(-1))))
+    diff = a - b
+    rows = _error_coordinates(a, b, diff)
+    log2_snr = float(_log2_snr(_norms(a.reshape(-1)), _norms(diff.reshape(-1))))
     return {
         "snr": float(np.exp2(log2_snr)),
         "snr_db": _DB_PER_LOG2 * log2_snr,
         "eff_bits": 0.5 * log2_snr,
         "phi": float(np.mean(rows["phi"])),
         "eps_dir": float(np.mean(rows["eps_dir"])),
-    }
+    }, rows
 
 
 def kl_divergence(
@@ -646,11 +661,12 @@ def trial_metrics_multi(
     allowed = np.ones((n_q, n_k), dtype=bool) if mask is None else check_mask(mask, n_q, n_k)
     count = allowed.sum(axis=0)
     cache_columns = {}
-    for site, coords in (("k", matrix_coordinates(k, k_hat)), ("v", matrix_coordinates(v, v_hat))):
+    # the keys' per-row coordinates serve both their matrix aggregate and the per-key table
+    k_matrix, key_coords = _matrix_coordinates(k, k_hat)
+    for site, coords in (("k", k_matrix), ("v", _matrix_coordinates(v, v_hat)[0])):
         for name in ("snr_db", "eff_bits", "phi", "eps_dir"):
             cache_columns[f"{site}_{name}"] = np.full(n_q, coords[name])
     if per_key:
-        key_coords = error_coordinates(k, k_hat)
         key_norm = np.sqrt(np.einsum("ij,ij->i", k, k))
 
     def column_mean(a: np.ndarray, where: np.ndarray, n: np.ndarray) -> np.ndarray:
