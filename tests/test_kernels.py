@@ -217,6 +217,8 @@ def test_bad_kernel_arguments_are_refused() -> None:
         quantize(x, ROT, 4, rotation_seed=1, qjl_seed=2, kernel="fast")
     with pytest.raises(KvasymError, match="threads must be an integer in 1..1024, got 0"):
         quantize(x, ROT, 4, rotation_seed=1, qjl_seed=2, kernel="numba", threads=0)
+    with pytest.raises(KvasymError, match=r"kernel must be one of numpy, numba, got array\(\['numba', 'x'\]"):
+        quantize(x, ROT, 4, rotation_seed=1, qjl_seed=2, kernel=np.array(["numba", "x"]))
     with pytest.raises(KvasymError, match="threads must be an integer in 1..1024, got 0"):
         quantize(x, ROT, 4, rotation_seed=1, qjl_seed=2, threads=0)  # checked on either path
     cache = quantize(x, ROT, 4, rotation_seed=1, qjl_seed=2)

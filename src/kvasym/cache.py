@@ -438,7 +438,7 @@ def check_finite(array: np.ndarray, what: str = "input") -> None:
 def _check_kernel(kernel: object, threads: object) -> str:
     from .kernels import KERNELS, check_threads
 
-    if kernel not in KERNELS:
+    if not isinstance(kernel, str) or kernel not in KERNELS:  # an array would compare elementwise
         raise KvasymError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
     check_threads(threads)
     return str(kernel)
@@ -536,7 +536,7 @@ def quantize(
        KV Cache Quantization with Zero Overhead", arXiv:2406.03482.
     """
     # the numba kernel's float64 sums of squares see a non-finite value: it scans only on failure
-    deferred = kernel == "numba"
+    deferred = isinstance(kernel, str) and kernel == "numba"
     x = check_matrix(x, finite=not deferred)
     spec, budget = spec.spent_at(budget)
     rows, dim = x.shape
