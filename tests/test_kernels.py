@@ -315,3 +315,70 @@ def test_rows_the_fused_pass_declines_go_the_reference_way(case: str) -> None:
         fast = quantize(x, spec, 4, rotation_seed=1, qjl_seed=2, norm_dtype=norm_dtype, kernel="numba")
         for name, array in ref.arrays().items():
             assert np.array_equal(fast.arrays()[name], array), (case, name)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dim", [5, 64, 100, 1024])
+def test_fused_hadamard_sketch_equals_the_separate_kernels_bit_for_bit(dtype: str, dim: int) -> None:
+    """The sketch taken from the encode's block buffer, and its decode added inside the decode
+    pass, are the separate kernels' passes on the same values: equal bits, not just close."""
+    from kvasym.sketch import HadamardSketch
+
+    x = np.random.default_rng(dim).standard_normal((300, dim)).astype(dtype)
+    work = next_power_of_two(dim)
+    signs = RandomizedHadamard(dim, 4).signs
+    book = lloyd_max_codebook(work, 3)
+    s1, s2 = HadamardSketch(work, 9).rotation_signs
+    fused = kernels.encode_batch_with_norms(x, signs, book.thresholds, 3, centroids=book.centroids,
+                                            hadamard_sketch=(s1, s2))
+    assert fused is not None
+    packed, (sk_signs, rho), _, stored = fused
+    inv = 1.0 / stored.astype(np.float64)
+    separate, residual = kernels.encode_batch(x, inv, signs, book.thresholds, 3, centroids=book.centroids)
+    want_signs, want_rho = kernels.hadamard_sketch_encode(residual, s1, s2)
+    assert np.array_equal(packed, separate)
+    assert np.array_equal(sk_signs, want_signs) and np.array_equal(rho, want_rho)
+    stored_rho = rho.astype(np.float32).astype(np.float64)
+    add = kernels.hadamard_sketch_decode(sk_signs, stored_rho, s1, s2, dtype)
+    want = kernels.decode_batch(packed, 3, book.centroids, signs, stored, dim, dtype, add=add)
+    got = kernels.decode_batch(packed, 3, book.centroids, signs, stored, dim, dtype,
+                               hadamard_sketch=(sk_signs, stored_rho, s1, s2))
+    assert got.dtype == np.dtype(dtype) and np.array_equal(got, want)
+    with pytest.raises(KvasymError, match="add or hadamard_sketch, not both"):
+        kernels.decode_batch(packed, 3, book.centroids, signs, stored, dim, dtype, add=add,
+                             hadamard_sketch=(sk_signs, stored_rho, s1, s2))
+    with pytest.raises(KvasymError, match="needs the codebook's centroids"):
+        kernels.encode_batch_with_norms(x, signs, book.thresholds, 3, hadamard_sketch=(s1, s2))
+
+
+def _radix2_wht_columns(u: np.ndarray) -> np.ndarray:
+    """The textbook in-place radix-2 butterfly on the columns of u, stage h = 1, 2, 4, ...
+    (upper = a + c, lower = a - c), in numpy: the reference order of additions."""
+    u = u.copy()
+    n = u.shape[0]
+    h = 1
+    while h < n:
+        blocks = u.reshape(n // (2 * h), 2, h, u.shape[1])
+        a, c = blocks[:, 0].copy(), blocks[:, 1].copy()
+        blocks[:, 0], blocks[:, 1] = a + c, a - c
+        h *= 2
+    return u
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_radix_8_wht_adds_in_the_radix_2_order(dtype) -> None:
+    """fwht_block fuses stages into radix-8 and radix-4 passes; each output must be the
+    radix-2 sequence's, bit for bit (so the fusion changes no code and no reconstruction),
+    for every power of two up to 4096 (0, 1 or 2 stages left after the radix-8 passes)."""
+    from kvasym import _kernels_numba
+
+    rng = np.random.default_rng(13)
+    for n in [2 ** k for k in range(13)]:
+        u = rng.standard_normal((n, _kernels_numba.BLOCK)).astype(dtype)
+        got = u.copy()
+        _kernels_numba.fwht_block(got, _kernels_numba.BLOCK)
+        assert np.array_equal(got.view(np.uint8), _radix2_wht_columns(u).view(np.uint8)), n
+    u = rng.standard_normal((64, _kernels_numba.BLOCK)).astype(dtype)
+    part = u.copy()
+    _kernels_numba.fwht_block(part, 5)  # a partial block: only the first 5 columns move
+    assert np.array_equal(part[:, :5], _radix2_wht_columns(u)[:, :5]) and np.array_equal(part[:, 5:], u[:, 5:])

@@ -22,36 +22,47 @@ TILE = 16
 @njit(cache=True, nogil=True)
 def fwht_block(u, width):
     # u is (D, BLOCK): one column per row of the batch, so every butterfly is a contiguous
-    # vector over the block's rows (SIMD), not a scalar walk along one row. Stages go in pairs
-    # (h, 2h) as one radix-4 pass: the same additions in the same order as two radix-2 passes
-    # (so the same bits), but half the trips of the buffer through the cache (at D = 1024 it
-    # does not fit L1)
+    # vector over the block's rows (SIMD), not a scalar walk along one row. Stages go in threes
+    # (h, 2h, 4h) as one radix-8 pass, the last one or two as a radix-4 or radix-2 pass: the
+    # same additions in the same order as radix-2 passes (so the same bits), but a third of the
+    # trips of the buffer through the cache (at D = 1024 it does not fit L1)
     n = u.shape[0]
     h = 1
-    while 4 * h <= n:
+    while 8 * h <= n:  # stages h, 2h, 4h in registers: one pass instead of three
+        for i in range(0, n, 8 * h):
+            for j in range(i, i + h):
+                for b in range(width):
+                    a0, a1 = _sum_diff(u[j, b], u[j + h, b])  # stage h
+                    a2, a3 = _sum_diff(u[j + 2 * h, b], u[j + 3 * h, b])
+                    a4, a5 = _sum_diff(u[j + 4 * h, b], u[j + 5 * h, b])
+                    a6, a7 = _sum_diff(u[j + 6 * h, b], u[j + 7 * h, b])
+                    c0, c2 = _sum_diff(a0, a2)  # stage 2h
+                    c1, c3 = _sum_diff(a1, a3)
+                    c4, c6 = _sum_diff(a4, a6)
+                    c5, c7 = _sum_diff(a5, a7)
+                    u[j, b], u[j + 4 * h, b] = _sum_diff(c0, c4)  # stage 4h
+                    u[j + h, b], u[j + 5 * h, b] = _sum_diff(c1, c5)
+                    u[j + 2 * h, b], u[j + 6 * h, b] = _sum_diff(c2, c6)
+                    u[j + 3 * h, b], u[j + 7 * h, b] = _sum_diff(c3, c7)
+        h *= 8
+    if 4 * h <= n:  # two stages left
         for i in range(0, n, 4 * h):
             for j in range(i, i + h):
                 for b in range(width):
-                    p0 = u[j, b]
-                    p1 = u[j + h, b]
-                    p2 = u[j + 2 * h, b]
-                    p3 = u[j + 3 * h, b]
-                    s01 = p0 + p1
-                    d01 = p0 - p1
-                    s23 = p2 + p3
-                    d23 = p2 - p3
-                    u[j, b] = s01 + s23
-                    u[j + h, b] = d01 + d23
-                    u[j + 2 * h, b] = s01 - s23
-                    u[j + 3 * h, b] = d01 - d23
-        h *= 4
-    if h < n:  # an odd number of stages: the last one alone
+                    a0, a1 = _sum_diff(u[j, b], u[j + h, b])
+                    a2, a3 = _sum_diff(u[j + 2 * h, b], u[j + 3 * h, b])
+                    u[j, b], u[j + 2 * h, b] = _sum_diff(a0, a2)
+                    u[j + h, b], u[j + 3 * h, b] = _sum_diff(a1, a3)
+    elif 2 * h <= n:  # one stage left
         for j in range(h):
             for b in range(width):
-                a = u[j, b]
-                c = u[j + h, b]
-                u[j, b] = a + c
-                u[j + h, b] = a - c
+                u[j, b], u[j + h, b] = _sum_diff(u[j, b], u[j + h, b])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sum_diff(a, c):
+    # one butterfly: (a + c, a - c)
+    return a + c, a - c
 
 
 @njit(cache=True, nogil=True)
@@ -143,9 +154,11 @@ def threshold_codes(u, codes, counts, thresholds, width, work):
 
 @njit(cache=True, nogil=True)
 def encode_rows(x, inv, signs, scale, rotate, thresholds, bits, out, centroids, resid, want_resid, fuse_norms,
-                exact, stored, ok, r0, r1):
+                exact, stored, ok, sketch, sk_s1, sk_s2, sk_out, sk_rho, r0, r1):
     # with fuse_norms the norms are computed here (exact, stored, inv are outputs); ok[0] is
-    # cleared and the kernel stops at the first block with a row the caller must redo
+    # cleared and the kernel stops at the first block with a row the caller must redo; with
+    # sketch the residual's hadamard sketch (sk_out, sk_rho) is taken from the block buffer
+    # (the residual never goes to memory)
     dim = x.shape[1]
     work = signs.size if rotate else dim
     u = np.zeros((work, BLOCK), dtype=x.dtype)
@@ -153,6 +166,10 @@ def encode_rows(x, inv, signs, scale, rotate, thresholds, bits, out, centroids, 
     groups = np.zeros(BLOCK, dtype=np.uint64)
     row_inv = np.zeros(BLOCK, dtype=x.dtype)
     counts = np.zeros(BLOCK, dtype=np.int32)
+    squares = np.zeros(BLOCK)
+    l1 = np.zeros(BLOCK)
+    sk_acc = np.zeros(BLOCK, dtype=np.uint8)
+    sk_root = np.sqrt(np.float64(work))
     is_f32 = x.itemsize == 4
     f32_max = np.float64(np.finfo(np.float32).max)
     for start in range(r0, r1, BLOCK):
@@ -186,6 +203,11 @@ def encode_rows(x, inv, signs, scale, rotate, thresholds, bits, out, centroids, 
                 for b in range(width):
                     for j in range(j0, min(j0 + TILE, work)):
                         resid[start + b, j] = u[j, b] - centroids[codes[j, b]]
+        if sketch:
+            for j in range(work):
+                for b in range(width):
+                    u[j, b] = u[j, b] - centroids[codes[j, b]]
+            sketch_block(u, width, sk_s1, sk_s2, scale, sk_root, sk_out, sk_rho, start, squares, l1, sk_acc)
         if work % 8 == 0:
             # 8 codes fill exactly `bits` bytes: build each group as a uint64 over the block's
             # rows (vector lanes), then split it into its bytes
@@ -219,11 +241,15 @@ def encode_rows(x, inv, signs, scale, rotate, thresholds, bits, out, centroids, 
 
 
 @njit(cache=True, nogil=True)
-def decode_rows(packed, bits, centroids, add, has_add, sign_scale, rotate, norms, out, r0, r1):
+def decode_rows(packed, bits, centroids, add, has_add, sign_scale, rotate, norms, out, sketch, sk_packed,
+                sk_scale2, sk_scale1, sk_row_scale, r0, r1):
+    # with sketch the hadamard sketch's residual estimate is decoded block by block and added
+    # to the centroids (as the add array would be, without it going to memory)
     dim = out.shape[1]
     work = sign_scale.size if rotate else dim
     mask = np.uint64((1 << bits) - 1)
     u = np.zeros((work, BLOCK), dtype=out.dtype)
+    w = np.zeros((work if sketch else 1, BLOCK), dtype=out.dtype)
     groups = np.zeros(BLOCK, dtype=np.uint64)
     for start in range(r0, r1, BLOCK):
         width = min(BLOCK, r1 - start)
@@ -258,18 +284,63 @@ def decode_rows(packed, bits, centroids, add, has_add, sign_scale, rotate, norms
                 for b in range(width):
                     for j in range(j0, min(j0 + TILE, work)):
                         u[j, b] = u[j, b] + add[start + b, j]
+        if sketch:
+            sketch_decode_block(sk_packed, start, width, w, sk_scale2, sk_scale1)
+            for j in range(work):
+                for b in range(width):
+                    w[j, b] = w[j, b] * sk_row_scale[start + b]  # rounded, as the stored add is
+                    u[j, b] = u[j, b] + w[j, b]
         if rotate:
             fwht_scale_block(u, sign_scale, width)
         store_scaled_rows(u, norms, out, start, width, dim)
 
 
 @njit(cache=True, nogil=True)
-def sketch_encode_rows(resid, s1, s2, scale, out, rho, r0, r1):
-    # W r = R2 R1 r with R_k = H diag(s_k) / sqrt(D), then the sign bits (set = negative, bit j
-    # of byte j // 8) and rho = sqrt(D) ||r||^2 / ||W r||_1 accumulated in float64; every pass
-    # after the first runs over the block's rows as the inner (vector) loop
-    work = resid.shape[1]
+def sketch_block(u, width, s1, s2, scale, root, out, rho, start, squares, l1, acc):
+    # u[:, :width] holds the block's residuals r (overwritten): W r = R2 R1 r with R_k = H
+    # diag(s_k) / sqrt(D), then the sign bits (set = negative, bit j of byte j // 8) and
+    # rho = sqrt(D) ||r||^2 / ||W r||_1, both sums in float64 in coordinate order
+    work = u.shape[0]
     n_bytes = out.shape[1]
+    for b in range(width):
+        squares[b] = 0.0
+    for j in range(work):
+        sj = s1[j]
+        for b in range(width):
+            r = u[j, b]
+            squares[b] += np.float64(r) * np.float64(r)
+            u[j, b] = r * sj
+    fwht_block(u, width)
+    for j in range(work):
+        sj = s2[j]
+        for b in range(width):
+            u[j, b] = (u[j, b] * scale) * sj
+    fwht_block(u, width)
+    for b in range(width):
+        l1[b] = 0.0
+    for j in range(work):
+        for b in range(width):
+            v = u[j, b] * scale
+            u[j, b] = v
+            l1[b] += np.float64(abs(v))
+    for k in range(n_bytes):
+        for b in range(width):
+            acc[b] = 0
+        for t in range(min(8, work - 8 * k)):
+            j = 8 * k + t
+            for b in range(width):
+                acc[b] |= np.uint8(u[j, b] < 0) << np.uint8(t)
+        for b in range(width):
+            out[start + b, k] = acc[b]
+    for b in range(width):
+        rho[start + b] = root * squares[b] / l1[b] if l1[b] > 0 else 0.0
+
+
+@njit(cache=True, nogil=True)
+def sketch_encode_rows(resid, s1, s2, scale, out, rho, r0, r1):
+    # the hadamard sketch of stored residual rows (every pass after the load runs over the
+    # block's rows as the inner, vector, loop)
+    work = resid.shape[1]
     root = np.sqrt(np.float64(work))
     u = np.zeros((work, BLOCK), dtype=resid.dtype)
     squares = np.zeros(BLOCK)
@@ -277,53 +348,32 @@ def sketch_encode_rows(resid, s1, s2, scale, out, rho, r0, r1):
     acc = np.zeros(BLOCK, dtype=np.uint8)
     for start in range(r0, r1, BLOCK):
         width = min(BLOCK, r1 - start)
-        for b in range(width):
-            total = 0.0
-            for j in range(work):
-                r = resid[start + b, j]
-                u[j, b] = r * s1[j]
-                total += np.float64(r) * np.float64(r)
-            squares[b] = total
-        fwht_block(u, width)
-        for j in range(work):
-            sj = s2[j]
+        load_rows(resid, u, start, width, work)
+        sketch_block(u, width, s1, s2, scale, root, out, rho, start, squares, l1, acc)
+
+
+@njit(cache=True, nogil=True)
+def sketch_decode_block(packed, start, width, w, sign_scale2, sign_scale1):
+    # w[:, :width] <- R1^T R2^T sign of the block's rows, R_k^T = diag(s_k) H / sqrt(D): the same
+    # passes as two RandomizedHadamard.inverse calls (signs and 1/sqrt(D) premultiplied in the
+    # dtype); the caller scales each row by rho / sqrt(D)
+    work = w.shape[0]
+    n_bytes = packed.shape[1]
+    for k in range(n_bytes):
+        for t in range(min(8, work - 8 * k)):
+            j = 8 * k + t
             for b in range(width):
-                u[j, b] = (u[j, b] * scale) * sj
-        fwht_block(u, width)
-        for b in range(width):
-            l1[b] = 0.0
-        for j in range(work):
-            for b in range(width):
-                v = u[j, b] * scale
-                u[j, b] = v
-                l1[b] += np.float64(abs(v))
-        for k in range(n_bytes):
-            for b in range(width):
-                acc[b] = 0
-            for t in range(min(8, work - 8 * k)):
-                j = 8 * k + t
-                for b in range(width):
-                    acc[b] |= np.uint8(u[j, b] < 0) << np.uint8(t)
-            for b in range(width):
-                out[start + b, k] = acc[b]
-        for b in range(width):
-            rho[start + b] = root * squares[b] / l1[b] if l1[b] > 0 else 0.0
+                w[j, b] = 1 - 2 * ((packed[start + b, k] >> t) & 1)
+    fwht_scale_block(w, sign_scale2, width)
+    fwht_scale_block(w, sign_scale1, width)
 
 
 @njit(cache=True, nogil=True)
 def sketch_decode_rows(packed, sign_scale2, sign_scale1, row_scale, out, r0, r1):
-    # r_hat = rho / sqrt(D) * R1^T R2^T sign, R_k^T = diag(s_k) H / sqrt(D): the same passes as
-    # two RandomizedHadamard.inverse calls (signs and 1/sqrt(D) premultiplied in the dtype)
+    # r_hat = rho / sqrt(D) * R1^T R2^T sign of every row
     work = out.shape[1]
-    n_bytes = packed.shape[1]
     u = np.zeros((work, BLOCK), dtype=out.dtype)
     for start in range(r0, r1, BLOCK):
         width = min(BLOCK, r1 - start)
-        for k in range(n_bytes):
-            for t in range(min(8, work - 8 * k)):
-                j = 8 * k + t
-                for b in range(width):
-                    u[j, b] = 1 - 2 * ((packed[start + b, k] >> t) & 1)
-        fwht_scale_block(u, sign_scale2, width)
-        fwht_scale_block(u, sign_scale1, width)
+        sketch_decode_block(packed, start, width, u, sign_scale2, sign_scale1)
         store_scaled_rows(u, row_scale, out, start, width, work)

@@ -233,16 +233,15 @@ class PackedCache:
         if _check_kernel(kernel, threads) == "numba" and self.scalar_bits > 0:
             from . import kernels
 
-            add = None
-            if self.qjl and self.sketch == "hadamard":
-                add = kernels.hadamard_sketch_decode(self.qjl_signs, self.residual_norms.astype(np.float64),
-                                                     *self._sketch().rotation_signs, dtype, threads=threads)
+            add = hadamard = None
+            if self.qjl and self.sketch == "hadamard":  # decoded inside the row pass
+                hadamard = (self.qjl_signs, self.residual_norms.astype(np.float64), *self._sketch().rotation_signs)
             elif self.qjl:
                 add = self._sketch().decode(self.qjl_signs, self.residual_norms.astype(np.float64), dtype)
             signs = RandomizedHadamard(self.dim, self.rotation_seed).signs if self.rotate else None
             return kernels.decode_batch(self.codes, self.scalar_bits,
                                         lloyd_max_codebook(work, self.scalar_bits).centroids, signs, self.norms,
-                                        self.dim, dtype, add=add, threads=threads)
+                                        self.dim, dtype, add=add, hadamard_sketch=hadamard, threads=threads)
         if self.scalar_bits > 0:
             book = lloyd_max_codebook(work, self.scalar_bits)
             codes = unpack_codes(self.codes, self.scalar_bits, work)
@@ -547,14 +546,18 @@ def quantize(
         raise KvasymError(f"side spec {spec.to_dict()} is impossible at budget {budget}")
     work = next_power_of_two(dim) if spec.rotate else dim
     fused = None
+    fused_sketch = False
     if (kernel == "numba" and norm_dtype == "float32" and scalar_bits > 0 and work >= 3
             and not spec.primitives()):
         from . import kernels
 
         rotation_signs = RandomizedHadamard(dim, rotation_seed).signs if spec.rotate else None
         book = lloyd_max_codebook(work, scalar_bits)
-        fused = kernels.encode_batch_with_norms(x, rotation_signs, book.thresholds, scalar_bits, threads=threads,
-                                                centroids=book.centroids if spec.qjl else None)
+        fused_sketch = spec.qjl and spec.sketch == "hadamard"
+        fused = kernels.encode_batch_with_norms(
+            x, rotation_signs, book.thresholds, scalar_bits, threads=threads,
+            centroids=book.centroids if spec.qjl else None,
+            hadamard_sketch=residual_sketch(spec.sketch, work, qjl_seed).rotation_signs if fused_sketch else None)
     if fused is None and deferred:
         check_finite(x)
     if spec.primitives():
@@ -569,9 +572,12 @@ def quantize(
                                  norm_dtype=norm_dtype, meta=meta)
     dtype = x.dtype
     residual = None
+    sketched = None
     if fused is not None:
         # the kernel's norms passed the checks below (it declines any row that would not)
         packed_codes, residual, _, norms = fused
+        if fused_sketch:  # the kernel sketched the residual in the same pass
+            sketched, residual = residual, None
     else:
         norms, inv, tiny_norms = _norms_and_reciprocals(x, norm_dtype)
         if kernel == "numba" and scalar_bits > 0 and work >= 3 and not tiny_norms:
@@ -600,7 +606,10 @@ def quantize(
             else:
                 codes = None
                 packed_codes = np.zeros((rows, 0), dtype=np.uint8)
-    if spec.qjl:
+    if spec.qjl and sketched is not None:
+        signs, residual_norms = sketched
+        residual_norms = _store_norms(residual_norms, norm_dtype, "residual norm")
+    elif spec.qjl:
         if residual is None:  # the numpy branch above
             residual = unit if codes is None else unit - book.centroids.astype(dtype)[codes]
         sketch = residual_sketch(spec.sketch, work, qjl_seed)

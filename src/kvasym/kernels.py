@@ -23,7 +23,8 @@ cache from its norm to its packed bytes:
     estimate), if rotated ``u <- s * (H_D u) * D^{-1/2}`` (the signs and the scale premultiplied
     in float64 and rounded to the dtype, as the reference does), truncate to ``dim`` and
     multiply by the stored norm.
-``sketch_encode_rows`` / ``sketch_decode_rows``
+``sketch_encode_rows`` / ``sketch_decode_rows`` (and, fused into the two above, ``sketch_block``
+/ ``sketch_decode_block``)
     the hadamard residual sketch of :class:`kvasym.sketch.HadamardSketch`: ``W r`` by two
     in-place butterfly rotations, its sign bits in :func:`kvasym.packing.pack_signs`'s layout and
     ``rho = sqrt(D) ||r||^2 / ||W r||_1`` (sums in float64); and ``r_hat = rho D^{-1/2} W^T
@@ -33,9 +34,10 @@ cache from its norm to its packed bytes:
 
 Layout. A block of ``BLOCK`` rows is transposed into a ``(D, BLOCK)`` buffer, ``TILE``
 coordinates at a time, so that every butterfly, threshold comparison and packing step is a
-vector over the block's rows; the WHT's stages go in radix-4 pairs (the same additions as two
-radix-2 stages, half the passes over the buffer), and the threshold counts are kept in int32
-lanes. ``benchmarks/bench_quantize.py`` measures the result against a copy and the dense
+vector over the block's rows; the WHT's stages go three at a time as radix-8 passes (the same
+additions in the same order as radix-2 stages, a third of the passes over the buffer), and the
+threshold counts are kept in int32 lanes. On a hadamard-sketch side the residual is sketched
+from the block buffer, and on decoding its estimate is added there: it never goes to memory. ``benchmarks/bench_quantize.py`` measures the result against a copy and the dense
 reference.
 
 Equality with the reference. Every step but the WHT is the same operation on the same values
@@ -154,7 +156,7 @@ def check_threads(threads: object) -> int:
 
 
 def _encode(x: np.ndarray, inv: np.ndarray | None, signs: np.ndarray | None, thresholds: np.ndarray, bits: int,
-            threads: int, centroids: np.ndarray | None):
+            threads: int, centroids: np.ndarray | None, sketch_signs: tuple[np.ndarray, np.ndarray] | None = None):
     encode_rows = _compiled()[0]
     if thresholds.size != (1 << bits) - 1:  # the binary search's probes stay inside the array
         raise KvasymError(f"{bits}-bit codes need {(1 << bits) - 1} thresholds, got {thresholds.size}")
@@ -165,9 +167,12 @@ def _encode(x: np.ndarray, inv: np.ndarray | None, signs: np.ndarray | None, thr
     out = np.empty((rows, -(-work * bits // 8)), dtype=np.uint8)
     sign_arr = (signs if rotate else np.ones(1)).astype(dtype)
     scale = dtype.type(1.0 / np.sqrt(work))
-    want_resid = centroids is not None
+    sketch = sketch_signs is not None
+    want_resid = centroids is not None and not sketch  # a fused sketch keeps the residual in the kernel
+    if sketch and centroids is None:
+        raise KvasymError("the fused hadamard sketch needs the codebook's centroids")
     resid = np.empty((rows, work) if want_resid else (1, 1), dtype=dtype)
-    books = np.asarray(centroids if want_resid else np.zeros(1), dtype=np.float64).astype(dtype)
+    books = np.asarray(centroids if centroids is not None else np.zeros(1), dtype=np.float64).astype(dtype)
     fuse = inv is None
     if fuse:
         inv = np.empty(rows, dtype=np.float64)
@@ -175,10 +180,17 @@ def _encode(x: np.ndarray, inv: np.ndarray | None, signs: np.ndarray | None, thr
     stored = np.empty(rows if fuse else 1, dtype=np.float32)
     ok = np.ones(1, dtype=np.bool_)
     cut = np.ascontiguousarray(thresholds, dtype=np.float64).astype(dtype)
+    if sketch:
+        s1, s2 = (np.asarray(v).astype(dtype) for v in sketch_signs)
+    else:
+        s1 = s2 = np.ones(1, dtype=dtype)
+    sk_out = np.empty((rows, -(-work // 8)) if sketch else (1, 1), dtype=np.uint8)
+    sk_rho = np.empty(rows if sketch else 1, dtype=np.float64)
     args = (np.ascontiguousarray(x), np.ascontiguousarray(inv, dtype=np.float64), sign_arr, scale, rotate, cut,
-            int(bits), out, books, resid, want_resid, fuse, exact, stored, ok)
+            int(bits), out, books, resid, want_resid, fuse, exact, stored, ok, sketch, s1, s2, sk_out, sk_rho)
     _run(encode_rows, args, rows, check_threads(threads))
-    return out, (resid if want_resid else None), exact, stored, bool(ok[0])
+    sketched = (sk_out, sk_rho) if sketch else None
+    return out, (resid if want_resid else None), exact, stored, bool(ok[0]), sketched
 
 
 def encode_batch(x: np.ndarray, inv: np.ndarray, signs: np.ndarray | None, thresholds: np.ndarray,
@@ -210,14 +222,20 @@ def encode_batch(x: np.ndarray, inv: np.ndarray, signs: np.ndarray | None, thres
         of the reference's codes (up to the near-ties of the module docstring); with
         ``centroids``, also the ``(rows, D)`` residuals ``u - centroids[codes]`` in ``x.dtype``.
     """
-    out, resid, _, _, _ = _encode(x, np.asarray(inv, dtype=np.float64), signs, thresholds, bits, threads, centroids)
+    out, resid, _, _, _, _ = _encode(x, np.asarray(inv, dtype=np.float64), signs, thresholds, bits, threads,
+                                     centroids)
     return (out, resid) if centroids is not None else out
 
 
 def encode_batch_with_norms(x: np.ndarray, signs: np.ndarray | None, thresholds: np.ndarray, bits: int, *,
-                            threads: int = 1, centroids: np.ndarray | None = None
-                            ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray] | None:
+                            threads: int = 1, centroids: np.ndarray | None = None,
+                            hadamard_sketch: tuple[np.ndarray, np.ndarray] | None = None
+                            ) -> tuple[np.ndarray, Any, np.ndarray, np.ndarray] | None:
     """:func:`encode_batch` with the float32-stored norms computed in the same pass.
+
+    With ``hadamard_sketch = (signs1, signs2)`` (and ``centroids``) the residual is not returned
+    but sketched in the same pass: the second item is then ``(sketch signs, rho)`` of
+    :func:`hadamard_sketch_encode`, bit for bit what that function gives for the residuals.
 
     Per row, ``||x||`` is a float64 sum of the squares in row order, ``stored = float32(||x||)``
     and ``inv = 1 / stored`` (0 for a zero row), as :func:`kvasym.cache.quantize` computes them
@@ -232,19 +250,35 @@ def encode_batch_with_norms(x: np.ndarray, signs: np.ndarray | None, thresholds:
         float32 cannot keep (overflow, or a non-zero norm stored as 0), or a float32 ``1/norm``
         that overflows. The caller then runs the reference passes, which raise or rescale.
     """
-    out, resid, exact, stored, ok = _encode(x, None, signs, thresholds, bits, threads, centroids)
+    out, resid, exact, stored, ok, sketched = _encode(x, None, signs, thresholds, bits, threads, centroids,
+                                                      hadamard_sketch)
+    if hadamard_sketch is not None:
+        resid = sketched
     return (out, resid, exact, stored) if ok else None
 
 
 def decode_batch(packed: np.ndarray, bits: int, centroids: np.ndarray, signs: np.ndarray | None, norms: np.ndarray,
-                 dim: int, dtype: str, *, add: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
+                 dim: int, dtype: str, *, add: np.ndarray | None = None,
+                 hadamard_sketch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
+                 threads: int = 1) -> np.ndarray:
     """Reconstruct ``(rows, dim)`` rows of ``dtype`` from packed codes (module docstring).
 
     ``add`` is an optional ``(rows, D)`` term added to the centroids before the inverse rotation
-    (the QJL residual estimate); ``norms`` are the stored norms (cast to ``dtype``).
+    (the QJL residual estimate); ``hadamard_sketch = (packed signs, rho, signs1, signs2)``
+    decodes that term from the hadamard sketch in the same pass instead (the same values as
+    ``add=hadamard_sketch_decode(...)``, without the array); ``norms`` are the stored norms
+    (cast to ``dtype``).
     """
     decode_rows = _compiled()[1]
     dt = np.dtype(dtype)
+    if hadamard_sketch is not None:
+        if add is not None:
+            raise KvasymError("decode_batch takes add or hadamard_sketch, not both")
+        sk_packed, sk_rho, sk_signs1, sk_signs2 = hadamard_sketch
+        sk_args = (True, np.ascontiguousarray(sk_packed), *_sketch_decode_scales(sk_rho, sk_signs1, sk_signs2, dt))
+    else:
+        sk_args = (False, np.zeros((1, 1), dtype=np.uint8), np.ones(1, dtype=dt), np.ones(1, dtype=dt),
+                   np.ones(1, dtype=dt))
     rows = packed.shape[0]
     rotate = signs is not None
     work = signs.size if rotate else dim
@@ -253,9 +287,19 @@ def decode_batch(packed: np.ndarray, bits: int, centroids: np.ndarray, signs: np
     has_add = add is not None
     add_arr = np.ascontiguousarray(add, dtype=dt) if has_add else np.zeros((1, 1), dtype=dt)
     args = (np.ascontiguousarray(packed), int(bits), np.asarray(centroids, dtype=np.float64).astype(dt), add_arr,
-            has_add, sign_scale, rotate, np.asarray(norms).astype(dt), out)
+            has_add, sign_scale, rotate, np.asarray(norms).astype(dt), out, *sk_args)
     _run(decode_rows, args, rows, check_threads(threads))
     return out
+
+
+def _sketch_decode_scales(rho: np.ndarray, signs1: np.ndarray, signs2: np.ndarray, dt: np.dtype
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The hadamard decode's premultiplied factors, with the reference's roundings: each
+    rotation's signs times 1/sqrt(D), and rho divided by sqrt(D), all rounded to ``dt``."""
+    work = np.asarray(signs1).size
+    root = 1.0 / np.sqrt(work)
+    return ((np.asarray(signs2) * root).astype(dt), (np.asarray(signs1) * root).astype(dt),
+            (np.asarray(rho, dtype=np.float64) / np.sqrt(work)).astype(dt))
 
 
 def hadamard_sketch_encode(residual: np.ndarray, signs1: np.ndarray, signs2: np.ndarray, *,
@@ -297,10 +341,7 @@ def hadamard_sketch_decode(packed: np.ndarray, rho: np.ndarray, signs1: np.ndarr
     decode = _compiled()[3]
     dt = np.dtype(dtype)
     work = np.asarray(signs1).size
-    root = 1.0 / np.sqrt(work)
     out = np.empty((packed.shape[0], work), dtype=dt)
-    # the same roundings as the reference: signs times 1/sqrt(D), rho divided by sqrt(D)
-    args = (np.ascontiguousarray(packed), (np.asarray(signs2) * root).astype(dt),
-            (np.asarray(signs1) * root).astype(dt), (np.asarray(rho, dtype=np.float64) / np.sqrt(work)).astype(dt), out)
+    args = (np.ascontiguousarray(packed), *_sketch_decode_scales(rho, signs1, signs2, dt), out)
     _run(decode, args, packed.shape[0], check_threads(threads))
     return out
