@@ -73,6 +73,59 @@ def _run_bounded(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str, f
     return code, log.read_text(errors="replace"), time.monotonic() - start
 
 
+def local_rule_names(families: list[str], real: bool, latex: bool) -> list[str]:
+    """The rules that run on the submitting host: ``all`` (no action) and the summary rules
+    (``localrule: True``); the Slurm run below checks this list against what ran locally."""
+    names = ["all", "gather", "claims", "tables", "numbers", "reproduce"] + [f"figure_{f}" for f in families]
+    return names + (["e2e_stats"] if real else []) + (["paper"] if latex else [])
+
+
+def predicted_slurm_jobs(workdir: Path, configfile: str, local_rules: list[str]) -> tuple[int, int]:
+    """(Slurm submissions, jobs) of a config's whole DAG under the Slurm profile, from a dry
+    run (``--d3dag``): one submission per group job (a connected component of the jobs whose
+    rules share a group name of the profile's ``groups``, as Snakemake forms them), plus one per
+    other job that is not local."""
+    import yaml
+
+    groups = yaml.safe_load((ROOT / "workflow/profiles/slurm/config.yaml").read_text())["groups"]
+    out = subprocess.run(snakemake_cmd("-n", "--forceall", "--d3dag", configfile=configfile), cwd=workdir,
+                         capture_output=True, text=True, timeout=300, env=run_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    dag = json.loads(out.stdout[out.stdout.index("{"):])
+    rule = {node["id"]: node["value"]["rule"] for node in dag["nodes"]}
+    parent = {job: job for job in rule}
+
+    def root(job: int) -> int:
+        while parent[job] != job:
+            parent[job] = parent[parent[job]]
+            job = parent[job]
+        return job
+
+    for edge in dag["edges"]:
+        u, v = edge["u"], edge["v"]
+        if rule[u] in groups and groups[rule[u]] == groups.get(rule[v]):
+            parent[root(u)] = root(v)
+    group_jobs = {root(job) for job, name in rule.items() if name in groups}
+    single = [job for job, name in rule.items() if name not in groups and name not in local_rules]
+    return len(group_jobs) + len(single), len(rule)
+
+
+def test_readme_counts_the_paper_grids_slurm_jobs(tmp_path):
+    """The README's "the paper grid submits N Slurm jobs for its M jobs" is the paper DAG's, by
+    the rule the Slurm run below checks on the tiny grid (the paper grid with its real rows and
+    its PDF, as CI has them)."""
+    if missing_extra_reason() is not None:
+        pytest.skip(f"the paper grid's real rows need the real extra ({missing_extra_reason()})")
+    if not all(shutil.which(t) for t in ("latexmk", "pdflatex")):
+        pytest.skip("the paper grid's paper job needs LaTeX (latexmk, pdflatex)")
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"the paper grid submits (\d+) Slurm jobs\s+for its (\d+) jobs", readme)
+    assert match, "README no longer states the paper grid's Slurm job count"
+    local_rules = local_rule_names(dag_families(True), real=True, latex=True)
+    submitted, jobs = predicted_slurm_jobs(make_workdir(tmp_path / "paper"), "config/config.yaml", local_rules)
+    assert (int(match.group(1)), int(match.group(2))) == (submitted, jobs)
+
+
 def _sorted(workdir: Path, table: str) -> pd.DataFrame:
     df = read_table(workdir / "results/metrics", table)
     keys = IDS + (["query"] if table == "per_query" else ["key"])
@@ -97,16 +150,16 @@ def test_tiny_config_through_slurm_matches_a_local_run(slurm, tiny_local_run, tm
     families = dag_families(real)
     # (and the rate-distortion frontier's and the query-model sweep's: the tiny config sets both)
     assert ("real_heatmap" in families) == real and ("e2e" in families) == real and len(families) == 11 + 2 * int(real)
-    local_rules = ["all", "gather", "claims", "tables", "numbers", "reproduce"] + [f"figure_{f}" for f in families]
-    local_rules += ["e2e_stats"] if real else []
     latex = all(shutil.which(t) for t in ("latexmk", "pdflatex"))
-    local_rules += ["paper"] if latex else []
+    local_rules = local_rule_names(families, real, latex)
     ran_locally = re.findall(r"^localrule (\w+):", log, flags=re.MULTILINE)
     assert sorted(ran_locally) == sorted(local_rules), log[-3000:]
     # on the cluster: the frontier and the sequence-length sweep (minutes on the paper grid) and,
     # with the real extra, the end-to-end job of the tiny config's one text
     cluster_rules = ["frontier", "seq_len_sweep"] + (["e2e"] if real else [])
     assert len(submitted) == len(groups) + len(cluster_rules), log[-3000:]
+    # and the rule that counts the paper grid's submissions for the README predicts this run's
+    assert predicted_slurm_jobs(workdir, "config/test.yaml", local_rules)[0] == len(submitted)
     print(f"\nSlurm run of the tiny config: {len(submitted)} Slurm jobs ({len(groups)} group jobs), {wall:.0f} s wall")
 
     # the same numbers as the local run, to the bit
