@@ -141,7 +141,7 @@ def test_extreme_input_gives_finite_sane_metrics(case: str, budget: int) -> None
         warnings.simplefilter("error")  # no overflow / invalid-value warning anywhere either
         for name in SCHEMES:
             scheme = get_scheme(name)
-            if any(scheme.side(s).scalar_bits(budget) == 0 and not scheme.side(s).qjl for s in "KV"):
+            if any(scheme.side(s).stores_nothing_at(budget) for s in "KV"):
                 continue  # a side that spends fewer bits than the budget (KQV-NS's values) stores nothing at n = 1
             caches = quantize_pair(keys, values, scheme, budget, base_seed=3, identity=(case,))
             k_hat, v_hat = caches["K"].dequantize(), caches["V"].dequantize()
@@ -385,7 +385,7 @@ def test_packed_file_round_trip_of_extreme_rows(tmp_path_factory, budget: int, d
     path = tmp_path_factory.mktemp("extreme") / "c.npz"
     for name in SCHEMES:
         spec = get_scheme(name).V
-        if spec.scalar_bits(budget) == 0 and not spec.qjl:
+        if spec.stores_nothing_at(budget):
             continue
         cache = quantize(x, spec, budget, rotation_seed=seed, qjl_seed=seed + 1)
         save_packed(path, {"V": cache})

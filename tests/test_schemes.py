@@ -276,3 +276,28 @@ def test_sketch_kind_parsed_checked_and_round_tripped() -> None:
         SideSpec(rotate=True, scalar_offset=0, qjl=False, sketch="hadamard")
     with pytest.raises(KvasymError, match="sketch must be one of"):
         SideSpec(rotate=True, scalar_offset=1, qjl=True, sketch="orthogonal")
+
+
+def test_stores_nothing_at_is_what_quantize_refuses() -> None:
+    """SideSpec.stores_nothing_at(n) holds exactly where quantize refuses the side as storing
+    nothing, for every built-in side at n = 1..3 (KQV-NS's values spend n-1: nothing at n = 1)."""
+    import numpy as np
+
+    from kvasym.cache import quantize
+    from kvasym.schemes import scheme_registry
+
+    x = np.random.default_rng(0).standard_normal((4, 16))
+    seen = set()
+    for scheme in scheme_registry().values():
+        for spec in (scheme.K, scheme.V):
+            for budget in (1, 2, 3):
+                if spec.scalar_bits(budget) < 0:
+                    continue
+                nothing = spec.stores_nothing_at(budget)
+                seen.add(nothing)
+                if nothing:
+                    with pytest.raises(KvasymError, match="stores nothing|impossible at budget"):
+                        quantize(x, spec, budget, rotation_seed=1, qjl_seed=2)
+                else:
+                    assert quantize(x, spec, budget, rotation_seed=1, qjl_seed=2).rows == 4
+    assert seen == {True, False}

@@ -542,7 +542,7 @@ def quantize(
     _check_working_dim(dim, spec.rotate)
     kernel = _check_kernel(kernel, threads)
     scalar_bits = spec.scalar_bits(budget)
-    if scalar_bits < 0 or scalar_bits > 8 or (scalar_bits == 0 and not spec.qjl):
+    if scalar_bits < 0 or scalar_bits > 8 or spec.stores_nothing_at(budget):
         raise KvasymError(f"side spec {spec.to_dict()} is impossible at budget {budget}")
     work = next_power_of_two(dim) if spec.rotate else dim
     fused = None

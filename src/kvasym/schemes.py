@@ -162,6 +162,22 @@ class SideSpec:
         """
         return budget - self.scalar_offset
 
+    def stores_nothing_at(self, budget: int) -> bool:
+        """Whether this side keeps nothing at ``budget``: no scalar bit and no QJL sketch (a
+        declared spend ``n - k`` does not change it: :meth:`spent_at` keeps the scalar bits).
+
+        Parameters
+        ----------
+        budget : int
+            Bits per coordinate ``n``.
+
+        Returns
+        -------
+        bool
+            ``scalar_bits(budget) == 0 and not qjl``.
+        """
+        return self.scalar_bits(budget) == 0 and not self.qjl
+
     def spent_at(self, budget: int) -> tuple[SideSpec, int]:
         """The spec and budget this side is quantized with at the scheme's ``budget``: itself
         at ``budget`` when it spends the budget, else the same side at its own budget ``n - k``
@@ -356,7 +372,7 @@ class Scheme:
                     f"({spec.scalar_bits_expr} scalar{f' + {spec.sketch_bits} QJL' if spec.qjl else ''}), "
                     f"not {declared}; every side must spend exactly n (or its declared spend n-k, never more)"
                 )
-            if scalar == 0 and not spec.qjl:
+            if spec.stores_nothing_at(budget):
                 raise KvasymError(f"{where}: no scalar bits and no QJL stores nothing")
             if scalar == 0 and (spec.scalar == "minmax" or spec.allocation == "waterfill"):
                 raise KvasymError(f"{where}: scalar {spec.scalar} with allocation {spec.allocation} needs at "

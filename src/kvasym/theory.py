@@ -335,7 +335,7 @@ def inner_product_errors(
     if hadamard:
         variants["ss_qjl_hadamard"] = SideSpec(scalar_offset=1, qjl=True, sketch="hadamard", **rot)
     for name, spec in variants.items():
-        if spec.scalar_bits(budget) == 0 and not spec.qjl:
+        if spec.stores_nothing_at(budget):
             estimate = np.zeros_like(keys)  # no bits at all: the residual is the whole vector
         else:
             estimate = quantize(keys, spec, budget, **seeds).dequantize("float64")
