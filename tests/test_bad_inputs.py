@@ -420,7 +420,7 @@ def _append(claim: dict) -> Callable[[dict], None]:
     return lambda data: data["claims"].append(claim)
 
 
-_C = {"statement": "s", "statistic": "tail_to_mean", "holds_if": {"op": ">=", "value": 1.0}}
+_C = {"statement": "s", "statistic": "ranking_disagreement", "holds_if": {"op": ">=", "value": 1.0}}
 
 #: (id, ledger writer, message) for load_claims: structural errors, caught before any job.
 CLAIMS_CASES = [
@@ -444,7 +444,7 @@ CLAIMS_CASES = [
     # the headline cell is the config's; a claims file that sets it would give claims another cell
     ("defaults_move_the_headline", _ledger(lambda d: d.update(defaults={"dim": 64, "alpha": 0.05})),
      "defaults.dim: the headline cell is the config's `headline` key"),
-    ("yaml_duplicate_key", _ledger(text="claims:\n  - {id: X1, statement: s, statistic: tail_to_mean, "
+    ("yaml_duplicate_key", _ledger(text="claims:\n  - {id: X1, statement: s, statistic: ranking_disagreement, "
                                         "holds_if: {op: '>=', value: 1}, holds_if: {op: all}}\n"),
      "found duplicate key 'holds_if'"),
     ("yaml_syntax_error", _ledger(text="claims: [\n"), "is not valid YAML (line"),

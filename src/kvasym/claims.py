@@ -419,17 +419,6 @@ def stat_ranking_disagreement(t: Tables, where: Mapping[str, Any]) -> Measuremen
                                 "examples": examples[:10]})
 
 
-def stat_tail_to_mean(t: Tables, where: Mapping[str, Any]) -> Measurement:
-    """Median over cells (optionally one ``budget``) of p99 KL / mean KL: how optimistic the
-    mean is about the worst queries. Min and max over cells in the details."""
-    frame = t.summary if "budget" not in where else select_cells(t.summary, "summary", budget=where["budget"])
-    ratio = (frame["kl_p99"] / frame["kl_mean"]).replace([np.inf, -np.inf], np.nan).dropna()
-    if ratio.empty:
-        raise MissingCell("no summary rows with positive mean KL")
-    return Measurement(float(ratio.median()),
-                       details={"min": float(ratio.min()), "max": float(ratio.max()), "n_cells": int(ratio.size)})
-
-
 def stat_catastrophic_share(t: Tables, where: Mapping[str, Any]) -> Measurement:
     """Share of catastrophic queries of ``scheme`` in one cell (``distribution``, ``dim``,
     ``budget``, ``sharpness``), with its interval over trials.
@@ -669,7 +658,6 @@ STATISTICS: dict[str, Callable[[Tables, Mapping[str, Any]], Measurement]] = {
     "distribution_ratio": stat_distribution_ratio,
     "theory": stat_theory,
     "ranking_disagreement": stat_ranking_disagreement,
-    "tail_to_mean": stat_tail_to_mean,
     "catastrophic_share": stat_catastrophic_share,
     "e2e_ratio": stat_e2e_ratio,
     "e2e_rank_agreement": stat_e2e_rank_agreement,
@@ -904,7 +892,7 @@ def _check_where_keys(where: Mapping[str, Any], context: str) -> None:
 
 #: Statistics over many cells of the comparisons or summary tables (whose low-rank cells all
 #: follow the subspace rule: query-model variants have per-trial rows only).
-_CELL_STATISTICS = ("cells_better", "crossover", "ranking_disagreement", "tail_to_mean", "kl_ratio")
+_CELL_STATISTICS = ("cells_better", "crossover", "ranking_disagreement", "kl_ratio")
 
 
 def query_model_note(claim: Mapping[str, Any], tables: Tables) -> str:
@@ -930,7 +918,7 @@ def query_model_note(claim: Mapping[str, Any], tables: Tables) -> str:
         return f"query model {'; '.join(parts)}" if parts else ""
     if statistic not in _CELL_STATISTICS:
         return ""
-    frame = tables.comparisons if statistic != "tail_to_mean" else tables.summary
+    frame = tables.comparisons
     if not {"distribution", "kind"} <= set(frame.columns):
         return ""
     rows = frame

@@ -151,7 +151,6 @@ STATISTIC_TABLES: dict[str, tuple[str, ...]] = {
     "distribution_ratio": ("trials", "theory"),
     "theory": ("theory",),
     "ranking_disagreement": ("summary", "comparisons"),
-    "tail_to_mean": ("summary",),
     "catastrophic_share": ("trials", "summary"),
     "e2e_ratio": ("e2e",),
     "e2e_rank_agreement": ("e2e_agreement",),

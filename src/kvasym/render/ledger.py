@@ -95,8 +95,6 @@ def test_and_unit(claim: Mapping[str, Any]) -> Latex:
         text = f"ratio of means, {paired} Fieller CI over {unit}"
     elif statistic == "ranking_disagreement":
         text = "count of groups; paired ratio CIs (mean, p99) over trials"
-    elif statistic == "tail_to_mean":
-        text = "median over cells of p99/mean KL"
     elif statistic == "e2e_ratio":
         text = "perplexity ratio, block bootstrap CI; Wilcoxon over blocks of positions"
     elif statistic == "e2e_rank_agreement":
