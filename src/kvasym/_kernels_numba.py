@@ -76,18 +76,12 @@ def fwht_scale_block(u, factors, width):
 
 
 @njit(cache=True, nogil=True)
-def store_scaled_rows(u, row_scale, out, start, width, dim, factors, has_factors):
-    # rows start .. start + width of out <- the block's first dim coordinates times their scale;
-    # with has_factors, (u_j * factors_j) * scale: the last pass of an inverse rotation (its
-    # signs / sqrt(D)) joins the store, rounded in the same order as two passes
+def store_scaled_rows(u, row_scale, out, start, width, dim):
+    # rows start .. start + width of out <- the block's first dim coordinates times their scale
     for b in range(width):
         c = row_scale[start + b]
-        if has_factors:
-            for j in range(dim):
-                out[start + b, j] = (u[j, b] * factors[j]) * c
-        else:
-            for j in range(dim):
-                out[start + b, j] = u[j, b] * c
+        for j in range(dim):
+            out[start + b, j] = u[j, b] * c
 
 
 @njit(cache=True, nogil=True)
@@ -133,14 +127,10 @@ def block_norms(u, dim, width, is_f32, f32_max, exact, stored, inv, start):
 
 
 @njit(cache=True, nogil=True)
-def threshold_codes(u, codes, counts, thresholds, width, work, scale, rescale):
-    # code = #{t <= u} (searchsorted side="right"), branch-free over the block's rows; with
-    # rescale, u_j <- u_j * scale first (the rotation's 1/sqrt(D)), while row j is in L1
+def threshold_codes(u, codes, counts, thresholds, width, work):
+    # code = #{t <= u} (searchsorted side="right"), branch-free over the block's rows
     n_t = thresholds.size
     for j in range(work):
-        if rescale:
-            for b in range(width):
-                u[j, b] = u[j, b] * scale
         if n_t <= 15:
             # count them (compare-and-add, no gather) in int32 lanes: 1.4x (float32) and 1.8x
             # (float64) faster than adding into the uint8 codes, whose lanes do not match the data's
@@ -204,15 +194,20 @@ def encode_rows(x, inv, signs, scale, rotate, thresholds, bits, out, centroids, 
                 u[j, b] = 0
         if rotate:
             fwht_block(u, width)
-        threshold_codes(u, codes, counts, thresholds, width, work, scale, rotate)
+            for j in range(work):
+                for b in range(width):
+                    u[j, b] = u[j, b] * scale
+        threshold_codes(u, codes, counts, thresholds, width, work)
         if want_resid:
             for j0 in range(0, work, TILE):
                 for b in range(width):
                     for j in range(j0, min(j0 + TILE, work)):
                         resid[start + b, j] = u[j, b] - centroids[codes[j, b]]
         if sketch:
-            sketch_block(u, width, sk_s1, sk_s2, scale, sk_root, sk_out, sk_rho, start, squares, l1, sk_acc,
-                         codes, centroids, True)
+            for j in range(work):
+                for b in range(width):
+                    u[j, b] = u[j, b] - centroids[codes[j, b]]
+            sketch_block(u, width, sk_s1, sk_s2, scale, sk_root, sk_out, sk_rho, start, squares, l1, sk_acc)
         if work % 8 == 0:
             # 8 codes fill exactly `bits` bytes: build each group as a uint64 over the block's
             # rows (vector lanes), then split it into its bytes
@@ -290,33 +285,29 @@ def decode_rows(packed, bits, centroids, add, has_add, sign_scale, rotate, norms
                     for j in range(j0, min(j0 + TILE, work)):
                         u[j, b] = u[j, b] + add[start + b, j]
         if sketch:
-            sketch_decode_block(sk_packed, start, width, w, sk_scale2)
+            sketch_decode_block(sk_packed, start, width, w, sk_scale2, sk_scale1)
             for j in range(work):
-                f = sk_scale1[j]
                 for b in range(width):
-                    # the estimate rounded as the stored add is: (w_j * s1_j / sqrt(D)) * rho / sqrt(D)
-                    t = (w[j, b] * f) * sk_row_scale[start + b]
-                    u[j, b] = u[j, b] + t
+                    w[j, b] = w[j, b] * sk_row_scale[start + b]  # rounded, as the stored add is
+                    u[j, b] = u[j, b] + w[j, b]
         if rotate:
-            fwht_block(u, width)
-        store_scaled_rows(u, norms, out, start, width, dim, sign_scale, rotate)
+            fwht_scale_block(u, sign_scale, width)
+        store_scaled_rows(u, norms, out, start, width, dim)
 
 
 @njit(cache=True, nogil=True)
-def sketch_block(u, width, s1, s2, scale, root, out, rho, start, squares, l1, acc, codes, centroids, subtract):
-    # u[:, :width] holds the block's residuals r, or with subtract the rotated values whose
-    # residuals r = u - centroids[codes] are taken here (u is overwritten): W r = R2 R1 r with
-    # R_k = H diag(s_k) / sqrt(D), then the sign bits (set = negative, bit j of byte j // 8) and
+def sketch_block(u, width, s1, s2, scale, root, out, rho, start, squares, l1, acc):
+    # u[:, :width] holds the block's residuals r (overwritten): W r = R2 R1 r with R_k = H
+    # diag(s_k) / sqrt(D), then the sign bits (set = negative, bit j of byte j // 8) and
     # rho = sqrt(D) ||r||^2 / ||W r||_1, both sums in float64 in coordinate order
     work = u.shape[0]
     n_bytes = out.shape[1]
     for b in range(width):
         squares[b] = 0.0
-        l1[b] = 0.0
     for j in range(work):
         sj = s1[j]
         for b in range(width):
-            r = u[j, b] - centroids[codes[j, b]] if subtract else u[j, b]
+            r = u[j, b]
             squares[b] += np.float64(r) * np.float64(r)
             u[j, b] = r * sj
     fwht_block(u, width)
@@ -325,15 +316,20 @@ def sketch_block(u, width, s1, s2, scale, root, out, rho, start, squares, l1, ac
         for b in range(width):
             u[j, b] = (u[j, b] * scale) * sj
     fwht_block(u, width)
-    for k in range(n_bytes):  # the last scale, the L1 sum and the sign bits in one pass
+    for b in range(width):
+        l1[b] = 0.0
+    for j in range(work):
+        for b in range(width):
+            v = u[j, b] * scale
+            u[j, b] = v
+            l1[b] += np.float64(abs(v))
+    for k in range(n_bytes):
         for b in range(width):
             acc[b] = 0
         for t in range(min(8, work - 8 * k)):
             j = 8 * k + t
             for b in range(width):
-                v = u[j, b] * scale
-                l1[b] += np.float64(abs(v))
-                acc[b] |= np.uint8(v < 0) << np.uint8(t)
+                acc[b] |= np.uint8(u[j, b] < 0) << np.uint8(t)
         for b in range(width):
             out[start + b, k] = acc[b]
     for b in range(width):
@@ -350,20 +346,17 @@ def sketch_encode_rows(resid, s1, s2, scale, out, rho, r0, r1):
     squares = np.zeros(BLOCK)
     l1 = np.zeros(BLOCK)
     acc = np.zeros(BLOCK, dtype=np.uint8)
-    no_codes = np.zeros((1, 1), dtype=np.uint8)
-    no_books = np.zeros(1, dtype=resid.dtype)
     for start in range(r0, r1, BLOCK):
         width = min(BLOCK, r1 - start)
         load_rows(resid, u, start, width, work)
-        sketch_block(u, width, s1, s2, scale, root, out, rho, start, squares, l1, acc, no_codes, no_books, False)
+        sketch_block(u, width, s1, s2, scale, root, out, rho, start, squares, l1, acc)
 
 
 @njit(cache=True, nogil=True)
-def sketch_decode_block(packed, start, width, w, sign_scale2):
-    # w[:, :width] <- H R2^T sign of the block's rows, R_k^T = diag(s_k) H / sqrt(D): the passes
-    # of two RandomizedHadamard.inverse calls (signs and 1/sqrt(D) premultiplied in the dtype)
-    # but the last multiplication by diag(s1) / sqrt(D), which the caller joins to its scaling
-    # of each row by rho / sqrt(D)
+def sketch_decode_block(packed, start, width, w, sign_scale2, sign_scale1):
+    # w[:, :width] <- R1^T R2^T sign of the block's rows, R_k^T = diag(s_k) H / sqrt(D): the same
+    # passes as two RandomizedHadamard.inverse calls (signs and 1/sqrt(D) premultiplied in the
+    # dtype); the caller scales each row by rho / sqrt(D)
     work = w.shape[0]
     n_bytes = packed.shape[1]
     for k in range(n_bytes):
@@ -372,7 +365,7 @@ def sketch_decode_block(packed, start, width, w, sign_scale2):
             for b in range(width):
                 w[j, b] = 1 - 2 * ((packed[start + b, k] >> t) & 1)
     fwht_scale_block(w, sign_scale2, width)
-    fwht_block(w, width)
+    fwht_scale_block(w, sign_scale1, width)
 
 
 @njit(cache=True, nogil=True)
@@ -382,5 +375,5 @@ def sketch_decode_rows(packed, sign_scale2, sign_scale1, row_scale, out, r0, r1)
     u = np.zeros((work, BLOCK), dtype=out.dtype)
     for start in range(r0, r1, BLOCK):
         width = min(BLOCK, r1 - start)
-        sketch_decode_block(packed, start, width, u, sign_scale2)
-        store_scaled_rows(u, row_scale, out, start, width, work, sign_scale1, True)
+        sketch_decode_block(packed, start, width, u, sign_scale2, sign_scale1)
+        store_scaled_rows(u, row_scale, out, start, width, work)
