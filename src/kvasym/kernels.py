@@ -37,8 +37,8 @@ coordinates at a time, so that every butterfly, threshold comparison and packing
 vector over the block's rows; the WHT's stages go three at a time as radix-8 passes (the same
 additions in the same order as radix-2 stages, a third of the passes over the buffer), and the
 threshold counts are kept in int32 lanes. On a hadamard-sketch side the residual is sketched
-from the block buffer, and on decoding its estimate is added there: it never goes to memory. ``benchmarks/bench_quantize.py`` measures the result against a copy and the dense
-reference.
+from the block buffer, and on decoding its estimate is added there: it never goes to memory.
+``benchmarks/bench_quantize.py`` measures the result against a copy and the dense reference.
 
 Equality with the reference. Every step but the WHT is the same operation on the same values
 in the same dtype. The WHT adds the same numbers in another order (butterfly against blocked
