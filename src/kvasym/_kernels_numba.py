@@ -17,19 +17,33 @@ BLOCK = 32
 #: lines a tile touches stay in L1 while the block's rows pass (at D = 1024 a row-by-row
 #: transpose touched all 1024 lines of the 128 KiB buffer per row and took 4x as long).
 TILE = 16
+#: Rows of the (D, BLOCK) buffer that the WHT's first stages (h < SLAB) finish before it moves
+#: on: 32 rows of 32 float32 or float64 are 4-8 KiB, in L1 with room to spare.
+SLAB = 32
 
 
 @njit(cache=True, nogil=True)
 def fwht_block(u, width):
     # u is (D, BLOCK): one column per row of the batch, so every butterfly is a contiguous
-    # vector over the block's rows (SIMD), not a scalar walk along one row. Stages go in threes
-    # (h, 2h, 4h) as one radix-8 pass, the last one or two as a radix-4 or radix-2 pass: the
-    # same additions in the same order as radix-2 passes (so the same bits), but a third of the
-    # trips of the buffer through the cache (at D = 1024 it does not fit L1)
+    # vector over the block's rows (SIMD), not a scalar walk along one row. The stages h < SLAB
+    # run slab by slab (SLAB rows of the buffer, which stay in L1 through all of them), the
+    # rest over the whole buffer, three at a time as radix-8 passes: each butterfly adds the
+    # same numbers in the same order as the textbook radix-2 sequence (so the same bits), with
+    # fewer trips of the buffer through the cache (at D = 1024 it does not fit L1)
     n = u.shape[0]
-    h = 1
+    if n > SLAB:
+        for base in range(0, n, SLAB):
+            fwht_stages(u, width, 1, base, SLAB)
+        fwht_stages(u, width, SLAB, 0, n)
+    else:
+        fwht_stages(u, width, 1, 0, n)
+
+
+@njit(cache=True, nogil=True)
+def fwht_stages(u, width, h, base, n):
+    # the butterfly stages h, 2h, ... < n of rows base .. base + n of u
     while 8 * h <= n:  # stages h, 2h, 4h in registers: one pass instead of three
-        for i in range(0, n, 8 * h):
+        for i in range(base, base + n, 8 * h):
             for j in range(i, i + h):
                 for b in range(width):
                     a0, a1 = _sum_diff(u[j, b], u[j + h, b])  # stage h
@@ -46,7 +60,7 @@ def fwht_block(u, width):
                     u[j + 3 * h, b], u[j + 7 * h, b] = _sum_diff(c3, c7)
         h *= 8
     if 4 * h <= n:  # two stages left
-        for i in range(0, n, 4 * h):
+        for i in range(base, base + n, 4 * h):
             for j in range(i, i + h):
                 for b in range(width):
                     a0, a1 = _sum_diff(u[j, b], u[j + h, b])
@@ -54,7 +68,7 @@ def fwht_block(u, width):
                     u[j, b], u[j + 2 * h, b] = _sum_diff(a0, a2)
                     u[j + h, b], u[j + 3 * h, b] = _sum_diff(a1, a3)
     elif 2 * h <= n:  # one stage left
-        for j in range(h):
+        for j in range(base, base + h):
             for b in range(width):
                 u[j, b], u[j + h, b] = _sum_diff(u[j, b], u[j + h, b])
 
