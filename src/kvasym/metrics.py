@@ -140,10 +140,9 @@ def _log2_snr(signal_norm: np.ndarray, error_norm: np.ndarray) -> np.ndarray:
     return np.clip(log2_snr, -SNR_CAP_LOG2, SNR_CAP_LOG2)
 
 
-def _angle(a: np.ndarray, b: np.ndarray, na: np.ndarray | None = None) -> np.ndarray:
+def _angle(a: np.ndarray, b: np.ndarray, na: np.ndarray) -> np.ndarray:
     """Angle between rows (last axis) of a and b in radians, Kahan's formula (``na``: the
-    norms of a, when the caller has them)."""
-    na = _norms(a) if na is None else na
+    norms of a, which its one caller has already)."""
     nb = _norms(b)
     ua = a / np.where(na > 0, na, 1.0)[..., None]
     ub = b / np.where(nb > 0, nb, 1.0)[..., None]
