@@ -11,8 +11,11 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvasym.errors import KvasymError
+from kvasym.latex import BREAK_AFTER, escape_latex, escape_latex_breakable
 from kvasym.render.latexlog import check_no_overfull, overfull_boxes
 from kvasym.stages.paper import build_pdf
 
@@ -79,3 +82,38 @@ def test_build_pdf_fails_on_an_overfull_box_naming_it(tmp_path):
     assert build_pdf(tmp_path / "main.tex", allow_overfull=True).is_file()
     (tmp_path / "generated" / "table_wide.tex").write_text(NARROW, encoding="utf-8")
     assert build_pdf(tmp_path / "main.tex").is_file()
+
+
+# A ledger row's note as the claims stage writes it when a cell or a config key is off: its long
+# tokens (no space inside) cannot break in the note column without the breakable escape.
+NOTE = ("not in this grid: no per-trial rows for distribution=lowrank8+isotropic, dim=1024, budget=4, "
+        "scheme=KQV, sharpness=2.0; config key seq_len_sweep.seq_lens is empty")
+
+
+def _note_table(escaped: str) -> str:
+    return (r"\par\noindent\begin{tabular}{@{}p{0.15\linewidth}@{}}" + "\n" + escaped + "\n"
+            r"\end{tabular}\par" + "\n")
+
+
+def test_a_generated_note_breaks_inside_its_long_tokens(tmp_path):
+    missing = [tool for tool in ("latexmk", "pdflatex") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"LaTeX TOOLS MISSING ({', '.join(missing)}): the note column was NOT typeset. "
+                    "Install them with: apt-get install latexmk texlive-latex-recommended")
+    (tmp_path / "generated").mkdir()
+    (tmp_path / "main.tex").write_text(DOC, encoding="utf-8")
+    table = tmp_path / "generated" / "table_wide.tex"
+    table.write_text(_note_table(escape_latex(NOTE)), encoding="utf-8")
+    with pytest.raises(KvasymError, match=r"(?s)overfull.*generated/table_wide\.tex"):
+        build_pdf(tmp_path / "main.tex")
+    table.write_text(_note_table(escape_latex_breakable(NOTE)), encoding="utf-8")
+    assert build_pdf(tmp_path / "main.tex").is_file()
+
+
+@given(st.text(alphabet=st.sampled_from(list("ab.=+/_,;: 1\\&%$#{}~^<>")), max_size=40))
+def test_the_breakable_escape_is_the_escape_plus_break_points(text):
+    breakable = escape_latex_breakable(text)
+    assert breakable.replace(r"\allowbreak{}", "") == escape_latex(text)
+    expected = sum(ch in BREAK_AFTER for ch in text) + sum(
+        1 for i in range(1, len(text) - 1) if text[i] == "." and text[i - 1].isalpha() and text[i + 1].isalpha())
+    assert breakable.count(r"\allowbreak{}") == expected

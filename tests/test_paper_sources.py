@@ -385,10 +385,12 @@ def test_hostile_names_come_out_escaped_and_nothing_else_changes():
                            placeholders(HOSTILE_CLAIMS, "C"), benign_text)
     hostile = _render_named(HOSTILE_DISTS, HOSTILE_SCHEMES, HOSTILE_CLAIMS, HOSTILE_TEXT)
     for name, text in benign.items():
-        expected = text
+        # the ledger's note column adds break points (escape_latex_breakable, tested in
+        # test_latexlog): compared without them
+        expected = text.replace(r"\allowbreak{}", "")
         for placeholder, raw in pairs.items():
             expected = expected.replace(placeholder, escape_latex(raw))
-        assert hostile[name] == expected, name
+        assert hostile[name].replace(r"\allowbreak{}", "") == expected, name
     # and the escaped forms are really there
     assert (r"R\&D" in hostile["table_results"] and r"a\_b" in hostile["table_tests"]
             and r"50\%" in hostile["table_theory"])

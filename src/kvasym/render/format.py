@@ -35,10 +35,11 @@ import numpy as np
 import pandas as pd
 
 from ..errors import KvasymError
-from ..latex import escape_latex
+from ..latex import escape_latex, escape_latex_breakable
 
 __all__ = ["DIGITS", "FILTERS", "Latex", "P_DECIMAL_MIN", "bits", "ci", "ci_wrap", "count", "environment", "escape",
-           "mediqr", "num", "plain", "pvalue", "pvalue_raw", "pvalue_text", "render_template", "sig", "sig_text"]
+           "escape_breakable", "mediqr", "num", "plain", "pvalue", "pvalue_raw", "pvalue_text", "render_template",
+           "sig", "sig_text"]
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 #: Significant figures of every printed estimate.
@@ -230,6 +231,12 @@ def escape(value: Any) -> Latex:
     return value if isinstance(value, Latex) else Latex(escape_latex(str(value)))
 
 
+def escape_breakable(value: Any) -> Latex:
+    """The ``escape_breakable`` filter: literal text that may break inside its long tokens
+    (:func:`kvasym.latex.escape_latex_breakable`), for a narrow column's generated messages."""
+    return value if isinstance(value, Latex) else Latex(escape_latex_breakable(str(value)))
+
+
 def _finalize(value: Any) -> Any:
     """Applied to every ``\\VAR{}``: escape plain strings, refuse unformatted floats."""
     if isinstance(value, Latex):
@@ -251,6 +258,7 @@ def _finalize(value: Any) -> Any:
 FILTERS = {
     "escape": escape,
     "e": escape,
+    "escape_breakable": escape_breakable,
     "sig": sig,
     "num": num,
     "ci_wrap": ci_wrap,
