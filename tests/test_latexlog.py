@@ -69,11 +69,15 @@ WIDE = r"\par\noindent\begin{tabular}{l}" + "x" * 400 + r"\end{tabular}\par" + "
 NARROW = r"\par\noindent\begin{tabular}{l}fits\end{tabular}\par" + "\n"
 
 
-def test_build_pdf_fails_on_an_overfull_box_naming_it(tmp_path):
+def _need_latex(what: str) -> None:
     missing = [tool for tool in ("latexmk", "pdflatex") if shutil.which(tool) is None]
     if missing:
-        pytest.skip(f"LaTeX TOOLS MISSING ({', '.join(missing)}): the overfull gate was NOT exercised. "
+        pytest.skip(f"LaTeX TOOLS MISSING ({', '.join(missing)}): {what}. "
                     "Install them with: apt-get install latexmk texlive-latex-recommended")
+
+
+def test_build_pdf_fails_on_an_overfull_box_naming_it(tmp_path):
+    _need_latex("the overfull gate was NOT exercised")
     (tmp_path / "generated").mkdir()
     (tmp_path / "main.tex").write_text(DOC, encoding="utf-8")
     (tmp_path / "generated" / "table_wide.tex").write_text(WIDE, encoding="utf-8")
@@ -96,10 +100,7 @@ def _note_table(escaped: str) -> str:
 
 
 def test_a_generated_note_breaks_inside_its_long_tokens(tmp_path):
-    missing = [tool for tool in ("latexmk", "pdflatex") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"LaTeX TOOLS MISSING ({', '.join(missing)}): the note column was NOT typeset. "
-                    "Install them with: apt-get install latexmk texlive-latex-recommended")
+    _need_latex("the note column was NOT typeset")
     (tmp_path / "generated").mkdir()
     (tmp_path / "main.tex").write_text(DOC, encoding="utf-8")
     table = tmp_path / "generated" / "table_wide.tex"
