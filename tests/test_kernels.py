@@ -387,3 +387,25 @@ def test_the_radix_8_wht_adds_in_the_radix_2_order(dtype) -> None:
     part = u.copy()
     _kernels_numba.fwht_block(part, 5)  # a partial block: only the first 5 columns move
     assert np.array_equal(part[:, :5], _radix2_wht_columns(u)[:, :5]) and np.array_equal(part[:, 5:], u[:, 5:])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n_thresholds", [1, 2, 3, 5, 7, 15, 31, 255])
+def test_threshold_codes_count_the_thresholds_at_or_below_each_value(dtype, n_thresholds: int) -> None:
+    """Every code path of the threshold count (written out for 1, 3, 7 and 15 thresholds, a
+    loop for other counts below 15, a binary search above) is np.searchsorted(side="right"),
+    ties included: a value equal to a threshold, and its float neighbours on either side."""
+    from kvasym._kernels_numba import BLOCK, threshold_codes
+
+    rng = np.random.default_rng(n_thresholds)
+    thresholds = np.sort(rng.standard_normal(n_thresholds)).astype(dtype)
+    at = rng.choice(thresholds, 3 * BLOCK * 8)
+    ties = np.concatenate([at, np.nextafter(at, -np.inf), np.nextafter(at, np.inf)])
+    values = np.concatenate([ties, 3 * rng.standard_normal(ties.size)]).astype(dtype)
+    u = values.reshape(-1, BLOCK)
+    work, width = u.shape[0], BLOCK - 3  # a partial block: the last 3 lanes stay untouched
+    codes = np.full(u.shape, 255, dtype=np.uint8)
+    threshold_codes(u, codes, np.zeros(BLOCK, dtype=np.int32), thresholds, width, work)
+    expected = np.searchsorted(thresholds, u[:, :width], side="right")
+    assert np.array_equal(codes[:, :width], expected)
+    assert (codes[:, width:] == 255).all()
