@@ -121,14 +121,33 @@ def render(table: list[dict], two: bool) -> str:
     return "\n".join(lines)
 
 
+def target_line(total: dict, at_most: float) -> str:
+    """``[MET]`` or ``[NOT MET]``: B's summed CPU over the common jobs against ``at_most`` times A's."""
+    a, b = total.get("cpu_common_a", 0.0), total.get("cpu_common_b", 0.0)
+    if not a > 0:
+        return f"[NOT MEASURED] B's CPU at most {at_most:g}x A's: the runs have no common job with CPU recorded"
+    ratio = b / a
+    mark = "MET" if ratio <= at_most else "NOT MET"
+    return (f"[{mark}] B's summed job CPU at most {at_most:g}x A's, on {total.get('common', 0):.0f} common jobs: "
+            f"{b:.1f} / {a:.1f} CPU-s = {ratio:.3f}x")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_a", type=Path, help="a run's benchmarks directory (results/benchmarks)")
     parser.add_argument("run_b", type=Path, nargs="?", help="a second run's, to compare on common jobs")
+    parser.add_argument("--at-most", type=float, metavar="RATIO",
+                        help="a target for two runs: B's CPU on the common jobs at most RATIO times A's "
+                             "(issue 19: 0.333); marked MET or NOT MET as measured")
     args = parser.parse_args(argv)
+    if args.at_most is not None and (args.run_b is None or not args.at_most > 0):
+        parser.error("--at-most needs two runs and a positive ratio")
     a = load_benchmarks(args.run_a)
     b = load_benchmarks(args.run_b) if args.run_b is not None else None
-    print(render(summarize(a, b), two=b is not None))
+    table = summarize(a, b)
+    print(render(table, two=b is not None))
+    if args.at_most is not None:
+        print(target_line(table[-1], args.at_most))
     print("\ncpu 0: jobs whose sampled CPU is 0 (shorter than Snakemake's first reading); wall > 15 s: jobs "
           "whose CPU after their last reading (up to 30 s) is lost. Both make the sums lower bounds.")
     return 0

@@ -50,3 +50,11 @@ def test_refuses_what_is_not_a_benchmark_directory(tmp_path):
     (tmp_path / "x.tsv").write_text("a\tb\n1\t2\n")
     with pytest.raises(SystemExit, match=r"x\.tsv is not a Snakemake benchmark file"):
         bench_grid.load_benchmarks(tmp_path)
+
+
+def test_the_target_line_is_marked_as_measured():
+    total = {"common": 3, "cpu_common_a": 30.0, "cpu_common_b": 10.0}
+    assert bench_grid.target_line(total, 1 / 3).startswith("[MET]")
+    assert bench_grid.target_line({**total, "cpu_common_b": 10.5}, 1 / 3).startswith("[NOT MET]")
+    assert "= 0.350x" in bench_grid.target_line({**total, "cpu_common_b": 10.5}, 1 / 3)
+    assert bench_grid.target_line({"common": 0}, 1 / 3).startswith("[NOT MEASURED]")
