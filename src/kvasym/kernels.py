@@ -35,9 +35,11 @@ cache from its norm to its packed bytes:
 Layout. A block of ``BLOCK`` rows is transposed into a ``(D, BLOCK)`` buffer, ``TILE``
 coordinates at a time, so that every butterfly, threshold comparison and packing step is a
 vector over the block's rows; the WHT's stages go three at a time as radix-8 passes (the same
-additions in the same order as radix-2 stages, a third of the passes over the buffer), and the
-threshold counts are kept in int32 lanes. On a hadamard-sketch side the residual is sketched
-from the block buffer, and on decoding its estimate is added there: it never goes to memory.
+additions in the same order as radix-2 stages, a third of the passes over the buffer), the
+threshold counts of a codebook of up to 4 bits are written out with its 1, 3, 7 or 15
+thresholds in registers, and the sketch's sign bits are expanded 32 at a time from a uint32
+word. On a hadamard-sketch side the residual is sketched from the block buffer, and on decoding
+its estimate is added there: it never goes to memory.
 ``benchmarks/bench_quantize.py`` measures the result against a copy and the dense reference.
 
 Equality with the reference. Every step but the WHT is the same operation on the same values
