@@ -27,9 +27,7 @@ wildcard_constraints:
     budget=r"\d+",
 
 
-include: "workflow/rules/data.smk"
-include: "workflow/rules/quantize.smk"
-include: "workflow/rules/metrics.smk"
+include: "workflow/rules/cells.smk"
 include: "workflow/rules/real.smk"
 include: "workflow/rules/files.smk"
 include: "workflow/rules/stats.smk"

@@ -47,9 +47,8 @@ import numpy as np
 #: Arguments of each ``kvasym stage`` command that name files the job writes (the same flag is
 #: an input of one stage and an output of another: ``--per-query``, ``--trials``).
 OUTPUT_FLAGS: dict[str, tuple[str, ...]] = {
-    "data": ("--out", "--trials"),
-    "quantize": ("--out",),
-    "metrics": ("--per-query", "--per-key"),
+    "cells": ("--manifest", "--packed", "--per-query", "--per-key"),  # folders but the manifest
+    "metrics": ("--manifest", "--per-query", "--per-key"),
     "real_metrics": ("--out",),
     "stats": ("--comparisons", "--summary", "--trials"),
     "theory": ("--out",),
@@ -84,10 +83,12 @@ def redirect_outputs(args: list[str], root: Path, flags: tuple[str, ...]) -> tup
             in_output = word in flags
             out.append(word)
         elif in_output:
+            budget, sep, path = word.partition("=")  # real_metrics: --out BUDGET=FILE ...
+            prefix, word = (f"{budget}=", path) if sep and budget.isdigit() else ("", word)
             outputs.append(word)
             target = root / word
             target.parent.mkdir(parents=True, exist_ok=True)
-            out.append(str(target))
+            out.append(prefix + str(target))
         else:
             out.append(word)
     return out, outputs
@@ -95,6 +96,12 @@ def redirect_outputs(args: list[str], root: Path, flags: tuple[str, ...]) -> tup
 
 def run_once(src: str, args: list[str], workdir: Path, log: Path) -> tuple[float, float]:
     """(CPU seconds, wall seconds) of one run of the stage in a fresh interpreter."""
+    import shutil
+
+    for word in args:  # a folder output must not exist (kvasym.atomic.atomic_folder): the last round's goes
+        path = Path(word.partition("=")[2] if "=" in word and word.partition("=")[0].isdigit() else word)
+        if path.is_absolute() and path.is_dir() and (path / ".kvasym-folder").is_file():
+            shutil.rmtree(path)
     env = {**os.environ, **THREAD_ENV, "PYTHONPATH": str(Path(src).resolve())}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
@@ -128,7 +135,15 @@ def compare_arrays(a: np.ndarray, b: np.ndarray) -> dict[str, float | int | bool
 
 
 def compare_outputs(left: Path, right: Path) -> dict[str, object]:
-    """Per-column (Parquet) or whole-file comparison of one output of the two sides."""
+    """Per-column (Parquet) or whole-file comparison of one output of the two sides; a folder
+    output (a unit's packed caches or metrics) file by file."""
+    if left.is_dir():
+        names = sorted(str(p.relative_to(left)) for p in left.rglob("*") if p.is_file())
+        if names != sorted(str(p.relative_to(right)) for p in right.rglob("*") if p.is_file()):
+            return {"identical": False, "note": "the folders hold different files"}
+        results = {name: compare_outputs(left / name, right / name) for name in names}
+        return {"identical": all(r["identical"] for r in results.values()), "files": len(names),
+                "differing": {k: r for k, r in results.items() if not r["identical"]}}
     if left.suffix == ".parquet":
         import pyarrow.parquet as pq
 

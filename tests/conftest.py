@@ -104,16 +104,16 @@ def tiny_local_run(tiny_run: TinyRun) -> Path:
 
 @pytest.fixture
 def small_data(tmp_path: Path):
-    """(study, data slice, manifest path): the data stage's outputs for gaussian d = 64 of the
+    """(study, data slice, manifest path): the data manifest for gaussian d = 64 of the
     tiny config cut to two short trials (seq_len 32, 4 queries), written under ``tmp_path``."""
     import yaml
 
-    from kvasym.stages.data import run_data
+    from kvasym.manifest import write_manifest
     from kvasym.study import load_study
 
     tiny = yaml.safe_load((Path(__file__).resolve().parents[1] / "config/test.yaml").read_text())
     study = load_study({**tiny, "trials": 2, "seq_len": 32, "n_queries": 4})
     slice_ = study.data_slice("gaussian", 64)
     manifest = tmp_path / "data" / "gaussian" / "d64.json"
-    run_data(slice_, manifest)
+    write_manifest(slice_, manifest)
     return study, slice_, manifest

@@ -29,9 +29,10 @@ def claims_targets() -> list[str]:
 
     study = load_study_file(ROOT / "config/test.yaml")
     data = [f"results/data/{dist}/d{dim}.json" for dist, dim in study.data_cells()]
+    # every unit's metrics folders (a unit job writes its cells' files into them, whole)
     metrics = [
-        f"results/metrics/{table}/{dist}/d{dim}/{scheme}/n{budget}.parquet"
-        for dist, dim, scheme, budget in study.cells()
+        f"results/metrics/{table}/{dist}/d{dim}"
+        for dist, dim in study.data_cells()
         for table in ("per_query", "per_key")
     ]
     # the gathered tables too: once a job that reads them has failed, Snakemake has deleted them,
@@ -98,13 +99,15 @@ def snakemake(workdir: Path, *args: str, configfile: str = "config/test.yaml",
 
 
 def final_outputs(workdir: Path) -> list[Path]:
-    """Outputs under their final names (temporary files are hidden: '.name.XXXX.tmp')."""
+    """Outputs under their final names (temporary files and folders are hidden: '.name.XXXX.tmp'; a
+    file inside a hidden folder is not under its final name)."""
     results = workdir / "results"
     if not results.is_dir():
         return []
     return [
         p for p in results.rglob("*")
-        if p.is_file() and p.suffix in FINAL_SUFFIXES and not p.name.startswith(".")
+        if p.is_file() and p.suffix in FINAL_SUFFIXES
+        and not any(part.startswith(".") for part in p.relative_to(results).parts)
         and p.relative_to(results).parts[0] not in ("logs", "benchmarks")
     ]
 

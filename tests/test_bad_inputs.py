@@ -50,10 +50,9 @@ from snakemake_workdir import ROOT, make_workdir, run_env, snakemake
 
 from kvasym.claims import evaluate_claims, load_claims
 from kvasym.stages.claims import run_claims
-from kvasym.stages.data import run_data
+from kvasym.stages.cells import run_cells
 from kvasym.stages.gather import HOLM_FAMILIES, gather
 from kvasym.stages.metrics import run_metrics
-from kvasym.stages.quantize import run_quantize
 from kvasym.stages.stats import run_stats
 from kvasym.stages.theory import run_theory
 from kvasym.cli import main
@@ -496,6 +495,33 @@ class MiniRun:
         }
 
 
+def _run_unit(study: Any, dist: str, dim: int, root: Path) -> None:
+    """The unit job of (dist, dim) as the DAG runs it: cells, or metrics for a query-model variant."""
+    folders = [root / f"{table}/{dist}/d{dim}" for table in ("metrics/per_query", "metrics/per_key")]
+    manifest = root / f"data/{dist}/d{dim}.json"
+    if dist in study.query_variants:
+        parent = root / f"packed/{study.packed_distribution(dist)}/d{dim}"
+        run_metrics(study.unit_slice(dist, dim), parent, manifest, *folders)
+    else:
+        run_cells(study.unit_slice(dist, dim), manifest, root / f"packed/{dist}/d{dim}", *folders)
+
+
+#: The mini grid on low-rank keys with a query-model variant, whose metrics job reads its
+#: parent's packed caches (the DAG's one reader of packed files).
+VARIANT_MINI = {**MINI, "distributions": [{"name": "lowrank4", "kind": "low_rank", "params": {"rank": 4}},
+                                          {"name": "lowrank2", "kind": "low_rank", "params": {"rank": 2}}],
+                "query_models": {"models": ["isotropic"]}}
+
+
+@pytest.fixture(scope="module")
+def variant_mini(tmp_path_factory) -> MiniRun:
+    root = tmp_path_factory.mktemp("variant_mini")
+    study = load_study(VARIANT_MINI)
+    for dist, dim in study.main_data_cells():
+        _run_unit(study, dist, dim, root)
+    return MiniRun(root, study)
+
+
 @pytest.fixture(scope="module")
 def mini(tmp_path_factory) -> MiniRun:
     root = tmp_path_factory.mktemp("mini")
@@ -504,12 +530,7 @@ def mini(tmp_path_factory) -> MiniRun:
     stats_out = {kind: [] for kind in ("comparisons", "summary", "trials", "theory")}
     for dist, dim in study.data_cells():
         data = root / f"data/{dist}/d{dim}.json"
-        run_data(study.data_slice(dist, dim), data)
-        for _, _, scheme, budget in (c for c in study.cells() if c[0] == dist):
-            cell = run.cell(dist, scheme, budget)
-            run_quantize(study.cell_slice(dist, dim, scheme, budget), data, cell["packed"])
-            run_metrics(study.metrics_slice(dist, dim, scheme, budget), data, cell["packed"], cell["per_query"],
-                        cell["per_key"])
+        _run_unit(study, dist, dim, root)
         per_query = [run.cell(dist, s, b)["per_query"] for s in study.schemes for b in study.budgets]
         per_key = [run.cell(dist, s, b)["per_key"] for s in study.schemes for b in study.budgets]
         outs = {kind: root / f"stats/{kind}/{dist}/d{dim}.parquet"
@@ -823,13 +844,15 @@ CLI_REJECTED = [
     ("scheme_overspends", ["evaluate", "--keys", "K.npy", "--values", "V.npy", "--queries", "Q.npy", "--scheme", "OVER",
                            "--bits", "4", "--schemes", "schemes_over.yaml"],
      "scheme OVER side K at budget n=4: spends 5 bits"),
-    ("stage_slice_not_json", ["stage", "data", "--slice", "{dim: 3", "--out", "out/d.json"],
+    ("stage_slice_not_json", ["stage", "cells", "--slice", "{dim: 3", "--manifest", "out/d.json", "--packed", "p",
+                              "--per-query", "q", "--per-key", "k"],
      "--slice is not valid JSON"),
-    ("stage_slice_not_object", ["stage", "data", "--slice", "[1, 2]", "--out", "out/d.json"],
+    ("stage_slice_not_object", ["stage", "cells", "--slice", "[1, 2]", "--manifest", "out/d.json", "--packed", "p",
+                                "--per-query", "q", "--per-key", "k"],
      "--slice must be a JSON object"),
-    ("stage_slice_missing_keys", ["stage", "quantize", "--slice", '{"dim": 16}', "--data", "d.json", "--out",
-                                  "out/q.npz"],
-     "--slice of the quantize stage lacks key(s) base_seed, budget, distribution"),
+    ("stage_slice_missing_keys", ["stage", "cells", "--slice", '{"dim": 16}', "--manifest", "d.json", "--packed",
+                                  "p", "--per-query", "q", "--per-key", "k"],
+     "--slice of the cells stage lacks key(s) base_seed, budgets, distribution"),
     # one key: every attention weight is 1, KL 0 and recall 1 whatever the scheme (was accepted)
     ("single_key", _evaluate("k_1row.npy", "v_1row.npy"), "keys need at least 2 rows (positions), got 1"),
     ("dequantize_plain_array", ["dequantize", "K.npy", "out/k.npy"], "is a plain .npy array, not a packed cache"),
@@ -1061,7 +1084,8 @@ def _restamped(manifest: dict) -> dict:
 @dataclass(frozen=True)
 class Tamper:
     id: str
-    stage: str  # which stage reads the tampered file: metrics, stats, theory, gather, claims
+    stage: str  # which stage reads the tampered file: metrics (of a query-model variant), stats, theory, gather,
+    # claims
     target: str  # packed, data, per_query, per_key, gathered, stats_part
     action: Callable[[Path, "MiniRun"], None]
     message: str
@@ -1073,29 +1097,29 @@ TAMPERED = [
     Tamper("packed_garbage", "metrics", "packed", lambda p, r: _garbage(p), "not a readable .npz packed cache"),
     Tamper("packed_byte_flipped", "metrics", "packed", lambda p, r: _flip_member_byte(p), "BadZipFile"),
     Tamper("packed_from_other_budget", "metrics", "packed",
-           lambda p, r: shutil.copy(r.cell("gaussian", "KQV", 2)["packed"], p),
+           lambda p, r: shutil.copy(r.cell("lowrank4", "KQV", 2)["packed"], p),
            "has budget = 2 but cell KQV n=4 needs 4"),
     Tamper("packed_from_other_scheme", "metrics", "packed",
-           lambda p, r: shutil.copy(r.cell("gaussian", "KV", 4)["packed"], p), "but cell KQV n=4 needs"),
+           lambda p, r: shutil.copy(r.cell("lowrank4", "KV", 4)["packed"], p), "but cell KQV n=4 needs"),
     Tamper("packed_from_other_distribution", "metrics", "packed",
-           lambda p, r: shutil.copy(r.cell("t1.05", "KQV", 4)["packed"], p), "rotation_seed"),
+           lambda p, r: shutil.copy(r.cell("lowrank2", "KQV", 4)["packed"], p), "rotation_seed"),
     Tamper("packed_trials_swapped", "metrics", "packed",
            lambda p, r: _rename_members(p, {"t0.K": "t1.K", "t1.K": "t0.K", "t0.V": "t1.V", "t1.V": "t0.V"}),
            "trial 0 side K has rotation_seed"),
     Tamper("packed_trial_missing", "metrics", "packed",
            lambda p, r: _rename_members(p, {"t2.K": "x2.K", "t2.V": "x2.V"}), "no packed caches for trial 2"),
-    Tamper("manifest_truncated", "metrics", "data", lambda p, r: _truncate(p), "unreadable data manifest"),
-    Tamper("manifest_not_object", "metrics", "data", lambda p, r: p.write_text("[1, 2]"), "unreadable data manifest"),
-    Tamper("manifest_other_slice", "metrics", "data",
+    Tamper("manifest_truncated", "theory", "data", lambda p, r: _truncate(p), "unreadable data manifest"),
+    Tamper("manifest_not_object", "theory", "data", lambda p, r: p.write_text("[1, 2]"), "unreadable data manifest"),
+    Tamper("manifest_other_slice", "theory", "data",
            lambda p, r: p.write_text(p.read_text().replace('"seq_len": 32', '"seq_len": 33')),
            "made for another config slice"),
-    Tamper("manifest_digest_changed", "metrics", "data",
+    Tamper("manifest_digest_changed", "theory", "data",
            lambda p, r: p.write_text(json.dumps({**json.loads(p.read_text()),
                                                  "trials": [{"trial": t, "sha256": "0" * 64} for t in range(3)]})),
            "does not match its digest"),
     # a consistent manifest (its content digest restamped) whose trial digests are wrong: the
     # regenerated data is then refused trial by trial
-    Tamper("manifest_trial_digest_restamped", "metrics", "data",
+    Tamper("manifest_trial_digest_restamped", "theory", "data",
            lambda p, r: p.write_text(json.dumps(_restamped({**json.loads(p.read_text()),
                                                             "trials": [{"trial": t, "sha256": "0" * 64}
                                                                        for t in range(3)]}))),
@@ -1134,21 +1158,22 @@ def _copy_run(run: MiniRun, dest: Path) -> MiniRun:
 
 
 @pytest.mark.parametrize("case", TAMPERED, ids=[c.id for c in TAMPERED])
-def test_tampered_intermediate_is_detected(mini: MiniRun, tmp_path, case: Tamper) -> None:
-    run = _copy_run(mini, tmp_path / "run")
-    study, dist, dim, scheme, budget = run.study, "gaussian", 16, "KQV", 4
+def test_tampered_intermediate_is_detected(mini: MiniRun, variant_mini: MiniRun, tmp_path, case: Tamper) -> None:
+    run = _copy_run(variant_mini if case.stage == "metrics" else mini, tmp_path / "run")
+    dist = "lowrank4" if case.stage == "metrics" else "gaussian"
+    study, dim, scheme, budget = run.study, 16, "KQV", 4
     cell = run.cell(dist, scheme, budget)
     data = run.root / f"data/{dist}/d{dim}.json"
     target = {
         "packed": cell["packed"], "data": data, "per_query": cell["per_query"], "per_key": cell["per_key"],
-        "gathered": run.paths["comparisons"], "stats_part": run.paths["summary_parts"][0],
+        "gathered": run.paths.get("comparisons"), "stats_part": (run.paths.get("summary_parts") or [None])[0],
     }[case.target]
     case.action(target, run)
     out = tmp_path / "out"
     with pytest.raises(KvasymError) as info:
         if case.stage == "metrics":
-            run_metrics(study.metrics_slice(dist, dim, scheme, budget), data, cell["packed"], out / "pq.parquet",
-                        out / "pk.parquet")
+            run_metrics(study.unit_slice("lowrank4+isotropic", dim), cell["packed"].parent.parent,
+                        out / "m.json", out / "pq", out / "pk")
         elif case.stage == "stats":
             paths = [run.cell(dist, s, b)["per_query"] for s in study.schemes for b in study.budgets]
             run_stats(study.stats_slice(dist, dim), paths, out / "c.parquet", out / "s.parquet", out / "t.parquet")
@@ -1163,7 +1188,7 @@ def test_tampered_intermediate_is_detected(mini: MiniRun, tmp_path, case: Tamper
     message = str(info.value)
     assert case.message in message, message
     assert "\n" not in message
-    if case.stage != "metrics" or case.target == "packed":
+    if case.id != "manifest_trial_digest_restamped":  # regenerated data is refused trial by trial
         assert target.name in message, "the message names the file"
     if (case.target in ("packed", "per_query", "per_key", "gathered", "stats_part")
             and "no such file" not in case.message):
@@ -1174,18 +1199,18 @@ def test_tampered_intermediate_is_detected(mini: MiniRun, tmp_path, case: Tamper
     assert not out.exists() or not any(out.iterdir()), "nothing written"
 
 
-def test_tampered_packed_cache_through_the_stage_command(mini: MiniRun, tmp_path) -> None:
+def test_tampered_packed_cache_through_the_stage_command(variant_mini: MiniRun, tmp_path) -> None:
     """What the Snakemake rule runs: exit status 2 and one line in the job's log."""
     from kvasym.study import canonical_json
 
-    run = _copy_run(mini, tmp_path / "run")
-    cell = run.cell("gaussian", "KQV", 4)
+    run = _copy_run(variant_mini, tmp_path / "run")
+    cell = run.cell("lowrank4", "KQV", 4)
     _truncate(cell["packed"])
-    slice_ = canonical_json(run.study.metrics_slice("gaussian", 16, "KQV", 4))
+    slice_ = canonical_json(run.study.unit_slice("lowrank4+isotropic", 16))
     proc = subprocess.run(
         [sys.executable, "-m", "kvasym.cli", "stage", "metrics", "--slice", slice_,
-         "--data", str(run.root / "data/gaussian/d16.json"), "--packed", str(cell["packed"]),
-         "--per-query", str(tmp_path / "pq.parquet"), "--per-key", str(tmp_path / "pk.parquet")],
+         "--packed", str(run.root / "packed/lowrank4/d16"), "--manifest", str(tmp_path / "m.json"),
+         "--per-query", str(tmp_path / "pq"), "--per-key", str(tmp_path / "pk")],
         capture_output=True, text=True, env=run_env(),
     )
     assert proc.returncode == 2
@@ -1193,10 +1218,12 @@ def test_tampered_packed_cache_through_the_stage_command(mini: MiniRun, tmp_path
     assert proc.stderr.startswith("kvasym ") and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("kvasym: error: ") and "n4.npz" in last
-    assert not (tmp_path / "pq.parquet").exists()
-    # an intermediate of the DAG is moved aside, so the next Snakemake run rebuilds it
-    assert last.endswith("moved aside to .n4.npz.damaged; rerun and the rule that writes it rebuilds it"), last
-    assert not cell["packed"].exists() and cell["packed"].with_name(".n4.npz.damaged").is_file()
+    assert not (tmp_path / "pq").exists() and not (tmp_path / "m.json").exists()
+    # the parent's packed folder (written whole by its cells job) is moved aside, so the next
+    # Snakemake run reruns that job
+    assert last.endswith("moved aside to .d16.damaged; rerun and the rule that writes it rebuilds it"), last
+    folder = run.root / "packed/lowrank4/d16"
+    assert not folder.exists() and (folder.with_name(".d16.damaged") / "KQV" / "n4.npz").is_file()
 
 
 def test_damaged_input_of_the_figure_stage_is_one_line_and_moved_aside(mini: MiniRun, tmp_path) -> None:
@@ -1216,7 +1243,9 @@ def test_damaged_input_of_the_figure_stage_is_one_line_and_moved_aside(mini: Min
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"kvasym: error: {files[1]}: not a readable Parquet table"), last
-    assert last.endswith(f"moved aside to .{files[1].name}.damaged; rerun and the rule that writes it rebuilds it")
+    # the file is in its unit's folder, which its cells job writes whole: the folder goes aside
+    assert last.endswith("moved aside to .d16.damaged; rerun and the rule that writes it rebuilds it"), last
+    assert (run.root / "metrics/per_query/gaussian/.d16.damaged" / files[1].relative_to(files[1].parents[1])).is_file()
     assert not (tmp_path / "figures").exists() or not any((tmp_path / "figures").iterdir())
 
 
@@ -1243,8 +1272,8 @@ def test_a_damaged_user_file_is_never_moved(tmp_path) -> None:
     # file_metrics reads a user's cache dump: it declares no intermediate
     user = argparse.Namespace(stage_name="file_metrics", cache=str(mine))
     assert move_aside_damaged(user, str(mine)) == "fix or replace it and rerun"
-    # metrics declares --data and --packed; a path it was not given is not its to move
-    dag = argparse.Namespace(stage_name="metrics", data=str(tmp_path / "d.json"), packed=str(packed))
+    # theory declares --data and --per-key; a path it was not given is not its to move
+    dag = argparse.Namespace(stage_name="theory", data=str(tmp_path / "d.json"), per_key=[str(packed)])
     assert move_aside_damaged(dag, str(mine)) == "fix or replace it and rerun"
     assert mine.read_bytes() == b"damaged"
     assert move_aside_damaged(dag, str(packed)).startswith("moved aside to .packed.npz.damaged")

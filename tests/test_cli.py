@@ -141,10 +141,10 @@ def test_real_stage_names_missing_slice_keys(tmp_path, capsys):
     from kvasym.cli import main
 
     code = main(["stage", "real_metrics", "--slice", '{"distribution": "smollm2"}',
-                 "--captures", str(tmp_path / "a.npz"), "--out", str(tmp_path / "o.parquet")])
+                 "--captures", str(tmp_path / "a.npz"), "--out", f"4={tmp_path / 'o.parquet'}"])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "--slice of the real_metrics stage lacks key(s) base_seed, budget, norm_dtype, scheme, sharpness" in err
+    assert "--slice of the real_metrics stage lacks key(s) base_seed, budgets, norm_dtype, scheme, sharpness" in err
     assert not (tmp_path / "o.parquet").exists()
 
 

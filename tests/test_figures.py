@@ -556,11 +556,11 @@ def real_rows(tmp_path_factory):
     files: dict[tuple[str, str, int], Path] = {}
     for dist, scheme, budget in [*itertools.product(REAL_DISTRIBUTIONS, REAL_SCHEMES, [REAL_BUDGET]),
                                  ("smollm2", "KV", 2)]:
-        slice_ = {"distribution": dist, "scheme": {"name": scheme, **get_scheme(scheme).to_dict()}, "budget": budget,
+        slice_ = {"distribution": dist, "scheme": {"name": scheme, **get_scheme(scheme).to_dict()}, "budgets": [budget],
                   "sharpness": [1.0], "base_seed": 11, "norm_dtype": "float32", "layers": None}
         out = tmp / "metrics" / "per_query" / dist / "d8" / scheme / f"n{budget}.parquet"
         out.parent.mkdir(parents=True, exist_ok=True)
-        run_real_metrics(slice_, paths, str(out))
+        run_real_metrics(slice_, paths, {budget: str(out)})
         files[(dist, scheme, budget)] = out
     return {"files": files, "captures": captures, "headline": [f for (_, _, b), f in files.items() if b == REAL_BUDGET]}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats
 
@@ -194,24 +195,46 @@ def test_variants_expand_low_rank_distributions_only_and_share_their_parents_cac
         assert "query" not in plain.data_slice("lr4", 64)["distribution"]
 
 
-def test_variant_cells_quantize_to_their_parents_bytes(tmp_path) -> None:
-    """The variant's keys are its parent's, so the quantize stage writes the same caches (the DAG
-    then reads the parent's file): checked on the digests of the packed caches' payloads."""
+def test_variant_cells_measure_their_parents_caches(tmp_path) -> None:
+    """The variant's keys and values are its parent's, so its unit (the metrics stage) measures
+    the packed caches the parent's unit (the cells stage) wrote, against its own queries: its
+    per-query rows are what a direct computation on the parent's reconstructions gives, and a
+    packed folder of another distribution is refused as stale."""
     from kvasym.cache import load_packed
-    from kvasym.stages.data import run_data
-    from kvasym.stages.quantize import run_quantize
+    from kvasym.errors import DamagedFile
+    from kvasym.manifest import load_manifest, verified_trial
+    from kvasym.metrics import trial_metrics_multi
+    from kvasym.stages.cells import run_cells
+    from kvasym.stages.metrics import run_metrics
 
     study = _study({"models": ["isotropic"], "distributions": ["lr4"]}, seq_len=16, n_queries=4, trials=2)
-    payloads = {}
-    for name in ("lr4", "lr4+isotropic"):
-        manifest = tmp_path / name / "d64.json"
-        run_data(study.data_slice(name, 64), manifest)
-        out = tmp_path / name / "KQV.npz"
-        run_quantize(study.cell_slice(name, 64, "KQV", 4), manifest, out)
-        payloads[name] = {k: c.dequantize("float64") for k, c in load_packed(out).items()}
-    assert payloads["lr4"].keys() == payloads["lr4+isotropic"].keys()
-    for key, array in payloads["lr4"].items():
-        np.testing.assert_array_equal(array, payloads["lr4+isotropic"][key])
+    parent = study.unit_slice("lr4", 64)
+    variant = study.unit_slice("lr4+isotropic", 64)
+    assert [s["name"] for s in variant["schemes"]] == list(study.schemes)
+    run_cells(parent, tmp_path / "lr4.json", tmp_path / "packed", tmp_path / "pq", tmp_path / "pk")
+    run_metrics(variant, tmp_path / "packed", tmp_path / "v.json", tmp_path / "vpq", tmp_path / "vpk")
+    digests = load_manifest(tmp_path / "v.json", study.data_slice("lr4+isotropic", 64))
+    caches = load_packed(tmp_path / "packed" / "KQV" / "n4.npz")
+    frame = pd.read_parquet(tmp_path / "vpq" / "KQV" / "n4.parquet")
+    assert (frame.distribution == "lr4+isotropic").all()
+    for trial in range(2):
+        data = verified_trial(study.data_slice("lr4+isotropic", 64), trial, digests)
+        own = verified_trial(study.data_slice("lr4", 64), trial, load_manifest(tmp_path / "lr4.json",
+                                                                               study.data_slice("lr4", 64)))
+        np.testing.assert_array_equal(data.keys, own.keys)
+        np.testing.assert_array_equal(data.values, own.values)
+        assert not np.array_equal(data.queries, own.queries)
+        (per_query, _), *_ = trial_metrics_multi(data.queries, data.keys, data.values,
+                                                 caches[f"t{trial}.K"].dequantize("float64"),
+                                                 caches[f"t{trial}.V"].dequantize("float64"), study.sharpness)
+        got = frame[(frame.trial == trial) & (frame.sharpness == study.sharpness[0])]
+        np.testing.assert_allclose(got.kl.to_numpy(), per_query["kl"], rtol=1e-12)
+    other = _study({"models": ["isotropic"], "distributions": ["lr4"]}, seq_len=16, n_queries=4, trials=2,
+                   base_seed=99)
+    with pytest.raises(DamagedFile, match="stale or from another cell"):
+        run_metrics(other.unit_slice("lr4+isotropic", 64), tmp_path / "packed", tmp_path / "w.json",
+                    tmp_path / "wpq", tmp_path / "wpk")
+    assert not any((tmp_path / n).exists() for n in ("w.json", "wpq", "wpk"))
 
 
 @pytest.mark.parametrize(("query_models", "match"), [

@@ -123,10 +123,10 @@ def test_real_metrics_table_feeds_the_stats_stage(tmp_path):
         paths.append(str(write_capture(capture, tmp_path / f"{text}.npz")))
     files = []
     for scheme in ("KQV", "QKQV"):
-        slice_ = {"distribution": "smollm2", "scheme": {"name": scheme, **get_scheme(scheme).to_dict()}, "budget": 4,
+        slice_ = {"distribution": "smollm2", "scheme": {"name": scheme, **get_scheme(scheme).to_dict()}, "budgets": [4],
                   "sharpness": [1.0], "base_seed": 3, "norm_dtype": "float32", "layers": None}
         out = tmp_path / f"{scheme}.parquet"
-        run_real_metrics(slice_, paths, str(out))
+        run_real_metrics(slice_, paths, {4: str(out)})
         files.append(str(out))
     frame = pd.read_parquet(files[0])
     assert set(frame["distribution"]) == {"smollm2"} and set(frame["kind"]) == {"smollm2"}
@@ -144,6 +144,39 @@ def test_real_metrics_table_feeds_the_stats_stage(tmp_path):
     summary = pd.read_parquet(outs["summary"])
     assert set(summary["scheme"]) == {"KQV", "QKQV"} and set(summary["distribution"]) == {"smollm2"}
     assert len(pd.read_parquet(outs["comparisons"])) > 0
+
+
+def test_one_real_metrics_job_per_scheme_writes_what_a_job_per_budget_wrote(tmp_path):
+    """Issue 29: the real rows' job evaluates every budget of a (distribution, scheme) on one
+    read of each capture; each budget's file holds exactly the rows and metadata (trial map,
+    provenance of its cell) that a job of that budget alone writes."""
+    import json as _json
+
+    import pandas as pd
+
+    from kvasym.dataset import read_metadata
+    from kvasym.real.capture import write_capture
+    from kvasym.stages.real_metrics import run_real_metrics
+
+    paths = []
+    for i, text in enumerate(("a", "b")):
+        capture = make_capture(seed=i)
+        capture.metadata["name"] = text
+        paths.append(str(write_capture(capture, tmp_path / f"{text}.npz")))
+    base = {"distribution": "smollm2-prerope", "scheme": {"name": "KQV", **get_scheme("KQV").to_dict()},
+            "sharpness": [1.0], "base_seed": 3, "norm_dtype": "float32", "layers": None}
+    together = {b: tmp_path / f"all_n{b}.parquet" for b in (2, 4)}
+    run_real_metrics({**base, "budgets": [2, 4]}, paths, together)
+    for budget, path in together.items():
+        alone = tmp_path / f"alone_n{budget}.parquet"
+        run_real_metrics({**base, "budgets": [budget]}, paths, {budget: alone})
+        pd.testing.assert_frame_equal(pd.read_parquet(path), pd.read_parquet(alone))
+        meta, want = read_metadata(path), read_metadata(alone)
+        assert meta["trial_map"] == want["trial_map"]
+        assert _json.loads(meta["config_slice"]) == {**base, "budget": budget} == _json.loads(want["config_slice"])
+        assert set(pd.read_parquet(path)["budget"]) == {budget}
+    with pytest.raises(KvasymError, match=r"--out names budgets \[2\], the slice \[2, 4\]"):
+        run_real_metrics({**base, "budgets": [2, 4]}, paths, {2: tmp_path / "x.parquet"})
 
 
 @pytest.mark.parametrize(

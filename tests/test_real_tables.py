@@ -28,7 +28,7 @@ from kvasym.cachestats import STATISTICS, TOP_CHANNELS, batched_cache_statistics
 from kvasym.errors import KvasymError
 from kvasym.latex import escape_latex
 from kvasym.manifest import DATA_FORMAT, content_digest
-from kvasym.stages.data import run_data
+from kvasym.manifest import write_manifest
 from kvasym.real import INSTALL_COMMANDS, REAL_MODEL_NAME
 from kvasym.real.cachestats import (
     COLUMNS,
@@ -310,7 +310,7 @@ def _manifests(tmp_path: Path) -> list[Path]:
     paths = []
     for dist, dim in (("gaussian", 64), ("lowrank4", 64)):
         path = tmp_path / "data" / dist / f"d{dim}.json"
-        run_data(study.data_slice(dist, dim), path)
+        write_manifest(study.data_slice(dist, dim), path)
         paths.append(path)
     other = json.loads(paths[0].read_text())
     other["slice"]["dim"] = 32

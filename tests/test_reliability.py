@@ -17,12 +17,11 @@ from kvasym.claims import load_claims
 from kvasym.cli import main
 from kvasym.errors import KvasymError
 from kvasym.figure_registry import figures_slice
-from kvasym.stages.data import run_data
 from kvasym.stages.figure import run_figures
-from kvasym.stages.metrics import run_metrics
-from kvasym.stages.quantize import run_quantize
 from kvasym.stages.theory import run_theory
 from kvasym.study import load_study
+from kvasym.manifest import write_manifest
+from cell_files import one_cell, one_unit
 
 TINY = yaml.safe_load((ROOT / "config/test.yaml").read_text())
 
@@ -32,11 +31,8 @@ def test_per_key_trials_zero_writes_an_empty_per_key_table(tmp_path):
     without a Jensen slope, and a Jensen figure that says it has nothing to draw; it used to
     kill every metrics job with a pyarrow traceback."""
     study = load_study({**TINY, "per_key_trials": 0, "trials": 2, "seq_len": 32, "n_queries": 4})
-    data, packed = tmp_path / "d.json", tmp_path / "p.npz"
-    per_query, per_key, theory = tmp_path / "pq.parquet", tmp_path / "pk.parquet", tmp_path / "th.parquet"
-    run_data(study.data_slice("gaussian", 64), data)
-    run_quantize(study.cell_slice("gaussian", 64, "KQV", 4), data, packed)
-    run_metrics(study.metrics_slice("gaussian", 64, "KQV", 4), data, packed, per_query, per_key)
+    cell = one_cell(study, "gaussian", 64, "KQV", 4, tmp_path)
+    data, per_query, per_key, theory = cell.manifest, cell.per_query, cell.per_key, tmp_path / "th.parquet"
     keys = pd.read_parquet(per_key)
     assert len(keys) == 0 and {"distribution", "scheme", "key"} <= set(keys.columns)
     assert str(pq.read_schema(per_key).field("distribution").type) == "string"
@@ -224,14 +220,10 @@ def test_seq_len_two_runs_to_a_ledger_with_undefined_slopes(tmp_path):
     from kvasym.claims import INCONCLUSIVE, Tables, evaluate_claims
 
     study = load_study({**TINY, "seq_len": 2, "trials": 2, "n_queries": 4})
-    data, theory = tmp_path / "d.json", tmp_path / "th.parquet"
-    run_data(study.data_slice("gaussian", 64), data)
-    per_key = []
-    for scheme in study.schemes:
-        packed, pq_, pk = (tmp_path / f"{scheme}.{ext}" for ext in ("npz", "pq.parquet", "pk.parquet"))
-        run_quantize(study.cell_slice("gaussian", 64, scheme, 4), data, packed)
-        run_metrics(study.metrics_slice("gaussian", 64, scheme, 4), data, packed, pq_, pk)
-        per_key.append(pk)
+    theory = tmp_path / "th.parquet"
+    cells = one_unit(study, "gaussian", 64, tmp_path, schemes=list(study.schemes), budgets=[4])
+    data = cells[next(iter(study.schemes)), 4].manifest
+    per_key = [cells[scheme, 4].per_key for scheme in study.schemes]
     run_theory(study.theory_slice("gaussian", 64), data, per_key, theory)
     frame = pd.read_parquet(theory)
     for check in ("jensen_slope", "jensen_slope_adjusted", "jensen_slope_norm"):  # every scheme, beside 1/2
@@ -294,7 +286,7 @@ def test_a_hand_edited_data_manifest_statistic_is_refused_and_moved_aside(small_
     assert len(load_manifest(path, slice_)) == 2
     # deterministic: the same bytes from a second build, a digest independent of key order
     again = tmp_path / "again.json"
-    run_data(dict(reversed(list(slice_.items()))), again)
+    write_manifest(dict(reversed(list(slice_.items()))), again)
     assert again.read_bytes() == path.read_bytes()
     assert content_digest(dict(reversed(list(manifest.items())))) == manifest["content_sha256"]
 
@@ -306,13 +298,14 @@ def test_a_hand_edited_data_manifest_statistic_is_refused_and_moved_aside(small_
         with pytest.raises(DamagedFile, match=r"d64\.json: .*its content does not match its digest \(edited"):
             read()
     # what the Snakemake rule runs: exit 2, one line, and the manifest moved aside to be rebuilt
-    code = main(["stage", "quantize", "--slice", canonical_json(study.cell_slice("gaussian", 64, "KQV", 4)),
-                 "--data", str(path), "--out", str(tmp_path / "p.npz")])
+    code = main(["stage", "theory", "--slice", canonical_json(study.theory_slice("gaussian", 64)),
+                 "--data", str(path), "--per-key", str(tmp_path / "none.parquet"),
+                 "--out", str(tmp_path / "t.parquet")])
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and "does not match its digest" in last and "Traceback" not in last, last
     assert last.endswith("moved aside to .d64.json.damaged; rerun and the rule that writes it rebuilds it"), last
     assert not path.exists() and path.with_name(".d64.json.damaged").is_file()
-    assert not (tmp_path / "p.npz").exists()
+    assert not (tmp_path / "t.parquet").exists()
 
 
 def test_a_stale_or_old_format_data_manifest_is_damaged_not_a_dead_end(small_data, tmp_path):

@@ -139,7 +139,7 @@ def test_tiny_config_through_slurm_matches_a_local_run(slurm, tiny_local_run, tm
     assert code == 0, f"Slurm run failed or timed out after {wall:.0f} s:\n{log[-5000:]}"
     submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", log)
     groups = re.findall(r"has been submitted with SLURM jobid \d+ \(log: \S*/group_", log)
-    cells = re.findall(r"has been submitted with SLURM jobid \d+ \(log: \S*/group_cell_data_", log)
+    cells = re.findall(r"has been submitted with SLURM jobid \d+ \(log: \S*/group_cell_cells_", log)
     # one group job per (distribution, d) data cell of the tiny grid; with the real extra, one
     # group for the captures and their metrics plus the two real stats jobs
     assert len(cells) == 3, log[-3000:]

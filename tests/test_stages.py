@@ -28,7 +28,7 @@ def _rules() -> dict[str, str]:
 
 def test_every_rule_runs_the_stage_of_its_own_name():
     rules = _rules()
-    assert {"data", "quantize", "metrics", "stats", "theory", "gather", "claims", "tables", "numbers", "paper",
+    assert {"cells", "metrics", "stats", "theory", "gather", "claims", "tables", "numbers", "paper",
             "capture", "real_metrics", "real_cachestats", "file_metrics"} <= set(rules)
     for name, body in rules.items():
         called = re.findall(r"kvasym stage (\w+)", body)
@@ -91,7 +91,7 @@ def test_a_stage_reruns_when_the_code_it_runs_changes_and_only_then():
     for name, body in _rules().items():
         assert f'code=STAGE_CODE["{name}"]' in body, f"rule {name} does not pass its code digest"
     assert 'code=STAGE_CODE["figure"]' in (ROOT / "workflow/rules/figures.smk").read_text()
-    assert "kvasym/metrics.py" in _modules("metrics") and "kvasym/cache.py" in _modules("quantize")
+    assert "kvasym/metrics.py" in _modules("cells") and "kvasym/cache.py" in _modules("cells")
     assert "kvasym/figures.py" in _modules("figure") and "kvasym/figures.py" not in _modules("metrics")
     assert "kvasym/templates/table_results.tex.j2" in _modules("tables")
     assert not any("templates" in m or m.startswith("kvasym/render") for m in _modules("metrics"))
@@ -117,7 +117,7 @@ def test_the_import_scan_finds_what_parsing_each_module_finds():
         assert stages._imports(path, module) == stages._imports_by_parsing(path, module), module
         checked += 1
     assert checked > 50
-    assert "kvasym.cache" in stages._imports(package / "stages" / "quantize.py", "kvasym.stages.quantize")
+    assert "kvasym.cache" in stages._imports(package / "stages" / "cells.py", "kvasym.stages.cells")
 
 
 def test_the_import_scan_reads_lazy_multiline_and_relative_imports(tmp_path):
@@ -136,57 +136,76 @@ def test_the_import_scan_reads_lazy_multiline_and_relative_imports(tmp_path):
                      "kvasym.figures", "kvasym.figures.draw", "kvasym.theory"}
 
 
-def test_the_data_stage_stores_the_trials_its_consumers_read_and_check(small_data, tmp_path, capsys):
-    """Issue 19, item 3: the trials of a (distribution, dim) are drawn once, by the data stage,
-    and read by its 24 quantize and metrics jobs instead of drawn again by each; every trial read
-    is checked against the manifest's digest. A damaged trials file (edited, truncated, of another
-    shape) is a DamagedFile, which the stage moves aside so that the data rule rebuilds it."""
+def test_the_cells_stage_writes_what_the_reference_computes_cell_by_cell(small_data, tmp_path, capsys):
+    """Issue 29, item 1: one job per (distribution, dim) draws the data once and writes every
+    cell's packed caches and metrics. Each cell is checked against an independent computation
+    of that cell alone on the numpy reference path (quantize_pair, trial_metrics_multi): the
+    packed caches equal, the metrics to float rounding (the compiled WHT adds in another order).
+    A unit that fails leaves none of its folders; a damaged file in a unit folder sends the
+    folder aside, so that Snakemake reruns the unit (it cannot see a file missing inside it)."""
     import numpy as np
+    import pandas as pd
 
-    from kvasym.errors import DamagedFile, KvasymError
-    from kvasym.manifest import load_manifest, regenerate_trial, stored_trials, trials_path
+    from kvasym.cache import load_packed
+    from kvasym.evaluate import quantize_pair
+    from kvasym.manifest import load_manifest, verified_trial
+    from kvasym.metrics import trial_metrics_multi
+    from kvasym.stages.cells import run_cells
+    from kvasym.stages.metrics import unit_cells
     from kvasym.study import canonical_json
 
-    study, slice_, manifest = small_data
-    trials = trials_path(manifest)
-    assert trials == manifest.with_name("d64.trials.npy") and trials.is_file()
-    digests = load_manifest(manifest, slice_)
-    read = stored_trials(slice_, trials, digests)
-    for trial in range(2):
-        stored, drawn = read(trial), regenerate_trial(slice_, trial)
-        for part in ("keys", "values", "queries"):
-            assert np.array_equal(getattr(stored, part), getattr(drawn, part))
-            assert getattr(stored, part).flags.writeable  # a fresh array, not a view of the file
-    raw = trials.read_bytes()
-    flipped = bytearray(raw)
-    flipped[-1] ^= 1  # the last query of the last trial
-    trials.write_bytes(bytes(flipped))
-    read = stored_trials(slice_, trials, digests)
-    read(0)
-    with pytest.raises(DamagedFile, match=r"stored trial 1 of gaussian d=64 differs from its manifest digest"):
-        read(1)
-    trials.write_bytes(raw[:-8])
-    with pytest.raises(DamagedFile, match="unreadable stored trials"):
-        stored_trials(slice_, trials, digests)
-    trials.write_bytes(raw)
-    with pytest.raises(DamagedFile, match=r"not float64 \(2, 69, 64\)"):
-        stored_trials({**slice_, "n_queries": 5}, trials, digests)
-    # what the rule runs: exit 2, one line, the trials moved aside and the manifest left alone
-    trials.write_bytes(bytes(flipped))
-    code = main(["stage", "quantize", "--slice", canonical_json(study.cell_slice("gaussian", 64, "KQV", 4)),
-                 "--data", str(manifest), "--trials", str(trials), "--out", str(tmp_path / "p.npz")])
+    study, slice_, _ = small_data
+    unit = study.unit_slice("gaussian", 64)
+    assert [s["name"] for s in unit["schemes"]] == study.unit_schemes("gaussian")
+    assert len(unit["schemes"]) > len(study.schemes)  # the frontier's schemes on gaussian are in the unit
+    out = {name: tmp_path / name for name in ("manifest.json", "packed", "pq", "pk")}
+    run_cells(unit, out["manifest.json"], out["packed"], out["pq"], out["pk"])
+    digests = load_manifest(out["manifest.json"], slice_)
+    cells = list(unit_cells(unit))
+    assert len(cells) == len(unit["schemes"]) * len(study.budgets)
+    for scheme, budget, cell in cells:
+        assert canonical_json(cell) == canonical_json(study.metrics_slice("gaussian", 64, scheme.name, budget))
+        caches = load_packed(out["packed"] / scheme.name / f"n{budget}.npz")
+        frame = pd.read_parquet(out["pq"] / scheme.name / f"n{budget}.parquet")
+        assert set(frame.trial) == {0, 1} and (frame.scheme == scheme.name).all() and (frame.budget == budget).all()
+        for trial in range(2):
+            data = verified_trial(slice_, trial, digests)
+            ref = quantize_pair(data.keys, data.values, scheme, budget, base_seed=study.base_seed,
+                                identity=("gaussian", 64, trial), norm_dtype=study.norm_dtype, kernel="numpy")
+            for side in ("K", "V"):
+                stored, want = caches[f"t{trial}.{side}"].arrays(), ref[side].arrays()
+                assert stored.keys() == want.keys()
+                for key in want:
+                    np.testing.assert_array_equal(stored[key], want[key], err_msg=f"{scheme.name} n{budget} {key}")
+            want_q = trial_metrics_multi(data.queries, data.keys, data.values, ref["K"].dequantize("float64"),
+                                         ref["V"].dequantize("float64"), study.sharpness)
+            for sharp, (per_query, _) in zip(study.sharpness, want_q):
+                got = frame[(frame.trial == trial) & np.isclose(frame.sharpness, sharp)]
+                np.testing.assert_allclose(got.kl.to_numpy(), per_query["kl"], rtol=1e-9, atol=1e-15)
+                np.testing.assert_allclose(got.t_eps_dir.to_numpy(), per_query["t_eps_dir"], rtol=1e-9, atol=1e-15)
+    # a unit that fails (here: a query-model variant given to the cells stage) writes nothing
+    with pytest.raises(Exception, match="query-model variant"):
+        run_cells({**unit, "distribution": {**unit["distribution"], "keys_of": "x"}}, tmp_path / "m2.json",
+                  tmp_path / "packed2", tmp_path / "pq2", tmp_path / "pk2")
+    assert not any((tmp_path / name).exists() for name in ("m2.json", "packed2", "pq2", "pk2"))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
+    # the stats stage given a damaged file of a unit folder: exit 2, one line, the folder aside
+    damaged = out["pq"] / "KQV" / "n4.parquet"
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    files = [str(out["pq"] / s / f"n{b}.parquet") for s in study.schemes for b in study.budgets]
+    cells_json = canonical_json([{"scheme": s, "budget": b} for s in study.schemes for b in study.budgets])
+    code = main(["stage", "stats", "--slice", canonical_json(study.stats_slice("gaussian", 64)), "--per-query",
+                 *files, "--cells", cells_json, "--comparisons", str(tmp_path / "c.parquet"), "--summary",
+                 str(tmp_path / "s.parquet"), "--trials", str(tmp_path / "t.parquet")])
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert code == 2 and "differs from its manifest digest" in last and "Traceback" not in last, last
-    assert last.endswith("moved aside to .d64.trials.npy.damaged; rerun and the rule that writes it rebuilds it")
-    assert not trials.exists() and trials.with_name(".d64.trials.npy.damaged").is_file() and manifest.is_file()
-    assert not (tmp_path / "p.npz").exists()
-    with pytest.raises(KvasymError, match="no such stored trials file"):
-        stored_trials(slice_, trials, digests)
+    assert code == 2 and "Traceback" not in last and last.endswith("moved aside to .pq.damaged; rerun and the "
+                                                                   "rule that writes it rebuilds it"), last
+    assert not out["pq"].exists() and (tmp_path / ".pq.damaged" / "KQV" / "n4.parquet").is_file()
 
 
-def test_quantize_and_metrics_jobs_import_only_what_they_use(small_data, tmp_path):
-    """Issue 19, item 3: a quantize or metrics job imported pandas (pyarrow's ``pa.array``
-    imports it on every call), jsonschema and the config schema (``kvasym.study``, for a JSON
+def test_cells_jobs_import_only_what_they_use(small_data, tmp_path):
+    """Issue 19, item 3 (one cells job since issue 29): a quantize or metrics job imported pandas
+    (pyarrow's ``pa.array`` imports it on every call), jsonschema and the config schema (``kvasym.study``, for a JSON
     ``--slice``) and the capture command's module: about a third of a d = 128 job. They are now
     imported only where used, and the tables are built from column buffers (the same bytes)."""
     import json
@@ -206,16 +225,16 @@ def test_quantize_and_metrics_jobs_import_only_what_they_use(small_data, tmp_pat
         lloyd_max_codebook(64, bits)
     script = ("import sys\nfrom kvasym.cli import main\ncode = main(sys.argv[1:])\n"
               "heavy = ('pandas', 'scipy', 'matplotlib', 'seaborn', 'jsonschema', 'kvasym.study', "
-              "'kvasym.real.capture')\nprint(code, sorted(m for m in heavy if m in sys.modules))\n")
+              "'kvasym.real.capture')\n"
+              # numba's own import loads scipy (its linalg support): paid once by the unit's job
+              "numba = 'numba' in sys.modules\n"
+              "print(code, sorted(m for m in heavy if m in sys.modules and not (numba and m == 'scipy')))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH"))
                                                       if p)}
-    packed = tmp_path / "p.npz"
     jobs = {
-        "quantize": ["--slice", canonical_json(study.cell_slice("gaussian", 64, "KQV", 4)), "--data", str(manifest),
-                     "--out", str(packed)],
-        "metrics": ["--slice", canonical_json(study.metrics_slice("gaussian", 64, "KQV", 4)), "--data", str(manifest),
-                    "--packed", str(packed), "--per-query", str(tmp_path / "pq.parquet"),
-                    "--per-key", str(tmp_path / "pk.parquet")],
+        "cells": ["--slice", canonical_json(study.unit_slice("gaussian", 64)), "--manifest", str(manifest),
+                  "--packed", str(tmp_path / "packed"), "--per-query", str(tmp_path / "pq"),
+                  "--per-key", str(tmp_path / "pk")],
     }
     for stage, flags in jobs.items():
         proc = subprocess.run([sys.executable, "-c", script, "stage", stage, *flags], capture_output=True, text=True,
@@ -228,7 +247,7 @@ def test_quantize_and_metrics_jobs_import_only_what_they_use(small_data, tmp_pat
 
     from kvasym.dataset import PER_QUERY_SCHEMA, _arrow_column, to_table
 
-    table = pq.read_table(tmp_path / "pq.parquet")
+    table = pq.read_table(tmp_path / "pq" / "KQV" / "n4.parquet")
     assert table.schema.remove_metadata() == PER_QUERY_SCHEMA and table.num_rows == 2 * 4 * 2
     columns = {f.name: table.column(f.name).to_numpy() for f in PER_QUERY_SCHEMA}
     columns.update({f.name: columns[f.name].astype(str) for f in PER_QUERY_SCHEMA if pa.types.is_string(f.type)})

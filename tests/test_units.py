@@ -40,9 +40,9 @@ def real_files(tmp_path_factory):
     files = []
     for scheme in SCHEMES:
         slice_ = {"distribution": "smollm2", "scheme": {"name": scheme, **get_scheme(scheme).to_dict()},
-                  "budget": 2, "sharpness": [1.0], "base_seed": 11, "norm_dtype": "float32", "layers": None}
+                  "budgets": [2], "sharpness": [1.0], "base_seed": 11, "norm_dtype": "float32", "layers": None}
         out = tmp / f"{scheme}.parquet"
-        run_real_metrics(slice_, captures, str(out))
+        run_real_metrics(slice_, captures, {2: str(out)})
         files.append(out)
     return tmp, files
 

@@ -203,24 +203,26 @@ def test_second_run_does_nothing(complete_run):
     assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
-def test_adding_a_budget_reruns_only_its_cells(complete_run, tmp_path):
+def test_adding_a_budget_reruns_every_unit_and_a_frontier_scheme_only_its_own(complete_run, tmp_path):
+    """Issue 29: the unit of work is a (distribution, d) (rule cells; metrics for a query-model
+    variant). A budget enters every unit, so every unit job reruns; a frontier scheme added on
+    one distribution reruns that distribution's unit only (and what reads it), no other unit."""
     complete_run = copy_run(complete_run, tmp_path / "budgets")
     study = load_study_file(complete_run / "config/test.yaml")
     (complete_run / "more_budgets.yaml").write_text("budgets: [2, 3, 4]\n")
     proc = snakemake(complete_run, "--cores", "2", "--dry-run", "--configfile", "config/test.yaml", "more_budgets.yaml")
     assert proc.returncode == 0, proc.stderr
-    out = proc.stdout + proc.stderr
-    n_new = (len(list(study.data_cells())) * len(study.schemes)
-             + sum(len(study.frontier_schemes_on(dist)) for dist, _ in study.frontier_data_cells()))
-    # a query-model variant (lowrank4+isotropic) reads its parent's packed caches: no quantize job
-    n_quantize = n_new - (len(list(study.data_cells())) - len(list(study.main_data_cells()))) * len(study.schemes)
-    counts = {}
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] in {"data", "quantize", "metrics", "stats", "theory"} and parts[1].isdigit():
-            counts[parts[0]] = int(parts[1])
-    assert "data" not in counts, out[-2000:]  # the data do not depend on budgets
-    assert counts["quantize"] == n_quantize and counts["metrics"] == n_new, out[-2000:]
+    counts = _rules_to_run(proc.stdout + proc.stderr)
+    n_variants = len(list(study.data_cells())) - len(list(study.main_data_cells()))
+    assert counts["cells"] == len(list(study.main_data_cells())) and counts["metrics"] == n_variants, counts
+    schemes = [*study.frontier_schemes, "KIVI32"]
+    (complete_run / "more_schemes.yaml").write_text(
+        f"frontier: {{schemes: {schemes}, distributions_of: {{KIVI32: [gaussian]}}}}\n".replace("'", ""))
+    proc = snakemake(complete_run, "--cores", "2", "--dry-run", "--configfile", "config/test.yaml", "more_schemes.yaml")
+    assert proc.returncode == 0, proc.stderr
+    counts = _rules_to_run(proc.stdout + proc.stderr)
+    assert counts["cells"] == 1 and "metrics" not in counts, counts  # gaussian's unit only
+    assert counts["stats"] == 1 and counts["theory"] == 1 and counts["frontier"] == 1, counts
 
 
 def _rules_to_run(out: str) -> dict[str, int]:

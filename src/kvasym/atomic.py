@@ -67,3 +67,48 @@ def write_json_atomic(data: object, path: str | os.PathLike) -> None:
     import json
 
     write_text_atomic(json.dumps(data, indent=1, sort_keys=True) + "\n", path)
+
+
+#: The hidden file :func:`atomic_folder` leaves in every folder it writes (readers of Parquet
+#: datasets skip names that start with a dot).
+FOLDER_MARKER = ".kvasym-folder"
+
+
+@contextmanager
+def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a hidden temporary folder beside ``path`` to fill; when the block succeeds, rename
+    it onto ``path``; when it fails, delete it. A folder of results (a Snakemake ``directory()``
+    output) thus appears complete or not at all. An existing empty folder at ``path`` is
+    replaced; anything else there is refused, naming it (this never deletes what it did not
+    write)."""
+    import shutil
+
+    path = Path(path)
+    if path.exists() and not (path.is_dir() and not any(path.iterdir())):
+        raise KvasymError(f"{path}: exists and is not an empty folder; remove it or give another output folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    except OSError as exc:
+        raise write_failed(path, exc) from exc
+    try:
+        (tmp / FOLDER_MARKER).write_text("written whole by a kvasym stage (kvasym.atomic.atomic_folder); a damaged "
+                                         "file in it sends the whole folder aside to be rebuilt\n", encoding="utf-8")
+        yield tmp
+        os.chmod(tmp, _folder_mode())
+        if path.is_dir():
+            path.rmdir()  # empty (checked above): Snakemake may have made it
+        os.replace(tmp, path)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise write_failed(path, exc) from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _folder_mode() -> int:
+    """rwx for whom the umask allows (mkdtemp creates 0700 folders)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o777 & ~umask

@@ -813,6 +813,54 @@ def save_packed(path: str | os.PathLike, caches: Mapping[str, PackedCache]) -> N
         np.savez(fh, **arrays)
 
 
+class PackedFileWriter:
+    """A packed-caches ``.npz`` written cache by cache, as :func:`save_packed` writes it whole.
+
+    The archive has the members :func:`save_packed` gives the same caches in the same order
+    (``<name>/<key>.npy``, stored uncompressed, zip64), so :func:`load_packed` reads it back
+    bit-identical; a job that quantizes trial by trial (``kvasym stage cells``) holds one
+    trial's caches in memory instead of a whole cell's. The file is written under a hidden
+    temporary name and renamed onto ``path`` only by :meth:`close` (a writer left unclosed, or
+    :meth:`abort`-ed, leaves nothing under the final name).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Destination ``.npz`` file.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        import zipfile
+
+        self.path = Path(path)
+        self._target = atomic_target(self.path)
+        self._tmp = self._target.__enter__()
+        self._names: set[str] = set()
+        self._zip = zipfile.ZipFile(self._tmp, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True)
+
+    def add(self, name: str, cache: PackedCache) -> None:
+        """Append cache ``name`` (its :meth:`PackedCache.arrays`); a name is written once."""
+        if "/" in name:
+            raise ValueError(f"cache name {name!r} must not contain '/'")
+        if name in self._names:
+            raise ValueError(f"cache name {name!r} written twice")
+        self._names.add(name)
+        for key, value in cache.arrays().items():
+            with self._zip.open(f"{name}/{key}.npy", "w", force_zip64=True) as fid:
+                np.lib.format.write_array(fid, np.asanyarray(value), allow_pickle=False)
+
+    def close(self) -> None:
+        """Finish the archive and rename it onto its path."""
+        self._zip.close()
+        self._target.__exit__(None, None, None)
+
+    def abort(self) -> None:
+        """Drop the partial archive (nothing is left under the final name)."""
+        self._zip.close()
+        error = KvasymError("aborted")
+        self._target.__exit__(KvasymError, error, None)  # deletes the temporary file
+
+
 def read_npz_arrays(path: str | os.PathLike, what: str) -> dict[str, np.ndarray]:
     """Every array of an ``.npz`` file (no pickles), or a KvasymError naming the file and what
     it should have been (``what``, e.g. "kvasym packed cache") when it is missing, a plain

@@ -12,6 +12,7 @@ import numpy as np
 
 from .cache import PackedCache, quantize
 from .errors import KvasymError
+from .kernels import kernel_for
 from .metrics import trial_metrics, trial_metrics_multi
 from .schemes import SIDES, Scheme
 from .seeds import derived_seed
@@ -26,25 +27,35 @@ def quantize_pair(
     base_seed: int,
     identity: tuple[str | int, ...] = (),
     norm_dtype: str = "float32",
+    kernel: str = "numpy",
 ) -> dict[str, PackedCache]:
     """Packed K and V caches. Rotation and QJL seeds depend on (identity, side) only, not on
-    the scheme or budget, so every scheme sees the same random rotation of the same data."""
+    the scheme or budget, so every scheme sees the same random rotation of the same data.
+    ``kernel`` is that of :func:`kvasym.cache.quantize`, or ``"auto"``: per side
+    :func:`kvasym.kernels.kernel_for` (the compiled kernels where they implement the side)."""
     scheme.validate_budget(budget)
     out = {}
     for side, matrix in zip(SIDES, (keys, values)):
+        spec = scheme.side(side)
         try:
             out[side] = quantize(
                 matrix,
-                scheme.side(side),
+                spec,
                 budget,
                 rotation_seed=derived_seed(base_seed, "rotation", *identity, side),
                 qjl_seed=derived_seed(base_seed, "qjl", *identity, side),
                 norm_dtype=norm_dtype,
                 meta={"scheme": scheme.name, "side": side},
+                kernel=kernel_for(spec.primitives()) if kernel == "auto" else kernel,
             )
         except KvasymError as exc:
             raise KvasymError(f"{'keys' if side == 'K' else 'values'}: {exc}") from None
     return out
+
+
+def dequantize_with(cache: PackedCache, kernel: str = "numpy") -> np.ndarray:
+    """``cache`` reconstructed in float64 with ``kernel`` (``"auto"``: :func:`kvasym.kernels.kernel_for`)."""
+    return cache.dequantize("float64", kernel=kernel_for(cache.primitives) if kernel == "auto" else kernel)
 
 
 def head_metrics(
@@ -61,6 +72,7 @@ def head_metrics(
     mask: np.ndarray | None = None,
     norm_dtype: str = "float32",
     reconstruct_keys: Callable[[np.ndarray], np.ndarray] | None = None,
+    kernel: str = "numpy",
 ) -> list[tuple[dict[str, np.ndarray], dict[str, float]]]:
     """One attention head of a real cache: quantize ``stored_keys`` and ``values`` with
     ``scheme`` at ``budget``, read them with ``queries`` against the reference ``keys``, and
@@ -70,13 +82,15 @@ def head_metrics(
 
     ``reconstruct_keys`` maps the dequantized stored keys to the space of ``keys`` (e.g. RoPE
     for keys stored before it); ``mask`` (n_queries, n_keys) says which keys each query sees.
+    ``kernel``: as :func:`quantize_pair` (``"auto"``: the compiled kernels where they implement
+    the side, for quantizing and dequantizing).
     """
     packed = quantize_pair(stored_keys, values, scheme, int(budget), base_seed=base_seed,
-                           identity=identity, norm_dtype=norm_dtype)
-    keys_hat = packed["K"].dequantize("float64")
+                           identity=identity, norm_dtype=norm_dtype, kernel=kernel)
+    keys_hat = dequantize_with(packed["K"], kernel)
     if reconstruct_keys is not None:
         keys_hat = reconstruct_keys(keys_hat)
-    values_hat = packed["V"].dequantize("float64")
+    values_hat = dequantize_with(packed["V"], kernel)
     bits = {f"{side.lower()}_bits_{part}": packed[side].bits_per_coordinate()[part]
             for side in SIDES for part in ("payload", "side")}
     bits.update({f"{side.lower()}_bits_side16": packed[side].bits_per_coordinate("float16")["side"]

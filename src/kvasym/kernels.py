@@ -118,6 +118,15 @@ def available() -> bool:
     return True
 
 
+def kernel_for(primitives: Any) -> str:
+    """The kernel the DAG's grid stages run a side with: ``"numba"`` when numba imports here
+    and the side uses none of the scheme primitives (the kernels implement the original
+    pipeline: optional WHT, Lloyd-Max codes, gaussian or hadamard residual sketch), else the
+    numpy reference. ``primitives`` is :meth:`kvasym.schemes.SideSpec.primitives` (or a packed
+    cache's ``primitives``): a non-empty mapping selects the reference."""
+    return "numpy" if primitives or not available() else "numba"
+
+
 def _compiled():
     """The jitted functions (compiled, or loaded from numba's on-disk cache, on first use)."""
     global _COMPILED

@@ -1,24 +1,19 @@
 """Data manifests and the stored trials: what the data of one (distribution, dim) are.
 
-The data stage draws every trial of a (distribution, dim) from seeds keyed by its identity and
-writes a manifest with a SHA-256 digest of each trial's K, V and Q and their descriptive
-statistics (:func:`kvasym.cachestats.cache_statistics` of K and V; the mean and median alignment
-of the queries with the keys' covariance, :func:`kvasym.querymodel.query_alignment`), and the
-arrays themselves beside it (:func:`trials_path`, written by :func:`write_trials`): one float64
-``.npy`` of shape ``(trials, 2 seq_len + n_queries, dim)``, each trial's K, V and Q rows one after the other, so
-that a trial's bytes are exactly what its digest covers. The quantize and metrics jobs of a
-(distribution, dim), 24 in the paper grid, read them (:func:`stored_trials`) instead of drawing
-them again: reading and checking a trial costs about a tenth of drawing and checking it
-(Student-t, d = 1024: 13 ms against 134 ms per trial). Every trial read is checked against the
-manifest's digest; a file that fails (truncated, edited, of another shape) is a
-:class:`~kvasym.errors.DamagedFile`, moved aside so that the data rule rebuilds it. Stages that
-run once per (distribution, dim) (theory, figures) still regenerate the trials they use and
-check them the same way (:func:`verified_trial`).
+The job of a (distribution, dim) unit (``kvasym stage cells``, or ``metrics`` for a query-model
+variant) draws every trial of it from seeds keyed by its identity, quantizes and measures it
+while it is in memory, and writes a manifest with a SHA-256 digest of each trial's K, V and Q
+and their descriptive statistics (:func:`kvasym.cachestats.cache_statistics` of K and V; the
+mean and median alignment of the queries with the keys' covariance,
+:func:`kvasym.querymodel.query_alignment`). Stages that run after it (theory, figures)
+regenerate the trials they use and check them against the manifest (:func:`verified_trial`):
+the trials themselves are never stored (drawing a trial costs milliseconds to a tenth of a
+second; the paper grid's trials took 2.9 GB on disk when they were).
 
 A manifest carries its own digest, ``content_sha256``: the SHA-256 of the canonical JSON (sorted
 keys, compact separators) of everything else in it. A manifest edited by hand (one statistic
 changed) or corrupted fails it and is refused as a :class:`~kvasym.errors.DamagedFile`, which
-``kvasym stage`` moves aside so that the data rule rebuilds it (:func:`read_manifest`).
+``kvasym stage`` moves aside so that its unit job rebuilds it (:func:`read_manifest`).
 """
 
 from __future__ import annotations
@@ -36,8 +31,7 @@ from .distributions import DistributionSpec, TrialData, generate_trial
 from .errors import DamagedFile, KvasymError
 
 __all__ = ["CONTENT_DIGEST_KEY", "DATA_FORMAT", "DATA_KEYS", "build_manifest", "content_digest", "load_manifest",
-           "read_manifest", "regenerate_trial", "stored_trials", "trial_digest", "trials_path", "verified_trial",
-           "write_trials"]
+           "read_manifest", "regenerate_trial", "trial_digest", "verified_trial", "write_manifest"]
 
 #: Version of the manifest layout; a manifest of another format is refused as damaged (so the data
 #: rule rebuilds it). 2: the manifest carries its own digest (:data:`CONTENT_DIGEST_KEY`).
@@ -111,7 +105,7 @@ def _parse_manifest(path: str | Path) -> dict[str, Any]:
     """A manifest file parsed, a JSON object of this :data:`DATA_FORMAT` (its digest not checked yet)."""
     p = Path(path)
     if not p.exists():
-        raise KvasymError(f"{p}: no such data manifest (run the data rule)")
+        raise KvasymError(f"{p}: no such data manifest (run its unit job: rule cells, or metrics for a variant)")
     try:
         manifest = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -120,17 +114,17 @@ def _parse_manifest(path: str | Path) -> dict[str, Any]:
         raise DamagedFile(p, f"unreadable data manifest (a JSON {type(manifest).__name__}, not an object)")
     if manifest.get("format") != DATA_FORMAT:
         raise DamagedFile(p, f"data manifest of format {manifest.get('format')!r}, not {DATA_FORMAT} (an older "
-                             "layout); the data rule rebuilds it")
+                             "layout); its unit job rebuilds it")
     return manifest
 
 
 def _check_content_digest(path: str | Path, manifest: Mapping[str, Any]) -> None:
     stored = manifest.get(CONTENT_DIGEST_KEY)
     if stored is None:
-        raise DamagedFile(path, f"data manifest without its digest ({CONTENT_DIGEST_KEY}); the data rule rebuilds it")
+        raise DamagedFile(path, f"data manifest without its digest ({CONTENT_DIGEST_KEY}); its unit job rebuilds it")
     if stored != content_digest(manifest):
         raise DamagedFile(path, "data manifest: its content does not match its digest (edited or corrupted); "
-                                "the data rule rebuilds it")
+                                "its unit job rebuilds it")
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
@@ -139,7 +133,7 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
 
     A file that is not a JSON object, is of another :data:`DATA_FORMAT` (an older layout), lacks
     its :data:`CONTENT_DIGEST_KEY` or whose content does not match it (edited by hand or
-    corrupted) raises :class:`~kvasym.errors.DamagedFile` naming it: the data rule rebuilds it.
+    corrupted) raises :class:`~kvasym.errors.DamagedFile` naming it: its unit job rebuilds it.
     A missing file raises a plain :class:`~kvasym.errors.KvasymError`.
     """
     manifest = _parse_manifest(path)
@@ -162,7 +156,7 @@ def load_manifest(path: str | Path, slice_: Mapping[str, Any]) -> dict[str, str]
     stale = [k for k in DATA_KEYS if made_for[k] != wanted[k]]
     if stale:
         raise DamagedFile(path, f"data manifest was made for another config slice (differs in {', '.join(stale)}); "
-                                "the data rule rebuilds it")
+                                "its unit job rebuilds it")
     _check_content_digest(path, manifest)
     return {str(k): v for k, v in digests.items()}
 
@@ -179,74 +173,12 @@ def verified_trial(slice_: Mapping[str, Any], trial: int, digests: Mapping[str, 
     return data
 
 
-def trials_path(manifest: str | os.PathLike) -> Path:
-    """The stored trials beside a data manifest: ``d<dim>.json`` -> ``d<dim>.trials.npy``."""
-    path = Path(manifest)
-    return path.with_name(f"{path.stem}.trials.npy")
+def write_manifest(slice_: Mapping[str, Any], manifest_json: str | os.PathLike,
+                   sink: Callable[[int, TrialData], None] | None = None) -> dict[str, Any]:
+    """Draw the data of ``slice_`` once and write its manifest (:func:`build_manifest`, returned)
+    to ``manifest_json`` atomically; ``sink(trial, data)`` receives each trial as it is drawn."""
+    from .atomic import write_json_atomic
 
-
-def _trials_shape(slice_: Mapping[str, Any]) -> tuple[int, int, int]:
-    return (slice_["trials"], 2 * slice_["seq_len"] + slice_["n_queries"], slice_["dim"])
-
-
-def write_trials(slice_: Mapping[str, Any], manifest_json: str | os.PathLike,
-                 out_trials: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Draw the data of ``slice_`` once: its manifest (returned, written to ``manifest_json``)
-    and its arrays (written to ``out_trials``, by default :func:`trials_path` of the manifest),
-    both atomically; the arrays first, so a manifest on disk always has its trials beside it.
-
-    The arrays are appended to the file trial by trial, in order, so the job holds one trial
-    in memory however many there are."""
-    from .atomic import atomic_target, write_json_atomic
-
-    with atomic_target(trials_path(manifest_json) if out_trials is None else out_trials) as tmp, open(tmp, "wb") as fh:
-        header = {"descr": "<f8", "fortran_order": False, "shape": _trials_shape(slice_)}
-        np.lib.format.write_array_header_1_0(fh, header)
-
-        def sink(trial: int, data: TrialData) -> None:
-            for array in (data.keys, data.values, data.queries):
-                fh.write(np.ascontiguousarray(array, dtype="<f8"))
-
-        manifest = build_manifest(slice_, sink)
+    manifest = build_manifest(slice_, sink)
     write_json_atomic(manifest, manifest_json)
     return manifest
-
-
-def stored_trials(
-    slice_: Mapping[str, Any], path: str | os.PathLike, digests: Mapping[str, str]
-) -> Callable[[int], TrialData]:
-    """A reader of the stored trials at ``path`` (:func:`write_trials`): ``read(trial)`` gives
-    that trial's data, read from the file and checked against the manifest's ``digests``
-    (:func:`load_manifest`), so a job sees the same bytes as one regenerating them
-    (:func:`verified_trial`).
-
-    A missing file raises a :class:`~kvasym.errors.KvasymError` (run the data rule); one that
-    is not a float64 ``.npy`` of the slice's shape, is truncated, or whose trial fails its
-    digest raises :class:`~kvasym.errors.DamagedFile` naming it (moved aside and rebuilt).
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise KvasymError(f"{p}: no such stored trials file (run the data rule)")
-    try:
-        stored = np.load(p, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise DamagedFile(p, f"unreadable stored trials ({type(exc).__name__}: {exc})") from None
-    shape = _trials_shape(slice_)
-    if stored.dtype != np.dtype("<f8") or stored.shape != shape or not stored.flags.c_contiguous:
-        raise DamagedFile(p, f"stored trials are {stored.dtype} {stored.shape}, not float64 {shape} "
-                             "(stale or from another config slice)")
-    seq_len = slice_["seq_len"]
-
-    def read(trial: int) -> TrialData:
-        try:  # fresh arrays, as regeneration gives (and the map may go if the file is replaced)
-            data = TrialData(keys=np.array(stored[trial, :seq_len]),
-                             values=np.array(stored[trial, seq_len:2 * seq_len]),
-                             queries=np.array(stored[trial, 2 * seq_len:]))
-        except OSError as exc:
-            raise DamagedFile(p, f"stored trial {trial} unreadable ({exc})") from None
-        if trial_digest(data) != digests.get(str(trial)):
-            raise DamagedFile(p, f"stored trial {trial} of {slice_['distribution']['name']} d={slice_['dim']} "
-                                 "differs from its manifest digest (edited or corrupted)")
-        return data
-
-    return read

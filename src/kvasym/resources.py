@@ -1,6 +1,6 @@
 """What each DAG job asks a scheduler for: memory (MB) and runtime (minutes), per stage.
 
-Grid stages (data, quantize, metrics, theory) scale with their slice (:func:`job_resources`);
+Grid stages (cells, metrics, theory) scale with their slice (:func:`job_resources`);
 the others have a fixed request (:data:`FIXED_RESOURCES`), set above the peaks that the paper
 run's ``benchmark:`` files record; ``file_metrics`` grows with its cache file. On one machine
 Snakemake uses ``mem_mb`` only to avoid running jobs that would not fit together; on Slurm
@@ -15,7 +15,7 @@ from typing import Any
 __all__ = ["FIXED_RESOURCES", "SLICE_STAGES", "job_resources"]
 
 #: Stages whose request follows the size of their config slice.
-SLICE_STAGES = ("data", "quantize", "metrics", "theory")
+SLICE_STAGES = ("cells", "metrics", "theory")
 #: Stage -> (mem_mb, runtime in minutes) of the stages with a fixed request. Measured peaks
 #: (paper grid, 2 cores): figure families at most 18 s and 351 MB RSS; capture 1.43 GB and 54 s
 #: for the first four shipped texts at every layer; real_metrics 16 s and 220 MB; the rest under 400 MB.
@@ -66,8 +66,9 @@ def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb:
     Notes
     -----
     Grid jobs loop over trials, so memory follows one trial's float64 arrays (K, V, Q, their
-    reconstructions and the ``n_queries x seq_len`` attention matrices) plus, for quantize and
-    metrics, the whole cell's packed caches; runtime follows the total work. The constants are
+    reconstructions and the ``n_queries x seq_len`` attention matrices) plus the tables of the
+    unit's cells and, for metrics, its parent's packed caches (cells streams them to disk);
+    runtime follows the total work over the unit's cells. The constants are
     conservative guesses, not a fit: the paper run's ``benchmark:`` files show a peak RSS of
     403 MB for any job, below the 600 MB floor requested here.
     """
@@ -77,8 +78,14 @@ def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb:
         dim, seq, nq, trials = slice_["dim"], slice_["seq_len"], slice_["n_queries"], slice_["trials"]
         per_trial = 8 * (6 * seq * dim + 2 * nq * dim + 12 * nq * seq)
         packed = trials * 2 * seq * (dim + 64)  # <= 8 bits per coordinate + norms, both sides
-        mem_mb = 600 + (3 * per_trial + 2 * packed) // 2**20
-        work = trials * seq * dim * (1 + (len(slice_.get("sharpness", [])) or 1))
+        n_cells = max(len(slice_.get("schemes", ())) * len(slice_.get("budgets", ())), 1)
+        n_sharp = len(slice_.get("sharpness", [])) or 1
+        # the cells' tables until they are written: ~40 float64 columns per query row, ~10 per key row
+        tables = n_cells * n_sharp * 8 * (40 * trials * nq + 10 * slice_.get("per_key_trials", 0) * seq)
+        # cells streams each cell's packed file trial by trial; metrics holds its parent's caches
+        held = n_cells * packed if stage == "metrics" else 2 * packed
+        mem_mb = 600 + (3 * per_trial + held + tables) // 2**20
+        work = n_cells * trials * seq * dim * (1 + n_sharp)
         return {"mem_mb": int(mem_mb), "runtime": int(2 + work // 50_000_000)}
     if stage not in FIXED_RESOURCES:
         raise ValueError(f"no resource model for stage {stage!r}")

@@ -44,7 +44,7 @@ SWEEP_METRICS: tuple[str, ...] = ("kl", "t_eps_dir")
 
 def sweep_trial_rows(spec: Any, dim: int, seq_len: int, n_queries: int, trials: int, schemes: Mapping[str, Any],
                      budgets: Sequence[int], sharpness: float, *, base_seed: int,
-                     norm_dtype: str = "float32") -> pd.DataFrame:
+                     norm_dtype: str = "float32", kernel: str = "numpy") -> pd.DataFrame:
     """Per-trial means of :data:`SWEEP_METRICS` at one sequence length, for every scheme and budget.
 
     Parameters
@@ -63,6 +63,9 @@ def sweep_trial_rows(spec: Any, dim: int, seq_len: int, n_queries: int, trials: 
         The study's base seed.
     norm_dtype : str, optional
         Storage of the norms.
+    kernel : str, optional
+        As :func:`kvasym.evaluate.quantize_pair` (``"auto"``: the compiled kernels where they
+        implement the side, for quantizing and dequantizing; the DAG's stage passes it).
 
     Returns
     -------
@@ -71,7 +74,7 @@ def sweep_trial_rows(spec: Any, dim: int, seq_len: int, n_queries: int, trials: 
         t_eps_dir, kl_p99`` (``kl_p99``: the trial's 99th percentile of per-query KL).
     """
     from .distributions import generate_trial
-    from .evaluate import quantize_pair
+    from .evaluate import dequantize_with, quantize_pair
     from .metrics import trial_metrics
 
     from dataclasses import replace
@@ -86,9 +89,9 @@ def sweep_trial_rows(spec: Any, dim: int, seq_len: int, n_queries: int, trials: 
         for name, scheme in schemes.items():
             for budget in budgets:
                 pair = quantize_pair(data.keys, data.values, scheme, int(budget), base_seed=base_seed,
-                                     identity=identity, norm_dtype=norm_dtype)
-                per_query, _ = trial_metrics(data.queries, data.keys, data.values, pair["K"].dequantize("float64"),
-                                             pair["V"].dequantize("float64"), float(sharpness))
+                                     identity=identity, norm_dtype=norm_dtype, kernel=kernel)
+                per_query, _ = trial_metrics(data.queries, data.keys, data.values, dequantize_with(pair["K"], kernel),
+                                             dequantize_with(pair["V"], kernel), float(sharpness))
                 kl = np.asarray(per_query["kl"], dtype=np.float64)
                 rows.append({"distribution": spec.name, "dim": int(dim), "sharpness": float(sharpness),
                              "seq_len": int(seq_len), "scheme": name, "budget": int(budget), "trial": trial,

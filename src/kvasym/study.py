@@ -223,6 +223,26 @@ class Study:
         out.update(budgets=list(self.budgets), theory=dict(self.theory))
         return out
 
+    def unit_schemes(self, distribution: str) -> list[str]:
+        """The schemes of a (distribution, dim) unit: the grid's, then the frontier's that run on
+        ``distribution`` (none on a query-model variant, whose cells are the grid's)."""
+        return [*self.schemes, *self.frontier_schemes_on(distribution)]
+
+    def unit_slice(self, distribution: str, dim: int) -> dict[str, Any]:
+        """What the one job of a (distribution, dim) unit depends on (rule ``cells``, or
+        ``metrics`` for a query-model variant): the data slice, every scheme's spec in
+        :meth:`unit_schemes` order, the budgets and the metric settings. Its cells' slices
+        (:func:`kvasym.stages.metrics.unit_cells`) are :meth:`metrics_slice`."""
+        out = self.data_slice(distribution, dim)
+        schemes = []
+        for name in self.unit_schemes(distribution):
+            spec = self.scheme(name).to_dict()
+            spec.pop("description", None)  # prose: changing it must not rerun anything
+            schemes.append({"name": name, **spec})
+        out.update(schemes=schemes, budgets=list(self.budgets), norm_dtype=self.norm_dtype,
+                   sharpness=list(self.sharpness), per_key_trials=self.per_key_trials)
+        return out
+
     def metrics_slice(self, distribution: str, dim: int, scheme: str, budget: int) -> dict[str, Any]:
         """A quantize slice plus what only the metrics depend on."""
         out = self.cell_slice(distribution, dim, scheme, budget)

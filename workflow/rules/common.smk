@@ -125,15 +125,52 @@ def _file_cells():
 
 FILE_CELLS = _file_cells()
 
+# The synthetic grid's units (kvasym.stages.cells): a job per (distribution, dim) writes every
+# cell of it into the unit's folders; a query-model variant's unit is the metrics rule's.
+CELL_UNITS = [name for name in STUDY.distributions if name not in STUDY.query_variants]
+VARIANT_UNITS = list(STUDY.query_variants)
+_UNIT_FILE = re.compile(
+    rf"^{RESULTS}/(metrics/per_query|metrics/per_key|packed)/([^/]+)/d(\d+)/[^/]+/n\d+\.(?:parquet|npz)$"
+)
+
+
+def names_pattern(names):
+    """A wildcard constraint matching exactly these names."""
+    return "|".join(re.escape(name) for name in names) or "(?!)"
+
+
+def as_inputs(paths):
+    """Snakemake inputs for cell files: a synthetic cell's file is inside its unit's folder (a
+    directory() output of rule cells or metrics), which is the input; a real or file cell's
+    file is its own rule's output. The stages are given the files themselves (a param).
+    """
+    out = []
+    for path in paths:
+        match = _UNIT_FILE.match(path)
+        item = (
+            f"{RESULTS}/{match[1]}/{match[2]}/d{match[3]}"
+            if match and match[2] in STUDY.distributions
+            else path
+        )
+        if item not in out:
+            out.append(item)
+    return out
+
+
+def variant_packed(w):
+    """The packed-caches folder a query-model variant's unit measures: its parent's."""
+    return f"{RESULTS}/packed/{STUDY.packed_distribution(w.distribution)}/d{w.dim}"
+
 
 def data_manifests():
     return [f"{RESULTS}/data/{dist}/d{dim}.json" for dist, dim in STUDY.data_cells()]
 
 
 def metrics_tables():
+    """The metrics folders of every unit (each holds its cells' files)."""
     return [
-        f"{RESULTS}/metrics/{table}/{dist}/d{dim}/{scheme}/n{budget}.parquet"
-        for dist, dim, scheme, budget in [*STUDY.cells(), *STUDY.frontier_cells()]
+        f"{RESULTS}/metrics/{table}/{dist}/d{dim}"
+        for dist, dim in STUDY.data_cells()
         for table in ("per_query", "per_key")
     ]
 
@@ -209,11 +246,12 @@ def stats_tables(kind):
 
 
 def real_slice(w):
-    """What one real metrics job depends on besides its captures."""
+    """What one real metrics job (a real distribution and scheme, every budget) depends on
+    besides its captures."""
     return {
         "distribution": w.distribution,
         "scheme": {"name": w.scheme, **STUDY.scheme(w.scheme).to_dict()},
-        "budget": int(w.budget),
+        "budgets": list(STUDY.budgets),
         "sharpness": [REAL_SHARPNESS],  # the model's own attention
         "base_seed": STUDY.base_seed,
         "norm_dtype": STUDY.norm_dtype,
@@ -296,23 +334,8 @@ def theory_tables():
     ]
 
 
-def packed_input(w):
-    """The packed caches a metrics job reads: its own cell's, or for a query-model variant its
-    parent's (the same keys and seeds: kvasym.study.Study.packed_distribution)."""
-    dist = STUDY.packed_distribution(w.distribution)
-    return f"{RESULTS}/packed/{dist}/d{w.dim}/{w.scheme}/n{w.budget}.npz"
-
-
-def data_slice(w):
-    return STUDY.data_slice(w.distribution, int(w.dim))
-
-
-def cell_slice(w):
-    return STUDY.cell_slice(w.distribution, int(w.dim), w.scheme, int(w.budget))
-
-
-def metrics_slice(w):
-    return STUDY.metrics_slice(w.distribution, int(w.dim), w.scheme, int(w.budget))
+def unit_slice(w):
+    return STUDY.unit_slice(w.distribution, int(w.dim))
 
 
 def stats_slice(w):
@@ -328,9 +351,8 @@ def file_slice(w):
 
 
 SLICES = {
-    "data": data_slice,
-    "quantize": cell_slice,
-    "metrics": metrics_slice,
+    "cells": unit_slice,
+    "metrics": unit_slice,
     "stats": stats_slice,
     "theory": theory_slice,
     "file_metrics": file_slice,
@@ -376,6 +398,16 @@ def metrics_cells(w):
     return canonical_json(
         [{"scheme": s, "budget": b} for s in STUDY.schemes for b in STUDY.budgets]
     )
+
+
+def per_query_folders(w):
+    """The inputs of a stats job: its cells' unit folder (or, for real and file cells, files)."""
+    return as_inputs(per_query_inputs(w))
+
+
+def per_key_folders(w):
+    """The inputs of a theory job: its unit's per-key folder."""
+    return as_inputs(per_key_inputs(w))
 
 
 def per_key_inputs(w):
@@ -458,10 +490,10 @@ def figure_inputs(family):
     return inputs
 
 
-def figure_flags(wildcards, input):
-    """The `kvasym stage figure` input flags for a family's named inputs (quoted)."""
+def figure_flags(inputs):
+    """The `kvasym stage figure` input flags for a family's named input files (quoted)."""
     flags = []
-    for key, paths in input.items():
+    for key, paths in inputs.items():
         paths = [paths] if isinstance(paths, str) else list(paths)
         option = f"--{key.replace('_', '-')}"
         flags.append(" ".join([option, *(shlex.quote(p) for p in paths)]))
@@ -602,6 +634,13 @@ def gather_flags(wildcards, input, output):
         listed = canonical_json([{"distribution": d, "dim": int(n)} for d, n in cells])
         flags.append(f"--{table}-cells {shlex.quote(listed)}")
     return " ".join(flags)
+
+
+def real_outputs(wildcards, output):
+    """The real_metrics job's --out flags: BUDGET=FILE for each budget's per-query file."""
+    return " ".join(
+        shlex.quote(f"{budget}={path}") for budget, path in zip(STUDY.budgets, output)
+    )
 
 
 def real_layers(wildcards):

@@ -11,7 +11,10 @@ for _family, _names in FIGURE_FAMILIES.items():
         name:
             f"figure_{_family}"
         input:
-            **figure_inputs(_family),
+            **{
+                key: as_inputs(paths) if key in ("per_query", "per_key") else paths
+                for key, paths in figure_inputs(_family).items()
+            },
         output:
             **{f"{name}_pdf": f"{FIGURES_DIR}/{name}.pdf" for name in _names},
             **{
@@ -40,7 +43,7 @@ for _family, _names in FIGURE_FAMILIES.items():
             code=STAGE_CODE["figure"],  # reruns the job when the code it runs changes
             slice=figures_param,
             family=_family,
-            inputs=figure_flags,
+            inputs=figure_flags(figure_inputs(_family)),
             out_dir=out_dir,
         shell:
             "kvasym stage figure --family {params.family} --slice {params.slice:q}"

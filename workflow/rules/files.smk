@@ -25,5 +25,3 @@ if FILE_CELLS:
         shell:
             "kvasym stage file_metrics --slice {params.slice:q} --cache {input.cache:q}"
             " --out {output:q} > {log:q} 2>&1"
-
-    ruleorder: file_metrics > metrics

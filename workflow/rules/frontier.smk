@@ -5,7 +5,7 @@
 
 rule frontier:
     input:
-        frontier_per_query,
+        as_inputs(frontier_per_query()),
     output:
         points=f"{FRONTIER_DIR}/points.parquet",
         units=f"{FRONTIER_DIR}/units.parquet",
@@ -19,6 +19,7 @@ rule frontier:
     params:
         code=STAGE_CODE["frontier"],  # reruns the job when the code it runs changes
         slice=frontier_param,
+        per_query=frontier_per_query(),
     shell:
-        "kvasym stage frontier --slice {params.slice:q} --per-query {input:q}"
+        "kvasym stage frontier --slice {params.slice:q} --per-query {params.per_query:q}"
         " --points {output.points:q} --units {output.units:q} > {log:q} 2>&1"

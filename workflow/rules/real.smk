@@ -1,5 +1,5 @@
 # Real-model rows: SmolLM2-135M captures of the shipped texts (kvasym capture), evaluated per
-# (distribution, scheme, budget) into the same per-query schema as the synthetic cells, so the
+# (distribution, scheme), every budget in one job, into the same per-query schema as the synthetic cells, so the
 # stats, gather and claims stages read them as distributions smollm2 (keys quantized after
 # RoPE) and smollm2-prerope. Active only with a `real:` config section and the real extra.
 
@@ -29,11 +29,14 @@ rule real_metrics:
     input:
         captures=real_captures,
     output:
-        f"{RESULTS}/metrics/per_query/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.parquet",
+        expand(
+            f"{RESULTS}/metrics/per_query/{{{{distribution}}}}/d{{{{dim}}}}/{{{{scheme}}}}/n{{budget}}.parquet",
+            budget=STUDY.budgets,
+        ),
     log:
-        f"{RESULTS}/logs/real/metrics/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.log",
+        f"{RESULTS}/logs/real/metrics/{{distribution}}/d{{dim}}/{{scheme}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/real/metrics/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.tsv"
+        f"{RESULTS}/benchmarks/real/metrics/{{distribution}}/d{{dim}}/{{scheme}}.tsv"
     wildcard_constraints:
         distribution="|".join(REAL_DISTRIBUTIONS),
     threads: 1
@@ -42,12 +45,10 @@ rule real_metrics:
     params:
         code=STAGE_CODE["real_metrics"],  # reruns the job when the code it runs changes
         slice=slice_param("real_metrics"),
+        out=real_outputs,
     shell:
         "kvasym stage real_metrics --slice {params.slice:q} --captures {input.captures:q}"
-        " --out {output:q} > {log:q} 2>&1"
-
-
-ruleorder: real_metrics > metrics
+        " --out {params.out} > {log:q} 2>&1"
 
 
 rule real_cachestats:

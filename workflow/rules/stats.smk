@@ -3,7 +3,7 @@
 
 rule stats:
     input:
-        per_query_inputs,
+        per_query_folders,
     output:
         comparisons=f"{RESULTS}/stats/comparisons/{{distribution}}/d{{dim}}.parquet",
         summary=f"{RESULTS}/stats/summary/{{distribution}}/d{{dim}}.parquet",
@@ -19,16 +19,17 @@ rule stats:
         code=STAGE_CODE["stats"],  # reruns the job when the code it runs changes
         slice=slice_param("stats"),
         cells=metrics_cells,
+        per_query=per_query_inputs,
     shell:
-        "kvasym stage stats --slice {params.slice:q} --per-query {input:q} --cells {params.cells:q}"
+        "kvasym stage stats --slice {params.slice:q} --per-query {params.per_query:q} --cells {params.cells:q}"
         " --comparisons {output.comparisons:q} --summary {output.summary:q}"
         " --trials {output.trials:q} > {log:q} 2>&1"
 
 
 rule theory:
     input:
-        data=rules.data.output[0],
-        per_key=per_key_inputs,
+        data=f"{RESULTS}/data/{{distribution}}/d{{dim}}.json",
+        per_key=per_key_folders,
     output:
         f"{RESULTS}/theory/{{distribution}}/d{{dim}}.parquet",
     log:
@@ -42,9 +43,10 @@ rule theory:
         code=STAGE_CODE["theory"],  # reruns the job when the code it runs changes
         slice=slice_param("theory"),
         cells=metrics_cells,
+        per_key=per_key_inputs,
     shell:
         "kvasym stage theory --slice {params.slice:q} --data {input.data:q}"
-        " --per-key {input.per_key:q} --cells {params.cells:q} --out {output:q} > {log:q} 2>&1"
+        " --per-key {params.per_key:q} --cells {params.cells:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule gather:

@@ -59,8 +59,10 @@ def evaluate_capture(
     rope: str = "post",
     sharpness: Sequence[float] = (1.0,),
     norm_dtype: str = "float32",
+    kernel: str = "numpy",
 ) -> dict[str, np.ndarray]:
-    """Per-query metrics of every scheme and budget on every (layer, KV head) of ``capture``.
+    """Per-query metrics of every scheme and budget on every (layer, KV head) of ``capture``
+    (``kernel``: as :func:`kvasym.evaluate.head_metrics`).
 
     Returns columns (equal length): identifiers ``text`` (= ``name``), ``layer``, ``kv_head``,
     ``query_head``, ``position``, ``scheme``, ``budget``, ``rope``, ``sharpness``, then every
@@ -102,7 +104,7 @@ def evaluate_capture(
             for budget in budgets:
                 results = head_metrics(stored, keys, values, queries, scheme, int(budget), base_seed=base_seed,
                                        identity=(name, layer, kv_head), sharpness=list(sharpness), mask=mask,
-                                       norm_dtype=norm_dtype, reconstruct_keys=reconstruct)
+                                       norm_dtype=norm_dtype, reconstruct_keys=reconstruct, kernel=kernel)
                 for s, (per_query, bits) in zip(sharpness, results):
                     n = queries.shape[0]
                     for key, value in bits.items():

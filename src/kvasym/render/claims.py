@@ -170,7 +170,7 @@ TABLE_SOURCES: dict[str, tuple[str, str]] = {
     "seq_len_slopes": ("seq_len_sweep", "results/seq_len_sweep/slopes.parquet"),
 }
 #: Metrics rules feeding the stats of a distribution, by its kind of rows.
-_METRICS_RULES = {"real": "real_metrics", "synthetic": "metrics"}
+_METRICS_RULES = {"real": "real_metrics", "synthetic": "cells"}
 
 
 def _reads_real_rows(where: Mapping[str, Any]) -> bool:
@@ -197,7 +197,7 @@ def claims_map_markdown(claims: Sequence[Mapping[str, Any]]) -> str:
         real = _reads_real_rows(claim.get("where") or {})
         upstream = "`theory` (data manifests, per-key metrics)" if tables == ("theory",) else (
             f"`{_METRICS_RULES['real' if real else 'synthetic']}`"
-            + (" (SmolLM2 captures)" if real else " (per cell)"))
+            + (" (SmolLM2 captures)" if real else " (per distribution and d)"))
         if statistic.startswith("e2e"):
             upstream = "`e2e` (per text, SmolLM2 with its KV cache quantized)" + (
                 "; `real_metrics` via `gather`" if statistic == "e2e_rank_agreement" else "")

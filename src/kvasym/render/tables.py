@@ -482,10 +482,10 @@ def manifest_statistics(manifest: Mapping[str, Any], where: str = "data manifest
         for tensor in () if variant else ("keys", "values"):
             stats = trial.get(tensor) if isinstance(trial, Mapping) else None
             if not isinstance(stats, Mapping):
-                raise KvasymError(f"{where}: trial {i} has no '{tensor}' statistics (rerun the data rule)")
+                raise KvasymError(f"{where}: trial {i} has no '{tensor}' statistics (rerun its unit job)")
             missing = [s for s in STATISTICS if s not in stats]
             if missing:
-                raise KvasymError(f"{where}: trial {i} '{tensor}' statistics lack {missing} (rerun the data rule)")
+                raise KvasymError(f"{where}: trial {i} '{tensor}' statistics lack {missing} (rerun its unit job)")
             try:
                 values = {s: float(stats[s]) for s in STATISTICS}
             except (TypeError, ValueError) as exc:

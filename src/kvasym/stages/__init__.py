@@ -1,7 +1,7 @@
 """The DAG's stages: one module per Snakemake rule (or rule family), one entry point each.
 
 A stage's name is its rule's name, its module's name and its ``kvasym stage`` subcommand:
-rule ``metrics`` runs ``kvasym stage metrics``, implemented by :mod:`kvasym.stages.metrics`;
+rule ``cells`` runs ``kvasym stage cells``, implemented by :mod:`kvasym.stages.cells`;
 the figure rules ``figure_<family>`` run ``kvasym stage figure --family <family>``
 (:mod:`kvasym.stages.figure`). Every stage module defines
 
@@ -15,7 +15,7 @@ the figure rules ``figure_<family>`` run ``kvasym stage figure --family <family>
 
 Stages hold no maths: that lives in the library modules they call. The registry below maps a
 stage to its one-line description; modules are imported only when their stage runs, so a
-``kvasym stage data`` job does not pay for pandas or matplotlib.
+``kvasym stage cells`` job does not pay for pandas or matplotlib.
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ __all__ = ["STAGES", "add_stage_parsers", "move_aside_damaged", "stage_module"]
 
 #: Stage (= rule = module) name -> what it does, in DAG order.
 STAGES: dict[str, str] = {
-    "data": "data manifest of one (distribution, dim): per-trial digests and statistics",
-    "quantize": "packed K and V caches of every trial of one cell",
-    "metrics": "per-query and per-key metrics of one cell, as Parquet",
+    "cells": "every cell of one (distribution, dim): data manifest, packed caches, per-query and per-key metrics",
+    "metrics": "the cells of one query-model variant (distribution, dim), measured on its parent's packed caches",
     "capture": "real K, V and queries of SmolLM2-135M for one shipped text (needs the real extra)",
     "real_metrics": "per-query metrics of one real-model cell (SmolLM2 captures)",
     "real_cachestats": "statistics of the real caches per text, layer and head",
@@ -76,7 +75,8 @@ def intermediate_inputs(args: argparse.Namespace) -> set[Path]:
 def move_aside_damaged(args: argparse.Namespace, path: str) -> str:
     """What to do about a damaged input ``path`` of a stage run with ``args``, as a sentence.
 
-    A DAG intermediate is renamed to ``.<name>.damaged`` beside it (replacing an older one):
+    A DAG intermediate (or the intermediate folder holding it) is renamed to ``.<name>.damaged``
+    beside it (replacing an older file; an older folder of that name is deleted first):
     Snakemake then sees it missing and reruns the rule that writes it, while the damaged bytes
     stay for inspection. The leading dot keeps it out of the Parquet datasets (pyarrow and
     pandas skip names starting with "." when they read a folder). Snakemake itself cannot
@@ -84,11 +84,23 @@ def move_aside_damaged(args: argparse.Namespace, path: str) -> str:
     than its consumers' outputs, so without this every rerun would fail on it again. A file the
     user gave (a cache dump, the claims file) is never touched.
     """
+    from ..atomic import FOLDER_MARKER
+
     target = Path(path).absolute()
-    if target not in intermediate_inputs(args):
+    intermediates = intermediate_inputs(args)
+    if target not in intermediates and not any(f in target.parents for f in intermediates):
         return "fix or replace it and rerun"
+    # a file inside a folder a stage wrote whole (a directory() output, kvasym.atomic.atomic_folder,
+    # marked by FOLDER_MARKER): the folder goes aside, since Snakemake reruns a rule only for an
+    # output that is missing, not for a file missing inside one
+    whole = next((p for p in list(target.parents)[:3] if (p / FOLDER_MARKER).is_file()), None)
+    target = whole or target
     aside = target.with_name(f".{target.name}.damaged")
     try:
+        if target.is_dir() and aside.is_dir():
+            import shutil
+
+            shutil.rmtree(aside)
         target.replace(aside)
     except FileNotFoundError:  # a concurrent consumer of the same file moved it first
         return "it was moved aside by another job; rerun to rebuild it"

@@ -17,20 +17,19 @@ from ..schemes import Scheme, scheme_from_dict
 
 _DATA_KEYS = set(DATA_KEYS)
 #: Keys each stage reads from its slice (what the study's *_slice methods produce).
+_UNIT_KEYS = _DATA_KEYS | {"schemes", "budgets", "norm_dtype", "sharpness", "per_key_trials"}
 SLICE_KEYS: dict[str, set[str]] = {
-    "data": _DATA_KEYS,
-    "quantize": _DATA_KEYS | {"scheme", "budget", "norm_dtype"},
-    "metrics": _DATA_KEYS | {"scheme", "budget", "norm_dtype", "sharpness", "per_key_trials"},
+    "cells": _UNIT_KEYS,
+    "metrics": _UNIT_KEYS,
     "stats": {"distribution", "dim", "schemes", "scheme_specs", "base_seed", "stats"},
     "theory": _DATA_KEYS | {"budgets", "theory"},
-    "real_metrics": {"distribution", "scheme", "budget", "sharpness", "base_seed", "norm_dtype"},
+    "real_metrics": {"distribution", "scheme", "budgets", "sharpness", "base_seed", "norm_dtype"},
     "e2e": {"text", "max_tokens", "schemes", "budgets", "base_seed", "norm_dtype", "e2e"},
     "e2e_stats": {"schemes", "budgets", "base_seed", "n_boot", "block_tokens"},
     "file_metrics": {"distribution", "dim", "scheme", "budget", "sharpness", "n_queries", "base_seed", "norm_dtype"},
 }
 #: Stages whose slice can also be built from --config and a cell.
-_FROM_CONFIG = {"data": "data_slice", "stats": "stats_slice", "theory": "theory_slice", "quantize": "cell_slice",
-                "metrics": "metrics_slice"}
+_FROM_CONFIG = {"cells": "unit_slice", "metrics": "unit_slice", "stats": "stats_slice", "theory": "theory_slice"}
 
 
 def parse_slice(text: str) -> dict[str, Any]:
@@ -56,9 +55,6 @@ def add_slice_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
         parser.add_argument("--config", help="or: a config YAML, with the cell below")
         parser.add_argument("--distribution")
         parser.add_argument("--dim", type=int)
-        if stage in ("quantize", "metrics"):
-            parser.add_argument("--scheme")
-            parser.add_argument("--budget", type=int)
 
 
 def stage_slice(args: argparse.Namespace, stage: str) -> dict[str, Any]:
@@ -74,12 +70,7 @@ def stage_slice(args: argparse.Namespace, stage: str) -> dict[str, Any]:
     from ..study import load_study_file
 
     study = load_study_file(args.config)
-    method = getattr(study, _FROM_CONFIG[stage])
-    if stage in ("quantize", "metrics"):
-        if args.scheme is None or args.budget is None:
-            raise KvasymError(f"the {stage} stage needs --scheme and --budget with --config")
-        return method(args.distribution, args.dim, args.scheme, args.budget)
-    return method(args.distribution, args.dim)
+    return getattr(study, _FROM_CONFIG[stage])(args.distribution, args.dim)
 
 
 def slice_scheme(slice_: dict[str, Any]) -> Scheme:

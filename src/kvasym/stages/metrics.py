@@ -1,107 +1,151 @@
-"""Stage ``metrics`` (rule ``metrics``): per-query and per-key metrics of one cell.
+"""Stage ``metrics`` (rule ``metrics``): the cells of a query-model variant, from its parent's caches.
 
-The packed caches of the cell are dequantized from the file (never from memory), checked to be
-the ones this cell's quantize job writes, and compared with the data rule's stored trials
-(checked against the manifest) at every sharpness of the slice: one per-query and one per-key
-Parquet file, parts of the two datasets ``results/metrics/{per_query,per_key}``, whose columns
-are built whole (one array per column and part, concatenated), never row by row.
+A query-model variant ``<parent>+<model>`` (config key ``query_models``, :mod:`kvasym.querymodel`)
+has its parent's keys and values and queries of its own, so its cells measure the parent's packed
+caches (written by the parent's ``cells`` job, :mod:`kvasym.stages.cells`) against other
+queries. One job per (variant, dim): it draws the variant's trials once (writing its data
+manifest, ``results/data/<variant>/d<dim>.json``), reads the parent's packed caches of every
+scheme and budget from the parent's folder (each checked to be the one that cell's quantizer
+writes: same shape, scheme side, budget, norm storage and identity-derived seeds) and writes one
+per-query and one per-key Parquet file per cell, in the folders
+``results/metrics/{per_query,per_key}/<variant>/d<dim>/<scheme>/n<budget>.parquet``.
+
+The per-cell tables (:class:`CellTables`, used by the ``cells`` stage too) are built whole: one
+array per column and part, concatenated, never row by row.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from ..atomic import atomic_folder, write_json_atomic
 from ..cache import PackedCache, load_packed
 from ..dataset import PER_KEY_SCHEMA, PER_QUERY_SCHEMA, provenance, to_table, write_parquet_atomic
-from ..errors import DamagedFile
-from ..manifest import load_manifest, stored_trials, trials_path
+from ..distributions import TrialData
+from ..errors import DamagedFile, KvasymError
+from ..kernels import kernel_for
+from ..manifest import DATA_KEYS, build_manifest
 from ..metrics import trial_metrics_multi
-from ..schemes import Scheme
+from ..schemes import Scheme, scheme_from_dict
 from ..seeds import derived_seed
-from ._slice import add_slice_arguments, slice_scheme, stage_slice
-from .quantize import cache_identity_name, packed_cache_name
+from ._slice import add_slice_arguments, stage_slice
+
+#: The keys of a unit's slice besides :data:`kvasym.manifest.DATA_KEYS`.
+UNIT_KEYS = ("schemes", "budgets", "norm_dtype", "sharpness", "per_key_trials")
 
 
-def run_metrics(
-    slice_: Mapping[str, Any],
-    data_json: str | os.PathLike,
-    packed_npz: str | os.PathLike,
-    out_per_query: str | os.PathLike,
-    out_per_key: str | os.PathLike,
-    trials_npy: str | os.PathLike | None = None,
-) -> None:
-    """Per-query and per-key metrics of one cell, for every sharpness, as Parquet; the trials
-    are read from ``trials_npy`` (default: beside the manifest)."""
-    digests = load_manifest(data_json, slice_)
-    read_trial = stored_trials(slice_, trials_path(data_json) if trials_npy is None else trials_npy, digests)
-    caches = load_packed(packed_npz)
-    scheme = slice_scheme(slice_)
-    ident = {
-        "distribution": slice_["distribution"]["name"],
-        "kind": slice_["distribution"]["kind"],
-        "dim": slice_["dim"],
-        "scheme": slice_["scheme"]["name"],
-        "budget": slice_["budget"],
-    }
-    query_parts: list[dict[str, np.ndarray]] = []
-    key_parts: list[dict[str, np.ndarray]] = []
-    for trial in range(slice_["trials"]):
-        data = read_trial(trial)
-        try:
-            k_cache, v_cache = caches[packed_cache_name(trial, "K")], caches[packed_cache_name(trial, "V")]
-        except KeyError:
-            raise DamagedFile(packed_npz, f"no packed caches for trial {trial}") from None
-        for side, cache, matrix in (("K", k_cache, data.keys), ("V", v_cache, data.values)):
-            _check_cache_matches(cache, matrix.shape, slice_, scheme, trial, side, packed_npz)
-        keys_hat = k_cache.dequantize("float64")
-        values_hat = v_cache.dequantize("float64")
+def cache_identity_name(slice_: Mapping[str, Any]) -> str:
+    """The distribution name in the rotation and QJL seeds of a cell: the parent's for a
+    query-model variant (``keys_of``: same keys, so the same packed caches), else its own."""
+    return slice_["distribution"].get("keys_of") or slice_["distribution"]["name"]
+
+
+def packed_cache_name(trial: int, side: str) -> str:
+    """The name of one trial's cache side inside a cell's packed file."""
+    return f"t{trial}.{side}"
+
+
+def cell_file(folder: str | os.PathLike, scheme: str, budget: int, suffix: str) -> Path:
+    """A cell's file in a unit's folder: ``<folder>/<scheme>/n<budget><suffix>``."""
+    return Path(folder) / scheme / f"n{budget}{suffix}"
+
+
+def data_slice_of(unit: Mapping[str, Any]) -> dict[str, Any]:
+    """The data slice of a unit (what its manifest is made for)."""
+    return {key: unit[key] for key in DATA_KEYS}
+
+
+def unit_cells(unit: Mapping[str, Any]) -> Iterator[tuple[Scheme, int, dict[str, Any]]]:
+    """(scheme, budget, cell slice) of every cell of a unit, schemes in slice order, budgets
+    within. A cell slice is what :meth:`kvasym.study.Study.metrics_slice` gives for the cell
+    (the data slice, the scheme's spec, the budget and the metric settings)."""
+    for entry in unit["schemes"]:
+        spec = dict(entry)
+        scheme = scheme_from_dict(spec.pop("name"), spec)
+        for budget in unit["budgets"]:
+            cell = data_slice_of(unit)
+            cell.update(scheme=dict(entry), budget=int(budget), norm_dtype=unit["norm_dtype"],
+                        sharpness=list(unit["sharpness"]), per_key_trials=unit["per_key_trials"])
+            yield scheme, int(budget), cell
+
+
+class CellTables:
+    """The per-query and per-key rows of one cell, trial by trial.
+
+    Parameters
+    ----------
+    cell : mapping
+        The cell's slice (:func:`unit_cells`); its provenance goes into both files' metadata.
+    """
+
+    def __init__(self, cell: Mapping[str, Any]) -> None:
+        self.cell = cell
+        self.ident = {
+            "distribution": cell["distribution"]["name"],
+            "kind": cell["distribution"]["kind"],
+            "dim": cell["dim"],
+            "scheme": cell["scheme"]["name"],
+            "budget": cell["budget"],
+        }
+        self.query_parts: list[dict[str, np.ndarray]] = []
+        self.key_parts: list[dict[str, np.ndarray]] = []
+
+    def add_trial(self, trial: int, data: TrialData, k_cache: PackedCache, v_cache: PackedCache) -> None:
+        """Measure one trial: reconstruct both caches (the compiled kernels where they implement
+        the side, :func:`kvasym.kernels.kernel_for`) and compare them with the data at every
+        sharpness."""
+        keys_hat = k_cache.dequantize("float64", kernel=kernel_for(k_cache.primitives))
+        values_hat = v_cache.dequantize("float64", kernel=kernel_for(v_cache.primitives))
         bits = {}
         for side, cache in (("k", k_cache), ("v", v_cache)):
             stored = cache.bits_per_coordinate()
             bits.update({f"{side}_bits_payload": stored["payload"], f"{side}_bits_side": stored["side"],
                          # what float16 norms would cost: total bits at norm_dtype float16
                          f"{side}_bits_side16": cache.bits_per_coordinate("float16")["side"]})
-        results = trial_metrics_multi(
-            data.queries, data.keys, data.values, keys_hat, values_hat, slice_["sharpness"]
-        )
-        for sharpness, (per_query, per_key) in zip(slice_["sharpness"], results):
+        sharpness = self.cell["sharpness"]
+        results = trial_metrics_multi(data.queries, data.keys, data.values, keys_hat, values_hat, sharpness)
+        for value, (per_query, per_key) in zip(sharpness, results):
             rows = len(per_query["kl"])
-            common = {**ident, "sharpness": sharpness, "trial": trial}
-            query_parts.append(
+            common = {**self.ident, "sharpness": value, "trial": trial}
+            self.query_parts.append(
                 {**{k: np.full(rows, v) for k, v in common.items()}, **per_query,
                  **{k: np.full(rows, v) for k, v in bits.items()}}
             )
-            if trial < slice_["per_key_trials"]:
+            if trial < self.cell["per_key_trials"]:
                 n_keys = len(per_key["key"])
-                key_parts.append({**{k: np.full(n_keys, v) for k, v in common.items()}, **per_key})
-    meta = provenance(slice_)
-    write_parquet_atomic(to_table(_concat(query_parts, PER_QUERY_SCHEMA), PER_QUERY_SCHEMA), out_per_query, meta)
-    write_parquet_atomic(to_table(_concat(key_parts, PER_KEY_SCHEMA), PER_KEY_SCHEMA), out_per_key, meta)
+                self.key_parts.append({**{k: np.full(n_keys, v) for k, v in common.items()}, **per_key})
+
+    def write(self, per_query: str | os.PathLike, per_key: str | os.PathLike) -> None:
+        """Write the two Parquet files (atomically), with the cell's provenance."""
+        meta = provenance(self.cell)
+        write_parquet_atomic(to_table(_concat(self.query_parts, PER_QUERY_SCHEMA), PER_QUERY_SCHEMA), per_query, meta)
+        write_parquet_atomic(to_table(_concat(self.key_parts, PER_KEY_SCHEMA), PER_KEY_SCHEMA), per_key, meta)
 
 
-def _check_cache_matches(
+def check_cache_matches(
     cache: PackedCache,
     shape: tuple[int, ...],
-    slice_: Mapping[str, Any],
+    cell: Mapping[str, Any],
     scheme: Scheme,
     trial: int,
     side: str,
     path: str | os.PathLike,
 ) -> None:
-    """The packed cache must be the one this cell's quantize job writes: same shape, scheme side,
+    """The packed cache must be the one this cell's quantizer writes: same shape, scheme side,
     budget, norm storage and the seeds derived from (distribution, dim, trial, side). A stale
     file or one copied from another cell would otherwise be measured and labelled as this cell.
-    A query-model variant reads its parent's caches (:func:`.quantize.cache_identity_name`)."""
+    A query-model variant reads its parent's caches (:func:`cache_identity_name`)."""
     spec = scheme.side(side)
-    budget = slice_["budget"]
-    identity = (cache_identity_name(slice_), slice_["dim"], trial)
-    base = slice_["base_seed"]
+    budget = cell["budget"]
+    identity = (cache_identity_name(cell), cell["dim"], trial)
+    base = cell["base_seed"]
     expected: dict[str, Any] = {
         "rows": shape[0],
         "dim": shape[1],
@@ -111,7 +155,7 @@ def _check_cache_matches(
         "qjl": spec.qjl,
         "sketch": spec.sketch if spec.qjl else "gaussian",
         "primitives": spec.primitives(),
-        "norm_dtype": slice_["norm_dtype"],
+        "norm_dtype": cell["norm_dtype"],
         "rotation_seed": derived_seed(base, "rotation", *identity, side) if spec.seeded_transform else 0,
         "qjl_seed": derived_seed(base, "qjl", *identity, side) if spec.qjl else 0,
     }
@@ -133,19 +177,62 @@ def _concat(parts: list[dict[str, np.ndarray]], schema: pa.Schema) -> dict[str, 
     return {f.name: np.concatenate([np.asarray(p[f.name]) for p in parts]) for f in schema}
 
 
-#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = ("data", "trials", "packed")
+def run_metrics(
+    unit: Mapping[str, Any],
+    packed_dir: str | os.PathLike,
+    out_manifest: str | os.PathLike,
+    out_per_query: str | os.PathLike,
+    out_per_key: str | os.PathLike,
+) -> None:
+    """The data manifest and the per-query and per-key files of every cell of a query-model
+    variant's unit ``unit``, measuring the packed caches in ``packed_dir`` (its parent's folder,
+    ``<scheme>/n<budget>.npz``). The two output folders appear complete or not at all."""
+    if not unit["distribution"].get("keys_of"):
+        raise KvasymError(f"the metrics stage measures query-model variants; {unit['distribution']['name']!r} has "
+                          "no parent (keys_of): its cells are the cells stage's")
+    cells = list(unit_cells(unit))
+    packed: dict[tuple[str, int], tuple[Path, dict[str, PackedCache]]] = {}
+    for scheme, budget, _ in cells:
+        path = cell_file(packed_dir, scheme.name, budget, ".npz")
+        packed[scheme.name, budget] = (path, load_packed(path))
+    tables = {(scheme.name, budget): CellTables(cell) for scheme, budget, cell in cells}
+
+    def measure(trial: int, data: TrialData) -> None:
+        for scheme, budget, cell in cells:
+            path, caches = packed[scheme.name, budget]
+            try:
+                k_cache, v_cache = caches[packed_cache_name(trial, "K")], caches[packed_cache_name(trial, "V")]
+            except KeyError:
+                raise DamagedFile(path, f"no packed caches for trial {trial}") from None
+            for side, cache, matrix in (("K", k_cache, data.keys), ("V", v_cache, data.values)):
+                check_cache_matches(cache, matrix.shape, cell, scheme, trial, side, path)
+            tables[scheme.name, budget].add_trial(trial, data, k_cache, v_cache)
+
+    manifest = build_manifest(data_slice_of(unit), measure)
+    with atomic_folder(out_per_query) as pq_dir, atomic_folder(out_per_key) as pk_dir:
+        for (scheme, budget), table in tables.items():
+            table.write(cell_file(pq_dir, scheme, budget, ".parquet"), cell_file(pk_dir, scheme, budget, ".parquet"))
+    write_json_atomic(manifest, out_manifest)
+
+
+#: Arguments naming files (or folders) other rules write (moved aside when damaged: kvasym.stages).
+INTERMEDIATE_INPUTS = ("packed",)
+
+
+def add_unit_arguments(parser: argparse.ArgumentParser, stage: str, packed: str) -> None:
+    """The flags of a unit job (stages cells and metrics): its slice, ``--packed`` (``packed``
+    says what that folder is to the stage), the manifest it writes and its two metrics folders."""
+    add_slice_arguments(parser, stage)
+    parser.add_argument("--packed", required=True, help=packed)
+    parser.add_argument("--manifest", required=True, help="the unit's data manifest (.json) to write")
+    for table in ("per_query", "per_key"):
+        parser.add_argument(f"--{table.replace('_', '-')}", dest=table, required=True,
+                            help=f"the {table.replace('_', '-')} folder to write (<scheme>/n<budget>.parquet)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_slice_arguments(parser, "metrics")
-    parser.add_argument("--data", required=True, help="the data manifest of the cell's (distribution, dim)")
-    parser.add_argument("--trials", help="the trials of the data manifest (default: beside it, d<dim>.trials.npy)")
-    parser.add_argument("--packed", required=True, help="the cell's packed caches (.npz)")
-    parser.add_argument("--per-query", dest="per_query", required=True, help="the per-query Parquet file")
-    parser.add_argument("--per-key", dest="per_key", required=True, help="the per-key Parquet file")
+    add_unit_arguments(parser, "metrics", "the parent's packed-caches folder to read (<scheme>/n<budget>.npz)")
 
 
 def run(args: argparse.Namespace) -> None:
-    args.trials = args.trials or str(trials_path(args.data))  # named, so a damaged one is moved aside
-    run_metrics(stage_slice(args, "metrics"), args.data, args.packed, args.per_query, args.per_key, args.trials)
+    run_metrics(stage_slice(args, "metrics"), args.packed, args.manifest, args.per_query, args.per_key)

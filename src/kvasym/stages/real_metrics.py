@@ -1,4 +1,4 @@
-"""Stage ``real_metrics`` (rule ``real_metrics``): per-query metrics of one real-model cell.
+"""Stage ``real_metrics`` (rule ``real_metrics``): per-query metrics of the real-model cells of one scheme.
 
 Every (text, layer, KV head) cache of the SmolLM2 captures is one trial of distribution
 ``smollm2`` (keys quantized after RoPE) or ``smollm2-prerope`` (before), read by its group's real
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +23,20 @@ from ..real.evaluate import REAL_DISTRIBUTIONS, REAL_KIND, evaluate_capture
 from ._slice import add_slice_arguments, slice_scheme, stage_slice
 
 
-def run_real_metrics(slice_: dict[str, Any], capture_paths: Sequence[str], out_per_query: str) -> None:
-    """The per-query metrics table of one real cell (distribution, scheme, budget), in the
-    synthetic study's schema (:data:`kvasym.dataset.PER_QUERY_SCHEMA`), so the stats, gather and
-    claims stages read real rows like any other distribution.
+def run_real_metrics(slice_: dict[str, Any], capture_paths: Sequence[str],
+                     out_per_query: Mapping[int, str | os.PathLike]) -> None:
+    """The per-query metrics tables of the real cells (distribution, scheme, budget) of every
+    budget of ``slice_``, one file per budget (``out_per_query[budget]``), in the synthetic
+    study's schema (:data:`kvasym.dataset.PER_QUERY_SCHEMA`), so the stats, gather and claims
+    stages read real rows like any other distribution. One job per (distribution, scheme): each
+    capture is loaded once for all budgets (issue 29).
 
     ``slice_``: ``distribution`` (a key of :data:`REAL_DISTRIBUTIONS`), ``scheme`` (its dict),
-    ``budget``, ``sharpness`` (list), ``base_seed``, ``norm_dtype``, ``layers`` (list or None).
+    ``budgets``, ``sharpness`` (list), ``base_seed``, ``norm_dtype``, ``layers`` (list or None).
     A trial is one (text, layer, KV head) cache, numbered in the order of ``capture_paths``, then
-    layer, then KV head (the map is stored in the file's metadata as ``trial_map``); a query is
-    one (query head, position) of the group reading that KV head.
+    layer, then KV head (the map is stored in each file's metadata as ``trial_map``); a query is
+    one (query head, position) of the group reading that KV head. Each file's provenance is its
+    cell's slice (``budget`` in place of ``budgets``).
     """
     from ..dataset import PER_QUERY_SCHEMA, provenance, to_table, write_parquet_atomic
     from ..real.capture import load_capture
@@ -40,15 +45,17 @@ def run_real_metrics(slice_: dict[str, Any], capture_paths: Sequence[str], out_p
     if name not in REAL_DISTRIBUTIONS:
         raise KvasymError(f"real distribution must be one of {list(REAL_DISTRIBUTIONS)}, got {name!r}")
     scheme = slice_scheme(slice_)
-    budget = int(slice_["budget"])
-    parts: list[dict[str, np.ndarray]] = []
+    budgets = [int(b) for b in slice_["budgets"]]
+    if sorted(out_per_query) != sorted(budgets):
+        raise KvasymError(f"--out names budgets {sorted(out_per_query)}, the slice {sorted(budgets)}")
+    parts: dict[int, list[dict[str, np.ndarray]]] = {b: [] for b in budgets}
     trial_map: list[dict[str, Any]] = []
     for path in capture_paths:
         capture = load_capture(path)
         text = capture.metadata.get("name") or Path(path).stem
-        cols = evaluate_capture(capture, [scheme], [budget], name=str(text), base_seed=int(slice_["base_seed"]),
+        cols = evaluate_capture(capture, [scheme], budgets, name=str(text), base_seed=int(slice_["base_seed"]),
                                 layers=slice_.get("layers"), rope=REAL_DISTRIBUTIONS[name],
-                                sharpness=slice_["sharpness"], norm_dtype=slice_["norm_dtype"])
+                                sharpness=slice_["sharpness"], norm_dtype=slice_["norm_dtype"], kernel="auto")
         cells = list(dict.fromkeys(zip(cols["layer"].tolist(), cols["kv_head"].tolist())))
         index = {cell: len(trial_map) + i for i, cell in enumerate(cells)}
         trial_map += [{"trial": index[c], "text": str(text), "layer": c[0], "kv_head": c[1]} for c in cells]
@@ -59,12 +66,16 @@ def run_real_metrics(slice_: dict[str, Any], capture_paths: Sequence[str], out_p
             "distribution": np.full(n, name, dtype=object), "kind": np.full(n, REAL_KIND, dtype=object),
             "dim": np.full(n, capture.k_post_rope.shape[-1], dtype=np.int32), "trial": trial,
         })
-        parts.append(part)
-    if not parts:
+        for budget in budgets:  # the rows of one budget, in the order a job of that budget alone gives
+            rows = np.asarray(cols["budget"]) == budget
+            parts[budget].append({key: value[rows] for key, value in part.items()})
+    if not capture_paths:
         raise KvasymError("run_real_metrics needs at least one capture")
-    columns = {key: np.concatenate([p[key] for p in parts]) for key in PER_QUERY_SCHEMA.names}
-    meta = {**provenance(slice_), "trial_map": json.dumps(trial_map)}
-    write_parquet_atomic(to_table(columns, PER_QUERY_SCHEMA), out_per_query, meta)
+    cell = {k: v for k, v in slice_.items() if k != "budgets"}
+    for budget in budgets:
+        columns = {key: np.concatenate([p[key] for p in parts[budget]]) for key in PER_QUERY_SCHEMA.names}
+        meta = {**provenance({**cell, "budget": budget}), "trial_map": json.dumps(trial_map)}
+        write_parquet_atomic(to_table(columns, PER_QUERY_SCHEMA), out_per_query[budget], meta)
 
 
 #: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
@@ -74,8 +85,15 @@ INTERMEDIATE_INPUTS = ("captures",)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "real_metrics")
     parser.add_argument("--captures", nargs="+", required=True, help="capture .npz files (stage capture)")
-    parser.add_argument("--out", required=True, help="the per-query Parquet file")
+    parser.add_argument("--out", nargs="+", required=True, metavar="BUDGET=FILE",
+                        help="the per-query Parquet file of each budget, as BUDGET=FILE")
 
 
 def run(args: argparse.Namespace) -> None:
-    run_real_metrics(stage_slice(args, "real_metrics"), args.captures, args.out)
+    outs: dict[int, str] = {}
+    for item in args.out:
+        budget, sep, path = item.partition("=")
+        if not sep or not budget.isdigit() or not path:
+            raise KvasymError(f"--out {item!r}: give BUDGET=FILE, e.g. 4=results/.../n4.parquet")
+        outs[int(budget)] = path
+    run_real_metrics(stage_slice(args, "real_metrics"), args.captures, outs)

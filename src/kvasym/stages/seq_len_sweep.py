@@ -36,7 +36,7 @@ def run_seq_len_sweep(slice_: Mapping[str, Any], out_rows: str, out_summary: str
     schemes = {s["name"]: scheme_from_dict(s["name"], s["spec"]) for s in slice_["schemes"]}
     parts = [sweep_trial_rows(spec, int(slice_["dim"]), int(seq_len), int(slice_["n_queries"]),
                               int(slice_["trials"]), schemes, slice_["budgets"], float(slice_["sharpness"]),
-                              base_seed=int(slice_["base_seed"]), norm_dtype=slice_["norm_dtype"])
+                              base_seed=int(slice_["base_seed"]), norm_dtype=slice_["norm_dtype"], kernel="auto")
              for seq_len in slice_["seq_lens"]]
     rows = pd.concat(parts, ignore_index=True)
     meta = provenance(slice_)

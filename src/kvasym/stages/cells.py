@@ -1,0 +1,105 @@
+"""Stage ``cells`` (rule ``cells``): every cell of one (distribution, dim), in one process.
+
+A unit is a (distribution, dim) of the synthetic grid (not a query-model variant: those are the
+``metrics`` stage's, :mod:`kvasym.stages.metrics`). Its job draws each trial once, from seeds
+keyed by (distribution, dim, trial), and while the trial is in memory quantizes it with every
+scheme of the unit (the grid's and the frontier's that run on the distribution) at every
+budget, and measures the reconstructions against the data at every sharpness. It writes
+
+- the data manifest ``results/data/<dist>/d<dim>.json`` (per-trial SHA-256 digests and
+  statistics, :func:`kvasym.manifest.build_manifest`), which the theory, figure and table
+  stages check their regenerated trials against;
+- the packed caches, one ``.npz`` per cell in the folder ``results/packed/<dist>/d<dim>``
+  (``<scheme>/n<budget>.npz``: trial ``t``'s sides as ``t<t>.K`` / ``t<t>.V``), the compressed
+  artifact itself with its measured bits per coordinate, written trial by trial
+  (:class:`kvasym.cache.PackedFileWriter`);
+- one per-query and one per-key Parquet file per cell in the folders
+  ``results/metrics/{per_query,per_key}/<dist>/d<dim>`` (``<scheme>/n<budget>.parquet``):
+  parts of the two datasets, read with one call as before.
+
+Each folder appears complete or not at all (:func:`kvasym.atomic.atomic_folder`). Rotation and
+QJL seeds come from (distribution, dim, trial, side), never from the order of work, so the
+files are those a job per cell would write. Quantizing and dequantizing run the compiled
+kernels wherever they implement the side (:func:`kvasym.kernels.kernel_for`; the numpy
+reference otherwise, and always without the ``fast`` extra); the trial order keeps a trial's
+QJL matrices in :func:`kvasym.sketch` 's cache across the unit's schemes and budgets.
+
+Why a (distribution, dim): its cells share their data and seeds; one job per cell paid a
+process start, a data read and Snakemake's bookkeeping (about 3 CPU-s) for work of 1 to 10
+CPU-s. The price is the granularity of reruns: a change to a unit's slice (a scheme added to
+the grid or to the frontier on this distribution, a budget, a sharpness) reruns the unit whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ..atomic import atomic_folder, write_json_atomic
+from ..cache import PackedFileWriter
+from ..distributions import TrialData
+from ..errors import KvasymError
+from ..evaluate import quantize_pair
+from ..manifest import build_manifest
+from ._slice import stage_slice
+from .metrics import (
+    CellTables,
+    add_unit_arguments,
+    cache_identity_name,
+    cell_file,
+    data_slice_of,
+    packed_cache_name,
+    unit_cells,
+)
+
+
+def run_cells(
+    unit: Mapping[str, Any],
+    out_manifest: str | os.PathLike,
+    out_packed: str | os.PathLike,
+    out_per_query: str | os.PathLike,
+    out_per_key: str | os.PathLike,
+) -> None:
+    """Draw, quantize and measure every cell of ``unit`` (a :meth:`kvasym.study.Study.unit_slice`):
+    the manifest to ``out_manifest``, the packed caches and the two metrics tables into the
+    three folders (``<scheme>/n<budget>.npz`` / ``.parquet``)."""
+    if unit["distribution"].get("keys_of"):
+        raise KvasymError(f"{unit['distribution']['name']!r} is a query-model variant (keys_of "
+                          f"{unit['distribution']['keys_of']!r}): its cells are the metrics stage's")
+    cells = list(unit_cells(unit))
+    identity = cache_identity_name(unit)
+    with (atomic_folder(out_packed) as packed_dir, atomic_folder(out_per_query) as pq_dir,
+          atomic_folder(out_per_key) as pk_dir):
+        writers = {(s.name, b): PackedFileWriter(cell_file(packed_dir, s.name, b, ".npz")) for s, b, _ in cells}
+        tables = {(s.name, b): CellTables(cell) for s, b, cell in cells}
+
+        def work(trial: int, data: TrialData) -> None:
+            for scheme, budget, _ in cells:
+                pair = quantize_pair(data.keys, data.values, scheme, budget, base_seed=unit["base_seed"],
+                                     identity=(identity, unit["dim"], trial), norm_dtype=unit["norm_dtype"],
+                                     kernel="auto")
+                for side, cache in pair.items():
+                    writers[scheme.name, budget].add(packed_cache_name(trial, side), cache)
+                tables[scheme.name, budget].add_trial(trial, data, pair["K"], pair["V"])
+
+        try:
+            manifest = build_manifest(data_slice_of(unit), work)
+        except BaseException:
+            for writer in writers.values():
+                writer.abort()
+            raise
+        for writer in writers.values():
+            writer.close()
+        for (scheme, budget), table in tables.items():
+            table.write(cell_file(pq_dir, scheme, budget, ".parquet"), cell_file(pk_dir, scheme, budget, ".parquet"))
+    write_json_atomic(manifest, out_manifest)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_unit_arguments(parser, "cells", "the packed-caches folder to write (<scheme>/n<budget>.npz)")
+
+
+def run(args: argparse.Namespace) -> None:
+    run_cells(stage_slice(args, "cells"), args.manifest, args.packed, args.per_query, args.per_key)

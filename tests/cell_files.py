@@ -1,0 +1,42 @@
+"""One cell's files, written as the DAG writes them (``kvasym stage cells`` on a unit cut to
+that cell), for tests that need a cell's manifest, packed caches and metrics tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvasym.stages.cells import run_cells
+from kvasym.study import Study
+
+
+@dataclass(frozen=True)
+class CellFiles:
+    manifest: Path
+    packed: Path
+    per_query: Path
+    per_key: Path
+
+
+def one_unit(study: Study, distribution: str, dim: int, root: Path, *, schemes: list[str] | None = None,
+             budgets: list[int] | None = None) -> dict[tuple[str, int], CellFiles]:
+    """Run the cells stage for (distribution, dim), cut to ``schemes`` and ``budgets`` (default:
+    the unit's), into ``root``: {(scheme, budget): CellFiles}."""
+    unit = study.unit_slice(distribution, dim)
+    if schemes is not None:
+        unit["schemes"] = [s for s in unit["schemes"] if s["name"] in schemes]
+    if budgets is not None:
+        unit["budgets"] = list(budgets)
+    root = Path(root)
+    manifest = root / "data" / distribution / f"d{dim}.json"
+    folders = {name: root / name / distribution / f"d{dim}" for name in ("packed", "per_query", "per_key")}
+    run_cells(unit, manifest, folders["packed"], folders["per_query"], folders["per_key"])
+    return {(s["name"], b): CellFiles(manifest, folders["packed"] / s["name"] / f"n{b}.npz",
+                                      folders["per_query"] / s["name"] / f"n{b}.parquet",
+                                      folders["per_key"] / s["name"] / f"n{b}.parquet")
+            for s in unit["schemes"] for b in unit["budgets"]}
+
+
+def one_cell(study: Study, distribution: str, dim: int, scheme: str, budget: int, root: Path) -> CellFiles:
+    """The files of one cell (its unit cut to it)."""
+    return one_unit(study, distribution, dim, root, schemes=[scheme], budgets=[budget])[scheme, budget]

@@ -1,0 +1,60 @@
+# Stages 1-3 in one job per (distribution, dim) unit of the synthetic grid (kvasym.stages.cells):
+# the data drawn once, then every scheme (the grid's and the frontier's on this distribution) at
+# every budget quantized and measured. A query-model variant's unit is the metrics rule's: its
+# own queries against its parent's packed caches. Every cell file keeps its path inside the
+# unit's folders (results/packed/<dist>/d<d>/<scheme>/n<n>.npz,
+# results/metrics/{per_query,per_key}/<dist>/d<d>/<scheme>/n<n>.parquet); changing a unit's
+# schemes, budgets or settings reruns the unit whole.
+
+
+rule cells:
+    output:
+        manifest=f"{RESULTS}/data/{{distribution}}/d{{dim}}.json",
+        packed=directory(f"{RESULTS}/packed/{{distribution}}/d{{dim}}"),
+        per_query=directory(f"{RESULTS}/metrics/per_query/{{distribution}}/d{{dim}}"),
+        per_key=directory(f"{RESULTS}/metrics/per_key/{{distribution}}/d{{dim}}"),
+    log:
+        f"{RESULTS}/logs/cells/{{distribution}}/d{{dim}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/cells/{{distribution}}/d{{dim}}.tsv"
+    wildcard_constraints:
+        distribution=names_pattern(CELL_UNITS),
+    threads: 1
+    resources:
+        **resources_of("cells"),
+    params:
+        code=STAGE_CODE["cells"],  # reruns the job when the code it runs changes
+        slice=slice_param("cells"),
+    shell:
+        "kvasym stage cells --slice {params.slice:q} --manifest {output.manifest:q}"
+        " --packed {output.packed:q} --per-query {output.per_query:q}"
+        " --per-key {output.per_key:q} > {log:q} 2>&1"
+
+
+if VARIANT_UNITS:
+
+    rule metrics:
+        input:
+            packed=variant_packed,
+        output:
+            manifest=f"{RESULTS}/data/{{distribution}}/d{{dim}}.json",
+            per_query=directory(
+                f"{RESULTS}/metrics/per_query/{{distribution}}/d{{dim}}"
+            ),
+            per_key=directory(f"{RESULTS}/metrics/per_key/{{distribution}}/d{{dim}}"),
+        log:
+            f"{RESULTS}/logs/metrics/{{distribution}}/d{{dim}}.log",
+        benchmark:
+            f"{RESULTS}/benchmarks/metrics/{{distribution}}/d{{dim}}.tsv"
+        wildcard_constraints:
+            distribution=names_pattern(VARIANT_UNITS),
+        threads: 1
+        resources:
+            **resources_of("metrics"),
+        params:
+            code=STAGE_CODE["metrics"],  # reruns the job when the code it runs changes
+            slice=slice_param("metrics"),
+        shell:
+            "kvasym stage metrics --slice {params.slice:q} --packed {input.packed:q}"
+            " --manifest {output.manifest:q} --per-query {output.per_query:q}"
+            " --per-key {output.per_key:q} > {log:q} 2>&1"
