@@ -113,6 +113,32 @@ def test_klt_against_dense_eigendecomposition(dtype: str) -> None:
     assert np.allclose(cov, np.diag(values), atol=1e-10 * values[0])
 
 
+def test_klt_memo_returns_what_the_decompositions_give_and_keeps_no_alias() -> None:
+    """Issue 29: the KLT basis and its orthonormalized storage are memoized on their input's
+    bytes (a unit job quantizes one block at every budget): a hit equals the computation bit for
+    bit, a caller cannot change the memo through what it got, and another block is recomputed."""
+    from kvasym import klt
+
+    x = correlated(300, 16, 5)
+    klt._MEMO.clear()
+    values, basis = klt._klt_basis(x.copy())
+    (q_ref,) = klt._orthonormalize(store_basis(basis, "float16").astype(np.float64))
+    for _ in range(2):  # a miss, then a hit
+        got_values, got_basis = klt_basis(x)
+        np.testing.assert_array_equal(got_values, values)
+        np.testing.assert_array_equal(got_basis, basis)
+        np.testing.assert_array_equal(orthonormalize(store_basis(got_basis, "float16")), q_ref)
+        got_basis[:] = 0.0  # the caller's copy, not the memo's
+    assert len(klt._MEMO) == 2
+    other = x.copy()
+    other[0, 0] += 1e-12  # one bit of one entry: another block
+    np.testing.assert_array_equal(klt_basis(other)[1], klt._klt_basis(other)[1])
+    assert len(klt._MEMO) == 3
+    for i in range(klt.MEMO_SIZE + 2):  # bounded
+        klt_basis(correlated(50, 4, i))
+    assert len(klt._MEMO) == klt.MEMO_SIZE
+
+
 def test_klt_cache_stores_its_basis_and_beats_the_unrotated_codebook() -> None:
     x = correlated(400, 32, 4, offset=0.0)
     for dtype, bits in (("float16", 16), ("float32", 32)):
