@@ -15,8 +15,8 @@ Query-model variants (config key ``query_models``, :mod:`kvasym.querymodel`): ea
 and dims (those of ``query_models.dims``; a calibrated alignment above the largest the rank
 allows, d / r without noise, is left out at that d: d / r is the parent's own rule),
 ``query: <model>`` and ``keys_of: <name>``: its keys,
-values and packed caches are its parent's, bit for bit (the DAG reads the parent's packed file,
-so a variant costs a data job, its metrics jobs and a stats job, no quantize or theory job), and
+values and packed caches are its parent's, bit for bit (the DAG reads the parent's packed files,
+so a variant costs one metrics job per dim and a stats job, no cells or theory job), and
 only its queries differ. Variants are a factor of their parent's cells, not new distributions:
 their per-trial rows are gathered (claims may name them), their comparisons and summary rows and
 their theory checks are not (so no "every cell" claim, Holm family or table of the paper moves).
@@ -194,7 +194,7 @@ class Study:
         }
 
     def cell_slice(self, distribution: str, dim: int, scheme: str, budget: int) -> dict[str, Any]:
-        """Everything a quantize job depends on (the data slice, the scheme's spec, budget)."""
+        """Everything a cell's packed caches depend on (the data slice, the scheme's spec, budget)."""
         out = self.data_slice(distribution, dim)
         spec = self.scheme(scheme).to_dict()
         spec.pop("description", None)  # prose: changing it must not rerun anything
