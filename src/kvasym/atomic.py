@@ -17,11 +17,12 @@ from pathlib import Path
 from .errors import KvasymError, write_failed
 
 
-def _default_mode() -> int:
-    """rw for whom the umask allows (mkstemp creates 0600 files; results are ordinary files)."""
+def _default_mode(bits: int = 0o666) -> int:
+    """``bits`` for whom the umask allows (mkstemp creates 0600 files and mkdtemp 0700 folders;
+    results are ordinary files and folders): rw for files, rwx (0o777) for folders."""
     umask = os.umask(0)
     os.umask(umask)
-    return 0o666 & ~umask
+    return bits & ~umask
 
 
 @contextmanager
@@ -95,7 +96,7 @@ def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
         (tmp / FOLDER_MARKER).write_text("written whole by a kvasym stage (kvasym.atomic.atomic_folder); a damaged "
                                          "file in it sends the whole folder aside to be rebuilt\n", encoding="utf-8")
         yield tmp
-        os.chmod(tmp, _folder_mode())
+        os.chmod(tmp, _default_mode(0o777))
         if path.is_dir():
             path.rmdir()  # empty (checked above): Snakemake may have made it
         os.replace(tmp, path)
@@ -106,9 +107,3 @@ def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
-
-def _folder_mode() -> int:
-    """rwx for whom the umask allows (mkdtemp creates 0700 folders)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o777 & ~umask

@@ -802,24 +802,27 @@ def save_packed(path: str | os.PathLike, caches: Mapping[str, PackedCache]) -> N
     ValueError
         If a cache name contains ``"/"``.
     """
-    path = Path(path)
-    arrays: dict[str, np.ndarray] = {}
-    for name, cache in caches.items():
+    for name in caches:  # checked before anything is written
         if "/" in name:
             raise ValueError(f"cache name {name!r} must not contain '/'")
-        for key, value in cache.arrays().items():
-            arrays[f"{name}/{key}"] = value
-    with atomic_target(path) as tmp, open(tmp, "wb") as fh:  # a file object: savez adds no suffix
-        np.savez(fh, **arrays)
+    writer = PackedFileWriter(path)
+    try:
+        for name, cache in caches.items():
+            writer.add(name, cache)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
 
 
 class PackedFileWriter:
     """A packed-caches ``.npz`` written cache by cache, as :func:`save_packed` writes it whole.
 
-    The archive has the members :func:`save_packed` gives the same caches in the same order
-    (``<name>/<key>.npy``, stored uncompressed, zip64), so :func:`load_packed` reads it back
-    bit-identical; a job that quantizes trial by trial (``kvasym stage cells``) holds one
-    trial's caches in memory instead of a whole cell's. The file is written under a hidden
+    The archive's members are ``<name>/<key>.npy`` in the order the caches are added (stored
+    uncompressed, zip64: the layout of ``numpy.savez``), so :func:`load_packed` reads it back
+    bit-identical. :func:`save_packed` is this writer over a mapping of caches; a job that
+    quantizes trial by trial (``kvasym stage cells``) adds each trial's caches as it makes them
+    and holds one trial in memory instead of a whole cell. The file is written under a hidden
     temporary name and renamed onto ``path`` only by :meth:`close` (a writer left unclosed, or
     :meth:`abort`-ed, leaves nothing under the final name).
 

@@ -30,16 +30,12 @@ from ..cache import PackedCache, load_packed
 from ..dataset import PER_KEY_SCHEMA, PER_QUERY_SCHEMA, provenance, to_table, write_parquet_atomic
 from ..distributions import TrialData
 from ..errors import DamagedFile, KvasymError
-from ..kernels import kernel_for
+from ..evaluate import dequantize_with
 from ..manifest import DATA_KEYS, build_manifest
 from ..metrics import trial_metrics_multi
 from ..schemes import Scheme, scheme_from_dict
 from ..seeds import derived_seed
 from ._slice import add_slice_arguments, stage_slice
-
-#: The keys of a unit's slice besides :data:`kvasym.manifest.DATA_KEYS`.
-UNIT_KEYS = ("schemes", "budgets", "norm_dtype", "sharpness", "per_key_trials")
-
 
 def cache_identity_name(slice_: Mapping[str, Any]) -> str:
     """The distribution name in the rotation and QJL seeds of a cell: the parent's for a
@@ -101,8 +97,7 @@ class CellTables:
         """Measure one trial: reconstruct both caches (the compiled kernels where they implement
         the side, :func:`kvasym.kernels.kernel_for`) and compare them with the data at every
         sharpness."""
-        keys_hat = k_cache.dequantize("float64", kernel=kernel_for(k_cache.primitives))
-        values_hat = v_cache.dequantize("float64", kernel=kernel_for(v_cache.primitives))
+        keys_hat, values_hat = dequantize_with(k_cache, "auto"), dequantize_with(v_cache, "auto")
         bits = {}
         for side, cache in (("k", k_cache), ("v", v_cache)):
             stored = cache.bits_per_coordinate()
