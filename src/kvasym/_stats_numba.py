@@ -141,6 +141,24 @@ def ks_exact_ties_tail(is_end, i_all, x_step, i_times_n, m, n, h_obs):
     return p
 
 
+@njit(cache=True, nogil=True, inline="always")
+def top_insert(vals, idx, count, k, v, j):
+    """Keep the running top ``k`` of a row scanned in index order (values ``vals``, indices
+    ``idx``, ``count`` kept so far): the rule of :func:`topk_overlap`, an entry
+    enters only if strictly above the current k-th (an equal earlier entry ranks first).
+    Returns the new count."""
+    if count == k and not v > vals[k - 1]:
+        return count
+    pos = count if count < k else k - 1
+    while pos > 0 and vals[pos - 1] < v:
+        vals[pos] = vals[pos - 1]
+        idx[pos] = idx[pos - 1]
+        pos -= 1
+    vals[pos] = v
+    idx[pos] = j
+    return count + 1 if count < k else count
+
+
 @njit(cache=True, nogil=True)
 def topk_overlap(p, p_hat, allowed, k_row):
     """Per row i, ``|topk(p_i) & topk(p_hat_i)|`` over the allowed entries, ``k_row[i]`` each, ties
@@ -163,21 +181,8 @@ def topk_overlap(p, p_hat, allowed, k_row):
             idx = idx_a if side == 0 else idx_b
             count = 0
             for j in range(n_keys):
-                if not allowed[i, j]:
-                    continue
-                v = row[j]
-                if count == k and not v > vals[k - 1]:
-                    continue
-                # insert after every kept value >= v (equal values keep index order)
-                pos = count if count < k else k - 1
-                while pos > 0 and vals[pos - 1] < v:
-                    vals[pos] = vals[pos - 1]
-                    idx[pos] = idx[pos - 1]
-                    pos -= 1
-                vals[pos] = v
-                idx[pos] = j
-                if count < k:
-                    count += 1
+                if allowed[i, j]:
+                    count = top_insert(vals, idx, count, k, row[j], j)
         same = 0
         for a in range(k):
             for b in range(k):

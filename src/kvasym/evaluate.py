@@ -13,7 +13,7 @@ import numpy as np
 from .cache import PackedCache, quantize
 from .errors import KvasymError
 from .kernels import kernel_for
-from .metrics import trial_metrics, trial_metrics_multi
+from .metrics import TrialReference, trial_metrics, trial_metrics_multi
 from .schemes import SIDES, Scheme
 from .seeds import derived_seed
 
@@ -73,6 +73,7 @@ def head_metrics(
     norm_dtype: str = "float32",
     reconstruct_keys: Callable[[np.ndarray], np.ndarray] | None = None,
     kernel: str = "numpy",
+    reference: TrialReference | None = None,
 ) -> list[tuple[dict[str, np.ndarray], dict[str, float]]]:
     """One attention head of a real cache: quantize ``stored_keys`` and ``values`` with
     ``scheme`` at ``budget``, read them with ``queries`` against the reference ``keys``, and
@@ -83,7 +84,11 @@ def head_metrics(
     ``reconstruct_keys`` maps the dequantized stored keys to the space of ``keys`` (e.g. RoPE
     for keys stored before it); ``mask`` (n_queries, n_keys) says which keys each query sees.
     ``kernel``: as :func:`quantize_pair` (``"auto"``: the compiled kernels where they implement
-    the side, for quantizing and dequantizing).
+    the side, for quantizing and dequantizing, and the compiled attention-row pass of
+    :func:`kvasym.metrics.trial_metrics_multi`). ``reference``: the head's
+    :func:`kvasym.metrics.trial_reference` (of ``queries``, ``keys``, ``values``, ``mask`` and
+    every sharpness), built once by a caller that measures the head with several schemes or
+    budgets.
     """
     packed = quantize_pair(stored_keys, values, scheme, int(budget), base_seed=base_seed,
                            identity=identity, norm_dtype=norm_dtype, kernel=kernel)
@@ -97,7 +102,7 @@ def head_metrics(
                  for side in SIDES})
     # only the per-query columns are kept: skip the per-key table (a fifth of the work)
     results = trial_metrics_multi(queries, keys, values, keys_hat, values_hat, list(sharpness), mask=mask,
-                                  per_key=False)
+                                  per_key=False, kernel=kernel, reference=reference)
     return [(per_query, bits) for per_query, _per_key in results]
 
 

@@ -109,6 +109,24 @@ def compiled_loops() -> Any:
     return _LOOPS
 
 
+_METRIC_LOOPS: Any = False  # not looked up yet; None when numba does not import
+
+
+def compiled_metric_loops() -> Any:
+    """The compiled attention-row pass of the metrics (:mod:`kvasym._metrics_numba`: equal to
+    its numpy reference to rounding, not bit for bit), or None when numba does not import.
+    Imported once, on first use."""
+    global _METRIC_LOOPS
+    if _METRIC_LOOPS is False:
+        try:
+            from . import _metrics_numba
+        except ImportError:
+            _METRIC_LOOPS = None
+        else:
+            _METRIC_LOOPS = _metrics_numba
+    return _METRIC_LOOPS
+
+
 def available() -> bool:
     """Whether numba imports here (the kernels need it; the numpy reference never does)."""
     try:

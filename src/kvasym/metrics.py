@@ -57,9 +57,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kvasym.attention import attend_logits, attention_logits, check_mask
+from kvasym.attention import AttentionResult, attend_logits, attention_logits, check_mask
 from kvasym.errors import KvasymError
-from kvasym.kernels import compiled_loops
+from kvasym.kernels import compiled_loops, compiled_metric_loops
 
 __all__ = [
     "SNR_CAP_LOG2",
@@ -77,6 +77,9 @@ __all__ = [
     "catastrophic",
     "trial_metrics",
     "trial_metrics_multi",
+    "trial_reference",
+    "TrialReference",
+    "METRIC_KERNELS",
 ]
 
 SNR_CAP_LOG2 = 104.0
@@ -393,16 +396,29 @@ def topk_recall(
 LIVE_SHARE_COMPRESSED = 0.75
 
 
+def _js_g(r: np.ndarray) -> np.ndarray:
+    """``g(r) = (1 + r) log(1 + r) + (1 - r) log(1 - r)`` elementwise, r in [-1, 1]: ``2 r atanh(r)
+    + log1p(-r^2)`` below |r| = 1/2 (no cancellation of the terms linear in r), the defining
+    form from 1/2 to 1 (where ``log1p(-r^2)`` would round ``r^2`` next to 1: a relative error of
+    1e-7 at ``1 - r = 1e-9``), ``2 ln 2`` at |r| = 1."""
+    abs_r = np.abs(r)
+    g = np.full(r.shape, 2.0 * math.log(2.0))
+    small = abs_r < 0.5
+    rs = r[small]
+    g[small] = 2.0 * rs * np.arctanh(rs) + np.log1p(-rs * rs)
+    middle = (abs_r >= 0.5) & (abs_r < 1.0)
+    rm = r[middle]
+    g[middle] = (1.0 + rm) * np.log1p(rm) + (1.0 - rm) * np.log1p(-rm)
+    return g
+
+
 def _distance_terms(lp: np.ndarray, lq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The TV and JS terms ``m |r|`` and ``m g(r)`` of live entries (1-D log-probabilities), by
     :func:`distribution_distances`'s formulas, element for element."""
     with np.errstate(invalid="ignore", divide="ignore"):
         m = np.exp(np.logaddexp(lp, lq) - math.log(2.0))
         r = np.tanh(0.5 * (lp - lq))
-        abs_r = np.abs(r)
-        g = np.where(abs_r < 1.0, 2.0 * r * np.arctanh(np.where(abs_r < 1.0, r, 0.0)) + np.log1p(-r * r),
-                     2.0 * math.log(2.0))
-    return m * abs_r, m * g
+    return m * np.abs(r), m * _js_g(r)
 
 
 def distribution_distances(
@@ -445,9 +461,10 @@ def distribution_distances(
 
     - ``tv = sum_j m_j |r_j|``;
     - ``js = 1/2 sum_j m_j g(r_j)`` with ``g(r) = (1 + r) log(1 + r) + (1 - r) log(1 - r)
-      = 2 r atanh(r) + log1p(-r^2)``, ``g(+-1) = 2 ln 2``. The second form has no cancellation
-      of the terms linear in ``r`` (``g(r) ~ r^2`` for small ``r``), so ``js >= 0`` holds to
-      rounding even when ``p`` and ``q`` agree to 1e-8.
+      = 2 r atanh(r) + log1p(-r^2)``, ``g(+-1) = 2 ln 2``. The second form, used below
+      ``|r| = 1/2``, has no cancellation of the terms linear in ``r`` (``g(r) ~ r^2`` for small
+      ``r``), so ``js >= 0`` holds to rounding even when ``p`` and ``q`` agree to 1e-8; the
+      first, used above, keeps ``1 - r^2`` exact near ``|r| = 1``.
 
     Disjoint supports give ``tv = 1`` and ``js = ln 2``; ``q = p`` gives 0 for both. The
     two are tied by ``tv^2 / 2 <= js <= ln 2 * tv`` (the upper bound: ``g(r) / 2`` is convex
@@ -480,10 +497,8 @@ def distribution_distances(
             log_m = np.logaddexp(lp, lq) - math.log(2.0)
             m = np.where(live, np.exp(log_m), 0.0)
             r = np.where(live, np.tanh(0.5 * (lp - lq)), 0.0)  # +-inf differences give +-1
-            abs_r = np.abs(r)
-            g = np.where(abs_r < 1.0, 2.0 * r * np.arctanh(np.where(abs_r < 1.0, r, 0.0)) + np.log1p(-r * r),
-                         2.0 * math.log(2.0))
-        tv_terms = m * abs_r
+            g = _js_g(r)
+        tv_terms = m * np.abs(r)
         js_terms = m * np.where(live, g, 0.0)
     tv = np.sum(tv_terms, axis=-1)
     js = 0.5 * np.sum(js_terms, axis=-1)
@@ -515,9 +530,7 @@ def catastrophic(top1: np.ndarray, tv: np.ndarray) -> np.ndarray:
     return ((t1 == 0.0) & (d > CATASTROPHIC_TV)).astype(np.float64)
 
 
-def _check_logit_range(
-    q: np.ndarray, scores: np.ndarray, scores_hat: np.ndarray, sharpness: Sequence[float]
-) -> None:
+def _check_logit_range(q: np.ndarray, named_scores: dict[str, np.ndarray], sharpness: Sequence[float]) -> None:
     """Refuse logits that are not finite or beyond LOGIT_LIMIT, naming the inputs at fault.
 
     Finite inputs can still give an infinite q.k (entries near 1e300), which would surface as
@@ -527,7 +540,7 @@ def _check_logit_range(
     s_max = max((abs(float(s)) for s in sharpness), default=1.0)
     if not math.isfinite(s_max):
         raise KvasymError(f"sharpness must be finite, got {list(sharpness)}")
-    for what, x in (("keys", scores), ("quantized keys", scores_hat)):
+    for what, x in named_scores.items():
         # one pass in the usual case: a finite max |x| means every entry is finite (a NaN or
         # an inf would make it NaN or inf), and it is then the peak the full check computes
         peak = float(np.max(np.abs(x), initial=0.0))
@@ -612,6 +625,152 @@ def trial_metrics(
     return per_query, per_key
 
 
+class TrialReference:
+    """The reference side of one trial, shared by every scheme and budget that quantizes it.
+
+    Built by :func:`trial_reference`; :func:`trial_metrics_multi` takes it (``reference=``) in
+    place of recomputing, for each (scheme, budget) of a unit, what depends on the reference
+    cache alone: the checked inputs, the raw scores ``Q K^T / sqrt(d)``, the mask, and the
+    reference attention at each sharpness (the log-softmax, its weights and ``p V``). The
+    reference was half of the attention work of a cells or real_metrics job.
+
+    Attributes
+    ----------
+    sources : tuple
+        The ``(queries, keys, values, mask)`` objects it was built from (a caller must pass the
+        same objects to :func:`trial_metrics_multi`; anything else is refused).
+    queries, keys, values : numpy.ndarray
+        Checked float64 copies (or views) of the inputs.
+    scores : numpy.ndarray
+        ``(n_queries, n_keys)`` logits at sharpness 1.
+    mask, allowed : numpy.ndarray
+        The checked mask (None when none was given) and the boolean matrix it allows (all True
+        without a mask); ``count``: allowed queries per key.
+    attention : dict of float to AttentionResult
+        The reference attention at each sharpness.
+    kernel : str
+        ``"numpy"`` or ``"numba"``: the loops that computed it, and that
+        :func:`trial_metrics_multi` uses for the quantized side.
+    top_sets : dict of float to numpy.ndarray
+        With the numba kernel, each sharpness's top-:data:`ROUTING_TOPK` key indices per query
+        (``k_row``: the set sizes, ``min(k, allowed keys)``); empty with numpy.
+    """
+
+    def __init__(self, sources: tuple, queries: np.ndarray, keys: np.ndarray, values: np.ndarray,
+                 scores: np.ndarray, mask: np.ndarray | None, allowed: np.ndarray,
+                 attention: dict[float, AttentionResult], kernel: str, top_sets: dict[float, np.ndarray]) -> None:
+        self.sources = sources
+        self.top_sets = top_sets
+        self.k_row = np.minimum(ROUTING_TOPK, allowed.sum(axis=1))
+        self.queries, self.keys, self.values = queries, keys, values
+        self.scores, self.mask, self.allowed = scores, mask, allowed
+        self.count = allowed.sum(axis=0)
+        self.attention = attention
+        self.kernel = kernel
+
+
+#: Kernels of :func:`trial_metrics_multi`: the numpy reference, the compiled row pass
+#: (:mod:`kvasym._metrics_numba`), or ``"auto"`` (compiled when numba imports).
+METRIC_KERNELS = ("numpy", "numba", "auto")
+
+
+def _metric_loops(kernel: str):
+    """The compiled row pass for ``kernel``, or None for the numpy reference."""
+    if kernel not in METRIC_KERNELS:
+        raise KvasymError(f"metrics kernel must be one of {list(METRIC_KERNELS)}, got {kernel!r}")
+    if kernel == "numpy":
+        return None
+    loops = compiled_metric_loops()
+    if loops is None and kernel == "numba":
+        raise KvasymError("the numba metrics kernel needs numba: pip install -e '.[fast]' (or use kernel numpy)")
+    return loops
+
+
+def trial_reference(
+    queries: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    sharpness: Sequence[float],
+    mask: np.ndarray | None = None,
+    *,
+    kernel: str = "numpy",
+) -> TrialReference:
+    """The reference attention of one trial at every sharpness, for :func:`trial_metrics_multi`.
+
+    Parameters
+    ----------
+    queries, keys, values, mask
+        As in :func:`trial_metrics`.
+    sharpness : sequence of float
+        The logit multipliers the trial is measured at.
+    kernel : {"numpy", "numba", "auto"}
+        The numpy reference loops, the compiled row pass of :mod:`kvasym._metrics_numba` (equal
+        to rounding, several times faster on real-model trials), or the compiled one when numba
+        imports.
+
+    Returns
+    -------
+    TrialReference
+
+    Raises
+    ------
+    KvasymError
+        On shape mismatches, non-finite inputs, logits beyond :data:`LOGIT_LIMIT`, an invalid
+        mask, or ``kernel="numba"`` without numba.
+    """
+    loops = _metric_loops(kernel)
+    k = _checked(keys, "keys")
+    v = _checked(values, "values")
+    if k.ndim != 2 or v.ndim != 2:
+        raise KvasymError(f"keys and values must be 2-D matrices, got shapes {k.shape} and {v.shape}")
+    q = np.asarray(queries, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow (inf, inf - inf) is reported below
+        scores = attention_logits(q, k, 1.0)
+    n_q, n_k = scores.shape
+    if n_k == 0:
+        raise KvasymError("keys must have at least one row")
+    _check_logit_range(q, {"keys": scores}, sharpness)
+    checked = check_mask(mask, n_q, n_k)
+    allowed = np.ones((n_q, n_k), dtype=bool) if checked is None else checked
+    attention = {}
+    top_sets: dict[float, np.ndarray] = {}
+    k_row = np.minimum(ROUTING_TOPK, allowed.sum(axis=1))
+    for s in sharpness:
+        s = float(s)
+        if s in attention:
+            continue
+        if loops is None:
+            attention[s] = attend_logits(s * scores, v, checked)
+        else:
+            if v.shape[0] != n_k:
+                raise KvasymError(f"values have {v.shape[0]} rows but keys have {n_k}")
+            log_w = np.empty((n_q, n_k))
+            w = np.empty((n_q, n_k))
+            loops.log_softmax_rows(scores, s, allowed, log_w, w)
+            attention[s] = AttentionResult(log_weights=log_w, weights=w, output=w @ v)
+            top = np.empty((n_q, ROUTING_TOPK), dtype=np.int64)
+            loops.topk_rows(w, allowed, k_row, top)
+            top_sets[s] = top
+    return TrialReference((queries, keys, values, mask), q, k, v, scores, checked, allowed, attention,
+                          "numpy" if loops is None else "numba", top_sets)
+
+
+def _checked(x: np.ndarray, what: str) -> np.ndarray:
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim == 0 or a.shape[-1] == 0:
+        raise KvasymError(f"{what} must have at least one coordinate per row, got shape {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise KvasymError(f"{what} contains non-finite values")
+    return a
+
+
+def _hat_of(reference: np.ndarray, x_hat: np.ndarray, what: str) -> np.ndarray:
+    b = _checked(x_hat, f"{what}_hat")
+    if b.shape != reference.shape:
+        raise KvasymError(f"{what} has shape {reference.shape} but {what}_hat has shape {b.shape}")
+    return b
+
+
 def trial_metrics_multi(
     queries: np.ndarray,
     keys: np.ndarray,
@@ -622,6 +781,8 @@ def trial_metrics_multi(
     mask: np.ndarray | None = None,
     *,
     per_key: bool = True,
+    kernel: str = "numpy",
+    reference: TrialReference | None = None,
 ) -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
     """:func:`trial_metrics` at several sharpness values, one ``(per_query, per_key)`` each.
 
@@ -630,7 +791,7 @@ def trial_metrics_multi(
 
     Parameters
     ----------
-    queries, keys, values, keys_hat, values_hat, mask
+    queries, keys, values, mask
         As in :func:`trial_metrics`.
     sharpness : sequence of float
         Logit multipliers, one result each.
@@ -638,6 +799,15 @@ def trial_metrics_multi(
         Compute the per-key table (default True). Callers that keep only the per-query columns
         (the real-model rows) pass False and get an empty dict in its place: its five column
         means over the (queries, keys) matrix were a fifth of a real metrics job.
+    kernel : {"numpy", "numba", "auto"}, optional
+        As :func:`trial_reference` (ignored when ``reference`` is given: its kernel is used).
+        The compiled row pass gives the same columns to rounding (KL, TV and JS within about
+        1e-13 relative; top-1, top-5 recall and the catastrophic share can differ only where two
+        weights tie to the last bit).
+    reference : TrialReference, optional
+        The reference side, built by :func:`trial_reference` from these same ``queries``,
+        ``keys``, ``values`` and ``mask`` objects and every sharpness asked for; a unit that
+        measures one trial with many (scheme, budget) cells builds it once.
 
     Returns
     -------
@@ -647,18 +817,26 @@ def trial_metrics_multi(
     Raises
     ------
     KvasymError
-        As :func:`trial_metrics`; also if a sharpness is not finite.
+        As :func:`trial_metrics`; also if a sharpness is not finite, or ``reference`` was built
+        from other inputs or lacks a sharpness.
     """
-    k, k_hat = _pair(keys, keys_hat, "keys")
-    v, v_hat = _pair(values, values_hat, "values")
-    q = np.asarray(queries, dtype=np.float64)
+    if reference is None:
+        reference = trial_reference(queries, keys, values, sharpness, mask, kernel=kernel)
+    elif any(a is not b for a, b in zip(reference.sources, (queries, keys, values, mask))):
+        raise KvasymError("reference was built from other queries, keys, values or mask than these")
+    missing = [s for s in sharpness if float(s) not in reference.attention]
+    if missing:
+        raise KvasymError(f"reference has no attention at sharpness {missing} (it has {sorted(reference.attention)})")
+    loops = None if reference.kernel == "numpy" else _metric_loops("numba")
+    q, k, v = reference.queries, reference.keys, reference.values
+    k_hat = _hat_of(k, keys_hat, "keys")
+    v_hat = _hat_of(v, values_hat, "values")
     with np.errstate(over="ignore", invalid="ignore"):  # overflow (inf, inf - inf) is reported below
-        scores = attention_logits(q, k, 1.0)
         scores_hat = attention_logits(q, k_hat, 1.0)
+    scores = reference.scores
     n_q, n_k = scores.shape
-    _check_logit_range(q, scores, scores_hat, sharpness)
-    allowed = np.ones((n_q, n_k), dtype=bool) if mask is None else check_mask(mask, n_q, n_k)
-    count = allowed.sum(axis=0)
+    _check_logit_range(q, {"quantized keys": scores_hat}, sharpness)
+    mask, allowed, count = reference.mask, reference.allowed, reference.count
     cache_columns = {}
     # the keys' per-row coordinates serve both their matrix aggregate and the per-key table
     k_matrix, key_coords = _matrix_coordinates(k, k_hat)
@@ -675,13 +853,27 @@ def trial_metrics_multi(
     out = []
     for s in sharpness:
         s = float(s)
-        ref = attend_logits(s * scores, v, mask)
-        hat = attend_logits(s * scores_hat, v_hat, mask)
-        distances = distribution_distances(ref.log_weights, hat.log_weights, mask)
+        ref = reference.attention[s]
+        if loops is None:
+            hat = attend_logits(s * scores_hat, v_hat, mask)
+            distances = distribution_distances(ref.log_weights, hat.log_weights, mask)
+            kl = kl_divergence(ref.log_weights, hat.log_weights, allowed, p=ref.weights)
+            recall = topk_recall(ref.weights, hat.weights, ROUTING_TOPK, mask)
+        else:
+            log_q = np.empty((n_q, n_k))
+            weights_hat = np.empty((n_q, n_k))
+            kl, tv, js, top1 = (np.empty(n_q) for _ in range(4))
+            overlap = np.empty(n_q, dtype=np.int64)
+            loops.hat_row_measures(scores_hat, s, allowed, ref.log_weights, ref.weights, log_q, weights_hat,
+                                   kl, tv, js, top1, reference.top_sets[s], reference.k_row, overlap)
+            recall = overlap / reference.k_row
+            hat = AttentionResult(log_weights=log_q, weights=weights_hat, output=weights_hat @ v_hat)
+            distances = {"tv": np.minimum(tv, 1.0), "js": np.clip(js, 0.0, math.log(2.0)), "top1": top1}
+            kl = np.where((kl < 0) & (kl >= -KL_ROUNDING_TOL), 0.0, kl)
         per_query: dict[str, np.ndarray] = {
             "query": np.arange(n_q, dtype=np.int64),
-            "kl": kl_divergence(ref.log_weights, hat.log_weights, allowed, p=ref.weights),
-            "recall_top5": topk_recall(ref.weights, hat.weights, ROUTING_TOPK, mask),
+            "kl": kl,
+            "recall_top5": recall,
             **distances,
             "catastrophic": catastrophic(distances["top1"], distances["tv"]),
             **cache_columns,

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import KvasymError
 from ..evaluate import head_metrics
+from ..metrics import trial_reference
 from ..schemes import Scheme
 from . import REAL_POST_ROPE, REAL_PRE_ROPE
 from .capture import Capture
@@ -100,11 +101,14 @@ def evaluate_capture(
         queries = np.concatenate([np.asarray(capture.q_post_rope[li, g], dtype=np.float64) for g in query_heads])
         mask = np.tile(allowed, (query_heads.size, 1))
         reconstruct = None if rope == "post" else (lambda k_hat: apply_rope(k_hat, cos, sin))
+        # the reference attention of this head, once for every scheme and budget
+        reference = trial_reference(queries, keys, values, list(sharpness), mask, kernel=kernel)
         for scheme in schemes:
             for budget in budgets:
                 results = head_metrics(stored, keys, values, queries, scheme, int(budget), base_seed=base_seed,
                                        identity=(name, layer, kv_head), sharpness=list(sharpness), mask=mask,
-                                       norm_dtype=norm_dtype, reconstruct_keys=reconstruct, kernel=kernel)
+                                       norm_dtype=norm_dtype, reconstruct_keys=reconstruct, kernel=kernel,
+                                       reference=reference)
                 for s, (per_query, bits) in zip(sharpness, results):
                     n = queries.shape[0]
                     for key, value in bits.items():

@@ -43,6 +43,7 @@ from ..distributions import TrialData
 from ..errors import KvasymError
 from ..evaluate import quantize_pair
 from ..manifest import build_manifest
+from ..metrics import trial_reference
 from ._slice import stage_slice
 from .metrics import (
     CellTables,
@@ -76,13 +77,15 @@ def run_cells(
         tables = {(s.name, b): CellTables(cell) for s, b, cell in cells}
 
         def work(trial: int, data: TrialData) -> None:
+            # the reference attention of the trial, once for every scheme and budget of the unit
+            reference = trial_reference(data.queries, data.keys, data.values, unit["sharpness"], kernel="auto")
             for scheme, budget, _ in cells:
                 pair = quantize_pair(data.keys, data.values, scheme, budget, base_seed=unit["base_seed"],
                                      identity=(identity, unit["dim"], trial), norm_dtype=unit["norm_dtype"],
                                      kernel="auto")
                 for side, cache in pair.items():
                     writers[scheme.name, budget].add(packed_cache_name(trial, side), cache)
-                tables[scheme.name, budget].add_trial(trial, data, pair["K"], pair["V"])
+                tables[scheme.name, budget].add_trial(trial, data, pair["K"], pair["V"], reference)
 
         try:
             manifest = build_manifest(data_slice_of(unit), work)

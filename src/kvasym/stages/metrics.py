@@ -32,7 +32,7 @@ from ..distributions import TrialData
 from ..errors import DamagedFile, KvasymError
 from ..evaluate import dequantize_with
 from ..manifest import DATA_KEYS, build_manifest
-from ..metrics import trial_metrics_multi
+from ..metrics import TrialReference, trial_metrics_multi, trial_reference
 from ..schemes import Scheme, scheme_from_dict
 from ..seeds import derived_seed
 from ._slice import add_slice_arguments, stage_slice
@@ -93,10 +93,13 @@ class CellTables:
         self.query_parts: list[dict[str, np.ndarray]] = []
         self.key_parts: list[dict[str, np.ndarray]] = []
 
-    def add_trial(self, trial: int, data: TrialData, k_cache: PackedCache, v_cache: PackedCache) -> None:
+    def add_trial(self, trial: int, data: TrialData, k_cache: PackedCache, v_cache: PackedCache,
+                  reference: TrialReference | None = None) -> None:
         """Measure one trial: reconstruct both caches (the compiled kernels where they implement
         the side, :func:`kvasym.kernels.kernel_for`) and compare them with the data at every
-        sharpness."""
+        sharpness (the compiled attention-row pass when numba imports). ``reference``: the trial's
+        :func:`kvasym.metrics.trial_reference` (of ``data`` and every sharpness of the cell),
+        shared by the cells of a unit."""
         keys_hat, values_hat = dequantize_with(k_cache, "auto"), dequantize_with(v_cache, "auto")
         bits = {}
         for side, cache in (("k", k_cache), ("v", v_cache)):
@@ -105,7 +108,8 @@ class CellTables:
                          # what float16 norms would cost: total bits at norm_dtype float16
                          f"{side}_bits_side16": cache.bits_per_coordinate("float16")["side"]})
         sharpness = self.cell["sharpness"]
-        results = trial_metrics_multi(data.queries, data.keys, data.values, keys_hat, values_hat, sharpness)
+        results = trial_metrics_multi(data.queries, data.keys, data.values, keys_hat, values_hat, sharpness,
+                                      kernel="auto", reference=reference)
         for value, (per_query, per_key) in zip(sharpness, results):
             rows = len(per_query["kl"])
             common = {**self.ident, "sharpness": value, "trial": trial}
@@ -193,6 +197,7 @@ def run_metrics(
     tables = {(scheme.name, budget): CellTables(cell) for scheme, budget, cell in cells}
 
     def measure(trial: int, data: TrialData) -> None:
+        reference = trial_reference(data.queries, data.keys, data.values, unit["sharpness"], kernel="auto")
         for scheme, budget, cell in cells:
             path, caches = packed[scheme.name, budget]
             try:
@@ -201,7 +206,7 @@ def run_metrics(
                 raise DamagedFile(path, f"no packed caches for trial {trial}") from None
             for side, cache, matrix in (("K", k_cache, data.keys), ("V", v_cache, data.values)):
                 check_cache_matches(cache, matrix.shape, cell, scheme, trial, side, path)
-            tables[scheme.name, budget].add_trial(trial, data, k_cache, v_cache)
+            tables[scheme.name, budget].add_trial(trial, data, k_cache, v_cache, reference)
 
     manifest = build_manifest(data_slice_of(unit), measure)
     with atomic_folder(out_per_query) as pq_dir, atomic_folder(out_per_key) as pk_dir:
