@@ -27,6 +27,9 @@ def one_unit(study: Study, distribution: str, dim: int, root: Path, *, schemes: 
         unit["schemes"] = [s for s in unit["schemes"] if s["name"] in schemes]
     if budgets is not None:
         unit["budgets"] = list(budgets)
+    # every cell's packed caches, the frontier's too (the tests read them; the paper grid keeps
+    # the grid's only, frontier.keep_packed)
+    unit["packed_schemes"] = [s["name"] for s in unit["schemes"]]
     root = Path(root)
     manifest = root / "data" / distribution / f"d{dim}.json"
     folders = {name: root / name / distribution / f"d{dim}" for name in ("packed", "per_query", "per_key")}

@@ -163,16 +163,20 @@ def test_the_cells_stage_writes_what_the_reference_computes_cell_by_cell(small_d
     digests = load_manifest(out["manifest.json"], slice_)
     cells = list(unit_cells(unit))
     assert len(cells) == len(unit["schemes"]) * len(study.budgets)
+    # the packed caches kept are the grid's (frontier.keep_packed is false by default)
+    assert unit["packed_schemes"] == list(study.schemes)
+    assert sorted(p.name for p in out["packed"].iterdir() if p.is_dir()) == sorted(study.schemes)
     for scheme, budget, cell in cells:
         assert canonical_json(cell) == canonical_json(study.metrics_slice("gaussian", 64, scheme.name, budget))
-        caches = load_packed(out["packed"] / scheme.name / f"n{budget}.npz")
+        kept = scheme.name in unit["packed_schemes"]
+        caches = load_packed(out["packed"] / scheme.name / f"n{budget}.npz") if kept else None
         frame = pd.read_parquet(out["pq"] / scheme.name / f"n{budget}.parquet")
         assert set(frame.trial) == {0, 1} and (frame.scheme == scheme.name).all() and (frame.budget == budget).all()
         for trial in range(2):
             data = verified_trial(slice_, trial, digests)
             ref = quantize_pair(data.keys, data.values, scheme, budget, base_seed=study.base_seed,
                                 identity=("gaussian", 64, trial), norm_dtype=study.norm_dtype, kernel="numpy")
-            for side in ("K", "V"):
+            for side in ("K", "V") if kept else ():
                 stored, want = caches[f"t{trial}.{side}"].arrays(), ref[side].arrays()
                 assert stored.keys() == want.keys()
                 for key in want:
@@ -262,3 +266,38 @@ def test_cells_jobs_import_only_what_they_use(small_data, tmp_path):
     for values, type_ in [(np.array([300]), pa.int8()), (np.array([1.5]), pa.int32())]:
         with pytest.raises(pa.ArrowInvalid):  # refused as pyarrow refuses it
             _arrow_column(values, type_)
+
+
+def test_frontier_packed_caches_are_written_only_when_kept(small_data, tmp_path):
+    """Issue 29, item 4: a unit job writes the packed caches of its packed_schemes, the grid's by
+    default and every scheme's with frontier.keep_packed; the metrics of every cell are written
+    either way and do not depend on it; a packed_schemes naming no scheme of the unit is refused."""
+    from pathlib import Path
+
+    import pandas as pd
+    import yaml
+
+    from kvasym.errors import KvasymError
+    from kvasym.stages.cells import run_cells
+    from kvasym.study import load_study
+
+    study, _, _ = small_data
+    config = {**yaml.safe_load((Path(__file__).resolve().parents[1] / "config/test.yaml").read_text()),
+              "trials": 2, "seq_len": 32, "n_queries": 4}
+    assert load_study(config) == study
+    kept = load_study({**config, "frontier": {**config["frontier"], "keep_packed": True}})
+    assert study.packed_schemes("gaussian") == list(study.schemes)
+    assert kept.packed_schemes("gaussian") == kept.unit_schemes("gaussian")
+    assert len(kept.unit_schemes("gaussian")) > len(study.schemes)
+    tables = {}
+    for label, s in (("default", study), ("kept", kept)):
+        out = tmp_path / label
+        run_cells(s.unit_slice("gaussian", 64), out / "m.json", out / "packed", out / "pq", out / "pk")
+        assert sorted(p.name for p in (out / "packed").iterdir() if p.is_dir()) == sorted(s.packed_schemes("gaussian"))
+        assert sorted(p.name for p in (out / "pq").iterdir() if p.is_dir()) == sorted(s.unit_schemes("gaussian"))
+        tables[label] = pd.read_parquet(out / "pq")
+    pd.testing.assert_frame_equal(tables["default"], tables["kept"])
+    unit = {**study.unit_slice("gaussian", 64), "packed_schemes": ["KV", "NOPE"]}
+    with pytest.raises(KvasymError, match=r"packed_schemes names \['NOPE'\]"):
+        run_cells(unit, tmp_path / "x.json", tmp_path / "xp", tmp_path / "xq", tmp_path / "xk")
+    assert not any((tmp_path / n).exists() for n in ("x.json", "xp", "xq", "xk"))

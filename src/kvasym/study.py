@@ -80,6 +80,9 @@ class Study:
     frontier_distributions_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: The frontier schemes that run on the real rows (``frontier.real_schemes``; default all).
     frontier_real_schemes: tuple[str, ...] = ()
+    #: Whether the cells stage writes the frontier schemes' packed caches too
+    #: (``frontier.keep_packed``; default False: only the grid's, which the variants read).
+    frontier_keep_packed: bool = False
 
     def scheme(self, name: str) -> Scheme:
         """A scheme of the grid or of the frontier, by name."""
@@ -228,10 +231,16 @@ class Study:
         ``distribution`` (none on a query-model variant, whose cells are the grid's)."""
         return [*self.schemes, *self.frontier_schemes_on(distribution)]
 
+    def packed_schemes(self, distribution: str) -> list[str]:
+        """The schemes of a unit whose packed caches its job writes: the grid's (the query-model
+        variants read them), and the frontier's only with ``frontier.keep_packed``."""
+        return self.unit_schemes(distribution) if self.frontier_keep_packed else list(self.schemes)
+
     def unit_slice(self, distribution: str, dim: int) -> dict[str, Any]:
         """What the one job of a (distribution, dim) unit depends on (rule ``cells``, or
         ``metrics`` for a query-model variant): the data slice, every scheme's spec in
-        :meth:`unit_schemes` order, the budgets and the metric settings. Its cells' slices
+        :meth:`unit_schemes` order, the budgets and the metric settings, and the schemes whose
+        packed caches are written (:meth:`packed_schemes`). Its cells' slices
         (:func:`kvasym.stages.metrics.unit_cells`) are :meth:`metrics_slice`."""
         out = self.data_slice(distribution, dim)
         schemes = []
@@ -240,7 +249,8 @@ class Study:
             spec.pop("description", None)  # prose: changing it must not rerun anything
             schemes.append({"name": name, **spec})
         out.update(schemes=schemes, budgets=list(self.budgets), norm_dtype=self.norm_dtype,
-                   sharpness=list(self.sharpness), per_key_trials=self.per_key_trials)
+                   sharpness=list(self.sharpness), per_key_trials=self.per_key_trials,
+                   packed_schemes=self.packed_schemes(distribution))
         return out
 
     def metrics_slice(self, distribution: str, dim: int, scheme: str, budget: int) -> dict[str, Any]:
@@ -360,6 +370,7 @@ def load_study(config: Mapping[str, Any]) -> Study:
         frontier_distributions=frontier_distributions,
         frontier_distributions_of=frontier_distributions_of,
         frontier_real_schemes=_frontier_real(cfg["frontier"], frontier_schemes),
+        frontier_keep_packed=bool(cfg["frontier"].get("keep_packed", False)),
     )
 
 

@@ -17,7 +17,7 @@ from ..schemes import Scheme, scheme_from_dict
 
 _DATA_KEYS = set(DATA_KEYS)
 #: Keys each stage reads from its slice (what the study's *_slice methods produce).
-_UNIT_KEYS = _DATA_KEYS | {"schemes", "budgets", "norm_dtype", "sharpness", "per_key_trials"}
+_UNIT_KEYS = _DATA_KEYS | {"schemes", "budgets", "norm_dtype", "sharpness", "per_key_trials", "packed_schemes"}
 SLICE_KEYS: dict[str, set[str]] = {
     "cells": _UNIT_KEYS,
     "metrics": _UNIT_KEYS,

@@ -9,10 +9,12 @@ budget, and measures the reconstructions against the data at every sharpness. It
 - the data manifest ``results/data/<dist>/d<dim>.json`` (per-trial SHA-256 digests and
   statistics, :func:`kvasym.manifest.build_manifest`), which the theory, figure and table
   stages check their regenerated trials against;
-- the packed caches, one ``.npz`` per cell in the folder ``results/packed/<dist>/d<dim>``
+- the packed caches of the unit's ``packed_schemes`` (the grid's; the frontier's too with
+  ``frontier.keep_packed``), one ``.npz`` per cell in the folder ``results/packed/<dist>/d<dim>``
   (``<scheme>/n<budget>.npz``: trial ``t``'s sides as ``t<t>.K`` / ``t<t>.V``), the compressed
   artifact itself with its measured bits per coordinate, written trial by trial
-  (:class:`kvasym.cache.PackedFileWriter`);
+  (:class:`kvasym.cache.PackedFileWriter`); a frontier cache not kept is measured, and its bits
+  counted, in memory, exactly as a kept one;
 - one per-query and one per-key Parquet file per cell in the folders
   ``results/metrics/{per_query,per_key}/<dist>/d<dim>`` (``<scheme>/n<budget>.parquet``):
   parts of the two datasets, read with one call as before.
@@ -73,7 +75,14 @@ def run_cells(
     identity = cache_identity_name(unit)
     with (atomic_folder(out_packed) as packed_dir, atomic_folder(out_per_query) as pq_dir,
           atomic_folder(out_per_key) as pk_dir):
-        writers = {(s.name, b): PackedFileWriter(cell_file(packed_dir, s.name, b, ".npz")) for s, b, _ in cells}
+        # the packed caches of the unit's packed_schemes (Study.packed_schemes: the grid's, which
+        # the query-model variants read; the frontier's only with frontier.keep_packed)
+        kept = set(unit["packed_schemes"])
+        unknown = sorted(kept - {s.name for s, _, _ in cells})
+        if unknown:
+            raise KvasymError(f"slice key packed_schemes names {unknown}, which are not schemes of the unit")
+        writers = {(s.name, b): PackedFileWriter(cell_file(packed_dir, s.name, b, ".npz"))
+                   for s, b, _ in cells if s.name in kept}
         tables = {(s.name, b): CellTables(cell) for s, b, cell in cells}
 
         def work(trial: int, data: TrialData) -> None:
@@ -83,8 +92,9 @@ def run_cells(
                 pair = quantize_pair(data.keys, data.values, scheme, budget, base_seed=unit["base_seed"],
                                      identity=(identity, unit["dim"], trial), norm_dtype=unit["norm_dtype"],
                                      kernel="auto")
-                for side, cache in pair.items():
-                    writers[scheme.name, budget].add(packed_cache_name(trial, side), cache)
+                writer = writers.get((scheme.name, budget))
+                for side, cache in pair.items() if writer else ():
+                    writer.add(packed_cache_name(trial, side), cache)
                 tables[scheme.name, budget].add_trial(trial, data, pair["K"], pair["V"], reference)
 
         try:
