@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KvasymError
-from ..evaluate import quantize_pair
+from ..evaluate import dequantize_with, quantize_pair
 from ..schemes import SIDES, Scheme
 from .gguf_model import GGUFLlama, SequenceFrame, apply_rope, rope_tables
 
@@ -129,8 +129,10 @@ def quantized_cache(model: GGUFLlama, index: int, keys: np.ndarray, keys_pre_rop
     """``(K_hat, V_hat)`` of layer ``index``, each (n_kv_heads, T, head_dim) in the model dtype.
 
     Each KV head's rows are quantized by :func:`kvasym.evaluate.quantize_pair` with identity
-    ``(text, index, kv_head)``; with ``rope="pre"`` the stored keys are ``keys_pre_rope`` and
-    the dequantized keys are rotated by RoPE (float64 tables) before they are read. The
+    ``(text, index, kv_head)`` (the compiled kernels where they implement the side, as in every
+    stage of the DAG: byte-identical caches, reconstructions equal to float rounding); with
+    ``rope="pre"`` the stored keys are ``keys_pre_rope`` and the dequantized keys are rotated by
+    RoPE (float64 tables) before they are read. The
     measured bits per coordinate of each head are appended to ``bits`` when given.
     """
     n_kv, n_tokens, head_dim = keys.shape
@@ -142,12 +144,12 @@ def quantized_cache(model: GGUFLlama, index: int, keys: np.ndarray, keys_pre_rop
         stored = keys[head] if quant.rope == "post" else keys_pre_rope[head]
         packed = quantize_pair(np.asarray(stored, dtype=np.float64), np.asarray(values[head], dtype=np.float64),
                                quant.scheme, int(quant.budget), base_seed=quant.base_seed,
-                               identity=(quant.text, int(index), head), norm_dtype=quant.norm_dtype)
-        keys_read = packed["K"].dequantize("float64")
+                               identity=(quant.text, int(index), head), norm_dtype=quant.norm_dtype, kernel="auto")
+        keys_read = dequantize_with(packed["K"], "auto")
         if quant.rope == "pre":
             keys_read = apply_rope(keys_read, cos, sin)
         k_hat[head] = keys_read
-        v_hat[head] = packed["V"].dequantize("float64")
+        v_hat[head] = dequantize_with(packed["V"], "auto")
         if bits is not None:
             bits.append({f"{side.lower()}_bits_{part}": packed[side].bits_per_coordinate()[part]
                          for side in SIDES for part in ("payload", "side")})
