@@ -269,7 +269,8 @@ def test_fused_norms_equal_the_reference_norms(dtype: str) -> None:
     assert np.array_equal(ref.norms, fast.norms) and np.array_equal(ref.codes, fast.codes)
 
 
-@pytest.mark.parametrize("case", ["nan", "inf", "tiny32", "huge64", "tiny64", "zero", "float16", "above32max"])
+@pytest.mark.parametrize("case", ["nan", "inf", "tiny32", "huge64", "tiny64", "underflow64", "subnormal64", "zero",
+                                  "float16", "above32max"])
 def test_rows_the_fused_pass_declines_go_the_reference_way(case: str) -> None:
     """A row the fused pass cannot normalize as the reference does (a non-finite value, a
     float32 norm whose reciprocal overflows, float64 squares outside the plain sum's range) makes
@@ -292,7 +293,14 @@ def test_rows_the_fused_pass_declines_go_the_reference_way(case: str) -> None:
     elif case == "huge64":
         x[40] *= 1e200  # its squares overflow float64 (the reference rescales the row, then refuses it)
     elif case == "tiny64":
-        x[40] *= 1e-160  # its squares underflow
+        x[40] *= 1e-160  # its squares underflow to subnormals
+    elif case == "underflow64":
+        # every square underflows to exactly 0: the fused pass saw a zero row and stored norm 0,
+        # losing the row with exit 0, where the reference refuses (issue 33, point 2)
+        x[40] *= 1e-170
+    elif case == "subnormal64":
+        x[40] = 0.0
+        x[40, 3] = 5e-324  # float64's smallest subnormal: its square is 0
     elif case == "zero":
         x[40] = 0.0
     elif case == "above32max":  # a norm that float32 would round down to its max: refused all the same
@@ -302,12 +310,13 @@ def test_rows_the_fused_pass_declines_go_the_reference_way(case: str) -> None:
         assert np.float32(x[40, 3]) == np.float32(top) and x[40, 3] > top
     else:
         norm_dtype = "float16"
-    declined = case in ("tiny32", "huge64", "tiny64", "above32max")
+    declined = case in ("tiny32", "huge64", "tiny64", "underflow64", "subnormal64", "above32max")
     if norm_dtype == "float32":
         fused = kernels.encode_batch_with_norms(x, RandomizedHadamard(64, 1).signs,
                                                 lloyd_max_codebook(64, 4).thresholds, 4)
         assert (fused is None) == declined
-    if case in ("huge64", "tiny64", "above32max"):  # norms beyond float32 (the widest storage): both refuse alike
+    if case in ("huge64", "tiny64", "underflow64", "subnormal64", "above32max"):
+        # norms beyond float32 (the widest storage): both refuse alike
         errors = []
         for kernel in ("numpy", "numba"):
             with pytest.raises(KvasymError) as info:

@@ -126,6 +126,14 @@ def block_norms(u, dim, width, is_f32, f32_max, exact, stored, inv, start):
             ok = False
         elif not is_f32 and sq != 0.0 and not (sq > 1e-290 and sq < 1e290):
             ok = False
+        elif not is_f32 and sq == 0.0:
+            # every square underflowed (entries below ~1e-162) or the row is zero: only a zero
+            # row may be stored with norm 0; the reference rescales the others (and refuses
+            # what float32 cannot keep), so they take its path (issue 33, point 2)
+            for j in range(dim):
+                if u[j, b] != 0.0:
+                    ok = False
+                    break
         norm = np.sqrt(sq)
         kept = np.float32(norm)
         k64 = np.float64(kept)
