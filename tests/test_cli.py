@@ -165,6 +165,27 @@ def test_an_output_that_is_a_device_or_a_folder_is_refused(cache_files, tmp_path
     assert not (tmp_path / "newdir").exists()
 
 
+def test_symbolic_links_that_lead_nowhere_are_one_line(cache_files, tmp_path, capsys):
+    """Issue 33, point 5: a symlink loop as quantize's or dequantize's input (or output) gave a
+    RuntimeError traceback from pathlib; a dangling link said "no such file" of a path that is
+    there. Each is one line naming the path, exit 2, and nothing is written."""
+    loop_a, loop_b, dangling = tmp_path / "a", tmp_path / "b", tmp_path / "dangling.npy"
+    os.symlink(loop_b, loop_a)
+    os.symlink(loop_a, loop_b)
+    os.symlink(tmp_path / "gone.npy", dangling)
+    quantize = ["quantize", "--scheme", "KV", "--bits", "4", "--side", "K"]
+    for argv, message in (
+        ([*quantize, str(loop_a), str(tmp_path / "o.npz")], f"the input {loop_a} is a symbolic link"),
+        (["dequantize", str(loop_a), str(tmp_path / "o.npy")], f"the input {loop_a} is a symbolic link"),
+        ([*quantize, str(cache_files["keys"]), str(loop_a)], f"the output {loop_a} is a symbolic link"),
+        ([*quantize, str(dangling), str(tmp_path / "o.npz")], "is a symbolic link that leads to no file (its target"),
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and message in err.strip().splitlines()[-1], err
+    assert not (tmp_path / "o.npz").exists() and not (tmp_path / "o.npy").exists()
+
+
 def test_one_key_is_refused_by_the_matrix_path(tmp_path, capsys):
     """Over one key every attention weight is 1: KL 0 and recall 1 for any scheme."""
     np.save(tmp_path / "k.npy", np.ones((1, 16)))

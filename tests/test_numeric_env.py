@@ -56,3 +56,17 @@ def test_without_a_pin_the_runner_says_why_and_exits_2(monkeypatch):
     if PIN is not None:
         pytest.skip(f"no pin on this machine: {PIN}")
     assert ne.main(["true"]) == 2
+
+
+def test_a_command_that_cannot_start_is_one_line_with_the_shell_codes(tmp_path, capsys):
+    """Issue 33, point 5: a missing or non-executable CMD was a FileNotFoundError or
+    PermissionError traceback; now one line and 127 or 126, as a shell gives."""
+    if PIN is not None:
+        pytest.skip(f"no pin on this machine: {PIN}")
+    script = tmp_path / "not_executable.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    assert ne.main([str(tmp_path / "no_such_command")]) == 127
+    assert ne.main([str(script)]) == 126
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("kvasym.numeric_env: cannot run ") for line in err)
+    assert "No such file or directory" in err[0] and "Permission denied" in err[1]

@@ -9,6 +9,7 @@ file; tracebacks are for bugs only.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -36,6 +37,8 @@ def _load_matrix(path: str, what: str) -> np.ndarray:
     if p.is_dir():
         raise KvasymError(f"{what} file {path} is a directory, not a .npy/.npz file")
     if not p.is_file():
+        if p.is_symlink():  # is_file() is False for a link whose target is missing or loops
+            raise KvasymError(f"{what} file {path} is a symbolic link that leads to no file ({_link_problem(p)})")
         raise KvasymError(f"{what} file {path}: no such file")
     try:
         with p.open("rb") as fh:
@@ -127,13 +130,32 @@ def cmd_codebook(args: argparse.Namespace) -> int:
     return 0
 
 
+def _link_problem(path: Path) -> str:
+    """Why a symbolic link leads nowhere: a loop, or a missing target."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return "a loop of links" if exc.errno == errno.ELOOP else f"its target: {exc.strerror}"
+    return "its target is not a regular file"
+
+
+def _resolved(path: str, what: str) -> Path:
+    """``Path(path).resolve()``, or one line naming the path when its links loop (Python 3.11
+    raises RuntimeError there, 3.13 OSError)."""
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError):
+        raise KvasymError(f"{what} {path} is a symbolic link that leads to no file (a loop of links)") from None
+
+
 def _not_the_input(output: str, input_: str) -> None:
     """Refuse an output that is the input file (the atomic write would replace what was read) or
     that names a folder ("out/": Path() would drop the slash and write a file named "out")."""
     if output.endswith(("/", os.sep)):
         raise KvasymError(f"the output {output} names a folder (ends with /), not a file")
     out, inp = Path(output), Path(input_)
-    same = out.resolve() == inp.resolve() or (out.exists() and inp.exists() and os.path.samefile(out, inp))
+    same = (_resolved(output, "the output") == _resolved(input_, "the input")
+            or (out.exists() and inp.exists() and os.path.samefile(out, inp)))
     if same:
         raise KvasymError(f"the output {output} is the input {input_}: it would be overwritten; give another path")
 

@@ -120,7 +120,8 @@ def describe(env: Mapping[str, str] | None = None) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     """``python3 -m kvasym.numeric_env CMD [ARG ...]``: run CMD in the pinned environment (its
     exit status is ours); with no CMD, print the pinned variables. Exit status 2, with the reason,
-    where the pin is not available."""
+    where the pin is not available; 127 (not found) or 126 (not executable), with one line, when
+    CMD cannot be started, as a shell would."""
     import subprocess
     import sys
 
@@ -134,7 +135,11 @@ def main(argv: list[str] | None = None) -> int:
             if key in pinned:
                 print(f"{key}={pinned[key]}")
         return 0
-    return subprocess.run(argv, env=pinned).returncode
+    try:
+        return subprocess.run(argv, env=pinned).returncode
+    except OSError as exc:  # the command does not exist, is not executable, ...: one line, the shell's codes
+        print(f"kvasym.numeric_env: cannot run {argv[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
 
 
 if __name__ == "__main__":
