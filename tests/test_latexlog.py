@@ -118,3 +118,28 @@ def test_the_breakable_escape_is_the_escape_plus_break_points(text):
     expected = sum(ch in BREAK_AFTER for ch in text) + sum(
         1 for i in range(1, len(text) - 1) if text[i] == "." and text[i - 1].isalpha() and text[i + 1].isalpha())
     assert breakable.count(r"\allowbreak{}") == expected
+
+
+SECTIONED = "\\documentclass{article}\n\\begin{document}\n\\section{Alpha}\\label{a}\nSee section \\ref{a}.\n" \
+            "\\end{document}\n"
+
+
+def test_a_truncated_aux_file_heals_on_the_next_build(tmp_path, capsys):
+    """Issue 33, point 4: a build killed while pdflatex wrote main.aux left it truncated, and
+    every later build failed ("File ended while scanning use of \\@writefile") until the user
+    deleted the build folder. The failed run is now retried once from clean auxiliary files; a
+    document that is itself broken still fails, leaves no PDF, and says it failed twice."""
+    _need_latex("the truncated-aux recovery was NOT exercised")
+    main = tmp_path / "main.tex"
+    main.write_text(SECTIONED, encoding="utf-8")
+    pdf = build_pdf(main)
+    aux = tmp_path / "build" / "main.aux"
+    text = aux.read_text(encoding="utf-8")
+    aux.write_text(text[: text.index("@writefile") + 25], encoding="utf-8")  # cut inside \@writefile{...}
+    assert build_pdf(main) == pdf and pdf.is_file()
+    assert "building once more from scratch" in capsys.readouterr().out
+    assert "\\@writefile" in aux.read_text(encoding="utf-8")  # rewritten whole
+    main.write_text(SECTIONED.replace("\\end{document}", "\\undefinedmacro\n\\end{document}"), encoding="utf-8")
+    with pytest.raises(KvasymError, match="twice, the second time from a clean build folder"):
+        build_pdf(main)
+    assert not pdf.exists()

@@ -8,7 +8,9 @@ build, naming the box, its lines and its source file (:func:`kvasym.render.latex
 and so does a page that holds one small float and nothing else: latexmk loads the hook of
 :mod:`kvasym.render.floatpages` before the document (``-usepretex``), which records every float-only
 page, and :func:`kvasym.render.floatpages.check_float_pages` names each one holding a single float
-shorter than half the text height.
+shorter than half the text height. A failed latexmk run is retried once after deleting the
+job's auxiliary files (:func:`clean_auxiliary_files`): a run killed mid-write leaves a truncated
+``main.aux`` that would fail every later build; only a failure of the clean build is an error.
 """
 
 from __future__ import annotations
@@ -59,12 +61,36 @@ def build_pdf(main_tex: str | Path, out_dir: str = "build", *, allow_overfull: b
     pdf = folder / f"{main.stem}.pdf"
     log = folder / f"{main.stem}.log"
     if done.returncode != 0:
-        raise KvasymError(f"latexmk failed with status {done.returncode}; the log is {log}")
+        # A run killed while pdflatex wrote main.aux (or latexmk its database) leaves them
+        # truncated, and every later run fails on them ("File ended while scanning use of
+        # \@writefile") until they are deleted (issue 33, point 4). Build once more from
+        # scratch: only a failure of the clean build is the sources' fault.
+        removed = clean_auxiliary_files(folder, main.stem)
+        print(f"latexmk failed with status {done.returncode}; removed {len(removed)} auxiliary files of "
+              f"{folder} and building once more from scratch", flush=True)
+        write_hook(folder)
+        done = subprocess.run(command, check=False, env=env)
+    if done.returncode != 0:
+        pdf.unlink(missing_ok=True)  # a PDF left by the failed build would look complete
+        raise KvasymError(f"latexmk failed with status {done.returncode} (twice, the second time from a clean "
+                          f"build folder); the log is {log}")
     if not allow_overfull:
         check_no_overfull(log)
     if not allow_single_float_pages:
         check_float_pages(folder / f"{main.stem}.fpg", folder / f"{main.stem}.aux")
     return pdf
+
+
+def clean_auxiliary_files(folder: Path, stem: str) -> list[Path]:
+    """Delete the job's files in the build ``folder`` that a LaTeX run reads back (``<stem>.*``
+    but the PDF: .aux, .toc, .out, .fls, .fdb_latexmk, .log, ...); returns them. Nothing else
+    in the folder is touched."""
+    removed = []
+    for path in sorted(Path(folder).glob(f"{stem}.*")):
+        if path.suffix != ".pdf" and path.is_file() and not path.is_symlink():
+            path.unlink()
+            removed.append(path)
+    return removed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
