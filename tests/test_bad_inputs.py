@@ -1287,3 +1287,30 @@ def test_untampered_mini_run_is_sane(mini: MiniRun) -> None:
     df = pd.concat([pd.read_parquet(mini.cell(d, s, b)["per_query"]) for d, _, s, b in mini.study.cells()])
     assert np.isfinite(df.select_dtypes("number").to_numpy()).all()
     assert (df["kl"] >= 0).all() and df["recall_top5"].between(0, 1).all()
+
+
+@pytest.mark.parametrize("magnitude", [1e-7, 1e-30])
+def test_float16_side_arrays_too_coarse_for_the_cache_are_refused(magnitude):
+    """Issue 33, point 3: KIVI's float16 group zero points and scales on a cache near 1e-7 were
+    stored with exit 0 and reconstructed with relative errors of 1 to 1.8 (worse than zeros);
+    float16 norms likewise. Both are refused naming float16 and the remedy; the same cache at
+    1e-3 (inside float16's normal range), or one tiny channel in a cache of ordinary size, is
+    quantized with the error of its bits; float32 norms keep the tiny cache."""
+    from kvasym.cache import quantize
+    from kvasym.schemes import get_scheme
+
+    rng = np.random.default_rng(3)
+    g = rng.standard_normal((256, 64))
+    kivi, rkv = get_scheme("KIVI32"), get_scheme("RKV")
+    for spec in (kivi.K, kivi.V):
+        with pytest.raises(KvasymError, match=r"minmax group zero points and scales stored in float16 would be off"):
+            quantize(g * magnitude, spec, 4, rotation_seed=1, qjl_seed=2)
+        for x in (g * 1e-3, np.where(np.arange(64) == 5, g * magnitude, g)):
+            x_hat = quantize(x, spec, 4, rotation_seed=1, qjl_seed=2).dequantize("float64")
+            assert np.linalg.norm(x_hat - x) / np.linalg.norm(x) < 0.1
+    if magnitude * 8 > np.finfo(np.float16).smallest_subnormal:  # norms that float16 keeps, coarsely
+        with pytest.raises(KvasymError, match=r"norms stored in float16 would be off by .*norm_dtype float32"):
+            quantize(g * magnitude, rkv.K, 4, rotation_seed=1, qjl_seed=2, norm_dtype="float16")
+    x = g * magnitude
+    x_hat = quantize(x, rkv.K, 4, rotation_seed=1, qjl_seed=2, norm_dtype="float32").dequantize("float64")
+    assert np.linalg.norm(x_hat - x) / np.linalg.norm(x) < 0.12

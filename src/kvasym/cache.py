@@ -371,20 +371,66 @@ def _store_norms(norms: np.ndarray, norm_dtype: str, what: str) -> np.ndarray:
         remedy = "use norm_dtype float32 or rescale the cache" if norm_dtype == "float16" else "rescale the cache"
         raise KvasymError(f"{what} of row {row} is {norms[row]:.3g}, beyond {norm_dtype}'s range ({limit:.3g}); "
                           f"{remedy}")
-    return norms.astype(norm_dtype)
+    stored = norms.astype(norm_dtype)
+    _check_norms_kept(norms, stored, norm_dtype, what)
+    check_stored_precision(norms, stored, float(np.max(norms, initial=0.0)), f"{what}s", norm_dtype)
+    return stored
 
 
-def _check_norms_kept(norms: np.ndarray, stored: np.ndarray, norm_dtype: str) -> None:
+#: The largest error a float side array (norms, residual norms, scales, means, min-max group
+#: parameters) may take on from its storage dtype, relative to the largest value of its kind in
+#: the block. In a dtype's normal range rounding is at most 2^-11 (float16) of a value, so only
+#: a block whose values sit in the subnormal range, where the resolution is absolute (6e-8 for
+#: float16), can reach it: such a cache would be reconstructed with errors of its own size.
+SIDE_PRECISION = 2.0 ** -9
+
+
+def check_stored_precision(exact: np.ndarray, stored: np.ndarray, scale: float, what: str, dtype: str) -> None:
+    """Refuse side information that ``dtype`` cannot keep to :data:`SIDE_PRECISION` of ``scale``
+    (the block's largest value of that kind): ``max |stored - exact| > SIDE_PRECISION * scale``.
+
+    Parameters
+    ----------
+    exact, stored : numpy.ndarray
+        The values and their stored copies (any shape, equal).
+    scale : float
+        The magnitude the errors are measured against (0: nothing to check).
+    what : str
+        The values' name, for the message.
+    dtype : str
+        Their storage dtype.
+
+    Raises
+    ------
+    KvasymError
+        Naming the error, the scale and the remedy.
+    """
+    if not scale > 0 or exact.size == 0:
+        return
+    error = float(np.max(np.abs(stored.astype(np.float64) - exact)))
+    if error > SIDE_PRECISION * scale:
+        tiny = float(np.finfo(dtype).tiny)
+        remedy = "use norm_dtype float32 or rescale the cache" if dtype == "float16" else "rescale the cache"
+        raise KvasymError(
+            f"{what} stored in {dtype} would be off by up to {error:.2g}, {error / scale:.1%} of the largest "
+            f"({scale:.3g}): below {tiny:.3g} {dtype} keeps only an absolute resolution, and this cache's values "
+            f"sit there; {remedy}"
+        )
+
+
+def _check_norms_kept(norms: np.ndarray, stored: np.ndarray, norm_dtype: str, what: str = "norm") -> None:
     """A non-zero row whose norm rounds to 0 in ``norm_dtype`` would dequantize to the zero
-    vector: the whole row silently lost. Refuse it (subnormal norms, merely less precise, pass)."""
+    vector: the whole row silently lost. Refuse it (subnormal norms pass, and are refused by
+    :func:`check_stored_precision` only when the whole block is that small)."""
     lost = (norms > 0) & (stored == 0)
     if np.any(lost):
         row = int(np.argmax(lost))
         smallest = float(np.finfo(norm_dtype).smallest_subnormal)
         remedy = "use norm_dtype float32 or rescale the cache" if norm_dtype == "float16" else "rescale the cache"
+        lost_what = "the row lost" if what == "norm" else f"the row's {what} lost"
         raise KvasymError(
-            f"norm of row {row} is {norms[row]:.3g}, below {norm_dtype}'s smallest positive value "
-            f"({smallest:.3g}): it would be stored as 0 and the row lost; {remedy}"
+            f"{what} of row {row} is {norms[row]:.3g}, below {norm_dtype}'s smallest positive value "
+            f"({smallest:.3g}): it would be stored as 0 and {lost_what}; {remedy}"
         )
 
 
@@ -574,8 +620,10 @@ def quantize(
     residual = None
     sketched = None
     if fused is not None:
-        # the kernel's norms passed the checks below (it declines any row that would not)
-        packed_codes, residual, _, norms = fused
+        # the kernel's norms passed the checks of _store_norms (it declines any row that would
+        # not keep its norm), but for the block's precision, which needs every row's
+        packed_codes, residual, exact_norms, norms = fused
+        check_stored_precision(exact_norms, norms, float(np.max(exact_norms, initial=0.0)), "norms", norm_dtype)
         if fused_sketch:  # the kernel sketched the residual in the same pass
             sketched, residual = residual, None
     else:
@@ -648,7 +696,6 @@ def _norms_and_reciprocals(x: np.ndarray, norm_dtype: str) -> tuple[np.ndarray, 
     normalized in float64 because such a reciprocal overflows float32 (a norm below ~3e-39)."""
     exact_norms = row_norms(x)
     norms = _store_norms(exact_norms, norm_dtype, "norm")
-    _check_norms_kept(exact_norms, norms, norm_dtype)
     stored = norms.astype(np.float64)
     inv = np.divide(1.0, stored, out=np.zeros_like(stored), where=stored > 0)
     tiny_norms = bool(x.dtype == np.float32 and np.any(inv > np.finfo(np.float32).max))

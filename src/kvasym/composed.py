@@ -171,7 +171,7 @@ def quantize_composed(x: np.ndarray, spec: SideSpec, budget: int, *, rotation_se
     -------
     PackedCache
     """
-    from .cache import PackedCache, _check_norms_kept, _store_norms, row_norms
+    from .cache import PackedCache, _store_norms, row_norms
 
     rows, dim = x.shape
     scalar_bits = spec.scalar_bits(budget)
@@ -199,7 +199,6 @@ def quantize_composed(x: np.ndarray, spec: SideSpec, budget: int, *, rotation_se
     else:
         exact = row_norms(z)
         norms = _store_norms(exact, norm_dtype, "norm")
-        _check_norms_kept(exact, norms, norm_dtype)
         stored = norms.astype(np.float64)
         unit = z * np.divide(1.0, stored, out=np.zeros_like(stored), where=stored > 0)[:, None]
         if scalar_bits == 0:

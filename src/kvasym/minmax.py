@@ -13,7 +13,9 @@ zero point ``z = min`` and scale ``s = (max - z) / (L - 1)`` in float16 (side in
 32 bits per group); an entry is coded ``q = clip(round((x - z_s) / s_s), 0, L - 1)`` against
 the *stored* ``z_s, s_s`` (so the nearest stored level is chosen) and reconstructed as
 ``x_hat = z_s + q s_s``. A group whose stored scale is 0 (all entries equal, or a range below
-float16's resolution) is coded 0 and reconstructed as ``z_s``.
+float16's resolution) is coded 0 and reconstructed as ``z_s``. A block whose values all sit
+below float16's normal range (6.1e-5), where its resolution is absolute, is refused: its groups'
+levels would move by the size of the values (:func:`kvasym.cache.check_stored_precision`).
 
 References
 ----------
@@ -105,8 +107,10 @@ def minmax_quantize(x: np.ndarray, bits: int, axis: str, group: int) -> tuple[np
     Raises
     ------
     KvasymError
-        If ``bits`` or ``group`` is out of range, or a group's minimum or scale is beyond
-        float16's range.
+        If ``bits`` or ``group`` is out of range, a group's minimum or scale is beyond
+        float16's range, or the stored parameters move a group's levels by more than
+        :data:`kvasym.cache.SIDE_PRECISION` of the block's largest ``|x|`` (a block whose values
+        sit in float16's subnormal range, below 6.1e-5).
     """
     if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
         raise KvasymError(f"minmax bits must be an integer in 1..8, got {bits!r}")
@@ -122,8 +126,18 @@ def minmax_quantize(x: np.ndarray, bits: int, axis: str, group: int) -> tuple[np
         raise KvasymError(f"a minmax group's range exceeds float16's ({limit:.3g}); rescale the cache")
     zero = lo.astype(SCALE_DTYPE)
     z = zero.astype(np.float64)
-    scale = ((hi - z) / levels).astype(SCALE_DTYPE)
+    exact_scale = (hi - z) / levels
+    scale = exact_scale.astype(SCALE_DTYPE)
     s = scale.astype(np.float64)
+    # codes are chosen against the stored parameters, so their rounding moves the top level by
+    # |z_s - min| + levels |s_s - s|: in float16's subnormal range (below 6.1e-5) that is of the
+    # size of the values themselves (a cache near 1e-7 came back with relative errors of 1 to
+    # 1.8, issue 33, point 3); such a cache is refused, a small group in a larger cache is not
+    from .cache import check_stored_precision
+
+    moved = np.abs(z - lo) + levels * np.abs(s - exact_scale)
+    check_stored_precision(np.zeros_like(moved), moved, float(np.max(np.abs(g), initial=0.0)),
+                           "minmax group zero points and scales", SCALE_DTYPE)
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.where(s[..., None] > 0, (g - z[..., None]) / np.where(s > 0, s, 1.0)[..., None], 0.0)
     codes = np.clip(np.rint(t), 0, levels).astype(np.uint8)
