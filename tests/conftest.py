@@ -114,6 +114,6 @@ def small_data(tmp_path: Path):
     tiny = yaml.safe_load((Path(__file__).resolve().parents[1] / "config/test.yaml").read_text())
     study = load_study({**tiny, "trials": 2, "seq_len": 32, "n_queries": 4})
     slice_ = study.data_slice("gaussian", 64)
-    manifest = tmp_path / "data" / "gaussian" / "d64.json"
+    manifest = tmp_path / "results" / "data" / "gaussian" / "d64.json"  # where the DAG writes it
     write_manifest(slice_, manifest)
     return study, slice_, manifest

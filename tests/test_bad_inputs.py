@@ -1261,14 +1261,29 @@ def test_figure_stage_refuses_a_cell_file_copied_over_another(mini: MiniRun, tmp
 
 
 def test_a_damaged_user_file_is_never_moved(tmp_path) -> None:
-    """Only a stage's declared DAG intermediates are moved aside; a user's file stays put."""
+    """Only a stage's declared DAG intermediates, and only those a stage wrote (under a results/
+    folder, or inside a folder a stage wrote whole), are moved aside; a user's file stays put,
+    even when given by a flag that names an intermediate (issue 33, point 1: ``kvasym stage
+    metrics --packed`` given the user's own read-only caches renamed one of them)."""
     import argparse
+    import stat
 
     from kvasym.stages import move_aside_damaged
 
-    mine, packed = tmp_path / "mine.npz", tmp_path / "packed.npz"
+    mine, packed = tmp_path / "mine.npz", tmp_path / "results" / "packed.npz"
+    packed.parent.mkdir()
     for path in (mine, packed):
         path.write_bytes(b"damaged")
+    # the user's own packed-caches folder (no stage wrote it), read-only, given to the metrics stage
+    own = tmp_path / "my_caches"
+    (own / "KQV").mkdir(parents=True)
+    theirs = own / "KQV" / "n4.npz"
+    theirs.write_bytes(b"another cell's cache")
+    theirs.chmod(stat.S_IRUSR)
+    by_hand = argparse.Namespace(stage_name="metrics", packed=str(own))
+    assert "so it is yours: fix or replace it and rerun" in move_aside_damaged(by_hand, str(theirs))
+    assert theirs.read_bytes() == b"another cell's cache"
+    assert sorted(p.name for p in own.rglob("*")) == ["KQV", "n4.npz"]
     # file_metrics reads a user's cache dump: it declares no intermediate
     user = argparse.Namespace(stage_name="file_metrics", cache=str(mine))
     assert move_aside_damaged(user, str(mine)) == "fix or replace it and rerun"
@@ -1277,7 +1292,7 @@ def test_a_damaged_user_file_is_never_moved(tmp_path) -> None:
     assert move_aside_damaged(dag, str(mine)) == "fix or replace it and rerun"
     assert mine.read_bytes() == b"damaged"
     assert move_aside_damaged(dag, str(packed)).startswith("moved aside to .packed.npz.damaged")
-    assert not packed.exists() and (tmp_path / ".packed.npz.damaged").read_bytes() == b"damaged"
+    assert not packed.exists() and (tmp_path / "results" / ".packed.npz.damaged").read_bytes() == b"damaged"
     # a second consumer of the same damaged file finds it gone
     assert "moved aside by another job" in move_aside_damaged(dag, str(packed))
 

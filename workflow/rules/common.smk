@@ -30,7 +30,7 @@ from kvasym.real.evaluate import REAL_DISTRIBUTIONS
 from kvasym.render.numbers import numbers_slice
 from kvasym.render.reproduce import reproduce_slice
 from kvasym.resources import SLICE_STAGES, job_resources
-from kvasym.stages import STAGES, stage_code_digest
+from kvasym.stages import DAG_FOLDER, STAGES, stage_code_digest
 from kvasym.stages.paper import LATEX_PACKAGES, have_latex
 from kvasym.study import canonical_json, load_study
 
@@ -77,7 +77,7 @@ print(
     file=sys.stderr,
 )
 
-RESULTS = "results"
+RESULTS = DAG_FOLDER  # where every intermediate lives (a damaged one is moved aside only here)
 # The digest of the code each stage runs (kvasym.stages.stage_code_digest): a param of its rules,
 # so that editing a stage's code (or a template) reruns that stage and what follows it.
 STAGE_CODE = {stage: stage_code_digest(stage) for stage in STAGES}

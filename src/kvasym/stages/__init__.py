@@ -72,6 +72,10 @@ def intermediate_inputs(args: argparse.Namespace) -> set[Path]:
     return files
 
 
+#: The folder the DAG writes its intermediates under (``RESULTS`` of workflow/rules/common.smk).
+DAG_FOLDER = "results"
+
+
 def move_aside_damaged(args: argparse.Namespace, path: str) -> str:
     """What to do about a damaged input ``path`` of a stage run with ``args``, as a sentence.
 
@@ -82,7 +86,9 @@ def move_aside_damaged(args: argparse.Namespace, path: str) -> str:
     pandas skip names starting with "." when they read a folder). Snakemake itself cannot
     notice the damage: an intermediate edited or truncated after its job ended only looks newer
     than its consumers' outputs, so without this every rerun would fail on it again. A file the
-    user gave (a cache dump, the claims file) is never touched.
+    user gave (a cache dump, the claims file) is never touched, nor is a declared intermediate
+    that no stage wrote: one outside every ``results/`` folder and every folder a stage wrote
+    whole (``kvasym stage metrics --packed`` given the user's own caches, say).
     """
     from ..atomic import FOLDER_MARKER
 
@@ -94,6 +100,12 @@ def move_aside_damaged(args: argparse.Namespace, path: str) -> str:
     # marked by FOLDER_MARKER): the folder goes aside, since Snakemake reruns a rule only for an
     # output that is missing, not for a file missing inside one
     whole = next((p for p in list(target.parents)[:3] if (p / FOLDER_MARKER).is_file()), None)
+    # Who wrote it decides, not the flag it came by (issue 33, point 1): a stage run by hand may
+    # be given the user's own packed caches or tables. Only a folder a stage wrote whole, or a
+    # file under a results/ folder (where the DAG writes, RESULTS in workflow/rules/common.smk),
+    # is the DAG's to move; anything else is left where it is.
+    if whole is None and DAG_FOLDER not in target.parent.parts:
+        return "it is not in a results/ folder or a folder a stage wrote, so it is yours: fix or replace it and rerun"
     target = whole or target
     aside = target.with_name(f".{target.name}.damaged")
     try:
