@@ -48,7 +48,8 @@ def _build_tiny_run(workdir: Path) -> dict:
     """One uninterrupted ``snakemake --cores 2`` of the tiny config in a fresh copy of the
     workflow. While it runs, a second Snakemake asking for the claims is started in the same
     folder: Snakemake's lock must refuse it (the first one holds it until it ends)."""
-    from snakemake_workdir import claims_targets, final_outputs, make_workdir, run_env, snakemake_cmd, start, wait_for
+    from snakemake_workdir import (RUN_BOUND_S, claims_targets, final_outputs, make_workdir, run_env, snakemake_cmd,
+                                   start, wait_for)
 
     make_workdir(workdir)
     log = workdir / "tiny_local_run.log"
@@ -62,7 +63,7 @@ def _build_tiny_run(workdir: Path) -> dict:
             env=run_env(), timeout=300
         )
         first_was_running = proc.poll() is None
-        rc = proc.wait(timeout=900)
+        rc = proc.wait(timeout=RUN_BOUND_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from snakemake_workdir import copy_run, run_env
+from snakemake_workdir import RUN_BOUND_S, copy_run, run_env
 
 from kvasym.dataset import read_metadata, read_table
 from kvasym.study import load_study_file
@@ -40,7 +40,7 @@ def make_workdir(path: Path) -> Path:
     return path
 
 
-def snakemake(workdir: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def snakemake(workdir: Path, *args: str, timeout: float = RUN_BOUND_S) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "snakemake", "--configfile", "config/test.yaml", *args]
     return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout, env=run_env())
 
@@ -254,7 +254,7 @@ def test_editing_code_reruns_the_stages_that_run_it_and_only_them(complete_run, 
         fh.write("\n" if edited.endswith(".j2") else "\n# an edit\n")
     env = {**os.environ, "PYTHONPATH": str(src)}
     cmd = [sys.executable, "-m", "snakemake", "--configfile", "config/test.yaml", "--dry-run", "--quiet", "rules"]
-    proc = subprocess.run(cmd, cwd=complete_run, capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(cmd, cwd=complete_run, capture_output=True, text=True, timeout=RUN_BOUND_S, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rules = set(_rules_to_run(proc.stdout + proc.stderr))
     paper = {"paper"} if (complete_run / "paper/build/main.pdf").exists() else set()
