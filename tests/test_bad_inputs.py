@@ -1329,3 +1329,70 @@ def test_float16_side_arrays_too_coarse_for_the_cache_are_refused(magnitude):
     x = g * magnitude
     x_hat = quantize(x, rkv.K, 4, rotation_seed=1, qjl_seed=2, norm_dtype="float32").dequantize("float64")
     assert np.linalg.norm(x_hat - x) / np.linalg.norm(x) < 0.12
+
+
+def _unit_into(study: Any, root: Path, dist: str = "gaussian", dim: int = 16) -> dict[str, Path]:
+    """The cells unit of (dist, dim) run into ``root/results`` as the DAG lays it out."""
+    results = root / "results"
+    folders = {t: results / f"metrics/{t}/{dist}/d{dim}" for t in ("per_query", "per_key")}
+    run_cells(study.unit_slice(dist, dim), results / f"data/{dist}/d{dim}.json", results / f"packed/{dist}/d{dim}",
+              folders["per_query"], folders["per_key"])
+    return folders
+
+
+def test_a_cell_table_made_under_another_config_is_refused_and_moved_aside(tmp_path, capsys) -> None:
+    """Issue 33, point 7: a per-query table filed under the right cell but made under another
+    config (base seed 8 where the grid's is 7) was read by the stats stage with exit 0, pairing
+    trials of different data. With the slice digests the DAG passes (--cells), the stage
+    refuses it naming the file and the configuration, and moves the unit folder aside; without
+    them (a hand run) only the cell columns are checked, as before."""
+    from kvasym.cells import slice_digest
+    from kvasym.study import canonical_json
+
+    study, other = load_study(MINI), load_study({**MINI, "base_seed": MINI["base_seed"] + 1})
+    ours = _unit_into(study, tmp_path / "run")
+    theirs = _unit_into(other, tmp_path / "elsewhere")
+    victim = ours["per_query"] / "KQV" / "n4.parquet"
+    shutil.copyfile(theirs["per_query"] / "KQV" / "n4.parquet", victim)
+    files = [str(ours["per_query"] / s / f"n{b}.parquet") for s in study.schemes for b in study.budgets]
+    cells = [{"scheme": s, "budget": b, "slice_sha256": slice_digest(study.metrics_slice("gaussian", 16, s, b))}
+             for s in study.schemes for b in study.budgets]
+    outs = ["--comparisons", str(tmp_path / "c.parquet"), "--summary", str(tmp_path / "s.parquet"),
+            "--trials", str(tmp_path / "t.parquet")]
+    stats = ["stage", "stats", "--slice", canonical_json(study.stats_slice("gaussian", 16)), "--per-query", *files]
+    bare = [{k: v for k, v in c.items() if k != "slice_sha256"} for c in cells]
+    assert main([*stats, "--cells", canonical_json(bare), *outs]) == 0  # what the issue saw: accepted
+    capsys.readouterr()
+    outs2 = [o.replace(".parquet", "2.parquet") for o in outs]
+    assert main([*stats, "--cells", canonical_json(cells), *outs2]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "n4.parquet: was made under another configuration" in last and "Traceback" not in last, last
+    assert f"base_seed = {MINI['base_seed'] + 1}" in last and "moved aside to .per_query" not in last
+    assert last.endswith("moved aside to .d16.damaged; rerun and the rule that writes it rebuilds it"), last
+    assert not ours["per_query"].exists() and (ours["per_query"].parent / ".d16.damaged").is_dir()
+    assert not (tmp_path / "c2.parquet").exists()
+
+
+def test_the_frontier_refuses_a_cell_file_copied_over_another(tmp_path) -> None:
+    """Issue 33, point 9: a frontier-only scheme's n = 2 file copied over its n = 4 file was read
+    by the frontier stage as both (exit 0, n = 4 gone from the points, n = 2 twice). Every file
+    now goes through the stats stage's reader: the cell its path files it under must be the one
+    it holds; with the DAG's digests, its provenance must be this config's."""
+    from kvasym.cells import cell_of_path, slice_digest
+    from kvasym.stages.frontier import run_frontier
+
+    study = load_study({**MINI, "frontier": {"schemes": ["CRKV"], "distributions": ["gaussian"]}})
+    ours = _unit_into(study, tmp_path / "run")
+    scheme = study.frontier_schemes_on("gaussian")[0]
+    assert scheme not in study.schemes
+    paths = [ours["per_query"] / s / f"n{b}.parquet" for s in study.unit_schemes("gaussian") for b in study.budgets]
+    digests = [slice_digest(study.metrics_slice(**cell_of_path(p))) for p in paths]
+    fslice = {"schemes": study.unit_schemes("gaussian")}
+    run_frontier(fslice, paths, tmp_path / "p.parquet", tmp_path / "u.parquet", digests)  # untampered: fine
+    shutil.copyfile(ours["per_query"] / scheme / "n2.parquet", ours["per_query"] / scheme / "n4.parquet")
+    for given in (None, digests):
+        with pytest.raises(DamagedFile, match=r"n4\.parquet.*holds budget = 2 but is filed under budget = 4"):
+            run_frontier(fslice, paths, tmp_path / "p2.parquet", tmp_path / "u2.parquet", given)
+    assert not (tmp_path / "p2.parquet").exists()
+    with pytest.raises(KvasymError, match="not a cell file of the results layout"):
+        run_frontier(fslice, [tmp_path / "p.parquet"], tmp_path / "p3.parquet", tmp_path / "u3.parquet")

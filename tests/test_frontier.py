@@ -271,7 +271,8 @@ def test_frontier_stage_reads_files_and_pools_real_trials_by_text(tmp_path) -> N
         # a real-cache file: trials 0, 1 are one text, 2, 3 another
         trial_map = [{"trial": t, "text": "alpha" if t < 2 else "beta"} for t in range(4)]
         table = table.replace_schema_metadata({b"trial_map": json.dumps(trial_map).encode()})
-        path = tmp_path / f"{scheme}_n{budget}.parquet"
+        path = tmp_path / "g" / "d64" / scheme / f"n{budget}.parquet"  # the results layout: its cell
+        path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, path)
         paths.append(path)
     run_frontier({"schemes": ["A", "B", "C"]}, paths, tmp_path / "points.parquet", tmp_path / "units.parquet")

@@ -16,7 +16,8 @@ sharpness figure print the same number for the same pair.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -127,8 +128,50 @@ def cell_of(mapping: Mapping[str, Any], keys: tuple[str, ...] = ("distribution",
     return out
 
 
+#: Hex digits of a cell's slice digest that the DAG passes to the readers (``slice_sha256`` of a
+#: ``--cells`` entry): 64 bits tell an accidental mismatch apart, and keep the command lines of
+#: stages that read hundreds of cells short.
+SLICE_DIGEST_CHARS = 16
+
+
+def slice_digest(config_slice: Any) -> str:
+    """The first :data:`SLICE_DIGEST_CHARS` hex digits of the SHA-256 of ``config_slice`` as
+    canonical JSON (keys sorted, no spaces): what a cell table's provenance is compared by."""
+    import hashlib
+    import json
+
+    text = json.dumps(config_slice, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:SLICE_DIGEST_CHARS]
+
+
+def check_provenance(path: Any, want: str, what: str) -> None:
+    """Refuse a cell table whose provenance's config slice is not the one its cell is computed
+    from (digest ``want``, :func:`slice_digest`): a table of the right cell made under another
+    configuration (another base seed, trial count, sharpness list, ...) that ``results/`` copied
+    from another run, or a cell redone by hand with another ``--config``, would otherwise be
+    read as this run's (issue 33, point 7). A :class:`~kvasym.errors.DamagedFile`: inside
+    ``results/`` it is moved aside and rebuilt."""
+    import json
+
+    from .dataset import read_metadata
+
+    try:
+        meta = read_metadata(path)
+        stored = json.loads(meta["config_slice"])
+    except KeyError:
+        raise DamagedFile(path, f"the {what} table has no config_slice in its provenance") from None
+    except (OSError, ValueError) as exc:
+        raise DamagedFile(path, f"the {what} table's provenance is not readable ({exc})") from None
+    got = slice_digest(stored)
+    if got != want:
+        shown = ", ".join(f"{k} = {stored[k]!r}" for k in ("base_seed", "trials", "seq_len", "n_queries", "sharpness")
+                          if isinstance(stored, dict) and k in stored)
+        raise DamagedFile(path, f"was made under another configuration: its provenance's config slice (digest "
+                          f"{got}{'; ' + shown if shown else ''}) is not this cell's (digest {want})")
+
+
 def read_cell_tables(paths: list, what: str, keys: tuple[str, ...], *, cells: list | None = None,
-                     **expected: Any) -> pd.DataFrame:
+                     columns: list[str] | None = None, **expected: Any) -> pd.DataFrame:
     """Read the per-cell tables a stage combines, refusing a file filed under the wrong cell.
 
     Each file must hold exactly one cell (one value of each of ``keys``), agree with
@@ -139,7 +182,10 @@ def read_cell_tables(paths: list, what: str, keys: tuple[str, ...], *, cells: li
     ``cells`` (optional, one mapping per path, e.g. ``{"scheme": "KV", "budget": 2}``) is the
     cell the DAG filed each path under: with it, a file holding another cell is itself the one
     refused (a :class:`~kvasym.errors.DamagedFile`, moved aside by ``kvasym stage``), where
-    without it only the clash of two files holding the same cell is seen.
+    without it only the clash of two files holding the same cell is seen. A cell's
+    ``slice_sha256`` (:func:`slice_digest` of the config slice the cell is computed from) is
+    checked against the file's provenance (:func:`check_provenance`). ``columns``: read only
+    these (with the cell columns).
 
     Raises
     ------
@@ -147,17 +193,44 @@ def read_cell_tables(paths: list, what: str, keys: tuple[str, ...], *, cells: li
         Naming the file, the column, what it holds and what was expected
         (:class:`~kvasym.errors.DamagedFile` when one file is at fault).
     """
+    return pd.concat([frame for _, frame in iter_cell_tables(paths, what, keys, cells=cells, columns=columns,
+                                                            **expected)], ignore_index=True)
+
+
+def iter_cell_tables(paths: list, what: str, keys: tuple[str, ...], *, cells: list | None = None,
+                     columns: list[str] | None = None, **expected: Any) -> Iterator[tuple[Any, pd.DataFrame]]:
+    """:func:`read_cell_tables` one ``(path, frame)`` at a time, each checked as it is read (for
+    a stage that cannot hold every table at once: the frontier reads the real rows' files)."""
     from .dataset import read_parquet_checked
 
-    frames: list[pd.DataFrame] = []
     seen: dict[tuple, Any] = {}
     if cells is not None and len(cells) != len(paths):
         raise KvasymError(f"{len(paths)} {what} files but {len(cells)} cells they are filed under")
+    needed = None if columns is None else list(dict.fromkeys([*columns, *keys, *expected]))
     for index, path in enumerate(paths):
-        frame = read_parquet_checked(path)
-        check_cell_file(frame, path, what, keys, seen, **expected, **(cells[index] if cells is not None else {}))
-        frames.append(frame)
-    return pd.concat(frames, ignore_index=True)
+        cell = dict(cells[index]) if cells is not None else {}
+        digest = cell.pop("slice_sha256", None)
+        frame = read_parquet_checked(path, columns=needed)
+        check_cell_file(frame, path, what, keys, seen, **expected, **cell)
+        if digest is not None:
+            check_provenance(path, str(digest), what)
+        yield path, frame
+
+
+#: A cell file's place in the layout every stage writes: ``<table>/<distribution>/d<dim>/<scheme>/n<budget>.parquet``.
+_CELL_PATH = re.compile(r"(?:^|/)(?P<distribution>[^/]+)/d(?P<dim>\d+)/(?P<scheme>[^/]+)/n(?P<budget>\d+)"
+                                      r"\.parquet$")
+
+
+def cell_of_path(path: Any) -> dict[str, Any]:
+    """The cell a metrics file is filed under, from its path in the results layout
+    (``.../<distribution>/d<dim>/<scheme>/n<budget>.parquet``)."""
+    match = _CELL_PATH.search(str(path).replace("\\", "/"))
+    if match is None:
+        raise KvasymError(f"{path}: not a cell file of the results layout (<distribution>/d<dim>/<scheme>/n<budget>"
+                          ".parquet)")
+    return {"distribution": match["distribution"], "dim": int(match["dim"]), "scheme": match["scheme"],
+            "budget": int(match["budget"])}
 
 
 def _plain(value: Any) -> Any:

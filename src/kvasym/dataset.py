@@ -183,9 +183,10 @@ def read_table_folder(folder: str | os.PathLike, table: str) -> "pd.DataFrame": 
         raise KvasymError(f"{folder}: a file of the {table} table is not readable ({exc})") from None
 
 
-def read_parquet_checked(path: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
-    """One Parquet file as a DataFrame, or a KvasymError naming it when it is missing, truncated
-    or not Parquet (a file tampered with between runs: the stage reading it stops here)."""
+def read_parquet_checked(path: str | os.PathLike, columns: list[str] | None = None) -> "pd.DataFrame":  # noqa: F821
+    """One Parquet file as a DataFrame (``columns``: only these), or a KvasymError naming it when
+    it is missing, truncated, not Parquet or without a column asked for (a file tampered with
+    between runs: the stage reading it stops here)."""
     import pandas as pd
 
     p = Path(path)
@@ -194,8 +195,16 @@ def read_parquet_checked(path: str | os.PathLike) -> "pd.DataFrame":  # noqa: F8
             raise KvasymError(f"{p}: another job found it damaged and moved it aside to .{p.name}.damaged; "
                               "rerun to rebuild it")
         raise KvasymError(f"{p}: no such file")
+    if columns is not None:
+        try:
+            names = pq.read_schema(p).names
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            raise DamagedFile(p, f"not a readable Parquet table ({type(exc).__name__}: {exc})") from None
+        absent = [c for c in columns if c not in names]
+        if absent:
+            raise DamagedFile(p, f"has no column(s) {', '.join(absent)}")
     try:
-        return pd.read_parquet(p)
+        return pd.read_parquet(p, columns=columns)
     except (OSError, ValueError, pa.ArrowException) as exc:
         # pyarrow raises ArrowInvalid (a ValueError) or OSError for truncated or foreign files
         raise DamagedFile(p, f"not a readable Parquet table ({type(exc).__name__}: {exc})") from None

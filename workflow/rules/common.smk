@@ -12,6 +12,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from kvasym.cachefile import inspect_cache_file
+from kvasym.cells import cell_of_path, slice_digest
 from kvasym.claims import load_claims
 from kvasym.config_io import read_yaml_mapping
 from kvasym.config_schema import validate_config
@@ -180,6 +181,17 @@ FRONTIER = bool(STUDY.frontier_schemes)
 FRONTIER_DIR = f"{RESULTS}/frontier"
 
 
+def frontier_cells(wildcards=None):
+    """The slice digest of each of frontier_per_query's files, in order (--cells of the frontier
+    stage, which checks every file's provenance against it)."""
+    return canonical_json(
+        [
+            slice_digest(cell_table_slice(**cell_of_path(path)))
+            for path in frontier_per_query()
+        ]
+    )
+
+
 def frontier_per_query(wildcards=None):
     """Every scheme's (the grid's and the frontier's) per-query files at every budget, on the
     frontier's synthetic cells and the real cells."""
@@ -248,9 +260,14 @@ def stats_tables(kind):
 def real_slice(w):
     """What one real metrics job (a real distribution and scheme, every budget) depends on
     besides its captures."""
+    return real_job_slice(w.distribution, w.scheme)
+
+
+def real_job_slice(distribution, scheme):
+    """real_slice of (distribution, scheme)."""
     return {
-        "distribution": w.distribution,
-        "scheme": {"name": w.scheme, **STUDY.scheme(w.scheme).to_dict()},
+        "distribution": distribution,
+        "scheme": {"name": scheme, **STUDY.scheme(scheme).to_dict()},
         "budgets": list(STUDY.budgets),
         "sharpness": [REAL_SHARPNESS],  # the model's own attention
         "base_seed": STUDY.base_seed,
@@ -391,12 +408,36 @@ def per_query_inputs(w):
     ]
 
 
+def cell_table_slice(distribution, dim, scheme, budget):
+    """The config slice a cell's per-query (and per-key) file is made from, as its provenance
+    records it: a real cell's real_metrics slice with its one budget, a file cell's
+    file_metrics slice, a synthetic or variant cell's metrics slice."""
+    if distribution in REAL_DISTRIBUTIONS:
+        real = real_job_slice(distribution, scheme)
+        real.pop("budgets")
+        return {**real, "budget": int(budget)}
+    if distribution in STUDY.files:
+        return STUDY.file_slice(distribution, int(dim), scheme, int(budget))
+    return STUDY.metrics_slice(distribution, int(dim), scheme, int(budget))
+
+
 def metrics_cells(w):
     """The (scheme, budget) each per-query (and per-key) input of a stats or theory job is filed
-    under, in the order of per_query_inputs: the stage refuses (and moves aside) a file that
-    holds another cell's table."""
+    under, in the order of per_query_inputs, and the digest of the slice it is made from: the
+    stage refuses (and moves aside) a file that holds another cell's table, or one made under
+    another configuration (kvasym.cells.check_provenance)."""
     return canonical_json(
-        [{"scheme": s, "budget": b} for s in STUDY.schemes for b in STUDY.budgets]
+        [
+            {
+                "scheme": s,
+                "budget": b,
+                "slice_sha256": slice_digest(
+                    cell_table_slice(w.distribution, w.dim, s, b)
+                ),
+            }
+            for s in STUDY.schemes
+            for b in STUDY.budgets
+        ]
     )
 
 

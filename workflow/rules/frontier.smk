@@ -20,6 +20,7 @@ rule frontier:
         code=STAGE_CODE["frontier"],  # reruns the job when the code it runs changes
         slice=frontier_param,
         per_query=frontier_per_query(),
+        cells=frontier_cells(),
     shell:
         "kvasym stage frontier --slice {params.slice:q} --per-query {params.per_query:q}"
-        " --points {output.points:q} --units {output.units:q} > {log:q} 2>&1"
+        " --cells {params.cells:q} --points {output.points:q} --units {output.units:q} > {log:q} 2>&1"

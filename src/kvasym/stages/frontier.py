@@ -32,30 +32,31 @@ COLUMNS: tuple[str, ...] = ("distribution", "dim", "scheme", "budget", "sharpnes
 
 
 def run_frontier(slice_: Mapping[str, Any], per_query_paths: Sequence[str | os.PathLike],
-                 out_points: str | os.PathLike, out_units: str | os.PathLike) -> None:
-    """Frontier points and per-unit values of the per-query files ``per_query_paths``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+                 out_points: str | os.PathLike, out_units: str | os.PathLike,
+                 digests: Sequence[str] | None = None) -> None:
+    """Frontier points and per-unit values of the per-query files ``per_query_paths``.
 
+    Each file is read through :func:`kvasym.cells.iter_cell_tables`, like the stats stage's: it
+    must hold the one cell its path files it under (:func:`kvasym.cells.cell_of_path`), no two
+    files the same cell, and, with ``digests`` (one :func:`kvasym.cells.slice_digest` per file,
+    the DAG's ``--cells``), provenance of this configuration (issue 33, point 9: a frontier-only
+    scheme's n = 2 file copied over its n = 4 file was read as both).
+    """
+    from ..cells import cell_of_path, iter_cell_tables
     from ..dataset import provenance, write_frame_atomic
-    from ..errors import DamagedFile
     from ..frontier import frontier_points, mark_pareto, unit_values
     from .stats import trial_texts
 
     if not per_query_paths:
         raise KvasymError("the frontier stage needs --per-query files")
+    if digests is not None and len(digests) != len(per_query_paths):
+        raise KvasymError(f"{len(per_query_paths)} --per-query files but {len(digests)} --cells digests")
+    cells = [{**cell_of_path(path), **({"slice_sha256": digests[i]} if digests is not None else {})}
+             for i, path in enumerate(per_query_paths)]
     parts, unit_parts = [], []
     wanted = set(slice_["schemes"])
-    for path in per_query_paths:
-        try:
-            schema = pq.read_schema(path)
-            absent = [c for c in COLUMNS if c not in schema.names]
-            if absent:
-                raise KvasymError(f"{path}: no column(s) {', '.join(absent)} (not a per-query metrics file?)")
-            frame = pq.read_table(path, columns=list(COLUMNS)).to_pandas()
-        except (OSError, pa.ArrowException) as exc:
-            # the words of kvasym.dataset's reader: whichever consumer meets the file first says the same
-            raise DamagedFile(path, f"not a readable Parquet table ({type(exc).__name__}: {exc})") from None
+    for path, frame in iter_cell_tables(list(per_query_paths), "per-query", ("distribution", "dim", "scheme", "budget"),
+                                        cells=cells, columns=list(COLUMNS)):
         unknown = set(frame["scheme"].unique()) - wanted
         if unknown:
             raise KvasymError(f"{path}: scheme(s) {sorted(unknown)} are not in the frontier's schemes")
@@ -77,9 +78,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the per-query files of every scheme and budget of the frontier's cells")
     parser.add_argument("--points", required=True, help="the frontier points table to write")
     parser.add_argument("--units", required=True, help="the per-unit values table to write")
+    parser.add_argument("--cells", default=None,
+                        help="JSON list: the slice digest (kvasym.cells.slice_digest) of each --per-query file's cell, "
+                             "in order; each file's provenance must match")
 
 
 def run(args: argparse.Namespace) -> None:
     from ._slice import parse_slice
 
-    run_frontier(parse_slice(args.slice), args.per_query, args.points, args.units)
+    digests = None
+    if args.cells is not None:
+        import json
+
+        try:
+            digests = json.loads(args.cells)
+        except ValueError as exc:
+            raise KvasymError(f"--cells is not valid JSON ({exc})") from None
+        if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
+            raise KvasymError("--cells must be a JSON list of slice digests (strings), one per --per-query file")
+    run_frontier(parse_slice(args.slice), args.per_query, args.points, args.units, digests)
