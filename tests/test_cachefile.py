@@ -6,8 +6,10 @@ Malformed files are in tests/test_bad_inputs.py (CLI_REJECTED, rows ``cache_*``)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 
 import numpy as np
 import pandas as pd
@@ -143,6 +145,11 @@ def test_run_file_metrics_checks_the_planned_dim(tmp_path):
     with pytest.raises(KvasymError, match="head_dim 8, but the DAG planned d=16"):
         run_file_metrics(slice_, str(tmp_path / "c.npz"), str(tmp_path / "out.parquet"))
     assert not (tmp_path / "out.parquet").exists()
+    # the DAG keys the job on the file's content: a file changed after the DAG was built is refused
+    stale = {**slice_, "dim": 8, "content_sha256": "0" * 64}
+    with pytest.raises(KvasymError, match=r"c\.npz changed since the DAG was built"):
+        run_file_metrics(stale, str(tmp_path / "c.npz"), str(tmp_path / "out.parquet"))
+    assert not (tmp_path / "out.parquet").exists()
 
 
 @pytest.mark.slow
@@ -189,6 +196,21 @@ def test_file_distributions_run_through_the_dag(tmp_path):
     assert gather.returncode == 0, gather.stderr[-3000:]
     command = next(line for line in gather.stdout.splitlines() if "kvasym stage gather" in line and "--summary" in line)
     assert "results/stats/summary/gqa/d8.parquet" in command and "results/stats/summary/plain/d8.parquet" in command
+
+    # Issue 33, point 8: the cache replaced by another dump that keeps the old file's mtime (what
+    # mv, cp -p, rsync -t and tar x do) is measured again: the jobs are keyed on its content
+    before = os.stat(workdir / "caches/gqa.npz")
+    np.savez(workdir / "caches/other.npz", k=10 * K.astype(np.float32), v=V.astype(np.float32), q=Q.astype(np.float32))
+    os.utime(workdir / "caches/other.npz", ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(workdir / "caches/other.npz", workdir / "caches/gqa.npz")
+    assert os.stat(workdir / "caches/gqa.npz").st_mtime_ns == before.st_mtime_ns
+    again = snakemake(workdir, "--cores", "2", targets[0], configfile="files.yaml")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "file_metrics" in again.stdout + again.stderr
+    remeasured = pq.read_table(path).to_pandas()
+    assert not np.allclose(remeasured["kl"].to_numpy(), table["kl"].to_numpy())
+    assert json.loads(pq.read_metadata(path).metadata[b"config_slice"])["content_sha256"] == \
+        hashlib.sha256((workdir / "caches/gqa.npz").read_bytes()).hexdigest()
 
 
 def test_head_dim_that_is_not_a_power_of_two_follows_the_padding_rule(tmp_path):

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -258,6 +259,21 @@ def _check_numeric(dtype: str, name: str, path: Path) -> None:
                 else "")
         raise KvasymError(f"cache file {path}: array {name!r} has dtype {dtype}; "
                           f"expected a float or integer type{hint}")
+
+
+def file_content_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a cache file's bytes (read in 1 MiB blocks): what the DAG keys a file
+    cell's jobs on, so that a file replaced by another keeping its mtime is measured again."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as exc:
+        raise KvasymError(f"cache file {path} cannot be read ({exc.strerror or exc})") from None
+    return digest.hexdigest()
 
 
 def inspect_cache_file(path: str | Path) -> CacheLayout:

@@ -11,7 +11,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from kvasym.cachefile import inspect_cache_file
+from kvasym.cachefile import file_content_sha256, inspect_cache_file
 from kvasym.cells import cell_of_path, slice_digest
 from kvasym.claims import load_claims
 from kvasym.config_io import read_yaml_mapping
@@ -125,6 +125,13 @@ def _file_cells():
 
 
 FILE_CELLS = _file_cells()
+# The content digest of each bring-your-own cache, in its cells' slices: replacing the file by
+# another that keeps the old mtime (mv, cp -p, rsync -t, tar x) changes the params and so reruns
+# its jobs, which an mtime comparison would not (issue 33, point 8).
+FILE_DIGESTS = {
+    name: file_content_sha256(spec["params"]["path"])
+    for name, spec in STUDY.files.items()
+}
 
 # The synthetic grid's units (kvasym.stages.cells): a job per (distribution, dim) writes every
 # cell of it into the unit's folders; a query-model variant's unit is the metrics rule's.
@@ -364,7 +371,15 @@ def theory_slice(w):
 
 
 def file_slice(w):
-    return STUDY.file_slice(w.distribution, int(w.dim), w.scheme, int(w.budget))
+    return file_cell_slice(w.distribution, w.dim, w.scheme, w.budget)
+
+
+def file_cell_slice(distribution, dim, scheme, budget):
+    """A file cell's slice: the study's, and the content digest of the user's file."""
+    return {
+        **STUDY.file_slice(distribution, int(dim), scheme, int(budget)),
+        "content_sha256": FILE_DIGESTS[distribution],
+    }
 
 
 SLICES = {
@@ -417,7 +432,7 @@ def cell_table_slice(distribution, dim, scheme, budget):
         real.pop("budgets")
         return {**real, "budget": int(budget)}
     if distribution in STUDY.files:
-        return STUDY.file_slice(distribution, int(dim), scheme, int(budget))
+        return file_cell_slice(distribution, dim, scheme, budget)
     return STUDY.metrics_slice(distribution, int(dim), scheme, int(budget))
 
 

@@ -25,11 +25,20 @@ def run_file_metrics(slice_: Mapping[str, Any], path: str, out_per_query: str) -
 
     ``slice_``: ``distribution`` (its dict: name, kind ``file``, params with ``path`` and
     ``causal``), ``dim`` (the file's head_dim, checked), ``scheme`` (its dict), ``budget``,
-    ``sharpness`` (list), ``n_queries``, ``base_seed``, ``norm_dtype``.
+    ``sharpness`` (list), ``n_queries``, ``base_seed``, ``norm_dtype``; from the DAG also
+    ``content_sha256``, the file's digest (a job keyed on content, not mtime: checked here).
     """
     from ..dataset import PER_QUERY_SCHEMA, provenance, to_table, write_parquet_atomic
 
     dist = slice_["distribution"]
+    want = slice_.get("content_sha256")  # the DAG's: the file's digest when the DAG was built
+    if want is not None:
+        from ..cachefile import file_content_sha256
+
+        got = file_content_sha256(path)
+        if got != want:
+            raise KvasymError(f"cache file {path} changed since the DAG was built (SHA-256 {got[:12]}..., the DAG "
+                              f"planned {str(want)[:12]}...): rerun snakemake")
     cache = load_cache_file(path)
     if cache.head_dim != int(slice_["dim"]):
         raise KvasymError(f"cache file {path}: head_dim {cache.head_dim}, but the DAG planned d={slice_['dim']} "
