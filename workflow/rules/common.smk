@@ -685,9 +685,20 @@ def gather_flags(wildcards, input, output):
         flags.append(" ".join([f"--{table}", *(shlex.quote(p) for p in parts)]))
         flags.append(f"--out-{table} {shlex.quote(output[table])}")
         # the (distribution, dim) each part is filed under, in the order of stats_tables /
-        # theory_tables: a part copied over another is refused (and moved aside) by itself
+        # theory_tables, and the digest of the slice it is made from: a part copied over
+        # another, or made under another config, is refused (and moved aside) by itself
         cells = STUDY.main_data_cells() if table == "theory" else gathered_cells(table)
-        listed = canonical_json([{"distribution": d, "dim": int(n)} for d, n in cells])
+        part_slice = STUDY.theory_slice if table == "theory" else STUDY.stats_slice
+        listed = canonical_json(
+            [
+                {
+                    "distribution": d,
+                    "dim": int(n),
+                    "slice_sha256": slice_digest(part_slice(d, int(n))),
+                }
+                for d, n in cells
+            ]
+        )
         flags.append(f"--{table}-cells {shlex.quote(listed)}")
     return " ".join(flags)
 
