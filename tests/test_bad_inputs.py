@@ -1256,8 +1256,17 @@ def test_figure_stage_refuses_a_cell_file_copied_over_another(mini: MiniRun, tmp
     run = _copy_run(mini, tmp_path / "run")
     files = [run.cell("gaussian", s, b)["per_query"] for s in run.study.schemes for b in run.study.budgets]
     shutil.copyfile(files[0], files[1])
-    with pytest.raises(KvasymError, match="both hold the cell"):
+    # the copy itself is named (the cell its path files it under), not only the clash of two files
+    with pytest.raises(DamagedFile, match=rf"{files[1].name}: holds budget = 2 but is filed under budget = 4"):
         run_figures(figures_slice(run.study), {"per_query": files}, tmp_path / "figures", ["kl_ecdf"])
+    # and with the DAG's digests, a table of the right cell made under another config is refused
+    from kvasym.cells import cell_of_path, slice_digest
+
+    other = load_study({**MINI, "base_seed": MINI["base_seed"] + 1})
+    digests = {str(p): slice_digest(other.metrics_slice(**cell_of_path(p))) for p in files[:1]}
+    with pytest.raises(DamagedFile, match="was made under another configuration"):
+        run_figures(figures_slice(run.study), {"per_query": files[:1], "cell_digests": digests}, tmp_path / "f2",
+                    ["kl_ecdf"])
 
 
 def test_a_damaged_user_file_is_never_moved(tmp_path) -> None:

@@ -547,12 +547,21 @@ def figure_inputs(family):
 
 
 def figure_flags(inputs):
-    """The `kvasym stage figure` input flags for a family's named input files (quoted)."""
+    """The `kvasym stage figure` input flags for a family's named input files (quoted), and the
+    slice digest of each metrics file's cell (--cell-digests: the stage checks provenance).
+    """
     flags = []
     for key, paths in inputs.items():
         paths = [paths] if isinstance(paths, str) else list(paths)
         option = f"--{key.replace('_', '-')}"
         flags.append(" ".join([option, *(shlex.quote(p) for p in paths)]))
+    digests = {
+        path: slice_digest(cell_table_slice(**cell_of_path(path)))
+        for key in ("per_query", "per_key")
+        for path in inputs.get(key, [])
+    }
+    if digests:
+        flags.append(f"--cell-digests {shlex.quote(canonical_json(digests))}")
     return " ".join(flags)
 
 

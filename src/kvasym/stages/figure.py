@@ -71,11 +71,15 @@ def _read_metrics(inputs: Mapping[str, Any], table: str, keep: Mapping[str, Any]
     """Rows of a metrics table matching ``keep`` (column -> allowed values), file by file so
     the whole table never sits in memory. ``inputs[table]`` lists the files (or names a
     directory), else ``inputs['metrics']`` is the dataset root (``results/metrics``). Each
-    listed file must hold one cell that no other file holds
-    (:func:`kvasym.cells.check_cell_file`): a cell's file copied over another's would otherwise
-    be drawn under the other's label."""
-    from ..cells import check_cell_file
+    listed file must hold one cell that no other file holds, the cell its path files it under
+    (:func:`kvasym.cells.check_cell_file`, :func:`kvasym.cells.cell_of_path`): a cell's file
+    copied over another's would otherwise be drawn under the other's label; with
+    ``inputs['cell_digests']`` (path -> :func:`kvasym.cells.slice_digest`, the DAG's), its
+    provenance must be this configuration's."""
+    from ..cells import cell_of_path, check_cell_file, check_provenance
     from ..dataset import read_parquet_checked, read_table, read_table_folder
+
+    digests = inputs.get("cell_digests") or {}
 
     sources = _files(inputs.get(table))
     if not sources and inputs.get("metrics") is None:
@@ -89,7 +93,14 @@ def _read_metrics(inputs: Mapping[str, Any], table: str, keep: Mapping[str, Any]
             frame = read_table_folder(src, table)
         else:
             frame = read_parquet_checked(src)
-            check_cell_file(frame, src, table.replace("_", "-"), ("distribution", "dim", "scheme", "budget"), seen)
+            try:  # a file of the results layout must hold the cell its path files it under
+                filed = cell_of_path(src)
+            except KvasymError:
+                filed = {}
+            check_cell_file(frame, src, table.replace("_", "-"), ("distribution", "dim", "scheme", "budget"), seen,
+                            **filed)
+            if str(src) in digests:  # the DAG's digest of the cell's slice (issue 33, point 7)
+                check_provenance(src, str(digests[str(src)]), table.replace("_", "-"))
         mask = np.ones(len(frame), dtype=bool)
         for column, allowed in keep.items():
             if allowed is None:
@@ -382,6 +393,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-query", dest="per_query", nargs="+", default=[])
     parser.add_argument("--per-key", dest="per_key", nargs="+", default=[])
     parser.add_argument("--data", nargs="+", default=[], help="data manifests (for the marginal figure)")
+    parser.add_argument("--cell-digests", dest="cell_digests", default=None,
+                        help="JSON object: each --per-query/--per-key file -> the digest of its cell's slice "
+                             "(kvasym.cells.slice_digest); the file's provenance must match")
     parser.add_argument("--real-per-query", dest="real_per_query", nargs="+", default=[],
                         help="the real rows' per-query files at the headline budget (for the real heat map)")
     parser.add_argument("--e2e-summary", dest="e2e_summary", help="the end-to-end summary (stage e2e_stats)")
@@ -397,8 +411,16 @@ def run_from_args(args: argparse.Namespace) -> list[Path]:
     from ..study import parse_slice
 
     slice_ = parse_slice(args.slice)
-    inputs = {k: getattr(args, k)
-              for k in INTERMEDIATE_INPUTS}
+    inputs: dict[str, Any] = {k: getattr(args, k) for k in INTERMEDIATE_INPUTS}
+    if args.cell_digests is not None:
+        import json
+
+        try:
+            inputs["cell_digests"] = json.loads(args.cell_digests)
+        except ValueError as exc:
+            raise KvasymError(f"--cell-digests is not valid JSON ({exc})") from None
+        if not isinstance(inputs["cell_digests"], dict):
+            raise KvasymError("--cell-digests must be a JSON object: metrics file -> slice digest")
     written = run_figures(slice_, inputs, args.out_dir, args.families)
     for path in written:
         print(path)
