@@ -111,12 +111,18 @@ def final_outputs(workdir: Path) -> list[Path]:
     results = workdir / "results"
     if not results.is_dir():
         return []
-    return [
-        p for p in results.rglob("*")
-        if p.is_file() and p.suffix in FINAL_SUFFIXES
-        and not any(part.startswith(".") for part in p.relative_to(results).parts)
-        and p.relative_to(results).parts[0] not in ("logs", "benchmarks")
-    ]
+    found = []
+    # os.walk, not Path.rglob: a job renaming its hidden temporary folder into place while the
+    # walk lists it makes rglob raise FileNotFoundError (seen on a loaded machine); walk skips
+    # what vanished, and hidden folders are not entered at all
+    for folder, subfolders, files in os.walk(results, onerror=lambda exc: None):
+        subfolders[:] = [d for d in subfolders if not d.startswith(".")]
+        rel = Path(folder).relative_to(results)
+        if rel.parts and rel.parts[0] in ("logs", "benchmarks"):
+            subfolders[:] = []
+            continue
+        found += [Path(folder) / f for f in files if not f.startswith(".") and Path(f).suffix in FINAL_SUFFIXES]
+    return found
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, poll: float = 0.1) -> bool:

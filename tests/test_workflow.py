@@ -78,11 +78,14 @@ def test_dataset_is_complete_and_sane(complete_run):
     # one file, provenance in its metadata
     meta = read_metadata(complete_run / "results/metrics/per_query/gaussian/d64/KQV/n4.parquet")
     assert meta["kvasym_version"] and '"scheme"' in meta["config_slice"]
-    # the compressed artifacts exist, one per cell, except for the query-model variants' cells
-    # (they read their parents' caches: kvasym.study.Study.packed_distribution)
-    packed_cells = [c for c in cells if c[0] not in study.query_variants]
-    assert study.query_variants and len(packed_cells) < len(cells)
-    assert len(list((complete_run / "results/packed").rglob("*.npz"))) == len(packed_cells)
+    # the compressed artifacts exist, one per cell of the grid's schemes (the frontier's are
+    # measured in memory: frontier.keep_packed is false), except for the query-model variants'
+    # cells (they read their parents' caches: kvasym.study.Study.packed_distribution)
+    packed_cells = [c for c in cells if c[0] not in study.query_variants and c[2] in study.schemes]
+    assert study.query_variants and study.frontier_schemes and len(packed_cells) < len(cells)
+    packed = sorted((complete_run / "results/packed").rglob("*.npz"))
+    assert sorted(tuple(p.relative_to(complete_run / "results/packed").parts) for p in packed) == sorted(
+        (d, f"d{n}", s, f"n{b}.npz") for d, n, s, b in packed_cells)
 
 
 def test_claims_ledger_is_complete(complete_run):
