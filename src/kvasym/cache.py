@@ -373,11 +373,11 @@ def _store_norms(norms: np.ndarray, norm_dtype: str, what: str) -> np.ndarray:
                           f"{remedy}")
     stored = norms.astype(norm_dtype)
     _check_norms_kept(norms, stored, norm_dtype, what)
-    check_stored_precision(norms, stored, float(np.max(norms, initial=0.0)), f"{what}s", norm_dtype)
+    check_stored_precision(np.abs(stored - norms), float(np.max(norms, initial=0.0)), f"{what}s", norm_dtype)
     return stored
 
 
-#: The largest error a float side array (norms, residual norms, scales, means, min-max group
+#: The largest error a float side array (norms, residual norms, coordinate scales, min-max group
 #: parameters) may take on from its storage dtype, relative to the largest value of its kind in
 #: the block. In a dtype's normal range rounding is at most 2^-11 (float16) of a value, so only
 #: a block whose values sit in the subnormal range, where the resolution is absolute (6e-8 for
@@ -385,14 +385,15 @@ def _store_norms(norms: np.ndarray, norm_dtype: str, what: str) -> np.ndarray:
 SIDE_PRECISION = 2.0 ** -9
 
 
-def check_stored_precision(exact: np.ndarray, stored: np.ndarray, scale: float, what: str, dtype: str) -> None:
+def check_stored_precision(error: np.ndarray, scale: float, what: str, dtype: str) -> None:
     """Refuse side information that ``dtype`` cannot keep to :data:`SIDE_PRECISION` of ``scale``
-    (the block's largest value of that kind): ``max |stored - exact| > SIDE_PRECISION * scale``.
+    (the block's largest value of that kind): ``max error > SIDE_PRECISION * scale``.
 
     Parameters
     ----------
-    exact, stored : numpy.ndarray
-        The values and their stored copies (any shape, equal).
+    error : numpy.ndarray
+        What storing moves each value (or what it moves the reconstruction by), ``>= 0``, any
+        shape: ``|stored - exact|`` for a norm.
     scale : float
         The magnitude the errors are measured against (0: nothing to check).
     what : str
@@ -405,9 +406,9 @@ def check_stored_precision(exact: np.ndarray, stored: np.ndarray, scale: float, 
     KvasymError
         Naming the error, the scale and the remedy.
     """
-    if not scale > 0 or exact.size == 0:
+    if not scale > 0 or error.size == 0:
         return
-    error = float(np.max(np.abs(stored.astype(np.float64) - exact)))
+    error = float(np.max(error))
     if error > SIDE_PRECISION * scale:
         tiny = float(np.finfo(dtype).tiny)
         remedy = "use norm_dtype float32 or rescale the cache" if dtype == "float16" else "rescale the cache"
@@ -623,7 +624,8 @@ def quantize(
         # the kernel's norms passed the checks of _store_norms (it declines any row that would
         # not keep its norm), but for the block's precision, which needs every row's
         packed_codes, residual, exact_norms, norms = fused
-        check_stored_precision(exact_norms, norms, float(np.max(exact_norms, initial=0.0)), "norms", norm_dtype)
+        check_stored_precision(np.abs(norms - exact_norms), float(np.max(exact_norms, initial=0.0)), "norms",
+                               norm_dtype)
         if fused_sketch:  # the kernel sketched the residual in the same pass
             sketched, residual = residual, None
     else:

@@ -218,8 +218,7 @@ def iter_cell_tables(paths: list, what: str, keys: tuple[str, ...], *, cells: li
 
 
 #: A cell file's place in the layout every stage writes: ``<table>/<distribution>/d<dim>/<scheme>/n<budget>.parquet``.
-_CELL_PATH = re.compile(r"(?:^|/)(?P<distribution>[^/]+)/d(?P<dim>\d+)/(?P<scheme>[^/]+)/n(?P<budget>\d+)"
-                                      r"\.parquet$")
+_CELL_PATH = re.compile(r"(?:^|/)(?P<distribution>[^/]+)/d(?P<dim>\d+)/(?P<scheme>[^/]+)/n(?P<budget>\d+)\.parquet$")
 
 
 def cell_of_path(path: Any) -> dict[str, Any]:

@@ -91,40 +91,32 @@ KERNELS: tuple[str, ...] = ("numpy", "numba")
 _COMPILED = None
 
 
-_LOOPS: Any = False  # not looked up yet; None when numba does not import
+_OPTIONAL: dict[str, Any] = {}  # module name -> the module, or None when numba does not import
+
+
+def _optional_module(name: str) -> Any:
+    """``kvasym.<name>`` (a module of numba-jitted loops), imported once on first use, or None
+    when numba does not import: jobs that never reach a compiled loop never pay numba's import."""
+    if name not in _OPTIONAL:
+        import importlib
+
+        try:
+            _OPTIONAL[name] = importlib.import_module(f"{__package__}.{name}")
+        except ImportError:
+            _OPTIONAL[name] = None
+    return _OPTIONAL[name]
 
 
 def compiled_loops() -> Any:
     """The compiled statistics and metric loops (:mod:`kvasym._stats_numba`), or None when
-    numba does not import (callers then run their numpy reference loop). Imported once, on
-    first use, so jobs that never reach a compiled loop never pay numba's import."""
-    global _LOOPS
-    if _LOOPS is False:
-        try:
-            from . import _stats_numba
-        except ImportError:
-            _LOOPS = None
-        else:
-            _LOOPS = _stats_numba
-    return _LOOPS
-
-
-_METRIC_LOOPS: Any = False  # not looked up yet; None when numba does not import
+    numba does not import (callers then run their numpy reference loop)."""
+    return _optional_module("_stats_numba")
 
 
 def compiled_metric_loops() -> Any:
     """The compiled attention-row pass of the metrics (:mod:`kvasym._metrics_numba`: equal to
-    its numpy reference to rounding, not bit for bit), or None when numba does not import.
-    Imported once, on first use."""
-    global _METRIC_LOOPS
-    if _METRIC_LOOPS is False:
-        try:
-            from . import _metrics_numba
-        except ImportError:
-            _METRIC_LOOPS = None
-        else:
-            _METRIC_LOOPS = _metrics_numba
-    return _METRIC_LOOPS
+    its numpy reference to rounding, not bit for bit), or None when numba does not import."""
+    return _optional_module("_metrics_numba")
 
 
 def available() -> bool:

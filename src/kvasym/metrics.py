@@ -104,17 +104,29 @@ than half of the attention mass lands elsewhere (the argmax-shift failure of spe
 _DB_PER_LOG2 = 10.0 * math.log10(2.0)
 
 
-def _pair(x: np.ndarray, x_hat: np.ndarray, what: str = "x") -> tuple[np.ndarray, np.ndarray]:
+def _checked(x: np.ndarray, what: str) -> np.ndarray:
+    """``x`` as float64, with a coordinate per row and finite."""
     a = np.asarray(x, dtype=np.float64)
-    b = np.asarray(x_hat, dtype=np.float64)
-    if a.shape != b.shape:
-        raise KvasymError(f"{what} has shape {a.shape} but {what}_hat has shape {b.shape}")
     if a.ndim == 0 or a.shape[-1] == 0:
         raise KvasymError(f"{what} must have at least one coordinate per row, got shape {a.shape}")
-    for name, arr in ((what, a), (f"{what}_hat", b)):
-        if not np.all(np.isfinite(arr)):
-            raise KvasymError(f"{name} contains non-finite values")
-    return a, b
+    if not np.all(np.isfinite(a)):
+        raise KvasymError(f"{what} contains non-finite values")
+    return a
+
+
+def _hat_of(reference: np.ndarray, x_hat: np.ndarray, what: str) -> np.ndarray:
+    """``x_hat`` as float64, of ``reference``'s shape and finite (``reference`` already checked)."""
+    b = np.asarray(x_hat, dtype=np.float64)
+    if b.shape != reference.shape:
+        raise KvasymError(f"{what} has shape {reference.shape} but {what}_hat has shape {b.shape}")
+    if not np.all(np.isfinite(b)):
+        raise KvasymError(f"{what}_hat contains non-finite values")
+    return b
+
+
+def _pair(x: np.ndarray, x_hat: np.ndarray, what: str = "x") -> tuple[np.ndarray, np.ndarray]:
+    a = _checked(x, what)
+    return a, _hat_of(a, x_hat, what)
 
 
 def _norms(a: np.ndarray) -> np.ndarray:
@@ -658,10 +670,10 @@ class TrialReference:
 
     def __init__(self, sources: tuple, queries: np.ndarray, keys: np.ndarray, values: np.ndarray,
                  scores: np.ndarray, mask: np.ndarray | None, allowed: np.ndarray,
-                 attention: dict[float, AttentionResult], kernel: str, top_sets: dict[float, np.ndarray]) -> None:
+                 attention: dict[float, AttentionResult], kernel: str, top_sets: dict[float, np.ndarray],
+                 k_row: np.ndarray) -> None:
         self.sources = sources
-        self.top_sets = top_sets
-        self.k_row = np.minimum(ROUTING_TOPK, allowed.sum(axis=1))
+        self.top_sets, self.k_row = top_sets, k_row
         self.queries, self.keys, self.values = queries, keys, values
         self.scores, self.mask, self.allowed = scores, mask, allowed
         self.count = allowed.sum(axis=0)
@@ -752,23 +764,7 @@ def trial_reference(
             loops.topk_rows(w, allowed, k_row, top)
             top_sets[s] = top
     return TrialReference((queries, keys, values, mask), q, k, v, scores, checked, allowed, attention,
-                          "numpy" if loops is None else "numba", top_sets)
-
-
-def _checked(x: np.ndarray, what: str) -> np.ndarray:
-    a = np.asarray(x, dtype=np.float64)
-    if a.ndim == 0 or a.shape[-1] == 0:
-        raise KvasymError(f"{what} must have at least one coordinate per row, got shape {a.shape}")
-    if not np.all(np.isfinite(a)):
-        raise KvasymError(f"{what} contains non-finite values")
-    return a
-
-
-def _hat_of(reference: np.ndarray, x_hat: np.ndarray, what: str) -> np.ndarray:
-    b = _checked(x_hat, f"{what}_hat")
-    if b.shape != reference.shape:
-        raise KvasymError(f"{what} has shape {reference.shape} but {what}_hat has shape {b.shape}")
-    return b
+                          "numpy" if loops is None else "numba", top_sets, k_row)
 
 
 def trial_metrics_multi(

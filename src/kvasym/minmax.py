@@ -136,8 +136,8 @@ def minmax_quantize(x: np.ndarray, bits: int, axis: str, group: int) -> tuple[np
     from .cache import check_stored_precision
 
     moved = np.abs(z - lo) + levels * np.abs(s - exact_scale)
-    check_stored_precision(np.zeros_like(moved), moved, float(np.max(np.abs(g), initial=0.0)),
-                           "minmax group zero points and scales", SCALE_DTYPE)
+    check_stored_precision(moved, float(np.max(np.abs(g), initial=0.0)), "minmax group zero points and scales",
+                           SCALE_DTYPE)
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.where(s[..., None] > 0, (g - z[..., None]) / np.where(s > 0, s, 1.0)[..., None], 0.0)
     codes = np.clip(np.rint(t), 0, levels).astype(np.uint8)

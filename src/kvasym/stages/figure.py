@@ -93,12 +93,9 @@ def _read_metrics(inputs: Mapping[str, Any], table: str, keep: Mapping[str, Any]
             frame = read_table_folder(src, table)
         else:
             frame = read_parquet_checked(src)
-            try:  # a file of the results layout must hold the cell its path files it under
-                filed = cell_of_path(src)
-            except KvasymError:
-                filed = {}
+            # it must hold the cell its path in the results layout files it under
             check_cell_file(frame, src, table.replace("_", "-"), ("distribution", "dim", "scheme", "budget"), seen,
-                            **filed)
+                            **cell_of_path(src))
             if str(src) in digests:  # the DAG's digest of the cell's slice (issue 33, point 7)
                 check_provenance(src, str(digests[str(src)]), table.replace("_", "-"))
         mask = np.ones(len(frame), dtype=bool)
