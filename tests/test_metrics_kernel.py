@@ -43,18 +43,25 @@ def _assert_close_columns(a, b):
     """Equal to rounding, each column at the scale its conditioning allows: the kernel moves a
     weight by an ulp, which moves a probability-weighted sum (KL, TV, JS, per-key means of
     weights or log-ratios) by about 1e-15 absolute, and the attention output by 1e-16 of its
-    norm, which is all of a 1e-9 output error's last 7 digits: the SNR columns are compared as
-    the relative error norm 10 ** (-snr_db / 20) they come from."""
+    norm, which is all of a 1e-9 output error's last 7 digits: the SNR columns (of the keys, the
+    values and the output, whose norms the kernel sums in row order) are compared as the relative
+    error norm 10 ** (-snr_db / 20) they come from. An angle between unit vectors is known to an
+    absolute 1e-16 whatever its size (a norm's last bit scales a unit vector by 1 + 1e-16), so
+    phi is compared absolutely, and eps_dir = 2 sin^2(phi / 2) as the chord 2 sin(phi / 2)."""
     assert a.keys() == b.keys()
     for name in a:
         x, y = np.asarray(a[name]), np.asarray(b[name])
-        if name in DISCRETE or name[:2] in ("k_", "v_") or name.startswith("logit_err") or name == "key_norm":
+        site, _, coordinate = name.partition("_")
+        if site in ("k", "v", "t") and coordinate in ("snr_db", "eff_bits"):
+            db, db_y = (x, y) if coordinate == "snr_db" else (x * 20 * math.log10(2), y * 20 * math.log10(2))
+            np.testing.assert_allclose(10 ** (-db / 20), 10 ** (-db_y / 20), rtol=1e-12, atol=1e-14, err_msg=name)
+        elif site in ("k", "v", "t") and coordinate == "phi":
+            np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-14, err_msg=name)
+        elif site in ("k", "v", "t") and coordinate == "eps_dir":
+            np.testing.assert_allclose(np.sqrt(2 * x), np.sqrt(2 * y), rtol=1e-12, atol=1e-14, err_msg=name)
+        elif name in DISCRETE or name.startswith("logit_err") or name == "key_norm":
             # discrete, or computed from the caches alone by the same code on both paths
             np.testing.assert_array_equal(x, y, err_msg=name)
-        elif name in ("t_snr_db", "t_eff_bits"):
-            db = x if name == "t_snr_db" else x * 20 * math.log10(2)
-            db_y = y if name == "t_snr_db" else y * 20 * math.log10(2)
-            np.testing.assert_allclose(10 ** (-db / 20), 10 ** (-db_y / 20), rtol=1e-12, atol=1e-14, err_msg=name)
         else:
             np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-13, equal_nan=True, err_msg=name)
 
@@ -208,3 +215,36 @@ def test_top5_sets_break_ties_like_the_reference(masked):
     assert 0.0 < np.mean(recall) < 1.0
     np.testing.assert_array_equal(recall, fast[0][0]["recall_top5"])
     np.testing.assert_array_equal(ref[0][0]["top1"], fast[0][0]["top1"])
+
+
+def test_row_errors_match_the_reference_and_hand_it_the_rows_it_cannot_sum():
+    """The compiled per-row norms and angles (the cache and output error coordinates) against
+    kvasym.metrics.error_coordinates: zero rows, one zero side, equal, opposite and orthogonal
+    rows; a row whose squares leave float64's safe range makes the pass decline, and the
+    coordinates are then the reference's bit for bit."""
+    from kvasym.metrics import _error_coordinates, error_coordinates
+
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((12, 24))
+    b = a + 0.1 * rng.standard_normal(a.shape)
+    a[0], b[0] = 0.0, 0.0  # both zero: phi 0
+    a[1] = 0.0  # one zero: phi pi/2
+    b[2] = a[2]  # equal: phi 0, snr at its cap
+    b[3] = -a[3]  # opposite: phi pi
+    b[4] = np.roll(a[4], 1) - a[4] * (a[4] @ np.roll(a[4], 1)) / (a[4] @ a[4])  # orthogonal
+    ref = error_coordinates(a, b)
+    fast = _error_coordinates(a, b, None, _metrics_numba)
+    assert ref.keys() == fast.keys()
+    assert fast["phi"][0] == 0.0 and fast["phi"][1] == math.pi / 2 and fast["phi"][2] == 0.0
+    np.testing.assert_allclose(fast["phi"][3:5], [math.pi, math.pi / 2], rtol=1e-15)
+    np.testing.assert_allclose(fast["phi"], ref["phi"], rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(fast["snr_db"], ref["snr_db"], rtol=1e-13, atol=1e-13)
+    out = np.empty(12), np.empty(12), np.empty(12)
+    assert _metrics_numba.row_errors(a, b, *out)
+    for scale in (1e200, 1e-160):
+        big = a.copy()
+        big[5] *= scale
+        assert not _metrics_numba.row_errors(big, b, *out)
+        fallback, reference = _error_coordinates(big, b, None, _metrics_numba), error_coordinates(big, b)
+        for name in reference:
+            np.testing.assert_array_equal(fallback[name], reference[name], err_msg=name)

@@ -459,3 +459,66 @@ def sketch_decode_rows(packed, sign_scale2, sign_scale1, row_scale, out, r0, r1)
         width = min(BLOCK, r1 - start)
         sketch_decode_block(packed, start, width, u, sign_scale2, sign_scale1, words)
         store_scaled_rows(u, row_scale, out, start, width, work)
+
+
+@njit(cache=True, nogil=True)
+def column_encode_rows(x, thresholds, t_start, widths, bit_start, codes, packed, r0, r1):
+    # per column j of width w > 0: code = #{t < x_ij} over its 2^w - 1 sorted thresholds
+    # thresholds[t_start[j]:...] (np.searchsorted's side="left"); the code goes to codes and to
+    # bits bit_start[j] .. + w - 1 of the row's little-endian stream (kvasym.packing.pack_widths'
+    # layout). packed must be zeroed. A block of rows is transposed into a (n, BLOCK) buffer so
+    # that a column's thresholds are counted, each a compare over the vector of the block's rows:
+    # for 1M coordinates 6 ms at 4 bits and 42 ms at 8 (a binary search per value, a chain of
+    # dependent loads, took 23 ms at 4 bits and 36 at 6).
+    n = x.shape[1]
+    buf = np.empty((n, BLOCK), dtype=np.float64)
+    count = np.empty(BLOCK, dtype=np.int64)
+    for start in range(r0, r1, BLOCK):
+        width = min(BLOCK, r1 - start)
+        for j0 in range(0, n, TILE):
+            for b in range(width):
+                for j in range(j0, min(j0 + TILE, n)):
+                    buf[j, b] = x[start + b, j]
+        for j in range(n):
+            w = widths[j]
+            base = t_start[j]
+            n_t = (1 << w) - 1
+            for b in range(width):
+                count[b] = 0
+            for k in range(n_t):
+                t = thresholds[base + k]
+                for b in range(width):
+                    count[b] += np.int64(t < buf[j, b])
+            for b in range(width):
+                codes[start + b, j] = count[b]
+        for b in range(width):
+            i = start + b
+            for j in range(n):
+                w = widths[j]
+                if w == 0:
+                    continue
+                p = bit_start[j]
+                shifted = np.int64(codes[i, j]) << (p & 7)
+                packed[i, p >> 3] |= np.uint8(shifted & 0xFF)
+                if shifted > 0xFF:  # the code crosses into the next byte, which then exists
+                    packed[i, (p >> 3) + 1] |= np.uint8(shifted >> 8)
+
+
+@njit(cache=True, nogil=True)
+def column_decode_rows(packed, widths, bit_start, table, c_start, out, r0, r1):
+    # the inverse: column j's code read from its bits, out_ij = table[c_start[j] + code]
+    n = out.shape[1]
+    n_bytes = packed.shape[1]
+    for i in range(r0, r1):
+        for j in range(n):
+            w = widths[j]
+            if w == 0:
+                out[i, j] = table[c_start[j]]
+                continue
+            p = bit_start[j]
+            k = p >> 3
+            word = np.int64(packed[i, k])
+            if k + 1 < n_bytes:
+                word |= np.int64(packed[i, k + 1]) << 8
+            code = (word >> (p & 7)) & ((1 << w) - 1)
+            out[i, j] = table[c_start[j] + code]

@@ -177,3 +177,56 @@ def hat_row_measures(scores_hat, sharpness, allowed, log_p, p, log_q, q, kl, tv,
                     same += 1
                     break
         overlap[i] = same
+
+
+#: Sums of squares inside this open interval need no rescaling (as :func:`kvasym.metrics._norms`).
+_SAFE_LOW, _SAFE_HIGH = 1e-290, 1e290
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _unsafe(squares):
+    return squares != 0.0 and not (_SAFE_LOW < squares < _SAFE_HIGH)
+
+
+@njit(cache=True, nogil=True)
+def row_errors(a, b, norm_a, norm_diff, phi):
+    """Per row of ``(rows, d)`` float64 ``a`` and its estimate ``b``: ``||a||``, ``||a - b||``
+    and the angle ``2 atan2(||u - v||, ||u + v||)`` of the unit vectors (Kahan), as
+    :func:`kvasym.metrics._error_coordinates` computes them in five whole-matrix passes; two
+    passes over each row here, sums in row order. Returns False, having written part of the
+    outputs, when a row's sum of squares (of a, b, a - b, u - v or u + v) is non-zero and outside
+    ``(1e-290, 1e290)``: the reference then rescales, and the caller runs it instead."""
+    rows, d = a.shape
+    for i in range(rows):
+        sa = 0.0
+        sb = 0.0
+        sd = 0.0
+        for j in range(d):
+            x = a[i, j]
+            y = b[i, j]
+            sa += x * x
+            sb += y * y
+            sd += (x - y) * (x - y)
+        if _unsafe(sa) or _unsafe(sb) or _unsafe(sd):
+            return False
+        na = math.sqrt(sa)
+        nb = math.sqrt(sb)
+        norm_a[i] = na
+        norm_diff[i] = math.sqrt(sd)
+        if (na > 0.0) != (nb > 0.0):
+            phi[i] = 0.5 * math.pi
+            continue
+        if na == 0.0:
+            phi[i] = 0.0
+            continue
+        minus = 0.0
+        plus = 0.0
+        for j in range(d):
+            u = a[i, j] / na
+            v = b[i, j] / nb
+            minus += (u - v) * (u - v)
+            plus += (u + v) * (u + v)
+        if _unsafe(minus) or _unsafe(plus):
+            return False
+        phi[i] = 2.0 * math.atan2(math.sqrt(minus), math.sqrt(plus))
+    return True

@@ -226,10 +226,9 @@ class PackedCache:
         """
         work = self.work_dim
         if self.primitives:
-            _refuse_numba(_check_kernel(kernel, threads), self.primitives)
             from .composed import dequantize_composed
 
-            return dequantize_composed(self, dtype)
+            return dequantize_composed(self, dtype, _check_kernel(kernel, threads))
         if _check_kernel(kernel, threads) == "numba" and self.scalar_bits > 0:
             from . import kernels
 
@@ -490,14 +489,6 @@ def _check_kernel(kernel: object, threads: object) -> str:
     return str(kernel)
 
 
-def _refuse_numba(kernel: str, primitives: Mapping[str, object]) -> None:
-    """The numba kernels implement the original pipeline only: a side with primitives is
-    quantized and dequantized by the numpy reference (:mod:`kvasym.composed`)."""
-    if kernel == "numba":
-        raise KvasymError(f"kernel numba does not implement the primitives {sorted(primitives)} "
-                          f"({', '.join(f'{k}: {v}' for k, v in primitives.items())}); use kernel numpy")
-
-
 def _check_working_dim(dim: int, rotate: bool) -> None:
     """Refuse rows whose working dimension (``dim``, padded to a power of two when rotated) has
     no codebook, naming the dimension the user gave as well as the padded one."""
@@ -608,7 +599,6 @@ def quantize(
     if fused is None and deferred:
         check_finite(x)
     if spec.primitives():
-        _refuse_numba(kernel, spec.primitives())
         if scalar_bits == 0 and (spec.scalar == "minmax" or spec.allocation == "waterfill"):
             raise KvasymError(f"side spec {spec.to_dict()} is impossible at budget {budget}: no scalar bits")
         if spec.qjl and spec.sketch == "hadamard" and dim & (dim - 1) and spec.transform != "wht":
@@ -616,7 +606,7 @@ def quantize(
         from .composed import quantize_composed
 
         return quantize_composed(x, spec, budget, rotation_seed=rotation_seed, qjl_seed=qjl_seed,
-                                 norm_dtype=norm_dtype, meta=meta)
+                                 norm_dtype=norm_dtype, meta=meta, kernel=kernel)
     dtype = x.dtype
     residual = None
     sketched = None

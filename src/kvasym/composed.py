@@ -29,9 +29,18 @@ rows ``x`` of the ``(rows, dim)`` block go through, in float64:
    (Gaussian; or the hadamard sketch at ``m = D``) and one float per row.
 
 Payload is exactly ``n`` bits per working coordinate (codes and sign bits); everything else is
-side information, measured by :attr:`kvasym.cache.PackedCache.side_bits`. The numba kernels
-do not implement these primitives: :func:`kvasym.cache.quantize` and
-:meth:`~kvasym.cache.PackedCache.dequantize` refuse ``kernel="numba"`` for them.
+side information, measured by :attr:`kvasym.cache.PackedCache.side_bits`.
+
+With ``kernel="numba"`` the row passes run compiled (:mod:`kvasym.kernels`), the rest as above:
+a ``lloyd_max`` side with ``uniform`` allocation and float32 norms is normalized, rotated (for
+``wht``; a ``klt`` or ``haar`` transform stays the BLAS product before it), coded and packed in
+the fused row pass of the original pipeline, and decoded by its inverse; a ``waterfill`` side is
+coded and packed, and decoded, by :func:`kvasym.kernels.encode_columns` and
+:func:`~kvasym.kernels.decode_columns` (the same comparisons and lookups, so the same codes).
+The fused pass normalizes before it rotates where the reference rotates first, and sums the WHT
+in another order: codes agree but for near-ties at a threshold, reconstructions to float
+rounding. Centring, the transforms' matrices, min-max groups, the rescale and the sketches are
+the same code on both paths.
 """
 
 from __future__ import annotations
@@ -148,8 +157,69 @@ def _waterfill_reconstruct(codes: np.ndarray, widths: np.ndarray, std: np.ndarra
     return out
 
 
+def _waterfill_encode(unit: np.ndarray, widths: np.ndarray, std: np.ndarray, kernel: str
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Codes of each coordinate against its width's N(0, 1) thresholds scaled by ``std[j]``
+    (``np.searchsorted``, side left), and their packing at a width per column."""
+    from .gaussian_codebook import gaussian_codebook
+
+    if kernel == "numba":
+        from . import kernels
+
+        thresholds = [gaussian_codebook(int(w)).thresholds * std[j] for j, w in enumerate(widths)]
+        return kernels.encode_columns(unit, thresholds, widths)
+    codes = np.zeros(unit.shape, dtype=np.int64)
+    for w in np.unique(widths):
+        cols = np.flatnonzero(widths == w)
+        book = gaussian_codebook(int(w))
+        for j in cols:
+            codes[:, j] = np.searchsorted(book.thresholds * std[j], unit[:, j])
+    return codes, pack_widths(codes, widths)
+
+
+def _waterfill_decode(packed: np.ndarray, widths: np.ndarray, std: np.ndarray, kernel: str) -> np.ndarray:
+    """The reconstruction ``centroids_{b_j}[c_ij] * std[j]`` of water-filling codes."""
+    if kernel == "numba":
+        from . import kernels
+        from .gaussian_codebook import gaussian_codebook
+
+        tables = [gaussian_codebook(int(w)).centroids * std[j] for j, w in enumerate(widths)]
+        return kernels.decode_columns(packed, widths, tables)
+    return _waterfill_reconstruct(unpack_widths(packed, widths), widths, std)
+
+
+def _fused_lloyd(z: np.ndarray, spec: SideSpec, rotation_seed: int, scalar_bits: int, norm_dtype: str,
+                 kernel: str, want_unit: bool) -> tuple | None:
+    """The compiled row pass of a ``lloyd_max``/``uniform`` side (rotating if ``wht``): packed
+    codes, stored norms, and when ``want_unit`` the unit rows, their reconstruction and the
+    residual (a rescale or a sketch needs them); None where the reference path must run (numpy kernel,
+    float16 norms, or a row the pass declines, which the reference then rescales or refuses)."""
+    if (kernel != "numba" or norm_dtype != "float32" or scalar_bits == 0 or spec.scalar != "lloyd_max"
+            or spec.allocation == "waterfill"):
+        return None
+    from . import kernels
+    from .cache import check_stored_precision
+
+    rotate = spec.transform == "wht"
+    work = next_power_of_two(z.shape[1]) if rotate else z.shape[1]
+    if work < 3:
+        return None
+    book = lloyd_max_codebook(work, scalar_bits)
+    fused = kernels.encode_batch_with_norms(z, RandomizedHadamard(z.shape[1], rotation_seed).signs if rotate else None,
+                                            book.thresholds, scalar_bits,
+                                            centroids=book.centroids if want_unit else None)
+    if fused is None:
+        return None
+    packed, residual, exact, norms = fused
+    check_stored_precision(np.abs(norms - exact), float(np.max(exact, initial=0.0)), "norms", norm_dtype)
+    if not want_unit:
+        return packed, norms, None, None, None
+    recon = book.centroids[unpack_codes(packed, scalar_bits, work)]
+    return packed, norms, recon + residual, recon, residual
+
+
 def quantize_composed(x: np.ndarray, spec: SideSpec, budget: int, *, rotation_seed: int, qjl_seed: int,
-                      norm_dtype: str, meta: Mapping | None = None) -> PackedCache:
+                      norm_dtype: str, meta: Mapping | None = None, kernel: str = "numpy") -> PackedCache:
     """Quantize the rows of ``x`` with a spec that uses primitives (see the module docstring).
 
     Parameters
@@ -166,6 +236,8 @@ def quantize_composed(x: np.ndarray, spec: SideSpec, budget: int, *, rotation_se
         Storage dtype of norms, residual norms, the mean and the coordinate scales.
     meta : mapping, optional
         Metadata kept in the header.
+    kernel : {"numpy", "numba"}, optional
+        The reference passes (default) or the compiled row passes (module docstring).
 
     Returns
     -------
@@ -180,14 +252,20 @@ def quantize_composed(x: np.ndarray, spec: SideSpec, budget: int, *, rotation_se
     if spec.center:
         extras["mean"] = block_mean(z, norm_dtype)
         z = subtract_mean(z, extras["mean"])
+    want_unit = spec.qjl or spec.rescale != "none"
+    fused = None
     if spec.transform == "wht":
+        fused = _fused_lloyd(z, spec, rotation_seed, scalar_bits, norm_dtype, kernel, want_unit)
+    if spec.transform == "wht" and fused is None:
         z = RandomizedHadamard(dim, rotation_seed).forward(z)
     elif spec.transform == "haar":
         z = HaarRotation(dim, rotation_seed).forward(z)
     elif spec.transform == "klt":
         extras["basis"] = store_basis(klt_basis(z)[1], spec.transform_dtype)
         z = z @ orthonormalize(extras["basis"])
-    work = z.shape[1]
+    if spec.transform in ("haar", "klt", "none"):
+        fused = _fused_lloyd(z, spec, rotation_seed, scalar_bits, norm_dtype, kernel, want_unit)
+    work = _work_dim(dim, spec)
     if work < 3:
         raise KvasymError(f"vectors must have at least 3 coordinates, got {dim}")
     if spec.scalar == "minmax":
@@ -196,6 +274,9 @@ def quantize_composed(x: np.ndarray, spec: SideSpec, budget: int, *, rotation_se
         packed_codes = pack_codes(codes, scalar_bits)
         norms = np.zeros(0, dtype=norm_dtype)
         residual = z - recon
+    elif fused is not None:
+        packed_codes, norms, unit, recon, residual = fused
+        stored = norms.astype(np.float64)
     else:
         exact = row_norms(z)
         norms = _store_norms(exact, norm_dtype, "norm")
@@ -208,25 +289,19 @@ def quantize_composed(x: np.ndarray, spec: SideSpec, budget: int, *, rotation_se
             extras["coord_std"] = _store_norms(np.sqrt(np.mean(unit**2, axis=0)), norm_dtype, "coordinate scale")
             std = extras["coord_std"].astype(np.float64)
             widths = _waterfill_allocation(extras["coord_std"], scalar_bits)
-            from .gaussian_codebook import gaussian_codebook
-
-            codes = np.zeros((rows, work), dtype=np.int64)
-            for w in np.unique(widths):
-                cols = np.flatnonzero(widths == w)
-                book = gaussian_codebook(int(w))
-                for j in cols:
-                    codes[:, j] = np.searchsorted(book.thresholds * std[j], unit[:, j])
-            recon = _waterfill_reconstruct(codes, widths, std)
-            packed_codes = pack_widths(codes, widths)
+            codes, packed_codes = _waterfill_encode(unit, widths, std, kernel)
+            recon = _waterfill_reconstruct(codes, widths, std) if want_unit else None
         else:
             book = lloyd_max_codebook(work, scalar_bits)
             codes = ThresholdEncoder(book.thresholds).encode(unit)
             recon = book.centroids[codes]
             packed_codes = pack_codes(codes, scalar_bits)
+    if spec.scalar != "minmax":
         if spec.rescale != "none":
             scaled = stored * rescale_factors(unit, recon, spec.rescale)
             norms = _store_norms(scaled, norm_dtype, "rescaled norm")
-        residual = unit - recon
+        if fused is None:
+            residual = unit - recon if want_unit else None
     if spec.qjl:
         signs, residual_norms = _sketch(spec, work, qjl_seed).encode(residual)
         residual_norms = _store_norms(residual_norms, norm_dtype, "residual norm")
@@ -242,7 +317,7 @@ def quantize_composed(x: np.ndarray, spec: SideSpec, budget: int, *, rotation_se
     )
 
 
-def dequantize_composed(cache: PackedCache, dtype: str = "float64") -> np.ndarray:
+def dequantize_composed(cache: PackedCache, dtype: str = "float64", kernel: str = "numpy") -> np.ndarray:
     """Reconstruct the ``(rows, dim)`` block of a composed cache from its packed data alone.
 
     Parameters
@@ -251,6 +326,8 @@ def dequantize_composed(cache: PackedCache, dtype: str = "float64") -> np.ndarra
         A cache with primitives.
     dtype : str, optional
         Output dtype (the arithmetic is float64).
+    kernel : {"numpy", "numba"}, optional
+        The reference passes (default) or the compiled row passes (module docstring).
 
     Returns
     -------
@@ -262,23 +339,31 @@ def dequantize_composed(cache: PackedCache, dtype: str = "float64") -> np.ndarra
     work = cache.work_dim
     extras = cache.extras
     b = cache.scalar_bits
-    if spec.scalar == "minmax":
+    r_hat = _sketch(spec, work, cache.qjl_seed).decode(cache.qjl_signs, cache.residual_norms.astype(np.float64),
+                                                       "float64") if cache.qjl else None
+    fused = kernel == "numba" and spec.scalar == "lloyd_max" and spec.allocation != "waterfill" and b > 0
+    if fused:  # codes, sketch term, norms (and the WHT) in the compiled row pass
+        from . import kernels
+
+        rotate = spec.transform == "wht"
+        unit = kernels.decode_batch(cache.codes, b, lloyd_max_codebook(work, b).centroids,
+                                    RandomizedHadamard(cache.dim, cache.rotation_seed).signs if rotate else None,
+                                    cache.norms, cache.dim if rotate else work, "float64", add=r_hat)
+    elif spec.scalar == "minmax":
         codes = unpack_codes(cache.codes, b, work)
         unit = minmax_dequantize(codes, extras["group_scale"], extras["group_zero"], spec.axis, spec.group)
     elif b == 0:
         unit = np.zeros((cache.rows, work))
     elif spec.allocation == "waterfill":
         widths = _waterfill_allocation(extras["coord_std"], b)
-        unit = _waterfill_reconstruct(unpack_widths(cache.codes, widths), widths,
-                                      extras["coord_std"].astype(np.float64))
+        unit = _waterfill_decode(cache.codes, widths, extras["coord_std"].astype(np.float64), kernel)
     else:
         unit = lloyd_max_codebook(work, b).centroids[unpack_codes(cache.codes, b, work)]
-    if cache.qjl:
-        unit = unit + _sketch(spec, work, cache.qjl_seed).decode(
-            cache.qjl_signs, cache.residual_norms.astype(np.float64), "float64")
-    if spec.scalar != "minmax":
+    if r_hat is not None and not fused:
+        unit = unit + r_hat
+    if spec.scalar != "minmax" and not fused:
         unit = unit * cache.norms.astype(np.float64)[:, None]
-    if spec.transform == "wht":
+    if spec.transform == "wht" and not fused:
         unit = RandomizedHadamard(cache.dim, cache.rotation_seed).inverse(unit)
     elif spec.transform == "haar":
         unit = HaarRotation(cache.dim, cache.rotation_seed).inverse(unit)

@@ -12,7 +12,7 @@ import numpy as np
 
 from .cache import PackedCache, quantize
 from .errors import KvasymError
-from .kernels import kernel_for
+from .kernels import auto_kernel
 from .metrics import TrialReference, trial_metrics, trial_metrics_multi
 from .schemes import SIDES, Scheme
 from .seeds import derived_seed
@@ -32,7 +32,7 @@ def quantize_pair(
     """Packed K and V caches. Rotation and QJL seeds depend on (identity, side) only, not on
     the scheme or budget, so every scheme sees the same random rotation of the same data.
     ``kernel`` is that of :func:`kvasym.cache.quantize`, or ``"auto"``: per side
-    :func:`kvasym.kernels.kernel_for` (the compiled kernels where they implement the side)."""
+    :func:`kvasym.kernels.auto_kernel` (the compiled kernels when numba imports)."""
     scheme.validate_budget(budget)
     out = {}
     for side, matrix in zip(SIDES, (keys, values)):
@@ -46,7 +46,7 @@ def quantize_pair(
                 qjl_seed=derived_seed(base_seed, "qjl", *identity, side),
                 norm_dtype=norm_dtype,
                 meta={"scheme": scheme.name, "side": side},
-                kernel=kernel_for(spec.primitives()) if kernel == "auto" else kernel,
+                kernel=auto_kernel() if kernel == "auto" else kernel,
             )
         except KvasymError as exc:
             raise KvasymError(f"{'keys' if side == 'K' else 'values'}: {exc}") from None
@@ -54,8 +54,8 @@ def quantize_pair(
 
 
 def dequantize_with(cache: PackedCache, kernel: str = "numpy") -> np.ndarray:
-    """``cache`` reconstructed in float64 with ``kernel`` (``"auto"``: :func:`kvasym.kernels.kernel_for`)."""
-    return cache.dequantize("float64", kernel=kernel_for(cache.primitives) if kernel == "auto" else kernel)
+    """``cache`` reconstructed in float64 with ``kernel`` (``"auto"``: :func:`kvasym.kernels.auto_kernel`)."""
+    return cache.dequantize("float64", kernel=auto_kernel() if kernel == "auto" else kernel)
 
 
 def head_metrics(

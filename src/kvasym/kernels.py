@@ -55,8 +55,16 @@ or float16 storage almost always absorbs. Reconstructions agree to float roundin
 
 Compilation is cached on disk (numba ``cache=True``): the first process on a machine compiles
 (about 2 s), later ones load the cached code (about 0.5 s with numba's import). That fixed cost
-is why the DAG and the CLI still default to the numpy path; ``kernel="numba"`` pays off on
-large batches (``benchmarks/bench_quantize.py`` measures both). The kernels release the GIL;
+is why the CLI and the library default to the numpy path; the DAG's stages, whose jobs quantize
+many blocks, ask for ``"auto"`` (:func:`auto_kernel`). ``benchmarks/bench_quantize.py`` measures
+both.
+
+``encode_columns`` / ``decode_columns``
+    codes at a width per column, each column against its own sorted thresholds (the
+    water-filling encoder of :mod:`kvasym.composed`): ``#{t < x}`` as ``np.searchsorted`` (side
+    left) counts it, the same comparisons of the same values, so the codes and the packed bytes
+    (:func:`kvasym.packing.pack_widths`' layout) are equal, not only close; decoding unpacks and
+    looks each code up in its column's table. The kernels release the GIL;
 :func:`encode_batch` and :func:`decode_batch` split rows over ``threads`` Python threads.
 
 The loops of :mod:`kvasym._stats_numba` (:func:`compiled_loops`) are another matter: they are
@@ -82,8 +90,8 @@ import numpy as np
 
 from .errors import KvasymError
 
-__all__ = ["KERNELS", "available", "decode_batch", "encode_batch", "encode_batch_with_norms", "hadamard_sketch_encode",
-           "hadamard_sketch_decode"]
+__all__ = ["KERNELS", "available", "decode_batch", "decode_columns", "encode_batch", "encode_batch_with_norms",
+           "encode_columns", "hadamard_sketch_encode", "hadamard_sketch_decode"]
 
 #: Implementations a caller can choose: the numpy reference and the compiled kernels.
 KERNELS: tuple[str, ...] = ("numpy", "numba")
@@ -128,13 +136,14 @@ def available() -> bool:
     return True
 
 
-def kernel_for(primitives: Any) -> str:
-    """The kernel the DAG's grid stages run a side with: ``"numba"`` when numba imports here
-    and the side uses none of the scheme primitives (the kernels implement the original
-    pipeline: optional WHT, Lloyd-Max codes, gaussian or hadamard residual sketch), else the
-    numpy reference. ``primitives`` is :meth:`kvasym.schemes.SideSpec.primitives` (or a packed
-    cache's ``primitives``): a non-empty mapping selects the reference."""
-    return "numpy" if primitives or not available() else "numba"
+def auto_kernel() -> str:
+    """The kernel ``"auto"`` means (the DAG's stages run every side with it): ``"numba"`` when
+    numba imports here, else the numpy reference. The compiled path covers the original pipeline
+    (optional WHT, Lloyd-Max codes, gaussian or hadamard residual sketch) and, through
+    :mod:`kvasym.composed`, the row passes of the composed sides (Lloyd-Max coding after
+    centring or a KLT, Haar or WHT transform, with or without a rescale; water-filling codes);
+    their other steps are the same code on both paths."""
+    return "numba" if available() else "numpy"
 
 
 def _compiled():
@@ -148,7 +157,8 @@ def _compiled():
                               "kernel 'numpy'") from None
 
         _COMPILED = (_kernels_numba.encode_rows, _kernels_numba.decode_rows, _kernels_numba.sketch_encode_rows,
-                     _kernels_numba.sketch_decode_rows)
+                     _kernels_numba.sketch_decode_rows, _kernels_numba.column_encode_rows,
+                     _kernels_numba.column_decode_rows)
     return _COMPILED
 
 
@@ -365,4 +375,84 @@ def hadamard_sketch_decode(packed: np.ndarray, rho: np.ndarray, signs1: np.ndarr
     out = np.empty((packed.shape[0], work), dtype=dt)
     args = (np.ascontiguousarray(packed), *_sketch_decode_scales(rho, signs1, signs2, dt), out)
     _run(decode, args, packed.shape[0], check_threads(threads))
+    return out
+
+
+def _column_starts(widths: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Widths as int64, each column's first bit in the row's stream, and the row's byte count."""
+    widths = np.ascontiguousarray(widths, dtype=np.int64)
+    if widths.ndim != 1 or np.any(widths < 0) or np.any(widths > 8):
+        raise KvasymError(f"column widths must be a 1-D array of integers in 0..8, got {widths!r}")
+    bit_start = np.concatenate(([0], np.cumsum(widths)[:-1])).astype(np.int64)
+    return widths, bit_start, -(-int(widths.sum()) // 8)
+
+
+def encode_columns(x: np.ndarray, thresholds: list[np.ndarray], widths: np.ndarray, *, threads: int = 1
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Codes of each column against its own thresholds, packed at a width per column.
+
+    The compiled form of the water-filling encoder of :mod:`kvasym.composed`: column ``j`` of
+    width ``w_j`` has the ``2**w_j - 1`` sorted thresholds ``thresholds[j]``, and its code is
+    ``c_ij = #{t in thresholds[j] : t < x_ij}``, ``np.searchsorted(thresholds[j], x[:, j])``
+    (``side="left"``) found by a ``w_j``-step binary search: the same comparisons of the same
+    float64 values, so the codes are equal, not only close.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        ``(rows, n)`` finite values (float64 arithmetic).
+    thresholds : list of numpy.ndarray
+        Per column its ``2**widths[j] - 1`` increasing thresholds (empty for width 0).
+    widths : numpy.ndarray
+        ``(n,)`` bits per column, 0..8.
+    threads : int, optional
+        Python threads over blocks of rows (default 1).
+
+    Returns
+    -------
+    codes : numpy.ndarray
+        ``(rows, n)`` uint8 codes (0 in width-0 columns).
+    packed : numpy.ndarray
+        ``(rows, ceil(sum(widths) / 8))`` uint8, byte for byte :func:`kvasym.packing.pack_widths`.
+    """
+    encode = _compiled()[4]
+    widths, bit_start, n_bytes = _column_starts(widths)
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    rows, n = x.shape
+    if len(thresholds) != n or widths.size != n:
+        raise KvasymError(f"{n} columns need {n} widths and threshold arrays, got {widths.size} and {len(thresholds)}")
+    for j, (t, w) in enumerate(zip(thresholds, widths)):
+        if np.size(t) != (1 << int(w)) - 1:  # the binary search's probes stay inside the column's thresholds
+            raise KvasymError(f"column {j}: {int(w)}-bit codes need {(1 << int(w)) - 1} thresholds, got {np.size(t)}")
+    flat = np.concatenate([np.asarray(t, dtype=np.float64).ravel() for t in thresholds] + [np.zeros(1)])
+    t_start = np.concatenate(([0], np.cumsum([np.size(t) for t in thresholds])[:-1])).astype(np.int64)
+    codes = np.empty((rows, n), dtype=np.uint8)
+    packed = np.zeros((rows, n_bytes), dtype=np.uint8)
+    _run(encode, (x, flat, t_start, widths, bit_start, codes, packed), rows, check_threads(threads))
+    return codes, packed
+
+
+def decode_columns(packed: np.ndarray, widths: np.ndarray, tables: list[np.ndarray], *, threads: int = 1
+                   ) -> np.ndarray:
+    """Values of codes packed at a width per column: ``out_ij = tables[j][c_ij]`` (float64).
+
+    The inverse of :func:`encode_columns`' packing (:func:`kvasym.packing.unpack_widths`)
+    fused with the lookup, each column in its own table of ``2**widths[j]`` values (one value
+    for width 0): the same values as unpacking and indexing, exactly.
+    """
+    decode = _compiled()[5]
+    widths, bit_start, n_bytes = _column_starts(widths)
+    packed = np.ascontiguousarray(packed, dtype=np.uint8)
+    if packed.ndim != 2 or packed.shape[1] != n_bytes:
+        raise KvasymError(f"codes of widths summing to {int(widths.sum())} bits need {n_bytes} bytes per row, "
+                          f"got shape {packed.shape}")
+    for j, (t, w) in enumerate(zip(tables, widths)):
+        if np.size(t) != 1 << int(w):
+            raise KvasymError(f"column {j}: {int(w)}-bit codes need {1 << int(w)} table values, got {np.size(t)}")
+    if len(tables) != widths.size:
+        raise KvasymError(f"{widths.size} columns need {widths.size} tables, got {len(tables)}")
+    flat = np.concatenate([np.asarray(t, dtype=np.float64).ravel() for t in tables])
+    c_start = np.concatenate(([0], np.cumsum([np.size(t) for t in tables])[:-1])).astype(np.int64)
+    out = np.empty((packed.shape[0], widths.size), dtype=np.float64)
+    _run(decode, (packed, widths, bit_start, flat, c_start, out), packed.shape[0], check_threads(threads))
     return out

@@ -137,11 +137,12 @@ def orthonormalize(stored: np.ndarray) -> np.ndarray:
     KvasymError
         If the stored basis is singular (a damaged or foreign file).
     """
-    return _memoized("qr", np.asarray(stored, dtype=np.float64), _orthonormalize)[0]
+    # keyed by the stored bits (a float16 basis is a quarter of the bytes to digest)
+    return _memoized("qr", np.asarray(stored), _orthonormalize)[0]
 
 
 def _orthonormalize(stored: np.ndarray) -> tuple[np.ndarray]:
-    q, r = np.linalg.qr(stored)
+    q, r = np.linalg.qr(np.asarray(stored, dtype=np.float64))
     diag = np.diag(r)
     if np.any(np.abs(diag) < 1e-6):
         raise KvasymError("the stored KLT basis is singular: it is not a rounded orthogonal matrix")

@@ -22,8 +22,8 @@ budget, and measures the reconstructions against the data at every sharpness. It
 Each folder appears complete or not at all (:func:`kvasym.atomic.atomic_folder`). Rotation and
 QJL seeds come from (distribution, dim, trial, side), never from the order of work, so the
 files are those a job per cell would write. Quantizing and dequantizing run the compiled
-kernels wherever they implement the side (:func:`kvasym.kernels.kernel_for`; the numpy
-reference otherwise, and always without the ``fast`` extra); the trial order keeps a trial's
+kernels when numba imports (:func:`kvasym.kernels.auto_kernel`: every side, the composed ones
+included; the numpy reference without the ``fast`` extra); the trial order keeps a trial's
 QJL matrices in :func:`kvasym.sketch` 's cache across the unit's schemes and budgets.
 
 Why a (distribution, dim): its cells share their data and seeds; one job per cell paid a

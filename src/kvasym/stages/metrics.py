@@ -95,8 +95,8 @@ class CellTables:
 
     def add_trial(self, trial: int, data: TrialData, k_cache: PackedCache, v_cache: PackedCache,
                   reference: TrialReference | None = None) -> None:
-        """Measure one trial: reconstruct both caches (the compiled kernels where they implement
-        the side, :func:`kvasym.kernels.kernel_for`) and compare them with the data at every
+        """Measure one trial: reconstruct both caches (the compiled kernels when numba imports,
+        :func:`kvasym.kernels.auto_kernel`) and compare them with the data at every
         sharpness (the compiled attention-row pass when numba imports). ``reference``: the trial's
         :func:`kvasym.metrics.trial_reference` (of ``data`` and every sharpness of the cell),
         shared by the cells of a unit."""
