@@ -135,7 +135,7 @@ def test_capture_names_shipped_texts_independent_of_the_install_path(tmp_path, c
     err = capsys.readouterr().err
     assert "--shipped: no shipped text 'no_such_text'; shipped: " in err and "bicycle_repair" in err
     rule = (ROOT / "workflow/rules/real.smk").read_text()
-    assert "--shipped {wildcards.text:q}" in rule and "TEXTS_DIR" not in rule
+    assert "--shipped {params.texts}" in rule and "TEXTS_DIR" not in rule
 
 
 @pytest.mark.parametrize("dim, bits", [(3, 2), (4, 8), (64, 4), (128, 3), (1024, 8), (16384, 4)])

@@ -719,6 +719,11 @@ def real_outputs(wildcards, output):
     )
 
 
+def real_text_names(wildcards):
+    """The configured shipped texts' names for `kvasym stage capture --shipped` (quoted)."""
+    return " ".join(shlex.quote(text) for text in REAL["texts"])
+
+
 def real_layers(wildcards):
     return ",".join(map(str, REAL["layers"]))
 

@@ -34,7 +34,7 @@ __all__ = ["STAGES", "add_stage_parsers", "move_aside_damaged", "stage_module"]
 STAGES: dict[str, str] = {
     "cells": "every cell of one (distribution, dim): data manifest, packed caches, per-query and per-key metrics",
     "metrics": "the cells of one query-model variant (distribution, dim), measured on its parent's packed caches",
-    "capture": "real K, V and queries of SmolLM2-135M for one shipped text (needs the real extra)",
+    "capture": "real K, V and queries of SmolLM2-135M for the shipped texts, one model load (needs the real extra)",
     "real_metrics": "per-query metrics of the real-model cells of one scheme, every budget (SmolLM2 captures)",
     "real_cachestats": "statistics of the real caches per text, layer and head",
     "e2e": "end-to-end passes of SmolLM2-135M over one text with its KV cache quantized (needs the real extra)",
