@@ -113,7 +113,8 @@ def log_softmax_rows(scores, sharpness, allowed, log_w, w):
 
 
 @njit(cache=True, nogil=True)
-def hat_row_measures(scores_hat, sharpness, allowed, log_p, p, log_q, q, kl, tv, js, top1, top_p, k_row, overlap):
+def hat_row_measures(scores_hat, sharpness, allowed, log_p, p, log_q, q, kl, tv, js, top1, top_p, k_row, overlap,
+                     keep_log_q=True):
     """The quantized side's attention and its distances to the reference, row by row.
 
     Writes ``log_q`` and ``q`` (as :func:`log_softmax_rows` of ``sharpness * scores_hat``) and per
@@ -122,7 +123,9 @@ def hat_row_measures(scores_hat, sharpness, allowed, log_p, p, log_q, q, kl, tv,
     (p_j + q_j)`` (:func:`js_term`); ``top1`` = 1.0 when the first maxima of ``log_p`` and
     ``log_q`` over the allowed entries coincide; ``overlap``: how many of the reference's top
     ``k_row[i]`` (``top_p``, from :func:`topk_rows`) are among the ``k_row[i]`` largest ``q``
-    (:func:`topk_rows`'s sets, kept while ``q`` is written). Masked entries count nowhere. The reference
+    (:func:`topk_rows`'s sets, kept while ``q`` is written). Masked entries count nowhere. With
+    ``keep_log_q`` False, ``log_q`` is not written (a caller without a per-key table passes a
+    ``(1, 1)`` array: the log-weights would be written only to be dropped). The reference
     takes ``m`` and ``r`` from the log-probabilities (``tanh`` of half their difference) to stay
     accurate where weights underflow; from the weights they agree to rounding wherever ``p_j +
     q_j`` is a normal number, and below that the term is under 1e-308. The clamps of the
@@ -146,11 +149,13 @@ def hat_row_measures(scores_hat, sharpness, allowed, log_p, p, log_q, q, kl, tv,
         arg_q = -1
         for j in range(n_keys):
             if not allowed[i, j]:
-                log_q[i, j] = -np.inf
+                if keep_log_q:
+                    log_q[i, j] = -np.inf
                 continue
             lq = (sharpness * scores_hat[i, j] - peak) - lse
             qj = q[i, j] * inv
-            log_q[i, j] = lq
+            if keep_log_q:
+                log_q[i, j] = lq
             q[i, j] = qj
             count = top_insert(vals, top_q, count, k, qj, j)
             lp = log_p[i, j]

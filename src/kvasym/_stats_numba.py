@@ -59,42 +59,9 @@ def pairwise_sum(a, lo, n):
     additions: 8 interleaved accumulators on blocks of at most 128, halves (rounded down to a
     multiple of 8) above that, ``sum(left) + sum(right)``.
 
-    The halving recursion runs on an explicit stack: numba's disk cache crashes the process
-    (segmentation fault) when it reloads a recursive function."""
-    if n <= _PW_BLOCKSIZE:
-        return _block_sum(a, lo, n)
-    f_lo = np.empty(64, dtype=np.int64)
-    f_n = np.empty(64, dtype=np.int64)
-    f_left = np.empty(64)
-    f_stage = np.zeros(64, dtype=np.int64)  # 0: left half pending, 1: right half pending
-    top = 0
-    f_lo[0] = lo
-    f_n[0] = n
-    while True:
-        cn = f_n[top]
-        if cn > _PW_BLOCKSIZE:  # descend into the left half
-            half = cn // 2
-            half -= half % 8
-            top += 1
-            f_lo[top] = f_lo[top - 1]
-            f_n[top] = half
-            f_stage[top] = 0
-            continue
-        value = _block_sum(a, f_lo[top], cn)
-        top -= 1
-        while top >= 0 and f_stage[top] == 1:  # both halves done: combine and go up
-            value = f_left[top] + value
-            top -= 1
-        if top < 0:
-            return value
-        f_left[top] = value  # the left half is done: start the right one
-        f_stage[top] = 1
-        half = f_n[top] // 2
-        half -= half % 8
-        top += 1
-        f_lo[top] = f_lo[top - 1] + half
-        f_n[top] = f_n[top - 1] - half
-        f_stage[top] = 0
+    The halving recursion runs on an explicit stack (:func:`pairwise_sum_windows`, with one window
+    covering the whole range)."""
+    return pairwise_sum_windows(a, lo, n, lo, lo + n, 0, 0)
 
 
 @njit(cache=True, nogil=True)
@@ -103,42 +70,127 @@ def ks_exact_ties_tail(is_end, i_all, x_step, i_times_n, m, n, h_obs):
     (its numpy loop, step for step; the arguments are the arrays that loop builds).
 
     Step k computes each ``new[i] = (u[i] (i + n - k + 1) + u[i - 1] (m - i + 1)) / (N - k + 1)``
-    with the numpy loop's roundings, only over the band ``max(0, k - n) <= i <= min(k, m)`` of
-    lattice points: outside it the numpy loop multiplies zeros and gets zeros (their sign aside,
-    which no sum with a non-zero term keeps). Boundary hits are gathered, zeros included, in
-    index order and summed pairwise as numpy sums ``new[hit]``.
+    with the numpy loop's roundings, only where it can be non-zero: inside the band ``max(0, k -
+    n) <= i <= min(k, m)`` of lattice points and inside the support of ``u`` grown by one (each
+    step moves mass from ``i - 1`` to ``i`` at most). Everywhere else the numpy loop multiplies
+    zeros and gets +0. At a block end the boundary hits are the two index ranges
+    ``|i N - k m| >= h``, ``i <= A`` and ``i >= B``; they are summed pairwise as numpy sums
+    ``new[hit]``, zeros included, except that a sub-range of the pairwise tree holding only
+    zeros is not visited (numpy's sum of it is +0, and ``x + 0 = x``), and what stays is the new
+    support: paths that stay inside the band. With continuous data (every step an end) the
+    support is the band of width about ``2 D m``, so the work is ``D`` of the full lattice's,
+    and once every path has exited the loop stops.
     """
     big_n = m + n
     u = np.zeros(m + 1)
     u[0] = 1.0
     new = np.zeros(m + 1)
-    hit = np.empty(m + 1)
+    hit = np.zeros(m + 1)  # zero but where a block end writes its hits (and clears them again)
+    lo = 0  # u is zero outside [lo, hi]
+    hi = 0
+    dirty_lo = 0  # new (u two steps ago) may be non-zero only in [dirty_lo, dirty_hi]
+    dirty_hi = -1
     p = 0.0
     for k in range(1, big_n + 1):
         c = float(n - k + 1)
         d = float(big_n - k + 1)
-        start = max(0, k - n)
-        stop = min(k, m)
-        for i in range(max(0, start - 2), start):  # left the band since this buffer's last use
+        a0 = max(max(0, k - n), lo)
+        a1 = min(min(k, m), hi + 1)
+        for i in range(dirty_lo, min(dirty_hi, a0 - 1) + 1):  # stale values left of the new support
             new[i] = 0.0
-        if start == 0:
+        for i in range(max(dirty_lo, a1 + 1), dirty_hi + 1):  # and right of it
+            new[i] = 0.0
+        if a0 == 0:
             new[0] = u[0] * (i_all[0] + c) / d
             first = 1
         else:
-            first = start
-        for i in range(first, stop + 1):
+            first = a0
+        for i in range(first, a1 + 1):
             new[i] = (u[i] * (i_all[i] + c) + u[i - 1] * x_step[i]) / d
+        dirty_lo, dirty_hi = lo, hi
+        lo, hi = a0, a1
         if is_end[k]:
             km = k * m
-            count = 0
-            for i in range(m + 1):
-                if abs(i_times_n[i] - km) >= h_obs:
-                    hit[count] = new[i]
-                    count += 1
-                    new[i] = 0.0
-            p += pairwise_sum(hit, 0, count)
+            # hits: i N <= k m - h (i <= low_end) and i N >= k m + h (i >= high_start)
+            low_end = (km - h_obs) // big_n if km >= h_obs else -1
+            low_end = min(low_end, m)
+            high_start = max(-(-(km + h_obs) // big_n), low_end + 1)
+            count = (low_end + 1) + max(0, m - high_start + 1)
+            # the non-zero hits: positions [w0, w1) (from i in [lo, min(hi, low_end)]) and
+            # [w2, w3) (from i in [max(lo, high_start), hi]), offset by the low range's length
+            w0 = lo
+            w1 = min(hi, low_end) + 1
+            if w1 < w0:
+                w1 = w0
+            h0 = max(lo, high_start)
+            w2 = (low_end + 1) + (h0 - high_start)
+            w3 = (low_end + 1) + (hi - high_start) + 1
+            if w3 < w2:
+                w3 = w2
+            for q in range(w0, w1):
+                hit[q] = new[q]
+                new[q] = 0.0
+            for q in range(w2, w3):
+                i = high_start + (q - low_end - 1)
+                hit[q] = new[i]
+                new[i] = 0.0
+            p += pairwise_sum_windows(hit, 0, count, w0, w1, w2, w3)
+            for q in range(w0, w1):
+                hit[q] = 0.0
+            for q in range(w2, w3):
+                hit[q] = 0.0
+            lo = max(lo, low_end + 1)
+            hi = min(hi, high_start - 1)
         u, new = new, u
+        if lo > hi:  # every path has exited: nothing more can be added
+            break
     return p
+
+
+@njit(cache=True, nogil=True)
+def pairwise_sum_windows(a, lo, n, w0, w1, w2, w3):
+    """``np.sum(a[lo:lo + n])`` in numpy's pairwise order (a leaf of up to 128 values summed by
+    :func:`_block_sum`, a longer range split at half its length rounded down to a multiple of
+    8) of an array that is zero outside ``[w0, w1)`` and ``[w2, w3)``: a node of the tree whose
+    range misses both windows is +0 (what numpy's sum of zeros gives) and is not visited. The
+    halving recursion runs on an explicit stack: numba's disk cache crashes the process
+    (segmentation fault) when it reloads a recursive function."""
+    if n <= _PW_BLOCKSIZE:
+        return _block_sum(a, lo, n)
+    f_lo = np.empty(64, dtype=np.int64)
+    f_n = np.empty(64, dtype=np.int64)
+    f_left = np.empty(64)
+    f_stage = np.zeros(64, dtype=np.int64)
+    top = 0
+    f_lo[0] = lo
+    f_n[0] = n
+    while True:
+        cn = f_n[top]
+        clo = f_lo[top]
+        empty = not ((clo < w1 and w0 < clo + cn and w0 < w1) or (clo < w3 and w2 < clo + cn and w2 < w3))
+        if cn > _PW_BLOCKSIZE and not empty:  # descend into the left half
+            half = cn // 2
+            half -= half % 8
+            top += 1
+            f_lo[top] = clo
+            f_n[top] = half
+            f_stage[top] = 0
+            continue
+        value = 0.0 if empty else _block_sum(a, clo, cn)
+        top -= 1
+        while top >= 0 and f_stage[top] == 1:
+            value = f_left[top] + value
+            top -= 1
+        if top < 0:
+            return value
+        f_left[top] = value
+        f_stage[top] = 1
+        half = f_n[top] // 2
+        half -= half % 8
+        top += 1
+        f_lo[top] = f_lo[top - 1] + half
+        f_n[top] = f_n[top - 1] - half
+        f_stage[top] = 0
 
 
 @njit(cache=True, nogil=True, inline="always")

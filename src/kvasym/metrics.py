@@ -866,12 +866,12 @@ def trial_metrics_multi(
             kl = kl_divergence(ref.log_weights, hat.log_weights, allowed, p=ref.weights)
             recall = topk_recall(ref.weights, hat.weights, ROUTING_TOPK, mask)
         else:
-            log_q = np.empty((n_q, n_k))
+            log_q = np.empty((n_q, n_k) if per_key else (1, 1))  # the per-key table's log-ratios only
             weights_hat = np.empty((n_q, n_k))
             kl, tv, js, top1 = (np.empty(n_q) for _ in range(4))
             overlap = np.empty(n_q, dtype=np.int64)
             loops.hat_row_measures(scores_hat, s, allowed, ref.log_weights, ref.weights, log_q, weights_hat,
-                                   kl, tv, js, top1, reference.top_sets[s], reference.k_row, overlap)
+                                   kl, tv, js, top1, reference.top_sets[s], reference.k_row, overlap, per_key)
             recall = overlap / reference.k_row
             hat = AttentionResult(log_weights=log_q, weights=weights_hat, output=weights_hat @ v_hat)
             distances = {"tv": np.minimum(tv, 1.0), "js": np.clip(js, 0.0, math.log(2.0)), "top1": top1}

@@ -284,7 +284,9 @@ def ks_2samp_exact_ties(x: ArrayLike, y: ArrayLike) -> dict[str, float | int]:
     Schroer & Trenkler 1995 and R's ``psmirnov(exact = TRUE)``, R >= 4.3, which condition on
     the observed ties). Summing the exiting mass keeps small p-values accurate (no ``1 - q``).
     Without ties it is the classical exact p-value (scipy's ``method="exact"``). Work grows as
-    min(m, n) (m + n); see :data:`KS_EXACT_TIES_MAX_WORK`.
+    min(m, n) (m + n) (the limit :data:`KS_EXACT_TIES_MAX_WORK` is stated in it); the compiled
+    loop visits only the lattice points that still hold mass, about a fraction 2 D of them for
+    continuous data, and stops once every path has exited.
 
     References
     ----------
