@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from .. import stats
-from ..cells import parse_cells, read_cell_tables
+from ..cells import iter_cell_tables, parse_cells
 from ..dataset import provenance, write_frame_atomic
 from ..errors import KvasymError
 from ..schemes import scheme_from_dict
@@ -156,6 +156,19 @@ def trial_texts(paths: Sequence[str | os.PathLike]) -> dict[int, str] | None:
     return maps if any(with_map) else None
 
 
+def _in_trial_query_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` sorted by (trial, query): as it is when its file was written in that order (the
+    stages write it so), checked in one pass, since sorting a real cell's 516,096 rows per
+    scheme and sharpness (argsort and a copy of every column) was a quarter of the real stats
+    job; otherwise ``sort_values`` (stable: the same rows in the same order either way)."""
+    trial = frame["trial"].to_numpy()
+    query = frame["query"].to_numpy()
+    step_t, step_q = np.diff(trial), np.diff(query)
+    if np.all((step_t > 0) | ((step_t == 0) & (step_q > 0))):
+        return frame
+    return frame.sort_values(["trial", "query"])
+
+
 def run_stats(
     slice_: Mapping[str, Any],
     per_query_paths: Sequence[str | os.PathLike],
@@ -165,27 +178,68 @@ def run_stats(
     cells: list | None = None,
 ) -> None:
     """Comparisons, summaries and per-trial means of one (distribution, dim); ``cells`` is the
-    (scheme, budget) each per-query file is filed under (:func:`kvasym.cells.read_cell_tables`)."""
-    frame = read_cell_tables(list(per_query_paths), "per-query", ("scheme", "budget"), cells=cells,
-                             distribution=slice_["distribution"], dim=int(slice_["dim"]))
+    (scheme, budget) each per-query file is filed under (:func:`kvasym.cells.iter_cell_tables`)."""
+    # each file holds one (scheme, budget): the cells are measured one budget at a time, from
+    # that budget's files alone (a real cell's 12 files are 25M rows: one concatenation of all
+    # of them doubled the job's peak memory)
+    by_budget: dict[int, list[pd.DataFrame]] = {}
+    for _, part in iter_cell_tables(list(per_query_paths), "per-query", ("scheme", "budget"), cells=cells,
+                                    distribution=slice_["distribution"], dim=int(slice_["dim"])):
+        by_budget.setdefault(int(part["budget"].iloc[0]), []).append(part)
     settings = slice_["stats"]
     schemes = list(slice_["schemes"])
-    missing = set(schemes) - set(frame["scheme"].unique())
+    missing = set(schemes) - {str(part["scheme"].iloc[0]) for parts in by_budget.values() for part in parts}
     if missing:
         raise KvasymError(f"metrics of scheme(s) {sorted(missing)} are missing from the stats inputs")
     specs = {name: scheme_from_dict(name, slice_["scheme_specs"][name]) for name in schemes}
     texts = trial_texts(list(per_query_paths))
-    unmapped = set() if texts is None else set(frame["trial"].unique().tolist()) - set(texts)
+    trials = {int(t) for parts in by_budget.values() for part in parts for t in part["trial"].unique()}
+    unmapped = set() if texts is None else trials - set(texts)
     if unmapped:
         raise KvasymError(f"trial(s) {sorted(unmapped)[:5]} of the per-query files are not in their trial_map")
     unit = {"unit": "trial" if texts is None else "text"}
     rows: list[dict[str, Any]] = []
     summaries: list[dict[str, Any]] = []
-    groups = list(frame.groupby(["budget", "sharpness"], sort=True))
+    trial_parts: list[pd.DataFrame] = []
+    n_cells = sum(len(set().union(*(part["sharpness"].unique().tolist() for part in parts)))
+                  for parts in by_budget.values())
     # the energy test's Holm family: this (distribution, dim)'s cells times its scheme pairs
-    energy_family = len(groups) * len(list(combinations(schemes, 2)))
+    energy_family = n_cells * len(list(combinations(schemes, 2)))
     n_swaps = max(int(settings["n_permutations"]), stats.permutations_for_family(max(energy_family, 1), ENERGY_ALPHA))
-    for (budget, sharpness), group in groups:
+    for budget_key in sorted(by_budget):
+        frame = pd.concat(by_budget.pop(budget_key), ignore_index=True)
+        _measure_budget(frame, slice_, settings, schemes, specs, texts, unit, energy_family, n_swaps, rows,
+                        summaries)
+        trial_parts.append(
+            frame.groupby(["distribution", "kind", "dim", "scheme", "budget", "sharpness", "trial"], sort=True)[
+                ["kl", *TAIL_METRICS, *SUMMARY_METRICS]
+            ]
+            .mean()
+            .reset_index()
+        )
+        del frame
+    energy_rows = [r for r in rows if r["metric"] == "error6d"]
+    adjusted = stats.holm_log10([r["energy_log10_p"] for r in energy_rows])
+    for r, value in zip(energy_rows, adjusted):
+        r["energy_log10_p_holm"] = float(value)
+    trial_means = pd.concat(trial_parts, ignore_index=True).sort_values(
+        ["distribution", "kind", "dim", "scheme", "budget", "sharpness", "trial"], kind="stable").reset_index(drop=True)
+    # the independent unit each trial belongs to: its text for real rows ("" for synthetic ones,
+    # whose every trial is its own unit), so that claims over per-trial means (distribution_ratio)
+    # can resample and pair texts, not the caches nested in them
+    trial_means["text"] = "" if texts is None else trial_means["trial"].map(texts).astype(str)
+    meta = provenance(slice_)
+    write_frame_atomic(pd.DataFrame(rows), out_comparisons, meta)
+    write_frame_atomic(pd.DataFrame(summaries), out_summary, meta)
+    write_frame_atomic(trial_means, out_trials, meta)
+
+
+def _measure_budget(frame: pd.DataFrame, slice_: Mapping[str, Any], settings: Mapping[str, Any], schemes: list[str],
+                    specs: Mapping[str, Any], texts: Mapping[int, str] | None, unit: Mapping[str, str],
+                    energy_family: int, n_swaps: int, rows: list[dict[str, Any]],
+                    summaries: list[dict[str, Any]]) -> None:
+    """The comparison and summary rows of one budget's cells (one per sharpness), appended."""
+    for (budget, sharpness), group in frame.groupby(["budget", "sharpness"], sort=True):
         cell = {
             "distribution": slice_["distribution"],
             "kind": str(group["kind"].iloc[0]),
@@ -193,7 +247,7 @@ def run_stats(
             "budget": int(budget),
             "sharpness": float(sharpness),
         }
-        per_scheme = {s: g.sort_values(["trial", "query"]) for s, g in group.groupby("scheme")}
+        per_scheme = {s: _in_trial_query_order(g) for s, g in group.groupby("scheme")}
         for scheme in schemes:
             g = per_scheme[scheme]
             summary = stats.cell_summary(
@@ -234,25 +288,6 @@ def run_stats(
                          "energy_log10_p": energy["log10_p"], "energy_n_permutations": energy["n_permutations"],
                          "energy_exact": energy["exact"], "energy_family_size": energy_family,
                          "n_a": len(ga), "n_b": len(gb)})
-    energy_rows = [r for r in rows if r["metric"] == "error6d"]
-    adjusted = stats.holm_log10([r["energy_log10_p"] for r in energy_rows])
-    for r, value in zip(energy_rows, adjusted):
-        r["energy_log10_p_holm"] = float(value)
-    trial_means = (
-        frame.groupby(["distribution", "kind", "dim", "scheme", "budget", "sharpness", "trial"], sort=True)[
-            ["kl", *TAIL_METRICS, *SUMMARY_METRICS]
-        ]
-        .mean()
-        .reset_index()
-    )
-    # the independent unit each trial belongs to: its text for real rows ("" for synthetic ones,
-    # whose every trial is its own unit), so that claims over per-trial means (distribution_ratio)
-    # can resample and pair texts, not the caches nested in them
-    trial_means["text"] = "" if texts is None else trial_means["trial"].map(texts).astype(str)
-    meta = provenance(slice_)
-    write_frame_atomic(pd.DataFrame(rows), out_comparisons, meta)
-    write_frame_atomic(pd.DataFrame(summaries), out_summary, meta)
-    write_frame_atomic(trial_means, out_trials, meta)
 
 
 #: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
