@@ -1,4 +1,4 @@
-"""Quantizing one cache side whose spec uses the composable primitives (the numpy reference).
+"""Quantizing one cache side whose spec uses the composable primitives (numpy reference and compiled row passes).
 
 A side spec whose :meth:`~kvasym.schemes.SideSpec.primitives` is empty takes the original path
 of :func:`kvasym.cache.quantize` (bit-identical to before the primitives existed). Otherwise the
