@@ -394,7 +394,7 @@ def encode_columns(x: np.ndarray, thresholds: list[np.ndarray], widths: np.ndarr
     The compiled form of the water-filling encoder of :mod:`kvasym.composed`: column ``j`` of
     width ``w_j`` has the ``2**w_j - 1`` sorted thresholds ``thresholds[j]``, and its code is
     ``c_ij = #{t in thresholds[j] : t < x_ij}``, ``np.searchsorted(thresholds[j], x[:, j])``
-    (``side="left"``) found by a ``w_j``-step binary search: the same comparisons of the same
+    (``side="left"``), counted over the column's thresholds: the same comparisons of the same
     float64 values, so the codes are equal, not only close.
 
     Parameters
@@ -422,9 +422,9 @@ def encode_columns(x: np.ndarray, thresholds: list[np.ndarray], widths: np.ndarr
     if len(thresholds) != n or widths.size != n:
         raise KvasymError(f"{n} columns need {n} widths and threshold arrays, got {widths.size} and {len(thresholds)}")
     for j, (t, w) in enumerate(zip(thresholds, widths)):
-        if np.size(t) != (1 << int(w)) - 1:  # the binary search's probes stay inside the column's thresholds
+        if np.size(t) != (1 << int(w)) - 1:  # the kernel counts 2^w - 1 of them from the column's start
             raise KvasymError(f"column {j}: {int(w)}-bit codes need {(1 << int(w)) - 1} thresholds, got {np.size(t)}")
-    flat = np.concatenate([np.asarray(t, dtype=np.float64).ravel() for t in thresholds] + [np.zeros(1)])
+    flat = np.concatenate([np.asarray(t, dtype=np.float64).ravel() for t in thresholds] + [np.zeros(0)])
     t_start = np.concatenate(([0], np.cumsum([np.size(t) for t in thresholds])[:-1])).astype(np.int64)
     codes = np.empty((rows, n), dtype=np.uint8)
     packed = np.zeros((rows, n_bytes), dtype=np.uint8)

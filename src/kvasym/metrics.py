@@ -199,17 +199,16 @@ def error_coordinates(x: np.ndarray, x_hat: np.ndarray) -> dict[str, np.ndarray]
     return _error_coordinates(a, b, a - b)
 
 
-def _error_coordinates(a: np.ndarray, b: np.ndarray, diff: np.ndarray | None, loops=None) -> dict[str, np.ndarray]:
-    """:func:`error_coordinates` of checked float64 inputs and their difference ``a - b``
-    (computed here when None). With ``loops`` (:mod:`kvasym._metrics_numba`) and 2-D inputs the
-    norms and angles come from its row pass (equal to rounding: sums in row order), unless a
-    row needs the reference's rescaling."""
+def _error_coordinates(a: np.ndarray, b: np.ndarray, diff: np.ndarray, loops=None) -> dict[str, np.ndarray]:
+    """:func:`error_coordinates` of checked float64 inputs and their difference ``a - b``. With
+    ``loops`` (:mod:`kvasym._metrics_numba`) and 2-D inputs the norms and angles come from its
+    row pass (equal to rounding: sums in row order), unless a row needs the reference's
+    rescaling."""
     fast = loops is not None and a.ndim == 2
     if fast:
         na, nd, phi = np.empty(a.shape[0]), np.empty(a.shape[0]), np.empty(a.shape[0])
         fast = loops.row_errors(np.ascontiguousarray(a), np.ascontiguousarray(b), na, nd, phi)
     if not fast:
-        diff = a - b if diff is None else diff
         na, nd = _norms(a), _norms(diff)
         phi = _angle(a, b, na)
     log2_snr = _log2_snr(na, nd)
