@@ -118,7 +118,7 @@ def test_claim_statistics_orient_and_report_missing() -> None:
     frame = _frame()
     comparisons = compare_schemes(frame, SCHEMES, block_tokens=10, n_boot=300, base_seed=3)
     empty = pd.DataFrame()
-    tables = Tables(empty, empty, empty, empty, e2e=comparisons)
+    tables = Tables(empty, empty, empty, empty, e2e_comparisons=comparisons)
     forward = stat_e2e_ratio(tables, {"a": "KQV", "b": "QKQV", "budget": 4})
     backward = stat_e2e_ratio(tables, {"a": "QKQV", "b": "KQV", "budget": 4})
     assert forward.estimate == pytest.approx(1.0 / backward.estimate)

@@ -91,7 +91,7 @@ class Tables:
     base_seed: int = 0
     n_boot: int = 1000
     #: End-to-end tables of the real model (stage e2e_stats), None when not configured.
-    e2e: pd.DataFrame | None = None
+    e2e_comparisons: pd.DataFrame | None = None
     e2e_agreement: pd.DataFrame | None = None
     #: The frontier's per-unit values (stage frontier), None when no frontier is configured.
     frontier_units: pd.DataFrame | None = None
@@ -472,7 +472,7 @@ def stat_e2e_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
     its block-bootstrap interval; p from the paired Wilcoxon test over blocks of positions
     (:func:`kvasym.real.endtoend_stats.compare_schemes`). Oriented as asked: a row stored as
     (b, a) is inverted."""
-    table = _e2e_table(t.e2e, "comparisons")
+    table = _e2e_table(t.e2e_comparisons, "comparisons")
     rope = where.get("rope", "post")
     rows = table[(table["rope"] == rope) & (table["budget"] == where["budget"])]
     forward = rows[(rows["scheme_a"] == where["a"]) & (rows["scheme_b"] == where["b"])]

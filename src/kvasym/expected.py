@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .artifacts import under_results
 from .atomic import atomic_target
 from .dataset import SCHEMAS, read_parquet_checked, read_table
 from .errors import KvasymError
@@ -57,20 +58,11 @@ RTOL = 1e-9
 #: Absolute tolerance of float comparisons: only for values that should be zero.
 ATOL = 1e-12
 #: The gathered tables: snapshot name -> path under the results folder.
-GATHERED_TABLES = {
-    "comparisons": "stats/comparisons.parquet",
-    "summary": "stats/summary.parquet",
-    "trials": "stats/trials.parquet",
-    "theory": "theory/theory.parquet",
-}
+GATHERED_TABLES = {name: under_results(name) for name in ("comparisons", "summary", "trials", "theory")}
 #: Tables only some runs have (a frontier: config key frontier.schemes; a sequence-length sweep:
 #: seq_len_sweep.seq_lens), digested when present.
-OPTIONAL_TABLES = {
-    "frontier_points": "frontier/points.parquet",
-    "frontier_units": "frontier/units.parquet",
-    "seq_len_rows": "seq_len_sweep/rows.parquet",
-    "seq_len_slopes": "seq_len_sweep/slopes.parquet",
-}
+OPTIONAL_TABLES = {name: under_results(name)
+                   for name in ("frontier_points", "frontier_units", "seq_len_rows", "seq_len_slopes")}
 #: The metrics datasets (every file under ``metrics/<table>/``).
 METRICS_TABLES = tuple(SCHEMAS)
 #: The claim fields a snapshot keeps (besides the id).
@@ -251,8 +243,9 @@ def snapshot(results_dir: str | Path) -> dict[str, Any]:
         if (root / rel).is_file():
             tables[name] = table_digest(read_parquet_checked(root / rel))
     for name in METRICS_TABLES:
-        tables[name] = table_digest(read_table(root / "metrics", name))
-    return {"_about": _ABOUT, "format": FORMAT, "claims": _claims(root / "claims" / "claims.json"), "tables": tables}
+        tables[name] = table_digest(read_table((root / under_results("metrics_dataset")).parent, name))
+    claims = _claims(root / under_results("claims_json"))
+    return {"_about": _ABOUT, "format": FORMAT, "claims": claims, "tables": tables}
 
 
 def dumps(snap: Mapping[str, Any]) -> str:

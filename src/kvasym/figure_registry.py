@@ -18,7 +18,8 @@ from typing import Any
 
 from .errors import KvasymError
 
-__all__ = ["E2E_FAMILIES", "FAMILIES", "FRONTIER_FAMILIES", "FAMILY_INPUTS", "FIGURES", "FIGURE_FAMILIES", "FORMATS",
+__all__ = ["E2E_FAMILIES", "FAMILIES", "FIGURE_CELL_INPUTS", "FIGURE_INPUTS",
+           "FRONTIER_FAMILIES", "FAMILY_INPUTS", "FIGURES", "FIGURE_FAMILIES", "FORMATS",
            "REAL_FAMILIES",
            "FigureFamily",
            "dag_families", "family_cells", "figure_files", "figures_slice"]
@@ -39,6 +40,15 @@ class FigureFamily:
     inputs: tuple[str, ...]
     report_group: str
 
+
+#: What a family's inputs are: input name (the stage's argument) -> artifact (kvasym.artifacts).
+FIGURE_INPUTS: dict[str, str] = {
+    "summary": "summary", "comparisons": "comparisons", "theory": "theory", "trials": "trials",
+    "per_query": "per_query", "per_key": "per_key", "data": "data", "real_per_query": "per_query",
+    "e2e_summary": "e2e_summary", "e2e_sensitivity": "e2e_sensitivity", "frontier_points": "frontier_points",
+}
+#: The inputs that are lists of per-cell files (the others are one gathered table each).
+FIGURE_CELL_INPUTS: tuple[str, ...] = ("per_query", "per_key", "data", "real_per_query")
 
 #: Every figure family, in drawing order.
 FIGURE_FAMILIES: dict[str, FigureFamily] = {

@@ -9,14 +9,14 @@
 
 rule cells:
     output:
-        manifest=f"{RESULTS}/data/{{distribution}}/d{{dim}}.json",
-        packed=directory(f"{RESULTS}/packed/{{distribution}}/d{{dim}}"),
-        per_query=directory(f"{RESULTS}/metrics/per_query/{{distribution}}/d{{dim}}"),
-        per_key=directory(f"{RESULTS}/metrics/per_key/{{distribution}}/d{{dim}}"),
+        manifest=pattern("data"),
+        packed=directory(pattern("packed_unit")),
+        per_query=directory(pattern("per_query_unit")),
+        per_key=directory(pattern("per_key_unit")),
     log:
-        f"{RESULTS}/logs/cells/{{distribution}}/d{{dim}}.log",
+        log_path("cells"),
     benchmark:
-        f"{RESULTS}/benchmarks/cells/{{distribution}}/d{{dim}}.tsv"
+        benchmark_path("cells")
     wildcard_constraints:
         distribution=names_pattern(CELL_UNITS),
     threads: 1
@@ -37,15 +37,13 @@ if VARIANT_UNITS:
         input:
             packed=variant_packed,
         output:
-            manifest=f"{RESULTS}/data/{{distribution}}/d{{dim}}.json",
-            per_query=directory(
-                f"{RESULTS}/metrics/per_query/{{distribution}}/d{{dim}}"
-            ),
-            per_key=directory(f"{RESULTS}/metrics/per_key/{{distribution}}/d{{dim}}"),
+            manifest=pattern("data"),
+            per_query=directory(pattern("per_query_unit")),
+            per_key=directory(pattern("per_key_unit")),
         log:
-            f"{RESULTS}/logs/metrics/{{distribution}}/d{{dim}}.log",
+            log_path("metrics"),
         benchmark:
-            f"{RESULTS}/benchmarks/metrics/{{distribution}}/d{{dim}}.tsv"
+            benchmark_path("metrics")
         wildcard_constraints:
             distribution=names_pattern(VARIANT_UNITS),
         threads: 1

@@ -4,24 +4,28 @@
 rule claims:
     input:
         # the end-to-end comparisons and rank agreement, when configured
-        unpack(e2e_claims_input),
+        unpack(
+            optional_inputs(
+                "e2e_comparisons", "e2e_agreement", "frontier_units", "seq_len_slopes"
+            )
+        ),
         claims=STUDY.claims_file,
         comparisons=rules.gather.output.comparisons,
         summary=rules.gather.output.summary,
         trials=rules.gather.output.trials,
         theory=rules.gather.output.theory,
     output:
-        json=f"{RESULTS}/claims/claims.json",
-        md=f"{RESULTS}/claims/claims.md",
-        tex="paper/generated/claims.tex",
+        json=pattern("claims_json"),
+        md=pattern("claims_md"),
+        tex=pattern("claims_tex"),
         html=report(
-            f"{RESULTS}/claims/claims.html",
+            pattern("claims_html"),
             caption="../report/claims.rst",
             category="5. Claims",
             labels={"table": "claims ledger"},
         ),
     log:
-        f"{RESULTS}/logs/claims.log",
+        log_path("claims"),
     localrule: True
     threads: 1
     resources:
@@ -33,11 +37,13 @@ rule claims:
         headline=headline_param,
         # the query model of each low-rank distribution, named in the ledger's reasons
         query_variants=canonical_json(STUDY.query_variants),
-        e2e=e2e_claims_flags,
+        optional=flags_of(
+            "e2e_comparisons", "e2e_agreement", "frontier_units", "seq_len_slopes"
+        ),
     shell:
         "kvasym stage claims --claims {input.claims:q} --comparisons {input.comparisons:q}"
         " --summary {input.summary:q} --trials {input.trials:q} --theory {input.theory:q}"
         " --base-seed {params.base_seed} --n-boot {params.n_boot} --headline {params.headline:q}"
-        " --query-variants {params.query_variants:q} {params.e2e}"
+        " --query-variants {params.query_variants:q} {params.optional}"
         " --json {output.json:q} --md {output.md:q} --tex {output.tex:q} --html {output.html:q}"
         " > {log:q} 2>&1"

@@ -11,6 +11,16 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from kvasym.artifacts import (
+    ARTIFACTS,
+    BENCHMARKS_FOLDER,
+    benchmark_path,
+    input_flags,
+    log_path,
+    path,
+    pattern,
+    template_regex,
+)
 from kvasym.cachefile import file_content_sha256, inspect_cache_file
 from kvasym.cells import cell_of_path, slice_digest
 from kvasym.claims import load_claims
@@ -18,7 +28,9 @@ from kvasym.config_io import read_yaml_mapping
 from kvasym.config_schema import validate_config
 from kvasym.errors import KvasymError
 from kvasym.figure_registry import (
+    FIGURE_CELL_INPUTS,
     FIGURE_FAMILIES as FIGURE_REGISTRY,
+    FIGURE_INPUTS,
     FORMATS,
     dag_families,
     family_cells,
@@ -31,7 +43,7 @@ from kvasym.real.evaluate import REAL_DISTRIBUTIONS
 from kvasym.render.numbers import numbers_slice
 from kvasym.render.reproduce import reproduce_slice
 from kvasym.resources import SLICE_STAGES, job_resources
-from kvasym.stages import DAG_FOLDER, STAGES, stage_code_digest
+from kvasym.stages import STAGES, stage_code_digest
 from kvasym.stages.paper import LATEX_PACKAGES, have_latex
 from kvasym.study import canonical_json, load_study
 
@@ -78,7 +90,6 @@ print(
     file=sys.stderr,
 )
 
-RESULTS = DAG_FOLDER  # where every intermediate lives (a damaged one is moved aside only here)
 # The digest of the code each stage runs (kvasym.stages.stage_code_digest): a param of its rules,
 # so that editing a stage's code (or a template) reruns that stage and what follows it.
 STAGE_CODE = {stage: stage_code_digest(stage) for stage in STAGES}
@@ -137,9 +148,12 @@ FILE_DIGESTS = {
 # cell of it into the unit's folders; a query-model variant's unit is the metrics rule's.
 CELL_UNITS = [name for name in STUDY.distributions if name not in STUDY.query_variants]
 VARIANT_UNITS = list(STUDY.query_variants)
-_UNIT_FILE = re.compile(
-    rf"^{RESULTS}/(metrics/per_query|metrics/per_key|packed)/([^/]+)/d(\d+)/[^/]+/n\d+\.(?:parquet|npz)$"
-)
+# a cell file of a unit folder: the folder artifact each cell artifact lives in
+_UNIT_OF = {
+    "per_query": "per_query_unit",
+    "per_key": "per_key_unit",
+    "packed": "packed_unit",
+}
 
 
 def names_pattern(names):
@@ -153,13 +167,12 @@ def as_inputs(paths):
     file is its own rule's output. The stages are given the files themselves (a param).
     """
     out = []
-    for path in paths:
-        match = _UNIT_FILE.match(path)
-        item = (
-            f"{RESULTS}/{match[1]}/{match[2]}/d{match[3]}"
-            if match and match[2] in STUDY.distributions
-            else path
-        )
+    for cell_path in paths:
+        item = cell_path
+        for cell, unit in _UNIT_OF.items():
+            match = template_regex(cell).fullmatch(cell_path)
+            if match and match["distribution"] in STUDY.distributions:
+                item = path(unit, distribution=match["distribution"], dim=match["dim"])
         if item not in out:
             out.append(item)
     return out
@@ -167,25 +180,26 @@ def as_inputs(paths):
 
 def variant_packed(w):
     """The packed-caches folder a query-model variant's unit measures: its parent's."""
-    return f"{RESULTS}/packed/{STUDY.packed_distribution(w.distribution)}/d{w.dim}"
+    return path(
+        "packed_unit", distribution=STUDY.packed_distribution(w.distribution), dim=w.dim
+    )
 
 
 def data_manifests():
-    return [f"{RESULTS}/data/{dist}/d{dim}.json" for dist, dim in STUDY.data_cells()]
+    return [path("data", distribution=d, dim=n) for d, n in STUDY.data_cells()]
 
 
 def metrics_tables():
     """The metrics folders of every unit (each holds its cells' files)."""
     return [
-        f"{RESULTS}/metrics/{table}/{dist}/d{dim}"
-        for dist, dim in STUDY.data_cells()
-        for table in ("per_query", "per_key")
+        path(unit, distribution=d, dim=n)
+        for d, n in STUDY.data_cells()
+        for unit in ("per_query_unit", "per_key_unit")
     ]
 
 
 # The rate-distortion frontier (kvasym.frontier; its rule is in frontier.smk), only with frontier.schemes.
 FRONTIER = bool(STUDY.frontier_schemes)
-FRONTIER_DIR = f"{RESULTS}/frontier"
 
 
 def frontier_cells(wildcards=None):
@@ -211,7 +225,7 @@ def frontier_per_query(wildcards=None):
         for dist, dim in (REAL_CELLS if FRONTIER else [])
     ]
     return [
-        f"{RESULTS}/metrics/per_query/{dist}/d{dim}/{scheme}/n{budget}.parquet"
+        path("per_query", distribution=dist, dim=dim, scheme=scheme, budget=budget)
         for dist, dim, schemes in [*synthetic, *real]
         for scheme in schemes
         for budget in STUDY.budgets
@@ -219,11 +233,7 @@ def frontier_per_query(wildcards=None):
 
 
 def frontier_targets():
-    return (
-        [f"{FRONTIER_DIR}/points.parquet", f"{FRONTIER_DIR}/units.parquet"]
-        if FRONTIER
-        else []
-    )
+    return [pattern("frontier_points"), pattern("frontier_units")] if FRONTIER else []
 
 
 def frontier_param(wildcards):
@@ -232,12 +242,11 @@ def frontier_param(wildcards):
 
 # The sequence-length sweep (kvasym.seqlen; its rule is in seqlen.smk), only with seq_len_sweep.seq_lens.
 SEQ_LEN = bool(STUDY.seq_len_sweep)
-SEQ_LEN_DIR = f"{RESULTS}/seq_len_sweep"
 
 
 def seq_len_targets():
     return (
-        [f"{SEQ_LEN_DIR}/{name}.parquet" for name in ("rows", "summary", "slopes")]
+        [pattern(f"seq_len_{name}") for name in ("rows", "summary", "slopes")]
         if SEQ_LEN
         else []
     )
@@ -259,8 +268,7 @@ def gathered_cells(kind):
 def stats_tables(kind):
     """The stats parts gathered into table ``kind`` (gathered_cells)."""
     return [
-        f"{RESULTS}/stats/{kind}/{dist}/d{dim}.parquet"
-        for dist, dim in gathered_cells(kind)
+        path(f"{kind}_part", distribution=d, dim=n) for d, n in gathered_cells(kind)
     ]
 
 
@@ -285,7 +293,6 @@ def real_job_slice(distribution, scheme):
 
 # End-to-end passes (kvasym.real.endtoend): with the real rows, unless real.e2e is off.
 E2E = REAL["e2e"] if REAL_CELLS else None
-E2E_DIR = f"{RESULTS}/real/e2e"
 E2E_TABLES = ("summary", "comparisons", "sensitivity", "agreement")
 
 
@@ -315,46 +322,50 @@ def e2e_stats_slice(w):
 
 
 def e2e_texts(wildcards=None):
-    return [f"{E2E_DIR}/texts/{text}.parquet" for text in E2E["texts"]]
+    return [path("e2e_text", text=text) for text in E2E["texts"]]
 
 
 def e2e_targets():
     """The end-to-end tables, when configured (empty otherwise)."""
-    return [f"{E2E_DIR}/{name}.parquet" for name in E2E_TABLES] if E2E else []
+    return [pattern(f"e2e_{name}") for name in E2E_TABLES] if E2E else []
 
 
-def e2e_claims_input(wildcards):
-    """The claims' optional inputs: the end-to-end tables and the frontier's per-unit values,
-    when configured."""
-    e2e = (
-        {
-            "e2e": f"{E2E_DIR}/comparisons.parquet",
-            "e2e_agreement": f"{E2E_DIR}/agreement.parquet",
+# The artifacts only some DAGs have, by the part of the study they exist for (kvasym.artifacts).
+OPTIONAL_PARTS = {
+    "real": bool(REAL_CELLS),
+    "e2e": bool(E2E),
+    "frontier": FRONTIER,
+    "seq_len": SEQ_LEN,
+}
+
+
+def optional_inputs(*names):
+    """An input function: the named artifacts (one file each) that this DAG has, by name."""
+
+    def inputs(wildcards):
+        return {
+            name: pattern(name)
+            for name in names
+            if OPTIONAL_PARTS[ARTIFACTS[name].when]
         }
-        if E2E
-        else {}
-    )
-    frontier = {"frontier_units": f"{FRONTIER_DIR}/units.parquet"} if FRONTIER else {}
-    sweep = {"seq_len_slopes": f"{SEQ_LEN_DIR}/slopes.parquet"} if SEQ_LEN else {}
-    return {**e2e, **frontier, **sweep}
+
+    return inputs
 
 
-def e2e_claims_flags(wildcards, input):
-    flags = f" --frontier-units {shlex.quote(input.frontier_units)}" if FRONTIER else ""
-    if SEQ_LEN:
-        flags += f" --seq-len-slopes {shlex.quote(input.seq_len_slopes)}"
-    if not E2E:
-        return flags.strip()
-    return (
-        f"--e2e {shlex.quote(input.e2e)} --e2e-agreement {shlex.quote(input.e2e_agreement)}"
-        + flags
-    )
+def flags_of(*names):
+    """A params function: the `kvasym stage` flags of the named inputs the job has (quoted)."""
+
+    def flags(wildcards, input):
+        return input_flags(
+            {name: input[name] for name in names if name in input.keys()}
+        )
+
+    return flags
 
 
 def theory_tables():
     return [
-        f"{RESULTS}/theory/{dist}/d{dim}.parquet"
-        for dist, dim in STUDY.main_data_cells()
+        path("theory_part", distribution=d, dim=n) for d, n in STUDY.main_data_cells()
     ]
 
 
@@ -416,11 +427,7 @@ def resources_of(stage):
 
 
 def per_query_inputs(w):
-    return [
-        f"{RESULTS}/metrics/per_query/{w.distribution}/d{w.dim}/{scheme}/n{budget}.parquet"
-        for scheme in STUDY.schemes
-        for budget in STUDY.budgets
-    ]
+    return cell_paths("per_query", w)
 
 
 def cell_table_slice(distribution, dim, scheme, budget):
@@ -467,22 +474,26 @@ def per_key_folders(w):
 
 
 def per_key_inputs(w):
+    return cell_paths("per_key", w)
+
+
+def cell_paths(table, w):
+    """Every (scheme, budget) cell file of ``table`` of the job's (distribution, dim)."""
     return [
-        f"{RESULTS}/metrics/per_key/{w.distribution}/d{w.dim}/{scheme}/n{budget}.parquet"
-        for scheme in STUDY.schemes
-        for budget in STUDY.budgets
+        path(table, distribution=w.distribution, dim=w.dim, scheme=s, budget=b)
+        for s in STUDY.schemes
+        for b in STUDY.budgets
     ]
 
 
 # the figures: what each family draws, reads and is shown as in the report
-FIGURES_DIR = f"{RESULTS}/figures"
 # the figure families of this DAG: the real-model heat map only with real-model rows
 FIGURE_FAMILIES = dag_families(bool(REAL_CELLS), bool(E2E), FRONTIER)
 
 
 def figure_outputs():
     return {
-        f"{name}_{fmt}": f"{FIGURES_DIR}/{name}.{fmt}"
+        f"{name}_{fmt}": path("figure", name=name, format=fmt)
         for names in FIGURE_FAMILIES.values()
         for name in names
         for fmt in FORMATS
@@ -512,37 +523,38 @@ def figure_inputs(family):
     """The files one figure family reads (kvasym.figure_registry.FIGURE_FAMILIES): gathered
     tables, and the metrics files or data manifests of its facet cells only."""
     wanted = FIGURE_REGISTRY[family].inputs
-    gathered = rules.gather.output  # included before the figure rules that call this
-    inputs = {
-        key: gathered[key]
-        for key in ("summary", "comparisons", "theory", "trials")
-        if key in wanted
-    }
     cells = family_cells(FIGURES_SLICE, family)
-    for table in ("per_query", "per_key"):
-        if table in wanted:
-            inputs[table] = [
-                f"{RESULTS}/metrics/{table}/{c['distribution']}/d{c['dim']}/{scheme}/n{budget}.parquet"
-                for c in cells
-                for scheme in STUDY.schemes
-                for budget in (STUDY.budgets if c["budget"] is None else [c["budget"]])
+    inputs = {}
+    for key in wanted:
+        name = FIGURE_INPUTS[key]
+        if key == "real_per_query":
+            # every scheme of every real distribution at the headline budget
+            inputs[key] = [
+                path(name, distribution=d, dim=n, scheme=s, budget=HEADLINE["budget"])
+                for d, n in REAL_CELLS
+                for s in STUDY.schemes
             ]
-    if "data" in wanted:
-        inputs["data"] = [
-            f"{RESULTS}/data/{c['distribution']}/d{c['dim']}.json" for c in cells
-        ]
-    if "real_per_query" in wanted:
-        # every scheme of every real distribution at the headline budget
-        inputs["real_per_query"] = [
-            f"{RESULTS}/metrics/per_query/{dist}/d{dim}/{scheme}/n{HEADLINE['budget']}.parquet"
-            for dist, dim in REAL_CELLS
-            for scheme in STUDY.schemes
-        ]
-    for key in ("e2e_summary", "e2e_sensitivity"):
-        if key in wanted:
-            inputs[key] = f"{E2E_DIR}/{key.removeprefix('e2e_')}.parquet"
-    if "frontier_points" in wanted:
-        inputs["frontier_points"] = f"{FRONTIER_DIR}/points.parquet"
+        elif key in FIGURE_CELL_INPUTS:  # the family's facet cells
+            inputs[key] = [
+                path(
+                    name,
+                    distribution=c["distribution"],
+                    dim=c["dim"],
+                    scheme=s,
+                    budget=b,
+                )
+                for c in cells
+                for s in (
+                    STUDY.schemes if "scheme" in ARTIFACTS[name].wildcards else [None]
+                )
+                for b in (
+                    [None]
+                    if "budget" not in ARTIFACTS[name].wildcards
+                    else STUDY.budgets if c["budget"] is None else [c["budget"]]
+                )
+            ]
+        else:  # a gathered table
+            inputs[key] = pattern(name)
     return inputs
 
 
@@ -550,22 +562,26 @@ def figure_flags(inputs):
     """The `kvasym stage figure` input flags for a family's named input files (quoted), and the
     slice digest of each metrics file's cell (--cell-digests: the stage checks provenance).
     """
-    flags = []
-    for key, paths in inputs.items():
-        paths = [paths] if isinstance(paths, str) else list(paths)
-        option = f"--{key.replace('_', '-')}"
-        flags.append(" ".join([option, *(shlex.quote(p) for p in paths)]))
+    flags = [input_flags(inputs)]
     digests = {
-        path: slice_digest(cell_table_slice(**cell_of_path(path)))
+        cell: slice_digest(cell_table_slice(**cell_of_path(cell)))
         for key in ("per_query", "per_key")
-        for path in inputs.get(key, [])
+        for cell in inputs.get(key, [])
     }
     if digests:
         flags.append(f"--cell-digests {shlex.quote(canonical_json(digests))}")
     return " ".join(flags)
 
 
-GENERATED = "paper/generated"
+# the tables stage's inputs that only some DAGs have (kvasym.stages.tables.INPUTS)
+TABLE_OPTIONAL_INPUTS = (
+    "real_cachestats",
+    "e2e_summary",
+    "e2e_sensitivity",
+    "frontier_points",
+    "seq_len_summary",
+    "seq_len_slopes",
+)
 TABLES = [
     "summary",
     "results",
@@ -579,32 +595,6 @@ TABLES = [
 ]
 
 
-def frontier_table_inputs(wildcards):
-    """The frontier table's input, only with a frontier; the sweep table's, only with a sweep."""
-    frontier = {"frontier_points": f"{FRONTIER_DIR}/points.parquet"} if FRONTIER else {}
-    sweep = (
-        {
-            "seq_len_summary": f"{SEQ_LEN_DIR}/summary.parquet",
-            "seq_len_slopes": f"{SEQ_LEN_DIR}/slopes.parquet",
-        }
-        if SEQ_LEN
-        else {}
-    )
-    return {**frontier, **sweep}
-
-
-def frontier_table_flags(wildcards, input):
-    flags = (
-        f"--frontier-points {shlex.quote(input.frontier_points)}" if FRONTIER else ""
-    )
-    if SEQ_LEN:
-        flags += (
-            f" --seq-len-summary {shlex.quote(input.seq_len_summary)}"
-            f" --seq-len-slopes {shlex.quote(input.seq_len_slopes)}"
-        )
-    return flags.strip()
-
-
 def real_capture_files(wildcards=None):
     """The real-model captures (rule capture), one per configured text."""
     if not REAL_CELLS:
@@ -612,53 +602,21 @@ def real_capture_files(wildcards=None):
             "the real-model rows are not configured or their extra is missing: "
             f"{REAL_MISSING or 'add a real: section to the config'}"
         )
-    return [f"{RESULTS}/real/captures/{text}.npz" for text in REAL["texts"]]
+    return [path("captures", text=text) for text in REAL["texts"]]
 
 
-def real_table_inputs(wildcards):
-    """The real table's extra inputs, only with real rows: the real caches' statistics and the
-    data manifests of the synthetic distributions at the headline dim."""
+def manifests_input(wildcards):
+    """The real table's data manifests, only with real rows: the synthetic distributions' at
+    the headline dim (their statistics beside the real caches')."""
     if not REAL_CELLS:
         return {}
-    e2e = (
-        {
-            "e2e_summary": f"{E2E_DIR}/summary.parquet",
-            "e2e_sensitivity": f"{E2E_DIR}/sensitivity.parquet",
-        }
-        if E2E
-        else {}
-    )
     return {
-        **e2e,
-        "real_cachestats": rules.real_cachestats.output[0],
         "data_manifests": [
-            f"{RESULTS}/data/{dist}/d{dim}.json"
-            for dist, dim in STUDY.data_cells()
-            if dim == HEADLINE["dim"]
-        ],
-    }
-
-
-def real_table_flags(wildcards, input):
-    """The `kvasym stage tables` flags of real_table_inputs (quoted), or nothing."""
-    if not REAL_CELLS:
-        return ""
-    manifests = input.data_manifests
-    manifests = [manifests] if isinstance(manifests, str) else list(manifests)
-    e2e = [
-        f"--{key.replace('_', '-')} {shlex.quote(input[key])}"
-        for key in ("e2e_summary", "e2e_sensitivity")
-        if E2E
-    ]
-    return " ".join(
-        [
-            *e2e,
-            "--real-cachestats",
-            shlex.quote(input.real_cachestats),
-            "--data-manifests",
-            *(shlex.quote(p) for p in manifests),
+            path("data", distribution=d, dim=n)
+            for d, n in STUDY.data_cells()
+            if n == HEADLINE["dim"]
         ]
-    )
+    }
 
 
 HAVE_LATEX = have_latex()
@@ -669,12 +627,12 @@ LATEX_HINT = (
 
 
 def paper_targets():
-    targets = [f"{GENERATED}/table_{name}.tex" for name in TABLES] + [
-        f"{GENERATED}/numbers.tex",
-        f"{GENERATED}/reproduce.tex",
+    targets = [path("table", name=name) for name in TABLES] + [
+        pattern("numbers"),
+        pattern("reproduce"),
     ]
     if HAVE_LATEX:
-        targets.append("paper/build/main.pdf")
+        targets.append(pattern("paper_pdf"))
     else:
         print(LATEX_HINT, file=sys.stderr)
     return targets
@@ -715,7 +673,7 @@ def gather_flags(wildcards, input, output):
 def real_outputs(wildcards, output):
     """The real_metrics job's --out flags: BUDGET=FILE for each budget's per-query file."""
     return " ".join(
-        shlex.quote(f"{budget}={path}") for budget, path in zip(STUDY.budgets, output)
+        shlex.quote(f"{budget}={out}") for budget, out in zip(STUDY.budgets, output)
     )
 
 
@@ -726,10 +684,6 @@ def real_text_names(wildcards):
 
 def real_layers(wildcards):
     return ",".join(map(str, REAL["layers"]))
-
-
-def real_captures(wildcards):
-    return [f"{RESULTS}/real/captures/{text}.npz" for text in REAL["texts"]]
 
 
 def file_cache(wildcards):
@@ -759,15 +713,6 @@ def reproduce_forward(wildcards):
 def reproduce_captures(wildcards):
     """The real-model captures whose metadata the reproduce section prints (none without them)."""
     return real_capture_files() if REAL_CELLS else []
-
-
-def reproduce_capture_flags(wildcards, input):
-    captures = list(input.captures) if REAL_CELLS else []
-    return (
-        " ".join(["--captures", *(shlex.quote(p) for p in captures)])
-        if captures
-        else ""
-    )
 
 
 def headline_param(wildcards):

@@ -16,14 +16,17 @@ for _family, _names in FIGURE_FAMILIES.items():
                 for key, paths in figure_inputs(_family).items()
             },
         output:
-            **{f"{name}_pdf": f"{FIGURES_DIR}/{name}.pdf" for name in _names},
             **{
-                f"{name}_caption": f"{FIGURES_DIR}/{name}.caption.tex"
+                f"{name}_pdf": path("figure", name=name, format="pdf")
+                for name in _names
+            },
+            **{
+                f"{name}_caption": path("figure", name=name, format="caption.tex")
                 for name in _names
             },
             **{
                 f"{name}_png": report(
-                    f"{FIGURES_DIR}/{name}.png",
+                    path("figure", name=name, format="png"),
                     caption=f"../report/figures/{_family}.rst",
                     category="6. Figures",
                     subcategory=FIGURE_REGISTRY[_family].report_group,
@@ -32,9 +35,9 @@ for _family, _names in FIGURE_FAMILIES.items():
                 for name in _names
             },
         log:
-            f"{RESULTS}/logs/figures/{_family}.log",
+            log_path("figure", family=_family),
         benchmark:
-            f"{RESULTS}/benchmarks/figures/{_family}.tsv"
+            benchmark_path("figure", family=_family)
         localrule: True
         threads: 1
         resources:

@@ -9,11 +9,11 @@ if FILE_CELLS:
         input:
             cache=file_cache,
         output:
-            f"{RESULTS}/metrics/per_query/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.parquet",
+            pattern("per_query"),
         log:
-            f"{RESULTS}/logs/files/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.log",
+            log_path("file_metrics"),
         benchmark:
-            f"{RESULTS}/benchmarks/files/{{distribution}}/d{{dim}}/{{scheme}}/n{{budget}}.tsv"
+            benchmark_path("file_metrics")
         wildcard_constraints:
             distribution="|".join(re.escape(name) for name in STUDY.files),
         threads: 1

@@ -7,12 +7,12 @@ rule frontier:
     input:
         as_inputs(frontier_per_query()),
     output:
-        points=f"{FRONTIER_DIR}/points.parquet",
-        units=f"{FRONTIER_DIR}/units.parquet",
+        points=pattern("frontier_points"),
+        units=pattern("frontier_units"),
     log:
-        f"{RESULTS}/logs/frontier.log",
+        log_path("frontier"),
     benchmark:
-        f"{RESULTS}/benchmarks/frontier.tsv"
+        benchmark_path("frontier")
     threads: 1
     resources:
         **resources_of("frontier"),

@@ -5,18 +5,18 @@
 
 rule tables:
     input:
-        # with real-model rows: the real caches' statistics and the synthetic data manifests
-        unpack(real_table_inputs),
-        # with a frontier: its points
-        unpack(frontier_table_inputs),
+        # each optional part's inputs, when the DAG has that part (kvasym.artifacts)
+        unpack(optional_inputs(*TABLE_OPTIONAL_INPUTS)),
+        # with real-model rows: the synthetic distributions' data manifests at the headline dim
+        unpack(manifests_input),
         summary=rules.gather.output.summary,
         comparisons=rules.gather.output.comparisons,
         theory=rules.gather.output.theory,
         claims=rules.claims.output.json,
     output:
-        [f"{GENERATED}/table_{name}.tex" for name in TABLES],
+        [path("table", name=name) for name in TABLES],
     log:
-        f"{RESULTS}/logs/tables.log",
+        log_path("tables"),
     localrule: True
     threads: 1
     resources:
@@ -24,12 +24,11 @@ rule tables:
     params:
         code=STAGE_CODE["tables"],  # reruns the job when the code it runs changes
         headline=headline_param,
-        real=real_table_flags,
-        frontier=frontier_table_flags,
+        optional=flags_of(*TABLE_OPTIONAL_INPUTS, "data_manifests"),
         out_dir=out_dir,
     shell:
         "kvasym stage tables --summary {input.summary:q} --comparisons {input.comparisons:q}"
-        " --theory {input.theory:q} --claims {input.claims:q} {params.real} {params.frontier} --headline {params.headline:q}"
+        " --theory {input.theory:q} --claims {input.claims:q} {params.optional} --headline {params.headline:q}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
@@ -37,9 +36,9 @@ rule numbers:
     input:
         STUDY.claims_file,
     output:
-        f"{GENERATED}/numbers.tex",
+        pattern("numbers"),
     log:
-        f"{RESULTS}/logs/numbers.log",
+        log_path("numbers"),
     localrule: True
     threads: 1
     resources:
@@ -62,9 +61,9 @@ rule reproduce:
         captures=reproduce_captures,
         forward=reproduce_forward,
     output:
-        f"{GENERATED}/reproduce.tex",
+        pattern("reproduce"),
     log:
-        f"{RESULTS}/logs/reproduce.log",
+        log_path("reproduce"),
     localrule: True
     threads: 1
     resources:
@@ -72,8 +71,8 @@ rule reproduce:
     params:
         code=STAGE_CODE["reproduce"],  # reruns the job when the code it runs changes
         slice=reproduce_param,
-        captures=reproduce_capture_flags,
-        benchmarks=f"{RESULTS}/benchmarks",
+        captures=flags_of("captures"),
+        benchmarks=BENCHMARKS_FOLDER,
     shell:
         "kvasym stage reproduce --slice {params.slice:q} --benchmarks {params.benchmarks:q}"
         " {params.captures} --out {output:q} > {log:q} 2>&1"
@@ -95,9 +94,9 @@ rule paper:
             if path.endswith((".pdf", ".caption.tex"))
         ],
     output:
-        "paper/build/main.pdf",
+        pattern("paper_pdf"),
     log:
-        f"{RESULTS}/logs/paper.log",
+        log_path("paper"),
     localrule: True
     threads: 1
     resources:

@@ -9,17 +9,12 @@ rule capture:
     # dequantizing, which a job per text paid 16 times); adding or changing a text reruns it
     # (54 CPU-s for the 16 shipped texts, where 16 jobs took 102).
     output:
-        npz=expand(
-            f"{RESULTS}/real/captures/{{text}}.npz", text=REAL["texts"] if REAL else []
-        ),
-        json=expand(
-            f"{RESULTS}/real/captures/{{text}}.json",
-            text=REAL["texts"] if REAL else [],
-        ),
+        npz=expand(pattern("captures"), text=REAL["texts"] if REAL else []),
+        json=expand(pattern("capture_sidecar"), text=REAL["texts"] if REAL else []),
     log:
-        f"{RESULTS}/logs/real/capture.log",
+        log_path("capture"),
     benchmark:
-        f"{RESULTS}/benchmarks/real/capture.tsv"
+        benchmark_path("capture")
     threads: 1
     resources:
         **resources_of("capture"),
@@ -36,16 +31,13 @@ rule capture:
 
 rule real_metrics:
     input:
-        captures=real_captures,
+        captures=real_capture_files,
     output:
-        expand(
-            f"{RESULTS}/metrics/per_query/{{{{distribution}}}}/d{{{{dim}}}}/{{{{scheme}}}}/n{{budget}}.parquet",
-            budget=STUDY.budgets,
-        ),
+        expand(pattern("per_query"), budget=STUDY.budgets, allow_missing=True),
     log:
-        f"{RESULTS}/logs/real/metrics/{{distribution}}/d{{dim}}/{{scheme}}.log",
+        log_path("real_metrics"),
     benchmark:
-        f"{RESULTS}/benchmarks/real/metrics/{{distribution}}/d{{dim}}/{{scheme}}.tsv"
+        benchmark_path("real_metrics")
     wildcard_constraints:
         distribution="|".join(REAL_DISTRIBUTIONS),
     threads: 1
@@ -66,11 +58,11 @@ rule real_cachestats:
     input:
         captures=real_capture_files,
     output:
-        f"{RESULTS}/real/cachestats.parquet",
+        pattern("real_cachestats"),
     log:
-        f"{RESULTS}/logs/real/cachestats.log",
+        log_path("real_cachestats"),
     benchmark:
-        f"{RESULTS}/benchmarks/real/cachestats.tsv"
+        benchmark_path("real_cachestats")
     threads: 1
     resources:
         # one capture in memory at a time, one layer of it in float64
@@ -85,11 +77,11 @@ rule e2e:
     # One job per text: the model loads once and its reference pass serves every quantized pass
     # of the text (kvasym.real.endtoend.evaluate_text).
     output:
-        f"{E2E_DIR}/texts/{{text}}.parquet",
+        pattern("e2e_text"),
     log:
-        f"{RESULTS}/logs/real/e2e/{{text}}.log",
+        log_path("e2e"),
     benchmark:
-        f"{RESULTS}/benchmarks/real/e2e/{{text}}.tsv"
+        benchmark_path("e2e")
     threads: 1
     resources:
         **resources_of("e2e"),
@@ -103,13 +95,13 @@ rule e2e:
 rule e2e_stats:
     input:
         texts=e2e_texts,
-        summary=f"{RESULTS}/stats/summary.parquet",  # rule gather
+        summary=pattern("summary"),  # rule gather
     output:
-        **{name: f"{E2E_DIR}/{name}.parquet" for name in E2E_TABLES},
+        **{name: pattern(f"e2e_{name}") for name in E2E_TABLES},
     log:
-        f"{RESULTS}/logs/real/e2e_stats.log",
+        log_path("e2e_stats"),
     benchmark:
-        f"{RESULTS}/benchmarks/real/e2e_stats.tsv"
+        benchmark_path("e2e_stats")
     localrule: True
     threads: 1
     resources:

@@ -4,13 +4,11 @@
 
 rule seq_len_sweep:
     output:
-        rows=f"{SEQ_LEN_DIR}/rows.parquet",
-        summary=f"{SEQ_LEN_DIR}/summary.parquet",
-        slopes=f"{SEQ_LEN_DIR}/slopes.parquet",
+        **{name: pattern(f"seq_len_{name}") for name in ("rows", "summary", "slopes")},
     log:
-        f"{RESULTS}/logs/seq_len_sweep.log",
+        log_path("seq_len_sweep"),
     benchmark:
-        f"{RESULTS}/benchmarks/seq_len_sweep.tsv"
+        benchmark_path("seq_len_sweep")
     threads: 1
     resources:
         **resources_of("seq_len_sweep"),

@@ -5,13 +5,13 @@ rule stats:
     input:
         per_query_folders,
     output:
-        comparisons=f"{RESULTS}/stats/comparisons/{{distribution}}/d{{dim}}.parquet",
-        summary=f"{RESULTS}/stats/summary/{{distribution}}/d{{dim}}.parquet",
-        trials=f"{RESULTS}/stats/trials/{{distribution}}/d{{dim}}.parquet",
+        comparisons=pattern("comparisons_part"),
+        summary=pattern("summary_part"),
+        trials=pattern("trials_part"),
     log:
-        f"{RESULTS}/logs/stats/{{distribution}}/d{{dim}}.log",
+        log_path("stats"),
     benchmark:
-        f"{RESULTS}/benchmarks/stats/{{distribution}}/d{{dim}}.tsv"
+        benchmark_path("stats")
     threads: 1
     resources:
         **resources_of("stats"),
@@ -28,14 +28,14 @@ rule stats:
 
 rule theory:
     input:
-        data=f"{RESULTS}/data/{{distribution}}/d{{dim}}.json",
+        data=pattern("data"),
         per_key=per_key_folders,
     output:
-        f"{RESULTS}/theory/{{distribution}}/d{{dim}}.parquet",
+        pattern("theory_part"),
     log:
-        f"{RESULTS}/logs/theory/{{distribution}}/d{{dim}}.log",
+        log_path("theory"),
     benchmark:
-        f"{RESULTS}/benchmarks/theory/{{distribution}}/d{{dim}}.tsv"
+        benchmark_path("theory")
     threads: 1
     resources:
         **resources_of("theory"),
@@ -56,12 +56,12 @@ rule gather:
         trials=stats_tables("trials"),
         theory=theory_tables(),
     output:
-        comparisons=f"{RESULTS}/stats/comparisons.parquet",
-        summary=f"{RESULTS}/stats/summary.parquet",
-        trials=f"{RESULTS}/stats/trials.parquet",
-        theory=f"{RESULTS}/theory/theory.parquet",
+        **{
+            name: pattern(name)
+            for name in ("comparisons", "summary", "trials", "theory")
+        },
     log:
-        f"{RESULTS}/logs/gather.log",
+        log_path("gather"),
     localrule: True
     threads: 1
     resources:

@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..artifacts import pattern
 from ..latex import escape_latex
 from .format import sig, sig_text
 
@@ -152,23 +153,20 @@ STATISTIC_TABLES: dict[str, tuple[str, ...]] = {
     "theory": ("theory",),
     "ranking_disagreement": ("summary", "comparisons"),
     "catastrophic_share": ("trials", "summary"),
-    "e2e_ratio": ("e2e",),
+    "e2e_ratio": ("e2e_comparisons",),
     "e2e_rank_agreement": ("e2e_agreement",),
     "equal_rate_ratio": ("frontier_units",),
     "equal_rate_cells": ("frontier_units",),
     "seq_len_slope": ("seq_len_slopes",),
 }
-#: Where each gathered table comes from: rule and stage (the same word), and its file.
-TABLE_SOURCES: dict[str, tuple[str, str]] = {
-    "comparisons": ("stats", "results/stats/comparisons.parquet"),
-    "summary": ("stats", "results/stats/summary.parquet"),
-    "trials": ("stats", "results/stats/trials.parquet"),
-    "theory": ("theory", "results/theory/theory.parquet"),
-    "e2e": ("e2e_stats", "results/real/e2e/comparisons.parquet"),
-    "e2e_agreement": ("e2e_stats", "results/real/e2e/agreement.parquet"),
-    "frontier_units": ("frontier", "results/frontier/units.parquet"),
-    "seq_len_slopes": ("seq_len_sweep", "results/seq_len_sweep/slopes.parquet"),
-}
+#: The rule (= stage) that computes each table a claim reads (the gathered tables' parts are
+#: computed by stats and theory, then concatenated by gather).
+_COMPUTED_BY: dict[str, str] = {"comparisons": "stats", "summary": "stats", "trials": "stats", "theory": "theory",
+                                "e2e_comparisons": "e2e_stats", "e2e_agreement": "e2e_stats",
+                                "frontier_units": "frontier", "seq_len_slopes": "seq_len_sweep"}
+#: Where each table a claim reads comes from: rule and stage (the same word), and its file
+#: (:mod:`kvasym.artifacts`).
+TABLE_SOURCES: dict[str, tuple[str, str]] = {name: (stage, pattern(name)) for name, stage in _COMPUTED_BY.items()}
 #: Metrics rules feeding the stats of a distribution, by its kind of rows.
 _METRICS_RULES = {"real": "real_metrics", "synthetic": "cells"}
 
@@ -203,7 +201,7 @@ def claims_map_markdown(claims: Sequence[Mapping[str, Any]]) -> str:
                 "; `real_metrics` via `gather`" if statistic == "e2e_rank_agreement" else "")
         if statistic == "seq_len_slope":
             upstream = "`seq_len_sweep` (its own data, one job)"
-        lines.append(f"| {cid} | `{statistic}` | {reads} | {upstream} | `claims` -> `results/claims/claims.json` "
+        lines.append(f"| {cid} | `{statistic}` | {reads} | {upstream} | `claims` -> `{pattern('claims_json')}` "
                      f"| `\\claim{{{cid}}}{{Estimate}}` (`claim:{cid}:Estimate`) |")
     return "\n".join(lines) + "\n"
 

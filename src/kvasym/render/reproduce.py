@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import BENCHMARKS_FOLDER, folder_of, pattern
 from ..errors import KvasymError
 from ..latex import escape_latex
 from .format import Latex
@@ -321,13 +322,14 @@ def reproduce_slice(study: Any, config: Mapping[str, Any], configfiles: Sequence
         # the committed check of the numpy forward pass (benchmarks/validate_forward.py)
         "forward_reference": FORWARD_REFERENCE,
         "outputs": {
-            "per-query and per-key metrics (Parquet dataset)": "results/metrics/{per_query,per_key}/",
-            "scheme-pair tests, all cells": "results/stats/comparisons.parquet",
-            "per-cell summaries, all cells": "results/stats/summary.parquet",
-            "theory checks": "results/theory/theory.parquet",
-            "claims ledger (JSON, Markdown)": "results/claims/claims.{json,md}",
-            "figures (PDF, PNG)": "results/figures/",
-            "job costs": "results/benchmarks/",
+            "per-query and per-key metrics (Parquet dataset)":
+                os.path.dirname(pattern("metrics_dataset")) + "/{per_query,per_key}/",
+            "scheme-pair tests, all cells": pattern("comparisons"),
+            "per-cell summaries, all cells": pattern("summary"),
+            "theory checks": pattern("theory"),
+            "claims ledger (JSON, Markdown)": pattern("claims_json").removesuffix(".json") + ".{json,md}",
+            "figures (PDF, PNG)": folder_of("figure") + "/",
+            "job costs": BENCHMARKS_FOLDER + "/",
             "browsable report": "results/report.html",
         },
         "commit": commit if commit is not None else git_commit(),

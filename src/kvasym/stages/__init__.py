@@ -8,10 +8,13 @@ the figure rules ``figure_<family>`` run ``kvasym stage figure --family <family>
 - ``add_arguments(parser)``: its flags (inputs, outputs and, for grid stages, ``--slice``, the
   narrow config slice the job depends on, as JSON);
 - ``run(args)``: reads its inputs, calls the library and writes its outputs atomically;
-- ``INTERMEDIATE_INPUTS`` (optional): the argument names (``args`` attributes) whose files are
-  outputs of other rules of the DAG. When one of them is damaged (truncated, not of its format,
-  failing its digest, filed under the wrong cell), the stage moves it aside
-  (:func:`move_aside_damaged`) so that the next run rebuilds it instead of failing on it again.
+- ``INPUTS`` (optional): its inputs, argument name (``args`` attribute) -> the artifact of
+  :mod:`kvasym.artifacts` it is given, whose flags :func:`kvasym.artifacts.add_input_arguments`
+  declares; ``INTERMEDIATE_INPUTS`` (optional) names further arguments whose files are outputs
+  of other rules (a folder given whole, as rule metrics's packed caches). When one of them is
+  damaged (truncated, not of its format, failing its digest, filed under the wrong cell), the
+  stage moves it aside (:func:`move_aside_damaged`) so that the next run rebuilds it instead of
+  failing on it again.
 
 Stages hold no maths: that lives in the library modules they call. The registry below maps a
 stage to its one-line description; modules are imported only when their stage runs, so a
@@ -27,6 +30,8 @@ import importlib
 import re
 from pathlib import Path
 from types import ModuleType
+
+from ..artifacts import DAG_FOLDER
 
 __all__ = ["STAGES", "add_stage_parsers", "move_aside_damaged", "stage_module"]
 
@@ -63,7 +68,8 @@ def stage_module(name: str) -> ModuleType:
 
 def intermediate_inputs(args: argparse.Namespace) -> set[Path]:
     """The files of ``args`` that stage ``args.stage_name`` declares as DAG intermediates."""
-    names = getattr(stage_module(args.stage_name), "INTERMEDIATE_INPUTS", ())
+    module = stage_module(args.stage_name)
+    names = (*getattr(module, "INPUTS", {}), *getattr(module, "INTERMEDIATE_INPUTS", ()))
     files: set[Path] = set()
     for name in names:
         value = getattr(args, name, None)
@@ -72,8 +78,6 @@ def intermediate_inputs(args: argparse.Namespace) -> set[Path]:
     return files
 
 
-#: The folder the DAG writes its intermediates under (``RESULTS`` of workflow/rules/common.smk).
-DAG_FOLDER = "results"
 
 
 def move_aside_damaged(args: argparse.Namespace, path: str) -> str:

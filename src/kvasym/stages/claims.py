@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ..artifacts import add_input_arguments
 from ..atomic import write_text_atomic
 from ..claims import Tables, _json_safe, evaluate_claims, load_claims
 from ..render.claims import render_html, render_latex, render_markdown
@@ -20,7 +21,9 @@ from ..render.claims import render_html, render_latex, render_markdown
 TABLES = ("comparisons", "summary", "trials", "theory")
 #: Tables only some DAGs have (the end-to-end passes of the real model; the frontier's
 #: per-unit values, stage frontier; the sequence-length sweep's slopes, stage seq_len_sweep).
-OPTIONAL_TABLES = ("e2e", "e2e_agreement", "frontier_units", "seq_len_slopes")
+OPTIONAL_TABLES = ("e2e_comparisons", "e2e_agreement", "frontier_units", "seq_len_slopes")
+#: The stage's inputs: argument -> artifact (kvasym.artifacts), one each.
+INPUTS = {name: name for name in TABLES + OPTIONAL_TABLES}
 
 
 def run_claims(
@@ -54,21 +57,9 @@ def run_claims(
     return results
 
 
-#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = TABLES + OPTIONAL_TABLES
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--claims", required=True, help="the claims file (config/claims.yaml)")
-    for name in TABLES:
-        parser.add_argument(f"--{name}", required=True, help=f"the gathered {name} table")
-    for name in OPTIONAL_TABLES:
-        what = ("the frontier's per-unit table (stage frontier), when frontier.schemes is set"
-                if name == "frontier_units" else
-                "the sequence-length sweep's slopes (stage seq_len_sweep), when seq_len_sweep.seq_lens is set"
-                if name == "seq_len_slopes" else
-                f"the end-to-end {name} table (stage e2e_stats), when the end-to-end passes are configured")
-        parser.add_argument(f"--{name.replace('_', '-')}", help=what)
+    add_input_arguments(parser, INPUTS, required=TABLES)
     parser.add_argument("--headline", help="the study's headline cell as JSON (fills each claim's where)")
     for name in ("json", "md", "tex"):
         parser.add_argument(f"--{name}", required=True, help=f"the ledger as {name}")

@@ -15,6 +15,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from ..artifacts import add_input_arguments
 from ..errors import KvasymError
 from ._slice import add_slice_arguments, stage_slice
 
@@ -53,14 +54,13 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
         write_frame_atomic(tables[name], out[name], meta)
 
 
-#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = ("texts", "summary")
+#: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
+INPUTS = {"texts": "e2e_text", "summary": "summary"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "e2e_stats")
-    parser.add_argument("--texts", nargs="+", required=True, help="per-text tables (stage e2e)")
-    parser.add_argument("--summary", required=True, help="the gathered per-head summary (stage gather)")
+    add_input_arguments(parser, INPUTS, required=INPUTS, many=("texts",))
     for name in OUTPUTS:
         parser.add_argument(f"--out-{name}", required=True, help=f"the end-to-end {name} table (Parquet)")
 

@@ -55,8 +55,9 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from ..artifacts import add_input_arguments
 from ..errors import DamagedFile, KvasymError
-from ..figure_registry import FAMILIES, FAMILY_INPUTS, FIGURES, _check_families
+from ..figure_registry import FAMILIES, FAMILY_INPUTS, FIGURE_CELL_INPUTS, FIGURE_INPUTS, FIGURES, _check_families
 from ..real import REAL_SHARPNESS
 
 def _files(value: Any) -> list[Path]:
@@ -373,9 +374,8 @@ def _real_heatmap(means: pd.DataFrame, schemes: Sequence[str], budget: int) -> A
                               model=REAL_MODEL_NAME)
 
 
-#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = ("summary", "comparisons", "theory", "trials", "per_query", "per_key", "data", "real_per_query",
-                       "e2e_summary", "e2e_sensitivity", "frontier_points")
+#: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
+INPUTS = FIGURE_INPUTS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -383,23 +383,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slice", required=True, help="the figures slice as JSON (Snakemake passes it)")
     parser.add_argument("--family", dest="families", action="append", choices=list(FAMILIES),
                         help="draw only this figure family (repeatable; default: every family)")
-    parser.add_argument("--summary")
-    parser.add_argument("--comparisons")
-    parser.add_argument("--theory")
-    parser.add_argument("--trials", help="the gathered per-trial table (the query-model figure)")
-    parser.add_argument("--per-query", dest="per_query", nargs="+", default=[])
-    parser.add_argument("--per-key", dest="per_key", nargs="+", default=[])
-    parser.add_argument("--data", nargs="+", default=[], help="data manifests (for the marginal figure)")
+    add_input_arguments(parser, FIGURE_INPUTS, many=FIGURE_CELL_INPUTS,
+                        notes={"trials": "the query-model figure", "data": "the marginal figure",
+                               "real_per_query": "the real heat map: every scheme at the headline budget"})
     parser.add_argument("--cell-digests", dest="cell_digests", default=None,
                         help="JSON object: each --per-query/--per-key file -> the digest of its cell's slice "
                              "(kvasym.cells.slice_digest); the file's provenance must match")
-    parser.add_argument("--real-per-query", dest="real_per_query", nargs="+", default=[],
-                        help="the real rows' per-query files at the headline budget (for the real heat map)")
-    parser.add_argument("--e2e-summary", dest="e2e_summary", help="the end-to-end summary (stage e2e_stats)")
-    parser.add_argument("--e2e-sensitivity", dest="e2e_sensitivity",
-                        help="the end-to-end layer sensitivity (stage e2e_stats)")
-    parser.add_argument("--frontier-points", dest="frontier_points",
-                        help="the rate-distortion frontier's points (stage frontier)")
     parser.add_argument("--out-dir", dest="out_dir", required=True)
 
 
@@ -408,7 +397,7 @@ def run_from_args(args: argparse.Namespace) -> list[Path]:
     from ..study import parse_slice
 
     slice_ = parse_slice(args.slice)
-    inputs: dict[str, Any] = {k: getattr(args, k) for k in INTERMEDIATE_INPUTS}
+    inputs: dict[str, Any] = {k: getattr(args, k) for k in FIGURE_INPUTS}
     if args.cell_digests is not None:
         import json
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..artifacts import add_input_arguments
 from ..errors import KvasymError
 
 #: The per-query columns the frontier reads.
@@ -68,14 +69,14 @@ def run_frontier(slice_: Mapping[str, Any], per_query_paths: Sequence[str | os.P
     write_frame_atomic(pd.concat(unit_parts, ignore_index=True), out_units, meta)
 
 
-#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = ("per_query",)
+#: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
+INPUTS = {"per_query": "per_query"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slice", required=True, help="the frontier slice as JSON (Snakemake passes it)")
-    parser.add_argument("--per-query", dest="per_query", nargs="+", required=True,
-                        help="the per-query files of every scheme and budget of the frontier's cells")
+    add_input_arguments(parser, INPUTS, required=INPUTS, many=INPUTS,
+                        notes={"per_query": "every scheme and budget of the frontier's cells"})
     parser.add_argument("--points", required=True, help="the frontier points table to write")
     parser.add_argument("--units", required=True, help="the per-unit values table to write")
     parser.add_argument("--cells", default=None,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..artifacts import add_input_arguments
 from .. import stats
 from ..cells import parse_cells, read_cell_tables
 from ..dataset import write_frame_atomic
@@ -49,13 +50,13 @@ def gather(paths: Sequence[str | os.PathLike], out: str | os.PathLike, holm_colu
     write_frame_atomic(frame, out, {"sources": str(len(paths))})
 
 
-#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = tuple(HOLM_FAMILIES)
+#: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
+INPUTS = {table: f"{table}_part" for table in HOLM_FAMILIES}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_input_arguments(parser, INPUTS, many=INPUTS)
     for table in HOLM_FAMILIES:
-        parser.add_argument(f"--{table}", nargs="+", default=[], help=f"the per-(distribution, dim) {table} tables")
         parser.add_argument(f"--out-{table}", dest=f"out_{table}", help=f"the gathered {table} table")
         parser.add_argument(f"--{table}-cells", dest=f"{table}_cells",
                             help=f'JSON list: the {{"distribution", "dim"}} each --{table} part is filed under')

@@ -13,6 +13,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..artifacts import add_input_arguments
 from ..cachestats import TOP_CHANNELS
 from ..real.cachestats import CACHESTATS_FORMAT, TENSORS, captures_statistics
 
@@ -30,12 +31,12 @@ def run_real_cachestats(capture_paths: Sequence[str | os.PathLike], out: str | o
     return Path(out)
 
 
-#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = ("captures",)
+#: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
+INPUTS = {"captures": "captures"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--captures", nargs="+", required=True, help="capture .npz files (stage capture)")
+    add_input_arguments(parser, INPUTS, required=INPUTS, many=INPUTS)
     parser.add_argument("--out", required=True, help="the Parquet table to write")
 
 

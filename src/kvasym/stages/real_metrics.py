@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..artifacts import add_input_arguments
 from ..errors import KvasymError
 from ..real.evaluate import REAL_DISTRIBUTIONS, REAL_KIND, evaluate_capture
 from ._slice import add_slice_arguments, slice_scheme, stage_slice
@@ -78,13 +79,13 @@ def run_real_metrics(slice_: dict[str, Any], capture_paths: Sequence[str],
         write_parquet_atomic(to_table(columns, PER_QUERY_SCHEMA), out_per_query[budget], meta)
 
 
-#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = ("captures",)
+#: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
+INPUTS = {"captures": "captures"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "real_metrics")
-    parser.add_argument("--captures", nargs="+", required=True, help="capture .npz files (stage capture)")
+    add_input_arguments(parser, INPUTS, required=INPUTS, many=INPUTS)
     parser.add_argument("--out", nargs="+", required=True, metavar="BUDGET=FILE",
                         help="the per-query Parquet file of each budget, as BUDGET=FILE")
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import argparse
 
-#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = ("captures",)
+from ..artifacts import add_input_arguments
+
+#: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
+INPUTS = {"captures": "captures"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slice", required=True, help="reproduce_slice JSON (what the DAG passes as params)")
     parser.add_argument("--benchmarks", required=True, help="the folder of the benchmark: files (results/benchmarks)")
-    parser.add_argument("--captures", nargs="*", default=[], help="the real-model captures (their metadata)")
+    add_input_arguments(parser, INPUTS, many=INPUTS, notes={"captures": "their metadata"})
     parser.add_argument("--repo", default=".", help="the repository whose git state and history are printed")
     parser.add_argument("--out", required=True, help="the .tex file to write (paper/generated/reproduce.tex)")
 

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..artifacts import add_input_arguments
 from .. import stats
 from ..cells import iter_cell_tables, parse_cells
 from ..dataset import provenance, write_frame_atomic
@@ -290,14 +291,14 @@ def _measure_budget(frame: pd.DataFrame, slice_: Mapping[str, Any], settings: Ma
                          "n_a": len(ga), "n_b": len(gb)})
 
 
-#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = ("per_query",)
+#: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
+INPUTS = {"per_query": "per_query"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "stats")
-    parser.add_argument("--per-query", dest="per_query", nargs="+", required=True,
-                        help="the per-query files of every scheme and budget of the (distribution, dim)")
+    add_input_arguments(parser, INPUTS, required=INPUTS, many=INPUTS,
+                        notes={"per_query": "every scheme and budget of the (distribution, dim)"})
     parser.add_argument("--cells", help='JSON list: the {"scheme", "budget"} each --per-query file is filed under')
     parser.add_argument("--comparisons", required=True)
     parser.add_argument("--summary", required=True)

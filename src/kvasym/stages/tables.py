@@ -8,31 +8,27 @@ from __future__ import annotations
 
 import argparse
 
+from ..artifacts import add_input_arguments
 from ..render.tables import (
-    E2E_INPUT_KEYS,
-    FRONTIER_INPUT_KEYS,
-    INPUT_KEYS,
-    REAL_INPUT_KEYS,
-    SEQ_LEN_INPUT_KEYS,
     TABLES,
     render_tables,
 )
 
 
-#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = (*INPUT_KEYS, *REAL_INPUT_KEYS, *E2E_INPUT_KEYS, *FRONTIER_INPUT_KEYS, *SEQ_LEN_INPUT_KEYS)
+#: The stage's inputs: argument -> artifact (kvasym.artifacts). Only the first four are given in
+#: every DAG; each table reads the optional ones of its part of the study.
+INPUTS = {"summary": "summary", "comparisons": "comparisons", "theory": "theory", "claims": "claims_json",
+          "real_cachestats": "real_cachestats", "data_manifests": "data",
+          "e2e_summary": "e2e_summary", "e2e_sensitivity": "e2e_sensitivity", "frontier_points": "frontier_points",
+          "seq_len_summary": "seq_len_summary", "seq_len_slopes": "seq_len_slopes"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    for key in INPUT_KEYS:
-        parser.add_argument(f"--{key}", help=f"the {key} input")
-    parser.add_argument("--real-cachestats", help="table_real: the real caches' statistics (stage real_cachestats)")
-    parser.add_argument("--data-manifests", nargs="+", help="table_real: data manifests of the synthetic distributions")
-    parser.add_argument("--e2e-summary", help="table_e2e: the end-to-end summary (stage e2e_stats)")
-    parser.add_argument("--e2e-sensitivity", help="table_e2e: the end-to-end layer sensitivity (stage e2e_stats)")
-    parser.add_argument("--frontier-points", help="table_frontier: the frontier's points (stage frontier)")
-    parser.add_argument("--seq-len-summary", help="table_seq_len: the sweep's summary (stage seq_len_sweep)")
-    parser.add_argument("--seq-len-slopes", help="table_seq_len: the sweep's slopes (stage seq_len_sweep)")
+    add_input_arguments(parser, INPUTS, many=("data_manifests",),
+                        notes={"real_cachestats": "table_real", "data_manifests": "table_real, the synthetic "
+                               "distributions at the headline dim", "e2e_summary": "table_e2e",
+                               "e2e_sensitivity": "table_e2e", "frontier_points": "table_frontier",
+                               "seq_len_summary": "table_seq_len", "seq_len_slopes": "table_seq_len"})
     parser.add_argument("--headline", required=True,
                         help='the headline cell as JSON, e.g. {"distribution": "gaussian", "dim": 128, '
                         '"sharpness": 2.0, "budget": 4}')
@@ -43,6 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from ..study import parse_slice
 
-    inputs = {k: getattr(args, k) for k in INTERMEDIATE_INPUTS if getattr(args, k)}
+    inputs = {k: getattr(args, k) for k in INPUTS if getattr(args, k)}
     for path in render_tables(inputs, parse_slice(args.headline), args.out_dir, args.table):
         print(path)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..artifacts import add_input_arguments
 from .. import stats
 from ..cells import parse_cells, read_cell_tables
 from ..dataset import provenance, write_frame_atomic
@@ -141,14 +142,14 @@ def run_theory(
     write_frame_atomic(pd.DataFrame(rows), out, provenance(slice_))
 
 
-#: Arguments naming files other rules write (moved aside when damaged: kvasym.stages).
-INTERMEDIATE_INPUTS = ("data", "per_key")
+#: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
+INPUTS = {"data": "data", "per_key": "per_key"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "theory")
-    parser.add_argument("--data", required=True, help="the data manifest")
-    parser.add_argument("--per-key", dest="per_key", nargs="+", required=True, help="the per-key files of the cell")
+    add_input_arguments(parser, INPUTS, required=INPUTS, many=("per_key",),
+                        notes={"per_key": "every scheme and budget of the (distribution, dim)"})
     parser.add_argument("--cells", help='JSON list: the {"scheme", "budget"} each --per-key file is filed under')
     parser.add_argument("--out", required=True)
 
