@@ -58,7 +58,7 @@ from kvasym.stages.theory import run_theory
 from kvasym.cli import main
 from kvasym.dataset import read_table, to_table, write_parquet_atomic, PER_QUERY_SCHEMA
 from kvasym.errors import DamagedFile, KvasymError
-from kvasym.latex import escape_latex
+from kvasym.render.format import escape_latex
 from kvasym.study import load_study
 
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"

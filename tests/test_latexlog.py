@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvasym.errors import KvasymError
-from kvasym.latex import BREAK_AFTER, escape_latex, escape_latex_breakable
+from kvasym.render.format import BREAK_AFTER, escape_latex, escape_latex_breakable
 from kvasym.render.latexlog import check_no_overfull, overfull_boxes
 from kvasym.stages.paper import build_pdf
 

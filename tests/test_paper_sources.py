@@ -36,7 +36,7 @@ from kvasym.claims import load_claims
 from kvasym.cli import main
 from kvasym.render.claims import CLAIM_FIELDS, render_latex
 from kvasym.errors import KvasymError
-from kvasym.latex import escape_latex
+from kvasym.render.format import escape_latex
 from kvasym.study import load_study_file
 
 ROOT = Path(__file__).resolve().parents[1]

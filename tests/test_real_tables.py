@@ -26,7 +26,7 @@ from kvasym.stages.real_cachestats import run_real_cachestats
 from kvasym.render import numbers, tables
 from kvasym.cachestats import STATISTICS, TOP_CHANNELS, batched_cache_statistics, cache_statistics
 from kvasym.errors import KvasymError
-from kvasym.latex import escape_latex
+from kvasym.render.format import escape_latex
 from kvasym.manifest import DATA_FORMAT, content_digest
 from kvasym.manifest import write_manifest
 from kvasym.real import INSTALL_COMMANDS, REAL_MODEL_NAME

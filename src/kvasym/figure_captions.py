@@ -9,7 +9,7 @@ and reference lines are drawn). :func:`caption_facts` collects them; :func:`capt
 them as one LaTeX sentence group, which the paper appends to the hand-written description of what
 the figure plots (``\\kvfigure`` in ``paper/main.tex`` reads ``<name>.caption.tex``).
 
-Text from the figure is escaped for LaTeX (:func:`kvasym.latex.escape_latex`); mathtext segments
+Text from the figure is escaped for LaTeX (:func:`kvasym.render.format.escape_latex`); mathtext segments
 ``$...$`` made only of safe characters are kept as mathematics, any other is escaped.
 """
 
@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 from .figures import ROW_MAJOR_GID, row_major_order
-from .latex import escape_latex
+from .render.format import escape_latex
 
 __all__ = ["CAPTION_SUFFIX", "caption_facts", "caption_tex"]
 

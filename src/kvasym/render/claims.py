@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..artifacts import pattern
-from ..latex import escape_latex
+from .format import escape_latex
 from .format import sig, sig_text
 
 __all__ = ["CLAIM_FIELDS", "claim_macro", "claim_macro_definition", "render_html", "render_latex",

@@ -13,8 +13,8 @@ Templates live in ``kvasym/templates/*.tex.j2`` and use LaTeX-safe delimiters:
 - undefined variables raise (:class:`jinja2.StrictUndefined`);
 - nothing is HTML-escaped (``autoescape=False``), but every value printed by ``\\VAR{}`` goes
   through :func:`_finalize`: a plain ``str`` (a name from the config, a claim statement, a
-  verdict) is escaped with :func:`kvasym.latex.escape_latex`; only :class:`Latex` strings, which
-  the number filters and the explicit ``escape`` filter return, are printed as they are; a
+  verdict) is escaped with :func:`escape_latex`; only :class:`Latex` strings, which the number
+  filters and the explicit ``escape`` filter return, are printed as they are; a
   float that no number filter formatted is an error. So no string from config or data can
   reach the output unescaped, even if a template forgets ``|escape``.
 
@@ -35,11 +35,52 @@ import numpy as np
 import pandas as pd
 
 from ..errors import KvasymError
-from ..latex import escape_latex, escape_latex_breakable
 
-__all__ = ["DIGITS", "FILTERS", "Latex", "P_DECIMAL_MIN", "bits", "ci", "ci_wrap", "count", "environment", "escape",
-           "escape_breakable", "mediqr", "num", "plain", "pvalue", "pvalue_raw", "pvalue_text", "render_template",
-           "sig", "sig_text"]
+__all__ = ["BREAK_AFTER", "DIGITS", "FILTERS", "Latex", "P_DECIMAL_MIN", "bits", "ci", "ci_wrap", "count",
+           "environment", "escape", "escape_breakable", "escape_latex", "escape_latex_breakable", "mediqr", "num",
+           "plain", "pvalue", "pvalue_raw", "pvalue_text", "render_template", "sig", "sig_text"]
+
+#: LaTeX's special characters and what typesets each literally.
+_SPECIALS = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "<": r"\textless{}",
+    ">": r"\textgreater{}",
+}
+
+
+def escape_latex(text: str) -> str:
+    """Escape LaTeX's special characters so any name or message typesets literally."""
+    return "".join(_SPECIALS.get(ch, ch) for ch in str(text))
+
+
+#: Characters after which :func:`escape_latex_breakable` lets a line break: the joints of the
+#: long tokens a generated message holds (``distribution=lowrank8+isotropic``,
+#: ``seq_len_sweep.seq_lens``, a path), which a narrow table column cannot otherwise break.
+BREAK_AFTER = frozenset("=+/_,;:")
+
+
+def escape_latex_breakable(text: str) -> str:
+    """:func:`escape_latex`, with a permitted line break (``\\allowbreak{}``) after each
+    character of :data:`BREAK_AFTER` and after a ``.`` between two letters (a config key's
+    path, not a decimal point). Deleting every ``\\allowbreak{}`` gives ``escape_latex(text)``."""
+    text = str(text)
+    out = []
+    for i, ch in enumerate(text):
+        out.append(_SPECIALS.get(ch, ch))
+        if ch in BREAK_AFTER or (ch == "." and 0 < i < len(text) - 1 and text[i - 1].isalpha()
+                                 and text[i + 1].isalpha()):
+            out.append(r"\allowbreak{}")
+    return "".join(out)
+
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 #: Significant figures of every printed estimate.
@@ -233,7 +274,7 @@ def escape(value: Any) -> Latex:
 
 def escape_breakable(value: Any) -> Latex:
     """The ``escape_breakable`` filter: literal text that may break inside its long tokens
-    (:func:`kvasym.latex.escape_latex_breakable`), for a narrow column's generated messages."""
+    (:func:`escape_latex_breakable`), for a narrow column's generated messages."""
     return value if isinstance(value, Latex) else Latex(escape_latex_breakable(str(value)))
 
 

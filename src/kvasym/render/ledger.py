@@ -15,7 +15,7 @@ note. This module writes the three columns the claims file does not hold as text
   C3, ..., C10, C10e, C10r): the order a reader looks them up in.
 
 Every output is LaTeX (:class:`kvasym.render.format.Latex`); strings from the claims file are
-escaped with :func:`kvasym.latex.escape_latex` before any mathematics is put back.
+escaped with :func:`kvasym.render.format.escape_latex` before any mathematics is put back.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..latex import escape_latex
+from .format import escape_latex
 from .format import Latex, plain
 
 __all__ = ["claim_order", "rule_math", "statement_math", "test_and_unit"]

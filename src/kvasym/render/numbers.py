@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KvasymError
-from ..latex import escape_latex
+from .format import escape_latex
 from ..real import HEAD_DIM as REAL_HEAD_DIM
 from ..real import REAL_MODEL_NAME
 from ..real import REAL_POST_ROPE as REAL_POST

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..artifacts import BENCHMARKS_FOLDER, folder_of, pattern
 from ..errors import KvasymError
-from ..latex import escape_latex
+from .format import escape_latex
 from .format import Latex
 
 __all__ = ["PACKAGES", "amendment_log", "benchmark_costs", "file_sha256", "git_state", "hardware",
