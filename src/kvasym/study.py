@@ -35,7 +35,6 @@ from .config_schema import defaults, load_schema, validate_config
 from .distributions import DistributionSpec
 from .errors import KvasymError
 from .schemes import Scheme, scheme_registry
-from .stages._slice import parse_slice  # noqa: F401  (re-exported: the stages' JSON slices)
 
 #: Defaults of the optional keys, as the schema states them (nested mappings filled key by key).
 DEFAULTS: dict[str, Any] = defaults()

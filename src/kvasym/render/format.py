@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import jinja2
@@ -36,7 +37,7 @@ import pandas as pd
 
 from ..errors import KvasymError
 
-__all__ = ["BREAK_AFTER", "DIGITS", "FILTERS", "Latex", "P_DECIMAL_MIN", "bits", "ci", "ci_wrap", "count",
+__all__ = ["BREAK_AFTER", "DIGITS", "FILTERS", "Latex", "P_DECIMAL_MIN", "best_flags", "bits", "ci", "ci_wrap", "count",
            "environment", "escape", "escape_breakable", "escape_latex", "escape_latex_breakable", "mediqr", "num",
            "plain", "pvalue", "pvalue_raw", "pvalue_text", "render_template", "sig", "sig_text"]
 
@@ -105,6 +106,19 @@ def _missing(x: Any) -> bool:
         return bool(pd.isna(x))
     except (TypeError, ValueError):
         return False
+
+
+def best_flags(values: Sequence[Any], better: str) -> list[bool]:
+    """Which entries are the best (``lower`` or ``higher``) of ``values``; ties are all best,
+    missing values never are, and a column with one usable value has no best."""
+    if better not in ("lower", "higher"):
+        raise KvasymError(f"better must be 'lower' or 'higher', got {better!r}")
+    arr = np.array([np.nan if _missing(v) else float(v) for v in values], dtype=float)
+    ok = np.isfinite(arr)
+    if ok.sum() < 2:
+        return [False] * len(arr)
+    target = np.min(arr[ok]) if better == "lower" else np.max(arr[ok])
+    return [bool(o and v == target) for o, v in zip(ok, arr)]
 
 
 def _fixed(x: float, digits: int) -> str:

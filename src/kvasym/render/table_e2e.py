@@ -36,7 +36,7 @@ def _scheme_order(names: Any) -> list[str]:
 
 
 def _best(values: list[float], better: str) -> list[bool]:
-    from .tables import best_flags
+    from .format import best_flags
 
     return best_flags(values, better)
 

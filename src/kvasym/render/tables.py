@@ -37,7 +37,7 @@ from ..real import REAL_PRE_ROPE as REAL_PRE
 from ..real import REAL_SHARPNESS
 from ..cells import MissingCell, cell_of, pair_ratio, select_cells
 from ..manifest import read_manifest
-from .format import _missing, render_template
+from .format import best_flags, render_template
 from .numbers import TAIL_PERCENTILE
 
 #: Table name -> (template, the ``inputs`` key it reads). ``render_tables`` writes
@@ -86,19 +86,6 @@ RESULT_COLUMNS: dict[str, str] = {
 # --------------------------------------------------------------------------------------------
 # table contexts (pure functions of DataFrames, testable without files)
 # --------------------------------------------------------------------------------------------
-
-
-def best_flags(values: Sequence[Any], better: str) -> list[bool]:
-    """Which entries are the best (``lower`` or ``higher``) of ``values``; ties are all best,
-    missing values never are, and a column with one usable value has no best."""
-    if better not in ("lower", "higher"):
-        raise KvasymError(f"better must be 'lower' or 'higher', got {better!r}")
-    arr = np.array([np.nan if _missing(v) else float(v) for v in values], dtype=float)
-    ok = np.isfinite(arr)
-    if ok.sum() < 2:
-        return [False] * len(arr)
-    target = np.min(arr[ok]) if better == "lower" else np.max(arr[ok])
-    return [bool(o and v == target) for o, v in zip(ok, arr)]
 
 
 def _unique(series: pd.Series) -> list[Any]:

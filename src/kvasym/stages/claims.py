@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from ..study import parse_slice
+    from ._slice import parse_slice
 
     headline = parse_slice(args.headline) if args.headline else None
     tables = {name: getattr(args, name) for name in TABLES + OPTIONAL_TABLES}

@@ -394,7 +394,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_from_args(args: argparse.Namespace) -> list[Path]:
     """Run the stage from parsed :func:`add_arguments` flags."""
-    from ..study import parse_slice
+    from ._slice import parse_slice
 
     slice_ = parse_slice(args.slice)
     inputs: dict[str, Any] = {k: getattr(args, k) for k in FIGURE_INPUTS}

@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from ..claims import load_claims
-    from ..study import load_study_file, parse_slice
+    from ..study import load_study_file
+    from ._slice import parse_slice
 
     if args.slice:
         slice_ = parse_slice(args.slice)

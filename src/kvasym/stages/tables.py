@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from ..study import parse_slice
+    from ._slice import parse_slice
 
     inputs = {k: getattr(args, k) for k in INPUTS if getattr(args, k)}
     for path in render_tables(inputs, parse_slice(args.headline), args.out_dir, args.table):
