@@ -118,6 +118,13 @@ def _fragment(template: str) -> str:
     return fixed.lstrip("/").removeprefix(DAG_FOLDER + "/")
 
 
+def _spelling(name: str) -> re.Pattern[str]:
+    """A literal that spells artifact ``name``'s path: its fixed part at the start of the string,
+    after the results folder, or after a slash that follows a folder variable (a Python
+    f-string's piece ``/stats/summary.parquet``, a rule's ``f"{RESULTS}/stats/summary.parquet"``)."""
+    return re.compile(rf"(^/?|{DAG_FOLDER}/|\}}/){re.escape(_fragment(ARTIFACTS[name].template))}")
+
+
 def _code_strings(path: Path):
     """(line, text) of the string literals of a Python file, docstrings left out."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -143,18 +150,20 @@ def test_a_dag_path_is_spelled_only_in_the_catalogue():
     sources = [(p, _code_strings) for p in sorted((ROOT / "src" / "kvasym").rglob("*.py"))
                if p.name != "artifacts.py"]
     sources += [(p, _rule_strings) for p in [ROOT / "Snakefile", *sorted((ROOT / "workflow" / "rules").glob("*.smk"))]]
-    spelled = []
-    for name, item in ARTIFACTS.items():
-        fragment = re.compile(rf"(^|{DAG_FOLDER}/){re.escape(_fragment(item.template))}")
-        for path, strings in sources:
-            spelled += [f"{path.relative_to(ROOT)}:{line}: {name} ({text!r})"
-                        for line, text in strings(path) if fragment.search(text)]
+    strings = [(path, line, text) for path, read in sources for line, text in read(path)]
+    spelled = [f"{path.relative_to(ROOT)}:{line}: {name} ({text!r})"
+               for name in ARTIFACTS for path, line, text in strings if _spelling(name).search(text)]
     assert not spelled, "paths spelled outside kvasym.artifacts:\n" + "\n".join(spelled)
 
 
 def test_the_check_above_finds_a_spelled_path(tmp_path):
     """The scan is not vacuous: a literal path in code is found, a docstring mention is not."""
     sample = tmp_path / "sample.py"
-    sample.write_text('"""Reads results/stats/summary.parquet."""\nPATH = "results/stats/summary.parquet"\n')
-    fragment = re.compile(rf"(^|{DAG_FOLDER}/){re.escape(_fragment(ARTIFACTS['summary'].template))}")
-    assert [line for line, text in _code_strings(sample) if fragment.search(text)] == [2]
+    sample.write_text('"""Reads results/stats/summary.parquet."""\nPATH = "results/stats/summary.parquet"\n'
+                      'OTHER = f"{ROOT}/stats/summary.parquet"\nNOT_IT = "../report/stats/summary.parquet"\n')
+    fragment = _spelling("summary")
+    assert [line for line, text in _code_strings(sample) if fragment.search(text)] == [2, 3]
+    rule = tmp_path / "sample.smk"
+    rule.write_text('rule x:\n    output:\n'
+                    '        f"{RESULTS}/stats/summary.parquet",  # "results/stats/summary.parquet"\n')
+    assert [line for line, text in _rule_strings(rule) if fragment.search(text)] == [3]

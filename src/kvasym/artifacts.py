@@ -26,6 +26,7 @@ A path template uses Snakemake's wildcard syntax (``{distribution}``, ``{dim}``,
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import re
 import string
@@ -331,6 +332,7 @@ def input_flags(named: Mapping[str, str | Sequence[str]]) -> str:
 _WILDCARD = re.compile(r"\{(\w+)\}")
 
 
+@functools.lru_cache(maxsize=None)
 def template_regex(name: str) -> re.Pattern[str]:
     """A regular expression matching the paths of artifact ``name``, one named group per wildcard
     (a wildcard matches one path component, ``dim`` and ``budget`` digits only)."""
