@@ -26,6 +26,13 @@ def test_every_artifact_names_known_stages_and_parts():
         assert item.when in WHEN, name
         assert item.template.startswith((DAG_FOLDER + "/", "paper/")), name
     assert set(JOB_KEYS) == set(STAGES)
+    for item in ARTIFACTS.values():
+        last = item.template.rsplit("/", 1)[-1]
+        if item.folder:  # written whole, its files catalogued under it
+            assert "." not in last and any(other.template.startswith(item.template + "/")
+                                           for other in ARTIFACTS.values()), item.name
+        else:
+            assert "." in last, item.name
 
 
 def test_declared_schemas_resolve_to_the_modules_columns():

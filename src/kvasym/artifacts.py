@@ -2,10 +2,10 @@
 
 Each :class:`Artifact` names one kind of file (or folder) the DAG writes: its path template
 relative to the working directory (``results/`` for the intermediates, ``paper/`` for the
-generated TeX and the PDF), the stage (= rule = ``kvasym stage`` subcommand) that writes it, the
-command-line flag by which a consumer stage is given it, the Parquet schema it has when one is
-declared, and the part of the study it exists for (``when``: every DAG, or only with real-model
-rows, end-to-end passes, a frontier or a sequence-length sweep).
+generated TeX and the PDF), the stage (= rule = ``kvasym stage`` subcommand) that writes it,
+the Parquet schema it has when one is declared, and the part of the study it exists for
+(``when``: every DAG, or only with real-model rows, end-to-end passes, a frontier or a
+sequence-length sweep).
 
 Who reads the table:
 
@@ -44,7 +44,7 @@ DAG_FOLDER = "results"
 GENERATED_FOLDER = "paper/generated"
 
 #: Parts of the study an artifact exists for; "always" is every DAG.
-WHEN = ("always", "variants", "files", "real", "e2e", "frontier", "seq_len", "latex")
+WHEN = ("always", "real", "e2e", "frontier", "seq_len", "latex")
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,8 @@ class Artifact:
     Attributes
     ----------
     name : str
-        The artifact's name; a consumer stage's flag is ``--<name with dashes>``.
+        The artifact's name (a consumer stage's argument takes it as its name where one
+        artifact is all it is given, :func:`add_input_arguments`).
     template : str
         Its path relative to the working directory, with Snakemake wildcards in braces.
     writers : tuple of str
@@ -68,7 +69,8 @@ class Artifact:
         ``"module:ATTRIBUTE"`` of its Parquet schema (a :class:`pyarrow.Schema` or a sequence of
         required column names) when one is declared; :meth:`columns` resolves it.
     folder : bool
-        A folder written whole (a Snakemake ``directory()`` output) rather than a file.
+        A folder written whole (a Snakemake ``directory()`` output, its files named in the
+        catalogue as artifacts of their own) rather than a file.
     """
 
     name: str
@@ -83,11 +85,6 @@ class Artifact:
     def wildcards(self) -> tuple[str, ...]:
         """The wildcards of :attr:`template`, in order."""
         return tuple(field for _, field, _, _ in string.Formatter().parse(self.template) if field)
-
-    @property
-    def flag(self) -> str:
-        """The command-line flag a consumer stage is given this artifact by."""
-        return "--" + self.name.replace("_", "-")
 
     def path(self, **wildcards: Any) -> str:
         """The path of one instance: :attr:`template` with every wildcard filled in."""
@@ -308,7 +305,7 @@ def add_input_arguments(parser: argparse.ArgumentParser, inputs: Mapping[str, st
 
 
 _WHEN_WORDS = {
-    "variants": "query-model variants", "files": "bring-your-own caches", "real": "real-model rows",
+    "real": "real-model rows",
     "e2e": "the end-to-end passes", "frontier": "frontier.schemes", "seq_len": "seq_len_sweep.seq_lens",
     "latex": "a LaTeX engine",
 }

@@ -3,12 +3,8 @@
 
 rule claims:
     input:
-        # the end-to-end comparisons and rank agreement, when configured
-        unpack(
-            optional_inputs(
-                "e2e_comparisons", "e2e_agreement", "frontier_units", "seq_len_slopes"
-            )
-        ),
+        # the end-to-end, frontier and sweep tables, when configured
+        unpack(optional_inputs("claims")),
         claims=STUDY.claims_file,
         comparisons=rules.gather.output.comparisons,
         summary=rules.gather.output.summary,
@@ -37,9 +33,7 @@ rule claims:
         headline=headline_param,
         # the query model of each low-rank distribution, named in the ledger's reasons
         query_variants=canonical_json(STUDY.query_variants),
-        optional=flags_of(
-            "e2e_comparisons", "e2e_agreement", "frontier_units", "seq_len_slopes"
-        ),
+        optional=flags_of(*optional_of("claims")),
     shell:
         "kvasym stage claims --claims {input.claims:q} --comparisons {input.comparisons:q}"
         " --summary {input.summary:q} --trials {input.trials:q} --theory {input.theory:q}"

@@ -43,7 +43,7 @@ from kvasym.real.evaluate import REAL_DISTRIBUTIONS
 from kvasym.render.numbers import numbers_slice
 from kvasym.render.reproduce import reproduce_slice
 from kvasym.resources import SLICE_STAGES, job_resources
-from kvasym.stages import STAGES, stage_code_digest
+from kvasym.stages import STAGES, stage_code_digest, stage_module
 from kvasym.stages.paper import LATEX_PACKAGES, have_latex
 from kvasym.study import canonical_json, load_study
 
@@ -339,17 +339,24 @@ OPTIONAL_PARTS = {
 }
 
 
-def optional_inputs(*names):
-    """An input function: the named artifacts (one file each) that this DAG has, by name."""
+def optional_of(stage):
+    """The inputs of ``stage`` (its module's INPUTS) whose artifacts only some DAGs have."""
+    inputs = stage_module(stage).INPUTS
+    return tuple(name for name in inputs if ARTIFACTS[inputs[name]].when != "always")
 
-    def inputs(wildcards):
+
+def optional_inputs(stage):
+    """An input function: the optional inputs of ``stage`` that this DAG has, by name."""
+    inputs = stage_module(stage).INPUTS
+
+    def present(wildcards):
         return {
-            name: pattern(name)
-            for name in names
-            if OPTIONAL_PARTS[ARTIFACTS[name].when]
+            name: pattern(inputs[name])
+            for name in optional_of(stage)
+            if OPTIONAL_PARTS[ARTIFACTS[inputs[name]].when]
         }
 
-    return inputs
+    return present
 
 
 def flags_of(*names):
@@ -573,15 +580,6 @@ def figure_flags(inputs):
     return " ".join(flags)
 
 
-# the tables stage's inputs that only some DAGs have (kvasym.stages.tables.INPUTS)
-TABLE_OPTIONAL_INPUTS = (
-    "real_cachestats",
-    "e2e_summary",
-    "e2e_sensitivity",
-    "frontier_points",
-    "seq_len_summary",
-    "seq_len_slopes",
-)
 TABLES = [
     "summary",
     "results",

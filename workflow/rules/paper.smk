@@ -6,7 +6,7 @@
 rule tables:
     input:
         # each optional part's inputs, when the DAG has that part (kvasym.artifacts)
-        unpack(optional_inputs(*TABLE_OPTIONAL_INPUTS)),
+        unpack(optional_inputs("tables")),
         # with real-model rows: the synthetic distributions' data manifests at the headline dim
         unpack(manifests_input),
         summary=rules.gather.output.summary,
@@ -24,7 +24,7 @@ rule tables:
     params:
         code=STAGE_CODE["tables"],  # reruns the job when the code it runs changes
         headline=headline_param,
-        optional=flags_of(*TABLE_OPTIONAL_INPUTS, "data_manifests"),
+        optional=flags_of(*optional_of("tables"), "data_manifests"),
         out_dir=out_dir,
     shell:
         "kvasym stage tables --summary {input.summary:q} --comparisons {input.comparisons:q}"

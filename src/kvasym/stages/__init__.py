@@ -78,8 +78,6 @@ def intermediate_inputs(args: argparse.Namespace) -> set[Path]:
     return files
 
 
-
-
 def move_aside_damaged(args: argparse.Namespace, path: str) -> str:
     """What to do about a damaged input ``path`` of a stage run with ``args``, as a sentence.
 
