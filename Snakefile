@@ -38,15 +38,25 @@ include: "workflow/rules/figures.smk"
 include: "workflow/rules/paper.smk"
 
 
+# What a run leaves: its RO-Crate (rule crate, last) lists every file of these.
+RUN_OUTPUTS = [
+    data_manifests(),
+    metrics_tables(),
+    list(rules.gather.output),
+    list(rules.claims.output),
+    frontier_targets(),
+    seq_len_targets(),
+    e2e_targets(),
+    list(figure_outputs().values()),
+    paper_targets(),
+]
+
+
+include: "workflow/rules/crate.smk"
+
+
 rule all:
     default_target: True
     input:
-        data_manifests(),
-        metrics_tables(),
-        rules.gather.output,
-        rules.claims.output,
-        frontier_targets(),
-        seq_len_targets(),
-        e2e_targets(),
-        figure_outputs().values(),
-        paper_targets(),
+        RUN_OUTPUTS,
+        rules.crate.output,

@@ -241,11 +241,13 @@ def _rules_to_run(out: str) -> dict[str, int]:
 @pytest.mark.parametrize(
     "edited, expected",
     [
-        # reproduce follows the tables and figures (it sums their benchmark: files)
-        ("kvasym/templates/table_results.tex.j2", {"tables", "reproduce", "paper"}),
-        ("kvasym/templates/reproduce.tex.j2", {"reproduce", "paper"}),
+        # reproduce follows the tables and figures (it sums their benchmark: files); the crate
+        # follows every output (it lists each file with its hash)
+        ("kvasym/templates/table_results.tex.j2", {"tables", "reproduce", "paper", "crate"}),
+        ("kvasym/templates/reproduce.tex.j2", {"reproduce", "paper", "crate"}),
         ("kvasym/figures.py", {"figure_"}),
-        ("kvasym/render/claims.py", {"claims", "tables", "numbers", "reproduce", "paper"}),
+        ("kvasym/render/claims.py", {"claims", "tables", "numbers", "reproduce", "paper", "crate"}),
+        ("kvasym/render/crate.py", {"crate"}),
     ],
 )
 def test_editing_code_reruns_the_stages_that_run_it_and_only_them(complete_run, tmp_path, edited, expected):
@@ -262,7 +264,7 @@ def test_editing_code_reruns_the_stages_that_run_it_and_only_them(complete_run, 
     rules = set(_rules_to_run(proc.stdout + proc.stderr))
     paper = {"paper"} if (complete_run / "paper/build/main.pdf").exists() else set()
     if expected == {"figure_"}:
-        after = paper | {"reproduce"}
+        after = paper | {"reproduce", "crate"}
         assert rules and all(r.startswith("figure_") or r in after for r in rules), rules
         assert rules - after == {r for r in rules if r.startswith("figure_")} and len(rules - after) >= 9
     else:

@@ -181,6 +181,9 @@ _ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("reproduce", f"{GENERATED_FOLDER}/reproduce.tex", ("reproduce",),
              "the reproduction section: commands, commit, hashes, versions, job costs"),
     Artifact("paper_pdf", "paper/build/main.pdf", ("paper",), "the paper", when="latex"),
+    # provenance: the crate's root is the checkout, so its metadata file stands there (RO-Crate 1.3)
+    Artifact("crate", "ro-crate-metadata.json", ("crate",),
+             "the run as a Workflow Run RO-Crate: every file, job and claim with what it was computed from"),
 )
 #: Every artifact by name, in DAG order.
 ARTIFACTS: dict[str, Artifact] = {a.name: a for a in _ARTIFACTS}
@@ -207,6 +210,7 @@ JOB_KEYS: dict[str, str] = {
     "numbers": "numbers",
     "reproduce": "reproduce",
     "paper": "paper",
+    "crate": "crate",
 }
 
 

@@ -36,6 +36,8 @@ FIXED_RESOURCES: dict[str, tuple[int, int]] = {
     "tables": (1000, 5),
     "numbers": (1000, 5),
     "reproduce": (1000, 5),
+    # crate: hashes every file of the run (5 GB on the paper grid, about 1 GB/s), one at a time
+    "crate": (1000, 10),
     "paper": (2000, 10),
     "capture": (3000, 20),
     "real_metrics": (3000, 30),

@@ -41,6 +41,7 @@ from kvasym.real import REAL_MODEL_NAME, REAL_SHARPNESS
 from kvasym.real import missing_extra_reason, real_settings
 from kvasym.real.evaluate import REAL_DISTRIBUTIONS
 from kvasym.render.numbers import numbers_slice
+from kvasym.render.crate import crate_slice
 from kvasym.render.reproduce import reproduce_slice
 from kvasym.resources import SLICE_STAGES, job_resources
 from kvasym.stages import STAGES, stage_code_digest, stage_module
@@ -719,3 +720,44 @@ def headline_param(wildcards):
 
 def figures_param(wildcards):
     return canonical_json(FIGURES_SLICE)
+
+
+def crate_parts():
+    """What the run wrote beyond RUN_OUTPUTS that its crate lists: the stats and theory parts (a
+    claim decided in one cell names its parts), the real and file cells' metrics files (written
+    per cell, not as unit folders), the frontier's per-query files, the captures, the real
+    caches' statistics and the end-to-end passes' per-text tables."""
+    parts = [stats_tables(kind) for kind in ("comparisons", "summary", "trials")]
+    parts.append(theory_tables())
+    parts.append(
+        [
+            path("per_query", distribution=d, dim=n, scheme=s, budget=b)
+            for d, n in [*FILE_CELLS, *REAL_CELLS]
+            for s in STUDY.schemes
+            for b in STUDY.budgets
+        ]
+    )
+    parts.append(as_inputs(frontier_per_query()))
+    if REAL_CELLS:
+        parts.append(real_capture_files())
+        parts.append([path("capture_sidecar", text=text) for text in REAL["texts"]])
+        parts.append(list(optional_inputs("tables")(None).values()))
+    if E2E:
+        parts.append(e2e_texts())
+    return parts
+
+
+def crate_param(wildcards):
+    """The crate's slice: the files the run read and who wrote each distribution's metrics."""
+    writers = {name: "cells" for name in CELL_UNITS}
+    writers.update({name: "metrics" for name in VARIANT_UNITS})
+    writers.update({name: "file_metrics" for name, _ in FILE_CELLS})
+    writers.update({name: "real_metrics" for name, _ in REAL_CELLS})
+    return canonical_json(
+        crate_slice(
+            validate_config(config),
+            [os.path.relpath(f) for f in workflow.configfiles],
+            STUDY.claims_file,
+            writers,
+        )
+    )

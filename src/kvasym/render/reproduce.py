@@ -36,8 +36,8 @@ from ..errors import KvasymError
 from .format import escape_latex
 from .format import Latex
 
-__all__ = ["PACKAGES", "amendment_log", "benchmark_costs", "file_sha256", "git_state", "hardware",
-           "package_versions", "real_provenance", "reproduce_context", "reproduce_slice"]
+__all__ = ["PACKAGES", "amendment_log", "benchmark_costs", "effective_config_sha256", "file_sha256", "git_state",
+           "hardware", "package_versions", "real_provenance", "reproduce_context", "reproduce_slice"]
 
 #: Distributions whose versions the section prints (those that compute or draw a number).
 PACKAGES = ("numpy", "scipy", "pandas", "pyarrow", "numba", "matplotlib", "jinja2", "snakemake", "gguf",
@@ -299,6 +299,13 @@ def reproduce_context(slice_: Mapping[str, Any], *, bench_dir: str | os.PathLike
     }
 
 
+def effective_config_sha256(config: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of the effective config: its canonical JSON, defaults filled in."""
+    from ..study import canonical_json
+
+    return hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest()
+
+
 def reproduce_slice(study: Any, config: Mapping[str, Any], configfiles: Sequence[str], *,
                     commit: str | None = None) -> dict[str, Any]:
     """The rule's param: the commands that rebuild the paper, the config files and the SHA-256 of
@@ -306,7 +313,6 @@ def reproduce_slice(study: Any, config: Mapping[str, Any], configfiles: Sequence
     file, where the full tables live, and the commit the DAG was planned at (so a new commit
     reruns the section)."""
     from ..dataset import git_commit
-    from ..study import canonical_json
 
     config_flag = "".join(f" --configfile {f}" for f in configfiles)
     return {
@@ -317,7 +323,7 @@ def reproduce_slice(study: Any, config: Mapping[str, Any], configfiles: Sequence
             f"snakemake --cores 2{config_flag} --report results/report.html",
         ],
         "configfiles": list(configfiles),
-        "config_sha256": hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest(),
+        "config_sha256": effective_config_sha256(config),
         "claims_file": str(study.claims_file),
         # the committed check of the numpy forward pass (benchmarks/validate_forward.py)
         "forward_reference": FORWARD_REFERENCE,

@@ -56,6 +56,7 @@ STAGES: dict[str, str] = {
     "numbers": "numbers.tex: a macro for every number and name the paper's prose quotes",
     "reproduce": "reproduce.tex: commands, commit, hashes, versions, machine, job costs, claims amendments",
     "paper": "the paper PDF (latexmk) from its sources and the generated parts",
+    "crate": "the run as a Workflow Run RO-Crate at the checkout's root, each claim linked to the files it came from",
 }
 
 

@@ -1,0 +1,365 @@
+"""Provenance a machine can read: the run as a Workflow Run RO-Crate (``ro-crate-metadata.json``).
+
+The crate's root is the checkout the DAG ran in (``./``): the workflow (``Snakefile``, the
+crate's ``mainEntity``), the config and claims files it read and every file the run wrote are
+data entities inside it. The metadata is written from the catalogue (:mod:`kvasym.artifacts`),
+never from guesses about file names:
+
+- each file of the run is a ``File`` with its size and SHA-256, linked (``exampleOfWork``) to the
+  ``FormalParameter`` of its artifact (the catalogue entry: name, description, template);
+- each job is a ``CreateAction`` (``#job-<job key>``, the key of its log and benchmark file,
+  :data:`kvasym.artifacts.JOB_KEYS`; ``#jobs-<stage>`` for a stage whose job key the files do not
+  tell, as the figure families): its ``result`` are the files of its stage's artifacts whose
+  wildcards agree with the job's, its ``object`` the files of the artifacts the stage declares as
+  inputs (``INPUTS`` of its module) that agree with the job's wildcards, its ``instrument`` the
+  stage's code (``#stage-<stage>``, identified by :func:`kvasym.stages.stage_code_digest`);
+- each claim of the ledger is a ``Claim`` (``#claim-<id>``) whose ``isBasedOn`` names the
+  gathered tables its statistic reads (:data:`kvasym.render.claims.STATISTIC_TABLES`) and, when
+  the claim is decided at one dim in one distribution (or a ratio's two), those cells' parts of
+  them; its estimate, interval, log10 p and verdict are ``additionalProperty`` values, read from
+  the ledger, never recomputed;
+- the run itself (``#run``) is the ``CreateAction`` of the workflow: ``object`` the config and
+  claims files (with their SHA-256, and the SHA-256 of the effective config), ``result`` every
+  file and claim; the workflow's ``version`` is the git commit, ``softwareRequirements`` the
+  versions of the packages that computed the numbers (:func:`kvasym.render.reproduce.package_versions`).
+
+The crate follows RO-Crate 1.3 and the Workflow Run Crate profile 0.5 (the Process Run Crate's
+actions, the Workflow RO-Crate's main entity). Every term is one of the RO-Crate JSON-LD
+context's, so a JSON-LD processor expands the crate without dropping any property (checked in
+``tests/test_crate.py`` against the context the ``rocrate`` package ships).
+
+References
+----------
+.. [1] S. Soiland-Reyes et al., "Packaging research artefacts with RO-Crate", Data Science 5(2),
+   2022. https://w3id.org/ro/crate
+.. [2] S. Leo et al., "Recording provenance of workflow runs with RO-Crate", PLOS ONE 19(9), 2024.
+   https://w3id.org/ro/wfrun
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import mimetypes
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..artifacts import ARTIFACTS, JOB_KEYS, pattern, template_regex
+from ..errors import KvasymError
+
+__all__ = ["CONTEXT", "METADATA_FILE", "PROFILES", "build_crate", "collect_files", "crate_slice", "match_artifact",
+           "write_crate"]
+
+#: The JSON-LD context and the specification the crate conforms to.
+CONTEXT = "https://w3id.org/ro/crate/1.3/context"
+SPECIFICATION = "https://w3id.org/ro/crate/1.3"
+#: The profiles the root dataset conforms to (Process, Workflow Run Crate; Workflow RO-Crate).
+PROFILES = ("https://w3id.org/ro/wfrun/process/0.5", "https://w3id.org/ro/wfrun/workflow/0.5",
+            "https://w3id.org/workflowhub/workflow-ro-crate/1.0")
+#: The metadata file's name (the RO-Crate specification fixes it) at the crate's root.
+METADATA_FILE = pattern("crate")
+_SNAKEMAKE = "https://w3id.org/workflowhub/workflow-ro-crate#snakemake"
+_COMPLETED = "http://schema.org/CompletedActionStatus"
+_FORMATS = {".parquet": "application/vnd.apache.parquet", ".npz": "application/x-npz",
+            ".tex": "text/x-tex", ".md": "text/markdown", ".yaml": "application/yaml", ".json": "application/json",
+            ".pdf": "application/pdf", ".png": "image/png", ".html": "text/html"}
+#: The ledger fields a claim carries as its additionalProperty values.
+_CLAIM_VALUES = ("estimate", "low", "high", "log10_p", "paper_value", "verdict", "reason", "statistic")
+
+
+def _file_digest(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def match_artifact(relpath: str) -> tuple[str, dict[str, str]] | None:
+    """The catalogue artifact whose template ``relpath`` (relative to the crate's root, with
+    ``/``) is an instance of, and its wildcard values; None when no file artifact matches."""
+    for name, item in ARTIFACTS.items():
+        if item.folder:
+            continue
+        match = template_regex(name).fullmatch(relpath)
+        if match:
+            return name, match.groupdict()
+    return None
+
+
+def collect_files(root: str | os.PathLike, targets: Iterable[str | os.PathLike]) -> list[str]:
+    """The run's files, relative to ``root``: each target file, and every file inside each target
+    folder (a ``directory()`` output), hidden names (a job's temporary or moved-aside files) left
+    out; sorted. A target that does not exist is a :class:`KvasymError` naming it."""
+    root = Path(root).resolve()
+    found: set[str] = set()
+    for target in targets:
+        p = Path(target)
+        p = p if p.is_absolute() else root / p
+        if p.is_dir():
+            for folder, dirs, files in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                found.update(Path(folder, f).resolve().relative_to(root).as_posix()
+                             for f in files if not f.startswith("."))
+        elif p.is_file():
+            found.add(p.resolve().relative_to(root).as_posix())
+        else:
+            raise KvasymError(f"{target}: no such file or folder (an output of the run the crate describes)")
+    return sorted(found)
+
+
+def _agrees(values: Mapping[str, str], fixed: Mapping[str, Any]) -> bool:
+    return all(str(values[k]) == str(v) for k, v in fixed.items() if k in values)
+
+
+def _job_wildcards(stage: str) -> tuple[str, ...]:
+    from string import Formatter
+
+    return tuple(f for _, f, _, _ in Formatter().parse(JOB_KEYS[stage]) if f)
+
+
+def _inputs_of(stage: str) -> dict[str, str]:
+    """Stage ``stage``'s ``INPUTS``: argument -> the artifact it reads."""
+    from ..stages import stage_module
+
+    return dict(getattr(stage_module(stage), "INPUTS", {}))
+
+
+def _stage_inputs(stage: str) -> tuple[str, ...]:
+    """The artifacts stage ``stage`` reads, in catalogue order."""
+    declared = set(_inputs_of(stage).values())
+    return tuple(name for name in ARTIFACTS if name in declared)
+
+
+def _id_ref(ids: Iterable[str]) -> list[dict[str, str]]:
+    return [{"@id": i} for i in ids]
+
+
+def _property(name: str, value: Any) -> dict[str, Any]:
+    """A PropertyValue; a non-finite number (a log10 p of -inf: p underflowed) is written as the
+    text JSON's own readers use for it (``-Infinity``, ``Infinity``, ``NaN``), since JSON has no
+    such numbers and the ledger's JSON carries them in that spelling."""
+    if isinstance(value, float) and not math.isfinite(value):
+        value = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return {"@id": f"#value-{name}", "@type": "PropertyValue", "name": name, "value": value}
+
+
+def build_crate(root: str | os.PathLike, files: Sequence[str], *, ledger: Sequence[Mapping[str, Any]],
+                unit_writers: Mapping[str, str], inputs: Mapping[str, str], config_sha256: str,
+                commit: str | None, clean: bool | None, packages: Sequence[Mapping[str, str]],
+                end_time: datetime | None = None) -> dict[str, Any]:
+    """The crate's JSON-LD document (see the module doc).
+
+    Parameters
+    ----------
+    root : path
+        The crate's root (the checkout the DAG ran in); every path below is relative to it.
+    files : sequence of str
+        The run's files (:func:`collect_files`), each matched to its artifact.
+    ledger : sequence of mapping
+        The claims ledger (``results/claims/claims.json``): its entries become ``Claim`` entities.
+    unit_writers : mapping
+        Distribution name -> the stage that wrote its metrics (``cells`` for the synthetic grid,
+        ``metrics`` for a query-model variant, ``real_metrics``, ``file_metrics``): the artifacts
+        with several writers are attributed by it.
+    inputs : mapping
+        What the run read: ``{"config": path, ...}`` for each config file and ``"claims_file"``.
+    config_sha256 : str
+        SHA-256 of the effective config (canonical JSON, defaults filled in).
+    commit, clean : str or None, bool or None
+        The git commit of the checkout and whether its tree was clean (None without git).
+    packages : sequence of mapping
+        ``[{name, version}]`` of the software (:func:`kvasym.render.reproduce.package_versions`).
+    end_time : datetime, optional
+        When the run ended (default: the newest file's modification time).
+    """
+    from ..stages import STAGES, stage_code_digest
+    from .claims import STATISTIC_TABLES
+
+    root = Path(root).resolve()
+    graph: list[dict[str, Any]] = []
+    entities: dict[str, dict[str, Any]] = {}
+    instances: dict[str, list[tuple[str, dict[str, str]]]] = {}
+    mtimes = []
+    for rel in files:
+        p = root / rel
+        stat = p.stat()
+        mtimes.append(stat.st_mtime)
+        entity: dict[str, Any] = {"@id": rel, "@type": "File", "name": p.name, "contentSize": str(stat.st_size),
+                                  "sha256": _file_digest(p),
+                                  "encodingFormat": _FORMATS.get(p.suffix) or mimetypes.guess_type(p.name)[0]
+                                  or "application/octet-stream"}
+        found = match_artifact(rel)
+        if found is not None:
+            name, values = found
+            entity["exampleOfWork"] = {"@id": f"#artifact-{name}"}
+            instances.setdefault(name, []).append((rel, values))
+        entities[rel] = entity
+    end = end_time or (datetime.fromtimestamp(max(mtimes), tz=timezone.utc) if mtimes
+                       else datetime.now(tz=timezone.utc))
+    end_text = end.replace(microsecond=0).isoformat()
+
+    # what the run read: the config files and the claims file
+    input_ids = []
+    for role, rel in inputs.items():
+        p = root / rel
+        if not p.is_file():
+            raise KvasymError(f"{rel}: no such file (the run's {role})")
+        input_ids.append(p.resolve().relative_to(root).as_posix())
+        entities[input_ids[-1]] = {"@id": input_ids[-1], "@type": "File", "name": p.name,
+                                   "description": f"the run's {role.replace('_', ' ')}",
+                                   "contentSize": str(p.stat().st_size), "sha256": _file_digest(p),
+                                   "encodingFormat": _FORMATS.get(p.suffix, "text/plain"),
+                                   "exampleOfWork": {"@id": f"#input-{role}"}}
+
+    # the artifacts (the workflow's formal outputs) and its formal inputs
+    parameters = [{"@id": f"#artifact-{name}", "@type": "FormalParameter", "name": name,
+                   "description": f"{ARTIFACTS[name].description} ({ARTIFACTS[name].template})",
+                   "additionalType": "File", "encodingFormat": _FORMATS.get(Path(ARTIFACTS[name].template).suffix,
+                                                                            "application/octet-stream"),
+                   "conformsTo": {"@id": "https://bioschemas.org/profiles/FormalParameter/1.0-RELEASE"}}
+                  for name in ARTIFACTS if name in instances]
+    parameters += [{"@id": f"#input-{role}", "@type": "FormalParameter", "name": role, "additionalType": "File",
+                    "conformsTo": {"@id": "https://bioschemas.org/profiles/FormalParameter/1.0-RELEASE"}}
+                   for role in inputs]
+
+    # one action per job: the files its stage writes that agree with the job's wildcards
+    def writes(stage: str, name: str, values: Mapping[str, str]) -> bool:
+        writers = ARTIFACTS[name].writers
+        if len(writers) > 1 and "distribution" in values:
+            return unit_writers.get(values["distribution"]) == stage
+        return stage in writers
+
+    jobs: dict[str, dict[str, Any]] = {}
+    for name, items in instances.items():
+        for rel, values in items:
+            for stage in STAGES:
+                if not writes(stage, name, values):
+                    continue
+                fixed = {w: values[w] for w in _job_wildcards(stage) if w in values}
+                key = JOB_KEYS[stage]
+                for w, v in fixed.items():
+                    key = key.replace("{" + w + "}", str(v))
+                # a job key whose wildcards the file does not tell (a figure's family): the stage's jobs
+                job_id = f"#job-{key}" if "{" not in key else f"#jobs-{stage}"
+                job = jobs.setdefault(job_id, {"stage": stage, "fixed": fixed, "result": []})
+                job["result"].append(rel)
+    actions = []
+    stages_used = []
+    for job_id in sorted(jobs, key=lambda j: (list(STAGES).index(jobs[j]["stage"]), j)):
+        job = jobs[job_id]
+        stage = job["stage"]
+        if stage not in stages_used:
+            stages_used.append(stage)
+        objects = [rel for name in _stage_inputs(stage) for rel, values in instances.get(name, ())
+                   if _agrees(values, job["fixed"])]
+        action = {"@id": job_id, "@type": "CreateAction",
+                  "name": f"{stage} {job_id.removeprefix('#job-')}" if job_id.startswith("#job-") else f"{stage} jobs",
+                  "instrument": {"@id": f"#stage-{stage}"}, "actionStatus": {"@id": _COMPLETED},
+                  "object": _id_ref(objects + input_ids), "result": _id_ref(sorted(job["result"]))}
+        actions.append(action)
+    stage_entities = [{"@id": f"#stage-{stage}", "@type": "SoftwareSourceCode", "name": f"kvasym stage {stage}",
+                       "description": STAGES[stage], "identifier": f"sha256:{stage_code_digest(stage)}",
+                       "programmingLanguage": {"@id": "#python"}} for stage in stages_used]
+
+    # the claims: the tables each statistic reads, that cell's parts of them, the ledger's numbers
+    claims = []
+    for row in ledger:
+        cid = str(row["id"])
+        tables = STATISTIC_TABLES.get(str(row.get("statistic")), ())
+        where = row.get("where") or {}
+        based = [rel for t in tables for rel, _ in instances.get(t, ())]
+        # the cells it is decided in: a ratio's two distributions, or its one, at one dim (the
+        # ledger fills the headline's distribution into every where: a ratio's is not its cell)
+        names = [where["num"], where["den"]] if "num" in where and "den" in where else (
+            [where["distribution"]] if "distribution" in where and "distributions" not in where else [])
+        if names and "dim" in where:
+            # a table gathered from per-cell parts is its writer's input of the same name (gather's)
+            parts = {_inputs_of(w).get(t) for t in tables for w in ARTIFACTS[t].writers} - {None}
+            based += [rel for a in ARTIFACTS if a in parts for rel, values in instances.get(a, ())
+                      if {"distribution", "dim"} <= set(values) and str(values["dim"]) == str(where["dim"])
+                      and values["distribution"] in names]
+        values = [_property(f"{cid}-{field}", row[field]) | {"name": field}
+                  for field in _CLAIM_VALUES if row.get(field) is not None]
+        claims.append({"@id": f"#claim-{cid}", "@type": "Claim", "identifier": cid, "name": cid,
+                       "text": str(row.get("statement", "")), "isBasedOn": _id_ref(based),
+                       "additionalProperty": _id_ref(v["@id"] for v in values)})
+        claims.extend(values)
+    ledger_files = [rel for rel, _ in instances.get("claims_json", ())]
+    for action in actions:
+        if action["instrument"]["@id"] == "#stage-claims":
+            action["result"] += _id_ref(c["@id"] for c in claims if c["@type"] == "Claim")
+    for rel in ledger_files:
+        entities[rel]["about"] = _id_ref(c["@id"] for c in claims if c["@type"] == "Claim")
+
+    software = [{"@id": f"#software-{p['name']}", "@type": "SoftwareApplication", "name": p["name"],
+                 "version": p["version"]} for p in packages]
+    python = next((p["version"] for p in packages if p["name"] == "Python"), None)
+    snakemake = next((p["version"] for p in packages if p["name"] == "snakemake"), None)
+    data_ids = sorted(entities)
+    workflow = {"@id": "Snakefile", "@type": ["File", "SoftwareSourceCode", "ComputationalWorkflow"],
+                "name": "kvasym",
+                "description": "the DAG that regenerates the study's numbers, figures, tables and paper",
+                "programmingLanguage": {"@id": _SNAKEMAKE},
+                "softwareRequirements": _id_ref(s["@id"] for s in software),
+                "input": _id_ref(f"#input-{role}" for role in inputs),
+                "output": _id_ref(p["@id"] for p in parameters if p["@id"].startswith("#artifact-")),
+                "conformsTo": {"@id": "https://bioschemas.org/profiles/ComputationalWorkflow/1.0-RELEASE"}}
+    if commit:
+        workflow["version"] = commit
+    if (root / "Snakefile").is_file():
+        workflow["sha256"] = _file_digest(root / "Snakefile")
+    run = {"@id": "#run", "@type": "CreateAction", "name": "snakemake run of kvasym", "endTime": end_text,
+           "instrument": {"@id": "Snakefile"}, "actionStatus": {"@id": _COMPLETED},
+           "object": _id_ref(input_ids),
+           "result": _id_ref([rel for rel in data_ids if rel not in input_ids]
+                             + [c["@id"] for c in claims if c["@type"] == "Claim"]),
+           }
+    run_values = [_property("config_sha256", config_sha256)
+                  | {"description": "SHA-256 of the effective config (canonical JSON, defaults filled in)"}]
+    if clean is not None:  # without git there is nothing to say (a JSON-LD null would drop the value)
+        run_values.append(_property("git_clean", clean)
+                          | {"description": "the checkout had no change against its commit"})
+    run["additionalProperty"] = _id_ref(v["@id"] for v in run_values)
+    languages = [{"@id": _SNAKEMAKE, "@type": "ComputerLanguage", "name": "Snakemake",
+                  "url": {"@id": "https://snakemake.readthedocs.io"}} | ({"version": snakemake} if snakemake else {}),
+                 {"@id": "#python", "@type": "ComputerLanguage", "name": "Python"}
+                 | ({"version": python} if python else {})]
+    for profile in PROFILES:
+        languages.append({"@id": profile, "@type": "CreativeWork", "name": profile.rsplit("/", 2)[-2],
+                          "version": profile.rsplit("/", 1)[-1]})
+    graph += [
+        {"@id": METADATA_FILE, "@type": "CreativeWork", "conformsTo": {"@id": SPECIFICATION}, "about": {"@id": "./"}},
+        {"@id": "./", "@type": "Dataset", "name": "kvasym: a run of the KV-cache quantization study",
+         "description": "Every number, figure and table of the study as one Snakemake run wrote them, with the "
+                        "claims ledger and what each claim was computed from.",
+         "datePublished": end_text, "license": {"@id": "https://spdx.org/licenses/MIT"},
+         "conformsTo": _id_ref(PROFILES), "mainEntity": {"@id": "Snakefile"},
+         "hasPart": _id_ref(["Snakefile", *data_ids]), "mentions": _id_ref(["#run", *(a["@id"] for a in actions)])},
+        {"@id": "https://spdx.org/licenses/MIT", "@type": "CreativeWork", "name": "MIT License"},
+        workflow, run, *run_values, *actions, *stage_entities,
+        *(entities[i] for i in data_ids), *parameters, *claims, *software, *languages,
+    ]
+    return {"@context": CONTEXT, "@graph": graph}
+
+
+def crate_slice(config: Mapping[str, Any], configfiles: Sequence[str], claims_file: str,
+                unit_writers: Mapping[str, str]) -> dict[str, Any]:
+    """The rule's param: the files the run read (``config``, ``config_2``, ... and
+    ``claims_file``), the SHA-256 of the effective config and who wrote each distribution's
+    metrics (:func:`build_crate`'s ``unit_writers``)."""
+    from .reproduce import effective_config_sha256
+
+    inputs = {("config" if i == 0 else f"config_{i + 1}"): str(f) for i, f in enumerate(configfiles)}
+    inputs["claims_file"] = str(claims_file)
+    return {"inputs": inputs, "config_sha256": effective_config_sha256(config),
+            "unit_writers": dict(sorted(unit_writers.items()))}
+
+
+def write_crate(crate: Mapping[str, Any], out: str | os.PathLike) -> None:
+    """Write ``crate`` as JSON (two-space indent) atomically."""
+    from ..atomic import write_text_atomic
+
+    # allow_nan=False: NaN is not JSON; a ledger value that is not a number fails here, named
+    write_text_atomic(json.dumps(crate, indent=2, ensure_ascii=False, allow_nan=False) + "\n", out)
