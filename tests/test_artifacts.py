@@ -104,7 +104,7 @@ def test_input_flags_quote_each_path():
 
 
 def test_every_stage_input_is_a_catalogued_artifact():
-    from kvasym.figure_registry import FIGURE_FAMILIES, FIGURE_INPUTS
+    from kvasym.render.figures.registry import FIGURE_FAMILIES, FIGURE_INPUTS
     from kvasym.stages import stage_module, tables
 
     declared = [getattr(stage_module(name), "INPUTS", None) for name in STAGES]

@@ -1228,7 +1228,7 @@ def test_tampered_packed_cache_through_the_stage_command(variant_mini: MiniRun, 
 
 def test_damaged_input_of_the_figure_stage_is_one_line_and_moved_aside(mini: MiniRun, tmp_path) -> None:
     """A figure job read its per-query files with bare pyarrow: a truncated one gave a traceback."""
-    from kvasym.figure_registry import figures_slice
+    from kvasym.render.figures.registry import figures_slice
     from kvasym.study import canonical_json
 
     run = _copy_run(mini, tmp_path / "run")
@@ -1250,7 +1250,7 @@ def test_damaged_input_of_the_figure_stage_is_one_line_and_moved_aside(mini: Min
 
 
 def test_figure_stage_refuses_a_cell_file_copied_over_another(mini: MiniRun, tmp_path) -> None:
-    from kvasym.figure_registry import figures_slice
+    from kvasym.render.figures.registry import figures_slice
     from kvasym.stages.figure import run_figures
 
     run = _copy_run(mini, tmp_path / "run")

@@ -19,7 +19,19 @@ from kvasym.errors import KvasymError
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
-from kvasym import figures as fg
+from kvasym.render.figures import _style as style
+from kvasym.render.figures import files as figfiles
+from kvasym.render.figures.budget_crossover import budget_crossover
+from kvasym.render.figures.jensen_bias import jensen_bias
+from kvasym.render.figures.kl_ecdf import KL_FLOOR, kl_ecdf
+from kvasym.render.figures.marginals import marginals
+from kvasym.render.figures.query_model import query_model_sweep
+from kvasym.render.figures.rank_sweep import rank_sweep
+from kvasym.render.figures.real_heatmap import real_kl_heatmap, real_rows_heatmap
+from kvasym.render.figures.shannon_phi import density_levels, shannon_phi_plane
+from kvasym.render.figures.sharpness_sweep import sharpness_sweep
+from kvasym.render.figures.tail_sweep import tail_sweep
+from kvasym.render.figures.theory_check import theory_check
 from kvasym.dataset import PER_KEY_SCHEMA, PER_QUERY_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,20 +157,20 @@ RANK = {"lowrank4": 4, "lowrank16": 16}
 def draw_all(t, colors=None):
     """(name, figure, expected number of axes) for every figure function."""
     return [
-        ("shannon_k", fg.shannon_phi_plane(t["per_query"], "k", sharpness=1.0, dim=64, distributions=FACETS,
+        ("shannon_k", shannon_phi_plane(t["per_query"], "k", sharpness=1.0, dim=64, distributions=FACETS,
                                            colors=colors), 6),
-        ("shannon_t", fg.shannon_phi_plane(t["per_query"], "t", sharpness=1.0, dim=64, distributions=FACETS,
+        ("shannon_t", shannon_phi_plane(t["per_query"], "t", sharpness=1.0, dim=64, distributions=FACETS,
                                            colors=colors), 6),
-        ("kl_ecdf", fg.kl_ecdf(t["per_query"], sharpness=4.0, dim=64, distributions=FACETS, colors=colors), 6),
-        ("budget_crossover", fg.budget_crossover(t["summary"], distribution="gaussian", dim=64, sharpness=1.0,
+        ("kl_ecdf", kl_ecdf(t["per_query"], sharpness=4.0, dim=64, distributions=FACETS, colors=colors), 6),
+        ("budget_crossover", budget_crossover(t["summary"], distribution="gaussian", dim=64, sharpness=1.0,
                                                  colors=colors), 2),
-        ("tail_sweep", fg.tail_sweep(t["summary"], NU, dim=64, budget=4, sharpness=1.0, colors=colors), 2),
-        ("rank_sweep", fg.rank_sweep(t["summary"], RANK, ["t1.05", "t3"], budget=4, sharpness=1.0, colors=colors), 1),
-        ("sharpness_sweep", fg.sharpness_sweep(t["summary"], dim=64, budget=4, distributions=FACETS,
+        ("tail_sweep", tail_sweep(t["summary"], NU, dim=64, budget=4, sharpness=1.0, colors=colors), 2),
+        ("rank_sweep", rank_sweep(t["summary"], RANK, ["t1.05", "t3"], budget=4, sharpness=1.0, colors=colors), 1),
+        ("sharpness_sweep", sharpness_sweep(t["summary"], dim=64, budget=4, distributions=FACETS,
                                                comparisons=t["comparisons"], colors=colors), 6),
-        ("theory_check", fg.theory_check(t["theory"], dim=64), 3),
-        ("marginals", fg.marginals(make_samples()), 4),
-        ("jensen_bias", fg.jensen_bias(t["per_key"], budget=4, sharpness=1.0, dim=64, distributions=FACETS,
+        ("theory_check", theory_check(t["theory"], dim=64), 3),
+        ("marginals", marginals(make_samples()), 4),
+        ("jensen_bias", jensen_bias(t["per_key"], budget=4, sharpness=1.0, dim=64, distributions=FACETS,
                                        slopes=t["theory"], colors=colors), 4),  # 2 x 2, one panel off
     ]
 
@@ -190,7 +202,7 @@ def test_every_figure_has_the_expected_axes(tables):
         assert len(fig.axes) == n_axes, name
         assert "nothing to show" not in title_of(fig), name
         # every figure spans the text width and is included at its natural size (issue 15)
-        assert fig.get_figwidth() == pytest.approx(fg.TEXT_WIDTH), name
+        assert fig.get_figwidth() == pytest.approx(style.TEXT_WIDTH), name
 
 
 def _text_sizes(fig: Figure) -> list[tuple[float, str]]:
@@ -211,13 +223,13 @@ def test_every_text_is_at_least_8_pt_at_its_printed_size(tables):
         small = [(size, text[:30]) for size, text in _text_sizes(fig) if size < 8 - 1e-9]
         assert not small, f"{name}: text below 8 pt: {small[:5]}"
     # and the check sees a small font
-    fig = fg.budget_crossover(make_summary(make_per_query(distributions=("gaussian",), trials=1, queries=4)))
+    fig = budget_crossover(make_summary(make_per_query(distributions=("gaussian",), trials=1, queries=4)))
     fig.axes[0].set_title("tiny", fontsize=6)
     assert (6.0, "tiny") in _text_sizes(fig)
 
 
 def test_marginals_hide_the_spare_panel():
-    fig = fg.marginals(make_samples())
+    fig = marginals(make_samples())
     assert sum(ax.axison for ax in fig.axes) == 3
 
 
@@ -228,29 +240,29 @@ def test_scheme_colours_are_fixed_and_identical_across_figures(tables):
             seen.setdefault(scheme, set()).update(rgbs)
     assert set(seen) == set(SCHEMES)
     for scheme, rgbs in seen.items():
-        assert rgbs == {tuple(np.round(to_rgba(fg.SCHEME_COLORS[scheme])[:3], 4))}, scheme
+        assert rgbs == {tuple(np.round(to_rgba(style.SCHEME_COLORS[scheme])[:3], 4))}, scheme
 
 
 def test_user_scheme_colours_follow_sorted_names():
-    colors = fg.scheme_colors(["zeta", "KQV", "alpha", "KV"])
-    assert colors["KV"] == fg.SCHEME_COLORS["KV"] and colors["KQV"] == fg.SCHEME_COLORS["KQV"]
-    assert colors["alpha"] == fg.EXTRA_COLORS[0] and colors["zeta"] == fg.EXTRA_COLORS[1]
-    assert fg.scheme_colors(["alpha", "zeta"]) == {"alpha": fg.EXTRA_COLORS[0], "zeta": fg.EXTRA_COLORS[1]}
-    assert not set(fg.EXTRA_COLORS) & set(fg.SCHEME_COLORS.values())
-    assert fg.scheme_order(["zeta", "RKV", "alpha", "KV"]) == ["KV", "RKV", "alpha", "zeta"]
+    colors = style.scheme_colors(["zeta", "KQV", "alpha", "KV"])
+    assert colors["KV"] == style.SCHEME_COLORS["KV"] and colors["KQV"] == style.SCHEME_COLORS["KQV"]
+    assert colors["alpha"] == style.EXTRA_COLORS[0] and colors["zeta"] == style.EXTRA_COLORS[1]
+    assert style.scheme_colors(["alpha", "zeta"]) == {"alpha": style.EXTRA_COLORS[0], "zeta": style.EXTRA_COLORS[1]}
+    assert not set(style.EXTRA_COLORS) & set(style.SCHEME_COLORS.values())
+    assert style.scheme_order(["zeta", "RKV", "alpha", "KV"]) == ["KV", "RKV", "alpha", "zeta"]
 
 
 def test_given_colours_are_used_everywhere(tables):
     pq = tables["per_query"].copy()
     pq.loc[pq["scheme"] == "RKV", "scheme"] = "mine"
-    colors = fg.scheme_colors(["KV", "KQV", "QKQV", "mine", "another"])
-    fig = fg.kl_ecdf(pq, sharpness=1.0, dim=64, distributions=FACETS, colors=colors)
+    colors = style.scheme_colors(["KV", "KQV", "QKQV", "mine", "another"])
+    fig = kl_ecdf(pq, sharpness=1.0, dim=64, distributions=FACETS, colors=colors)
     got = scheme_artist_colors(fig)
     assert got["mine"] == {tuple(np.round(to_rgba(colors["mine"])[:3], 4))}
 
 
 def test_save_figure_writes_pdf_and_png_atomically(tmp_path, monkeypatch):
-    fig = fg.budget_crossover(make_summary(make_per_query(distributions=("gaussian",), trials=1, queries=4)))
+    fig = budget_crossover(make_summary(make_per_query(distributions=("gaussian",), trials=1, queries=4)))
     replaced = []
     real_replace = os.replace
 
@@ -260,14 +272,14 @@ def test_save_figure_writes_pdf_and_png_atomically(tmp_path, monkeypatch):
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", spy)
-    written = fg.save_figure(fig, tmp_path / "sub" / "crossover")
+    written = figfiles.save_figure(fig, tmp_path / "sub" / "crossover")
     assert written == [tmp_path / "sub" / "crossover.pdf", tmp_path / "sub" / "crossover.png"]
     assert [dst for _, dst in replaced] == written
     assert (tmp_path / "sub" / "crossover.pdf").read_bytes().startswith(b"%PDF")
     png = (tmp_path / "sub" / "crossover.png").read_bytes()
     assert png.startswith(b"\x89PNG")
     width = int.from_bytes(png[16:20], "big")
-    assert width == pytest.approx(fg.TEXT_WIDTH * fg.PNG_DPI, abs=2)
+    assert width == pytest.approx(style.TEXT_WIDTH * style.PNG_DPI, abs=2)
     assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["crossover.pdf", "crossover.png"]
     assert not fig.axes  # closed and cleared
 
@@ -278,26 +290,26 @@ def test_save_figure_records_provenance_in_both_files(tmp_path):
     from kvasym.dataset import provenance
 
     meta = {"figure": "crossover", **provenance({"base_seed": 123, "headline": {"dim": 64}})}
-    fg.save_figure(fg.nothing_to_show("x", "y"), tmp_path / "a", meta)
+    figfiles.save_figure(style.nothing_to_show("x", "y"), tmp_path / "a", meta)
     png = Image.open(tmp_path / "a.png")
     assert png.text["figure"] == "crossover" and png.text["git_commit"] == meta["git_commit"]
     assert json.loads(png.text["config_slice"]) == {"base_seed": 123, "headline": {"dim": 64}}
     pdf = (tmp_path / "a.pdf").read_bytes()
     assert b"/Creator (kvasym " in pdf and b"base_seed" in pdf and meta["git_commit"].encode() in pdf
     # the same figure twice gives the same bytes (no creation date)
-    fg.save_figure(fg.nothing_to_show("x", "y"), tmp_path / "b", meta)
+    figfiles.save_figure(style.nothing_to_show("x", "y"), tmp_path / "b", meta)
     assert (tmp_path / "b.pdf").read_bytes() == pdf
 
 
 def test_save_figure_leaves_nothing_behind_on_failure(tmp_path, monkeypatch):
-    fig = fg.nothing_to_show("x", "y")
+    fig = style.nothing_to_show("x", "y")
 
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(fig, "savefig", boom)
     with pytest.raises(RuntimeError):
-        fg.save_figure(fig, tmp_path / "broken")
+        figfiles.save_figure(fig, tmp_path / "broken")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -318,16 +330,16 @@ def test_hostile_names_render(tables, tmp_path):
         t[key] = frame
     facets = ["gaussian", HOSTILE_DIST, "lowrank4"]
     figs = [
-        fg.shannon_phi_plane(t["per_query"], "v", sharpness=1.0, distributions=facets),
-        fg.kl_ecdf(t["per_query"], sharpness=1.0, distributions=facets),
-        fg.budget_crossover(t["summary"], distribution=HOSTILE_DIST),
-        fg.tail_sweep(t["summary"], {HOSTILE_DIST: 1.05, "t3": 3}),
-        fg.rank_sweep(t["summary"], RANK, [HOSTILE_DIST]),
-        fg.sharpness_sweep(t["summary"], distributions=facets, comparisons=t["comparisons"],
+        shannon_phi_plane(t["per_query"], "v", sharpness=1.0, distributions=facets),
+        kl_ecdf(t["per_query"], sharpness=1.0, distributions=facets),
+        budget_crossover(t["summary"], distribution=HOSTILE_DIST),
+        tail_sweep(t["summary"], {HOSTILE_DIST: 1.05, "t3": 3}),
+        rank_sweep(t["summary"], RANK, [HOSTILE_DIST]),
+        sharpness_sweep(t["summary"], distributions=facets, comparisons=t["comparisons"],
                            pair=(HOSTILE_SCHEME, "KQV")),
-        fg.theory_check(t["theory"]),
-        fg.marginals({HOSTILE_DIST: make_samples()["gaussian"]}),
-        fg.jensen_bias(t["per_key"], distributions=facets, slopes=t["theory"]),
+        theory_check(t["theory"]),
+        marginals({HOSTILE_DIST: make_samples()["gaussian"]}),
+        jensen_bias(t["per_key"], distributions=facets, slopes=t["theory"]),
     ]
     for fig in figs:
         texts = [title_of(fig)] + [txt.get_text() for ax in fig.axes for txt in [ax.title, *ax.texts]]
@@ -337,38 +349,38 @@ def test_hostile_names_render(tables, tmp_path):
         assert "$x$" not in joined.replace(r"\$", "")  # every dollar is escaped
         fig.savefig(io.BytesIO(), format="png", dpi=30)  # drawing parses every text: must not raise
     # the scheme starting with "_" is in the legends (matplotlib hides such labels by default)
-    fig = fg.budget_crossover(t["summary"], distribution="gaussian")
+    fig = budget_crossover(t["summary"], distribution="gaussian")
     labels = [txt.get_text() for txt in fig.legends[0].get_texts()]
-    assert fg.safe_text(HOSTILE_SCHEME) in labels
+    assert style.safe_text(HOSTILE_SCHEME) in labels
 
 
 def test_empty_selections_give_nothing_to_show(tables):
     t = tables
     empty = t["per_query"].iloc[0:0]
     figs = [
-        fg.shannon_phi_plane(t["per_query"], "t", sharpness=99.0),
-        fg.shannon_phi_plane(empty, "k"),
-        fg.kl_ecdf(empty),
-        fg.kl_ecdf(t["per_query"], distributions=["absent"]),
-        fg.budget_crossover(t["summary"], distribution="absent"),
-        fg.budget_crossover(t["summary"].iloc[0:0]),
-        fg.tail_sweep(t["summary"], {}),
-        fg.tail_sweep(t["summary"], {"t9": 9.0}),
-        fg.rank_sweep(t["summary"], {}, []),
-        fg.rank_sweep(t["summary"].iloc[0:0], RANK, ["t3"]),
-        fg.sharpness_sweep(t["summary"], dim=999),
-        fg.theory_check(t["theory"].iloc[0:0]),
-        fg.theory_check(pd.DataFrame()),
-        fg.marginals({}),
-        fg.marginals({"gaussian": (np.array([]), 64)}),
-        fg.jensen_bias(t["per_key"], budget=99),
-        fg.jensen_bias(t["per_key"].iloc[0:0]),
+        shannon_phi_plane(t["per_query"], "t", sharpness=99.0),
+        shannon_phi_plane(empty, "k"),
+        kl_ecdf(empty),
+        kl_ecdf(t["per_query"], distributions=["absent"]),
+        budget_crossover(t["summary"], distribution="absent"),
+        budget_crossover(t["summary"].iloc[0:0]),
+        tail_sweep(t["summary"], {}),
+        tail_sweep(t["summary"], {"t9": 9.0}),
+        rank_sweep(t["summary"], {}, []),
+        rank_sweep(t["summary"].iloc[0:0], RANK, ["t3"]),
+        sharpness_sweep(t["summary"], dim=999),
+        theory_check(t["theory"].iloc[0:0]),
+        theory_check(pd.DataFrame()),
+        marginals({}),
+        marginals({"gaussian": (np.array([]), 64)}),
+        jensen_bias(t["per_key"], budget=99),
+        jensen_bias(t["per_key"].iloc[0:0]),
     ]
     no_columns = pd.DataFrame()
     figs += [
-        fg.shannon_phi_plane(no_columns, "k"), fg.kl_ecdf(no_columns), fg.budget_crossover(no_columns),
-        fg.tail_sweep(no_columns, NU), fg.rank_sweep(no_columns, RANK, ["t3"]), fg.sharpness_sweep(no_columns),
-        fg.theory_check(no_columns), fg.jensen_bias(no_columns),
+        shannon_phi_plane(no_columns, "k"), kl_ecdf(no_columns), budget_crossover(no_columns),
+        tail_sweep(no_columns, NU), rank_sweep(no_columns, RANK, ["t3"]), sharpness_sweep(no_columns),
+        theory_check(no_columns), jensen_bias(no_columns),
     ]
     for fig in figs:
         assert isinstance(fig, Figure)
@@ -376,26 +388,26 @@ def test_empty_selections_give_nothing_to_show(tables):
 
 
 def test_single_point_sweeps_say_so(tables):
-    fig = fg.tail_sweep(tables["summary"], {"t1.05": 1.05}, dim=64, budget=4, sharpness=1.0)
+    fig = tail_sweep(tables["summary"], {"t1.05": 1.05}, dim=64, budget=4, sharpness=1.0)
     assert "only one tail index" in title_of(fig) and len(fig.axes) == 2
-    fig = fg.rank_sweep(tables["summary"], {"lowrank4": 4}, ["t1.05"], budget=4, sharpness=1.0)
+    fig = rank_sweep(tables["summary"], {"lowrank4": 4}, ["t1.05"], budget=4, sharpness=1.0)
     assert "only one rank" in title_of(fig)
 
 
 def test_missing_pair_in_sharpness_sweep_is_stated(tables):
     summary = tables["summary"][tables["summary"]["scheme"] != "QKQV"]
-    fig = fg.sharpness_sweep(summary, dim=64, budget=4, distributions=["gaussian"])
+    fig = sharpness_sweep(summary, dim=64, budget=4, distributions=["gaussian"])
     assert any("absent" in txt.get_text() for ax in fig.axes for txt in ax.texts)
 
 
 def test_bad_site_is_an_error(tables):
     with pytest.raises(ValueError, match="site"):
-        fg.shannon_phi_plane(tables["per_query"], "q")
+        shannon_phi_plane(tables["per_query"], "q")
 
 
 def test_style_does_not_leak():
     before = matplotlib.rcParams["font.size"]
-    fg.nothing_to_show("a", "b")
+    style.nothing_to_show("a", "b")
     assert matplotlib.rcParams["font.size"] == before
     assert matplotlib.get_backend().lower() == "agg"
 
@@ -404,7 +416,7 @@ def test_style_does_not_leak():
 
 
 def test_figures_slice_from_the_test_config():
-    from kvasym.figure_registry import figures_slice
+    from kvasym.render.figures.registry import figures_slice
     from kvasym.study import load_study_file
 
     study = load_study_file(ROOT / "config/test.yaml")
@@ -423,7 +435,7 @@ def test_figures_slice_from_the_test_config():
 
 
 def test_run_figures_writes_every_file(tmp_path, monkeypatch, real_rows):
-    from kvasym.figure_registry import FIGURES, figure_files
+    from kvasym.render.figures.registry import FIGURES, figure_files
     from kvasym.stages.figure import run_figures
 
     drawn = []
@@ -437,7 +449,7 @@ def test_run_figures_writes_every_file(tmp_path, monkeypatch, real_rows):
             f.write_bytes(b"x")
         return files
 
-    monkeypatch.setattr(fg, "save_figure", fake_save)
+    monkeypatch.setattr(figfiles, "save_figure", fake_save)
     pq, pk = make_per_query(trials=1, queries=6), make_per_key(keys=32)
     summary = make_summary(pq)
     paths = {}
@@ -454,8 +466,12 @@ def test_run_figures_writes_every_file(tmp_path, monkeypatch, real_rows):
         paths[table] = files
     paths["real_per_query"] = real_rows["headline"]
     trials = pq.groupby(["distribution", "dim", "scheme", "budget", "sharpness", "trial"], as_index=False)["kl"].mean()
-    paths["trials"] = tmp_path / "trials.parquet"
-    trials.to_parquet(paths["trials"])
+    from kvasym.claims import query_model_points
+
+    # the query-model table as stage gather writes it from the gathered trials
+    paths["query_model"] = tmp_path / "query_model.parquet"
+    query_model_points(trials, parents={"lowrank4": {"rank": 4, "noise": 0.0}}, variants={}, references=["t1.05"],
+                       scheme="KQV", budget=4, sharpness=1.0, n_boot=10, base_seed=0).to_parquet(paths["query_model"])
     sl = {
         "schemes": list(SCHEMES), "budgets": [2, 4], "sharpness": [1.0, 4.0], "base_seed": 0, "seq_len": 8,
         "n_queries": 4, "trials": 1,
@@ -492,14 +508,14 @@ def test_run_figures_writes_every_file(tmp_path, monkeypatch, real_rows):
 
 
 def fs_frontier_names() -> tuple[str, ...]:
-    from kvasym.figure_registry import FAMILIES
+    from kvasym.render.figures.registry import FAMILIES
 
     return FAMILIES["frontier"]
 
 
 def test_families_partition_the_figures_and_name_their_cells():
-    from kvasym.figure_registry import FAMILIES, FAMILY_INPUTS, FIGURES, family_cells, figure_files
-    from kvasym.figure_registry import figures_slice
+    from kvasym.render.figures.registry import FAMILIES, FAMILY_INPUTS, FIGURES, family_cells, figure_files
+    from kvasym.render.figures.registry import figures_slice
     from kvasym.study import load_study_file
 
     names = [n for family in FAMILIES.values() for n in family]
@@ -579,7 +595,7 @@ def brute_force_means(captures, dist: str, scheme: str, budget: int) -> pd.DataF
 
 
 def test_real_kl_means_match_a_brute_force_mean(real_rows):
-    from kvasym.stages.figure import real_kl_means
+    from kvasym.real.layer_means import real_kl_means
 
     means = real_kl_means([*real_rows["headline"], real_rows["files"][("smollm2", "KV", 2)]], budget=REAL_BUDGET)
     assert list(means.columns) == ["distribution", "scheme", "budget", "layer", "kv_head", "kl_mean", "n_queries"]
@@ -618,7 +634,7 @@ def test_real_heatmap_draws_the_means_on_one_log_scale(real_rows, tmp_path, monk
         figures[Path(stem).name] = (fig, provenance)
         return [Path(f"{stem}.{fmt}") for fmt in ("pdf", "png")]
 
-    monkeypatch.setattr(fg, "save_figure", keep)
+    monkeypatch.setattr(figfiles, "save_figure", keep)
     slice_ = {"schemes": REAL_SCHEMES,
               "headline": {"distribution": "gaussian", "dim": 64, "sharpness": 1.0, "budget": REAL_BUDGET},
               "facet_distributions": [], "distributions": [], "base_seed": 0, "max_points": 10}
@@ -643,7 +659,7 @@ def test_real_heatmap_draws_the_means_on_one_log_scale(real_rows, tmp_path, monk
     assert [t.get_text() for t in grid[0][0].get_yticklabels()] == ["0", "3"]  # model layer numbers
     assert [t.get_text() for t in grid[1][0].get_xticklabels()] == ["0", "1"]  # KV heads
     assert grid[1][0].get_xlabel() == "KV head" and grid[0][0].get_ylabel() == "layer"
-    assert fig.get_figwidth() == pytest.approx(fg.TEXT_WIDTH)
+    assert fig.get_figwidth() == pytest.approx(style.TEXT_WIDTH)
     title = title_of(fig)
     assert "SmolLM2-135M" in title and f"n = {REAL_BUDGET} bits" in title and "query heads and positions" in title
     # each panel's array: rows = layers (0, 3), columns = KV heads (0, 1), = the brute-force means
@@ -671,10 +687,10 @@ def test_real_heatmap_draws_the_means_on_one_log_scale(real_rows, tmp_path, monk
 
 
 def test_real_heatmap_renders_to_files(real_rows, tmp_path):
-    from kvasym.stages.figure import _real_heatmap, real_kl_means
+    from kvasym.real.layer_means import real_kl_means
 
-    fig = _real_heatmap(real_kl_means(real_rows["headline"], budget=REAL_BUDGET), REAL_SCHEMES, REAL_BUDGET)
-    written = fg.save_figure(fig, tmp_path / "real_kl_heatmap")
+    fig = real_rows_heatmap(real_kl_means(real_rows["headline"], budget=REAL_BUDGET), REAL_SCHEMES, REAL_BUDGET)
+    written = figfiles.save_figure(fig, tmp_path / "real_kl_heatmap")
     assert written[0].read_bytes().startswith(b"%PDF") and written[1].read_bytes().startswith(b"\x89PNG")
 
 
@@ -689,16 +705,16 @@ def test_real_heatmap_grey_cells_missing_panels_and_many_layers():
     means = _means_frame()
     means.loc[0, "kl_mean"] = 0.0  # exact attention: not on a log scale
     means = means[~((means["distribution"] == "smollm2-prerope") & (means["scheme"] == "QKQV"))]  # a missing panel
-    fig = fg.real_kl_heatmap(means, distributions=["smollm2", "smollm2-prerope"], schemes=["KV", "QKQV"], budget=4)
+    fig = real_kl_heatmap(means, distributions=["smollm2", "smollm2-prerope"], schemes=["KV", "QKQV"], budget=4)
     panels = _panels(fig)
-    assert len(panels) == 4 and fig.get_figwidth() == pytest.approx(fg.TEXT_WIDTH)
+    assert len(panels) == 4 and fig.get_figwidth() == pytest.approx(style.TEXT_WIDTH)
     first = panels[("smollm2", "KV")][1].get_array()
     assert first.mask[0, 0] and first.mask.sum() == 1  # the zero is grey, the rest drawn
     missing_ax, missing = panels[("smollm2-prerope", "QKQV")]
     assert missing.get_array().mask.all() and any(t.get_text() == "no data" for t in missing_ax.texts)
     assert "grey: no finite positive mean" in title_of(fig)
     # 30 layers: no values written in the cells, at most ~10 layer labels per panel
-    fig = fg.real_kl_heatmap(_means_frame(layers=range(30)), schemes=["KV", "QKQV", "RKV", "KQV"])
+    fig = real_kl_heatmap(_means_frame(layers=range(30)), schemes=["KV", "QKQV", "RKV", "KQV"])
     ax, image = _panels(fig)[("smollm2", "KV")]
     assert image.get_array().shape == (30, 3)
     assert not [t for t in ax.texts if t.get_rotation() == 0]
@@ -708,14 +724,14 @@ def test_real_heatmap_grey_cells_missing_panels_and_many_layers():
 def test_real_heatmap_empty_and_hostile_inputs():
     for frame, kwargs in [(pd.DataFrame(), {}), (None, {}), (_means_frame(), {"distributions": ["absent"]}),
                           (_means_frame(), {"budget": 2}), (_means_frame().assign(kl_mean=0.0), {})]:
-        assert "nothing to show" in title_of(fg.real_kl_heatmap(frame, **kwargs))
+        assert "nothing to show" in title_of(real_kl_heatmap(frame, **kwargs))
     hostile = _means_frame(schemes=("KV", HOSTILE_SCHEME), dists=(HOSTILE_DIST,))
-    fig = fg.real_kl_heatmap(hostile, row_labels={HOSTILE_DIST: HOSTILE_DIST + "\n(x)"}, model="m$x$")
+    fig = real_kl_heatmap(hostile, row_labels={HOSTILE_DIST: HOSTILE_DIST + "\n(x)"}, model="m$x$")
     texts = [title_of(fig)] + [t.get_text() for ax in fig.axes for t in [ax.title, *ax.texts]]
     assert "$x$" not in "\n".join(texts).replace(r"\$", "")
     fig.savefig(io.BytesIO(), format="png", dpi=30)
     with pytest.raises(ValueError, match="one row per"):
-        fg.real_kl_heatmap(pd.concat([_means_frame(), _means_frame().head(1)]))
+        real_kl_heatmap(pd.concat([_means_frame(), _means_frame().head(1)]))
 
 
 def _rewrite(src: Path, dst: Path, *, drop_trial_map: bool = False, trial_map=None, columns=None) -> Path:
@@ -735,7 +751,7 @@ def _rewrite(src: Path, dst: Path, *, drop_trial_map: bool = False, trial_map=No
 
 def test_real_kl_means_rejects_files_without_a_complete_trial_map(real_rows, tmp_path):
     from kvasym.dataset import read_metadata
-    from kvasym.stages.figure import real_kl_means
+    from kvasym.real.layer_means import real_kl_means
 
     good = real_rows["files"][("smollm2", "KV", REAL_BUDGET)]
     trial_map = json.loads(read_metadata(good)["trial_map"])
@@ -765,7 +781,7 @@ def test_real_kl_means_rejects_files_without_a_complete_trial_map(real_rows, tmp
 def test_real_family_inputs_flags_and_dag_presence(tmp_path, monkeypatch):
     import argparse
 
-    from kvasym import figure_registry as fs
+    from kvasym.render.figures import registry as fs
     from kvasym.study import load_study_file
 
     assert fs.FAMILIES["real_heatmap"] == ("real_kl_heatmap",)
@@ -783,7 +799,7 @@ def test_real_family_inputs_flags_and_dag_presence(tmp_path, monkeypatch):
     assert fs.dag_families(True, True, False) == {f: n for f, n in fs.FAMILIES.items() if f != "frontier"}
     assert fs.figure_files("out", ["real_heatmap"]) == ["out/real_kl_heatmap.pdf", "out/real_kl_heatmap.png",
                                                         "out/real_kl_heatmap.caption.tex"]
-    from kvasym import figure_registry as registry
+    from kvasym.render.figures import registry as registry
 
     sl = registry.figures_slice(load_study_file(ROOT / "config/test.yaml"))
     assert registry.family_cells(sl, "real_heatmap") == []  # no synthetic cells: the real files are its inputs
@@ -851,7 +867,7 @@ def test_sharpness_sweep_draws_the_prediction_and_the_papers_value(tables):
     comparisons = tables["comparisons"].copy()
     forward = (comparisons["scheme_a"] == "QKQV") & (comparisons["scheme_b"] == "KQV")
     comparisons["ratio_theory"] = np.where(forward, 5.7, 1.0 / 5.7)
-    fig = fg.sharpness_sweep(tables["summary"], dim=64, budget=4, distributions=["gaussian"],
+    fig = sharpness_sweep(tables["summary"], dim=64, budget=4, distributions=["gaussian"],
                              comparisons=comparisons, paper_ratio=2.25)
     lines = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
     predicted = lines["closed form (second-order prediction)"].get_ydata()
@@ -865,7 +881,7 @@ def test_sharpness_sweep_draws_the_prediction_and_the_papers_value(tables):
 def test_captions_state_what_the_drawn_figure_shows(tables):
     """The caption's facts come from the figure: its cell (title), its panels and row titles
     (distributions, budgets) and every legend entry (schemes, reference lines)."""
-    from kvasym.figure_captions import caption_facts, caption_tex
+    from kvasym.render.figures.captions import caption_facts, caption_tex
 
     drawn = {name: fig for name, fig, _ in draw_all(tables)}
     ecdf = caption_facts(drawn["kl_ecdf"])
@@ -879,7 +895,7 @@ def test_captions_state_what_the_drawn_figure_shows(tables):
     text = caption_tex(drawn["kl_ecdf"])
     assert text.startswith("As drawn:") and "Panels (" in text and "Shown: KV" in text
     # a figure with one distribution lists only that one
-    one = fg.kl_ecdf(tables["per_query"][tables["per_query"]["distribution"] == "gaussian"], sharpness=1.0, dim=64,
+    one = kl_ecdf(tables["per_query"][tables["per_query"]["distribution"] == "gaussian"], sharpness=1.0, dim=64,
                      distributions=["gaussian"])
     assert caption_facts(one)["rows"] in ([], ["gaussian"]) and "t1.05" not in caption_tex(one)
 
@@ -887,6 +903,8 @@ def test_captions_state_what_the_drawn_figure_shows(tables):
 def test_query_model_points_are_ratios_of_trial_means_at_each_alignment():
     """C5's statistic per query model: the mean of the low-rank (or variant) trials over the
     reference's, placed at E[a] (subspace d/r, isotropic 1, a<x> x); the figure draws them."""
+    from kvasym.claims import QUERY_MODEL_COLUMNS, Tables, query_model_points, stat_distribution_ratio
+
     rows = []
     for dist, values in (("lr", [2.0, 4.0]), ("lr+isotropic", [10.0, 14.0]), ("lr+a2", [6.0, 8.0]),
                          ("t", [1.0, 3.0])):
@@ -896,10 +914,11 @@ def test_query_model_points_are_ratios_of_trial_means_at_each_alignment():
     rows.append({"distribution": "lr", "dim": 64, "scheme": "KV", "budget": 4, "sharpness": 2.0, "trial": 0,
                  "kl": 99.0})  # another scheme: left out
     trials = pd.DataFrame(rows)
-    points = fg.query_model_points(trials, {"lr": {"rank": 4, "noise": 0.0}},
-                                   {"lr+isotropic": {"of": "lr", "query": "isotropic"},
-                                    "lr+a2": {"of": "lr", "query": "a2"}}, ["t"], scheme="KQV", budget=4,
-                                   sharpness=2.0)
+    points = query_model_points(trials, parents={"lr": {"rank": 4, "noise": 0.0}},
+                                variants={"lr+isotropic": {"of": "lr", "query": "isotropic"},
+                                          "lr+a2": {"of": "lr", "query": "a2"}},
+                                references=["t"], scheme="KQV", budget=4, sharpness=2.0, n_boot=1, base_seed=0)
+    assert list(points.columns) == list(QUERY_MODEL_COLUMNS)
     got = {r.query: (r.alignment, r.ratio) for r in points.itertuples()}
     assert got == {"subspace": (16.0, 3.0 / 2.0), "isotropic": (1.0, 12.0 / 2.0), "a2": (2.0, 7.0 / 2.0)}
     # the interval is the claims' own (Fieller over trials, unpaired), as stat_distribution_ratio gives it
@@ -913,10 +932,19 @@ def test_query_model_points_are_ratios_of_trial_means_at_each_alignment():
     ci = bootstrap_ratio_ci([10.0, 14.0], [1.0, 3.0], statistic="mean", n_boot=1, base_seed=0,
                             identity=("claims", "lr+isotropic", "t", "kl", 64), paired=False)
     assert (iso["low"], iso["high"]) == (ci["low"], ci["high"])
-    fig = fg.query_model_sweep(points, scheme="KQV", budget=4, sharpness=2.0)
-    assert "Query model" in title_of(fig)
-    empty = fg.query_model_sweep(points.iloc[0:0], scheme="KQV", budget=4, sharpness=2.0)
-    assert "nothing to show" in title_of(empty)
+    # a point and the claim made at its cell are one number: the ledger's estimate and interval
+    empty = pd.DataFrame({"check": pd.Series(dtype=str), "distribution": pd.Series(dtype=str),
+                          "dim": pd.Series(dtype=int)})
+    tables = Tables(comparisons=empty, summary=empty, trials=trials, theory=empty, n_boot=1, base_seed=0)
+    for point in points.itertuples():
+        claim = stat_distribution_ratio(tables, {"num": point.distribution, "den": "t", "dim": 64, "budget": 4,
+                                                 "scheme": "KQV", "sharpness": 2.0, "metric": "kl"})
+        assert (claim.estimate, claim.low, claim.high) == (point.ratio, point.low, point.high)
+    fig = query_model_sweep(points)
+    assert "Query model" in title_of(fig) and "n = 4, sharpness 2" in title_of(fig)
+    assert fig.axes[0].get_ylabel() == "mean KL ratio, KQV"
+    empty_fig = query_model_sweep(points.iloc[0:0])
+    assert "nothing to show" in title_of(empty_fig)
 
 
 # ----------------------------------------------------------------------------- issue 15: figures a reader can use
@@ -926,13 +954,13 @@ def test_log_ticks_label_a_range_holding_every_value():
     """The labelled ticks start at or below the smallest value and end at or above the largest,
     with at most MAX_LOG_LABELS labels: no plotted quantity lies beyond the last label."""
     for values in ([0.004, 0.12], [0.03, 0.09], [1e-27, 1e5], [1e-4, 2e4], [0.05, 5.6], [2.0], [3e-3, 3.2e-3, 0.7]):
-        ticks = fg.log_ticks(values)
+        ticks = style.log_ticks(values)
         assert ticks[0] <= min(values) and ticks[-1] >= max(values), (values, ticks)
-        assert 2 <= len(ticks) <= fg.MAX_LOG_LABELS, (values, ticks)
+        assert 2 <= len(ticks) <= style.MAX_LOG_LABELS, (values, ticks)
         assert ticks == sorted(ticks)
-    assert fg.log_ticks([0.004, 0.12]) == [0.003, 0.01, 0.03, 0.1, 0.3]
-    assert fg.log_ticks([1e-4, 2e4]) == [1e-4, 0.1, 100.0, 1e5]  # every third decade
-    assert fg.log_ticks([0.0, -1.0, float("nan")]) == []
+    assert style.log_ticks([0.004, 0.12]) == [0.003, 0.01, 0.03, 0.1, 0.3]
+    assert style.log_ticks([1e-4, 2e4]) == [1e-4, 0.1, 100.0, 1e5]  # every third decade
+    assert style.log_ticks([0.0, -1.0, float("nan")]) == []
 
 
 def test_tail_sweep_keeps_its_key_quantity_inside_labelled_ticks(tables):
@@ -941,7 +969,7 @@ def test_tail_sweep_keeps_its_key_quantity_inside_labelled_ticks(tables):
     summary = tables["summary"].copy()
     rows = summary["scheme"].isin(["KQV", "RKV"])
     summary.loc[rows, "k_eps_dir_mean"] = 0.004  # far below every other scheme's
-    fig = fg.tail_sweep(summary, NU, dim=64, budget=4, sharpness=1.0)
+    fig = tail_sweep(summary, NU, dim=64, budget=4, sharpness=1.0)
     ax = fig.axes[0]
     shown = _select_panel(summary, "k_eps_dir_mean")
     lo, hi = ax.get_ylim()
@@ -950,7 +978,7 @@ def test_tail_sweep_keeps_its_key_quantity_inside_labelled_ticks(tables):
     assert min(ticks) <= shown.min() and max(ticks) >= shown.max()
     fig.canvas.draw()
     labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
-    assert labels and labels[0] == fg._number(min(ticks))  # the lowest tick is labelled
+    assert labels and labels[0] == style.tick_label(min(ticks))  # the lowest tick is labelled
 
 
 def _select_panel(summary: pd.DataFrame, metric: str) -> np.ndarray:
@@ -967,7 +995,7 @@ def test_theory_check_plots_measured_over_closed_form_with_the_closed_form_on_to
     heavy = (theory["distribution"] == "t1.05") & (theory["check"] == "qjl_vs_nbit") & (theory["budget"] == 4)
     theory.loc[heavy, "estimate"] = 30 * theory.loc[heavy, "theory"]
     theory.loc[heavy, ["low", "high"]] = [-np.inf, np.inf]
-    fig = fg.theory_check(theory, dim=64)
+    fig = theory_check(theory, dim=64)
     for ax in fig.axes[:2]:  # make_theory has no hadamard rows: the third panel is empty
         closed = [line for line in ax.lines if line.get_gid() == "closed-form"]
         assert len(closed) == 1 and np.allclose(closed[0].get_ydata(), 1.0)
@@ -987,7 +1015,7 @@ def test_theory_check_plots_measured_over_closed_form_with_the_closed_form_on_to
 
 
 def test_jensen_bias_has_one_figure_legend_and_the_slopes_in_its_panel_titles(tables):
-    fig = fg.jensen_bias(tables["per_key"], budget=4, sharpness=1.0, dim=64, distributions=FACETS,
+    fig = jensen_bias(tables["per_key"], budget=4, sharpness=1.0, dim=64, distributions=FACETS,
                          slopes=tables["theory"])
     assert len(fig.legends) == 1 and not [ax for ax in fig.axes if ax.get_legend() is not None]
     assert [t.get_text() for t in fig.legends[0].get_texts()] == list(SCHEMES)
@@ -1000,7 +1028,7 @@ def test_kl_ecdf_draws_kl_below_its_floor_at_the_floor_and_says_how_many(tables)
     pq = tables["per_query"]
     frame = pq[(pq["dim"] == 64) & np.isclose(pq["sharpness"], 4.0)]
     floor = 0.01
-    fig = fg.kl_ecdf(pq, sharpness=4.0, dim=64, distributions=["gaussian"], floor=floor)
+    fig = kl_ecdf(pq, sharpness=4.0, dim=64, distributions=["gaussian"], floor=floor)
     kl = frame.loc[frame["distribution"] == "gaussian", "kl"].to_numpy(dtype=float)
     share = 100 * np.count_nonzero(kl < floor) / kl.size
     assert 0 < share < 100
@@ -1012,8 +1040,8 @@ def test_kl_ecdf_draws_kl_below_its_floor_at_the_floor_and_says_how_many(tables)
         assert steps and min(float(np.min(line.get_xdata())) for line in steps) == pytest.approx(floor)
     # the default floor: 1e-4 nats; no KL under it is said too
     above = pq[pq["kl"] > 1e-3]
-    assert "no KL below 1e-4 nats" in title_of(fg.kl_ecdf(above, sharpness=4.0, dim=64, distributions=["gaussian"]))
-    assert fg.KL_FLOOR == 1e-4
+    assert "no KL below 1e-4 nats" in title_of(kl_ecdf(above, sharpness=4.0, dim=64, distributions=["gaussian"]))
+    assert KL_FLOOR == 1e-4
 
 
 def test_density_levels_enclose_the_stated_share_of_the_points():
@@ -1021,7 +1049,7 @@ def test_density_levels_enclose_the_stated_share_of_the_points():
     is the level's mass (a Gaussian cloud of 20000 points, within 3 points)."""
     gen = np.random.default_rng(5)
     x, y = gen.normal(30, 8, 20000), gen.normal(1.0, 0.5, 20000) + 0.02 * gen.normal(30, 8, 20000)
-    xc, yc, density, levels = fg.density_levels(x, y, (0.5, 0.9))
+    xc, yc, density, levels = density_levels(x, y, (0.5, 0.9))
     ix = np.clip(np.searchsorted(xc, x) - 1, 0, xc.size - 1)
     iy = np.clip(np.searchsorted(yc, y) - 1, 0, yc.size - 1)
     at_points = density[iy, ix]
@@ -1039,8 +1067,8 @@ def test_output_plane_draws_density_contours_above_the_point_threshold(tables):
     pq = tables["per_query"]
     n = int(((pq["distribution"] == "gaussian") & (pq["dim"] == 64) & np.isclose(pq["sharpness"], 1.0)
              & (pq["budget"] == 4) & (pq["scheme"] == "KV")).sum())
-    dense = fg.shannon_phi_plane(pq, "t", sharpness=1.0, dim=64, distributions=FACETS, density_points=n - 1)
-    sparse = fg.shannon_phi_plane(pq, "t", sharpness=1.0, dim=64, distributions=FACETS, density_points=n)
+    dense = shannon_phi_plane(pq, "t", sharpness=1.0, dim=64, distributions=FACETS, density_points=n - 1)
+    sparse = shannon_phi_plane(pq, "t", sharpness=1.0, dim=64, distributions=FACETS, density_points=n)
     for ax in dense.axes:
         contours = [c for c in ax.collections if isinstance(c, ContourSet)]
         assert {c.get_gid() for c in contours} == {f"scheme={s}" for s in SCHEMES}
@@ -1054,8 +1082,8 @@ def test_output_plane_draws_density_contours_above_the_point_threshold(tables):
 
 def test_key_and_value_planes_are_low(tables):
     """The per-trial planes (K, V) have low rows: a 3 x 2 grid is 2 in shorter than the T plane's."""
-    k = fg.shannon_phi_plane(tables["per_query"], "k", sharpness=1.0, dim=64, distributions=FACETS)
-    t = fg.shannon_phi_plane(tables["per_query"], "t", sharpness=1.0, dim=64, distributions=FACETS)
+    k = shannon_phi_plane(tables["per_query"], "k", sharpness=1.0, dim=64, distributions=FACETS)
+    t = shannon_phi_plane(tables["per_query"], "t", sharpness=1.0, dim=64, distributions=FACETS)
     assert k.get_figheight() == pytest.approx(3 * 1.0 + 0.75) and t.get_figheight() == pytest.approx(3 * 1.4 + 0.75)
 
 
@@ -1065,7 +1093,7 @@ def test_sharpness_sweep_draws_the_closed_form_and_the_claims_files_paper_value(
     the figure stage; every entry is in one figure legend outside the panels."""
     from kvasym.claims import load_claims
     from kvasym.codebook import lloyd_max_codebook
-    from kvasym.figure_registry import figures_slice
+    from kvasym.render.figures.registry import figures_slice
     from kvasym.schemes import get_scheme
     from kvasym.study import load_study_file
     from kvasym.theory import predicted_kl_ratio
@@ -1080,7 +1108,7 @@ def test_sharpness_sweep_draws_the_closed_form_and_the_claims_files_paper_value(
     comparisons = tables["comparisons"].copy()
     forward = (comparisons["scheme_a"] == "QKQV") & (comparisons["scheme_b"] == "KQV")
     comparisons["ratio_theory"] = np.where(forward, closed, 1.0 / closed)
-    fig = fg.sharpness_sweep(tables["summary"], dim=64, budget=4, distributions=FACETS, comparisons=comparisons,
+    fig = sharpness_sweep(tables["summary"], dim=64, budget=4, distributions=FACETS, comparisons=comparisons,
                              paper_ratio=paper)
     ratio_axes = fig.axes[1::2]
     for ax in ratio_axes:

@@ -237,7 +237,7 @@ def test_frontier_table_names_the_brute_force_best_scheme() -> None:
 
 
 def test_frontier_figure_draws_every_scheme_and_rings_the_pareto_points() -> None:
-    from kvasym.figures_frontier import FRONTIER_FIGURES, frontier_figure
+    from kvasym.render.figures.frontier import FRONTIER_FIGURES, frontier_figure
 
     points = frontier_points(_per_query(np.random.default_rng(8)))
     for name, (column, _, _) in FRONTIER_FIGURES.items():

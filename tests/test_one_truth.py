@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from kvasym.claims import load_claims
-from kvasym.figure_registry import figures_slice
+from kvasym.render.figures.registry import figures_slice
 from kvasym.render.claims import render_latex, render_markdown
 from kvasym.render.format import sig, sig_text
 from kvasym.render.numbers import numbers_macros, numbers_slice

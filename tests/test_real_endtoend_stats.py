@@ -131,7 +131,7 @@ def test_claim_statistics_orient_and_report_missing() -> None:
 
 
 def test_e2e_figures_draw_the_tables_values() -> None:
-    from kvasym import figures_e2e as fe
+    from kvasym.render.figures import e2e as fe
 
     frame = _frame(layers=(ALL_LAYERS, 0, 1), budgets=(2, 4))
     summary = summarize(frame, block_tokens=10, n_boot=100, base_seed=3)

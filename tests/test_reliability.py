@@ -16,7 +16,7 @@ from snakemake_workdir import ROOT, make_workdir, snakemake
 from kvasym.claims import load_claims
 from kvasym.cli import main
 from kvasym.errors import KvasymError
-from kvasym.figure_registry import figures_slice
+from kvasym.render.figures.registry import figures_slice
 from kvasym.stages.figure import run_figures
 from kvasym.stages.theory import run_theory
 from kvasym.study import load_study

@@ -23,7 +23,7 @@ import pytest
 from snakemake_workdir import ROOT, RUN_BOUND_S, make_workdir, run_env, snakemake_cmd
 
 from kvasym.dataset import read_table
-from kvasym.figure_registry import dag_families
+from kvasym.render.figures.registry import dag_families
 from kvasym.real import missing_extra_reason
 
 pytestmark = pytest.mark.slow

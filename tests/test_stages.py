@@ -92,12 +92,19 @@ def test_a_stage_reruns_when_the_code_it_runs_changes_and_only_then():
         assert f'code=STAGE_CODE["{name}"]' in body, f"rule {name} does not pass its code digest"
     assert 'code=STAGE_CODE["figure"]' in (ROOT / "workflow/rules/figures.smk").read_text()
     assert "kvasym/metrics.py" in _modules("cells") and "kvasym/cache.py" in _modules("cells")
-    assert "kvasym/figures.py" in _modules("figure") and "kvasym/figures.py" not in _modules("metrics")
+    # every figure module, the family modules the registry's drawing callables import included
+    # (the package's __init__ is its docstring only)
+    figure_modules = {f"kvasym/render/figures/{p.name}" for p in (ROOT / "src/kvasym/render/figures").glob("*.py")
+                      if p.name != "__init__.py"}
+    assert len(figure_modules) > 10 and figure_modules <= _modules("figure")
+    assert not figure_modules & _modules("metrics")
     assert "kvasym/templates/table_results.tex.j2" in _modules("tables")
     assert not any("templates" in m or m.startswith("kvasym/render") for m in _modules("metrics"))
     assert "kvasym/render/claims.py" in _modules("claims") and "kvasym/stats.py" in _modules("stats")
-    # lazy imports inside functions count: the figure stage imports kvasym.figures inside run_figures
-    assert {"kvasym/stages/figure.py", "kvasym/theory.py"} <= _modules("figure")
+    # lazy imports inside functions count: the figure stage imports the library inside load_inputs
+    assert {"kvasym/stages/figure.py", "kvasym/theory.py", "kvasym/real/layer_means.py"} <= _modules("figure")
+    # the gather stage computes the query-model table with the claims' own interval
+    assert "kvasym/claims.py" in _modules("gather")
     digests = {name: stage_code_digest(name) for name in STAGES}
     assert len(set(digests.values())) == len(digests)  # each stage runs its own code
     assert all(len(d) == 64 for d in digests.values())
@@ -301,3 +308,37 @@ def test_frontier_packed_caches_are_written_only_when_kept(small_data, tmp_path)
     with pytest.raises(KvasymError, match=r"packed_schemes names \['NOPE'\]"):
         run_cells(unit, tmp_path / "x.json", tmp_path / "xp", tmp_path / "xq", tmp_path / "xk")
     assert not any((tmp_path / n).exists() for n in ("x.json", "xp", "xq", "xk"))
+
+
+def test_gather_writes_the_query_model_table_of_the_gathered_trials(tmp_path, capsys):
+    """Issue 30: the query-model figure's points are computed once, by stage gather from the
+    gathered trials with the claims' own procedure (kvasym.claims.query_model_points), and
+    written to the catalogue's query_model table; the figure only reads it."""
+    import json
+
+    import pandas as pd
+
+    from kvasym.artifacts import ARTIFACTS
+    from kvasym.claims import query_model_points
+
+    parts = []
+    for dist, values in (("lr", [2.0, 4.0, 3.0]), ("lr+isotropic", [10.0, 14.0, 9.0]), ("t", [1.0, 3.0, 2.0])):
+        frame = pd.DataFrame({"distribution": dist, "kind": "low_rank" if dist != "t" else "student_t", "dim": 64,
+                              "scheme": "KQV", "budget": 4, "sharpness": 1.0, "trial": range(3), "kl": values})
+        parts.append(tmp_path / f"{dist}.parquet")
+        frame.to_parquet(parts[-1])
+    slice_ = {"parents": {"lr": {"rank": 4, "noise": 0.0}}, "variants": {"lr+isotropic": {"of": "lr",
+                                                                                          "query": "isotropic"}},
+              "references": ["t"], "scheme": "KQV", "budget": 4, "sharpness": 1.0, "n_boot": 100, "base_seed": 3}
+    trials, table = tmp_path / "trials.parquet", tmp_path / "query_model.parquet"
+    args = ["stage", "gather", "--trials", *map(str, parts), "--out-trials", str(trials)]
+    assert main([*args, "--out-query-model", str(table)]) == 2  # without its slice: refused
+    assert "query-model table needs" in capsys.readouterr().err
+    assert main([*args, "--out-query-model", str(table), "--query-model-slice", json.dumps(slice_)]) == 0
+    written = pd.read_parquet(table)
+    assert tuple(written.columns) == ARTIFACTS["query_model"].columns()
+    pd.testing.assert_frame_equal(written, query_model_points(pd.read_parquet(trials), **slice_))
+    assert list(written["query"]) == ["isotropic", "subspace"]  # by alignment: E[a] = 1, then d / r = 16
+    del slice_["references"]
+    assert main([*args, "--out-query-model", str(table), "--query-model-slice", json.dumps(slice_)]) == 2
+    assert "lacks key(s) references" in capsys.readouterr().err

@@ -113,6 +113,30 @@ def test_claims_ledger_is_complete(complete_run):
     assert r"\expandafter\newcommand\csname claim:C1a:Estimate\endcsname" in tex
 
 
+def test_the_query_model_figure_draws_the_ledgers_numbers(complete_run):
+    """Issue 30: rendering computes no statistic. The query-model table (stage gather) holds C5's
+    ratio under each query model with the claims' own interval; at the cells of C5 and C5i its
+    rows are the ledger's estimate and interval, to the bit, and the figure is drawn from it."""
+    import json
+
+    from kvasym.artifacts import path
+
+    points = pd.read_parquet(complete_run / path("query_model"))
+    ledger = {c["id"]: c for c in json.loads((complete_run / path("claims_json")).read_text())}
+    assert set(points["query"]) == {"subspace", "isotropic"}
+    for cid in ("C5", "C5i"):
+        where = ledger[cid]["where"]
+        row = points[(points["distribution"] == where["num"]) & (points["reference"] == where["den"])
+                     & (points["dim"] == where["dim"])]
+        assert len(row) == 1, cid
+        assert row["scheme"].iloc[0] == where["scheme"] and row["budget"].iloc[0] == where["budget"]
+        assert row["sharpness"].iloc[0] == where["sharpness"]
+        for column, key in (("ratio", "estimate"), ("low", "low"), ("high", "high")):
+            value, claimed = float(row[column].iloc[0]), ledger[cid][key]  # the ledger writes NaN as null
+            assert value == claimed or (np.isnan(value) and claimed is None), (cid, column, value, claimed)
+    assert (complete_run / path("figure", name="query_model", format="pdf")).is_file()
+
+
 def test_real_model_rows_when_the_extra_is_installed(complete_run):
     """With the real extra, the tiny config's `real:` section adds SmolLM2 captures and the
     rows smollm2 / smollm2-prerope to the gathered stats and the claims; without it, the real
@@ -245,7 +269,7 @@ def _rules_to_run(out: str) -> dict[str, int]:
         # follows every output (it lists each file with its hash)
         ("kvasym/templates/table_results.tex.j2", {"tables", "reproduce", "paper", "crate"}),
         ("kvasym/templates/reproduce.tex.j2", {"reproduce", "paper", "crate"}),
-        ("kvasym/figures.py", {"figure_"}),
+        ("kvasym/render/figures/_style.py", {"figure_"}),
         ("kvasym/render/claims.py", {"claims", "tables", "numbers", "reproduce", "paper", "crate"}),
         ("kvasym/render/crate.py", {"crate"}),
     ],

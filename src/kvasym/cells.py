@@ -276,3 +276,68 @@ def check_cell_file(frame: pd.DataFrame, path: Any, what: str, keys: tuple[str, 
         raise KvasymError(f"{path} and {seen[cell]} both hold the cell {shown}: one of them is another "
                           "cell's file; delete the wrong one (or both) and rerun to rebuild it")
     seen[cell] = path
+
+
+def read_metrics_rows(sources: list, table: str, keep: Mapping[str, Any], *, root: Any = None,
+                      digests: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """The rows of a metrics table matching ``keep``, read file by file so that the whole table
+    never sits in memory.
+
+    Parameters
+    ----------
+    sources : list of path-like
+        Metrics files (each holding one cell, checked to be the cell its path files it under and
+        a cell no other file holds: a cell's file copied over another's would otherwise be read
+        under the other's label) or folders (read whole, :func:`kvasym.dataset.read_table_folder`).
+        Empty: the dataset under ``root``.
+    table : str
+        ``per_query`` or ``per_key``.
+    keep : mapping
+        Column -> the values kept (``sharpness`` compared with :func:`numpy.isclose`); None keeps all.
+    root : path-like, optional
+        The metrics dataset's root (``results/metrics``), read when ``sources`` is empty.
+    digests : mapping, optional
+        File -> :func:`slice_digest` of its cell's slice (the DAG's): the file's provenance must
+        be this configuration's (:func:`check_provenance`).
+
+    Returns
+    -------
+    pandas.DataFrame
+        The kept rows of every source, concatenated.
+
+    Raises
+    ------
+    KvasymError
+        Neither ``sources`` nor ``root``; a file holding another cell, or made under another
+        configuration (:class:`~kvasym.errors.DamagedFile`).
+    """
+    from pathlib import Path
+
+    from .dataset import read_parquet_checked, read_table, read_table_folder
+
+    if not sources and root is None:
+        raise KvasymError(f"no {table} metrics: give their files or the dataset's root")
+    what = table.replace("_", "-")
+    seen: dict[tuple, Any] = {}
+    out = []
+    for src in [Path(s) for s in sources] or [None]:
+        if src is None:
+            frame = read_table(root, table)
+        elif src.is_dir():
+            frame = read_table_folder(src, table)
+        else:
+            frame = read_parquet_checked(src)
+            check_cell_file(frame, src, what, ("distribution", "dim", "scheme", "budget"), seen, **cell_of_path(src))
+            if str(src) in (digests or {}):  # the DAG's digest of the cell's slice (issue 33, point 7)
+                check_provenance(src, str(digests[str(src)]), what)
+        mask = np.ones(len(frame), dtype=bool)
+        for column, allowed in keep.items():
+            if allowed is None:
+                continue
+            values = frame[column].to_numpy()
+            if column == "sharpness":
+                mask &= np.isclose(values.astype(float)[:, None], np.asarray(allowed, dtype=float)[None, :]).any(axis=1)
+            else:
+                mask &= np.isin(values, list(allowed))
+        out.append(frame[mask])
+    return pd.concat(out, ignore_index=True)

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,10 +264,10 @@ def stat_crossover(t: Tables, where: Mapping[str, Any]) -> Measurement:
                                                      "holm_family_size": family})
 
 
-def _trial_values(t: Tables, distribution: str, where: Mapping[str, Any], metric: str) -> pd.DataFrame:
+def _trial_values(trials: pd.DataFrame, distribution: str, where: Mapping[str, Any], metric: str) -> pd.DataFrame:
     keys = {"distribution", "kind", "dim", "scheme", "budget", "sharpness", "trial", "text"}
-    _known(metric, set(t.trials.columns) - keys, "metric")
-    rows = select_cells(t.trials, "per-trial", distribution=distribution, dim=where["dim"], budget=where["budget"],
+    _known(metric, set(trials.columns) - keys, "metric")
+    rows = select_cells(trials, "per-trial", distribution=distribution, dim=where["dim"], budget=where["budget"],
                         scheme=where["scheme"], sharpness=float(where["sharpness"]))
     columns = ["trial", metric] + (["text"] if "text" in rows.columns else [])
     return rows.sort_values("trial")[columns]
@@ -289,10 +289,13 @@ def _unit_values(rows: pd.DataFrame, metric: str) -> tuple[list[str], list[np.nd
     return names, [values[texts == name] for name in names], "text"
 
 
-def stat_distribution_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
+def distribution_ratio(trials: pd.DataFrame, where: Mapping[str, Any], *, n_boot: int,
+                       base_seed: int) -> Measurement:
     """Ratio of the mean per-trial ``metric`` of distribution ``num`` over ``den`` (same dim,
     budget, scheme, sharpness), with its interval over trials (:func:`kvasym.stats.bootstrap_ratio_ci`:
-    Fieller's for means).
+    Fieller's for means): the statistic of claim ``distribution_ratio`` (C5 and its query-model
+    variants, :func:`stat_distribution_ratio`) and of every point of the query-model table
+    (:func:`query_model_points`), so the ledger and the figure read one computation.
 
     The unit is the trial for synthetic rows and the TEXT for real ones (the trials table's
     ``text``; its (layer, head) caches are nested in it and share it): the interval is Fieller's
@@ -306,17 +309,38 @@ def stat_distribution_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
     layer, head) cache; the trial ids (and so the texts) must then be the same. Otherwise the two
     are independent samples (unpaired, Welch-type interval). The claim is decided on the interval
     alone; the Mann-Whitney (unpaired) or Wilcoxon (paired) difference-test p over units is in the
-    details, never in the verdict (a "stays within" claim is not shown by a difference test). The
-    KS statistics of both distributions' rotated coordinates against the Beta law are in the
-    details as well."""
+    details, never in the verdict (a "stays within" claim is not shown by a difference test).
+
+    Parameters
+    ----------
+    trials : pandas.DataFrame
+        The gathered per-trial table (stage ``gather``, artifact ``trials``).
+    where : mapping
+        ``num``, ``den``, ``dim``, ``budget``, ``scheme``, ``sharpness``; optional ``metric``
+        (default ``kl``) and ``paired`` (default false).
+    n_boot, base_seed : int
+        The study's bootstrap replicates and base seed (:func:`kvasym.stats.bootstrap_ratio_ci`).
+
+    Returns
+    -------
+    Measurement
+        The ratio, its interval (``interval=True``) and the difference test in the details.
+
+    Raises
+    ------
+    MissingCell
+        When ``num`` or ``den`` has no rows at the cell.
+    KvasymError
+        An unknown metric, or ``paired`` with different trials or units.
+    """
     from . import stats  # scipy.stats costs ~1 s to import: not at Snakefile parse time
 
     metric = where.get("metric", "kl")
     paired = where.get("paired", False)
     if not isinstance(paired, bool):
         raise KvasymError(f"paired must be true or false, got {paired!r}")
-    num = _trial_values(t, where["num"], where, metric)
-    den = _trial_values(t, where["den"], where, metric)
+    num = _trial_values(trials, where["num"], where, metric)
+    den = _trial_values(trials, where["den"], where, metric)
     if paired and not np.array_equal(num["trial"].to_numpy(), den["trial"].to_numpy()):
         raise KvasymError(f"paired: true needs the same trials in {where['num']} ({len(num)}) and {where['den']} "
                           f"({len(den)}); they differ")
@@ -325,7 +349,7 @@ def stat_distribution_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
     if paired and names_a != names_b:
         raise KvasymError(f"paired: true needs the same units in {where['num']} and {where['den']}; their "
                           f"{kind_a}s differ")
-    ci = stats.bootstrap_ratio_ci(a, b, statistic="mean", n_boot=t.n_boot, base_seed=t.base_seed,
+    ci = stats.bootstrap_ratio_ci(a, b, statistic="mean", n_boot=n_boot, base_seed=base_seed,
                                   identity=("claims", where["num"], where["den"], metric, int(where["dim"])),
                                   paired=paired)
     unit_a, unit_b = np.array([np.mean(x) for x in a]), np.array([np.mean(x) for x in b])
@@ -335,12 +359,103 @@ def stat_distribution_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
                                "n_trials": int(pooled_a.size), "unit": kind_a, "n_units": len(a),
                                "paired": paired,
                                ("wilcoxon" if paired else "mann_whitney") + "_log10_p": float(test["log10_p"])}
+    return Measurement(ci["estimate"], ci["low"], ci["high"], details=details, interval=True)
+
+
+def stat_distribution_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """Claim statistic ``distribution_ratio``: :func:`distribution_ratio` of the trials table,
+    with the KS statistics of both distributions' rotated coordinates against the Beta law (the
+    theory table's ``ks_beta`` rows) in the details."""
+    m = distribution_ratio(t.trials, where, n_boot=t.n_boot, base_seed=t.base_seed)
     for role in ("num", "den"):
         ks = t.theory[(t.theory["check"] == "ks_beta") & (t.theory["distribution"] == where[role])
                       & (t.theory["dim"] == where["dim"])]
         if not ks.empty:
-            details[f"ks_beta_d_{role}"] = float(ks["statistic"].iloc[0])
-    return Measurement(ci["estimate"], ci["low"], ci["high"], details=details, interval=True)
+            m.details[f"ks_beta_d_{role}"] = float(ks["statistic"].iloc[0])
+    return m
+
+
+#: The columns of the query-model table (artifact ``query_model``, :func:`query_model_points`).
+QUERY_MODEL_COLUMNS: tuple[str, ...] = ("distribution", "rank", "dim", "query", "alignment", "scheme", "budget",
+                                        "sharpness", "ratio", "low", "high", "reference", "predicted")
+
+
+def query_model_points(trials: pd.DataFrame, *, parents: Mapping[str, Mapping[str, Any]],
+                       variants: Mapping[str, Mapping[str, str]], references: Sequence[str], scheme: str,
+                       budget: int, sharpness: float, n_boot: int, base_seed: int,
+                       metric: str = "kl") -> pd.DataFrame:
+    """C5's statistic under each query model: per low-rank distribution (a parent, or a
+    query-model variant of one) and dim, the ratio of its mean per-trial ``metric`` over the
+    reference distribution's (the first of ``references`` present at that dim: the heaviest-tailed
+    one) for one scheme, budget and sharpness, with its 95% interval: :func:`distribution_ratio`,
+    the claims' own computation, so a point of the query-model figure and the claim made at its
+    cell are one number.
+
+    Parameters
+    ----------
+    trials : pandas.DataFrame
+        The gathered per-trial table.
+    parents : mapping
+        The low-rank distributions (not variants): ``{name: {"rank", "noise"}}``.
+    variants : mapping
+        The query-model variants: ``{name: {"of": parent, "query": model}}``; a variant whose
+        parent is not in ``parents`` is left out.
+    references : sequence of str
+        The reference distributions, in order of preference (:meth:`kvasym.study.Study.rank_references`).
+    scheme, budget, sharpness
+        The cell (C5's scheme, the headline budget and sharpness).
+    n_boot, base_seed : int
+        As for the claims (:func:`distribution_ratio`).
+    metric : str, optional
+        The per-trial column (default ``kl``).
+
+    Returns
+    -------
+    pandas.DataFrame
+        :data:`QUERY_MODEL_COLUMNS`, sorted by dim, rank and alignment: ``alignment`` is E[a] of
+        the query model (:func:`kvasym.querymodel.expected_alignment`), ``ratio``, ``low`` and
+        ``high`` the estimate and interval, and ``predicted`` the second-order prediction from
+        the subspace point, its ratio times ``E[1/a] / E[1/a]_subspace``
+        (:func:`kvasym.querymodel.expected_inverse_alignment`; inf for isotropic queries on
+        rank <= 2 keys, NaN without a subspace point).
+    """
+    from .querymodel import (DEFAULT_QUERY_MODEL, expected_alignment, expected_inverse_alignment,
+                             parse_query_model)
+
+    rows = select_cells(trials, "per-trial", required=False, scheme=scheme, budget=int(budget),
+                        sharpness=float(sharpness))
+    means = rows.groupby(["distribution", "dim"])[metric].mean() if not rows.empty else pd.Series(dtype=float)
+    models = {name: (name, DEFAULT_QUERY_MODEL) for name in parents}
+    models.update({name: (v["of"], v["query"]) for name, v in variants.items() if v["of"] in parents})
+    out = []
+    for name, (parent, query) in models.items():
+        spec = parents[parent]
+        for dim in [dim for dist, dim in means.index if dist == name]:
+            # the reference must have a positive mean: a ratio over zero KL is undefined
+            ref = next((r for r in references if (r, dim) in means.index), None)
+            if ref is None or not np.isfinite(means[(ref, dim)]) or means[(ref, dim)] <= 0:
+                continue
+            alignment = expected_alignment(parse_query_model(query), "low_rank", int(dim), int(spec["rank"]),
+                                           float(spec.get("noise", 0.0)))
+            where = {"num": name, "den": ref, "dim": dim, "budget": int(budget), "scheme": scheme,
+                     "sharpness": float(sharpness), "metric": metric}
+            m = distribution_ratio(trials, where, n_boot=n_boot, base_seed=base_seed)
+            out.append({"distribution": name, "rank": int(spec["rank"]), "dim": int(dim), "query": query,
+                        "alignment": alignment, "scheme": scheme, "budget": int(budget),
+                        "sharpness": float(sharpness), "ratio": float(m.estimate), "low": float(m.low),
+                        "high": float(m.high), "reference": ref})
+    frame = (pd.DataFrame(out, columns=list(QUERY_MODEL_COLUMNS[:-1])).sort_values(["dim", "rank", "alignment"])
+             .reset_index(drop=True))
+    # the second-order prediction from the subspace point: ratio x E[1/a] / E[1/a]_subspace
+    predicted = np.full(len(frame), np.nan)
+    for i, p in frame.iterrows():
+        base = frame[(frame["rank"] == p["rank"]) & (frame["dim"] == p["dim"]) & (frame["query"] == "subspace")]
+        if not base.empty:
+            inv = expected_inverse_alignment(parse_query_model(p["query"]), int(p["dim"]), int(p["rank"]))
+            inv0 = expected_inverse_alignment(parse_query_model("subspace"), int(p["dim"]), int(p["rank"]))
+            predicted[i] = float(base["ratio"].iloc[0]) * inv / inv0 if math.isfinite(inv) else np.inf
+    frame["predicted"] = predicted
+    return frame
 
 
 #: The Jensen-slope rows of the theory table: alone, holding the log reference weight fixed,

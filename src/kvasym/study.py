@@ -258,6 +258,53 @@ class Study:
         out.update(sharpness=list(self.sharpness), per_key_trials=self.per_key_trials)
         return out
 
+    def rank_references(self) -> list[str]:
+        """The heavy-tailed references of the low-rank data: at each dim with low-rank data (in
+        increasing order), the Student-t distribution with the smallest nu there, each named
+        once. They are the rank sweep's reference lines and the query-model table's
+        denominators (:meth:`query_model_slice`), C5's heavy-tailed keys."""
+        specs = [{**self.distributions[name].to_dict(), "dims": list(self.distribution_dims[name])}
+                 for name in self.distributions if name not in self.query_variants]
+        references: list[str] = []
+        for d in sorted({d for spec in specs if spec["kind"] == "low_rank" for d in spec["dims"]}):
+            heaviest = extreme_first([spec for spec in specs if d in spec["dims"]], "student_t")[:1]
+            references += [name for name in heaviest if name not in references]
+        return references
+
+    def query_model_slice(self) -> dict[str, Any]:
+        """What the query-model table depends on besides the gathered trials (stage ``gather``,
+        :func:`kvasym.claims.query_model_points`, whose keyword arguments these are): the
+        low-rank distributions' ranks and noise, the query-model variants, the references
+        (:meth:`rank_references`), C5's scheme (KQV, else the first scheme), the headline budget
+        and sharpness, and the claims' bootstrap settings."""
+        parents = {name: {"rank": int(spec.params["rank"]), "noise": float(spec.params.get("noise", 0.0))}
+                   for name, spec in self.distributions.items()
+                   if spec.kind == "low_rank" and name not in self.query_variants}
+        return {
+            "parents": parents,
+            "variants": {name: dict(variant) for name, variant in self.query_variants.items()},
+            "references": self.rank_references(),
+            "scheme": "KQV" if "KQV" in self.schemes else next(iter(self.schemes)),
+            "budget": int(self.headline["budget"]),
+            "sharpness": float(self.headline["sharpness"]),
+            "n_boot": int(self.stats["n_boot"]),
+            "base_seed": int(self.base_seed),
+        }
+
+
+def extreme_first(specs: list[Mapping[str, Any]], kind: str) -> list[str]:
+    """The names of the instances of ``kind`` among ``specs`` (``{name, kind, params}``), from
+    the most extreme to the least: smallest nu for ``student_t``, smallest rank for ``low_rank``,
+    most outlier energy for ``concentrated``; other kinds in the order given."""
+    items = [s for s in specs if s["kind"] == kind]
+    if kind == "student_t":
+        items.sort(key=lambda s: float(s["params"]["nu"]))
+    elif kind == "low_rank":
+        items.sort(key=lambda s: int(s["params"]["rank"]))
+    elif kind == "concentrated":
+        items.sort(key=lambda s: -float(s["params"]["outlier_scale"]) ** 2 * int(s["params"]["n_outliers"]))
+    return [s["name"] for s in items]
+
 
 def load_study_file(path: str | os.PathLike, overrides: Mapping[str, Any] | None = None) -> Study:
     """Read a YAML config (plus ``overrides``, as ``snakemake --config`` would) into a Study."""

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -387,6 +388,76 @@ def rotated_marginal_sample(keys: np.ndarray, rotation_seed: int, transform: str
     work = rotated.shape[1]
     picks = rotated[np.arange(keys.shape[0]), np.arange(keys.shape[0]) % work]
     return picks[norms > 0], work
+
+
+
+def marginal_samples(slice_: Mapping[str, Any], manifests: Sequence[Any]) -> dict[str, tuple[np.ndarray, int]]:
+    """Rotated key coordinates of each facet distribution at the headline dim, for the marginal figure.
+
+    Each distribution's trials are regenerated from its data slice, checked against its manifest
+    (:func:`kvasym.manifest.verified_trial`) and rotated with the pipeline's K-side rotation seed
+    (``derived_seed(base, "rotation", name, dim, trial, "K")``), as the theory stage rotates them
+    for the ``ks_beta`` check: :func:`rotated_marginal_sample` of the first ``marginal_trials``
+    trials.
+
+    Parameters
+    ----------
+    slice_ : mapping
+        The figures slice (:func:`kvasym.render.figures.registry.figures_slice`): its
+        ``distributions``, ``headline``, ``facet_distributions``, ``seq_len``, ``n_queries``,
+        ``trials``, ``base_seed`` and ``marginal_trials``.
+    manifests : sequence of path-like
+        Data manifests (``<name>/d<dim>.json``) or folders holding them (``results/data``).
+
+    Returns
+    -------
+    dict
+        Distribution -> (coordinates, working dimension), for each facet distribution whose
+        manifest at the headline dim is among ``manifests`` (the others are left out).
+    """
+    from pathlib import Path
+
+    from .manifest import load_manifest, verified_trial
+
+    specs = {d["name"]: d for d in slice_["distributions"]}
+    dim = int(slice_["headline"]["dim"])
+    base = int(slice_["base_seed"])
+    out: dict[str, tuple[np.ndarray, int]] = {}
+    for name in slice_["facet_distributions"]:
+        spec = specs[name]
+        path = _manifest_path([Path(m) for m in manifests], name, dim)
+        if path is None:
+            continue
+        data_slice = {
+            "distribution": {k: spec[k] for k in ("name", "kind", "params")},
+            "dim": dim,
+            "seq_len": int(slice_["seq_len"]),
+            "n_queries": int(slice_["n_queries"]),
+            "trials": int(slice_["trials"]),
+            "base_seed": base,
+        }
+        digests = load_manifest(path, data_slice)
+        parts, work = [], dim
+        for trial in range(min(int(slice_["marginal_trials"]), int(slice_["trials"]))):
+            data = verified_trial(data_slice, trial, digests)
+            sample, work = rotated_marginal_sample(data.keys, derived_seed(base, "rotation", name, dim, trial, "K"))
+            parts.append(sample)
+        if parts:
+            out[name] = (np.concatenate(parts), int(work))
+    return out
+
+
+def _manifest_path(manifests: Sequence[Any], name: str, dim: int) -> Any:
+    """The manifest of (``name``, ``dim``) among ``manifests`` (files, or folders holding
+    ``<name>/d<dim>.json``), or None."""
+    for path in manifests:
+        if path.is_dir():
+            candidate = path / name / f"d{dim}.json"
+            if candidate.is_file():
+                return candidate
+        elif path.name == f"d{dim}.json" and path.parent.name == name:
+            return path
+    return None
 
 
 def ks_against_beta(sample: np.ndarray, work_dim: int) -> dict[str, float]:

@@ -27,7 +27,7 @@ from kvasym.claims import load_claims
 from kvasym.config_io import read_yaml_mapping
 from kvasym.config_schema import validate_config
 from kvasym.errors import KvasymError
-from kvasym.figure_registry import (
+from kvasym.render.figures.registry import (
     FIGURE_CELL_INPUTS,
     FIGURE_FAMILIES as FIGURE_REGISTRY,
     FIGURE_INPUTS,
@@ -528,7 +528,7 @@ def figure_label(family):
 
 
 def figure_inputs(family):
-    """The files one figure family reads (kvasym.figure_registry.FIGURE_FAMILIES): gathered
+    """The files one figure family reads (kvasym.render.figures.registry.FIGURE_FAMILIES): gathered
     tables, and the metrics files or data manifests of its facet cells only."""
     wanted = FIGURE_REGISTRY[family].inputs
     cells = family_cells(FIGURES_SLICE, family)
@@ -666,6 +666,11 @@ def gather_flags(wildcards, input, output):
             ]
         )
         flags.append(f"--{table}-cells {shlex.quote(listed)}")
+    # the query-model table, from the gathered trials (the query-model figure's points)
+    flags.append(f"--out-query-model {shlex.quote(output['query_model'])}")
+    flags.append(
+        f"--query-model-slice {shlex.quote(canonical_json(STUDY.query_model_slice()))}"
+    )
     return " ".join(flags)
 
 

@@ -1,7 +1,7 @@
 # Stage 6: the figures of the paper, one rule (one job) per figure family of
-# kvasym.figure_registry.FIGURE_FAMILIES (FIGURE_FAMILIES: the real-model heat map only when the DAG has
-# real-model rows). Each reads only its inputs (gathered tables, or the metrics files and data
-# manifests of its facet cells, or the real rows' per-query files) and writes
+# kvasym.render.figures.registry.FIGURE_FAMILIES (FIGURE_FAMILIES: the real-model heat map only
+# when the DAG has real-model rows). Each reads only its inputs (gathered tables, or the metrics
+# files and data manifests of its facet cells, or the real rows' per-query files) and writes
 # results/figures/<name>.{pdf,png}; the PNGs go into the Snakemake report with the captions of
 # workflow/report/figures/.
 

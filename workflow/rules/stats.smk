@@ -1,4 +1,5 @@
-# Stage 4: statistics per (distribution, dim), theory checks, and the study-wide gathered tables.
+# Stage 4: statistics per (distribution, dim), theory checks, and the study-wide gathered tables
+# (with the query-model table of C5's ratio under each query model, from the gathered trials).
 
 
 rule stats:
@@ -58,7 +59,7 @@ rule gather:
     output:
         **{
             name: pattern(name)
-            for name in ("comparisons", "summary", "trials", "theory")
+            for name in ("comparisons", "summary", "trials", "theory", "query_model")
         },
     log:
         log_path("gather"),

@@ -2,16 +2,21 @@
 
 Concatenates the per-(distribution, dim) tables of one kind (comparisons, summary, trials,
 theory) and, for the comparisons, adds a Holm-adjusted column for each p-value family of
-:data:`HOLM_FAMILIES`.
+:data:`HOLM_FAMILIES`. From the gathered trials it also writes the query-model table
+(``--out-query-model``, artifact ``query_model``): C5's ratio under each query model with the
+claims' own interval (:func:`kvasym.claims.query_model_points`), the numbers the query-model
+figure draws, so that rendering reads them instead of recomputing a claim.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from ..artifacts import add_input_arguments
 from .. import stats
@@ -32,12 +37,12 @@ HOLM_FAMILIES: dict[str, tuple[str, ...]] = {
 
 
 def gather(paths: Sequence[str | os.PathLike], out: str | os.PathLike, holm_columns: Sequence[str] = (),
-           cells: list | None = None) -> None:
+           cells: list | None = None) -> pd.DataFrame:
     """Concatenate tables; for each ``holm_columns`` log10-p column add a Holm-adjusted one.
 
     Families: one per (metric, test) across the whole study, i.e. all distributions, dims,
     budgets, sharpness values and scheme pairs of that metric. ``cells``: the (distribution,
-    dim) each part is filed under.
+    dim) each part is filed under. Returns the table written.
     """
     # one part per (distribution, dim): a part copied over another would count a cell twice
     frame = read_cell_tables(list(paths), "stats part", ("distribution", "dim"), cells=cells)
@@ -48,6 +53,26 @@ def gather(paths: Sequence[str | os.PathLike], out: str | os.PathLike, holm_colu
             adjusted[np.asarray(index)] = stats.holm_log10(values)
         frame[f"{column}_holm"] = adjusted
     write_frame_atomic(frame, out, {"sources": str(len(paths))})
+    return frame
+
+
+#: The keys of ``--query-model-slice`` (:meth:`kvasym.study.Study.query_model_slice`): the keyword
+#: arguments of :func:`kvasym.claims.query_model_points`.
+QUERY_MODEL_KEYS = ("parents", "variants", "references", "scheme", "budget", "sharpness", "n_boot", "base_seed")
+
+
+def write_query_model(trials: pd.DataFrame, slice_: Mapping[str, Any], out: str | os.PathLike) -> None:
+    """Write the query-model table of the gathered ``trials`` (:func:`kvasym.claims.query_model_points`
+    with the slice's arguments) to ``out``."""
+    from ..claims import query_model_points
+    from ..dataset import provenance
+    from ..errors import KvasymError
+
+    missing = [k for k in QUERY_MODEL_KEYS if k not in slice_]
+    if missing:
+        raise KvasymError(f"--query-model-slice lacks key(s) {', '.join(missing)}")
+    points = query_model_points(trials, **{k: slice_[k] for k in QUERY_MODEL_KEYS})
+    write_frame_atomic(points, out, provenance(dict(slice_)))
 
 
 #: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
@@ -60,18 +85,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--out-{table}", dest=f"out_{table}", help=f"the gathered {table} table")
         parser.add_argument(f"--{table}-cells", dest=f"{table}_cells",
                             help=f'JSON list: the {{"distribution", "dim"}} each --{table} part is filed under')
+    parser.add_argument("--out-query-model", dest="out_query_model",
+                        help="the query-model table, from the gathered trials (needs --trials)")
+    parser.add_argument("--query-model-slice", dest="query_model_slice",
+                        help="its arguments as JSON (kvasym.study.Study.query_model_slice): "
+                             + ", ".join(QUERY_MODEL_KEYS))
 
 
 def run(args: argparse.Namespace) -> None:
     from ..errors import KvasymError
+    from ._slice import parse_slice
 
+    if bool(args.out_query_model) != bool(args.query_model_slice) or (args.out_query_model and not args.out_trials):
+        raise KvasymError("the query-model table needs --out-query-model, --query-model-slice and the trials "
+                          "(--trials, --out-trials)")
     done = 0
     for table, holm in HOLM_FAMILIES.items():
         parts, out = getattr(args, table), getattr(args, f"out_{table}")
         if bool(parts) != bool(out):
             raise KvasymError(f"give both --{table} and --out-{table}, or neither")
         if out:
-            gather(parts, out, holm, parse_cells(getattr(args, f"{table}_cells"), f"{table}-cells"))
+            frame = gather(parts, out, holm, parse_cells(getattr(args, f"{table}_cells"), f"{table}-cells"))
+            if table == "trials" and args.out_query_model:
+                write_query_model(frame, parse_slice(args.query_model_slice), args.out_query_model)
             done += 1
     if not done:
         raise KvasymError("nothing to gather: give --TABLE inputs and --out-TABLE for at least one of "

@@ -4,7 +4,7 @@ Each figure reads the frontier's points (stage ``frontier``, :func:`kvasym.front
 and draws one panel per (distribution, dim) at one sharpness (the headline's for synthetic data,
 the model's own, 1, for the real caches): each scheme is a line through its budgets at its
 measured total bits (payload + side); points on the Pareto set (:func:`kvasym.frontier.pareto_mask`)
-are ringed in black. Style: :mod:`kvasym.figures`.
+are ringed in black (family ``frontier``; style: :mod:`kvasym.render.figures._style`).
 """
 
 from __future__ import annotations
@@ -15,19 +15,19 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .figures import (
+from ._style import (
     TEXT_WIDTH,
-    _figure_legend,
-    _log_axis,
-    _palette,
-    _scheme_handles,
-    _suptitle,
-    _tag,
+    figure_legend,
+    log_axis,
     new_figure,
     nothing_to_show,
+    palette,
     safe_text,
+    scheme_handles,
     scheme_order,
     styled,
+    suptitle,
+    tag_scheme,
 )
 
 #: Figure name -> (points column, axis label, log axis).
@@ -65,7 +65,7 @@ def frontier_figure(points: pd.DataFrame | None, name: str, *, sharpness: float,
     panels.sort(key=lambda p: (p[0] in real, order[p[0]], p[1]))
     ncol = min(MAX_COLS, len(panels))
     nrow = int(np.ceil(len(panels) / ncol))
-    colors, markers = _palette(frame["scheme"].unique(), colors)
+    colors, markers = palette(frame["scheme"].unique(), colors)
     schemes = scheme_order(frame["scheme"].unique())
     fig, axes = new_figure(nrow, ncol, width=TEXT_WIDTH, row_height=1.75, extra=0.9)
     flag = f"pareto_{column}"
@@ -85,14 +85,14 @@ def frontier_figure(points: pd.DataFrame | None, name: str, *, sharpness: float,
             ok = (np.isfinite(x) & np.isfinite(y) & ((y > 0) if log else np.ones(len(y), bool))) & ~far
             if not ok.any():
                 continue
-            _tag(ax.plot(x[ok], y[ok], color=colors[scheme], marker=markers[scheme], ms=3.2, lw=0.9,
-                         zorder=3)[0], scheme)
+            tag_scheme(ax.plot(x[ok], y[ok], color=colors[scheme], marker=markers[scheme], ms=3.2, lw=0.9,
+                               zorder=3)[0], scheme)
             on = ok & s[flag].to_numpy(dtype=bool) if flag in s.columns else np.zeros(len(s), bool)
             if on.any():
                 ax.plot(x[on], y[on], ls="none", marker="o", ms=7, mfc="none", mec="black", mew=0.8, zorder=4)
             shown.extend(y[ok])
         if log and shown:
-            _log_axis(ax, "y", shown)
+            log_axis(ax, "y", shown)
         if beyond:
             ax.text(0.98, 0.98, safe_text("beyond the axis: " + "; ".join(beyond)), ha="right", va="top",
                     fontsize="x-small", transform=ax.transAxes, wrap=True)
@@ -103,6 +103,6 @@ def frontier_figure(points: pd.DataFrame | None, name: str, *, sharpness: float,
             ax.set_ylabel(label)
     for k in range(len(panels), nrow * ncol):
         axes[k // ncol, k % ncol].set_visible(False)
-    _suptitle(fig, f"{title} (sharpness {sharpness:g}; real caches at {real_sharpness:g}); ringed: Pareto set")
-    _figure_legend(fig, _scheme_handles(schemes, colors, markers), schemes, ncol=min(6, len(schemes)))
+    suptitle(fig, f"{title} (sharpness {sharpness:g}; real caches at {real_sharpness:g}); ringed: Pareto set")
+    figure_legend(fig, scheme_handles(schemes, colors, markers), schemes, ncol=min(6, len(schemes)))
     return fig

@@ -1,7 +1,8 @@
 """The end-to-end figures: perplexity increase against measured bits, and layer sensitivity.
 
-Both read the tables of stage ``e2e_stats`` (:mod:`kvasym.real.endtoend_stats`) and follow the
-style of :mod:`kvasym.figures` (its palette, markers, log axes, legends and placeholders).
+Family ``e2e``. Both read the tables of stage ``e2e_stats`` (:mod:`kvasym.real.endtoend_stats`)
+and draw in the figures' style (:mod:`kvasym.render.figures._style`: its palette, markers, log
+axes, legends and placeholders).
 """
 
 from __future__ import annotations
@@ -13,23 +14,23 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .figures import (
+from ._style import (
     HEATMAP_CMAP,
     HEATMAP_MISSING,
     TEXT_WIDTH,
-    _figure_legend,
-    _log_axis,
-    _log_ticks,
-    _nested,
-    _palette,
-    _scheme_handles,
-    _suptitle,
-    _tag,
+    colorbar_log_ticks,
+    figure_legend,
+    log_axis,
+    nested_size,
     new_figure,
     nothing_to_show,
+    palette,
     safe_text,
+    scheme_handles,
     scheme_order,
     styled,
+    suptitle,
+    tag_scheme,
 )
 
 ROPE_TITLES = {"post": "keys quantized after RoPE", "pre": "keys quantized before RoPE"}
@@ -47,7 +48,7 @@ def e2e_ppl_bits(summary: pd.DataFrame | None, *, colors: Mapping[str, str] | No
     if summary is None or summary.empty or not needed <= set(summary.columns):
         return nothing_to_show(title, "no end-to-end summary (real rows or real.e2e off)")
     ropes = [r for r in ROPE_TITLES if r in set(summary["rope"])]
-    colors, markers = _palette(summary["scheme"].unique(), colors)
+    colors, markers = palette(summary["scheme"].unique(), colors)
     schemes = scheme_order(summary["scheme"].unique())
     fig, axes = new_figure(1, len(ropes), width=TEXT_WIDTH, height=2.4,
                            sharey=True)
@@ -65,12 +66,12 @@ def e2e_ppl_bits(summary: pd.DataFrame | None, *, colors: Mapping[str, str] | No
                 continue
             low = np.maximum(g["ppl_ratio_low"].to_numpy(dtype=float) - 1.0, y * 1e-3)
             high = g["ppl_ratio_high"].to_numpy(dtype=float) - 1.0
-            _tag(ax.errorbar(x[ok], y[ok], yerr=[y[ok] - low[ok], high[ok] - y[ok]], color=colors[scheme],
-                             marker=markers[scheme], markersize=_nested(schemes, scheme, 5.0, 0.7, 2.5),
-                             lw=_nested(schemes, scheme, 1.8, 0.4, 0.6), capsize=2,
-                             zorder=3 + 0.1 * schemes.index(scheme)), scheme)
+            tag_scheme(ax.errorbar(x[ok], y[ok], yerr=[y[ok] - low[ok], high[ok] - y[ok]], color=colors[scheme],
+                                   marker=markers[scheme], markersize=nested_size(schemes, scheme, 5.0, 0.7, 2.5),
+                                   lw=nested_size(schemes, scheme, 1.8, 0.4, 0.6), capsize=2,
+                                   zorder=3 + 0.1 * schemes.index(scheme)), scheme)
             shown.extend(y[ok])
-            # the axis holds the intervals too (_log_axis sets its limits from these values);
+            # the axis holds the intervals too (log_axis sets its limits from these values);
             # a non-positive lower bound is left to the clipping of the log axis
             raw_low = g["ppl_ratio_low"].to_numpy(dtype=float)[ok] - 1.0
             shown.extend(raw_low[np.isfinite(raw_low) & (raw_low > 0)])
@@ -79,11 +80,11 @@ def e2e_ppl_bits(summary: pd.DataFrame | None, *, colors: Mapping[str, str] | No
         ax.set_xlabel("measured bits per coordinate (K and V mean)")
     if shown:
         for ax in axes[0]:
-            _log_axis(ax, "y", shown)
+            log_axis(ax, "y", shown)
     axes[0, 0].set_ylabel("perplexity increase\n(ppl / ppl_ref - 1)")  # one line ran into the title
     note = f"; {hidden} point(s) with no increase not shown" if hidden else ""
-    _suptitle(fig, f"{title}: every layer's KV cache quantized, 95% block-bootstrap intervals{note}")
-    _figure_legend(fig, _scheme_handles(schemes, colors, markers), schemes)
+    suptitle(fig, f"{title}: every layer's KV cache quantized, 95% block-bootstrap intervals{note}")
+    figure_legend(fig, scheme_handles(schemes, colors, markers), schemes)
     return fig
 
 
@@ -131,7 +132,7 @@ def e2e_layer_sensitivity(sensitivity: pd.DataFrame | None, *, schemes: Sequence
     ax.set_ylabel("layer quantized alone")
     bar = fig.colorbar(image, ax=ax, location="right", shrink=0.9)
     bar.set_label("next-token KL (nats)")
-    _log_ticks(bar.ax.yaxis, [vmin, vmax])
+    colorbar_log_ticks(bar.ax.yaxis, [vmin, vmax])
     bar.outline.set_linewidth(0.4)
-    _suptitle(fig, f"{title}: one layer's cache quantized at n = {budget}, keys after RoPE")
+    suptitle(fig, f"{title}: one layer's cache quantized at n = {budget}, keys after RoPE")
     return fig

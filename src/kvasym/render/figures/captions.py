@@ -18,8 +18,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .figures import ROW_MAJOR_GID, row_major_order
-from .render.format import escape_latex
+from ..format import escape_latex
+from ._style import MARGIN_TITLE_GID, ROW_MAJOR_GID, row_major_order
 
 __all__ = ["CAPTION_SUFFIX", "caption_facts", "caption_tex"]
 
@@ -83,9 +83,9 @@ def caption_facts(fig: Any) -> dict[str, Any]:
             text = ax.get_title(loc).strip()
             if text and text not in panels:
                 panels.append(text)
-        for note in ax.texts:  # row titles in the right margin (kvasym.figures._margin_title)
+        for note in ax.texts:  # row titles in the right margin (_style.margin_title)
             text = note.get_text().strip()
-            if note.get_gid() == "margin-title" and text and text not in rows:
+            if note.get_gid() == MARGIN_TITLE_GID and text and text not in rows:
                 rows.append(text)
     legends = list(getattr(fig, "legends", [])) + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
     for leg in legends:
