@@ -34,6 +34,9 @@ the paper's number (``paper_value``, optional), which registered ``statistic`` d
 A claim whose cells are not in the grid is *not evaluated* (with the reason); a claim naming a
 statistic that does not exist, or a malformed rule, is an error: the stage fails.
 
+Each statistic is one record of :data:`STATISTICS` (:class:`Statistic`: its function, the
+tables it reads, the ledger's words for it, ...): adding one is its function plus its record.
+
 References
 ----------
 .. [1] Schuirmann, D. J. (1987) "A comparison of the two one-sided tests procedure and the power
@@ -648,20 +651,89 @@ def stat_seq_len_slope(t: Tables, where: Mapping[str, Any]) -> Measurement:
                        interval=True)
 
 
-STATISTICS: dict[str, Callable[[Tables, Mapping[str, Any]], Measurement]] = {
-    "seq_len_slope": stat_seq_len_slope,
-    "equal_rate_ratio": stat_equal_rate_ratio,
-    "equal_rate_cells": stat_equal_rate_cells,
-    "kl_ratio": stat_kl_ratio,
-    "cells_better": stat_cells_better,
-    "crossover": stat_crossover,
-    "distribution_ratio": stat_distribution_ratio,
-    "theory": stat_theory,
-    "ranking_disagreement": stat_ranking_disagreement,
-    "catastrophic_share": stat_catastrophic_share,
-    "e2e_ratio": stat_e2e_ratio,
-    "e2e_rank_agreement": stat_e2e_rank_agreement,
-}
+@dataclass(frozen=True)
+class Statistic:
+    """One statistic a claim can name: everything the pipeline knows about it, in one record.
+
+    Adding a statistic is its function plus one record in :data:`STATISTICS`: the claims file's
+    check takes its name from there (:func:`load_claims`), the README's claims map its
+    tables and upstream rules (:func:`kvasym.render.claims.claims_map_markdown`), the ledger its
+    words (:func:`kvasym.render.ledger.test_and_unit`) and the verdict's reason its query-model
+    note (:func:`query_model_note`).
+
+    Attributes
+    ----------
+    name : str
+        What a claim's ``statistic`` says.
+    function : callable
+        ``(tables, where) -> Measurement``; raises :class:`kvasym.cells.MissingCell` for a cell
+        absent from the grid, :class:`KvasymError` for a ``where`` no grid can satisfy.
+    tables : tuple of str
+        The gathered tables it reads: fields of :class:`Tables`, keys of
+        :data:`kvasym.render.claims.TABLE_SOURCES`.
+    describe : str
+        The ledger's "test and unit" words, a template filled by
+        :func:`kvasym.render.ledger.test_and_unit`: ``{unit}`` (trials or texts), ``{paired}``,
+        ``{metric}`` (the metric's words), ``{check}`` and ``{check_interval}`` (a theory check's
+        words and interval). LaTeX-safe text apart from the placeholders.
+    rows : str
+        Which distributions' rows it reads, for the query-model note of a verdict: ``"cell"``
+        (the comparisons' cell of ``where.distribution``), ``"cells"`` (the comparisons' cells
+        of ``where.distributions``, every one when absent), ``"num_den"`` (the per-trial rows of
+        ``where.num`` and ``where.den``, where query-model variants live) or ``""`` (no note).
+    closed_form : bool
+        Its details carry a closed form (``theory``), which ``holds_if: {op: within}`` without a
+        ``target`` compares with.
+    measured_by : str or None
+        The README claims map's "measured by" cell (Markdown) when its data do not come from
+        the metrics rules of the rows it reads (``cells``, ``real_metrics``).
+    """
+
+    name: str
+    function: Callable[[Tables, Mapping[str, Any]], Measurement]
+    tables: tuple[str, ...]
+    describe: str
+    rows: str = ""
+    closed_form: bool = False
+    measured_by: str | None = None
+
+    @property
+    def per_cell(self) -> bool:
+        """It reads cells of the comparisons or summary tables, whose low-rank cells all follow
+        the subspace rule (query-model variants have per-trial rows only)."""
+        return self.rows in ("cell", "cells")
+
+
+_ON_CELLS = "paired Wilcoxon per cell over {unit}; Holm over the claim's cells"
+_E2E = "`e2e` (per text, SmolLM2 with its KV cache quantized)"
+
+#: Every statistic a claim can name, by name: the one registry (see :class:`Statistic`).
+STATISTICS: dict[str, Statistic] = {s.name: s for s in (
+    Statistic("seq_len_slope", stat_seq_len_slope, ("seq_len_slopes",),
+              "slope of log mean KL on log sequence length, bootstrap CI over trials",
+              measured_by="`seq_len_sweep` (its own data, one job)"),
+    Statistic("equal_rate_ratio", stat_equal_rate_ratio, ("frontier_units",),
+              "{metric} ratio at equal total bits (interpolated), Fieller CI over {unit}"),
+    Statistic("equal_rate_cells", stat_equal_rate_cells, ("frontier_units",),
+              "paired Wilcoxon per cell at equal total bits (interpolated) over {unit}; Holm over the claim's cells"),
+    Statistic("kl_ratio", stat_kl_ratio, ("comparisons",),
+              "mean-KL ratio, Fieller CI; paired Wilcoxon over {unit}", rows="cell", closed_form=True),
+    Statistic("cells_better", stat_cells_better, ("comparisons",), _ON_CELLS, rows="cells"),
+    Statistic("crossover", stat_crossover, ("comparisons",), _ON_CELLS, rows="cells"),
+    Statistic("distribution_ratio", stat_distribution_ratio, ("trials", "theory"),
+              "ratio of means, {paired} Fieller CI over {unit}", rows="num_den"),
+    Statistic("theory", stat_theory, ("theory",), "{check}; {check_interval} CI over trials", closed_form=True,
+              measured_by="`theory` (data manifests, per-key metrics)"),
+    Statistic("ranking_disagreement", stat_ranking_disagreement, ("summary", "comparisons"),
+              "count of groups; paired ratio CIs (mean, p99) over trials", rows="cells"),
+    Statistic("catastrophic_share", stat_catastrophic_share, ("trials", "summary"),
+              "share of catastrophic queries, t CI over {unit}"),
+    Statistic("e2e_ratio", stat_e2e_ratio, ("e2e_comparisons",),
+              "perplexity ratio, block bootstrap CI; Wilcoxon over blocks of positions", measured_by=_E2E),
+    Statistic("e2e_rank_agreement", stat_e2e_rank_agreement, ("e2e_agreement",),
+              "Spearman rank correlation; bootstrap CI over blocks of positions",
+              measured_by=f"{_E2E}; `real_metrics` via `gather`"),
+)}
 OPS = {">=": np.greater_equal, ">": np.greater, "<=": np.less_equal, "<": np.less}
 
 
@@ -841,9 +913,10 @@ def load_claims(path: str | os.PathLike, headline: Mapping[str, Any] | None = No
                 if not _number(rule["target"]) or float(rule["target"]) == 0:
                     raise KvasymError(f"{where} ({cid}): holds_if.target must be a non-zero finite number, got "
                                       f"{rule['target']!r}")
-            elif claim["statistic"] not in ("theory", "kl_ratio"):
+            elif not STATISTICS[claim["statistic"]].closed_form:
+                closed = " and ".join(repr(n) for n, s in sorted(STATISTICS.items()) if s.closed_form)
                 raise KvasymError(f"{where} ({cid}): holds_if op 'within' without a target compares with a closed "
-                                  "form, which only statistics 'theory' and 'kl_ratio' have (this claim uses "
+                                  f"form, which only statistics {closed} have (this claim uses "
                                   f"{claim['statistic']!r}); give holds_if.target")
             if not (_number(rule["value"]) and 0 < float(rule["value"]) < 1) or "max_log10_p" in rule:
                 raise KvasymError(f"{where} ({cid}): holds_if {{op: within}} needs a relative margin value in (0, 1) "
@@ -890,11 +963,6 @@ def _check_where_keys(where: Mapping[str, Any], context: str) -> None:
         raise KvasymError(f"{context}: unknown key(s) {extra}; allowed: {', '.join(sorted(WHERE_KEYS))}")
 
 
-#: Statistics over many cells of the comparisons or summary tables (whose low-rank cells all
-#: follow the subspace rule: query-model variants have per-trial rows only).
-_CELL_STATISTICS = ("cells_better", "crossover", "ranking_disagreement", "kl_ratio")
-
-
 def query_model_note(claim: Mapping[str, Any], tables: Tables) -> str:
     """The query model behind a verdict that reads low-rank data, for the ledger's reason (issue
     14: C5 is decided by the query rule), or "" when the claim reads no low-rank cell.
@@ -903,9 +971,10 @@ def query_model_note(claim: Mapping[str, Any], tables: Tables) -> str:
     low-rank distribution by the subspace rule); claims over cells of the comparisons or summary
     tables: "subspace" when their cells include low-rank ones (variants are not there)."""
     where = claim["where"]
-    statistic = claim["statistic"]
+    record = STATISTICS.get(claim["statistic"])
+    rows = record.rows if record is not None else ""
     subspace = "subspace (in the keys' subspace, a = d/r)"
-    if statistic == "distribution_ratio":
+    if rows == "num_den":
         parts = []
         kinds = (dict(zip(tables.trials["distribution"], tables.trials["kind"]))
                  if {"distribution", "kind"} <= set(tables.trials.columns) else {})
@@ -916,17 +985,17 @@ def query_model_note(claim: Mapping[str, Any], tables: Tables) -> str:
             elif kinds.get(name) == "low_rank":
                 parts.append(f"{name}: {subspace}")
         return f"query model {'; '.join(parts)}" if parts else ""
-    if statistic not in _CELL_STATISTICS:
+    if record is None or not record.per_cell:
         return ""
     frame = tables.comparisons
     if not {"distribution", "kind"} <= set(frame.columns):
         return ""
-    rows = frame
-    if statistic == "kl_ratio":
-        rows = frame[frame["distribution"] == where.get("distribution")]
+    cells = frame
+    if rows == "cell":
+        cells = frame[frame["distribution"] == where.get("distribution")]
     elif where.get("distributions") is not None:
-        rows = frame[frame["distribution"].isin(list(where["distributions"]))]
-    return f"low-rank cells: query model {subspace}" if (rows["kind"] == "low_rank").any() else ""
+        cells = frame[frame["distribution"].isin(list(where["distributions"]))]
+    return f"low-rank cells: query model {subspace}" if (cells["kind"] == "low_rank").any() else ""
 
 
 def evaluate_claims(claims: list[dict[str, Any]], tables: Tables) -> list[dict[str, Any]]:
@@ -935,8 +1004,12 @@ def evaluate_claims(claims: list[dict[str, Any]], tables: Tables) -> list[dict[s
         record = {k: claim.get(k) for k in ("id", "statement", "paper_value", "paper_text", "statistic")}
         record["where"] = claim["where"]
         record["holds_if"] = claim["holds_if"]
+        statistic = STATISTICS.get(claim["statistic"])
+        if statistic is None:  # load_claims refuses it; a claim built in code may still name one
+            raise KvasymError(f"claim {claim['id']}: statistic {claim['statistic']!r} does not exist; known: "
+                              f"{', '.join(sorted(STATISTICS))}")
         try:
-            m = STATISTICS[claim["statistic"]](tables, claim["where"])
+            m = statistic.function(tables, claim["where"])
         except MissingCell as exc:
             record.update(verdict=NOT_EVALUATED, reason=f"not in this grid: {exc}")
             results.append(record)
