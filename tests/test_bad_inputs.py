@@ -48,7 +48,7 @@ import pytest
 import yaml
 from snakemake_workdir import ROOT, make_workdir, run_env, snakemake
 
-from kvasym.claims import evaluate_claims, load_claims
+from kvasym.claims import STATISTICS, evaluate_claims, load_claims
 from kvasym.stages.claims import run_claims
 from kvasym.stages.cells import run_cells
 from kvasym.stages.gather import HOLM_FAMILIES, gather
@@ -348,7 +348,8 @@ SNAKEMAKE_CASES = [
      "invalid config: config key distributions[1].name: must be 1 to 64 ASCII letters"),
     ("names_duplicated", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "gaussian", "kind": "gaussian"}),
      "duplicated distribution name 'gaussian'"),
-    ("claims_unknown_statistic", {"claims_file": "bad_claims.yaml"}, "statistic 'kl_ratioo' does not exist"),
+    ("claims_unknown_statistic", {"claims_file": "bad_claims.yaml"},
+     f"claims[2].statistic: must be one of {', '.join(sorted(STATISTICS))}, got 'kl_ratioo'"),
     ("file_missing", _dists({"name": "gaussian", "kind": "gaussian"},
                             {"name": "mine", "kind": "file", "params": {"path": "nope.npz"}}),
      "invalid config: distributions[mine].params.path: cache file nope.npz: no such file"),
@@ -423,26 +424,37 @@ _C = {"statement": "s", "statistic": "ranking_disagreement", "holds_if": {"op": 
 
 #: (id, ledger writer, message) for load_claims: structural errors, caught before any job.
 CLAIMS_CASES = [
-    ("statistic_does_not_exist", _ledger(_set(0, "statistic", "kl_ratioo")), "statistic 'kl_ratioo' does not exist"),
+    ("statistic_does_not_exist", _ledger(_set(0, "statistic", "kl_ratioo")),
+     f"claim C1a: key claims[0].statistic: must be one of {', '.join(sorted(STATISTICS))}, got 'kl_ratioo'"),
     ("claim_key_typo", _ledger(lambda d: d["claims"][0].update(wher=d["claims"][0].pop("where"))),
-     "unknown key(s) ['wher']"),
+     "claim C1a: unknown key(s): claims[0].wher; allowed: construction, holds_if, id"),
     ("holds_if_key_typo", _ledger(_set(2, "holds_if", {"op": ">", "value": 1.0, "max_log_p": -23})),
-     "unknown key(s) ['max_log_p'] in holds_if"),
+     "unknown key(s): claims[2].holds_if.max_log_p; allowed: max_log10_p, op, target, value"),
     ("holds_if_value_not_number", _ledger(_set(0, "holds_if", {"op": ">=", "value": "big"})),
-     "holds_if.value must be a finite number, got 'big'"),
-    ("holds_if_op_unknown", _ledger(_set(0, "holds_if", {"op": "=>", "value": 1})), "holds_if must be"),
+     "key claims[0].holds_if.value: must be a number, got 'big'"),
+    ("holds_if_value_not_finite", _ledger(_set(0, "holds_if", {"op": ">=", "value": float("inf")})),
+     "key claims[0].holds_if.value: must be a finite number, got inf"),
+    ("holds_if_op_unknown", _ledger(_set(0, "holds_if", {"op": "=>", "value": 1})),
+     "key claims[0].holds_if.op: must be one of >=, >, <=, <, all, within, got '=>'"),
     ("where_key_typo", _ledger(_set(0, "where", {"check": "qjl_vs_residual", "budgt": 4})),
-     "unknown key(s) ['budgt']"),
-    ("where_not_mapping", _ledger(_set(0, "where", [1, 2])), "'where' must be a mapping"),
-    ("defaults_not_mapping", _ledger(lambda d: d.update(defaults=[1])), "'defaults' must be a mapping"),
-    ("top_level_typo", _ledger(lambda d: d.update(claim=d.pop("claims"))), "unknown top-level key(s) ['claim']"),
-    ("claims_empty", _ledger(lambda d: d.update(claims=[])), "'claims' must be a non-empty list"),
-    ("claim_missing_statistic", _ledger(lambda d: d["claims"][0].pop("statistic")), "is missing 'statistic'"),
+     "unknown key(s): claims[0].where.budgt; allowed: a, all_sharpness"),
+    ("where_not_mapping", _ledger(_set(0, "where", [1, 2])), "key claims[0].where: must be a mapping, got [1, 2]"),
+    ("where_dim_not_integer", _ledger(_set(0, "where", {"check": "qjl_vs_residual", "dim": 64.0})),
+     "key claims[0].where.dim: must be an integer, got 64.0"),
+    ("defaults_not_mapping", _ledger(lambda d: d.update(defaults=[1])), "key defaults: must be a mapping, got [1]"),
+    ("top_level_typo", _ledger(lambda d: d.update(claim=d.pop("claims"))),
+     "unknown key(s): claim; allowed: claims, defaults"),
+    ("claims_empty", _ledger(lambda d: d.update(claims=[])), "key claims: must be a non-empty list, got []"),
+    ("claim_missing_statistic", _ledger(lambda d: d["claims"][0].pop("statistic")),
+     "claim C1a: key claims[0]: missing required key(s): statistic"),
     ("claim_id_duplicated", _ledger(_append({"id": "C2", **_C})), "duplicated claim id C2"),
-    ("claim_id_unicode", _ledger(_append({"id": "C2é", **_C})), "claim id 'C2é'"),
+    ("claim_id_unicode", _ledger(_append({"id": "C2é", **_C})),
+     ".id: must be 1 to 40 ASCII letters, digits and _.+-, starting with a letter or digit (it names the "
+     "claim's LaTeX macros), got 'C2é'"),
     # the headline cell is the config's; a claims file that sets it would give claims another cell
     ("defaults_move_the_headline", _ledger(lambda d: d.update(defaults={"dim": 64, "alpha": 0.05})),
-     "defaults.dim: the headline cell is the config's `headline` key"),
+     "key defaults.dim: must be set by the config's `headline` key (claims, tables and figures read it), not by "
+     "a claims-file default; move it there, got 64"),
     ("yaml_duplicate_key", _ledger(text="claims:\n  - {id: X1, statement: s, statistic: ranking_disagreement, "
                                         "holds_if: {op: '>=', value: 1}, holds_if: {op: all}}\n"),
      "found duplicate key 'holds_if'"),

@@ -166,18 +166,20 @@ def test_unknown_statistic_is_an_error(tmp_path):
         ("{id: C1, statement: s, statistic: kl_ratio, holds_if: {op: '~', value: 1}}", "holds_if"),
         ("{id: C1, statement: s, statistic: kl_ratio, holds_if: {op: '>'}}", "holds_if"),
         ("{id: C1, statement: s, statistic: cells_better, holds_if: {op: within, value: 0.05}}",
-         "only statistics 'theory' and 'kl_ratio' have"),
+         r"key claims\[0\].statistic: must be a statistic with a closed form \(kl_ratio, theory\).*got 'cells_better'"),
         ("{id: C1, statement: s, statistic: kl_ratio, holds_if: {op: within, value: 0.05, target: 0}}",
-         "target must be a non-zero finite number"),
+         r"key claims\[0\].holds_if.target: must be a non-zero finite number, got 0"),
         ("{id: C1, statement: s, statistic: kl_ratio, holds_if: {op: '>', value: 1, target: 2}}",
          "target belongs to op 'within' only"),
         ("{id: C1, statement: s, statistic: crossover, holds_if: {op: '>=', value: 1}, "
-         "construction: {verdict: holds, from: C1b}}", "construction needs exactly the keys"),
+         "construction: {verdict: holds, from: C1b}}", r"key claims\[0\].construction: missing required key\(s\): why"),
         ("{id: C1, statement: s, statistic: crossover, holds_if: {op: '>=', value: 1}, "
-         "construction: {verdict: maybe, from: C1b, why: w}}", "construction.verdict must be"),
-        ("{id: C1, statement: s, statistic: theory, holds_if: {op: within, value: 1.5}}", "margin value in \\(0, 1\\)"),
+         "construction: {verdict: maybe, from: C1b, why: w}}",
+         r"key claims\[0\].construction.verdict: must be one of holds, does not hold, got 'maybe'"),
+        ("{id: C1, statement: s, statistic: theory, holds_if: {op: within, value: 1.5}}",
+         r"key claims\[0\].holds_if.value: must be a relative margin in \(0, 1\) with op within, got 1.5"),
         ("{id: C1, statement: s, statistic: theory, holds_if: {op: within, value: 0.05, max_log10_p: -3}}",
-         "no max_log10_p"),
+         r"key claims\[0\].holds_if.max_log10_p: must be absent with op within .*got -3"),
     ],
 )
 def test_malformed_rules_are_errors(tmp_path, entry, message):
@@ -563,3 +565,99 @@ def test_a_jensen_claim_shows_the_cells_three_slopes():
     assert result["estimate"] == -1.5 and result["verdict"] == FAILS
     assert result["details"]["jensen_slope"] == pytest.approx([-1.7, -1.9, -1.5])
     assert result["details"]["jensen_slope_norm"] == pytest.approx([-2.1, -2.3, -1.9])
+
+
+# ---------------------------------------------------------------------------------------------
+# one record per statistic; the claims file's schema
+
+
+def test_every_statistic_record_is_complete():
+    """Each record of the registry names the tables it reads (fields of Tables, each with its
+    rule and file in TABLE_SOURCES), ledger words every claim's words fill, and a rows kind."""
+    import dataclasses
+
+    from kvasym.claims import STATISTICS
+    from kvasym.render.claims import TABLE_SOURCES
+    from kvasym.render.ledger import test_and_unit
+
+    fields = {f.name for f in dataclasses.fields(Tables)}
+    for name, record in STATISTICS.items():
+        assert record.name == name and callable(record.function)
+        assert record.tables and set(record.tables) <= fields & set(TABLE_SOURCES), name
+        assert record.rows in ("", "cell", "cells", "num_den"), name
+        for where in ({}, {"check": "ks_beta", "paired": True, "metric": "t_eps_dir"}, {"distribution": "smollm2"}):
+            text = str(test_and_unit({"statistic": name, "where": where}))
+            assert text and "{" not in text, (name, text)
+        assert record.per_cell == (record.rows in ("cell", "cells"))
+
+
+def test_the_claims_schema_names_no_statistic_and_gets_them_from_the_registry():
+    from pathlib import Path
+
+    import yaml
+    from jsonschema import Draft202012Validator
+
+    from kvasym.claims import CLAIMS_SCHEMA_RELPATH, STATISTICS, claims_schema
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / CLAIMS_SCHEMA_RELPATH).read_text())
+    assert "enum" not in raw["$defs"]["statistic"] and "enum" not in raw["$defs"]["closed_form_statistic"]
+    schema = claims_schema()
+    Draft202012Validator.check_schema(schema)
+    assert schema["$defs"]["statistic"]["enum"] == sorted(STATISTICS)
+    assert schema["$defs"]["closed_form_statistic"]["enum"] == ["kl_ratio", "theory"]
+
+
+def test_the_claims_schema_agrees_with_the_engine():
+    """The words the schema spells (rules, construction verdicts, the headline keys a default
+    cannot set) are the ones the engine reads; every key the schema declares is described."""
+    from kvasym.claims import HEADLINE_WHERE_KEYS, OPS, claims_schema
+
+    schema = claims_schema()
+    defs = schema["$defs"]
+    assert set(defs["rule"]["properties"]["op"]["enum"]) == {*OPS, "all", "within"}
+    assert defs["claim"]["properties"]["construction"]["properties"]["verdict"]["enum"] == [HOLDS, FAILS]
+    assert tuple(schema["properties"]["defaults"]["properties"]) == HEADLINE_WHERE_KEYS
+
+    def undescribed(node, path):
+        for name, sub in (node.get("properties") or {}).items():
+            if "$ref" not in sub and not str(sub.get("description", "")).strip():
+                yield f"{path}.{name}"
+            yield from undescribed(sub, f"{path}.{name}")
+
+    missing = list(undescribed(schema, ""))
+    for name, sub in defs.items():
+        missing += [f"$defs.{name}"] * (not sub.get("description")) + list(undescribed(sub, f"$defs.{name}"))
+    assert missing == []
+
+
+def test_a_new_statistic_is_one_record(tmp_path, monkeypatch):
+    """Adding a statistic is its function and one record: the claims file may name it, the
+    engine decides it, the ledger describes it and the README's map says what it reads."""
+    from kvasym import claims as engine
+    from kvasym.render.claims import claims_map_markdown
+    from kvasym.render.ledger import test_and_unit
+
+    def stat_mean_kl(t, where):
+        rows = t.summary[t.summary["scheme"] == where["scheme"]]
+        return Measurement(float(rows["kl_mean"].mean()))
+
+    path = tmp_path / "claims.yaml"
+    path.write_text("claims:\n  - {id: N1, statement: s, statistic: mean_kl, where: {scheme: KV}, "
+                    "holds_if: {op: '<', value: 1}}\n")
+    with pytest.raises(KvasymError, match="got 'mean_kl'"):
+        load_claims(path)
+    record = engine.Statistic("mean_kl", stat_mean_kl, ("summary",), "mean KL over {unit}")
+    monkeypatch.setitem(engine.STATISTICS, "mean_kl", record)
+    claims = load_claims(path)
+    summary = pd.DataFrame({"scheme": ["KV", "KV", "KQV"], "kl_mean": [0.2, 0.4, 3.0]})
+    (result,) = evaluate_claims(claims, Tables(comparisons=pd.DataFrame(), summary=summary, trials=pd.DataFrame(),
+                                               theory=pd.DataFrame()))
+    assert result["estimate"] == pytest.approx(0.3) and result["verdict"] == HOLDS
+    assert str(test_and_unit(result)) == "mean KL over trials"
+    assert "| N1 | `mean_kl` | `stats` -> `results/stats/summary.parquet` |" in claims_map_markdown(claims)
+
+
+def test_a_claim_in_code_naming_no_statistic_is_an_error():
+    claim = {"id": "X", "statement": "s", "statistic": "no_such", "where": {}, "holds_if": {"op": ">", "value": 1}}
+    with pytest.raises(KvasymError, match="claim X: statistic 'no_such' does not exist; known: catastrophic_share"):
+        evaluate_claims([claim], _tables(_comparisons(2.0, -30.0, -5.0)))

@@ -244,6 +244,24 @@ def test_real_defaults_match_real_settings():
         assert real_settings(off) is None
 
 
+def test_validate_key_checks_one_section_as_the_whole_config_does():
+    """kvasym.real.real_settings gets the real section alone: validate_key applies the schema's
+    checks and defaults of that key, with the whole config's error, word for word."""
+    from kvasym.config_schema import validate_key
+    from kvasym.real import real_settings
+
+    assert validate_key("real.e2e", {"own": "quantized"}) == {
+        "texts": "all", "schemes": "all", "rope": ["post", "pre"], "own": "quantized", "sensitivity_layers": "all",
+        "block_tokens": 64}
+    assert validate_key("real", {}) == validate_config({**MINIMAL, "real": {}})["real"]
+    for real in ({"max_tokens": 1}, {"layers": [0, 0]}, {"e2e": {"rope": []}}, {"e2e": {"blocks": 3}}, "on"):
+        with pytest.raises(KvasymError) as whole:
+            validate_config({**MINIMAL, "real": real})
+        with pytest.raises(KvasymError) as alone:
+            real_settings(real)
+        assert str(alone.value) == str(whole.value), real
+
+
 # ---------------------------------------------------------------------------------------------
 # errors
 

@@ -629,7 +629,8 @@ def test_the_headline_is_the_studys_and_claims_files_cannot_move_it(tmp_path):
     assert study.headline == {"distribution": "gaussian", "dim": 64, "sharpness": 1.0, "budget": 4}
     bad = tmp_path / "claims.yaml"
     bad.write_text("defaults: {distribution: gaussian, dim: 64, sharpness: 2.0}\nclaims: []\n")
-    with pytest.raises(KvasymError, match=r"defaults\.dim: the headline cell is the config's `headline` key"):
+    with pytest.raises(KvasymError, match=r"key defaults\.distribution: must be set by the config's `headline` key "
+                                          r".*, got 'gaussian'"):
         load_claims(bad, study.headline)
 
 

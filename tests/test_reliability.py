@@ -72,7 +72,10 @@ def test_a_claim_text_the_pdf_cannot_typeset_is_refused(tmp_path, text):
     with pytest.raises(KvasymError) as info:
         load_claims(path)
     message = str(info.value)
-    assert f"claims[1] ({data['claims'][1]['id']}): statement holds the character" in message and "\n" not in message
+    odd = next(c for c in text if not (c.isascii() and c.isprintable()))
+    assert f"claim {data['claims'][1]['id']}: key claims[1].statement: must be printable ASCII" in message
+    assert f"got {text!r}: the character {odd!r} (U+{ord(odd):04X}) at position {text.index(odd)}" in message
+    assert "\n" not in message
 
 
 def test_a_configfile_is_the_whole_config_and_the_run_prints_it(tmp_path):
@@ -343,7 +346,7 @@ def test_a_bad_or_missing_claims_file_stops_the_workflow_when_it_loads(tmp_path,
         (workdir / "config/claims.typo.yaml").write_text(
             text.replace("check: qjl_vs_residual, budget: 4", "check: qjl_vs_residual, budgte: 4"))
         claims, targets = "config/claims.typo.yaml", ()  # the default target: the numbers rule too
-        problem = "claims[0] (C1a): where: unknown key(s) ['budgte']"
+        problem = "claim C1a: unknown key(s): claims[0].where.budgte; allowed: a, all_sharpness"
     else:
         claims, targets = "config/nope.yaml", ("results/data/gaussian/d64.json",)  # needs no ledger
         problem = "no such file"

@@ -32,7 +32,11 @@ the paper's number (``paper_value``, optional), which registered ``statistic`` d
   measured verdict stands and its reason says it contradicts the construction argument.
 
 A claim whose cells are not in the grid is *not evaluated* (with the reason); a claim naming a
-statistic that does not exist, or a malformed rule, is an error: the stage fails.
+statistic that does not exist, or a malformed rule, is an error: the stage fails. The file's
+shape is the JSON Schema ``workflow/schemas/claims.schema.yaml`` (:func:`load_claims`).
+
+Each statistic is one record of :data:`STATISTICS` (:class:`Statistic`: its function, the
+tables it reads, the ledger's words for it, ...): adding one is its function plus its record.
 
 References
 ----------
@@ -45,15 +49,16 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from .cells import MissingCell, pair_ratio, select_cells
+from .config_schema import first_error, format_error, load_schema
 from .errors import KvasymError
 
 HOLDS, FAILS, INCONCLUSIVE, NOT_EVALUATED = "holds", "does not hold", "inconclusive", "not evaluated"
@@ -763,20 +768,89 @@ def stat_seq_len_slope(t: Tables, where: Mapping[str, Any]) -> Measurement:
                        interval=True)
 
 
-STATISTICS: dict[str, Callable[[Tables, Mapping[str, Any]], Measurement]] = {
-    "seq_len_slope": stat_seq_len_slope,
-    "equal_rate_ratio": stat_equal_rate_ratio,
-    "equal_rate_cells": stat_equal_rate_cells,
-    "kl_ratio": stat_kl_ratio,
-    "cells_better": stat_cells_better,
-    "crossover": stat_crossover,
-    "distribution_ratio": stat_distribution_ratio,
-    "theory": stat_theory,
-    "ranking_disagreement": stat_ranking_disagreement,
-    "catastrophic_share": stat_catastrophic_share,
-    "e2e_ratio": stat_e2e_ratio,
-    "e2e_rank_agreement": stat_e2e_rank_agreement,
-}
+@dataclass(frozen=True)
+class Statistic:
+    """One statistic a claim can name: everything the pipeline knows about it, in one record.
+
+    Adding a statistic is its function plus one record in :data:`STATISTICS`: the claims file's
+    schema takes its name from there (:func:`claims_schema`), the README's claims map its
+    tables and upstream rules (:func:`kvasym.render.claims.claims_map_markdown`), the ledger its
+    words (:func:`kvasym.render.ledger.test_and_unit`) and the verdict's reason its query-model
+    note (:func:`query_model_note`).
+
+    Attributes
+    ----------
+    name : str
+        What a claim's ``statistic`` says.
+    function : callable
+        ``(tables, where) -> Measurement``; raises :class:`kvasym.cells.MissingCell` for a cell
+        absent from the grid, :class:`KvasymError` for a ``where`` no grid can satisfy.
+    tables : tuple of str
+        The gathered tables it reads: fields of :class:`Tables`, keys of
+        :data:`kvasym.render.claims.TABLE_SOURCES`.
+    describe : str
+        The ledger's "test and unit" words, a template filled by
+        :func:`kvasym.render.ledger.test_and_unit`: ``{unit}`` (trials or texts), ``{paired}``,
+        ``{metric}`` (the metric's words), ``{check}`` and ``{check_interval}`` (a theory check's
+        words and interval). LaTeX-safe text apart from the placeholders.
+    rows : str
+        Which distributions' rows it reads, for the query-model note of a verdict: ``"cell"``
+        (the comparisons' cell of ``where.distribution``), ``"cells"`` (the comparisons' cells
+        of ``where.distributions``, every one when absent), ``"num_den"`` (the per-trial rows of
+        ``where.num`` and ``where.den``, where query-model variants live) or ``""`` (no note).
+    closed_form : bool
+        Its details carry a closed form (``theory``), which ``holds_if: {op: within}`` without a
+        ``target`` compares with.
+    measured_by : str or None
+        The README claims map's "measured by" cell (Markdown) when its data do not come from
+        the metrics rules of the rows it reads (``cells``, ``real_metrics``).
+    """
+
+    name: str
+    function: Callable[[Tables, Mapping[str, Any]], Measurement]
+    tables: tuple[str, ...]
+    describe: str
+    rows: str = ""
+    closed_form: bool = False
+    measured_by: str | None = None
+
+    @property
+    def per_cell(self) -> bool:
+        """It reads cells of the comparisons or summary tables, whose low-rank cells all follow
+        the subspace rule (query-model variants have per-trial rows only)."""
+        return self.rows in ("cell", "cells")
+
+
+_ON_CELLS = "paired Wilcoxon per cell over {unit}; Holm over the claim's cells"
+_E2E = "`e2e` (per text, SmolLM2 with its KV cache quantized)"
+
+#: Every statistic a claim can name, by name: the one registry (see :class:`Statistic`).
+STATISTICS: dict[str, Statistic] = {s.name: s for s in (
+    Statistic("seq_len_slope", stat_seq_len_slope, ("seq_len_slopes",),
+              "slope of log mean KL on log sequence length, bootstrap CI over trials",
+              measured_by="`seq_len_sweep` (its own data, one job)"),
+    Statistic("equal_rate_ratio", stat_equal_rate_ratio, ("frontier_units",),
+              "{metric} ratio at equal total bits (interpolated), Fieller CI over {unit}"),
+    Statistic("equal_rate_cells", stat_equal_rate_cells, ("frontier_units",),
+              "paired Wilcoxon per cell at equal total bits (interpolated) over {unit}; Holm over the claim's cells"),
+    Statistic("kl_ratio", stat_kl_ratio, ("comparisons",),
+              "mean-KL ratio, Fieller CI; paired Wilcoxon over {unit}", rows="cell", closed_form=True),
+    Statistic("cells_better", stat_cells_better, ("comparisons",), _ON_CELLS, rows="cells"),
+    Statistic("crossover", stat_crossover, ("comparisons",), _ON_CELLS, rows="cells"),
+    Statistic("distribution_ratio", stat_distribution_ratio, ("trials", "theory"),
+              "ratio of means, {paired} Fieller CI over {unit}", rows="num_den"),
+    Statistic("theory", stat_theory, ("theory",), "{check}; {check_interval} CI over trials", closed_form=True,
+              measured_by="`theory` (data manifests, per-key metrics)"),
+    Statistic("ranking_disagreement", stat_ranking_disagreement, ("summary", "comparisons"),
+              "count of groups; paired ratio CIs (mean, p99) over trials", rows="cells"),
+    Statistic("catastrophic_share", stat_catastrophic_share, ("trials", "summary"),
+              "share of catastrophic queries, t CI over {unit}"),
+    Statistic("e2e_ratio", stat_e2e_ratio, ("e2e_comparisons",),
+              "perplexity ratio, block bootstrap CI; Wilcoxon over blocks of positions", measured_by=_E2E),
+    Statistic("e2e_rank_agreement", stat_e2e_rank_agreement, ("e2e_agreement",),
+              "Spearman rank correlation; bootstrap CI over blocks of positions",
+              measured_by=f"{_E2E}; `real_metrics` via `gather`"),
+)}
 OPS = {">=": np.greater_equal, ">": np.greater, "<=": np.less_equal, "<": np.less}
 
 
@@ -860,154 +934,70 @@ def _within_closed_form(m: Measurement, margin: float, has_ci: bool, target: Any
     return result, f"CI [{m.low:.4g}, {m.high:.4g}] vs {band}"
 
 
-FILE_KEYS = {"defaults", "claims"}
-CLAIM_KEYS = {"id", "statement", "paper_value", "paper_text", "statistic", "where", "holds_if", "construction"}
-CONSTRUCTION_KEYS = {"verdict", "from", "why"}
-RULE_KEYS = {"op", "value", "max_log10_p", "target"}
-#: Every ``where`` key some statistic reads: a key outside this set is a typo that would
-#: otherwise be ignored silently (and the claim evaluated on the default cell instead).
-WHERE_KEYS = {
-    "distribution", "dim", "sharpness", "alpha", "budget", "a", "b", "which", "metrics", "metric",
-    "better", "budgets", "dims", "distributions", "all_sharpness", "num", "den", "scheme", "check", "by",
-    "paired", "rope", "fixed",
-}
-#: Claim ids name LaTeX macros as typed (``\\csname claim:<id>:<field>\\endcsname``): ASCII only.
-_CLAIM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}$")
-
-
-def _number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-
-
+#: The claims file's schema in the repository (:func:`claims_schema`).
+CLAIMS_SCHEMA_RELPATH = Path("workflow/schemas/claims.schema.yaml")
 #: The headline cell's keys: set by the config's ``headline`` (:attr:`kvasym.study.Study.headline`),
-#: never by a claims file's ``defaults``, so claims, tables and figures share one headline.
+#: never by a claims file's ``defaults`` (the schema refuses them there), so claims, tables and
+#: figures share one headline.
 HEADLINE_WHERE_KEYS = ("distribution", "dim", "sharpness")
 
 
-def load_claims(path: str | os.PathLike, headline: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Read and check a claims file; every error names the claim and the key.
+def claims_schema() -> dict[str, Any]:
+    """The claims file's JSON Schema (``workflow/schemas/claims.schema.yaml``) with the names of
+    :data:`STATISTICS` filled in: the file names no statistic, so the registry stays the one list.
 
-    Each claim's ``where`` is the headline cell's distribution, dim and sharpness (``headline``,
-    the study's :attr:`~kvasym.study.Study.headline`), then the file's ``defaults``, then the
-    claim's own ``where``: later ones win.
+    Returns
+    -------
+    dict
+        The schema (a copy), its ``$defs.statistic.enum`` every registered statistic and its
+        ``$defs.closed_form_statistic.enum`` those with a closed form.
+    """
+    schema = load_schema(CLAIMS_SCHEMA_RELPATH)
+    defs = schema["$defs"]
+    defs["statistic"]["enum"] = sorted(STATISTICS)
+    defs["closed_form_statistic"]["enum"] = sorted(name for name, s in STATISTICS.items() if s.closed_form)
+    return schema
+
+
+def load_claims(path: str | os.PathLike, headline: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Read and check a claims file; every error is one line naming the file, the claim and the key.
+
+    The file's shape is :func:`claims_schema`'s: ids, required keys, types, the registered
+    statistics, the ``holds_if`` rules, the ``where`` keys and ``construction``. What a schema
+    cannot say, that no two claims share an id, is checked here.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The claims file (YAML).
+    headline : Mapping, optional
+        The study's headline cell (:attr:`~kvasym.study.Study.headline`).
+
+    Returns
+    -------
+    list of dict
+        The claims in the file's order. Each claim's ``where`` is the headline cell's
+        distribution, dim and sharpness, then the file's ``defaults``, then the claim's own
+        ``where``: later ones win.
     """
     from .config_io import read_yaml_mapping
 
     data = read_yaml_mapping(path)
-    unknown = sorted(set(data) - FILE_KEYS)
-    if unknown:
-        raise KvasymError(f"{path}: unknown top-level key(s) {unknown}; allowed: {sorted(FILE_KEYS)}")
-    defaults = data.get("defaults") or {}
-    if not isinstance(defaults, Mapping):
-        raise KvasymError(f"{path}: 'defaults' must be a mapping, got {defaults!r}")
-    _check_where_keys(defaults, f"{path}: defaults")
-    cell_keys = sorted(set(defaults) & set(HEADLINE_WHERE_KEYS))
-    if cell_keys:
-        raise KvasymError(
-            f"{path}: defaults.{cell_keys[0]}: the headline cell is the config's `headline` key (claims, tables and "
-            "figures read it), not a claims-file default; move it there")
+    error = first_error(data, claims_schema())
+    if error is not None:
+        parts = list(error.absolute_path)
+        claim = data["claims"][parts[1]] if len(parts) > 1 and parts[0] == "claims" else None
+        named = f"claim {claim['id']}: " if isinstance(claim, Mapping) and "id" in claim else ""
+        raise KvasymError(f"{path}: {named}{format_error(error, noun='key', whole='the claims file')}")
+    first: dict[str, int] = {}
+    for i, claim in enumerate(data["claims"]):
+        if claim["id"] in first:
+            raise KvasymError(f"{path}: claims[{i}]: duplicated claim id {claim['id']} (claims[{first[claim['id']]}] "
+                              "has it: the two would define the same LaTeX macros)")
+        first[claim["id"]] = i
     base = {key: headline[key] for key in HEADLINE_WHERE_KEYS if headline and key in headline}
-    claims = data.get("claims")
-    if not isinstance(claims, list) or not claims:
-        raise KvasymError(f"{path}: 'claims' must be a non-empty list")
-    seen: dict[str, str] = {}
-    out = []
-    for i, claim in enumerate(claims):
-        where = f"{path}: claims[{i}]"
-        if not isinstance(claim, Mapping):
-            raise KvasymError(f"{where} must be a mapping")
-        for key in ("id", "statement", "statistic", "holds_if"):
-            if key not in claim:
-                raise KvasymError(f"{where} ({claim.get('id', '?')}) is missing '{key}'")
-        cid = str(claim["id"])
-        for key in ("statement", "paper_text"):
-            text = claim.get(key)
-            if text is None:
-                continue
-            if not isinstance(text, str):
-                raise KvasymError(f"{where} ({cid}): {key} must be text, got {text!r}")
-            # printed in the PDF through pdflatex, which stops on a character it has no glyph for
-            odd = next((c for c in text if not (c.isascii() and (c.isprintable() or c == " "))), None)
-            if odd is not None:
-                raise KvasymError(f"{where} ({cid}): {key} holds the character {odd!r} (U+{ord(odd):04X}) at "
-                                  f"position {text.index(odd)}; write it in ASCII (e.g. >= for \u2265, pi for "
-                                  "\u03c0): the paper's LaTeX build cannot typeset it")
-        extra = sorted(set(claim) - CLAIM_KEYS)
-        if extra:
-            raise KvasymError(f"{where} ({cid}): unknown key(s) {extra}; allowed: {sorted(CLAIM_KEYS)}")
-        if not _CLAIM_ID.match(cid):
-            raise KvasymError(
-                f"{where}: claim id {cid!r} must be 1 to 40 ASCII letters, digits and _.+-, starting with "
-                "a letter or digit (it names the claim's LaTeX macros)"
-            )
-        if cid in seen:
-            raise KvasymError(f"{where}: duplicated claim id {cid}")
-        seen[cid] = cid
-        if claim["statistic"] not in STATISTICS:
-            raise KvasymError(f"{where} ({cid}): statistic {claim['statistic']!r} does not exist; "
-                              f"known: {', '.join(sorted(STATISTICS))}")
-        rule = claim["holds_if"]
-        if (not isinstance(rule, Mapping) or rule.get("op") not in (*OPS, "all", "within")
-                or (rule["op"] != "all" and "value" not in rule)):
-            raise KvasymError(f"{where} ({cid}): holds_if must be {{op: >=|>|<=|<, value: x}}, "
-                              "{op: within, value: margin} or {op: all}")
-        if rule["op"] == "within":
-            if "target" in rule:
-                if not _number(rule["target"]) or float(rule["target"]) == 0:
-                    raise KvasymError(f"{where} ({cid}): holds_if.target must be a non-zero finite number, got "
-                                      f"{rule['target']!r}")
-            elif claim["statistic"] not in ("theory", "kl_ratio"):
-                raise KvasymError(f"{where} ({cid}): holds_if op 'within' without a target compares with a closed "
-                                  "form, which only statistics 'theory' and 'kl_ratio' have (this claim uses "
-                                  f"{claim['statistic']!r}); give holds_if.target")
-            if not (_number(rule["value"]) and 0 < float(rule["value"]) < 1) or "max_log10_p" in rule:
-                raise KvasymError(f"{where} ({cid}): holds_if {{op: within}} needs a relative margin value in (0, 1) "
-                                  f"and no max_log10_p, got {dict(rule)!r}")
-        elif "target" in rule:
-            raise KvasymError(f"{where} ({cid}): holds_if.target belongs to op 'within' only")
-        extra = sorted(set(rule) - RULE_KEYS)
-        if extra:
-            raise KvasymError(f"{where} ({cid}): unknown key(s) {extra} in holds_if; allowed: {sorted(RULE_KEYS)}")
-        for key in ("value", "max_log10_p"):
-            if key in rule and not _number(rule[key]):
-                raise KvasymError(f"{where} ({cid}): holds_if.{key} must be a finite number, got {rule[key]!r}")
-        _check_construction(claim.get("construction"), f"{where} ({cid})")
-        own = claim.get("where") or {}
-        if not isinstance(own, Mapping):
-            raise KvasymError(f"{where} ({cid}): 'where' must be a mapping, got {own!r}")
-        _check_where_keys(own, f"{where} ({cid}): where")
-        out.append({**claim, "where": {**base, **defaults, **own}})
-    return out
-
-
-def _check_construction(construction: Any, context: str) -> None:
-    """``construction: {verdict: holds | does not hold, from: <claim ids or a closed form>, why: text}``."""
-    if construction is None:
-        return
-    if not isinstance(construction, Mapping):
-        raise KvasymError(f"{context}: construction must be a mapping {{verdict, from, why}}, got {construction!r}")
-    missing = sorted(CONSTRUCTION_KEYS - set(construction))
-    extra = sorted(set(construction) - CONSTRUCTION_KEYS)
-    if missing or extra:
-        raise KvasymError(f"{context}: construction needs exactly the keys {sorted(CONSTRUCTION_KEYS)}"
-                          + (f"; missing {missing}" if missing else "") + (f"; unknown {extra}" if extra else ""))
-    if construction["verdict"] not in (HOLDS, FAILS):
-        raise KvasymError(f"{context}: construction.verdict must be {HOLDS!r} or {FAILS!r}, got "
-                          f"{construction['verdict']!r}")
-    for key in ("from", "why"):
-        if not isinstance(construction[key], str) or not construction[key].strip():
-            raise KvasymError(f"{context}: construction.{key} must be non-empty text")
-
-
-def _check_where_keys(where: Mapping[str, Any], context: str) -> None:
-    extra = sorted(str(k) for k in set(where) - WHERE_KEYS)
-    if extra:
-        raise KvasymError(f"{context}: unknown key(s) {extra}; allowed: {', '.join(sorted(WHERE_KEYS))}")
-
-
-#: Statistics over many cells of the comparisons or summary tables (whose low-rank cells all
-#: follow the subspace rule: query-model variants have per-trial rows only).
-_CELL_STATISTICS = ("cells_better", "crossover", "ranking_disagreement", "kl_ratio")
+    defaults = data.get("defaults") or {}
+    return [{**claim, "where": {**base, **defaults, **(claim.get("where") or {})}} for claim in data["claims"]]
 
 
 def query_model_note(claim: Mapping[str, Any], tables: Tables) -> str:
@@ -1018,9 +1008,10 @@ def query_model_note(claim: Mapping[str, Any], tables: Tables) -> str:
     low-rank distribution by the subspace rule); claims over cells of the comparisons or summary
     tables: "subspace" when their cells include low-rank ones (variants are not there)."""
     where = claim["where"]
-    statistic = claim["statistic"]
+    record = STATISTICS.get(claim["statistic"])
+    rows = record.rows if record is not None else ""
     subspace = "subspace (in the keys' subspace, a = d/r)"
-    if statistic == "distribution_ratio":
+    if rows == "num_den":
         parts = []
         kinds = (dict(zip(tables.trials["distribution"], tables.trials["kind"]))
                  if {"distribution", "kind"} <= set(tables.trials.columns) else {})
@@ -1031,17 +1022,17 @@ def query_model_note(claim: Mapping[str, Any], tables: Tables) -> str:
             elif kinds.get(name) == "low_rank":
                 parts.append(f"{name}: {subspace}")
         return f"query model {'; '.join(parts)}" if parts else ""
-    if statistic not in _CELL_STATISTICS:
+    if record is None or not record.per_cell:
         return ""
     frame = tables.comparisons
     if not {"distribution", "kind"} <= set(frame.columns):
         return ""
-    rows = frame
-    if statistic == "kl_ratio":
-        rows = frame[frame["distribution"] == where.get("distribution")]
+    cells = frame
+    if rows == "cell":
+        cells = frame[frame["distribution"] == where.get("distribution")]
     elif where.get("distributions") is not None:
-        rows = frame[frame["distribution"].isin(list(where["distributions"]))]
-    return f"low-rank cells: query model {subspace}" if (rows["kind"] == "low_rank").any() else ""
+        cells = frame[frame["distribution"].isin(list(where["distributions"]))]
+    return f"low-rank cells: query model {subspace}" if (cells["kind"] == "low_rank").any() else ""
 
 
 def evaluate_claims(claims: list[dict[str, Any]], tables: Tables) -> list[dict[str, Any]]:
@@ -1050,8 +1041,12 @@ def evaluate_claims(claims: list[dict[str, Any]], tables: Tables) -> list[dict[s
         record = {k: claim.get(k) for k in ("id", "statement", "paper_value", "paper_text", "statistic")}
         record["where"] = claim["where"]
         record["holds_if"] = claim["holds_if"]
+        statistic = STATISTICS.get(claim["statistic"])
+        if statistic is None:  # load_claims refuses it; a claim built in code may still name one
+            raise KvasymError(f"claim {claim['id']}: statistic {claim['statistic']!r} does not exist; known: "
+                              f"{', '.join(sorted(STATISTICS))}")
         try:
-            m = STATISTICS[claim["statistic"]](tables, claim["where"])
+            m = statistic.function(tables, claim["where"])
         except MissingCell as exc:
             record.update(verdict=NOT_EVALUATED, reason=f"not in this grid: {exc}")
             results.append(record)

@@ -14,7 +14,11 @@
       python3 -m kvasym.config_schema --check-docs config/README.md   # exit 1 if stale
 
 Only what spans several keys (schemes realisable at every budget, ranks within every dim, unique
-names, the headline cell in the grid) is left to :func:`kvasym.study.load_study`.
+names, the headline cell in the grid) is left to :func:`kvasym.study.load_study`, and for the
+``real`` section (checked alone by :func:`validate_key`) to :func:`kvasym.real.real_settings`.
+The claims file's schema (``workflow/schemas/claims.schema.yaml``) is read and its errors worded
+by the same functions (:func:`load_schema`, :func:`first_error`, :func:`format_error`), from
+:func:`kvasym.claims.load_claims`.
 
 Two differences from Snakemake's validator, both stricter: an ``integer`` is a Python int (not
 ``64.0``, which JSON Schema would accept but which would name folders ``d64.0``), and a
@@ -48,16 +52,28 @@ _GENERATED = (
 )
 
 
-def schema_path() -> Path:
-    """The schema file: next to the package's source tree (a checkout or an editable install), else
-    under the working directory (a workflow run from the repository with a non-editable install)."""
-    candidates = [Path(__file__).resolve().parents[2] / SCHEMA_RELPATH, Path.cwd() / SCHEMA_RELPATH]
+def schema_path(relpath: Path = SCHEMA_RELPATH) -> Path:
+    """A schema file of the repository (by default the config's): next to the package's source
+    tree (a checkout or an editable install), else under the working directory (a workflow run
+    from the repository with a non-editable install).
+
+    Parameters
+    ----------
+    relpath : Path
+        The schema's path inside the repository, e.g. ``workflow/schemas/claims.schema.yaml``.
+
+    Returns
+    -------
+    Path
+        The first of the two candidates that exists.
+    """
+    candidates = [Path(__file__).resolve().parents[2] / relpath, Path.cwd() / relpath]
     for path in candidates:
         if path.is_file():
             return path
     looked = ", ".join(str(p) for p in candidates)
     raise KvasymError(
-        f"config schema not found (looked for {looked}): run from the repository, "
+        f"schema {relpath.name} not found (looked for {looked}): run from the repository, "
         "or install it editable (pip install -e .)"
     )
 
@@ -67,15 +83,26 @@ def _schema_at(path: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
-        raise KvasymError(f"config schema {path} cannot be read ({' '.join(str(exc).split())})") from None
+        raise KvasymError(f"schema {path} cannot be read ({' '.join(str(exc).split())})") from None
     if not isinstance(data, dict):
-        raise KvasymError(f"config schema {path} is not a mapping")
+        raise KvasymError(f"schema {path} is not a mapping")
     return data
 
 
-def load_schema() -> dict[str, Any]:
-    """The schema as a dict (a copy: callers may change it)."""
-    return copy.deepcopy(_schema_at(str(schema_path())))
+def load_schema(relpath: Path = SCHEMA_RELPATH) -> dict[str, Any]:
+    """A schema of the repository (by default the config's).
+
+    Parameters
+    ----------
+    relpath : Path
+        The schema's path inside the repository, as in :func:`schema_path`.
+
+    Returns
+    -------
+    dict
+        The schema, a copy: callers may change it.
+    """
+    return copy.deepcopy(_schema_at(str(schema_path(relpath))))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,15 +140,71 @@ def _validator(schema: Mapping[str, Any]) -> Any:
     return cls(schema)
 
 
+def first_error(instance: Any, schema: Mapping[str, Any]) -> Any:
+    """The first error of ``instance`` under ``schema``, checked with this module's types (an
+    ``integer`` is an int, a ``number`` is finite).
+
+    Parameters
+    ----------
+    instance : Any
+        The document (YAML as loaded); ``schema``'s defaults are filled into it in place.
+    schema : Mapping
+        A JSON Schema (the draft it declares, else 2020-12).
+
+    Returns
+    -------
+    jsonschema.ValidationError or None
+        The first error (:func:`format_error` words it), None if ``instance`` is valid.
+    """
+    return next(iter(_validator(schema).iter_errors(instance)), None)
+
+
 def validate_config(config: Any, schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``config`` checked against the schema, as a new dict with every default filled in
     (recursively). Raises :class:`KvasymError` with one line naming the first offending key."""
     if not isinstance(config, Mapping):
         raise KvasymError(f"the config must be a mapping, got {_short(config)}")
     instance = copy.deepcopy(dict(config))
-    error = next(iter(_validator(schema or _schema_at(str(schema_path()))).iter_errors(instance)), None)
+    error = first_error(instance, schema or _schema_at(str(schema_path())))
     if error is not None:
         raise KvasymError(format_error(error))
+    return instance
+
+
+def validate_key(key: str, value: Any, schema: Mapping[str, Any] | None = None) -> Any:
+    """``value`` checked as the config's key ``key`` (dotted, e.g. ``real`` or ``real.e2e``), as a
+    copy with its defaults filled in: the schema's checks of one section for a caller that gets
+    the section alone (:func:`kvasym.real.real_settings`). Errors are :func:`validate_config`'s,
+    naming the key as in the whole config.
+
+    Parameters
+    ----------
+    key : str
+        The key's path of mapping keys from the config's top level.
+    value : Any
+        What the config gives for it.
+    schema : Mapping, optional
+        The config schema (default: the repository's).
+
+    Returns
+    -------
+    Any
+        ``value`` with the defaults of its sub-keys filled in.
+    """
+    root = schema or _schema_at(str(schema_path()))
+    parts = key.split(".")
+    # the whole schema's other keywords ($defs, $schema) are kept for references; its top-level
+    # keys other than the section's first part are dropped, and nothing is required
+    wrapper = {k: v for k, v in root.items() if k not in ("properties", "required", "additionalProperties")}
+    wrapper["properties"] = {parts[0]: root["properties"][parts[0]]}
+    instance: Any = copy.deepcopy(value)
+    for part in reversed(parts):
+        instance = {part: instance}
+    error = first_error(instance, wrapper)
+    if error is not None:
+        raise KvasymError(format_error(error))
+    for part in parts:
+        instance = instance[part]
     return instance
 
 
@@ -174,23 +257,44 @@ _TYPE_WORDS = {
 }
 
 
-def format_error(error: Any) -> str:
-    """One line for a jsonschema ``ValidationError``: the key path, the rule, the value given."""
+def format_error(error: Any, noun: str = "config key", whole: str = "the config") -> str:
+    """One line for a jsonschema ``ValidationError``: the key path, the rule, the value given.
+
+    Parameters
+    ----------
+    error : jsonschema.ValidationError
+        The error (:func:`first_error`).
+    noun : str
+        What a key of the document is called: ``config key distributions[2].params.nu: ...``,
+        ``unknown config key(s): ...``.
+    whole : str
+        What the document is called when the error is at its top level.
+
+    Returns
+    -------
+    str
+        The message. An ``x-rule`` annotation of the failing schema says what the value must be
+        (``{enum}`` in it is the schema's ``enum``); a failed ``pattern`` that is one character
+        class (``^[...]*$``) also names the first character outside it.
+    """
     where = key_path(error.absolute_path)
-    key = f"config key {where}" if where else "the config"
+    key = f"{noun} {where}" if where else whole
     instance, value, sub = error.instance, error.validator_value, error.schema
     kind = error.validator
     if kind == "additionalProperties" and isinstance(instance, Mapping):
         allowed = sorted((sub.get("properties") or {}))
         extra = sorted(str(k) for k in instance if k not in allowed)
         names = ", ".join(f"{where}.{k}" if where else k for k in extra)
-        return f"unknown config key(s): {names}; allowed: {', '.join(allowed) or 'none'}"
+        return f"unknown {noun}(s): {names}; allowed: {', '.join(allowed) or 'none'}"
     if kind == "required" and isinstance(instance, Mapping):
         missing = ", ".join(str(k) for k in value if k not in instance)
         return f"{key}: missing required key(s): {missing}" if where else f"{key} is missing required key(s): {missing}"
     got = _short(instance)
+    if kind == "pattern" and isinstance(instance, str):
+        got += _outside_class(str(value), instance)
     if isinstance(sub, Mapping) and "x-rule" in sub:
-        return f"{key}: must be {sub['x-rule']}, got {got}"
+        rule = str(sub["x-rule"]).replace("{enum}", ", ".join(_plain(v) for v in sub.get("enum", ())))
+        return f"{key}: must be {rule}, got {got}"
     if kind == "type":
         names = [value] if isinstance(value, str) else list(value)
         words = " or ".join(_TYPE_WORDS.get(n, n) for n in names)
@@ -211,6 +315,18 @@ def format_error(error: Any) -> str:
     if kind == "pattern":
         return f"{key}: must match {value}, got {got}"
     return f"{key}: {' '.join(str(error.message).split())}"
+
+
+def _outside_class(pattern: str, text: str) -> str:
+    """``: the character 'é' (U+00E9) at position 2`` for a ``pattern`` of one character class
+    repeated (``^[ -~]*$``): a long text's value is cut short in the message, and the character
+    the rule refuses may not be in what is shown. "" for any other pattern."""
+    match = re.fullmatch(r"\^(\[.+\])\*\$", pattern)
+    if match is None:
+        return ""
+    allowed = re.compile(match.group(1))
+    at = next((i for i, c in enumerate(text) if not allowed.fullmatch(c)), None)
+    return "" if at is None else f": the character {text[at]!r} (U+{ord(text[at]):04X}) at position {at}"
 
 
 def _plain(value: Any) -> str:

@@ -61,11 +61,6 @@ HEAD_DIM = 64
 #: The real rows' attention sharpness: 1, the model's own logits q.k / sqrt(head_dim).
 REAL_SHARPNESS = 1.0
 N_LAYERS = 30
-REAL_KEYS = {"texts", "max_tokens", "layers", "e2e"}
-#: Keys of ``real.e2e`` (the end-to-end passes, kvasym.real.endtoend) and their defaults.
-E2E_DEFAULTS = {"texts": "all", "schemes": "all", "rope": ["post", "pre"], "own": "exact",
-                "sensitivity_layers": "all", "block_tokens": 64}
-MAX_TOKENS_LIMIT = 8192  # the model's context length
 
 
 def shipped_texts() -> list[str]:
@@ -73,52 +68,53 @@ def shipped_texts() -> list[str]:
     return sorted(p.stem for p in TEXTS_DIR.glob("*.txt"))
 
 
+def _off(value: object) -> bool:
+    """Absent, ``off`` (``--config real=off``) or false (YAML's ``off``): none of it."""
+    return value is None or value is False or value == "off"
+
+
 def real_settings(value: object, schemes: list[str] | None = None) -> dict | None:
-    """The config's ``real`` section, validated: ``texts`` ("all" or names of shipped texts),
-    ``max_tokens`` (tokens kept per text, 2..8192, default 512), ``layers`` ("all" or layer
-    numbers 0..29) and ``e2e`` (:func:`e2e_settings`; ``schemes``, the study's scheme names,
-    are what its ``schemes: all`` means). None when the section is absent or ``off``/false (no
-    real rows: the config file's section can be switched off from the command line,
-    ``--config real=off``)."""
-    if value is None or value is False or value == "off":
+    """The config's ``real`` section, checked and with its defaults filled in.
+
+    The config schema (``workflow/schemas/config.schema.yaml``, key ``real``) owns its keys,
+    types, ranges and defaults (:func:`kvasym.config_schema.validate_key`); what the schema
+    cannot say is checked here: the texts are among those shipped, and the end-to-end subsets
+    (:func:`e2e_settings`).
+
+    Parameters
+    ----------
+    value : object
+        The config's ``real``: a mapping, or absent, ``off`` or false (no real rows; the config
+        file's section can be switched off from the command line, ``--config real=off``).
+    schemes : list of str, optional
+        The study's scheme names: what ``real.e2e.schemes: all`` means.
+
+    Returns
+    -------
+    dict or None
+        ``texts`` (names of shipped texts), ``max_tokens`` (tokens kept per text), ``layers``
+        (sorted layer numbers) and ``e2e`` (:func:`e2e_settings`); None when off.
+    """
+    from ..config_schema import validate_key
+
+    if _off(value):
         return None
-    if not isinstance(value, dict):
-        raise KvasymError(f"config key real must be a mapping with {sorted(REAL_KEYS)}, got {value!r}")
-    unknown = set(value) - REAL_KEYS
-    if unknown:
-        raise KvasymError(f"config key real: unknown key(s) {sorted(unknown)}; allowed: {sorted(REAL_KEYS)}")
+    value = validate_key("real", value)
     known = shipped_texts()
-    texts = value.get("texts", "all")
-    if texts == "all":
-        texts = known
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise KvasymError(f"config key real.texts must be 'all' or a non-empty list of text names, got {texts!r}")
+    texts = known if value["texts"] == "all" else value["texts"]
     missing = [t for t in texts if t not in known]
-    if missing or len(set(texts)) != len(texts):
-        raise KvasymError(f"config key real.texts: {missing or texts} not among the shipped texts {known} "
-                          "(or repeated)")
-    max_tokens = value.get("max_tokens", 512)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 2 <= max_tokens <= MAX_TOKENS_LIMIT:
-        raise KvasymError(f"config key real.max_tokens must be an integer in 2..{MAX_TOKENS_LIMIT}, got {max_tokens!r}")
-    layers = value.get("layers", "all")
-    if layers == "all":
-        layers = list(range(N_LAYERS))
-    if (not isinstance(layers, list) or not layers or len(set(layers)) != len(layers)
-            or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < N_LAYERS for x in layers)):
-        raise KvasymError(f"config key real.layers must be 'all' or distinct layer numbers in 0..{N_LAYERS - 1}, "
-                          f"got {layers!r}")
-    return {"texts": list(texts), "max_tokens": int(max_tokens), "layers": sorted(layers),
-            "e2e": e2e_settings(value.get("e2e", {}), int(max_tokens), list(texts), schemes)}
+    if missing:
+        raise KvasymError(f"config key real.texts: {missing} not among the shipped texts {known}")
+    layers = list(range(N_LAYERS)) if value["layers"] == "all" else sorted(value["layers"])
+    return {"texts": list(texts), "max_tokens": value["max_tokens"], "layers": layers,
+            "e2e": e2e_settings(value.get("e2e", {}), value["max_tokens"], list(texts), schemes)}
 
 
-def _subset(key: str, value: object, allowed: list[str], what: str) -> list[str]:
-    """``value`` ("all" or a non-empty list of distinct names among ``allowed``) as a list, in
-    the order of ``allowed``."""
+def _subset(key: str, value: str | list[str], allowed: list[str], what: str) -> list[str]:
+    """``value`` ("all" or a list of names, its shape checked by the schema) as the names of
+    ``allowed`` it lists, in ``allowed``'s order; a name outside ``allowed`` is an error."""
     if value == "all":
         return list(allowed)
-    if (not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value)
-            or len(set(value)) != len(value)):
-        raise KvasymError(f"config key {key} must be 'all' or a non-empty list of distinct {what}, got {value!r}")
     foreign = [v for v in value if v not in allowed]
     if foreign:
         raise KvasymError(f"config key {key}: {foreign} not among the {what} {allowed}")
@@ -127,44 +123,42 @@ def _subset(key: str, value: object, allowed: list[str], what: str) -> list[str]
 
 def e2e_settings(value: object, max_tokens: int, texts: list[str] | None = None,
                  schemes: list[str] | None = None) -> dict | None:
-    """The ``real.e2e`` section, validated: ``texts`` ("all" or a subset of the real rows'
-    ``texts``: the end-to-end passes cost ~160 CPU-s per 512-token text), ``schemes`` ("all"
-    or a subset of the study's ``schemes``), ``rope`` (non-empty list of "post", "pre"),
-    ``own`` ("exact" or "quantized"), ``sensitivity_layers`` ("all", or distinct layers 0..29;
-    an empty list: no single-layer passes) and ``block_tokens`` (positions per bootstrap block,
-    1..max_tokens). None when ``off``/false: no end-to-end passes. ``texts`` and ``schemes``
-    are the lists they subset (None: taken as given, unchecked)."""
-    if value is None or value is False or value == "off":
+    """The ``real.e2e`` section (the end-to-end passes, :mod:`kvasym.real.endtoend`), checked and
+    with its defaults filled in.
+
+    The config schema (key ``real.e2e``) owns its keys, types, ranges and defaults; what the
+    schema cannot say is checked here, against the other keys: ``block_tokens`` is at most
+    ``max_tokens`` (``real.max_tokens``), ``texts`` a subset of the real rows' texts (the
+    end-to-end passes cost ~160 CPU-s per 512-token text), ``schemes`` of the study's.
+
+    Parameters
+    ----------
+    value : object
+        The config's ``real.e2e``: a mapping, or ``off``/false (no end-to-end passes).
+    max_tokens : int
+        ``real.max_tokens``.
+    texts, schemes : list of str, optional
+        The lists ``texts`` and ``schemes`` subset (None: "all" stays "all", a list is taken as
+        given).
+
+    Returns
+    -------
+    dict or None
+        ``texts``, ``schemes``, ``rope``, ``own``, ``sensitivity_layers`` (sorted; "all" is
+        every layer, [] none) and ``block_tokens``; None when off.
+    """
+    from ..config_schema import validate_key
+
+    if _off(value):
         return None
-    if not isinstance(value, dict):
-        raise KvasymError(f"config key real.e2e must be a mapping with {sorted(E2E_DEFAULTS)} or off, got {value!r}")
-    unknown = set(value) - set(E2E_DEFAULTS)
-    if unknown:
-        raise KvasymError(f"config key real.e2e: unknown key(s) {sorted(unknown)}; allowed: {sorted(E2E_DEFAULTS)}")
-    out = {**E2E_DEFAULTS, **value}
-    rope = out["rope"]
-    if not isinstance(rope, list) or not rope or len(set(rope)) != len(rope) or not set(rope) <= {"post", "pre"}:
-        raise KvasymError(f"config key real.e2e.rope must be a non-empty list of 'post', 'pre', got {rope!r}")
-    if out["own"] not in ("exact", "quantized"):
-        raise KvasymError(f"config key real.e2e.own must be 'exact' or 'quantized', got {out['own']!r}")
-    layers = out["sensitivity_layers"]
-    if layers == "all":
-        layers = list(range(N_LAYERS))
-    if (not isinstance(layers, list) or len(set(layers)) != len(layers)
-            or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < N_LAYERS for x in layers)):
-        raise KvasymError(f"config key real.e2e.sensitivity_layers must be 'all' or distinct layer numbers in "
-                          f"0..{N_LAYERS - 1}, got {layers!r}")
-    block = out["block_tokens"]
-    if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= max_tokens:
-        raise KvasymError(f"config key real.e2e.block_tokens must be an integer in 1..{max_tokens} (real.max_tokens), "
-                          f"got {block!r}")
+    out = validate_key("real.e2e", value)
+    if out["block_tokens"] > max_tokens:
+        raise KvasymError(f"config key real.e2e.block_tokens: must be in 1..{max_tokens} (real.max_tokens), "
+                          f"got {out['block_tokens']!r}")
     chosen = {}
     for key, allowed, what in (("texts", texts, "real.texts"), ("schemes", schemes, "study schemes")):
-        given = out[key]
-        if allowed is None:  # nothing to check against: "all" stays "all", a list is only checked for shape
-            chosen[key] = given if given == "all" else _subset(f"real.e2e.{key}", given,
-                                                                 given if isinstance(given, list) else [], what)
-        else:
-            chosen[key] = _subset(f"real.e2e.{key}", given, list(allowed), what)
-    return {**chosen, "rope": list(rope), "own": out["own"], "sensitivity_layers": sorted(layers),
-            "block_tokens": block}
+        chosen[key] = out[key] if allowed is None else _subset(f"real.e2e.{key}", out[key], list(allowed), what)
+    layers = out["sensitivity_layers"]
+    return {**chosen, "rope": list(out["rope"]), "own": out["own"],
+            "sensitivity_layers": list(range(N_LAYERS)) if layers == "all" else sorted(layers),
+            "block_tokens": out["block_tokens"]}

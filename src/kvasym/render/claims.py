@@ -144,21 +144,6 @@ def render_latex(results: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: The gathered tables each statistic of :data:`kvasym.claims.STATISTICS` reads.
-STATISTIC_TABLES: dict[str, tuple[str, ...]] = {
-    "kl_ratio": ("comparisons",),
-    "cells_better": ("comparisons",),
-    "crossover": ("comparisons",),
-    "distribution_ratio": ("trials", "theory"),
-    "theory": ("theory",),
-    "ranking_disagreement": ("summary", "comparisons"),
-    "catastrophic_share": ("trials", "summary"),
-    "e2e_ratio": ("e2e_comparisons",),
-    "e2e_rank_agreement": ("e2e_agreement",),
-    "equal_rate_ratio": ("frontier_units",),
-    "equal_rate_cells": ("frontier_units",),
-    "seq_len_slope": ("seq_len_slopes",),
-}
 #: The rule (= stage) that computes each table a claim reads (the gathered tables' parts are
 #: computed by stats and theory, then concatenated by gather).
 _COMPUTED_BY: dict[str, str] = {"comparisons": "stats", "summary": "stats", "trials": "stats", "theory": "theory",
@@ -184,24 +169,32 @@ def claims_map_markdown(claims: Sequence[Mapping[str, Any]]) -> str:
     ``claims``: the claims file's list (:func:`kvasym.claims.load_claims`). Every claim is
     decided by rule and stage ``claims`` (``results/claims/claims.json``, macros
     ``claim:<id>:<field>`` of ``paper/generated/claims.tex``); the table names the statistic,
-    the gathered tables it reads and the stages that compute them.
+    the gathered tables it reads and the stages that compute them (its record in
+    :data:`kvasym.claims.STATISTICS`).
+
+    Parameters
+    ----------
+    claims : Sequence of Mapping
+        The claims, each with ``id``, ``statistic`` and ``where``.
+
+    Returns
+    -------
+    str
+        The Markdown table, one row per claim.
     """
+    from ..claims import STATISTICS
+
     lines = ["| claim | statistic | reads (rule = stage -> file) | measured by | ledger | paper macro |",
              "| --- | --- | --- | --- | --- | --- |"]
     for claim in claims:
-        cid, statistic = str(claim["id"]), str(claim["statistic"])
-        tables = STATISTIC_TABLES[statistic]
-        reads = "; ".join(f"`{TABLE_SOURCES[t][0]}` -> `{TABLE_SOURCES[t][1]}`" for t in tables)
-        real = _reads_real_rows(claim.get("where") or {})
-        upstream = "`theory` (data manifests, per-key metrics)" if tables == ("theory",) else (
-            f"`{_METRICS_RULES['real' if real else 'synthetic']}`"
-            + (" (SmolLM2 captures)" if real else " (per distribution and d)"))
-        if statistic.startswith("e2e"):
-            upstream = "`e2e` (per text, SmolLM2 with its KV cache quantized)" + (
-                "; `real_metrics` via `gather`" if statistic == "e2e_rank_agreement" else "")
-        if statistic == "seq_len_slope":
-            upstream = "`seq_len_sweep` (its own data, one job)"
-        lines.append(f"| {cid} | `{statistic}` | {reads} | {upstream} | `claims` -> `{pattern('claims_json')}` "
+        cid, statistic = str(claim["id"]), STATISTICS[str(claim["statistic"])]
+        reads = "; ".join(f"`{TABLE_SOURCES[t][0]}` -> `{TABLE_SOURCES[t][1]}`" for t in statistic.tables)
+        upstream = statistic.measured_by
+        if upstream is None:  # the metrics rules of the rows it reads
+            real = _reads_real_rows(claim.get("where") or {})
+            upstream = (f"`{_METRICS_RULES['real' if real else 'synthetic']}`"
+                        + (" (SmolLM2 captures)" if real else " (per distribution and d)"))
+        lines.append(f"| {cid} | `{statistic.name}` | {reads} | {upstream} | `claims` -> `{pattern('claims_json')}` "
                      f"| `\\claim{{{cid}}}{{Estimate}}` (`claim:{cid}:Estimate`) |")
     return "\n".join(lines) + "\n"
 

@@ -14,7 +14,7 @@ never from guesses about file names:
   inputs (``INPUTS`` of its module) that agree with the job's wildcards, its ``instrument`` the
   stage's code (``#stage-<stage>``, identified by :func:`kvasym.stages.stage_code_digest`);
 - each claim of the ledger is a ``Claim`` (``#claim-<id>``) whose ``isBasedOn`` names the
-  gathered tables its statistic reads (:data:`kvasym.render.claims.STATISTIC_TABLES`) and, when
+  gathered tables its statistic reads (its record's ``tables``, :data:`kvasym.claims.STATISTICS`) and, when
   the claim is decided at one dim in one distribution (or a ratio's two), those cells' parts of
   them; its estimate, interval, log10 p and verdict are ``additionalProperty`` values, read from
   the ledger, never recomputed;
@@ -175,7 +175,7 @@ def build_crate(root: str | os.PathLike, files: Sequence[str], *, ledger: Sequen
         When the run ended (default: the newest file's modification time).
     """
     from ..stages import STAGES, stage_code_digest
-    from .claims import STATISTIC_TABLES
+    from ..claims import STATISTICS
 
     root = Path(root).resolve()
     graph: list[dict[str, Any]] = []
@@ -267,7 +267,8 @@ def build_crate(root: str | os.PathLike, files: Sequence[str], *, ledger: Sequen
     claims = []
     for row in ledger:
         cid = str(row["id"])
-        tables = STATISTIC_TABLES.get(str(row.get("statistic")), ())
+        record = STATISTICS.get(str(row.get("statistic")))
+        tables = record.tables if record is not None else ()
         where = row.get("where") or {}
         based = [rel for t in tables for rel, _ in instances.get(t, ())]
         # the cells it is decided in: a ratio's two distributions, or its one, at one dim (the

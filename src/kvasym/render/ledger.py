@@ -76,41 +76,36 @@ _METRIC_WORDS = {"kl": "mean-KL", "t_eps_dir": "output-direction-error", "recall
 
 
 def test_and_unit(claim: Mapping[str, Any]) -> Latex:
-    """The estimate, its interval and test, and the independent unit, in a few words."""
+    """The estimate, its interval and test, and the independent unit, in a few words.
+
+    Parameters
+    ----------
+    claim : Mapping
+        An evaluated claim (``statistic``, ``where``, ``details``).
+
+    Returns
+    -------
+    Latex
+        The statistic's words (:attr:`kvasym.claims.Statistic.describe`) with the claim's unit,
+        pairing, metric and theory check filled in; an unknown statistic's name, escaped.
+    """
+    from ..claims import STATISTICS
+
     statistic = str(claim.get("statistic", ""))
+    record = STATISTICS.get(statistic)
+    if record is None:
+        return Latex(escape_latex(statistic))
     where = claim.get("where") or {}
-    details = claim.get("details") or {}
-    unit = _unit(where, details)
-    if statistic == "theory":
-        check = str(where.get("check", ""))
-        what = _CHECKS.get(check, escape_latex(check))
-        interval = "bootstrap" if check == "ks_beta" or check.startswith("jensen_slope") else "Fieller"
-        text = f"{what}; {interval} CI over trials"
-    elif statistic == "kl_ratio":
-        text = f"mean-KL ratio, Fieller CI; paired Wilcoxon over {unit}"
-    elif statistic in ("cells_better", "crossover"):
-        text = f"paired Wilcoxon per cell over {unit}; Holm over the claim's cells"
-    elif statistic == "distribution_ratio":
-        paired = "paired" if where.get("paired") else "unpaired"
-        text = f"ratio of means, {paired} Fieller CI over {unit}"
-    elif statistic == "ranking_disagreement":
-        text = "count of groups; paired ratio CIs (mean, p99) over trials"
-    elif statistic == "e2e_ratio":
-        text = "perplexity ratio, block bootstrap CI; Wilcoxon over blocks of positions"
-    elif statistic == "e2e_rank_agreement":
-        text = "Spearman rank correlation; bootstrap CI over blocks of positions"
-    elif statistic == "catastrophic_share":
-        text = f"share of catastrophic queries, t CI over {unit}"
-    elif statistic == "equal_rate_ratio":
-        metric = _METRIC_WORDS.get(str(where.get("metric", "kl")), "metric")
-        text = f"{metric} ratio at equal total bits (interpolated), Fieller CI over {unit}"
-    elif statistic == "equal_rate_cells":
-        text = f"paired Wilcoxon per cell at equal total bits (interpolated) over {unit}; Holm over the claim's cells"
-    elif statistic == "seq_len_slope":
-        text = "slope of log mean KL on log sequence length, bootstrap CI over trials"
-    else:
-        text = escape_latex(statistic)
-    return Latex(text)
+    check = str(where.get("check", ""))
+    words = {
+        "unit": _unit(where, claim.get("details") or {}),
+        "paired": "paired" if where.get("paired") else "unpaired",
+        "metric": _METRIC_WORDS.get(str(where.get("metric", "kl")), "metric"),
+        "check": _CHECKS.get(check, escape_latex(check)),
+        # the KS distance and the Jensen slopes have bootstrap intervals, the variance ratios Fieller's
+        "check_interval": "bootstrap" if check == "ks_beta" or check.startswith("jensen_slope") else "Fieller",
+    }
+    return Latex(record.describe.format_map(words))
 
 
 _OPS = {">=": r"\geq", ">": ">", "<=": r"\leq", "<": "<"}
