@@ -76,7 +76,7 @@ def _run_bounded(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str, f
 def local_rule_names(families: list[str], real: bool, latex: bool) -> list[str]:
     """The rules that run on the submitting host: ``all`` (no action) and the summary rules
     (``localrule: True``); the Slurm run below checks this list against what ran locally."""
-    names = ["all", "gather", "claims", "tables", "numbers", "reproduce"] + [f"figure_{f}" for f in families]
+    names = ["all", "gather", "claims", "tables", "numbers", "reproduce", "crate"] + [f"figure_{f}" for f in families]
     return names + (["e2e_stats"] if real else []) + (["paper"] if latex else [])
 
 
