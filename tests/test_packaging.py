@@ -48,3 +48,15 @@ def test_rules_have_no_conda_directives() -> None:
     """Conda users run Snakemake inside environment.yml's environment (see its header)."""
     for path in [ROOT / "Snakefile", *sorted((ROOT / "workflow/rules").glob("*.smk"))]:
         assert not re.search(r"^\s*conda:\s*$", path.read_text(), re.M), f"{path.name} has a conda: directive"
+
+
+def test_every_module_folder_is_a_package_the_build_finds() -> None:
+    """pyproject's ``packages.find`` (setuptools' find_packages over ``src``) takes only folders
+    with an ``__init__.py``: a folder of modules without one (``kvasym/render`` had none) is left
+    out of a wheel, and a user's ``pip install .`` (not ``-e``) loses every module in it."""
+    from setuptools import find_packages
+
+    found = set(find_packages(where=str(ROOT / "src")))
+    folders = {p.parent.relative_to(ROOT / "src").as_posix().replace("/", ".")
+               for p in (ROOT / "src/kvasym").rglob("*.py") if "__pycache__" not in p.parts}
+    assert folders <= found, f"module folders a wheel would leave out: {sorted(folders - found)}"
