@@ -174,57 +174,97 @@ def build_crate(root: str | os.PathLike, files: Sequence[str], *, ledger: Sequen
     end_time : datetime, optional
         When the run ended (default: the newest file's modification time).
     """
-    from ..stages import STAGES, stage_code_digest
-    from ..claims import STATISTICS
-
     root = Path(root).resolve()
-    graph: list[dict[str, Any]] = []
-    entities: dict[str, dict[str, Any]] = {}
-    instances: dict[str, list[tuple[str, dict[str, str]]]] = {}
-    mtimes = []
-    for rel in files:
-        p = root / rel
-        stat = p.stat()
-        mtimes.append(stat.st_mtime)
-        entity: dict[str, Any] = {"@id": rel, "@type": "File", "name": p.name, "contentSize": str(stat.st_size),
-                                  "sha256": _file_digest(p),
-                                  "encodingFormat": _FORMATS.get(p.suffix) or mimetypes.guess_type(p.name)[0]
-                                  or "application/octet-stream"}
-        found = match_artifact(rel)
-        if found is not None:
-            name, values = found
-            entity["exampleOfWork"] = {"@id": f"#artifact-{name}"}
-            instances.setdefault(name, []).append((rel, values))
-        entities[rel] = entity
+    entities, instances, mtimes = _data_entities(root, files)
     end = end_time or (datetime.fromtimestamp(max(mtimes), tz=timezone.utc) if mtimes
                        else datetime.now(tz=timezone.utc))
     end_text = end.replace(microsecond=0).isoformat()
-
-    # what the run read: the config files and the claims file
     input_ids = []
-    for role, rel in inputs.items():
-        p = root / rel
-        if not p.is_file():
+    for role, rel in inputs.items():  # what the run read: the config files and the claims file
+        if not (root / rel).is_file():
             raise KvasymError(f"{rel}: no such file (the run's {role})")
-        input_ids.append(p.resolve().relative_to(root).as_posix())
-        entities[input_ids[-1]] = {"@id": input_ids[-1], "@type": "File", "name": p.name,
-                                   "description": f"the run's {role.replace('_', ' ')}",
-                                   "contentSize": str(p.stat().st_size), "sha256": _file_digest(p),
-                                   "encodingFormat": _FORMATS.get(p.suffix, "text/plain"),
-                                   "exampleOfWork": {"@id": f"#input-{role}"}}
+        entity = _file_entity(root, (root / rel).resolve().relative_to(root).as_posix(), f"#input-{role}")
+        entity["description"] = f"the run's {role.replace('_', ' ')}"
+        entities[entity["@id"]] = entity
+        input_ids.append(entity["@id"])
+    parameters = _parameters(instances, inputs)
+    actions, stage_entities = _job_actions(instances, unit_writers, input_ids)
+    claims = _claim_entities(ledger, instances)
+    claim_ids = [c["@id"] for c in claims if c["@type"] == "Claim"]
+    for action in actions:  # the claims job wrote the ledger's claims
+        if action["instrument"]["@id"] == "#stage-claims":
+            action["result"] += _id_ref(claim_ids)
+    for rel, _ in instances.get("claims_json", ()):
+        entities[rel]["about"] = _id_ref(claim_ids)
+    data_ids = sorted(entities)
+    software = [{"@id": f"#software-{p['name']}", "@type": "SoftwareApplication", "name": p["name"],
+                 "version": p["version"]} for p in packages]
+    workflow = _workflow_entity(root, commit, software, inputs, parameters)
+    run, run_values = _run_entity(end_text, input_ids, [i for i in data_ids if i not in input_ids] + claim_ids,
+                                  config_sha256, clean)
+    graph = [
+        {"@id": METADATA_FILE, "@type": "CreativeWork", "conformsTo": {"@id": SPECIFICATION}, "about": {"@id": "./"}},
+        {"@id": "./", "@type": "Dataset", "name": "kvasym: a run of the KV-cache quantization study",
+         "description": "Every number, figure and table of the study as one Snakemake run wrote them, with the "
+                        "claims ledger and what each claim was computed from.",
+         "datePublished": end_text, "license": {"@id": "https://spdx.org/licenses/MIT"},
+         "conformsTo": _id_ref(PROFILES), "mainEntity": {"@id": "Snakefile"},
+         "hasPart": _id_ref(["Snakefile", *data_ids]), "mentions": _id_ref(["#run", *(a["@id"] for a in actions)])},
+        {"@id": "https://spdx.org/licenses/MIT", "@type": "CreativeWork", "name": "MIT License"},
+        workflow, run, *run_values, *actions, *stage_entities, *(entities[i] for i in data_ids), *parameters,
+        *claims, *software, *_languages(packages),
+    ]
+    return {"@context": CONTEXT, "@graph": graph}
 
-    # the artifacts (the workflow's formal outputs) and its formal inputs
-    parameters = [{"@id": f"#artifact-{name}", "@type": "FormalParameter", "name": name,
-                   "description": f"{ARTIFACTS[name].description} ({ARTIFACTS[name].template})",
-                   "additionalType": "File", "encodingFormat": _FORMATS.get(Path(ARTIFACTS[name].template).suffix,
-                                                                            "application/octet-stream"),
-                   "conformsTo": {"@id": "https://bioschemas.org/profiles/FormalParameter/1.0-RELEASE"}}
-                  for name in ARTIFACTS if name in instances]
-    parameters += [{"@id": f"#input-{role}", "@type": "FormalParameter", "name": role, "additionalType": "File",
-                    "conformsTo": {"@id": "https://bioschemas.org/profiles/FormalParameter/1.0-RELEASE"}}
-                   for role in inputs]
 
-    # one action per job: the files its stage writes that agree with the job's wildcards
+def _file_entity(root: Path, rel: str, example_of: str | None) -> dict[str, Any]:
+    """A ``File``: size, SHA-256, format, and the formal parameter it is an instance of."""
+    p = root / rel
+    entity: dict[str, Any] = {"@id": rel, "@type": "File", "name": p.name, "contentSize": str(p.stat().st_size),
+                              "sha256": _file_digest(p),
+                              "encodingFormat": _FORMATS.get(p.suffix) or mimetypes.guess_type(p.name)[0]
+                              or "application/octet-stream"}
+    if example_of is not None:
+        entity["exampleOfWork"] = {"@id": example_of}
+    return entity
+
+
+#: Each artifact's files in a run: artifact name -> [(path, its wildcard values)].
+Instances = dict[str, list[tuple[str, dict[str, str]]]]
+
+
+def _data_entities(root: Path, files: Sequence[str]) -> tuple[dict[str, dict[str, Any]], Instances, list[float]]:
+    """The run's files as entities (by id), each artifact's instances with their wildcard
+    values, and the files' modification times."""
+    entities: dict[str, dict[str, Any]] = {}
+    instances: Instances = {}
+    mtimes = []
+    for rel in files:
+        mtimes.append((root / rel).stat().st_mtime)
+        found = match_artifact(rel)
+        if found is not None:
+            instances.setdefault(found[0], []).append((rel, found[1]))
+        entities[rel] = _file_entity(root, rel, None if found is None else f"#artifact-{found[0]}")
+    return entities, instances, mtimes
+
+
+def _parameters(instances: Mapping[str, Any], inputs: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The workflow's formal outputs (the artifacts the run has files of) and inputs."""
+    profile = {"@id": "https://bioschemas.org/profiles/FormalParameter/1.0-RELEASE"}
+    out = [{"@id": f"#artifact-{name}", "@type": "FormalParameter", "name": name,
+            "description": f"{ARTIFACTS[name].description} ({ARTIFACTS[name].template})", "additionalType": "File",
+            "encodingFormat": _FORMATS.get(Path(ARTIFACTS[name].template).suffix, "application/octet-stream"),
+            "conformsTo": profile} for name in ARTIFACTS if name in instances]
+    return out + [{"@id": f"#input-{role}", "@type": "FormalParameter", "name": role, "additionalType": "File",
+                   "conformsTo": profile} for role in inputs]
+
+
+def _job_actions(instances: Instances, unit_writers: Mapping[str, str],
+                 input_ids: Sequence[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One action per job (the files its stage writes that agree with the job's wildcards, and
+    what its stage reads that agrees with them), and the stages' code entities."""
+    from ..stages import STAGES, stage_code_digest
+
     def writes(stage: str, name: str, values: Mapping[str, str]) -> bool:
         writers = ARTIFACTS[name].writers
         if len(writers) > 1 and "distribution" in values:
@@ -234,48 +274,53 @@ def build_crate(root: str | os.PathLike, files: Sequence[str], *, ledger: Sequen
     jobs: dict[str, dict[str, Any]] = {}
     for name, items in instances.items():
         for rel, values in items:
-            for stage in STAGES:
-                if not writes(stage, name, values):
-                    continue
+            for stage in (s for s in STAGES if writes(s, name, values)):
                 fixed = {w: values[w] for w in _job_wildcards(stage) if w in values}
                 key = JOB_KEYS[stage]
                 for w, v in fixed.items():
                     key = key.replace("{" + w + "}", str(v))
                 # a job key whose wildcards the file does not tell (a figure's family): the stage's jobs
                 job_id = f"#job-{key}" if "{" not in key else f"#jobs-{stage}"
-                job = jobs.setdefault(job_id, {"stage": stage, "fixed": fixed, "result": []})
-                job["result"].append(rel)
-    actions = []
-    stages_used = []
+                jobs.setdefault(job_id, {"stage": stage, "fixed": fixed, "result": []})["result"].append(rel)
+    actions, stages_used = [], []
     for job_id in sorted(jobs, key=lambda j: (list(STAGES).index(jobs[j]["stage"]), j)):
-        job = jobs[job_id]
-        stage = job["stage"]
-        if stage not in stages_used:
-            stages_used.append(stage)
+        stage, fixed = jobs[job_id]["stage"], jobs[job_id]["fixed"]
+        stages_used += [] if stage in stages_used else [stage]
         objects = [rel for name in _stage_inputs(stage) for rel, values in instances.get(name, ())
-                   if _agrees(values, job["fixed"])]
-        action = {"@id": job_id, "@type": "CreateAction",
-                  "name": f"{stage} {job_id.removeprefix('#job-')}" if job_id.startswith("#job-") else f"{stage} jobs",
-                  "instrument": {"@id": f"#stage-{stage}"}, "actionStatus": {"@id": _COMPLETED},
-                  "object": _id_ref(objects + input_ids), "result": _id_ref(sorted(job["result"]))}
-        actions.append(action)
-    stage_entities = [{"@id": f"#stage-{stage}", "@type": "SoftwareSourceCode", "name": f"kvasym stage {stage}",
-                       "description": STAGES[stage], "identifier": f"sha256:{stage_code_digest(stage)}",
-                       "programmingLanguage": {"@id": "#python"}} for stage in stages_used]
+                   if _agrees(values, fixed)]
+        name = f"{stage} {job_id.removeprefix('#job-')}" if job_id.startswith("#job-") else f"{stage} jobs"
+        actions.append({"@id": job_id, "@type": "CreateAction", "name": name,
+                        "instrument": {"@id": f"#stage-{stage}"}, "actionStatus": {"@id": _COMPLETED},
+                        "object": _id_ref([*objects, *input_ids]), "result": _id_ref(sorted(jobs[job_id]["result"]))})
+    code = [{"@id": f"#stage-{stage}", "@type": "SoftwareSourceCode", "name": f"kvasym stage {stage}",
+             "description": STAGES[stage], "identifier": f"sha256:{stage_code_digest(stage)}",
+             "programmingLanguage": {"@id": "#python"}} for stage in stages_used]
+    return actions, code
 
-    # the claims: the tables each statistic reads, that cell's parts of them, the ledger's numbers
-    claims = []
+
+def _claim_cells(where: Mapping[str, Any]) -> list[str]:
+    """The distributions a claim is decided in at ``where["dim"]``: a ratio's two, or its one;
+    none for a claim over many cells. The ledger fills the headline's distribution into every
+    ``where``, so a ratio's ``distribution`` is not its cell."""
+    if "dim" not in where:
+        return []
+    if "num" in where and "den" in where:
+        return [where["num"], where["den"]]
+    return [where["distribution"]] if "distribution" in where and "distributions" not in where else []
+
+
+def _claim_entities(ledger: Sequence[Mapping[str, Any]], instances: Instances) -> list[dict[str, Any]]:
+    """Each claim (the tables its statistic reads, its cells' parts of them) and its values."""
+    from ..claims import STATISTICS
+
+    out = []
     for row in ledger:
-        cid = str(row["id"])
+        cid, where = str(row["id"]), row.get("where") or {}
         record = STATISTICS.get(str(row.get("statistic")))
         tables = record.tables if record is not None else ()
-        where = row.get("where") or {}
         based = [rel for t in tables for rel, _ in instances.get(t, ())]
-        # the cells it is decided in: a ratio's two distributions, or its one, at one dim (the
-        # ledger fills the headline's distribution into every where: a ratio's is not its cell)
-        names = [where["num"], where["den"]] if "num" in where and "den" in where else (
-            [where["distribution"]] if "distribution" in where and "distributions" not in where else [])
-        if names and "dim" in where:
+        names = _claim_cells(where)
+        if names:
             # a table gathered from per-cell parts is its writer's input of the same name (gather's)
             parts = {_inputs_of(w).get(t) for t in tables for w in ARTIFACTS[t].writers} - {None}
             based += [rel for a in ARTIFACTS if a in parts for rel, values in instances.get(a, ())
@@ -283,22 +328,16 @@ def build_crate(root: str | os.PathLike, files: Sequence[str], *, ledger: Sequen
                       and values["distribution"] in names]
         values = [_property(f"{cid}-{field}", row[field]) | {"name": field}
                   for field in _CLAIM_VALUES if row.get(field) is not None]
-        claims.append({"@id": f"#claim-{cid}", "@type": "Claim", "identifier": cid, "name": cid,
-                       "text": str(row.get("statement", "")), "isBasedOn": _id_ref(based),
-                       "additionalProperty": _id_ref(v["@id"] for v in values)})
-        claims.extend(values)
-    ledger_files = [rel for rel, _ in instances.get("claims_json", ())]
-    for action in actions:
-        if action["instrument"]["@id"] == "#stage-claims":
-            action["result"] += _id_ref(c["@id"] for c in claims if c["@type"] == "Claim")
-    for rel in ledger_files:
-        entities[rel]["about"] = _id_ref(c["@id"] for c in claims if c["@type"] == "Claim")
+        out.append({"@id": f"#claim-{cid}", "@type": "Claim", "identifier": cid, "name": cid,
+                    "text": str(row.get("statement", "")), "isBasedOn": _id_ref(based),
+                    "additionalProperty": _id_ref(v["@id"] for v in values)})
+        out.extend(values)
+    return out
 
-    software = [{"@id": f"#software-{p['name']}", "@type": "SoftwareApplication", "name": p["name"],
-                 "version": p["version"]} for p in packages]
-    python = next((p["version"] for p in packages if p["name"] == "Python"), None)
-    snakemake = next((p["version"] for p in packages if p["name"] == "snakemake"), None)
-    data_ids = sorted(entities)
+
+def _workflow_entity(root: Path, commit: str | None, software: Sequence[Mapping[str, Any]],
+                     inputs: Mapping[str, str], parameters: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The Snakefile as the crate's main entity: a ComputationalWorkflow at its commit."""
     workflow = {"@id": "Snakefile", "@type": ["File", "SoftwareSourceCode", "ComputationalWorkflow"],
                 "name": "kvasym",
                 "description": "the DAG that regenerates the study's numbers, figures, tables and paper",
@@ -311,38 +350,32 @@ def build_crate(root: str | os.PathLike, files: Sequence[str], *, ledger: Sequen
         workflow["version"] = commit
     if (root / "Snakefile").is_file():
         workflow["sha256"] = _file_digest(root / "Snakefile")
-    run = {"@id": "#run", "@type": "CreateAction", "name": "snakemake run of kvasym", "endTime": end_text,
-           "instrument": {"@id": "Snakefile"}, "actionStatus": {"@id": _COMPLETED},
-           "object": _id_ref(input_ids),
-           "result": _id_ref([rel for rel in data_ids if rel not in input_ids]
-                             + [c["@id"] for c in claims if c["@type"] == "Claim"]),
-           }
-    run_values = [_property("config_sha256", config_sha256)
-                  | {"description": "SHA-256 of the effective config (canonical JSON, defaults filled in)"}]
+    return workflow
+
+
+def _run_entity(end_text: str, input_ids: Sequence[str], result_ids: Sequence[str], config_sha256: str,
+                clean: bool | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The run's action (what it read and wrote) and its values (config hash, clean tree)."""
+    values = [_property("config_sha256", config_sha256)
+              | {"description": "SHA-256 of the effective config (canonical JSON, defaults filled in)"}]
     if clean is not None:  # without git there is nothing to say (a JSON-LD null would drop the value)
-        run_values.append(_property("git_clean", clean)
-                          | {"description": "the checkout had no change against its commit"})
-    run["additionalProperty"] = _id_ref(v["@id"] for v in run_values)
-    languages = [{"@id": _SNAKEMAKE, "@type": "ComputerLanguage", "name": "Snakemake",
-                  "url": {"@id": "https://snakemake.readthedocs.io"}} | ({"version": snakemake} if snakemake else {}),
-                 {"@id": "#python", "@type": "ComputerLanguage", "name": "Python"}
-                 | ({"version": python} if python else {})]
-    for profile in PROFILES:
-        languages.append({"@id": profile, "@type": "CreativeWork", "name": profile.rsplit("/", 2)[-2],
-                          "version": profile.rsplit("/", 1)[-1]})
-    graph += [
-        {"@id": METADATA_FILE, "@type": "CreativeWork", "conformsTo": {"@id": SPECIFICATION}, "about": {"@id": "./"}},
-        {"@id": "./", "@type": "Dataset", "name": "kvasym: a run of the KV-cache quantization study",
-         "description": "Every number, figure and table of the study as one Snakemake run wrote them, with the "
-                        "claims ledger and what each claim was computed from.",
-         "datePublished": end_text, "license": {"@id": "https://spdx.org/licenses/MIT"},
-         "conformsTo": _id_ref(PROFILES), "mainEntity": {"@id": "Snakefile"},
-         "hasPart": _id_ref(["Snakefile", *data_ids]), "mentions": _id_ref(["#run", *(a["@id"] for a in actions)])},
-        {"@id": "https://spdx.org/licenses/MIT", "@type": "CreativeWork", "name": "MIT License"},
-        workflow, run, *run_values, *actions, *stage_entities,
-        *(entities[i] for i in data_ids), *parameters, *claims, *software, *languages,
-    ]
-    return {"@context": CONTEXT, "@graph": graph}
+        values.append(_property("git_clean", clean) | {"description": "the checkout had no change against its commit"})
+    run = {"@id": "#run", "@type": "CreateAction", "name": "snakemake run of kvasym", "endTime": end_text,
+           "instrument": {"@id": "Snakefile"}, "actionStatus": {"@id": _COMPLETED}, "object": _id_ref(input_ids),
+           "result": _id_ref(result_ids), "additionalProperty": _id_ref(v["@id"] for v in values)}
+    return run, values
+
+
+def _languages(packages: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]:
+    """Snakemake and Python as languages (with the versions that ran) and the profiles."""
+    version = {p["name"]: p["version"] for p in packages}
+    out = [{"@id": _SNAKEMAKE, "@type": "ComputerLanguage", "name": "Snakemake",
+            "url": {"@id": "https://snakemake.readthedocs.io"}}
+           | ({"version": version["snakemake"]} if "snakemake" in version else {}),
+           {"@id": "#python", "@type": "ComputerLanguage", "name": "Python"}
+           | ({"version": version["Python"]} if "Python" in version else {})]
+    return out + [{"@id": profile, "@type": "CreativeWork", "name": profile.rsplit("/", 2)[-2],
+                   "version": profile.rsplit("/", 1)[-1]} for profile in PROFILES]
 
 
 def crate_slice(config: Mapping[str, Any], configfiles: Sequence[str], claims_file: str,
