@@ -68,11 +68,11 @@ def copy_run(run: Path, path: Path) -> Path:
 def run_env() -> dict[str, str]:
     """The environment for Snakemake and the `kvasym` commands its rules run: this checkout's
     library first on the path (whatever the installed copy points at), and the numeric
-    environment of the committed expected results (kvasym.numeric_env: OpenBLAS and numpy's
+    environment of the committed expected results (tools.numeric_env: OpenBLAS and numpy's
     loops at x86-64-v3) where this machine allows it, so that every tiny run of the suite, the
     shared one that tests/expected is checked against included, computes the same bits on any
     such CPU."""
-    from kvasym.numeric_env import pinned_environment
+    from tools.numeric_env import pinned_environment
 
     pinned = pinned_environment()
     env = pinned or dict(os.environ)

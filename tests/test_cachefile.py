@@ -182,7 +182,7 @@ def test_file_distributions_run_through_the_dag(tmp_path):
     cache = load_cache_file(workdir / "caches/gqa.npz")
     direct, _ = evaluate_cache_file(cache, get_scheme("KQV"), 4, name="gqa", base_seed=study.base_seed,
                                     n_queries=study.n_queries, sharpness=list(study.sharpness))
-    # the DAG's jobs run in the pinned numeric environment of the test runs (kvasym.numeric_env,
+    # the DAG's jobs run in the pinned numeric environment of the test runs (tools.numeric_env,
     # tests/snakemake_workdir.run_env) and this process in the machine's: BLAS kernels and SIMD
     # loops may move last bits (1e-13 relative on an AVX-512 CPU); bit-identity across runs is
     # what test_workflow and test_expected_results check

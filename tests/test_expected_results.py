@@ -1,7 +1,7 @@
 """Expected results of the tiny grid (tests/expected/tiny_grid.json): a change in any number is deliberate.
 
 The session's tiny run (``tiny_local_run``, tests/conftest.py) must match the committed digest of
-every claim and every table (kvasym.expected); the rest are unit tests of the digest and of the
+every claim and every table (tools.expected); the rest are unit tests of the digest and of the
 comparison, on synthetic tables.
 """
 
@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kvasym import expected as ex
 from kvasym.dataset import SCHEMAS
+from tools import expected as ex
 
 EXPECTED = Path(__file__).resolve().parent / "expected" / "tiny_grid.json"
 
@@ -28,8 +28,7 @@ def test_tiny_run_matches_the_expected_results(tiny_local_run):
     """Every claim's estimate, interval, p-value and verdict, and the digest of every gathered
     table and metrics dataset of the tiny run, as committed."""
     from kvasym.real import missing_extra_reason
-
-    from kvasym.numeric_env import pin_unavailable_reason
+    from tools.numeric_env import pin_unavailable_reason
 
     reason = missing_extra_reason()
     if reason is not None:
@@ -37,7 +36,7 @@ def test_tiny_run_matches_the_expected_results(tiny_local_run):
     reason = pin_unavailable_reason()
     if reason is not None:
         pytest.skip(f"NUMERIC ENVIRONMENT NOT PINNED: the expected results were computed with OpenBLAS's "
-                    f"Haswell kernels and numpy's x86-64-v3 loops (kvasym.numeric_env), and {reason}")
+                    f"Haswell kernels and numpy's x86-64-v3 loops (tools.numeric_env), and {reason}")
     diffs = ex.compare(ex.load(EXPECTED), ex.snapshot(tiny_local_run / "results"))
     assert not diffs, (
         f"the tiny run differs from {EXPECTED.relative_to(EXPECTED.parents[2])} in {len(diffs)} place(s) "
@@ -250,4 +249,6 @@ def test_committed_expected_file_is_a_current_snapshot():
     # the tiny grid has a frontier (config/test.yaml), so its optional tables are digested too
     assert set(snap["tables"]) == set(ex.GATHERED_TABLES) | set(ex.METRICS_TABLES) | set(ex.OPTIONAL_TABLES)
     assert EXPECTED.read_text() == ex.dumps(snap)
+    # its note names the command that regenerates it, as write() would write it today
+    assert snap["_about"] == ex._ABOUT and ex.REGENERATE in snap["_about"]
     assert all(c["verdict"] for c in snap["claims"].values())

@@ -80,6 +80,19 @@ def test_no_import_cycle_beyond_the_known_one():
     assert cycles(import_graph(SRC)) == KNOWN_CYCLES
 
 
+def test_the_library_does_not_import_the_checking_tools():
+    """tools/ (expected results, numeric environment, report check) checks the library from
+    outside and is not in its wheel: no module of src/kvasym imports it, at any depth."""
+    importers = []
+    for path in sorted((SRC / "kvasym").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(name == "tools" or name.startswith("tools.") for name in names):
+                importers.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert not importers, f"the library imports tools/: {importers}"
+
+
 def test_the_cycle_finder_sees_a_deferred_import(tmp_path):
     package = tmp_path / "pkg"
     (package / "sub").mkdir(parents=True)

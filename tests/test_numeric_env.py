@@ -1,14 +1,17 @@
-"""The pinned numeric environment (kvasym.numeric_env) that the expected results are computed in."""
+"""The pinned numeric environment (tools.numeric_env) that the expected results are computed in."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from kvasym import numeric_env as ne
+from tools import numeric_env as ne
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PIN = ne.pin_unavailable_reason()
 
@@ -40,10 +43,10 @@ def test_a_child_in_the_pinned_environment_runs_numpy_at_x86_64_v3():
     passes the command's exit status through."""
     if PIN is not None:
         pytest.skip(f"no pin on this machine: {PIN}")
-    script = ("import json, os; from kvasym.numeric_env import describe; "
+    script = ("import json, os; from tools.numeric_env import describe; "
               "print(json.dumps(describe())); raise SystemExit(3)")
-    run = subprocess.run([sys.executable, "-m", "kvasym.numeric_env", sys.executable, "-c", script],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-m", "tools.numeric_env", sys.executable, "-c", script],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert run.returncode == 3, run.stderr
     seen = json.loads(run.stdout)
     assert seen["OPENBLAS_CORETYPE"] == "Haswell"
@@ -68,5 +71,5 @@ def test_a_command_that_cannot_start_is_one_line_with_the_shell_codes(tmp_path, 
     assert ne.main([str(tmp_path / "no_such_command")]) == 127
     assert ne.main([str(script)]) == 126
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(line.startswith("kvasym.numeric_env: cannot run ") for line in err)
+    assert len(err) == 2 and all(line.startswith("tools.numeric_env: cannot run ") for line in err)
     assert "No such file or directory" in err[0] and "Permission denied" in err[1]

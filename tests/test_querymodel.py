@@ -17,7 +17,7 @@ from kvasym.querymodel import expected_alignment, parse_query_model, query_align
 from kvasym.seeds import rng
 
 # Digests of generate_trial(spec, 32, 40, 6, base_seed=3, trial=2) computed with the code before
-# query models existed (main at 9e2acbf), in the numeric environment kvasym.numeric_env pins
+# query models existed (main at 9e2acbf), in the numeric environment tools.numeric_env pins
 # (OpenBLAS's Haswell kernels, numpy's loops at x86-64-v3): the default model must reproduce them
 # bit for bit. Unpinned, the low-rank and outlier draws go through BLAS (QR, products) whose last
 # bits depend on the CPU's kernels: digests taken unpinned on an AVX-512 machine failed on an
@@ -67,8 +67,9 @@ def test_default_model_reproduces_the_draws_before_query_models() -> None:
     import json
     import subprocess
     import sys
+    from pathlib import Path
 
-    from kvasym import numeric_env
+    from tools import numeric_env
 
     entry, digest = BEFORE["gaussian"]
     assert trial_digest(generate_trial(DistributionSpec.from_dict(entry, name="g"), 32, 40, 6, base_seed=3,
@@ -76,9 +77,10 @@ def test_default_model_reproduces_the_draws_before_query_models() -> None:
     reason = numeric_env.pin_unavailable_reason()
     if reason is not None:
         pytest.skip(f"NO PINNED NUMERIC ENVIRONMENT here ({reason}): the BLAS-dependent draws were NOT checked")
-    run = subprocess.run([sys.executable, "-m", "kvasym.numeric_env", sys.executable, "-c", _PINNED_DIGESTS,
+    run = subprocess.run([sys.executable, "-m", "tools.numeric_env", sys.executable, "-c", _PINNED_DIGESTS,
                           json.dumps({label: entry for label, (entry, _) in BEFORE.items()})],
-                         capture_output=True, text=True, timeout=300, check=False)
+                         capture_output=True, text=True, timeout=300, check=False,
+                         cwd=Path(__file__).resolve().parent.parent)  # the root, where tools/ is
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout)
     want = {f"{label} explicit={explicit}": d for label, (_, d) in BEFORE.items() for explicit in (False, True)}

@@ -205,7 +205,7 @@ def test_dag_builds_the_paper_pdf_with_its_numbers(complete_run):
 def test_report_opens_in_a_headless_browser(complete_run, tmp_path):
     """snakemake --report builds the HTML report, and it renders in Chromium: the claims ledger
     is embedded and every figure of a category decodes to an image."""
-    from kvasym.report_check import check_report, find_browser
+    from tools.report_check import check_report, find_browser
 
     complete_run = copy_run(complete_run, tmp_path / "report")
 

@@ -8,7 +8,7 @@ every image, the embedded HTML results), optionally with a screenshot.
 :func:`check_report` visits every category, subcategory and result of the report and fails
 loudly on a view that does not render: an image that did not decode, a missing entry.
 
-``python -m kvasym.report_check results/report.html --screenshots results/report_check``
+``python3 -m tools.report_check results/report.html --screenshots results/report_check``
 runs the whole walk and leaves one PNG per view to look at.
 """
 
@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import KvasymError
+from kvasym.errors import KvasymError
 
 #: Browser candidates, in order (Debian ships ``chromium``).
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -209,8 +209,8 @@ def check_report(report: str | Path, categories: Mapping[str, Sequence[str]] | N
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m kvasym.report_check REPORT [--category NAME[=SUB,SUB]] [--screenshots DIR]``."""
-    parser = argparse.ArgumentParser(prog="python -m kvasym.report_check", description=__doc__.split("\n\n")[0])
+    """``python3 -m tools.report_check REPORT [--category NAME[=SUB,SUB]] [--screenshots DIR]``."""
+    parser = argparse.ArgumentParser(prog="python3 -m tools.report_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("report")
     parser.add_argument("--category", action="append", default=[],
                         help="NAME or NAME=SUB1,SUB2 (default: every category of the home page, no subcategories)")

@@ -21,7 +21,7 @@ loops switched off as well.
 :func:`pinned_environment` holds both at the AVX2 level (:data:`PINNED_CORETYPE`, and numpy's
 dispatch groups above ``X86_V3`` disabled through ``NPY_DISABLE_CPU_FEATURES``), which every
 x86-64 CPU that has AVX2 and FMA can run. The expected-results test (tests/expected,
-:mod:`kvasym.expected`) runs the tiny grid under it, so its comparison at rtol 1e-9 holds on any
+:mod:`tools.expected`) runs the tiny grid under it, so its comparison at rtol 1e-9 holds on any
 such machine. The pipeline itself runs in the machine's own environment (the pin costs speed on
 AVX-512 CPUs), so a user's results agree with the paper's to rounding, not bit for bit, across
 CPU families.
@@ -118,7 +118,7 @@ def describe(env: Mapping[str, str] | None = None) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python3 -m kvasym.numeric_env CMD [ARG ...]``: run CMD in the pinned environment (its
+    """``python3 -m tools.numeric_env CMD [ARG ...]``: run CMD in the pinned environment (its
     exit status is ours); with no CMD, print the pinned variables. Exit status 2, with the reason,
     where the pin is not available; 127 (not found) or 126 (not executable), with one line, when
     CMD cannot be started, as a shell would."""
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     pinned = pinned_environment()
     if pinned is None:
-        print(f"kvasym.numeric_env: no pinned environment here: {pin_unavailable_reason()}", file=sys.stderr)
+        print(f"tools.numeric_env: no pinned environment here: {pin_unavailable_reason()}", file=sys.stderr)
         return 2
     if not argv:
         for key in ("OPENBLAS_CORETYPE", "NPY_DISABLE_CPU_FEATURES"):
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return subprocess.run(argv, env=pinned).returncode
     except OSError as exc:  # the command does not exist, is not executable, ...: one line, the shell's codes
-        print(f"kvasym.numeric_env: cannot run {argv[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"tools.numeric_env: cannot run {argv[0]!r}: {exc.strerror or exc}", file=sys.stderr)
         return 127 if isinstance(exc, FileNotFoundError) else 126
 
 

@@ -16,7 +16,7 @@ counts, column lists and key hashes must be equal; floats must agree within the 
 results on one machine whatever ``--cores``. Across CPUs, BLAS kernels and numpy's SIMD loops
 change last bits, which on the tiny grid's few units can flip a tie or a discrete p-value: the
 tiny grid is therefore run, for the committed file and for its test, in the numeric environment
-that :mod:`kvasym.numeric_env` pins (OpenBLAS's Haswell kernels, numpy's loops at x86-64-v3),
+that :mod:`tools.numeric_env` pins (OpenBLAS's Haswell kernels, numpy's loops at x86-64-v3),
 where the results are bit-identical across x86-64 machines. The tolerance only absorbs what is
 left of another numpy/BLAS build; any real change of a number is far larger and is reported.
 
@@ -24,8 +24,8 @@ The committed file is ``tests/expected/tiny_grid.json`` (the tiny grid, ``config
 with the real-model rows), checked by ``tests/test_expected_results.py``. A commit that changes
 results regenerates it (:data:`REGENERATE`) and says in its message why the numbers changed.
 
-``python -m kvasym.expected --results results --write FILE`` writes a snapshot;
-``python -m kvasym.expected --results results --check FILE`` compares with one and exits 0 when
+``python3 -m tools.expected --results results --write FILE`` writes a snapshot;
+``python3 -m tools.expected --results results --check FILE`` compares with one and exits 0 when
 equal, 1 (printing every difference) when not, 2 (one line) when an input is unreadable.
 """
 
@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .artifacts import under_results
-from .atomic import atomic_target
-from .dataset import SCHEMAS, read_parquet_checked, read_table
-from .errors import KvasymError
+from kvasym.artifacts import under_results
+from kvasym.atomic import atomic_target
+from kvasym.dataset import SCHEMAS, read_parquet_checked, read_table
+from kvasym.errors import KvasymError
 
 __all__ = ["ATOL", "FORMAT", "GATHERED_TABLES", "METRICS_TABLES", "REGENERATE", "RTOL", "compare", "dumps", "load",
            "main", "snapshot", "table_digest", "write"]
@@ -75,13 +75,13 @@ CLAIM_FIELDS = ("verdict", "estimate", "low", "high", "log10_p")
 #: 1e-12.
 REGENERATE = (
     'd=$(mktemp -d) && git ls-files -co --exclude-standard | tar -cf - -T - | tar -xf - -C "$d" && '
-    '(cd "$d" && KVASYM_CACHE_DIR="$d/.codebooks" PYTHONPATH="$d/src" python3 -m kvasym.numeric_env '
+    '(cd "$d" && KVASYM_CACHE_DIR="$d/.codebooks" PYTHONPATH="$d/src" python3 -m tools.numeric_env '
     'snakemake --cores 2 --configfile config/test.yaml) && '
-    'PYTHONPATH=src python3 -m kvasym.expected --results "$d/results" --write tests/expected/tiny_grid.json'
+    'PYTHONPATH=src python3 -m tools.expected --results "$d/results" --write tests/expected/tiny_grid.json'
 )
 _ABOUT = (
     "Expected results of the tiny grid (config/test.yaml, with the real-model rows), checked by "
-    "tests/test_expected_results.py with kvasym.expected.compare (floats within RTOL/ATOL of kvasym.expected). "
+    "tests/test_expected_results.py with tools.expected.compare (floats within RTOL/ATOL of tools.expected). "
     "A commit that changes results regenerates this file and says why the numbers changed. Regenerate with: "
     + REGENERATE
 )
@@ -374,8 +374,8 @@ def compare(expected: Mapping[str, Any], actual: Mapping[str, Any], rtol: float 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m kvasym.expected [--results DIR] (--write FILE | --check FILE) [--rtol R] [--atol A]``."""
-    parser = argparse.ArgumentParser(prog="python -m kvasym.expected", description=__doc__.split("\n\n")[0])
+    """``python3 -m tools.expected [--results DIR] (--write FILE | --check FILE) [--rtol R] [--atol A]``."""
+    parser = argparse.ArgumentParser(prog="python3 -m tools.expected", description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", default="results", help="the run's results folder (default: results)")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", metavar="FILE", help="write the snapshot of the results to FILE")
