@@ -438,6 +438,10 @@ def _type_text(sub: Mapping[str, Any]) -> str:
         return f"list of {inner}"
     if kind is None and isinstance(sub.get("anyOf"), list):
         return " or ".join(f"`{_plain(b['const'])}`" if "const" in b else _type_text(b) for b in sub["anyOf"])
+    if kind is None and isinstance(sub.get("enum"), list):
+        # an enum without a type: the types of its values (it read "None" in the docs)
+        of = {str: "string", bool: "bool", int: "int", float: "number", type(None): "null"}
+        return " or ".join(dict.fromkeys(of.get(type(v), "value") for v in sub["enum"]))
     return names.get(str(kind), str(kind))
 
 
