@@ -102,3 +102,39 @@ def test_the_cycle_finder_sees_a_deferred_import(tmp_path):
     (package / "sub" / "b.py").write_text("def f():\n    from ..a import g\n")
     (package / "c.py").write_text("import pkg.a\n")
     assert cycles(import_graph(tmp_path, "pkg")) == [["pkg.a", "pkg.sub.b"]]
+
+
+def private_imports(src: Path) -> list[str]:
+    """``from <kvasym module> import _name`` of a private name (a private module, such as the
+    numba kernels, is allowed: it is imported whole)."""
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
+                continue
+            if node.level == 0 and not (node.module or "").startswith("kvasym"):
+                continue
+            base = path.parent
+            for _ in range(max(node.level - 1, 0)):
+                base = base.parent
+            folder = base.joinpath(*(node.module or "").split(".")) if node.level else None
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    if folder is not None and (folder / f"{alias.name}.py").is_file():
+                        continue  # a private module, imported whole
+                    module = "." * node.level + (node.module or "")
+                    found.append(f"{path.relative_to(src)}: from {module} import {alias.name}")
+    return found
+
+
+def test_no_private_name_crosses_files(tmp_path):
+    """A private name (``_x``) is its module's own: one that other modules import is public API
+    under a private name (cache._store_norms, codebook._atomic_write_json, claims._json_safe and
+    table_e2e._scheme_order were). A planted import must be found."""
+    assert private_imports(SRC) == []
+    pkg = tmp_path / "kvasym"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("def _helper():\n    return 1\n")
+    (pkg / "_kernel.py").write_text("")
+    (pkg / "b.py").write_text("from .a import _helper\nfrom . import _kernel\n")
+    assert private_imports(pkg) == ["b.py: from .a import _helper"]

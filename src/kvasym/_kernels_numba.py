@@ -137,7 +137,7 @@ def block_norms(u, dim, width, is_f32, f32_max, exact, stored, inv, start):
         norm = np.sqrt(sq)
         kept = np.float32(norm)
         k64 = np.float64(kept)
-        if norm > f32_max or (norm > 0.0 and k64 == 0.0):  # as _store_norms: above max, not rounded to it
+        if norm > f32_max or (norm > 0.0 and k64 == 0.0):  # as store_norms: above max, not rounded to it
             ok = False
         r = 1.0 / k64 if k64 > 0.0 else 0.0
         if is_f32 and r > f32_max:

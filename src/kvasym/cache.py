@@ -56,6 +56,7 @@ __all__ = [
     "row_norms",
     "check_matrix",
     "quantize",
+    "store_norms",
     "save_packed",
     "read_npz_arrays",
     "load_packed",
@@ -359,7 +360,10 @@ def row_norms(x: np.ndarray) -> np.ndarray:
     return norms
 
 
-def _store_norms(norms: np.ndarray, norm_dtype: str, what: str) -> np.ndarray:
+def store_norms(norms: np.ndarray, norm_dtype: str, what: str) -> np.ndarray:
+    """``norms`` in their storage dtype ``norm_dtype``; a :class:`KvasymError` naming the row and
+    ``what`` (norm, residual norm, ...) when a value is beyond the dtype's range, a non-zero one
+    would be stored as 0, or the storage error exceeds :func:`check_stored_precision`'s bound."""
     if norm_dtype not in NORM_DTYPES:
         raise KvasymError(f"norm_dtype must be one of {', '.join(NORM_DTYPES)}, got {norm_dtype!r}")
     limit = float(np.finfo(norm_dtype).max)
@@ -611,7 +615,7 @@ def quantize(
     residual = None
     sketched = None
     if fused is not None:
-        # the kernel's norms passed the checks of _store_norms (it declines any row that would
+        # the kernel's norms passed the checks of store_norms (it declines any row that would
         # not keep its norm), but for the block's precision, which needs every row's
         packed_codes, residual, exact_norms, norms = fused
         check_stored_precision(np.abs(norms - exact_norms), float(np.max(exact_norms, initial=0.0)), "norms",
@@ -648,7 +652,7 @@ def quantize(
                 packed_codes = np.zeros((rows, 0), dtype=np.uint8)
     if spec.qjl and sketched is not None:
         signs, residual_norms = sketched
-        residual_norms = _store_norms(residual_norms, norm_dtype, "residual norm")
+        residual_norms = store_norms(residual_norms, norm_dtype, "residual norm")
     elif spec.qjl:
         if residual is None:  # the numpy branch above
             residual = unit if codes is None else unit - book.centroids.astype(dtype)[codes]
@@ -659,7 +663,7 @@ def quantize(
             signs, residual_norms = kernels.hadamard_sketch_encode(residual, *sketch.rotation_signs, threads=threads)
         else:
             signs, residual_norms = sketch.encode(residual)
-        residual_norms = _store_norms(residual_norms, norm_dtype, "residual norm")
+        residual_norms = store_norms(residual_norms, norm_dtype, "residual norm")
     else:
         signs = np.zeros((rows, 0), dtype=np.uint8)
         residual_norms = np.zeros(0, dtype=norm_dtype)
@@ -687,7 +691,7 @@ def _norms_and_reciprocals(x: np.ndarray, norm_dtype: str) -> tuple[np.ndarray, 
     float64 reciprocals ``1 / stored`` (0 for a zero row), and whether a float32 batch must be
     normalized in float64 because such a reciprocal overflows float32 (a norm below ~3e-39)."""
     exact_norms = row_norms(x)
-    norms = _store_norms(exact_norms, norm_dtype, "norm")
+    norms = store_norms(exact_norms, norm_dtype, "norm")
     stored = norms.astype(np.float64)
     inv = np.divide(1.0, stored, out=np.zeros_like(stored), where=stored > 0)
     tiny_norms = bool(x.dtype == np.float32 and np.any(inv > np.finfo(np.float32).max))

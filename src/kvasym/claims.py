@@ -1074,13 +1074,15 @@ def evaluate_claims(claims: list[dict[str, Any]], tables: Tables) -> list[dict[s
     return results
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """``value`` with NaN floats as None and numpy scalars as Python numbers, recursively (the
+    ledger's JSON: NaN is not JSON; infinities are kept as JSON readers spell them)."""
     if isinstance(value, float):
         return None if math.isnan(value) else value
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, (np.floating, np.integer)):
-        return _json_safe(value.item())
+        return json_safe(value.item())
     return value

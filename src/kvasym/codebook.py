@@ -72,6 +72,7 @@ __all__ = [
     "coordinate_cdf",
     "lloyd_max_codebook",
     "cache_dir",
+    "write_cache_entry",
     "compute_codebook",
 ]
 
@@ -460,7 +461,7 @@ def _cached_codebook(dim: int, bits: int) -> Codebook:
 
                 print(f"kvasym: codebook cache: {exc}; recomputing it", file=sys.stderr)
     book = compute_codebook(dim, bits)
-    _atomic_write_json(path, book.to_json())
+    write_cache_entry(path, book.to_json())
     return book
 
 
@@ -478,7 +479,9 @@ def cache_dir() -> Path:
     return base / "codebooks"
 
 
-def _atomic_write_json(path: Path, data: dict) -> None:
+def write_cache_entry(path: Path, data: dict) -> None:
+    """Write a codebook cache entry as JSON via a temporary name and a rename; an unwritable
+    cache directory is ignored (the cache only saves recomputation)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")

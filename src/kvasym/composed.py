@@ -243,7 +243,7 @@ def quantize_composed(x: np.ndarray, spec: SideSpec, budget: int, *, rotation_se
     -------
     PackedCache
     """
-    from .cache import PackedCache, _store_norms, row_norms
+    from .cache import PackedCache, row_norms, store_norms
 
     rows, dim = x.shape
     scalar_bits = spec.scalar_bits(budget)
@@ -279,14 +279,14 @@ def quantize_composed(x: np.ndarray, spec: SideSpec, budget: int, *, rotation_se
         stored = norms.astype(np.float64)
     else:
         exact = row_norms(z)
-        norms = _store_norms(exact, norm_dtype, "norm")
+        norms = store_norms(exact, norm_dtype, "norm")
         stored = norms.astype(np.float64)
         unit = z * np.divide(1.0, stored, out=np.zeros_like(stored), where=stored > 0)[:, None]
         if scalar_bits == 0:
             recon = np.zeros_like(unit)
             packed_codes = np.zeros((rows, 0), dtype=np.uint8)
         elif spec.allocation == "waterfill":
-            extras["coord_std"] = _store_norms(np.sqrt(np.mean(unit**2, axis=0)), norm_dtype, "coordinate scale")
+            extras["coord_std"] = store_norms(np.sqrt(np.mean(unit**2, axis=0)), norm_dtype, "coordinate scale")
             std = extras["coord_std"].astype(np.float64)
             widths = _waterfill_allocation(extras["coord_std"], scalar_bits)
             codes, packed_codes = _waterfill_encode(unit, widths, std, kernel)
@@ -299,12 +299,12 @@ def quantize_composed(x: np.ndarray, spec: SideSpec, budget: int, *, rotation_se
     if spec.scalar != "minmax":
         if spec.rescale != "none":
             scaled = stored * rescale_factors(unit, recon, spec.rescale)
-            norms = _store_norms(scaled, norm_dtype, "rescaled norm")
+            norms = store_norms(scaled, norm_dtype, "rescaled norm")
         if fused is None:
             residual = unit - recon if want_unit else None
     if spec.qjl:
         signs, residual_norms = _sketch(spec, work, qjl_seed).encode(residual)
-        residual_norms = _store_norms(residual_norms, norm_dtype, "residual norm")
+        residual_norms = store_norms(residual_norms, norm_dtype, "residual norm")
     else:
         signs = np.zeros((rows, 0), dtype=np.uint8)
         residual_norms = np.zeros(0, dtype=norm_dtype)

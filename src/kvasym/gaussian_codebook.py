@@ -101,10 +101,10 @@ def _from_disk(bits: int) -> np.ndarray | None:
 
 
 def _to_disk(bits: int, centroids: np.ndarray) -> None:
-    from .codebook import _atomic_write_json, cache_dir
+    from .codebook import cache_dir, write_cache_entry
 
     path = cache_dir() / f"gaussian_lloyd_max_v{CACHE_FORMAT}_b{bits}.json"
-    _atomic_write_json(path, {"format": CACHE_FORMAT, "bits": bits, "centroids": centroids.tolist()})
+    write_cache_entry(path, {"format": CACHE_FORMAT, "bits": bits, "centroids": centroids.tolist()})
 
 
 @lru_cache(maxsize=None)

@@ -26,7 +26,7 @@ SUMMARY_COLUMNS = ("rope", "scheme", "budget", "ppl", "ppl_ref", "ppl_ratio_low"
                    "bits_per_coordinate", "n_positions", "n_texts", "n_blocks", *POST_COLUMNS)
 
 
-def _scheme_order(names: Any) -> list[str]:
+def scheme_order(names: Any) -> list[str]:
     """Built-in schemes in their registry order (KV, KQV, QKQV, RKV), then the others sorted."""
     from ..schemes import scheme_registry
 
@@ -53,7 +53,7 @@ def e2e_context(summary: pd.DataFrame | None, sensitivity: pd.DataFrame | None) 
     pre = summary[summary["rope"] == "pre"]
     if post.empty:
         raise KvasymError("end-to-end summary: no pass with keys quantized after RoPE (rope post)")
-    schemes = _scheme_order(post["scheme"].unique())
+    schemes = scheme_order(post["scheme"].unique())
     budgets = []
     for budget in sorted(post["budget"].unique()):
         rows = post[post["budget"] == budget].set_index("scheme").reindex([s for s in schemes

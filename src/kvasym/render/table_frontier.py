@@ -58,9 +58,9 @@ def frontier_context(points: pd.DataFrame | None, headline: Mapping[str, Any], *
     for scheme, g in ledger_frame.groupby("scheme", sort=False):
         ledger.append({"scheme": str(scheme), "side": float(g["bits_side"].mean()),
                        "total_at": {int(b): float(gb["bits_total"].mean()) for b, gb in g.groupby("budget")}})
-    from .table_e2e import _scheme_order
+    from .table_e2e import scheme_order
 
-    rank = {s: i for i, s in enumerate(_scheme_order([e["scheme"] for e in ledger]))}
+    rank = {s: i for i, s in enumerate(scheme_order([e["scheme"] for e in ledger]))}
     ledger.sort(key=lambda e: rank[e["scheme"]])
     return {**base, "has_frontier": True, "groups": groups, "budgets": budgets, "ledger": ledger,
             "head_dim": head_dim, "sharpness": float(headline["sharpness"]), "real_sharpness": real_sharpness,

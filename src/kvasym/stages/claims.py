@@ -15,7 +15,7 @@ from typing import Any
 
 from ..artifacts import add_input_arguments
 from ..atomic import write_text_atomic
-from ..claims import Tables, _json_safe, evaluate_claims, load_claims
+from ..claims import Tables, evaluate_claims, json_safe, load_claims
 from ..render.claims import render_html, render_latex, render_markdown
 
 TABLES = ("comparisons", "summary", "trials", "theory")
@@ -48,7 +48,7 @@ def run_claims(
     frames = {name: read_parquet_checked(path) for name, path in tables.items() if path is not None}
     results = evaluate_claims(claims, Tables(**frames, base_seed=base_seed, n_boot=n_boot,
                                              query_variants=dict(query_variants or {})))
-    safe = _json_safe(results)
+    safe = json_safe(results)
     write_text_atomic(json.dumps(safe, indent=1) + "\n", out_json)
     write_text_atomic(render_markdown(safe), out_md)
     write_text_atomic(render_latex(safe), out_tex)
