@@ -389,6 +389,20 @@ def _say(line: str) -> None:
         pass
 
 
+def _cost_line() -> str:
+    """This process's cost so far, for the job's log: CPU seconds of the process and of the
+    children it waited for (user + system), and the peak resident set in MiB. Summed over the
+    logs of a run (``benchmarks/run_cost.py``) they give CPU per rule; Snakemake's ``benchmark:``
+    files sample the process tree and miss short jobs' CPU."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    peak_mib = max(own.ru_maxrss, children.ru_maxrss) / 1024  # Linux: kibibytes
+    return f"cpu_s={cpu:.2f} max_rss_mib={peak_mib:.0f}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     tokens = sys.argv[1:] if argv is None else list(argv)
     from .stages import STAGES
@@ -406,7 +420,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # (e.g. "No space left on device") still fits: otherwise a full disk shows an empty log.
         _say(f"kvasym {__version__} stage {args.stage}")
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        if args.command == "stage" and status == 0:
+            _say(f"kvasym: stage {args.stage} done: {_cost_line()}")
+        return status
     except DamagedFile as exc:
         if args.command == "stage":
             from .stages import move_aside_damaged
