@@ -367,7 +367,8 @@ def stage_flags(module: Any, inputs: Mapping[str, str | Sequence[str]] | None = 
     import shlex
 
     declared_in = dict(getattr(module, "INPUTS", {}))
-    declared_out = {made: dest for dest, made in getattr(module, "OUTPUTS", {}).items()}
+    declared = getattr(module, "OUTPUTS", {})  # e2e_stats's is a tuple of its tables' names
+    declared_out = {made: dest for dest, made in declared.items()} if isinstance(declared, Mapping) else {}
     listing_of = dict(getattr(module, "LISTINGS", {}))
     inputs, outputs, listings = dict(inputs or {}), dict(outputs or {}), dict(listings or {})
     stage = module.__name__.rsplit(".", 1)[-1]
