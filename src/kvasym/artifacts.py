@@ -36,7 +36,7 @@ from typing import Any
 
 __all__ = ["ARTIFACTS", "BENCHMARKS_FOLDER", "DAG_FOLDER", "GENERATED_FOLDER", "JOB_KEYS", "LOGS_FOLDER",
            "Artifact", "add_input_arguments", "artifact", "benchmark_path", "folder_of", "input_flags",
-           "log_path", "path", "pattern", "template_regex", "under_results"]
+           "log_path", "path", "pattern", "stage_flags", "template_regex", "under_results"]
 
 #: The folder the DAG writes its intermediates under (a damaged one is moved aside only here).
 DAG_FOLDER = "results"
@@ -331,6 +331,87 @@ def input_flags(named: Mapping[str, str | Sequence[str]]) -> str:
             continue
         flags.append(" ".join([_flag_of(dest), *(shlex.quote(str(p)) for p in paths)]))
     return " ".join(flags)
+
+
+def stage_flags(module: Any, inputs: Mapping[str, str | Sequence[str]] | None = None,
+                outputs: Mapping[str, str] | None = None, listings: Mapping[str, Any] | None = None) -> str:
+    """A job's ``kvasym stage`` flags, derived from what its stage declares (each path and JSON
+    value shell-quoted): no flag name is spelled outside the stage module.
+
+    Parameters
+    ----------
+    module : module
+        The stage's module (:func:`kvasym.stages.stage_module`), which declares ``INPUTS``
+        (argument -> artifact), optionally ``OUTPUTS`` (argument -> artifact) and ``LISTINGS``
+        (input or output argument -> the argument that lists what its files are made from: their
+        cells and slice digests, or the slice an output is made under).
+    inputs : mapping, optional
+        Input argument (a key of ``INPUTS``) -> its path or paths, in the order the flags take;
+        an empty sequence gives no flag.
+    outputs : mapping, optional
+        Artifact -> path, as the job's rule names its outputs; each becomes the ``OUTPUTS``
+        argument of that artifact.
+    listings : mapping, optional
+        Input argument, or output artifact, -> the JSON-able value of its ``LISTINGS`` argument
+        (an empty one gives no flag; mappings of several arguments that share one listing
+        argument are merged).
+
+    Returns
+    -------
+    str
+        The flags: each input, followed by its output (the argument ``out_<input>``, a stage that
+        makes one file of each input) and by its listing; then the other outputs, each with its
+        listing; then the listings the stage declares for several arguments, merged.
+    """
+    import json
+    import shlex
+
+    declared_in = dict(getattr(module, "INPUTS", {}))
+    declared = getattr(module, "OUTPUTS", {})  # e2e_stats's is a tuple of its tables' names
+    declared_out = {made: dest for dest, made in declared.items()} if isinstance(declared, Mapping) else {}
+    listing_of = dict(getattr(module, "LISTINGS", {}))
+    inputs, outputs, listings = dict(inputs or {}), dict(outputs or {}), dict(listings or {})
+    stage = module.__name__.rsplit(".", 1)[-1]
+    for given, declared, what in ((inputs, declared_in, "input argument"), (outputs, declared_out, "output artifact")):
+        unknown = sorted(set(given) - set(declared))
+        if unknown:
+            raise KeyError(f"stage {stage}: {unknown} are not among its {what}s {sorted(declared)}")
+    out_args = {declared_out[made]: path for made, path in outputs.items()}
+    values: dict[str, Any] = {}  # argument -> its listing, keyed by argument
+    for key, value in listings.items():
+        dests = [d for d in ((key if key in inputs else None), declared_out.get(key) if key in outputs else None)
+                 if d in listing_of]
+        if len(dests) != 1:
+            raise KeyError(f"stage {stage}: listing {key!r} is not of exactly one given input or output with a "
+                           f"LISTINGS argument ({sorted(listing_of)})")
+        values[dests[0]] = value
+    sharing: dict[str, list[str]] = {}  # listing argument -> the arguments it lists
+    for dest, shared in listing_of.items():
+        sharing.setdefault(shared, []).append(dest)
+    named: dict[str, Any] = {}
+
+    def listing(dests: list[str]) -> None:
+        for dest in dests:
+            if dest in values and len(sharing[listing_of[dest]]) == 1 and values[dest] is not None:
+                named[listing_of[dest]] = json.dumps(values[dest], sort_keys=True, separators=(",", ":"))
+
+    for dest, paths in inputs.items():
+        named[dest] = paths
+        paired = [out for out in out_args if out == f"out_{dest}"]
+        named.update({out: out_args[out] for out in paired})
+        listing([dest, *paired])
+    for dest, path in out_args.items():
+        if dest not in named:
+            named[dest] = path
+            listing([dest])
+    for shared, dests in sharing.items():
+        if len(dests) > 1:
+            merged: dict[str, Any] = {}
+            for dest in dests:
+                merged.update(values.get(dest) or {})  # in declaration order
+            if merged:
+                named[shared] = json.dumps(merged, sort_keys=True, separators=(",", ":"))
+    return input_flags(named)
 
 
 _WILDCARD = re.compile(r"\{(\w+)\}")

@@ -292,6 +292,124 @@ class Study:
         }
 
 
+    def real_slice(self, distribution: str, scheme: str, layers: list[int]) -> dict[str, Any]:
+        """What one real metrics job (stage ``real_metrics``: a real distribution and scheme, every
+        budget) depends on besides its captures: the scheme's spec, the budgets, the model's own
+        sharpness, the seeds, the norm storage and the captured ``layers`` (``real.layers``)."""
+        from .real import REAL_SHARPNESS
+
+        return {
+            "distribution": distribution,
+            "scheme": {"name": scheme, **self.scheme(scheme).to_dict()},
+            "budgets": list(self.budgets),
+            "sharpness": [REAL_SHARPNESS],  # the model's own attention
+            "base_seed": self.base_seed,
+            "norm_dtype": self.norm_dtype,
+            "layers": list(layers),
+        }
+
+    def e2e_slice(self, text: str, real: Mapping[str, Any]) -> dict[str, Any]:
+        """What the end-to-end job of one shipped ``text`` (stage ``e2e``) depends on: ``real`` is
+        the config's resolved ``real`` section (:func:`kvasym.real.real_settings`), its ``e2e``
+        settings on."""
+        e2e = real["e2e"]
+        return {
+            "text": text,
+            "max_tokens": real["max_tokens"],
+            "schemes": [{"name": name, **self.schemes[name].to_dict()} for name in e2e["schemes"]],
+            "budgets": list(self.budgets),
+            "base_seed": self.base_seed,
+            "norm_dtype": self.norm_dtype,
+            "e2e": {key: e2e[key] for key in ("rope", "own", "sensitivity_layers")},
+        }
+
+    def e2e_stats_slice(self, real: Mapping[str, Any]) -> dict[str, Any]:
+        """What the end-to-end statistics job (stage ``e2e_stats``) depends on besides its tables."""
+        e2e = real["e2e"]
+        return {
+            "schemes": list(e2e["schemes"]),
+            "budgets": list(self.budgets),
+            "base_seed": self.base_seed,
+            "n_boot": self.stats["n_boot"],
+            "block_tokens": e2e["block_tokens"],
+        }
+
+    def file_cell_slice(self, distribution: str, dim: int, scheme: str, budget: int,
+                        content_sha256: str) -> dict[str, Any]:
+        """A file cell's metrics job's slice (stage ``file_metrics``): :meth:`file_slice` and the
+        content digest of the user's file, so that replacing the file by another that keeps its
+        mtime still reruns its cells."""
+        return {**self.file_slice(distribution, int(dim), scheme, int(budget)), "content_sha256": content_sha256}
+
+    def cell_table_slice(self, distribution: str, dim: int, scheme: str, budget: int, *,
+                         real: Mapping[str, Any] | None = None,
+                         file_digests: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The slice a cell's per-query (and per-key) file is made from, as its provenance records
+        it: a file cell's :meth:`file_cell_slice`, a synthetic or variant cell's
+        :meth:`metrics_slice`, and any other distribution's (a real one's) :meth:`real_slice` with
+        its one ``budget`` in place of ``budgets``.
+
+        Parameters
+        ----------
+        distribution, dim, scheme, budget
+            The cell (``dim`` and ``budget`` as ints or their strings, as wildcards give them).
+        real : mapping, optional
+            The resolved ``real`` section (:func:`kvasym.real.real_settings`), for a real cell.
+        file_digests : mapping, optional
+            File distribution -> the content SHA-256 of its cache file, for a file cell.
+        """
+        if distribution in self.files:
+            if file_digests is None:
+                raise KvasymError(f"file distribution {distribution!r}: no content digest given")
+            return self.file_cell_slice(distribution, dim, scheme, budget, file_digests[distribution])
+        if distribution in self.distributions:
+            return self.metrics_slice(distribution, int(dim), scheme, int(budget))
+        if real is None:
+            raise KvasymError(f"unknown distribution {distribution!r} (no real-model rows configured)")
+        cell = self.real_slice(distribution, scheme, real["layers"])
+        cell.pop("budgets")
+        return {**cell, "budget": int(budget)}
+
+    def job_slice(self, stage: str, wildcards: Mapping[str, Any], *, real: Mapping[str, Any] | None = None,
+                  file_digests: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The ``--slice`` of a job of a grid stage (:data:`kvasym.stages._slice.SLICE_KEYS`) from
+        its wildcards: the narrow config slice it depends on, a Snakemake param (its JSON,
+        :func:`canonical_json`, reruns the job when it changes) and the base of its resources
+        (:func:`kvasym.resources.job_resources`).
+
+        Parameters
+        ----------
+        stage : str
+            ``cells``, ``metrics``, ``stats``, ``theory``, ``file_metrics``, ``real_metrics``,
+            ``e2e`` or ``e2e_stats``.
+        wildcards : mapping
+            The job's wildcards (``distribution``, ``dim``, ``scheme``, ``budget``, ``text``, as
+            the stage's rule has them; strings or ints).
+        real, file_digests
+            As for :meth:`cell_table_slice`: the real-model settings (for ``real_metrics``,
+            ``e2e``, ``e2e_stats``) and the file caches' content digests (for ``file_metrics``).
+        """
+        w = wildcards
+        if stage in ("cells", "metrics"):
+            return self.unit_slice(w["distribution"], int(w["dim"]))
+        if stage == "stats":
+            return self.stats_slice(w["distribution"], int(w["dim"]))
+        if stage == "theory":
+            return self.theory_slice(w["distribution"], int(w["dim"]))
+        if stage == "file_metrics":
+            return self.cell_table_slice(w["distribution"], w["dim"], w["scheme"], w["budget"],
+                                         file_digests=file_digests)
+        if stage not in ("real_metrics", "e2e", "e2e_stats"):
+            raise KvasymError(f"stage {stage!r} takes no grid slice")
+        if real is None:
+            raise KvasymError(f"stage {stage}: no real-model rows configured (config key real)")
+        if stage == "real_metrics":
+            return self.real_slice(w["distribution"], w["scheme"], real["layers"])
+        if stage == "e2e":
+            return self.e2e_slice(w["text"], real)
+        return self.e2e_stats_slice(real)
+
+
 def extreme_first(specs: list[Mapping[str, Any]], kind: str) -> list[str]:
     """The names of the instances of ``kind`` among ``specs`` (``{name, kind, params}``), from
     the most extreme to the least: smallest nu for ``student_t``, smallest rank for ``low_rank``,

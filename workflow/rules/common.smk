@@ -19,6 +19,7 @@ from kvasym.artifacts import (
     log_path,
     path,
     pattern,
+    stage_flags,
     template_regex,
 )
 from kvasym.cachefile import file_content_sha256, inspect_cache_file
@@ -37,7 +38,7 @@ from kvasym.render.figures.registry import (
     figures_slice,
 )
 from kvasym.real import HEAD_DIM as REAL_HEAD_DIM
-from kvasym.real import REAL_MODEL_NAME, REAL_SHARPNESS
+from kvasym.real import REAL_MODEL_NAME
 from kvasym.real import missing_extra_reason, real_settings
 from kvasym.real.evaluate import REAL_DISTRIBUTIONS
 from kvasym.render.numbers import numbers_slice
@@ -273,53 +274,9 @@ def stats_tables(kind):
     ]
 
 
-def real_slice(w):
-    """What one real metrics job (a real distribution and scheme, every budget) depends on
-    besides its captures."""
-    return real_job_slice(w.distribution, w.scheme)
-
-
-def real_job_slice(distribution, scheme):
-    """real_slice of (distribution, scheme)."""
-    return {
-        "distribution": distribution,
-        "scheme": {"name": scheme, **STUDY.scheme(scheme).to_dict()},
-        "budgets": list(STUDY.budgets),
-        "sharpness": [REAL_SHARPNESS],  # the model's own attention
-        "base_seed": STUDY.base_seed,
-        "norm_dtype": STUDY.norm_dtype,
-        "layers": REAL["layers"],
-    }
-
-
 # End-to-end passes (kvasym.real.endtoend): with the real rows, unless real.e2e is off.
 E2E = REAL["e2e"] if REAL_CELLS else None
 E2E_TABLES = ("summary", "comparisons", "sensitivity", "agreement")
-
-
-def e2e_slice(w):
-    """What one text's end-to-end job depends on."""
-    return {
-        "text": w.text,
-        "max_tokens": REAL["max_tokens"],
-        "schemes": [
-            {"name": name, **STUDY.schemes[name].to_dict()} for name in E2E["schemes"]
-        ],
-        "budgets": list(STUDY.budgets),
-        "base_seed": STUDY.base_seed,
-        "norm_dtype": STUDY.norm_dtype,
-        "e2e": {key: E2E[key] for key in ("rope", "own", "sensitivity_layers")},
-    }
-
-
-def e2e_stats_slice(w):
-    return {
-        "schemes": list(E2E["schemes"]),
-        "budgets": list(STUDY.budgets),
-        "base_seed": STUDY.base_seed,
-        "n_boot": STUDY.stats["n_boot"],
-        "block_tokens": E2E["block_tokens"],
-    }
 
 
 def e2e_texts(wildcards=None):
@@ -377,45 +334,21 @@ def theory_tables():
     ]
 
 
-def unit_slice(w):
-    return STUDY.unit_slice(w.distribution, int(w.dim))
+def job_slice(stage, w):
+    """The config slice a job of grid stage ``stage`` depends on (kvasym.study.Study.job_slice)."""
+    return STUDY.job_slice(stage, dict(w.items()), real=REAL, file_digests=FILE_DIGESTS)
 
 
-def stats_slice(w):
-    return STUDY.stats_slice(w.distribution, int(w.dim))
-
-
-def theory_slice(w):
-    return STUDY.theory_slice(w.distribution, int(w.dim))
-
-
-def file_slice(w):
-    return file_cell_slice(w.distribution, w.dim, w.scheme, w.budget)
-
-
-def file_cell_slice(distribution, dim, scheme, budget):
-    """A file cell's slice: the study's, and the content digest of the user's file."""
-    return {
-        **STUDY.file_slice(distribution, int(dim), scheme, int(budget)),
-        "content_sha256": FILE_DIGESTS[distribution],
-    }
-
-
-SLICES = {
-    "cells": unit_slice,
-    "metrics": unit_slice,
-    "stats": stats_slice,
-    "theory": theory_slice,
-    "file_metrics": file_slice,
-    "real_metrics": real_slice,
-    "e2e": e2e_slice,
-    "e2e_stats": e2e_stats_slice,
-}
+def cell_table_slice(distribution, dim, scheme, budget):
+    """The slice a cell's metrics file is made from (kvasym.study.Study.cell_table_slice)."""
+    return STUDY.cell_table_slice(
+        distribution, dim, scheme, budget, real=REAL, file_digests=FILE_DIGESTS
+    )
 
 
 def slice_param(stage):
     """The ``--slice`` param of a grid stage: its config slice of the job's wildcards, as JSON."""
-    return lambda w: canonical_json(SLICES[stage](w))
+    return lambda w: canonical_json(job_slice(stage, w))
 
 
 def resources_of(stage):
@@ -424,7 +357,7 @@ def resources_of(stage):
 
     def request(key):
         def of(w, input):
-            sliced = SLICES[stage](w) if stage in SLICE_STAGES else None
+            sliced = job_slice(stage, w) if stage in SLICE_STAGES else None
             return job_resources(
                 stage, sliced, input.size_mb if stage == "file_metrics" else 0
             )[key]
@@ -436,19 +369,6 @@ def resources_of(stage):
 
 def per_query_inputs(w):
     return cell_paths("per_query", w)
-
-
-def cell_table_slice(distribution, dim, scheme, budget):
-    """The config slice a cell's per-query (and per-key) file is made from, as its provenance
-    records it: a real cell's real_metrics slice with its one budget, a file cell's
-    file_metrics slice, a synthetic or variant cell's metrics slice."""
-    if distribution in REAL_DISTRIBUTIONS:
-        real = real_job_slice(distribution, scheme)
-        real.pop("budgets")
-        return {**real, "budget": int(budget)}
-    if distribution in STUDY.files:
-        return file_cell_slice(distribution, dim, scheme, budget)
-    return STUDY.metrics_slice(distribution, int(dim), scheme, int(budget))
 
 
 def metrics_cells(w):
@@ -566,19 +486,23 @@ def figure_inputs(family):
     return inputs
 
 
+def cell_digests(paths):
+    """The slice digest of each metrics file's cell (the consumer checks its provenance)."""
+    return {cell: slice_digest(cell_table_slice(**cell_of_path(cell))) for cell in paths}
+
+
 def figure_flags(inputs):
-    """The `kvasym stage figure` input flags for a family's named input files (quoted), and the
-    slice digest of each metrics file's cell (--cell-digests: the stage checks provenance).
-    """
-    flags = [input_flags(inputs)]
-    digests = {
-        cell: slice_digest(cell_table_slice(**cell_of_path(cell)))
-        for key in ("per_query", "per_key")
-        for cell in inputs.get(key, [])
-    }
-    if digests:
-        flags.append(f"--cell-digests {shlex.quote(canonical_json(digests))}")
-    return " ".join(flags)
+    """The `kvasym stage figure` flags of a family's named input files, with the digest of each
+    metrics file's cell (kvasym.stages.figure: INPUTS, LISTINGS)."""
+    return stage_flags(
+        stage_module("figure"),
+        inputs,
+        listings={
+            key: cell_digests(paths)
+            for key, paths in inputs.items()
+            if key in stage_module("figure").LISTINGS
+        },
+    )
 
 
 TABLES = [
@@ -642,36 +566,38 @@ def out_dir(wildcards, output):
     return os.path.dirname(output[0])
 
 
+def part_cells(artifact, parts):
+    """The (distribution, dim) each part (of a stats or theory ``artifact``) is filed under, in
+    order, and the digest of the slice of the job that wrote it: a part copied over another, or
+    made under another config, is refused (and moved aside) by the gather stage."""
+    cells = [template_regex(artifact).fullmatch(part).groupdict() for part in parts]
+    (writer,) = ARTIFACTS[artifact].writers
+    return [
+        {
+            "distribution": cell["distribution"],
+            "dim": int(cell["dim"]),
+            "slice_sha256": slice_digest(job_slice(writer, cell)),
+        }
+        for cell in cells
+    ]
+
+
 def gather_flags(wildcards, input, output):
-    """The `kvasym stage gather` flags: each table's parts and its gathered file (quoted)."""
-    flags = []
-    for table in ("comparisons", "summary", "trials", "theory"):
-        parts = input[table]
-        parts = [parts] if isinstance(parts, str) else list(parts)
-        flags.append(" ".join([f"--{table}", *(shlex.quote(p) for p in parts)]))
-        flags.append(f"--out-{table} {shlex.quote(output[table])}")
-        # the (distribution, dim) each part is filed under, in the order of stats_tables /
-        # theory_tables, and the digest of the slice it is made from: a part copied over
-        # another, or made under another config, is refused (and moved aside) by itself
-        cells = STUDY.main_data_cells() if table == "theory" else gathered_cells(table)
-        part_slice = STUDY.theory_slice if table == "theory" else STUDY.stats_slice
-        listed = canonical_json(
-            [
-                {
-                    "distribution": d,
-                    "dim": int(n),
-                    "slice_sha256": slice_digest(part_slice(d, int(n))),
-                }
-                for d, n in cells
-            ]
-        )
-        flags.append(f"--{table}-cells {shlex.quote(listed)}")
-    # the query-model table, from the gathered trials (the query-model figure's points)
-    flags.append(f"--out-query-model {shlex.quote(output['query_model'])}")
-    flags.append(
-        f"--query-model-slice {shlex.quote(canonical_json(STUDY.query_model_slice()))}"
+    """The `kvasym stage gather` flags (kvasym.stages.gather: INPUTS, OUTPUTS, LISTINGS): each
+    table's parts, its gathered file and its parts' cells; the query-model table and its slice."""
+    gather = stage_module("gather")
+    return stage_flags(
+        gather,
+        {name: list(input[name]) for name in gather.INPUTS},
+        {name: output[name] for name in output.keys()},
+        {
+            **{
+                name: part_cells(artifact, input[name])
+                for name, artifact in gather.INPUTS.items()
+            },
+            "query_model": STUDY.query_model_slice(),
+        },
     )
-    return " ".join(flags)
 
 
 def real_outputs(wildcards, output):

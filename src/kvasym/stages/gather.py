@@ -77,6 +77,10 @@ def write_query_model(trials: pd.DataFrame, slice_: Mapping[str, Any], out: str 
 
 #: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
 INPUTS = {table: f"{table}_part" for table in HOLM_FAMILIES}
+#: Its outputs (argument -> artifact) and the argument listing what each input or output is made
+#: from (the DAG's flags follow from these, kvasym.artifacts.stage_flags).
+OUTPUTS = {**{f"out_{table}": table for table in HOLM_FAMILIES}, "out_query_model": "query_model"}
+LISTINGS = {**{table: f"{table}_cells" for table in HOLM_FAMILIES}, "out_query_model": "query_model_slice"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,282 @@
+"""The DAG's job slices and stage flags, computed by the library without Snakemake.
+
+Each grid stage's ``--slice`` (:meth:`kvasym.study.Study.job_slice`) holds exactly the keys its
+stage checks for (:data:`kvasym.stages._slice.SLICE_KEYS`) and reads, stays the same when an
+unrelated config key changes, and is byte for byte what the DAG passed before the slices moved
+out of ``workflow/rules/common.smk`` (digests of the tiny config's dry run at 5df4e05). The flags
+:func:`kvasym.artifacts.stage_flags` derives from a stage's declarations are accepted by that
+stage's own parser, with the values given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import hashlib
+import inspect
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvasym.artifacts import ARTIFACTS, stage_flags
+from kvasym.errors import KvasymError
+from kvasym.real import real_settings
+from kvasym.stages import STAGES, stage_module
+from kvasym.stages._slice import SLICE_KEYS, stage_slice
+from kvasym.study import canonical_json, load_study
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = yaml.safe_load((ROOT / "config/test.yaml").read_text())
+#: A bring-your-own cache beside the tiny grid (its file is never read by these functions).
+FILE = {"name": "mycache", "kind": "file", "params": {"path": "caches/mine.npz"}}
+FILE_DIGESTS = {"mycache": "ab" * 32}
+#: One job of each grid stage: its wildcards.
+JOBS = {
+    "cells": {"distribution": "gaussian", "dim": "64"},
+    "metrics": {"distribution": "lowrank4+isotropic", "dim": "64"},
+    "stats": {"distribution": "t1.05", "dim": "64"},
+    "theory": {"distribution": "lowrank4", "dim": "64"},
+    "file_metrics": {"distribution": "mycache", "dim": "64", "scheme": "KQV", "budget": "4"},
+    "real_metrics": {"distribution": "smollm2", "scheme": "QKQV"},
+    "e2e": {"text": "bicycle_repair"},
+    "e2e_stats": {},
+}
+#: Keys a stage reads when present (slice_.get): the real rows' layers, the file's digest.
+OPTIONAL_KEYS = {"real_metrics": {"layers"}, "file_metrics": {"content_sha256"}}
+
+
+def _config(**changes):
+    config = copy.deepcopy(TINY)
+    config["distributions"] = [*config["distributions"], FILE]
+    for key, value in changes.items():
+        where = config
+        *parents, last = key.split(".")
+        for parent in parents:
+            where = where[parent]
+        where[last] = value
+    return config
+
+
+def _slices(config):
+    study = load_study(config)
+    real = real_settings(config.get("real"), list(study.schemes))
+    return {stage: study.job_slice(stage, wildcards, real=real, file_digests=FILE_DIGESTS)
+            for stage, wildcards in JOBS.items()}
+
+
+SLICES = _slices(_config())
+
+
+def test_every_grid_stage_has_a_job():
+    assert set(JOBS) == set(SLICE_KEYS)
+
+
+def _keys_read(stage: str) -> set[str]:
+    """The string keys the stage module reads from its slice: ``slice_["k"]``, ``slice_.get("k")``
+    and ``slice_[key] for key in ("k", ...)`` (the slice is ``slice_``, or ``unit`` in cells)."""
+    tree = ast.parse(inspect.getsource(stage_module(stage)))
+    names = {"slice_", "unit"}
+    keys: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id in names:
+            if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+                keys.add(node.slice.value)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and isinstance(node.func.value, ast.Name) and node.func.value.id in names and node.args
+              and isinstance(node.args[0], ast.Constant)):
+            keys.add(node.args[0].value)
+        elif isinstance(node, ast.comprehension) and isinstance(node.iter, ast.Tuple):
+            keys |= {e.value for e in node.iter.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+    return keys
+
+
+@pytest.mark.parametrize("stage", sorted(JOBS))
+def test_a_slice_holds_exactly_the_keys_its_stage_checks_and_reads(stage):
+    sliced = SLICES[stage]
+    assert set(sliced) == SLICE_KEYS[stage] | OPTIONAL_KEYS.get(stage, set())
+    # every key the stage module reads by name is there (the data keys of cells, metrics and
+    # theory are read by the library functions they call, not by name in the module)
+    read = _keys_read(stage) & (SLICE_KEYS[stage] | OPTIONAL_KEYS.get(stage, set()) | {"budget", "scheme"})
+    assert read <= set(sliced), sorted(read - set(sliced))
+    # and the stage takes it: its own check of --slice finds nothing missing
+    assert stage_slice(argparse.Namespace(slice=canonical_json(sliced)), stage) == json.loads(canonical_json(sliced))
+
+
+def test_the_optional_keys_are_read_by_their_stage():
+    for stage, keys in OPTIONAL_KEYS.items():
+        assert keys <= _keys_read(stage), stage
+
+
+# an unrelated key for every stage (it changes no slice), and a related one for each (it does,
+# so the first check is not vacuous)
+UNRELATED = {"headline.sharpness": 4.0, "claims_file": "config/claims.yaml", "stats.n_permutations": 7,
+             "theory.n_probes": 32, "seq_len_sweep.trials": 3}
+RELATED = {
+    "cells": ("seq_len", 64), "metrics": ("per_key_trials", 2), "stats": ("stats.n_permutations", 7),
+    "theory": ("theory.n_probes", 32), "file_metrics": ("n_queries", 8), "real_metrics": ("real.layers", [0]),
+    "e2e": ("real.max_tokens", 40), "e2e_stats": ("stats.n_boot", 100),
+}
+
+
+@pytest.mark.parametrize("key", sorted(UNRELATED))
+def test_an_unrelated_key_leaves_each_slice_unchanged(key):
+    changed = _slices(_config(**{key: UNRELATED[key]}))
+    for stage, sliced in SLICES.items():
+        if RELATED[stage][0] == key:
+            continue
+        assert canonical_json(changed[stage]) == canonical_json(sliced), (stage, key)
+
+
+@pytest.mark.parametrize("stage", sorted(RELATED))
+def test_a_related_key_changes_the_slice(stage):
+    key, value = RELATED[stage]
+    assert canonical_json(_slices(_config(**{key: value}))[stage]) != canonical_json(SLICES[stage])
+
+
+def _sha(texts):
+    return hashlib.sha256("\n".join(sorted(set(texts))).encode()).hexdigest()
+
+
+def test_the_real_slices_are_those_the_dag_passed_before():
+    """The sorted --slice JSON of every real_metrics, e2e and e2e_stats job of the tiny config,
+    hashed, as `snakemake -n -p` printed them at 5df4e05 (built in common.smk then)."""
+    config = copy.deepcopy(TINY)
+    study = load_study(config)
+    real = real_settings(config["real"], list(study.schemes))
+    schemes = [*study.schemes, *study.frontier_real_schemes]
+    real_metrics = [canonical_json(study.job_slice("real_metrics", {"distribution": d, "scheme": s}, real=real))
+                    for d in ("smollm2", "smollm2-prerope") for s in schemes]
+    assert len(set(real_metrics)) == 16
+    assert _sha(real_metrics) == "74d5621f4a95703c912ed09cbcd7f140e4ef245e3499d6c284a024f4fa620e97"
+    e2e = canonical_json(study.job_slice("e2e", {"text": "bicycle_repair"}, real=real))
+    assert _sha([e2e]) == "55a29c1653644a6f4a338b27335d8a025f5ec1f71ef2d51ec192fdc6ec91c849"
+    assert canonical_json(study.job_slice("e2e_stats", {}, real=real)) == (
+        '{"base_seed":7,"block_tokens":8,"budgets":[2,4],"n_boot":200,"schemes":["KV","KQV","QKQV","RKV"]}')
+
+
+def test_a_cells_table_slice_is_its_writers_slice():
+    study = load_study(_config())
+    real = real_settings(TINY["real"], list(study.schemes))
+    # a real cell: its job's slice with its one budget in place of the budgets
+    job = study.job_slice("real_metrics", {"distribution": "smollm2", "scheme": "KQV"}, real=real)
+    cell = study.cell_table_slice("smollm2", "64", "KQV", "2", real=real, file_digests=FILE_DIGESTS)
+    assert cell == {**{k: v for k, v in job.items() if k != "budgets"}, "budget": 2}
+    # a file cell: the file_metrics job's own slice, the file's digest in it
+    wildcards = {"distribution": "mycache", "dim": "64", "scheme": "KQV", "budget": "4"}
+    assert study.cell_table_slice(*wildcards.values(), real=real, file_digests=FILE_DIGESTS) == study.job_slice(
+        "file_metrics", wildcards, file_digests=FILE_DIGESTS)
+    assert study.cell_table_slice("mycache", 64, "KQV", 4, file_digests=FILE_DIGESTS)["content_sha256"] == "ab" * 32
+    # a synthetic cell: the metrics slice
+    assert study.cell_table_slice("gaussian", 64, "KQV", 4) == study.metrics_slice("gaussian", 64, "KQV", 4)
+
+
+def test_a_slice_without_its_settings_says_what_is_missing():
+    study = load_study(_config())
+    with pytest.raises(KvasymError, match="real-model rows"):
+        study.job_slice("e2e", {"text": "bicycle_repair"})
+    with pytest.raises(KvasymError, match="no real-model rows"):
+        study.cell_table_slice("smollm2", 64, "KQV", 4)
+    with pytest.raises(KvasymError, match="mycache.*no content digest"):
+        study.cell_table_slice("mycache", 64, "KQV", 4)
+    with pytest.raises(KvasymError, match="gather"):
+        study.job_slice("gather", {})
+
+
+# ----------------------------------------------------------------------------- derived flags
+
+
+def _parser(stage: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"kvasym stage {stage}", exit_on_error=False)
+    stage_module(stage).add_arguments(parser)
+    return parser
+
+
+def _required_filled(parser: argparse.ArgumentParser, given: set[str]) -> list[str]:
+    """Placeholder values for the required flags the derived ones leave out (--slice, --out-dir)."""
+    extra = []
+    for action in parser._actions:
+        if action.required and action.dest not in given:
+            extra += [action.option_strings[0], "{}"]
+    return extra
+
+
+def _outputs(module) -> dict[str, str]:
+    """The module's OUTPUTS as argument -> artifact (e2e_stats's OUTPUTS are its table names)."""
+    outputs = getattr(module, "OUTPUTS", {})
+    return outputs if isinstance(outputs, dict) else {}
+
+
+def _everything(stage: str):
+    """Every declared input (two paths each where it takes several), output and listing of ``stage``."""
+    module = stage_module(stage)
+    many = {a.dest for a in _parser(stage)._actions if a.nargs == "+"}
+    inputs = {dest: [f"in/{dest}/a", f"in/{dest}/b"] if dest in many else f"in/{dest}/a" for dest in module.INPUTS}
+    outputs = {made: f"out/{made}" for made in _outputs(module).values()}
+    listings = {}
+    for dest in getattr(module, "LISTINGS", {}):
+        key = dest if dest in inputs else module.OUTPUTS[dest]
+        listings[key] = {f"in/{dest}/a": f"listing of {dest}"}
+    return inputs, outputs, listings
+
+
+@pytest.mark.parametrize("stage", [s for s in STAGES if hasattr(stage_module(s), "INPUTS")])
+def test_every_derived_flag_is_accepted_by_its_stage(stage):
+    module = stage_module(stage)
+    inputs, outputs, listings = _everything(stage)
+    parser = _parser(stage)
+    flags = shlex.split(stage_flags(module, inputs, outputs, listings))
+    args = parser.parse_args(flags + _required_filled(parser, set(inputs)))
+    for dest, paths in inputs.items():
+        assert getattr(args, dest) == paths, dest
+    for dest, made in _outputs(module).items():
+        assert getattr(args, dest) == outputs[made]
+    shared = {}
+    for dest, listing in getattr(module, "LISTINGS", {}).items():
+        shared.setdefault(listing, {}).update(listings[dest if dest in inputs else module.OUTPUTS[dest]])
+    for listing, value in shared.items():
+        assert json.loads(getattr(args, listing)) == value
+
+
+def test_every_output_and_listing_names_an_artifact_and_an_argument():
+    for stage in STAGES:
+        module = stage_module(stage)
+        outputs = _outputs(module)
+        assert set(outputs.values()) <= set(ARTIFACTS), stage
+        dests = {a.dest for a in _parser(stage)._actions}
+        for described, listing in getattr(module, "LISTINGS", {}).items():
+            assert described in (*module.INPUTS, *outputs) and listing in dests, (stage, described)
+
+
+def test_gather_flags_keep_each_tables_parts_output_and_cells_together():
+    """The order the DAG's gather param has had (issue 30): per table its parts, its gathered file
+    and its parts' cells, then the query-model table and its slice."""
+    module = stage_module("gather")
+    flags = stage_flags(module, {"comparisons": ["c/a b.parquet"], "theory": ["t/a.parquet"]},
+                        {"comparisons": "c.parquet", "theory": "t.parquet", "query_model": "q.parquet"},
+                        {"comparisons": [{"dim": 64}], "theory": [], "query_model": {"scheme": "KQV"}})
+    assert flags == ("--comparisons 'c/a b.parquet' --out-comparisons c.parquet --comparisons-cells "
+                     "'[{\"dim\":64}]' --theory t/a.parquet --out-theory t.parquet --theory-cells '[]' "
+                     "--out-query-model q.parquet --query-model-slice '{\"scheme\":\"KQV\"}'")
+
+
+def test_figure_cell_digests_follow_every_input_merged():
+    module = stage_module("figure")
+    flags = stage_flags(module, {"per_key": ["k.parquet"], "theory": "t.parquet"},
+                        listings={"per_key": {"k.parquet": "d1"}})
+    assert flags == "--per-key k.parquet --theory t.parquet --cell-digests '{\"k.parquet\":\"d1\"}'"
+    # no metrics file, no digests flag
+    assert stage_flags(module, {"summary": "s.parquet"}, listings={}) == "--summary s.parquet"
+
+
+def test_stage_flags_refuse_what_the_stage_does_not_declare():
+    module = stage_module("gather")
+    with pytest.raises(KeyError, match="per_query"):
+        stage_flags(module, {"per_query": ["x"]})
+    with pytest.raises(KeyError, match="claims_json"):
+        stage_flags(module, outputs={"claims_json": "x"})
+    with pytest.raises(KeyError, match="listing 'summary'"):
+        stage_flags(module, listings={"summary": []})
