@@ -363,8 +363,9 @@ def stage_flags(module: Any, inputs: Mapping[str, str | Sequence[str]] | None = 
         makes one file of each input) and by its listing; then the other outputs, each with its
         listing; then the listings the stage declares for several arguments, merged.
     """
-    import json
     import shlex
+
+    from .study import canonical_json
 
     declared_in = dict(getattr(module, "INPUTS", {}))
     declared = getattr(module, "OUTPUTS", {})  # e2e_stats's is a tuple of its tables' names
@@ -393,7 +394,7 @@ def stage_flags(module: Any, inputs: Mapping[str, str | Sequence[str]] | None = 
     def listing(dests: list[str]) -> None:
         for dest in dests:
             if dest in values and len(sharing[listing_of[dest]]) == 1 and values[dest] is not None:
-                named[listing_of[dest]] = json.dumps(values[dest], sort_keys=True, separators=(",", ":"))
+                named[listing_of[dest]] = canonical_json(values[dest])
 
     for dest, paths in inputs.items():
         named[dest] = paths
@@ -410,7 +411,7 @@ def stage_flags(module: Any, inputs: Mapping[str, str | Sequence[str]] | None = 
             for dest in dests:
                 merged.update(values.get(dest) or {})  # in declaration order
             if merged:
-                named[shared] = json.dumps(merged, sort_keys=True, separators=(",", ":"))
+                named[shared] = canonical_json(merged)
     return input_flags(named)
 
 
