@@ -419,64 +419,27 @@ def quantize(
 def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:
     try:
         header = json.loads(bytes(np.asarray(arrays["header"], dtype=np.uint8)).decode("utf-8"))
-        if not isinstance(header, dict):
-            raise TypeError(f"header is a {type(header).__name__}, not an object")
-        if header.get("norm_dtype") not in NORM_DTYPES:
-            raise ValueError(f"norm_dtype {header.get('norm_dtype')!r} is not one of {NORM_DTYPES}")
-        if header.get("format") != PACKED_FORMAT:
-            raise KvasymError(f"{where}: packed format {header.get('format')!r}, expected {PACKED_FORMAT}")
-        from .codebook import MAX_DIM, MIN_DIM
-        from .schemes import MAX_BUDGET, MIN_BUDGET
-
-        budget = _header_int(header, "budget", MIN_BUDGET, MAX_BUDGET)
-        qjl = _header_bool(header, "qjl")
-        scalar_bits = _header_int(header, "scalar_bits", 0, MAX_BUDGET)
-        # files written before the primitives have no "primitives" key: the original pipeline
-        primitives = header.get("primitives", {})
-        if not isinstance(primitives, dict) or ("primitives" in header and not primitives):
-            raise ValueError(f"header primitives {primitives!r} is not a non-empty mapping")
-        sketch_bits = int(qjl) * (2 if primitives.get("sketch_m") == 2 else 1)
-        if scalar_bits + sketch_bits != budget:
-            raise ValueError(f"header scalar_bits {scalar_bits} + qjl {sketch_bits} is not the budget {budget}")
-        # files written before the hadamard sketch have no "sketch" key: theirs is Gaussian
-        sketch = header.get("sketch", "gaussian")
-        if sketch not in SKETCH_KINDS or ("sketch" in header and not qjl):
-            raise ValueError(f"header sketch {sketch!r} is not one of {SKETCH_KINDS} on a side with qjl")
+        fields = _header_fields(header, where)
         cache = PackedCache(
-            dim=_header_int(header, "dim", MIN_DIM, MAX_DIM),
-            rows=_header_int(header, "rows", 0, 2**40),
-            budget=budget,
-            rotate=_header_bool(header, "rotate"),
-            scalar_bits=scalar_bits,
-            qjl=qjl,
-            rotation_seed=_header_int(header, "rotation_seed", 0, 2**SEED_BITS - 1),
-            qjl_seed=_header_int(header, "qjl_seed", 0, 2**SEED_BITS - 1),
-            norm_dtype=str(header["norm_dtype"]),
+            **fields,
             codes=np.asarray(arrays["codes"]),
             norms=np.asarray(arrays["norms"]),
             qjl_signs=np.asarray(arrays["qjl_signs"]),
             residual_norms=np.asarray(arrays["residual_norms"]),
             meta=dict(header.get("meta") or {}),
-            sketch=sketch,
-            primitives=primitives,
             extras=_extras(arrays, header),
         )
-        if primitives:
+        if cache.primitives:
             try:
                 cache.spec()
             except KvasymError as exc:
-                raise ValueError(f"header primitives {primitives}: {exc}") from None
+                raise ValueError(f"header primitives {cache.primitives}: {exc}") from None
     except KvasymError:
         raise
     except (KeyError, ValueError, TypeError, UnicodeDecodeError) as exc:
         raise KvasymError(f"{where} is not a kvasym packed cache ({type(exc).__name__}: {exc})") from None
     _check_consistent(cache, where)
-    if "sha256" not in header:
-        raise KvasymError(f"{where}: its header has no content digest (sha256); rebuild it")
-    if header.get("sha256") != content_digest(header, {**{name: getattr(cache, name) for name in _DATA_ARRAYS},
-                                                     **cache.extras}):
-        raise KvasymError(f"{where}: its content does not match the digest in its header (the file was edited "
-                          "or corrupted); rebuild it")
+    _check_digest(header, cache, where)
     for name in ("norms", "residual_norms"):
         values = getattr(cache, name).astype(np.float64)
         bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
@@ -484,6 +447,56 @@ def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:
             raise KvasymError(f"{where}: {name}[{bad[0]}] = {values[bad[0]]!r} is not a finite norm >= 0")
     return cache
 
+
+def _header_fields(header: object, where: str) -> dict:
+    """The :class:`PackedCache` fields a stored header gives (all but the arrays and ``meta``),
+    each checked: a ValueError (TypeError, KeyError) names the first field out of place."""
+    if not isinstance(header, dict):
+        raise TypeError(f"header is a {type(header).__name__}, not an object")
+    if header.get("norm_dtype") not in NORM_DTYPES:
+        raise ValueError(f"norm_dtype {header.get('norm_dtype')!r} is not one of {NORM_DTYPES}")
+    if header.get("format") != PACKED_FORMAT:
+        raise KvasymError(f"{where}: packed format {header.get('format')!r}, expected {PACKED_FORMAT}")
+    from .codebook import MAX_DIM, MIN_DIM
+    from .schemes import MAX_BUDGET, MIN_BUDGET
+
+    budget = _header_int(header, "budget", MIN_BUDGET, MAX_BUDGET)
+    qjl = _header_bool(header, "qjl")
+    scalar_bits = _header_int(header, "scalar_bits", 0, MAX_BUDGET)
+    # files written before the primitives have no "primitives" key: the original pipeline
+    primitives = header.get("primitives", {})
+    if not isinstance(primitives, dict) or ("primitives" in header and not primitives):
+        raise ValueError(f"header primitives {primitives!r} is not a non-empty mapping")
+    sketch_bits = int(qjl) * (2 if primitives.get("sketch_m") == 2 else 1)
+    if scalar_bits + sketch_bits != budget:
+        raise ValueError(f"header scalar_bits {scalar_bits} + qjl {sketch_bits} is not the budget {budget}")
+    # files written before the hadamard sketch have no "sketch" key: theirs is Gaussian
+    sketch = header.get("sketch", "gaussian")
+    if sketch not in SKETCH_KINDS or ("sketch" in header and not qjl):
+        raise ValueError(f"header sketch {sketch!r} is not one of {SKETCH_KINDS} on a side with qjl")
+    return {
+        "dim": _header_int(header, "dim", MIN_DIM, MAX_DIM),
+        "rows": _header_int(header, "rows", 0, 2**40),
+        "budget": budget,
+        "rotate": _header_bool(header, "rotate"),
+        "scalar_bits": scalar_bits,
+        "qjl": qjl,
+        "rotation_seed": _header_int(header, "rotation_seed", 0, 2**SEED_BITS - 1),
+        "qjl_seed": _header_int(header, "qjl_seed", 0, 2**SEED_BITS - 1),
+        "norm_dtype": str(header["norm_dtype"]),
+        "sketch": sketch,
+        "primitives": primitives,
+    }
+
+
+def _check_digest(header: Mapping[str, object], cache: PackedCache, where: str) -> None:
+    """The header's content digest present and equal to the cache's (:func:`content_digest`)."""
+    if "sha256" not in header:
+        raise KvasymError(f"{where}: its header has no content digest (sha256); rebuild it")
+    if header.get("sha256") != content_digest(header, {**{name: getattr(cache, name) for name in _DATA_ARRAYS},
+                                                     **cache.extras}):
+        raise KvasymError(f"{where}: its content does not match the digest in its header (the file was edited "
+                          "or corrupted); rebuild it")
 
 
 def _extras(arrays: Mapping[str, np.ndarray], header: Mapping[str, object]) -> dict[str, np.ndarray]:
@@ -495,34 +508,40 @@ def _extras(arrays: Mapping[str, np.ndarray], header: Mapping[str, object]) -> d
 
 
 def _check_consistent(cache: PackedCache, where: str) -> None:
-    if cache.primitives:
-        _check_composed(cache, where)
-        return
-    if cache.extras:
-        raise KvasymError(f"{where}: arrays {sorted(cache.extras)} belong to primitives its header does not record")
+    """Shapes and dtypes of a stored cache's arrays, from its header (and its primitives')."""
     work = cache.work_dim
     if cache.qjl and cache.sketch == "hadamard" and work & (work - 1):
         raise KvasymError(f"{where}: the hadamard sketch needs a power-of-two working dimension, not {work}")
-    expected = {
+    expected = _composed_layout(cache, where) if cache.primitives else _plain_layout(cache, where)
+    arrays = {**{name: getattr(cache, name) for name in _DATA_ARRAYS}, **cache.extras}
+    for name, (shape, dtype) in expected.items():
+        array = arrays[name]
+        if array.shape != shape or array.dtype != dtype:
+            raise KvasymError(
+                f"{where}: {name} has shape {array.shape} dtype {array.dtype}, expected {shape} {np.dtype(dtype)}"
+            )
+    for name in ("mean", "coord_std", "group_scale", "group_zero", "basis"):
+        if name in cache.extras and not np.all(np.isfinite(cache.extras[name].astype(np.float64))):
+            raise KvasymError(f"{where}: {name} holds a non-finite value")
+
+
+def _plain_layout(cache: PackedCache, where: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Name -> (shape, dtype) of the arrays of a cache of the original pipeline."""
+    if cache.extras:
+        raise KvasymError(f"{where}: arrays {sorted(cache.extras)} belong to primitives its header does not record")
+    work = cache.work_dim
+    return {
         "codes": ((cache.rows, packed_row_bytes(work, cache.scalar_bits) if cache.scalar_bits else 0), np.uint8),
         "norms": ((cache.rows,), np.dtype(cache.norm_dtype)),
         "qjl_signs": ((cache.rows, -(-work // 8) if cache.qjl else 0), np.uint8),
         "residual_norms": ((cache.rows if cache.qjl else 0,), np.dtype(cache.norm_dtype)),
     }
-    for name, (shape, dtype) in expected.items():
-        array = getattr(cache, name)
-        if array.shape != shape or array.dtype != dtype:
-            raise KvasymError(
-                f"{where}: {name} has shape {array.shape} dtype {array.dtype}, expected {shape} {np.dtype(dtype)}"
-            )
 
 
-def _check_composed(cache: PackedCache, where: str) -> None:
-    """Shapes and dtypes of a composed cache's arrays, from its header's primitives."""
+def _composed_layout(cache: PackedCache, where: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Name -> (shape, dtype) of the arrays of a composed cache, from its header's primitives."""
     spec = cache.spec()
     work = cache.work_dim
-    if cache.qjl and cache.sketch == "hadamard" and work & (work - 1):
-        raise KvasymError(f"{where}: the hadamard sketch needs a power-of-two working dimension, not {work}")
     norms_rows = 0 if spec.scalar == "minmax" else cache.rows
     expected = {
         "codes": ((cache.rows, packed_row_bytes(work, cache.scalar_bits)), np.uint8),
@@ -534,16 +553,7 @@ def _check_composed(cache: PackedCache, where: str) -> None:
     if set(extras) != set(cache.extras):
         raise KvasymError(f"{where}: side arrays {sorted(cache.extras)}, but its primitives need {sorted(extras)}")
     expected.update({name: (shape, np.dtype(dtype)) for name, (shape, dtype) in extras.items()})
-    arrays = {**{name: getattr(cache, name) for name in _DATA_ARRAYS}, **cache.extras}
-    for name, (shape, dtype) in expected.items():
-        array = arrays[name]
-        if array.shape != shape or array.dtype != dtype:
-            raise KvasymError(
-                f"{where}: {name} has shape {array.shape} dtype {array.dtype}, expected {shape} {np.dtype(dtype)}"
-            )
-    for name in ("mean", "coord_std", "group_scale", "group_zero", "basis"):
-        if name in cache.extras and not np.all(np.isfinite(cache.extras[name].astype(np.float64))):
-            raise KvasymError(f"{where}: {name} holds a non-finite value")
+    return expected
 
 
 def save_packed(path: str | os.PathLike, caches: Mapping[str, PackedCache]) -> None:

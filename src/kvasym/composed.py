@@ -260,20 +260,38 @@ def dequantize_composed(cache: StoredSide, dtype: str = "float64", kernel: str =
         (minmax), each term present when its primitive is.
     """
     spec = cache.spec()
-    work = cache.work_dim
-    extras = cache.extras
-    b = cache.scalar_bits
-    r_hat = side_sketch(spec, work, cache.qjl_seed).decode(cache.qjl_signs, cache.residual_norms.astype(np.float64),
-                                                       "float64") if cache.qjl else None
-    fused = kernel == "numba" and spec.scalar == "lloyd_max" and spec.allocation != "waterfill" and b > 0
-    if fused:  # codes, sketch term, norms (and the WHT) in the compiled row pass
-        from . import kernels
+    r_hat = side_sketch(spec, cache.work_dim, cache.qjl_seed).decode(
+        cache.qjl_signs, cache.residual_norms.astype(np.float64), "float64") if cache.qjl else None
+    if kernel == "numba" and spec.scalar == "lloyd_max" and spec.allocation != "waterfill" and cache.scalar_bits > 0:
+        unit = _decode_fused(cache, spec, r_hat)
+    else:
+        unit = _decode_reference(cache, spec, r_hat, kernel)
+    if spec.transform == "haar":
+        unit = HaarRotation(cache.dim, cache.rotation_seed).inverse(unit)
+    elif spec.transform == "klt":
+        unit = unit @ orthonormalize(cache.extras["basis"]).T
+    if spec.center:
+        unit = add_mean(unit, cache.extras["mean"])
+    return unit.astype(dtype)
 
-        rotate = spec.transform == "wht"
-        unit = kernels.decode_batch(cache.codes, b, lloyd_max_codebook(work, b).centroids,
-                                    RandomizedHadamard(cache.dim, cache.rotation_seed).signs if rotate else None,
-                                    cache.norms, cache.dim if rotate else work, "float64", add=r_hat)
-    elif spec.scalar == "minmax":
+
+def _decode_fused(cache: StoredSide, spec: SideSpec, r_hat: np.ndarray | None) -> np.ndarray:
+    """Codes, sketch term, norms (and the inverse WHT) of a Lloyd-Max uniform side in the
+    compiled row pass (:func:`kvasym.kernels.decode_batch`)."""
+    from . import kernels
+
+    work, b = cache.work_dim, cache.scalar_bits
+    rotate = spec.transform == "wht"
+    return kernels.decode_batch(cache.codes, b, lloyd_max_codebook(work, b).centroids,
+                                RandomizedHadamard(cache.dim, cache.rotation_seed).signs if rotate else None,
+                                cache.norms, cache.dim if rotate else work, "float64", add=r_hat)
+
+
+def _decode_reference(cache: StoredSide, spec: SideSpec, r_hat: np.ndarray | None, kernel: str) -> np.ndarray:
+    """The scalar reconstruction plus the sketch term, times the norms (not for ``minmax``),
+    through the inverse WHT when rotated: the rows before a Haar or KLT inverse and the mean."""
+    work, b, extras = cache.work_dim, cache.scalar_bits, cache.extras
+    if spec.scalar == "minmax":
         codes = unpack_codes(cache.codes, b, work)
         unit = minmax_dequantize(codes, extras["group_scale"], extras["group_zero"], spec.axis, spec.group)
     elif b == 0:
@@ -283,16 +301,10 @@ def dequantize_composed(cache: StoredSide, dtype: str = "float64", kernel: str =
         unit = _waterfill_decode(cache.codes, widths, extras["coord_std"].astype(np.float64), kernel)
     else:
         unit = lloyd_max_codebook(work, b).centroids[unpack_codes(cache.codes, b, work)]
-    if r_hat is not None and not fused:
+    if r_hat is not None:
         unit = unit + r_hat
-    if spec.scalar != "minmax" and not fused:
+    if spec.scalar != "minmax":
         unit = unit * cache.norms.astype(np.float64)[:, None]
-    if spec.transform == "wht" and not fused:
+    if spec.transform == "wht":
         unit = RandomizedHadamard(cache.dim, cache.rotation_seed).inverse(unit)
-    elif spec.transform == "haar":
-        unit = HaarRotation(cache.dim, cache.rotation_seed).inverse(unit)
-    elif spec.transform == "klt":
-        unit = unit @ orthonormalize(extras["basis"]).T
-    if spec.center:
-        unit = add_mean(unit, extras["mean"])
-    return unit.astype(dtype)
+    return unit
