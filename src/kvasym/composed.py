@@ -1,8 +1,10 @@
 """Quantizing one cache side whose spec uses the composable primitives (numpy reference and compiled row passes).
 
-A side spec whose :meth:`~kvasym.schemes.SideSpec.primitives` is empty takes the original path
-of :func:`kvasym.cache.quantize` (bit-identical to before the primitives existed). Otherwise the
-rows ``x`` of the ``(rows, dim)`` block go through, in float64:
+A side spec whose :meth:`~kvasym.schemes.SideSpec.primitives` is empty is a plan of the
+``plain`` path (:mod:`kvasym.plan`), the original pipeline of the backends (:mod:`kvasym.backends`,
+bit-identical to before the primitives existed). Otherwise its plan is of the ``composed`` path,
+which the backends run with :func:`encode_composed`, calling back their row passes: the rows
+``x`` of the ``(rows, dim)`` block go through, in float64:
 
 1. ``center``: ``x <- x - mu_s`` (:mod:`kvasym.centering`; ``mu_s`` stored in ``norm_dtype``,
    array ``mean``, ``dim`` floats per block);
