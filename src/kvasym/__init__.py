@@ -9,6 +9,10 @@ Modules, one job each:
 - :mod:`kvasym.packing`       bit packing of codes and signs
 - :mod:`kvasym.sketch`        1-bit QJL residual sketch
 - :mod:`kvasym.schemes`       quantization schemes as declarative data
+- :mod:`kvasym.rows`          input checks, row norms and the storage of side floats
+- :mod:`kvasym.plan`          a side's quantization resolved and validated once (QuantizePlan)
+- :mod:`kvasym.backends`      the numpy reference and numba backends that execute a plan
+- :mod:`kvasym.composed`      the composed sides' pipeline (centre, KLT, water-filling, min-max...)
 - :mod:`kvasym.cache`         packed K/V caches (quantize, dequantize, save, load)
 - :mod:`kvasym.distributions` seeded synthetic K, V and queries
 - :mod:`kvasym.attention`     float64 reference and quantized attention

@@ -39,12 +39,15 @@ from pathlib import Path
 import numpy as np
 
 from .atomic import atomic_target
+from .backends import execute
 from .codebook import lloyd_max_codebook
 from .errors import DamagedFile, KvasymError
-from .packing import pack_codes, packed_row_bytes, unpack_codes
+from .packing import packed_row_bytes, unpack_codes
+from .plan import check_kernel, expected_extras, resolve_plan
 from .rotation import RandomizedHadamard, next_power_of_two
-from .scalar import ThresholdEncoder
-from .schemes import SideSpec
+from .rows import (NORM_DTYPES, SIDE_PRECISION, check_finite, check_matrix, check_stored_precision, row_norms,
+                   store_norms)
+from .schemes import SideSpec, spec_of
 from .sketch import SKETCH_KINDS, HadamardSketch, QJLSketch, residual_sketch
 
 __all__ = [
@@ -55,8 +58,11 @@ __all__ = [
     "PackedCache",
     "row_norms",
     "check_matrix",
+    "check_finite",
     "quantize",
     "store_norms",
+    "SIDE_PRECISION",
+    "check_stored_precision",
     "save_packed",
     "read_npz_arrays",
     "load_packed",
@@ -64,7 +70,6 @@ __all__ = [
 
 #: 2: the header carries a SHA-256 of its fields and of every array (:func:`content_digest`).
 PACKED_FORMAT = 2
-NORM_DTYPES = ("float16", "float32")
 #: The primitives' side arrays stored in the cache's ``norm_dtype`` (:mod:`kvasym.composed`):
 #: the block mean of ``center`` and the coordinate scales of ``allocation: waterfill``.
 NORM_DTYPE_EXTRAS = ("mean", "coord_std")
@@ -140,8 +145,6 @@ class PackedCache:
         -------
         SideSpec
         """
-        from .composed import spec_of
-
         return spec_of(self.rotate, self.budget, self.scalar_bits, self.qjl, self.sketch, self.primitives)
 
     def _sketch(self) -> QJLSketch | HadamardSketch:
@@ -229,8 +232,8 @@ class PackedCache:
         if self.primitives:
             from .composed import dequantize_composed
 
-            return dequantize_composed(self, dtype, _check_kernel(kernel, threads))
-        if _check_kernel(kernel, threads) == "numba" and self.scalar_bits > 0:
+            return dequantize_composed(self, dtype, check_kernel(kernel, threads))
+        if check_kernel(kernel, threads) == "numba" and self.scalar_bits > 0:
             from . import kernels
 
             add = hadamard = None
@@ -331,180 +334,6 @@ def _header_bool(header: Mapping[str, object], key: str) -> bool:
     return value
 
 
-def row_norms(x: np.ndarray) -> np.ndarray:
-    """Euclidean row norms in float64, without overflow for entries up to float64's range.
-
-    float32 rows are summed in float64 (their squares cannot overflow it); float64 rows whose
-    sum of squares leaves float64's safe range are rescaled by their max |entry| first.
-
-    Parameters
-    ----------
-    x : numpy.ndarray
-        2-D float32 or float64 matrix.
-
-    Returns
-    -------
-    numpy.ndarray
-        ``(rows,)`` float64 norms ``sqrt(sum_j x_ij^2)``; for a rescaled row
-        ``m * sqrt(sum_j (x_ij / m)^2)`` with ``m = max_j |x_ij|``.
-    """
-    squares = np.einsum("ij,ij->i", x, x, dtype=np.float64)
-    risky = ~((squares > 1e-290) & (squares < 1e290)) & (x.dtype != np.float32)
-    norms = np.sqrt(squares)
-    if np.any(risky):
-        rows = np.asarray(x[risky], dtype=np.float64)
-        peak = np.max(np.abs(rows), axis=1)
-        safe = np.where(peak > 0, peak, 1.0)
-        scaled = rows / safe[:, None]
-        norms[risky] = peak * np.sqrt(np.einsum("ij,ij->i", scaled, scaled))
-    return norms
-
-
-def store_norms(norms: np.ndarray, norm_dtype: str, what: str) -> np.ndarray:
-    """``norms`` in their storage dtype ``norm_dtype``; a :class:`KvasymError` naming the row and
-    ``what`` (norm, residual norm, ...) when a value is beyond the dtype's range, a non-zero one
-    would be stored as 0, or the storage error exceeds :func:`check_stored_precision`'s bound."""
-    if norm_dtype not in NORM_DTYPES:
-        raise KvasymError(f"norm_dtype must be one of {', '.join(NORM_DTYPES)}, got {norm_dtype!r}")
-    limit = float(np.finfo(norm_dtype).max)
-    too_big = norms > limit
-    if np.any(too_big):
-        row = int(np.argmax(too_big))
-        # float32 is the widest storage offered, so past its range only rescaling helps.
-        remedy = "use norm_dtype float32 or rescale the cache" if norm_dtype == "float16" else "rescale the cache"
-        raise KvasymError(f"{what} of row {row} is {norms[row]:.3g}, beyond {norm_dtype}'s range ({limit:.3g}); "
-                          f"{remedy}")
-    stored = norms.astype(norm_dtype)
-    _check_norms_kept(norms, stored, norm_dtype, what)
-    check_stored_precision(np.abs(stored - norms), float(np.max(norms, initial=0.0)), f"{what}s", norm_dtype)
-    return stored
-
-
-#: The largest error a float side array (norms, residual norms, coordinate scales, min-max group
-#: parameters) may take on from its storage dtype, relative to the largest value of its kind in
-#: the block. In a dtype's normal range rounding is at most 2^-11 (float16) of a value, so only
-#: a block whose values sit in the subnormal range, where the resolution is absolute (6e-8 for
-#: float16), can reach it: such a cache would be reconstructed with errors of its own size.
-SIDE_PRECISION = 2.0 ** -9
-
-
-def check_stored_precision(error: np.ndarray, scale: float, what: str, dtype: str) -> None:
-    """Refuse side information that ``dtype`` cannot keep to :data:`SIDE_PRECISION` of ``scale``
-    (the block's largest value of that kind): ``max error > SIDE_PRECISION * scale``.
-
-    Parameters
-    ----------
-    error : numpy.ndarray
-        What storing moves each value (or what it moves the reconstruction by), ``>= 0``, any
-        shape: ``|stored - exact|`` for a norm.
-    scale : float
-        The magnitude the errors are measured against (0: nothing to check).
-    what : str
-        The values' name, for the message.
-    dtype : str
-        Their storage dtype.
-
-    Raises
-    ------
-    KvasymError
-        Naming the error, the scale and the remedy.
-    """
-    if not scale > 0 or error.size == 0:
-        return
-    error = float(np.max(error))
-    if error > SIDE_PRECISION * scale:
-        tiny = float(np.finfo(dtype).tiny)
-        remedy = "use norm_dtype float32 or rescale the cache" if dtype == "float16" else "rescale the cache"
-        raise KvasymError(
-            f"{what} stored in {dtype} would be off by up to {error:.2g}, {error / scale:.1%} of the largest "
-            f"({scale:.3g}): below {tiny:.3g} {dtype} keeps only an absolute resolution, and this cache's values "
-            f"sit there; {remedy}"
-        )
-
-
-def _check_norms_kept(norms: np.ndarray, stored: np.ndarray, norm_dtype: str, what: str = "norm") -> None:
-    """A non-zero row whose norm rounds to 0 in ``norm_dtype`` would dequantize to the zero
-    vector: the whole row silently lost. Refuse it (subnormal norms pass, and are refused by
-    :func:`check_stored_precision` only when the whole block is that small)."""
-    lost = (norms > 0) & (stored == 0)
-    if np.any(lost):
-        row = int(np.argmax(lost))
-        smallest = float(np.finfo(norm_dtype).smallest_subnormal)
-        remedy = "use norm_dtype float32 or rescale the cache" if norm_dtype == "float16" else "rescale the cache"
-        lost_what = "the row lost" if what == "norm" else f"the row's {what} lost"
-        raise KvasymError(
-            f"{what} of row {row} is {norms[row]:.3g}, below {norm_dtype}'s smallest positive value "
-            f"({smallest:.3g}): it would be stored as 0 and {lost_what}; {remedy}"
-        )
-
-
-def check_matrix(x: object, what: str = "input", *, finite: bool = True) -> np.ndarray:
-    """A finite 2-D float matrix with at least one row and one column, or a clear KvasymError.
-
-    Parameters
-    ----------
-    x : object
-        Anything ``numpy.asarray`` accepts.
-    what : str, optional
-        Name used in error messages (default ``"input"``).
-    finite : bool, optional
-        Scan for non-finite values (default True). A caller that passes False must call
-        :func:`check_finite` itself before it uses a value (the fused numba encode does so
-        when its own sums of squares show a non-finite row, saving a pass over the batch).
-
-    Returns
-    -------
-    numpy.ndarray
-        ``x`` itself as float32 or float64; integer arrays are converted to float64.
-
-    Raises
-    ------
-    KvasymError
-        If ``x`` is not numeric (bool included), not 2-D, empty, or has a non-finite value.
-    """
-    array = np.asarray(x)
-    if array.dtype.kind not in "fiu" or array.dtype.kind == "b":
-        raise KvasymError(f"{what} must be a numeric array, got dtype {array.dtype}")
-    if array.ndim != 2:
-        raise KvasymError(f"{what} must be 2-D (rows are vectors), got shape {array.shape}")
-    if array.shape[0] == 0 or array.shape[1] == 0:
-        raise KvasymError(f"{what} is empty (shape {array.shape})")
-    if array.dtype not in (np.float32, np.float64):
-        array = array.astype(np.float64)
-    if finite:
-        check_finite(array, what)
-    return array
-
-
-def check_finite(array: np.ndarray, what: str = "input") -> None:
-    """Raise a KvasymError naming the count and the first position of non-finite values."""
-    bad = ~np.isfinite(array)
-    if bad.any():
-        row, col = (int(i) for i in np.argwhere(bad)[0])
-        raise KvasymError(f"{what} has {int(bad.sum())} non-finite values (first at row {row}, column {col})")
-
-
-def _check_kernel(kernel: object, threads: object) -> str:
-    from .kernels import KERNELS, check_threads
-
-    if not isinstance(kernel, str) or kernel not in KERNELS:  # an array would compare elementwise
-        raise KvasymError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
-    check_threads(threads)
-    return str(kernel)
-
-
-def _check_working_dim(dim: int, rotate: bool) -> None:
-    """Refuse rows whose working dimension (``dim``, padded to a power of two when rotated) has
-    no codebook, naming the dimension the user gave as well as the padded one."""
-    from .codebook import MAX_DIM
-
-    work = next_power_of_two(dim) if rotate else dim
-    if work > MAX_DIM:
-        padded = f", which the Hadamard rotation pads to {work}," if work != dim else ""
-        raise KvasymError(f"rows of {dim} coordinates{padded} exceed the largest working dimension {MAX_DIM} "
-                          f"(the codebooks' limit); split the rows into heads of at most {MAX_DIM} coordinates")
-
-
 def quantize(
     x: np.ndarray,
     spec: SideSpec,
@@ -576,189 +405,41 @@ def quantize(
     .. [2] Zandieh, A., Daliri, M., Han, I. (2024/2025) "QJL: 1-Bit Quantized JL Transform for
        KV Cache Quantization with Zero Overhead", arXiv:2406.03482.
     """
-    # the numba kernel's float64 sums of squares see a non-finite value: it scans only on failure
-    deferred = isinstance(kernel, str) and kernel == "numba"
-    x = check_matrix(x, finite=not deferred)
-    spec, budget = spec.spent_at(budget)
-    rows, dim = x.shape
-    _check_working_dim(dim, spec.rotate)
-    kernel = _check_kernel(kernel, threads)
-    scalar_bits = spec.scalar_bits(budget)
-    if scalar_bits < 0 or scalar_bits > 8 or spec.stores_nothing_at(budget):
-        raise KvasymError(f"side spec {spec.to_dict()} is impossible at budget {budget}")
-    work = next_power_of_two(dim) if spec.rotate else dim
-    fused = None
-    fused_sketch = False
-    if (kernel == "numba" and norm_dtype == "float32" and scalar_bits > 0 and work >= 3
-            and not spec.primitives()):
-        from . import kernels
-
-        rotation_signs = RandomizedHadamard(dim, rotation_seed).signs if spec.rotate else None
-        book = lloyd_max_codebook(work, scalar_bits)
-        fused_sketch = spec.qjl and spec.sketch == "hadamard"
-        fused = kernels.encode_batch_with_norms(
-            x, rotation_signs, book.thresholds, scalar_bits, threads=threads,
-            centroids=book.centroids if spec.qjl else None,
-            hadamard_sketch=residual_sketch(spec.sketch, work, qjl_seed).rotation_signs if fused_sketch else None)
-    if fused is None and deferred:
-        check_finite(x)
-    if spec.primitives():
-        if scalar_bits == 0 and (spec.scalar == "minmax" or spec.allocation == "waterfill"):
-            raise KvasymError(f"side spec {spec.to_dict()} is impossible at budget {budget}: no scalar bits")
-        if spec.qjl and spec.sketch == "hadamard" and dim & (dim - 1) and spec.transform != "wht":
-            raise KvasymError(f"the hadamard sketch needs a power-of-two working dimension, not {dim}")
-        from .composed import quantize_composed
-
-        return quantize_composed(x, spec, budget, rotation_seed=rotation_seed, qjl_seed=qjl_seed,
-                                 norm_dtype=norm_dtype, meta=meta, kernel=kernel)
-    dtype = x.dtype
-    residual = None
-    sketched = None
-    if fused is not None:
-        # the kernel's norms passed the checks of store_norms (it declines any row that would
-        # not keep its norm), but for the block's precision, which needs every row's
-        packed_codes, residual, exact_norms, norms = fused
-        check_stored_precision(np.abs(norms - exact_norms), float(np.max(exact_norms, initial=0.0)), "norms",
-                               norm_dtype)
-        if fused_sketch:  # the kernel sketched the residual in the same pass
-            sketched, residual = residual, None
-    else:
-        norms, inv, tiny_norms = _norms_and_reciprocals(x, norm_dtype)
-        if kernel == "numba" and scalar_bits > 0 and work >= 3 and not tiny_norms:
-            from . import kernels
-
-            rotation_signs = RandomizedHadamard(dim, rotation_seed).signs if spec.rotate else None
-            book = lloyd_max_codebook(work, scalar_bits)
-            packed_codes = kernels.encode_batch(x, inv, rotation_signs, book.thresholds, scalar_bits,
-                                                threads=threads, centroids=book.centroids if spec.qjl else None)
-            if spec.qjl:
-                packed_codes, residual = packed_codes
-        else:
-            if tiny_norms:
-                unit = (x.astype(np.float64) * inv[:, None]).astype(dtype)
-            else:
-                unit = x * inv.astype(dtype)[:, None]
-            if spec.rotate:
-                unit = RandomizedHadamard(dim, rotation_seed).forward(unit)
-            work = unit.shape[1]
-            if work < 3:
-                raise KvasymError(f"vectors must have at least 3 coordinates, got {dim}")
-            if scalar_bits > 0:
-                book = lloyd_max_codebook(work, scalar_bits)
-                codes = ThresholdEncoder(book.thresholds).encode(unit)
-                packed_codes = pack_codes(codes, scalar_bits)
-            else:
-                codes = None
-                packed_codes = np.zeros((rows, 0), dtype=np.uint8)
-    if spec.qjl and sketched is not None:
-        signs, residual_norms = sketched
-        residual_norms = store_norms(residual_norms, norm_dtype, "residual norm")
-    elif spec.qjl:
-        if residual is None:  # the numpy branch above
-            residual = unit if codes is None else unit - book.centroids.astype(dtype)[codes]
-        sketch = residual_sketch(spec.sketch, work, qjl_seed)
-        if kernel == "numba" and spec.sketch == "hadamard":
-            from . import kernels
-
-            signs, residual_norms = kernels.hadamard_sketch_encode(residual, *sketch.rotation_signs, threads=threads)
-        else:
-            signs, residual_norms = sketch.encode(residual)
-        residual_norms = store_norms(residual_norms, norm_dtype, "residual norm")
-    else:
-        signs = np.zeros((rows, 0), dtype=np.uint8)
-        residual_norms = np.zeros(0, dtype=norm_dtype)
-    return PackedCache(
-        dim=dim,
-        rows=rows,
-        budget=budget,
-        rotate=spec.rotate,
-        scalar_bits=scalar_bits,
-        qjl=spec.qjl,
-        rotation_seed=int(rotation_seed) if spec.rotate else 0,
-        qjl_seed=int(qjl_seed) if spec.qjl else 0,
-        norm_dtype=norm_dtype,
-        codes=packed_codes,
-        norms=norms,
-        qjl_signs=signs,
-        residual_norms=residual_norms,
-        meta=dict(meta or {}),
-        sketch=spec.sketch if spec.qjl else "gaussian",
-    )
-
-
-def _norms_and_reciprocals(x: np.ndarray, norm_dtype: str) -> tuple[np.ndarray, np.ndarray, bool]:
-    """The stored norms of the rows of ``x`` (refused when ``norm_dtype`` cannot keep one), the
-    float64 reciprocals ``1 / stored`` (0 for a zero row), and whether a float32 batch must be
-    normalized in float64 because such a reciprocal overflows float32 (a norm below ~3e-39)."""
-    exact_norms = row_norms(x)
-    norms = store_norms(exact_norms, norm_dtype, "norm")
-    stored = norms.astype(np.float64)
-    inv = np.divide(1.0, stored, out=np.zeros_like(stored), where=stored > 0)
-    tiny_norms = bool(x.dtype == np.float32 and np.any(inv > np.finfo(np.float32).max))
-    return norms, inv, tiny_norms
+    # the numba backend's fused pass sees a non-finite value in its float64 sums of squares: it
+    # scans only where that pass does not run
+    x = check_matrix(x, finite=not (isinstance(kernel, str) and kernel == "numba"))
+    plan = resolve_plan(spec, budget, x.shape[1], rotation_seed=rotation_seed, qjl_seed=qjl_seed,
+                        norm_dtype=norm_dtype, kernel=kernel, threads=threads)
+    encoded = execute(plan, x)
+    return PackedCache(rows=x.shape[0], **plan.header_fields(), codes=encoded.codes, norms=encoded.norms,
+                       qjl_signs=encoded.qjl_signs, residual_norms=encoded.residual_norms, meta=dict(meta or {}),
+                       extras=encoded.extras)
 
 
 def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:
     try:
         header = json.loads(bytes(np.asarray(arrays["header"], dtype=np.uint8)).decode("utf-8"))
-        if not isinstance(header, dict):
-            raise TypeError(f"header is a {type(header).__name__}, not an object")
-        if header.get("norm_dtype") not in NORM_DTYPES:
-            raise ValueError(f"norm_dtype {header.get('norm_dtype')!r} is not one of {NORM_DTYPES}")
-        if header.get("format") != PACKED_FORMAT:
-            raise KvasymError(f"{where}: packed format {header.get('format')!r}, expected {PACKED_FORMAT}")
-        from .codebook import MAX_DIM, MIN_DIM
-        from .schemes import MAX_BUDGET, MIN_BUDGET
-
-        budget = _header_int(header, "budget", MIN_BUDGET, MAX_BUDGET)
-        qjl = _header_bool(header, "qjl")
-        scalar_bits = _header_int(header, "scalar_bits", 0, MAX_BUDGET)
-        # files written before the primitives have no "primitives" key: the original pipeline
-        primitives = header.get("primitives", {})
-        if not isinstance(primitives, dict) or ("primitives" in header and not primitives):
-            raise ValueError(f"header primitives {primitives!r} is not a non-empty mapping")
-        sketch_bits = int(qjl) * (2 if primitives.get("sketch_m") == 2 else 1)
-        if scalar_bits + sketch_bits != budget:
-            raise ValueError(f"header scalar_bits {scalar_bits} + qjl {sketch_bits} is not the budget {budget}")
-        # files written before the hadamard sketch have no "sketch" key: theirs is Gaussian
-        sketch = header.get("sketch", "gaussian")
-        if sketch not in SKETCH_KINDS or ("sketch" in header and not qjl):
-            raise ValueError(f"header sketch {sketch!r} is not one of {SKETCH_KINDS} on a side with qjl")
+        fields = _header_fields(header, where)
         cache = PackedCache(
-            dim=_header_int(header, "dim", MIN_DIM, MAX_DIM),
-            rows=_header_int(header, "rows", 0, 2**40),
-            budget=budget,
-            rotate=_header_bool(header, "rotate"),
-            scalar_bits=scalar_bits,
-            qjl=qjl,
-            rotation_seed=_header_int(header, "rotation_seed", 0, 2**SEED_BITS - 1),
-            qjl_seed=_header_int(header, "qjl_seed", 0, 2**SEED_BITS - 1),
-            norm_dtype=str(header["norm_dtype"]),
+            **fields,
             codes=np.asarray(arrays["codes"]),
             norms=np.asarray(arrays["norms"]),
             qjl_signs=np.asarray(arrays["qjl_signs"]),
             residual_norms=np.asarray(arrays["residual_norms"]),
             meta=dict(header.get("meta") or {}),
-            sketch=sketch,
-            primitives=primitives,
             extras=_extras(arrays, header),
         )
-        if primitives:
+        if cache.primitives:
             try:
                 cache.spec()
             except KvasymError as exc:
-                raise ValueError(f"header primitives {primitives}: {exc}") from None
+                raise ValueError(f"header primitives {cache.primitives}: {exc}") from None
     except KvasymError:
         raise
     except (KeyError, ValueError, TypeError, UnicodeDecodeError) as exc:
         raise KvasymError(f"{where} is not a kvasym packed cache ({type(exc).__name__}: {exc})") from None
     _check_consistent(cache, where)
-    if "sha256" not in header:
-        raise KvasymError(f"{where}: its header has no content digest (sha256); rebuild it")
-    if header.get("sha256") != content_digest(header, {**{name: getattr(cache, name) for name in _DATA_ARRAYS},
-                                                     **cache.extras}):
-        raise KvasymError(f"{where}: its content does not match the digest in its header (the file was edited "
-                          "or corrupted); rebuild it")
+    _check_digest(header, cache, where)
     for name in ("norms", "residual_norms"):
         values = getattr(cache, name).astype(np.float64)
         bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
@@ -766,6 +447,56 @@ def _from_arrays(arrays: Mapping[str, np.ndarray], where: str) -> PackedCache:
             raise KvasymError(f"{where}: {name}[{bad[0]}] = {values[bad[0]]!r} is not a finite norm >= 0")
     return cache
 
+
+def _header_fields(header: object, where: str) -> dict:
+    """The :class:`PackedCache` fields a stored header gives (all but the arrays and ``meta``),
+    each checked: a ValueError (TypeError, KeyError) names the first field out of place."""
+    if not isinstance(header, dict):
+        raise TypeError(f"header is a {type(header).__name__}, not an object")
+    if header.get("norm_dtype") not in NORM_DTYPES:
+        raise ValueError(f"norm_dtype {header.get('norm_dtype')!r} is not one of {NORM_DTYPES}")
+    if header.get("format") != PACKED_FORMAT:
+        raise KvasymError(f"{where}: packed format {header.get('format')!r}, expected {PACKED_FORMAT}")
+    from .codebook import MAX_DIM, MIN_DIM
+    from .schemes import MAX_BUDGET, MIN_BUDGET
+
+    budget = _header_int(header, "budget", MIN_BUDGET, MAX_BUDGET)
+    qjl = _header_bool(header, "qjl")
+    scalar_bits = _header_int(header, "scalar_bits", 0, MAX_BUDGET)
+    # files written before the primitives have no "primitives" key: the original pipeline
+    primitives = header.get("primitives", {})
+    if not isinstance(primitives, dict) or ("primitives" in header and not primitives):
+        raise ValueError(f"header primitives {primitives!r} is not a non-empty mapping")
+    sketch_bits = int(qjl) * (2 if primitives.get("sketch_m") == 2 else 1)
+    if scalar_bits + sketch_bits != budget:
+        raise ValueError(f"header scalar_bits {scalar_bits} + qjl {sketch_bits} is not the budget {budget}")
+    # files written before the hadamard sketch have no "sketch" key: theirs is Gaussian
+    sketch = header.get("sketch", "gaussian")
+    if sketch not in SKETCH_KINDS or ("sketch" in header and not qjl):
+        raise ValueError(f"header sketch {sketch!r} is not one of {SKETCH_KINDS} on a side with qjl")
+    return {
+        "dim": _header_int(header, "dim", MIN_DIM, MAX_DIM),
+        "rows": _header_int(header, "rows", 0, 2**40),
+        "budget": budget,
+        "rotate": _header_bool(header, "rotate"),
+        "scalar_bits": scalar_bits,
+        "qjl": qjl,
+        "rotation_seed": _header_int(header, "rotation_seed", 0, 2**SEED_BITS - 1),
+        "qjl_seed": _header_int(header, "qjl_seed", 0, 2**SEED_BITS - 1),
+        "norm_dtype": str(header["norm_dtype"]),
+        "sketch": sketch,
+        "primitives": primitives,
+    }
+
+
+def _check_digest(header: Mapping[str, object], cache: PackedCache, where: str) -> None:
+    """The header's content digest present and equal to the cache's (:func:`content_digest`)."""
+    if "sha256" not in header:
+        raise KvasymError(f"{where}: its header has no content digest (sha256); rebuild it")
+    if header.get("sha256") != content_digest(header, {**{name: getattr(cache, name) for name in _DATA_ARRAYS},
+                                                     **cache.extras}):
+        raise KvasymError(f"{where}: its content does not match the digest in its header (the file was edited "
+                          "or corrupted); rebuild it")
 
 
 def _extras(arrays: Mapping[str, np.ndarray], header: Mapping[str, object]) -> dict[str, np.ndarray]:
@@ -777,36 +508,40 @@ def _extras(arrays: Mapping[str, np.ndarray], header: Mapping[str, object]) -> d
 
 
 def _check_consistent(cache: PackedCache, where: str) -> None:
-    if cache.primitives:
-        _check_composed(cache, where)
-        return
-    if cache.extras:
-        raise KvasymError(f"{where}: arrays {sorted(cache.extras)} belong to primitives its header does not record")
+    """Shapes and dtypes of a stored cache's arrays, from its header (and its primitives')."""
     work = cache.work_dim
     if cache.qjl and cache.sketch == "hadamard" and work & (work - 1):
         raise KvasymError(f"{where}: the hadamard sketch needs a power-of-two working dimension, not {work}")
-    expected = {
+    expected = _composed_layout(cache, where) if cache.primitives else _plain_layout(cache, where)
+    arrays = {**{name: getattr(cache, name) for name in _DATA_ARRAYS}, **cache.extras}
+    for name, (shape, dtype) in expected.items():
+        array = arrays[name]
+        if array.shape != shape or array.dtype != dtype:
+            raise KvasymError(
+                f"{where}: {name} has shape {array.shape} dtype {array.dtype}, expected {shape} {np.dtype(dtype)}"
+            )
+    for name in ("mean", "coord_std", "group_scale", "group_zero", "basis"):
+        if name in cache.extras and not np.all(np.isfinite(cache.extras[name].astype(np.float64))):
+            raise KvasymError(f"{where}: {name} holds a non-finite value")
+
+
+def _plain_layout(cache: PackedCache, where: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Name -> (shape, dtype) of the arrays of a cache of the original pipeline."""
+    if cache.extras:
+        raise KvasymError(f"{where}: arrays {sorted(cache.extras)} belong to primitives its header does not record")
+    work = cache.work_dim
+    return {
         "codes": ((cache.rows, packed_row_bytes(work, cache.scalar_bits) if cache.scalar_bits else 0), np.uint8),
         "norms": ((cache.rows,), np.dtype(cache.norm_dtype)),
         "qjl_signs": ((cache.rows, -(-work // 8) if cache.qjl else 0), np.uint8),
         "residual_norms": ((cache.rows if cache.qjl else 0,), np.dtype(cache.norm_dtype)),
     }
-    for name, (shape, dtype) in expected.items():
-        array = getattr(cache, name)
-        if array.shape != shape or array.dtype != dtype:
-            raise KvasymError(
-                f"{where}: {name} has shape {array.shape} dtype {array.dtype}, expected {shape} {np.dtype(dtype)}"
-            )
 
 
-def _check_composed(cache: PackedCache, where: str) -> None:
-    """Shapes and dtypes of a composed cache's arrays, from its header's primitives."""
-    from .composed import expected_extras
-
+def _composed_layout(cache: PackedCache, where: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Name -> (shape, dtype) of the arrays of a composed cache, from its header's primitives."""
     spec = cache.spec()
     work = cache.work_dim
-    if cache.qjl and cache.sketch == "hadamard" and work & (work - 1):
-        raise KvasymError(f"{where}: the hadamard sketch needs a power-of-two working dimension, not {work}")
     norms_rows = 0 if spec.scalar == "minmax" else cache.rows
     expected = {
         "codes": ((cache.rows, packed_row_bytes(work, cache.scalar_bits)), np.uint8),
@@ -818,16 +553,7 @@ def _check_composed(cache: PackedCache, where: str) -> None:
     if set(extras) != set(cache.extras):
         raise KvasymError(f"{where}: side arrays {sorted(cache.extras)}, but its primitives need {sorted(extras)}")
     expected.update({name: (shape, np.dtype(dtype)) for name, (shape, dtype) in extras.items()})
-    arrays = {**{name: getattr(cache, name) for name in _DATA_ARRAYS}, **cache.extras}
-    for name, (shape, dtype) in expected.items():
-        array = arrays[name]
-        if array.shape != shape or array.dtype != dtype:
-            raise KvasymError(
-                f"{where}: {name} has shape {array.shape} dtype {array.dtype}, expected {shape} {np.dtype(dtype)}"
-            )
-    for name in ("mean", "coord_std", "group_scale", "group_zero", "basis"):
-        if name in cache.extras and not np.all(np.isfinite(cache.extras[name].astype(np.float64))):
-            raise KvasymError(f"{where}: {name} holds a non-finite value")
+    return expected
 
 
 def save_packed(path: str | os.PathLike, caches: Mapping[str, PackedCache]) -> None:

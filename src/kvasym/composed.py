@@ -1,8 +1,10 @@
 """Quantizing one cache side whose spec uses the composable primitives (numpy reference and compiled row passes).
 
-A side spec whose :meth:`~kvasym.schemes.SideSpec.primitives` is empty takes the original path
-of :func:`kvasym.cache.quantize` (bit-identical to before the primitives existed). Otherwise the
-rows ``x`` of the ``(rows, dim)`` block go through, in float64:
+A side spec whose :meth:`~kvasym.schemes.SideSpec.primitives` is empty is a plan of the
+``plain`` path (:mod:`kvasym.plan`), the original pipeline of the backends (:mod:`kvasym.backends`,
+bit-identical to before the primitives existed). Otherwise its plan is of the ``composed`` path,
+which the backends run with :func:`encode_composed`, calling back their row passes: the rows
+``x`` of the ``(rows, dim)`` block go through, in float64:
 
 1. ``center``: ``x <- x - mu_s`` (:mod:`kvasym.centering`; ``mu_s`` stored in ``norm_dtype``,
    array ``mean``, ``dim`` floats per block);
@@ -45,109 +47,63 @@ the same code on both paths.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from .centering import add_mean, block_mean, subtract_mean
 from .codebook import lloyd_max_codebook
-from .errors import KvasymError
 from .klt import klt_basis, orthonormalize, store_basis
-from .minmax import SCALE_DTYPE, group_shape, minmax_dequantize, minmax_quantize
-from .packing import pack_codes, pack_widths, unpack_codes, unpack_widths
+from .minmax import minmax_dequantize, minmax_quantize
+from .packing import pack_codes, unpack_codes, unpack_widths
+from .plan import EncodedSide, QuantizePlan, RowPasses, side_sketch
 from .rescale import rescale_factors
-from .rotation import HaarRotation, RandomizedHadamard, next_power_of_two
+from .rotation import HaarRotation, RandomizedHadamard
+from .rows import row_norms, store_norms
 from .scalar import ThresholdEncoder
 from .schemes import SideSpec
-from .sketch import QJLSketch, residual_sketch
 
-if TYPE_CHECKING:
-    from .cache import PackedCache
-
-__all__ = ["quantize_composed", "dequantize_composed", "spec_of", "expected_extras"]
-
-
-def spec_of(rotate: bool, budget: int, scalar_bits: int, qjl: bool, sketch: str, primitives: Mapping) -> SideSpec:
-    """The side spec a cache's header describes (raises KvasymError for an impossible record).
-
-    Parameters
-    ----------
-    rotate : bool
-        Header ``rotate``.
-    budget, scalar_bits : int
-        Header ``budget`` and ``scalar_bits``.
-    qjl : bool
-        Header ``qjl``.
-    sketch : str
-        Header ``sketch``.
-    primitives : mapping
-        Header ``primitives`` (see :meth:`~kvasym.schemes.SideSpec.primitives`).
-
-    Returns
-    -------
-    SideSpec
-    """
-    from .schemes import PRIMITIVE_KEYS
-
-    unknown = set(primitives) - set(PRIMITIVE_KEYS)
-    if unknown:
-        raise KvasymError(f"unknown primitive(s) {sorted(unknown)}")
-    spec = SideSpec(rotate=rotate, scalar_offset=budget - scalar_bits, qjl=qjl, sketch=sketch, **dict(primitives))
-    if spec.primitives() != dict(primitives):
-        raise KvasymError(f"primitives {dict(primitives)} are not in canonical form ({spec.primitives()})")
-    return spec
-
-
-def _work_dim(dim: int, spec: SideSpec) -> int:
-    return next_power_of_two(dim) if spec.transform == "wht" else dim
-
-
-def expected_extras(rows: int, dim: int, spec: SideSpec, norm_dtype: str) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Name -> (shape, dtype) of every side array a composed cache of this spec holds.
-
-    Parameters
-    ----------
-    rows, dim : int
-        Shape of the quantized block.
-    spec : SideSpec
-        The side spec.
-    norm_dtype : str
-        Storage dtype of norms (and of the mean and coordinate scales).
-
-    Returns
-    -------
-    dict
-    """
-    work = _work_dim(dim, spec)
-    out: dict[str, tuple[tuple[int, ...], str]] = {}
-    if spec.center:
-        out["mean"] = ((dim,), norm_dtype)
-    if spec.transform == "klt":
-        out["basis"] = ((dim, dim), spec.transform_dtype)
-    if spec.allocation == "waterfill":
-        out["coord_std"] = ((work,), norm_dtype)
-    if spec.scalar == "minmax":
-        shape = group_shape(rows, work, spec.axis, spec.group)
-        out["group_scale"] = (shape, SCALE_DTYPE)
-        out["group_zero"] = (shape, SCALE_DTYPE)
-    return out
-
-
-def _sketch(spec: SideSpec, work: int, seed: int) -> QJLSketch | object:
-    if spec.sketch_m == 2:
-        return QJLSketch(work, 2 * work, seed)
-    return residual_sketch(spec.sketch, work, seed)
+__all__ = ["encode_composed", "dequantize_composed", "waterfill_allocation", "waterfill_reconstruct"]
 
 
 # the water-filling modules import scipy: only a water-filling side pays for it
-def _waterfill_allocation(coord_std: np.ndarray, scalar_bits: int) -> np.ndarray:
+def waterfill_allocation(coord_std: np.ndarray, scalar_bits: int) -> np.ndarray:
+    """Bits per coordinate of a water-filling side from its stored coordinate scales.
+
+    Parameters
+    ----------
+    coord_std : numpy.ndarray
+        The stored ``sigma_j`` (array ``coord_std``).
+    scalar_bits : int
+        Scalar bits per coordinate ``b``.
+
+    Returns
+    -------
+    numpy.ndarray
+        :func:`kvasym.waterfill.integer_allocation` over ``sigma_j^2`` of ``b D`` bits.
+    """
     from .waterfill import integer_allocation
 
     return integer_allocation(np.asarray(coord_std, dtype=np.float64) ** 2, scalar_bits * coord_std.size)
 
 
-def _waterfill_reconstruct(codes: np.ndarray, widths: np.ndarray, std: np.ndarray) -> np.ndarray:
+def waterfill_reconstruct(codes: np.ndarray, widths: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """``centroids_{b_j}[c_ij] * std[j]``: the N(0, 1) Lloyd-Max centroids of each column's width.
+
+    Parameters
+    ----------
+    codes : numpy.ndarray
+        ``(rows, D)`` codes.
+    widths : numpy.ndarray
+        Bits of each column.
+    std : numpy.ndarray
+        Each column's scale.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(rows, D)`` float64.
+    """
     from .gaussian_codebook import gaussian_codebook
 
     out = np.zeros(codes.shape, dtype=np.float64)
@@ -155,26 +111,6 @@ def _waterfill_reconstruct(codes: np.ndarray, widths: np.ndarray, std: np.ndarra
         cols = np.flatnonzero(widths == w)
         out[:, cols] = gaussian_codebook(int(w)).centroids[codes[:, cols]] * std[cols]
     return out
-
-
-def _waterfill_encode(unit: np.ndarray, widths: np.ndarray, std: np.ndarray, kernel: str
-                      ) -> tuple[np.ndarray, np.ndarray]:
-    """Codes of each coordinate against its width's N(0, 1) thresholds scaled by ``std[j]``
-    (``np.searchsorted``, side left), and their packing at a width per column."""
-    from .gaussian_codebook import gaussian_codebook
-
-    if kernel == "numba":
-        from . import kernels
-
-        thresholds = [gaussian_codebook(int(w)).thresholds * std[j] for j, w in enumerate(widths)]
-        return kernels.encode_columns(unit, thresholds, widths)
-    codes = np.zeros(unit.shape, dtype=np.int64)
-    for w in np.unique(widths):
-        cols = np.flatnonzero(widths == w)
-        book = gaussian_codebook(int(w))
-        for j in cols:
-            codes[:, j] = np.searchsorted(book.thresholds * std[j], unit[:, j])
-    return codes, pack_widths(codes, widths)
 
 
 def _waterfill_decode(packed: np.ndarray, widths: np.ndarray, std: np.ndarray, kernel: str) -> np.ndarray:
@@ -185,144 +121,134 @@ def _waterfill_decode(packed: np.ndarray, widths: np.ndarray, std: np.ndarray, k
 
         tables = [gaussian_codebook(int(w)).centroids * std[j] for j, w in enumerate(widths)]
         return kernels.decode_columns(packed, widths, tables)
-    return _waterfill_reconstruct(unpack_widths(packed, widths), widths, std)
+    return waterfill_reconstruct(unpack_widths(packed, widths), widths, std)
 
 
-def _fused_lloyd(z: np.ndarray, spec: SideSpec, rotation_seed: int, scalar_bits: int, norm_dtype: str,
-                 kernel: str, want_unit: bool) -> tuple | None:
-    """The compiled row pass of a ``lloyd_max``/``uniform`` side (rotating if ``wht``): packed
-    codes, stored norms, and when ``want_unit`` the unit rows, their reconstruction and the
-    residual (a rescale or a sketch needs them); None where the reference path must run (numpy kernel,
-    float16 norms, or a row the pass declines, which the reference then rescales or refuses)."""
-    if (kernel != "numba" or norm_dtype != "float32" or scalar_bits == 0 or spec.scalar != "lloyd_max"
-            or spec.allocation == "waterfill"):
-        return None
-    from . import kernels
-    from .cache import check_stored_precision
-
-    rotate = spec.transform == "wht"
-    work = next_power_of_two(z.shape[1]) if rotate else z.shape[1]
-    if work < 3:
-        return None
-    book = lloyd_max_codebook(work, scalar_bits)
-    fused = kernels.encode_batch_with_norms(z, RandomizedHadamard(z.shape[1], rotation_seed).signs if rotate else None,
-                                            book.thresholds, scalar_bits,
-                                            centroids=book.centroids if want_unit else None)
-    if fused is None:
-        return None
-    packed, residual, exact, norms = fused
-    check_stored_precision(np.abs(norms - exact), float(np.max(exact, initial=0.0)), "norms", norm_dtype)
-    if not want_unit:
-        return packed, norms, None, None, None
-    recon = book.centroids[unpack_codes(packed, scalar_bits, work)]
-    return packed, norms, recon + residual, recon, residual
-
-
-def quantize_composed(x: np.ndarray, spec: SideSpec, budget: int, *, rotation_seed: int, qjl_seed: int,
-                      norm_dtype: str, meta: Mapping | None = None, kernel: str = "numpy") -> PackedCache:
-    """Quantize the rows of ``x`` with a spec that uses primitives (see the module docstring).
+def encode_composed(plan: QuantizePlan, x: np.ndarray, backend: RowPasses) -> EncodedSide:
+    """The arrays of ``x`` quantized by a plan of the ``composed`` path (module docstring).
 
     Parameters
     ----------
+    plan : QuantizePlan
+        The resolved plan (:func:`kvasym.plan.resolve_plan`), with at least one primitive.
     x : numpy.ndarray
-        ``(rows, dim)`` finite matrix (already checked by :func:`kvasym.cache.quantize`).
-    spec : SideSpec
-        The side spec (with at least one primitive).
-    budget : int
-        Bits per coordinate ``n``.
-    rotation_seed, qjl_seed : int
-        Seeds of the WHT rotation and of the sketch (stored only when used).
-    norm_dtype : str
-        Storage dtype of norms, residual norms, the mean and the coordinate scales.
-    meta : mapping, optional
-        Metadata kept in the header.
-    kernel : {"numpy", "numba"}, optional
-        The reference passes (default) or the compiled row passes (module docstring).
+        ``(rows, dim)`` finite matrix (arithmetic in float64).
+    backend : RowPasses
+        The backend whose row passes run (:mod:`kvasym.backends`).
 
     Returns
     -------
-    PackedCache
+    EncodedSide
     """
-    from .cache import PackedCache, row_norms, store_norms
-
-    rows, dim = x.shape
-    scalar_bits = spec.scalar_bits(budget)
     extras: dict[str, np.ndarray] = {}
     z = np.asarray(x, dtype=np.float64)
-    if spec.center:
-        extras["mean"] = block_mean(z, norm_dtype)
+    if plan.spec.center:
+        extras["mean"] = block_mean(z, plan.norm_dtype)
         z = subtract_mean(z, extras["mean"])
-    want_unit = spec.qjl or spec.rescale != "none"
-    fused = None
-    if spec.transform == "wht":
-        fused = _fused_lloyd(z, spec, rotation_seed, scalar_bits, norm_dtype, kernel, want_unit)
-    if spec.transform == "wht" and fused is None:
-        z = RandomizedHadamard(dim, rotation_seed).forward(z)
-    elif spec.transform == "haar":
-        z = HaarRotation(dim, rotation_seed).forward(z)
-    elif spec.transform == "klt":
-        extras["basis"] = store_basis(klt_basis(z)[1], spec.transform_dtype)
-        z = z @ orthonormalize(extras["basis"])
-    if spec.transform in ("haar", "klt", "none"):
-        fused = _fused_lloyd(z, spec, rotation_seed, scalar_bits, norm_dtype, kernel, want_unit)
-    work = _work_dim(dim, spec)
-    if work < 3:
-        raise KvasymError(f"vectors must have at least 3 coordinates, got {dim}")
-    if spec.scalar == "minmax":
-        codes, extras["group_scale"], extras["group_zero"] = minmax_quantize(z, scalar_bits, spec.axis, spec.group)
-        recon = minmax_dequantize(codes, extras["group_scale"], extras["group_zero"], spec.axis, spec.group)
-        packed_codes = pack_codes(codes, scalar_bits)
-        norms = np.zeros(0, dtype=norm_dtype)
-        residual = z - recon
-    elif fused is not None:
-        packed_codes, norms, unit, recon, residual = fused
-        stored = norms.astype(np.float64)
+    z, fused = _transform(plan, z, extras, backend)
+    if plan.spec.scalar == "minmax":
+        packed_codes, norms, residual = _minmax_stage(plan, z, extras)
     else:
-        exact = row_norms(z)
-        norms = store_norms(exact, norm_dtype, "norm")
+        packed_codes, norms, residual = _lloyd_stage(plan, z, fused, extras, backend)
+    if plan.spec.qjl:
+        signs, residual_norms = plan.sketch_operator().encode(residual)
+        residual_norms = store_norms(residual_norms, plan.norm_dtype, "residual norm")
+    else:
+        signs = np.zeros((z.shape[0], 0), dtype=np.uint8)
+        residual_norms = np.zeros(0, dtype=plan.norm_dtype)
+    return EncodedSide(packed_codes, norms, signs, residual_norms, extras)
+
+
+def _transform(plan: QuantizePlan, z: np.ndarray, extras: dict, backend: RowPasses) -> tuple[np.ndarray, tuple | None]:
+    """The transformed rows, and the backend's fused pass when it ran: before the WHT (which it
+    applies itself), after a Haar or KLT product (or none)."""
+    transform = plan.spec.transform
+    if transform == "wht":
+        fused = backend.fused_rows(plan, z, centroids=plan.wants_residual)
+        return (z if fused is not None else RandomizedHadamard(plan.dim, plan.rotation_seed).forward(z)), fused
+    if transform == "haar":
+        z = HaarRotation(plan.dim, plan.rotation_seed).forward(z)
+    elif transform == "klt":
+        extras["basis"] = store_basis(klt_basis(z)[1], plan.spec.transform_dtype)
+        z = z @ orthonormalize(extras["basis"])
+    return z, backend.fused_rows(plan, z, centroids=plan.wants_residual)
+
+
+def _minmax_stage(plan: QuantizePlan, z: np.ndarray, extras: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """KIVI's group-wise codes of ``z``, no norms, and the residual ``z - z_hat``."""
+    spec = plan.spec
+    codes, extras["group_scale"], extras["group_zero"] = minmax_quantize(z, plan.scalar_bits, spec.axis, spec.group)
+    recon = minmax_dequantize(codes, extras["group_scale"], extras["group_zero"], spec.axis, spec.group)
+    return pack_codes(codes, plan.scalar_bits), np.zeros(0, dtype=plan.norm_dtype), z - recon
+
+
+def _lloyd_stage(plan: QuantizePlan, z: np.ndarray, fused: tuple | None, extras: dict, backend: RowPasses
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Packed codes, stored (rescaled) norms and the unit rows' residual (when a sketch or the
+    rescale reads it) of a ``lloyd_max`` side, from the fused pass or the reference norms."""
+    want = plan.wants_residual
+    if fused is not None:
+        packed_codes, residual, _, norms = fused
+        recon = unit = None
+        if want:
+            recon = plan.codebook.centroids[unpack_codes(packed_codes, plan.scalar_bits, plan.work_dim)]
+            unit = recon + residual
+    else:
+        norms = store_norms(row_norms(z), plan.norm_dtype, "norm")
         stored = norms.astype(np.float64)
         unit = z * np.divide(1.0, stored, out=np.zeros_like(stored), where=stored > 0)[:, None]
-        if scalar_bits == 0:
-            recon = np.zeros_like(unit)
-            packed_codes = np.zeros((rows, 0), dtype=np.uint8)
-        elif spec.allocation == "waterfill":
-            extras["coord_std"] = store_norms(np.sqrt(np.mean(unit**2, axis=0)), norm_dtype, "coordinate scale")
-            std = extras["coord_std"].astype(np.float64)
-            widths = _waterfill_allocation(extras["coord_std"], scalar_bits)
-            codes, packed_codes = _waterfill_encode(unit, widths, std, kernel)
-            recon = _waterfill_reconstruct(codes, widths, std) if want_unit else None
-        else:
-            book = lloyd_max_codebook(work, scalar_bits)
-            codes = ThresholdEncoder(book.thresholds).encode(unit)
-            recon = book.centroids[codes]
-            packed_codes = pack_codes(codes, scalar_bits)
-    if spec.scalar != "minmax":
-        if spec.rescale != "none":
-            scaled = stored * rescale_factors(unit, recon, spec.rescale)
-            norms = store_norms(scaled, norm_dtype, "rescaled norm")
-        if fused is None:
-            residual = unit - recon if want_unit else None
-    if spec.qjl:
-        signs, residual_norms = _sketch(spec, work, qjl_seed).encode(residual)
-        residual_norms = store_norms(residual_norms, norm_dtype, "residual norm")
-    else:
-        signs = np.zeros((rows, 0), dtype=np.uint8)
-        residual_norms = np.zeros(0, dtype=norm_dtype)
-    return PackedCache(
-        dim=dim, rows=rows, budget=budget, rotate=spec.rotate, scalar_bits=scalar_bits, qjl=spec.qjl,
-        rotation_seed=int(rotation_seed) if spec.seeded_transform else 0, qjl_seed=int(qjl_seed) if spec.qjl else 0,
-        norm_dtype=norm_dtype, codes=packed_codes, norms=norms, qjl_signs=signs, residual_norms=residual_norms,
-        meta=dict(meta or {}), sketch=spec.sketch if spec.qjl else "gaussian", primitives=spec.primitives(),
-        extras=extras,
-    )
+        packed_codes, recon = _code_units(plan, unit, extras, backend)
+        residual = unit - recon if want else None
+    if plan.spec.rescale != "none":
+        scaled = norms.astype(np.float64) * rescale_factors(unit, recon, plan.spec.rescale)
+        norms = store_norms(scaled, plan.norm_dtype, "rescaled norm")
+    return packed_codes, norms, residual
 
 
-def dequantize_composed(cache: PackedCache, dtype: str = "float64", kernel: str = "numpy") -> np.ndarray:
+def _code_units(plan: QuantizePlan, unit: np.ndarray, extras: dict, backend: RowPasses
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Packed codes of unit rows and their reconstruction (None for water-filling codes nobody reads)."""
+    if plan.scalar_bits == 0:
+        return np.zeros((unit.shape[0], 0), dtype=np.uint8), np.zeros_like(unit)
+    if plan.spec.allocation == "waterfill":
+        extras["coord_std"] = store_norms(np.sqrt(np.mean(unit**2, axis=0)), plan.norm_dtype, "coordinate scale")
+        std = extras["coord_std"].astype(np.float64)
+        widths = waterfill_allocation(extras["coord_std"], plan.scalar_bits)
+        codes, packed_codes = backend.waterfill_codes(plan, unit, widths, std)
+        return packed_codes, waterfill_reconstruct(codes, widths, std) if plan.wants_residual else None
+    codes = ThresholdEncoder(plan.codebook.thresholds).encode(unit)
+    return pack_codes(codes, plan.scalar_bits), plan.codebook.centroids[codes]
+
+
+class StoredSide(Protocol):
+    """What :func:`dequantize_composed` reads of a packed cache (:class:`kvasym.cache.PackedCache`)."""
+
+    dim: int
+    rows: int
+    scalar_bits: int
+    qjl: bool
+    rotation_seed: int
+    qjl_seed: int
+    codes: np.ndarray
+    norms: np.ndarray
+    qjl_signs: np.ndarray
+    residual_norms: np.ndarray
+    extras: dict
+
+    @property
+    def work_dim(self) -> int:
+        """Coordinates quantized per row."""
+
+    def spec(self) -> SideSpec:
+        """The side spec the cache was quantized with."""
+
+
+def dequantize_composed(cache: StoredSide, dtype: str = "float64", kernel: str = "numpy") -> np.ndarray:
     """Reconstruct the ``(rows, dim)`` block of a composed cache from its packed data alone.
 
     Parameters
     ----------
-    cache : PackedCache
+    cache : StoredSide
         A cache with primitives.
     dtype : str, optional
         Output dtype (the arithmetic is float64).
@@ -336,39 +262,51 @@ def dequantize_composed(cache: PackedCache, dtype: str = "float64", kernel: str 
         (minmax), each term present when its primitive is.
     """
     spec = cache.spec()
-    work = cache.work_dim
-    extras = cache.extras
-    b = cache.scalar_bits
-    r_hat = _sketch(spec, work, cache.qjl_seed).decode(cache.qjl_signs, cache.residual_norms.astype(np.float64),
-                                                       "float64") if cache.qjl else None
-    fused = kernel == "numba" and spec.scalar == "lloyd_max" and spec.allocation != "waterfill" and b > 0
-    if fused:  # codes, sketch term, norms (and the WHT) in the compiled row pass
-        from . import kernels
+    r_hat = side_sketch(spec, cache.work_dim, cache.qjl_seed).decode(
+        cache.qjl_signs, cache.residual_norms.astype(np.float64), "float64") if cache.qjl else None
+    if kernel == "numba" and spec.scalar == "lloyd_max" and spec.allocation != "waterfill" and cache.scalar_bits > 0:
+        unit = _decode_fused(cache, spec, r_hat)
+    else:
+        unit = _decode_reference(cache, spec, r_hat, kernel)
+    if spec.transform == "haar":
+        unit = HaarRotation(cache.dim, cache.rotation_seed).inverse(unit)
+    elif spec.transform == "klt":
+        unit = unit @ orthonormalize(cache.extras["basis"]).T
+    if spec.center:
+        unit = add_mean(unit, cache.extras["mean"])
+    return unit.astype(dtype)
 
-        rotate = spec.transform == "wht"
-        unit = kernels.decode_batch(cache.codes, b, lloyd_max_codebook(work, b).centroids,
-                                    RandomizedHadamard(cache.dim, cache.rotation_seed).signs if rotate else None,
-                                    cache.norms, cache.dim if rotate else work, "float64", add=r_hat)
-    elif spec.scalar == "minmax":
+
+def _decode_fused(cache: StoredSide, spec: SideSpec, r_hat: np.ndarray | None) -> np.ndarray:
+    """Codes, sketch term, norms (and the inverse WHT) of a Lloyd-Max uniform side in the
+    compiled row pass (:func:`kvasym.kernels.decode_batch`)."""
+    from . import kernels
+
+    work, b = cache.work_dim, cache.scalar_bits
+    rotate = spec.transform == "wht"
+    return kernels.decode_batch(cache.codes, b, lloyd_max_codebook(work, b).centroids,
+                                RandomizedHadamard(cache.dim, cache.rotation_seed).signs if rotate else None,
+                                cache.norms, cache.dim if rotate else work, "float64", add=r_hat)
+
+
+def _decode_reference(cache: StoredSide, spec: SideSpec, r_hat: np.ndarray | None, kernel: str) -> np.ndarray:
+    """The scalar reconstruction plus the sketch term, times the norms (not for ``minmax``),
+    through the inverse WHT when rotated: the rows before a Haar or KLT inverse and the mean."""
+    work, b, extras = cache.work_dim, cache.scalar_bits, cache.extras
+    if spec.scalar == "minmax":
         codes = unpack_codes(cache.codes, b, work)
         unit = minmax_dequantize(codes, extras["group_scale"], extras["group_zero"], spec.axis, spec.group)
     elif b == 0:
         unit = np.zeros((cache.rows, work))
     elif spec.allocation == "waterfill":
-        widths = _waterfill_allocation(extras["coord_std"], b)
+        widths = waterfill_allocation(extras["coord_std"], b)
         unit = _waterfill_decode(cache.codes, widths, extras["coord_std"].astype(np.float64), kernel)
     else:
         unit = lloyd_max_codebook(work, b).centroids[unpack_codes(cache.codes, b, work)]
-    if r_hat is not None and not fused:
+    if r_hat is not None:
         unit = unit + r_hat
-    if spec.scalar != "minmax" and not fused:
+    if spec.scalar != "minmax":
         unit = unit * cache.norms.astype(np.float64)[:, None]
-    if spec.transform == "wht" and not fused:
+    if spec.transform == "wht":
         unit = RandomizedHadamard(cache.dim, cache.rotation_seed).inverse(unit)
-    elif spec.transform == "haar":
-        unit = HaarRotation(cache.dim, cache.rotation_seed).inverse(unit)
-    elif spec.transform == "klt":
-        unit = unit @ orthonormalize(extras["basis"]).T
-    if spec.center:
-        unit = add_mean(unit, extras["mean"])
-    return unit.astype(dtype)
+    return unit

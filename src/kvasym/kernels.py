@@ -1,10 +1,11 @@
 """Compiled (numba) kernels for the scalar quantizer's hot path, beside the numpy reference.
 
-The numpy path of :func:`kvasym.cache.quantize` and :meth:`kvasym.cache.PackedCache.dequantize`
-is the reference: a chain of whole-array passes (scale, pad, signs, a Walsh-Hadamard transform as
-factored matmuls, threshold encoding, bit packing), each of which reads and writes the whole
-batch. The kernels here do the same arithmetic row by row in one pass, so that a row stays in
-cache from its norm to its packed bytes:
+The numpy backend of :func:`kvasym.cache.quantize` (:class:`kvasym.backends.ReferenceBackend`)
+and the numpy path of :meth:`kvasym.cache.PackedCache.dequantize` are the reference: a chain of
+whole-array passes (scale, pad, signs, a Walsh-Hadamard transform as factored matmuls, threshold
+encoding, bit packing), each of which reads and writes the whole batch. The kernels here do the
+same arithmetic row by row in one pass, so that a row stays in cache from its norm to its packed
+bytes:
 
 ``encode_rows`` (per row ``i`` of ``x``, ``D`` the working dimension)
     ``u = x_i * inv_i`` (in the dtype of ``x``, ``inv_i = 1 / stored norm``), zero-padded to

@@ -15,7 +15,7 @@ the *stored* ``z_s, s_s`` (so the nearest stored level is chosen) and reconstruc
 ``x_hat = z_s + q s_s``. A group whose stored scale is 0 (all entries equal, or a range below
 float16's resolution) is coded 0 and reconstructed as ``z_s``. A block whose values all sit
 below float16's normal range (6.1e-5), where its resolution is absolute, is refused: its groups'
-levels would move by the size of the values (:func:`kvasym.cache.check_stored_precision`).
+levels would move by the size of the values (:func:`kvasym.rows.check_stored_precision`).
 
 References
 ----------
@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import KvasymError
+from .rows import check_stored_precision
 
 __all__ = ["MINMAX_AXES", "SCALE_DTYPE", "group_shape", "minmax_quantize", "minmax_dequantize"]
 
@@ -109,7 +110,7 @@ def minmax_quantize(x: np.ndarray, bits: int, axis: str, group: int) -> tuple[np
     KvasymError
         If ``bits`` or ``group`` is out of range, a group's minimum or scale is beyond
         float16's range, or the stored parameters move a group's levels by more than
-        :data:`kvasym.cache.SIDE_PRECISION` of the block's largest ``|x|`` (a block whose values
+        :data:`kvasym.rows.SIDE_PRECISION` of the block's largest ``|x|`` (a block whose values
         sit in float16's subnormal range, below 6.1e-5).
     """
     if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
@@ -133,8 +134,6 @@ def minmax_quantize(x: np.ndarray, bits: int, axis: str, group: int) -> tuple[np
     # |z_s - min| + levels |s_s - s|: in float16's subnormal range (below 6.1e-5) that is of the
     # size of the values themselves (a cache near 1e-7 came back with relative errors of 1 to
     # 1.8, issue 33, point 3); such a cache is refused, a small group in a larger cache is not
-    from .cache import check_stored_precision
-
     moved = np.abs(z - lo) + levels * np.abs(s - exact_scale)
     check_stored_precision(moved, float(np.max(np.abs(g), initial=0.0)), "minmax group zero points and scales",
                            SCALE_DTYPE)

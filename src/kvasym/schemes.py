@@ -46,6 +46,7 @@ __all__ = [
     "SIDES",
     "PRIMITIVE_KEYS",
     "SideSpec",
+    "spec_of",
     "Scheme",
     "scheme_from_dict",
     "BUILTIN_SCHEMES",
@@ -255,6 +256,35 @@ class SideSpec:
         if self.spend_offset:
             out[SPEND_KEY] = f"n-{self.spend_offset}"
         return out
+
+
+def spec_of(rotate: bool, budget: int, scalar_bits: int, qjl: bool, sketch: str, primitives: Mapping) -> SideSpec:
+    """The side spec a cache's header describes (raises KvasymError for an impossible record).
+
+    Parameters
+    ----------
+    rotate : bool
+        Header ``rotate``.
+    budget, scalar_bits : int
+        Header ``budget`` and ``scalar_bits``.
+    qjl : bool
+        Header ``qjl``.
+    sketch : str
+        Header ``sketch``.
+    primitives : mapping
+        Header ``primitives`` (see :meth:`~kvasym.schemes.SideSpec.primitives`).
+
+    Returns
+    -------
+    SideSpec
+    """
+    unknown = set(primitives) - set(PRIMITIVE_KEYS)
+    if unknown:
+        raise KvasymError(f"unknown primitive(s) {sorted(unknown)}")
+    spec = SideSpec(rotate=rotate, scalar_offset=budget - scalar_bits, qjl=qjl, sketch=sketch, **dict(primitives))
+    if spec.primitives() != dict(primitives):
+        raise KvasymError(f"primitives {dict(primitives)} are not in canonical form ({spec.primitives()})")
+    return spec
 
 
 def _check_side(spec: SideSpec, where: str) -> None:
