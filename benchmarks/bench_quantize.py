@@ -77,6 +77,14 @@ RKV.K; TurboQuant(unbiased=True), (n-1) bits + QJL of the unrotated residual, ag
 its ``compute_inner_product`` is used as the estimator). Each runs on CPU tensors made from the
 same float32 batch without a copy. A port that is missing or fails prints one line and is skipped.
 
+Issue 29 point 5: after the targets, ns per coordinate of the numba round trip at d = 128, n = 4,
+1 thread, for RKV.K (target 2.5) and the hadamard-sketch QJL side QKQV-H.K (target 4.0), split
+into encode (quantize) and decode (dequantize to float32), each as the wall median and the median
+of the calling thread's CPU time (the steadier figure on a shared machine); MET / NOT MET is
+judged on the wall median. ``--ns-only`` prints that section alone (``--json``: as one line), and
+``--before OLD/src`` runs it for OLD/src and this checkout's src side by side, in alternating
+fresh processes (``--rounds``, default 5), and prints the medians over the rounds.
+
 Run ``python benchmarks/bench_quantize.py`` (a few minutes on 2 cores: 5.6 min at load average 2.5-6.7) or
 ``--quick`` (about 12 s).
 """
@@ -145,6 +153,12 @@ ROTATION_SEED = 1
 QJL_SEED = 2
 REFERENCE_SEED = 12345
 DATA_SEED = 0
+
+#: Issue 29, point 5 ("the kernel toward the hardware"): ns per coordinate of a numba round
+#: trip (quantize + dequantize to float32, 1 thread) at d = 128, n = 4, per side.
+NS_DIM = 128
+NS_BUDGET = 4
+NS_TARGETS = {"RKV.K": 2.5, "QKQV-H.K": 4.0}
 
 #: Targets from the issue.
 COPY_RATIO_TARGET = 8.0  # non-QJL paths: ours <= 8x a plain copy
@@ -610,6 +624,87 @@ def correctness(x: np.ndarray, budget: int) -> list[tuple[str, bool]]:
     return lines
 
 
+def ns_per_coordinate(coords: int, repeats: int) -> dict[str, dict[str, float]]:
+    """Issue 29 point 5: ns per coordinate of the numba encode (``quantize``) and decode
+    (``dequantize("float32")``) of each side of :data:`NS_TARGETS` at d = :data:`NS_DIM`, n =
+    :data:`NS_BUDGET`, 1 thread, on a float32 Gaussian batch of ``coords`` coordinates.
+
+    Per side and step: ``wall`` is the median of ``repeats`` ``perf_counter`` times (after one
+    warm-up), ``cpu`` the median of the same runs' ``thread_time`` (the kernel runs on the calling
+    thread, so this leaves out the time other processes hold the core: on a shared machine it
+    is the steadier of the two).
+    """
+    rows = max(coords // NS_DIM, 1)
+    x = np.random.default_rng(DATA_SEED).standard_normal((rows, NS_DIM)).astype(np.float32)
+    specs = {"RKV.K": get_scheme("RKV").K, "QKQV-H.K": HADAMARD_SCHEME.K}
+    out: dict[str, dict[str, float]] = {}
+    for name in NS_TARGETS:
+        spec = specs[name]
+
+        def encode(spec=spec):
+            return quantize(x, spec, NS_BUDGET, rotation_seed=ROTATION_SEED, qjl_seed=QJL_SEED, kernel="numba")
+
+        cache = encode()
+        cache.dequantize("float32", kernel="numba")
+        times: dict[str, list[float]] = {"enc wall": [], "enc cpu": [], "dec wall": [], "dec cpu": []}
+        for _ in range(repeats):
+            for step, fn in (("enc", encode), ("dec", lambda: cache.dequantize("float32", kernel="numba"))):
+                wall, cpu = time.perf_counter(), time.thread_time()
+                fn()
+                times[f"{step} cpu"].append(time.thread_time() - cpu)
+                times[f"{step} wall"].append(time.perf_counter() - wall)
+        out[name] = {k: 1e9 * float(np.median(v)) / x.size for k, v in times.items()}
+        for kind in ("wall", "cpu"):
+            out[name][f"rt {kind}"] = out[name][f"enc {kind}"] + out[name][f"dec {kind}"]
+    return out
+
+
+def print_ns_per_coordinate(ns: dict[str, dict[str, float]]) -> None:
+    """The table of :func:`ns_per_coordinate` and the issue's targets, MET or NOT MET on the wall
+    median of the round trip."""
+    print(f"ns per coordinate, kernel='numba', 1 thread, d = {NS_DIM}, n = {NS_BUDGET} (issue 29 point 5; median "
+          f"of the runs; wall = perf_counter, cpu = thread_time; load average {load_average()})")
+    headers = ["side", "enc wall", "dec wall", "round trip wall", "enc cpu", "dec cpu", "round trip cpu", "target"]
+    print(fmt_table(headers, [[name, *(f"{v[k]:.2f}" for k in ("enc wall", "dec wall", "rt wall", "enc cpu",
+                                                                  "dec cpu", "rt cpu")), f"<= {NS_TARGETS[name]:.1f}"]
+                              for name, v in ns.items()]))
+    for name, v in ns.items():
+        met = v["rt wall"] <= NS_TARGETS[name]
+        print(f"  [{'MET' if met else 'NOT MET'}] {name} round trip at most {NS_TARGETS[name]:.1f} ns per coordinate "
+              f"at d = {NS_DIM}, n = {NS_BUDGET}, 1 thread: {v['rt wall']:.2f} ns wall (encode {v['enc wall']:.2f} + "
+              f"decode {v['dec wall']:.2f}; cpu {v['rt cpu']:.2f})")
+
+
+def compare_trees(before: str, coords: int, repeats: int, rounds: int) -> None:
+    """ns per coordinate of two source trees side by side: ``rounds`` rounds, each running this
+    script's ``--ns-only --json`` once under ``before`` and once under this checkout's ``src``
+    (``PYTHONPATH``), in fresh interpreters, alternating which goes first; medians over rounds."""
+    import json
+    import subprocess
+
+    trees = {"before": str(Path(before).resolve()), "after": str(Path(__file__).resolve().parents[1] / "src")}
+    runs: dict[str, list[dict]] = {k: [] for k in trees}
+    for r in range(rounds):
+        for tree in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
+            env = dict(os.environ, PYTHONPATH=trees[tree])
+            for var in THREAD_VARS:
+                env[var] = "1"
+            done = subprocess.run([sys.executable, __file__, "--ns-only", "--json", "--coords", str(coords),
+                                   "--repeats", str(repeats)], env=env, capture_output=True, text=True, check=True)
+            runs[tree].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    print(f"Side by side: {rounds} alternating rounds of fresh processes, each the median of {repeats} runs; "
+          "the medians over the rounds, ns per coordinate")
+    print(f"  before = {trees['before']}\n  after  = {trees['after']}")
+    headers = ["side", "measure", "before", "after", "after/before"]
+    table = []
+    for name in NS_TARGETS:
+        for key in ("enc wall", "dec wall", "rt wall", "enc cpu", "dec cpu", "rt cpu"):
+            a, b = (float(np.median([run[name][key] for run in runs[t]])) for t in ("before", "after"))
+            table.append([name, key.replace("rt", "round trip"), f"{a:.2f}", f"{b:.2f}", f"{b / a:.2f}x"])
+    print(fmt_table(headers, table))
+    print(f"load average at end: {load_average()}")
+
+
 def fmt_table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
@@ -631,10 +726,29 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=None,
         help="BLAS threads (sets OPENBLAS/OMP/MKL_NUM_THREADS); default: environment"
     )
+    parser.add_argument("--ns-only", action="store_true",
+                        help="only the ns-per-coordinate section of issue 29 point 5 (d = 128, n = 4, 1 thread)")
+    parser.add_argument("--json", action="store_true", help="with --ns-only: print its numbers as one JSON line")
+    parser.add_argument("--before", metavar="SRC", default=None,
+                        help="a source tree (OLD/src) to compare with this checkout's, side by side in "
+                             "alternating processes (the ns-per-coordinate section only)")
+    parser.add_argument("--rounds", type=int, default=5, help="with --before: alternating rounds (default 5)")
     args = parser.parse_args(argv)
     coords = args.coords if args.coords is not None else (500_000 if args.quick else 8_000_000)
     repeats = args.repeats if args.repeats is not None else (2 if args.quick else 5)
     budget = args.budget
+    if args.before is not None:
+        compare_trees(args.before, coords, repeats, args.rounds)
+        return 0
+    if args.ns_only:
+        ns = ns_per_coordinate(coords, repeats)
+        if args.json:
+            import json
+
+            print(json.dumps(ns))
+        else:
+            print_ns_per_coordinate(ns)
+        return 0
     wall = time.perf_counter()
     global KERNEL_LOAD_S
     start = time.perf_counter()
@@ -862,6 +976,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  [{'MET' if met else 'NOT MET'}] QJL sides with the hadamard sketch at most "
                   f"{HADAMARD_COPY_TARGET:.0f}x a copy at d = {dim}: "
                   + ", ".join(f"{r.scheme}.{r.side} {r.numba_copy_ratio:.1f}x" for r in group))
+    print()
+    print_ns_per_coordinate(ns_per_coordinate(coords, repeats))
     print()
     print(f"load average at end: {load_average()}; total benchmark wall time {time.perf_counter() - wall:.1f} s")
     return 0

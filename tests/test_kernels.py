@@ -418,3 +418,34 @@ def test_threshold_codes_count_the_thresholds_at_or_below_each_value(dtype, n_th
     expected = np.searchsorted(thresholds, u[:, :width], side="right")
     assert np.array_equal(codes[:, :width], expected)
     assert (codes[:, width:] == 255).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(bits=st.integers(1, 8), groups=st.integers(1, 5), width=st.integers(1, 32), seed=st.integers(0, 2**32 - 1))
+def test_word_packing_is_pack_codes_and_its_inverse(bits: int, groups: int, width: int, seed: int) -> None:
+    """pack_words / unpack_words (the path of a working dimension divisible by 32) against
+    kvasym.packing: the same bytes as pack_codes for every width 1..8 (3, 5, 6 and 7 bits have
+    codes straddling two words), each code's centroid back, and a partial block leaves the other
+    rows of the packed array and the other lanes of the buffer untouched."""
+    from kvasym._kernels_numba import BLOCK, pack_words, unpack_words
+
+    rng = np.random.default_rng(seed)
+    work = 32 * groups
+    rows = BLOCK + 3
+    codes = rng.integers(0, 1 << bits, (rows, work)).astype(np.uint8)
+    start = 2
+    buffer = np.ascontiguousarray(codes[start:start + BLOCK].T)  # (work, BLOCK), as encode_rows holds it
+    out = np.full((rows, work * bits // 8), 0xA5, dtype=np.uint8)
+    pack_words(buffer, out.view(np.uint32), start, width, work, bits, np.zeros(BLOCK, dtype=np.uint32))
+    want = pack_codes(codes, bits)
+    assert np.array_equal(out[start:start + width], want[start:start + width])
+    assert (out[:start] == 0xA5).all() and (out[start + width:] == 0xA5).all()
+    centroids = rng.standard_normal(1 << bits).astype(np.float32)
+    shifted = np.zeros(want.size + 1, dtype=np.uint8)[1:].reshape(want.shape)  # words at odd addresses
+    shifted[...] = want
+    for packed in (want, shifted):
+        u = np.full((work, BLOCK), -7.0, dtype=np.float32)
+        unpack_words(packed.view(np.uint32), start, width, work, bits, centroids, u,
+                     np.full((8, BLOCK), 0xFFFFFFFF, dtype=np.uint32))
+        assert np.array_equal(u[:, :width], centroids[codes[start:start + width]].T)
+        assert (u[:, width:] == -7.0).all()
