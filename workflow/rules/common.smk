@@ -33,6 +33,7 @@ from kvasym.render.figures.registry import (
     FIGURE_INPUTS,
     FORMATS,
     dag_families,
+    facet_cells,
     family_cells,
     figures_slice,
 )
@@ -570,15 +571,31 @@ def figure_flags(inputs):
     """The `kvasym stage figure` input flags for a family's named input files (quoted), and the
     slice digest of each metrics file's cell (--cell-digests: the stage checks provenance).
     """
-    flags = [input_flags(inputs)]
+    cells = [cell for key in ("per_query", "per_key") for cell in inputs.get(key, [])]
+    return " ".join([input_flags(inputs), *cell_digests_flag(cells)])
+
+
+def cell_digests_flag(cells):
+    """`--cell-digests` (quoted JSON: each metrics file -> the slice digest of its cell), or no flag."""
     digests = {
-        cell: slice_digest(cell_table_slice(**cell_of_path(cell)))
-        for key in ("per_query", "per_key")
-        for cell in inputs.get(key, [])
+        cell: slice_digest(cell_table_slice(**cell_of_path(cell))) for cell in cells
     }
-    if digests:
-        flags.append(f"--cell-digests {shlex.quote(canonical_json(digests))}")
-    return " ".join(flags)
+    return [f"--cell-digests {shlex.quote(canonical_json(digests))}"] if digests else []
+
+
+def display_inputs():
+    """The metrics files stage gather summarises into the figures' display tables
+    (kvasym.display): the facet cells' per-query files (every scheme and budget) and per-key
+    files (every scheme, the headline budget), kvasym.render.figures.registry.facet_cells."""
+    return {
+        f"display_{table}": [
+            path(table, distribution=c["distribution"], dim=c["dim"], scheme=s, budget=b)
+            for c in facet_cells(FIGURES_SLICE, table)
+            for s in STUDY.schemes
+            for b in (STUDY.budgets if c["budget"] is None else [c["budget"]])
+        ]
+        for table in ("per_query", "per_key")
+    }
 
 
 TABLES = [
@@ -671,6 +688,15 @@ def gather_flags(wildcards, input, output):
     flags.append(
         f"--query-model-slice {shlex.quote(canonical_json(STUDY.query_model_slice()))}"
     )
+    # the figures' display tables, from the facet cells' metrics rows (kvasym.display)
+    display = display_inputs()
+    flags.append(input_flags(display))
+    flags += cell_digests_flag([cell for files in display.values() for cell in files])
+    keys = ("headline", "facet_distributions", "jensen_bins")  # gather.DISPLAY_SLICE_KEYS
+    slice_ = canonical_json({k: FIGURES_SLICE[k] for k in keys})
+    flags.append(f"--display-slice {shlex.quote(slice_)}")
+    for name in ("phi_summary", "phi_density", "jensen_bins"):
+        flags.append(f"--out-{name.replace('_', '-')} {shlex.quote(output[name])}")
     return " ".join(flags)
 
 

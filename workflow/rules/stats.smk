@@ -56,10 +56,13 @@ rule gather:
         summary=stats_tables("summary"),
         trials=stats_tables("trials"),
         theory=theory_tables(),
+        # the facet cells' metrics, summarised into the figures' display tables
+        **{key: as_inputs(files) for key, files in display_inputs().items()},
     output:
         **{
             name: pattern(name)
             for name in ("comparisons", "summary", "trials", "theory", "query_model")
+            + ("phi_summary", "phi_density", "jensen_bins")
         },
     log:
         log_path("gather"),
