@@ -327,8 +327,13 @@ def theory_context(theory: pd.DataFrame, comparisons: pd.DataFrame | None = None
         })
     if not groups:
         raise KvasymError("the theory table is empty")
+    from ..theory import THEORY_CHECK_WORDS
+
     return {"groups": groups, "kl_pair": list(pair) if pair else None,
-            "sharpness": float(headline["sharpness"]) if headline and "sharpness" in headline else math.nan}
+            "sharpness": float(headline["sharpness"]) if headline and "sharpness" in headline else math.nan,
+            # the intervals' methods in the caption: the checks' own words (kvasym.theory)
+            "ratio_interval": THEORY_CHECK_WORDS["qjl_vs_residual"][1],
+            "ks_interval": THEORY_CHECK_WORDS["ks_beta"][1]}
 
 
 def _finite_or_nan(value: Any) -> float:
