@@ -142,7 +142,7 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
     for key in ("summary", "theory", "phi_summary", "phi_density", "jensen_bins"):
         if inputs.get(key) is None and any(key in FAMILY_INPUTS[f] for f in families):
             raise KvasymError(f"the figures {', '.join(f for f in families if key in FAMILY_INPUTS[f])} "
-                              f"need inputs['{key}'] (--{key})")
+                              f"need inputs['{key}'] (--{key.replace('_', '-')})")
     loaded = load_inputs(slice_, inputs, {key for family in families for key in FAMILY_INPUTS[family]})
     # every file says what made it: version, commit, the slice (with its base seed)
     made_by = provenance(slice_)
