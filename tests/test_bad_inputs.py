@@ -1249,7 +1249,7 @@ def test_damaged_input_of_the_figure_stage_is_one_line_and_moved_aside(mini: Min
     proc = subprocess.run(
         [sys.executable, "-m", "kvasym.cli", "stage", "figure", "--family", "kl_ecdf",
          "--slice", canonical_json(figures_slice(run.study)), "--per-query", *map(str, files),
-         "--out-dir", str(tmp_path / "figures")],
+         "--summary", str(run.paths["summary"]), "--out-dir", str(tmp_path / "figures")],
         capture_output=True, text=True, env=run_env(),
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
@@ -1270,15 +1270,16 @@ def test_figure_stage_refuses_a_cell_file_copied_over_another(mini: MiniRun, tmp
     shutil.copyfile(files[0], files[1])
     # the copy itself is named (the cell its path files it under), not only the clash of two files
     with pytest.raises(DamagedFile, match=rf"{files[1].name}: holds budget = 2 but is filed under budget = 4"):
-        run_figures(figures_slice(run.study), {"per_query": files}, tmp_path / "figures", ["kl_ecdf"])
+        run_figures(figures_slice(run.study), {"per_query": files, "summary": run.paths["summary"]},
+                    tmp_path / "figures", ["kl_ecdf"])
     # and with the DAG's digests, a table of the right cell made under another config is refused
     from kvasym.cells import cell_of_path, slice_digest
 
     other = load_study({**MINI, "base_seed": MINI["base_seed"] + 1})
     digests = {str(p): slice_digest(other.metrics_slice(**cell_of_path(p))) for p in files[:1]}
     with pytest.raises(DamagedFile, match="was made under another configuration"):
-        run_figures(figures_slice(run.study), {"per_query": files[:1], "cell_digests": digests}, tmp_path / "f2",
-                    ["kl_ecdf"])
+        run_figures(figures_slice(run.study), {"per_query": files[:1], "cell_digests": digests,
+                                               "summary": run.paths["summary"]}, tmp_path / "f2", ["kl_ecdf"])
 
 
 def test_a_damaged_user_file_is_never_moved(tmp_path) -> None:

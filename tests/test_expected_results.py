@@ -239,7 +239,9 @@ def test_cli_write_check_and_exit_codes(tmp_path, capsys):
     (tmp_path / "results" / "claims" / "claims.json").write_text("[")
     assert ex.main(["--results", results, "--write", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 4 and all(line.startswith("kvasym: error: ") for line in err)
+    # the tool's own prefix (it is not the kvasym CLI), each line naming the file
+    assert len(err) == 4 and all(line.startswith("tools.expected: error: ") for line in err), err
+    assert "nowhere" in err[0] and "missing.json" in err[1] and "bad.json" in err[2] and "claims.json" in err[3], err
 
 
 def test_committed_expected_file_is_a_current_snapshot():
@@ -252,3 +254,18 @@ def test_committed_expected_file_is_a_current_snapshot():
     # its note names the command that regenerates it, as write() would write it today
     assert snap["_about"] == ex._ABOUT and ex.REGENERATE in snap["_about"]
     assert all(c["verdict"] for c in snap["claims"].values())
+
+
+def test_report_check_errors_carry_its_own_prefix(monkeypatch, capsys):
+    """tools.report_check is not the kvasym CLI: its one-line errors say which tool failed, name
+    the report, and exit 2."""
+    from kvasym.errors import KvasymError
+    from tools import report_check
+
+    def fails(report, categories=None, *, screenshots=None):
+        raise KvasymError(f"report {report}: 'Figures' not found after (home)")
+
+    monkeypatch.setattr(report_check, "check_report", fails)
+    assert report_check.main(["some/report.html"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tools.report_check: error: report some/report.html: 'Figures' not found after (home)"]

@@ -21,14 +21,16 @@ from matplotlib.figure import Figure
 
 from kvasym.render.figures import _style as style
 from kvasym.render.figures import files as figfiles
+from kvasym.display import density_levels, jensen_bins_table, shannon_phi_summary
 from kvasym.render.figures.budget_crossover import budget_crossover
-from kvasym.render.figures.jensen_bias import jensen_bias
-from kvasym.render.figures.kl_ecdf import KL_FLOOR, kl_ecdf
+from kvasym.render.figures.jensen_bias import jensen_bias as draw_jensen_bias
+from kvasym.render.figures.kl_ecdf import KL_FLOOR
+from kvasym.render.figures.kl_ecdf import kl_ecdf as draw_kl_ecdf
 from kvasym.render.figures.marginals import marginals
 from kvasym.render.figures.query_model import query_model_sweep
 from kvasym.render.figures.rank_sweep import rank_sweep
 from kvasym.render.figures.real_heatmap import real_kl_heatmap, real_rows_heatmap
-from kvasym.render.figures.shannon_phi import density_levels, shannon_phi_plane
+from kvasym.render.figures.shannon_phi import shannon_phi_plane as draw_shannon_phi_plane
 from kvasym.render.figures.sharpness_sweep import sharpness_sweep
 from kvasym.render.figures.tail_sweep import tail_sweep
 from kvasym.render.figures.theory_check import theory_check
@@ -139,6 +141,28 @@ def make_samples(names=("gaussian", "t1.05", "lowrank4"), dim=64, n=300, seed=2)
         x /= np.linalg.norm(x, axis=1, keepdims=True)
         out[name] = (x[:, 0], dim)
     return out
+
+
+# The figures draw the display numbers stage gather writes (kvasym.display; issue 30: rendering
+# never recomputes): these wrappers compute them from the test's rows as the stage does, then draw.
+
+
+def shannon_phi_plane(per_query, site, *, density_points=None, **kw):
+    has = not per_query.empty and "k_phi" in per_query.columns
+    summary, density = (shannon_phi_summary(per_query, **({} if density_points is None else
+                                                           {"density_points": density_points}))
+                        if has else (pd.DataFrame(), pd.DataFrame()))
+    return draw_shannon_phi_plane(per_query, site, summary=summary, density=density, **kw)
+
+
+def kl_ecdf(per_query, **kw):
+    summary = make_summary(per_query) if not per_query.empty and "kl" in per_query.columns else pd.DataFrame()
+    return draw_kl_ecdf(per_query, summary=summary, **kw)
+
+
+def jensen_bias(per_key, *, n_bins=20, **kw):
+    has = "logit_err_var" in per_key.columns
+    return draw_jensen_bias(jensen_bins_table(per_key, n_bins) if has else pd.DataFrame(), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -489,10 +513,19 @@ def test_run_figures_writes_every_file(tmp_path, monkeypatch, real_rows):
     assert [p.name for p in written] == ["budget_crossover.pdf", "budget_crossover.png",
                                          "budget_crossover.caption.tex"]
     assert [name for name, _, _ in drawn] == ["budget_crossover"]
+    # the display tables as stage gather writes them from the facet cells' metrics (kvasym.display)
+    from kvasym.stages.gather import write_display
+
+    outs = {f"out_{name}": tmp_path / f"{name}.parquet" for name in ("phi_summary", "phi_density", "jensen_bins")}
+    write_display(paths["per_query"], paths["per_key"], sl, outs)
+    paths.update({name: outs[f"out_{name}"] for name in ("phi_summary", "phi_density", "jensen_bins")})
+    del paths["per_key"]  # no figure reads the per-key rows: the Jensen figure draws its binned means
     with pytest.raises(KvasymError, match="jensen_bias need inputs\\['theory'\\]"):
-        run_figures(sl, {"per_key": paths["per_key"]}, tmp_path / "one", ["jensen_bias"])
-    with pytest.raises(KvasymError, match="per_key metrics"):
+        run_figures(sl, {"jensen_bins": paths["jensen_bins"]}, tmp_path / "one", ["jensen_bias"])
+    with pytest.raises(KvasymError, match="jensen_bias need inputs\\['jensen_bins'\\]"):
         run_figures(sl, {"theory": paths["theory"]}, tmp_path / "one", ["jensen_bias"])
+    with pytest.raises(KvasymError, match="shannon_phi need inputs\\['phi_summary'\\]"):
+        run_figures(sl, {"per_query": paths["per_query"]}, tmp_path / "one", ["shannon_phi"])
     with pytest.raises(KvasymError, match="unknown figure family 'jensen'"):
         run_figures(sl, paths, tmp_path / "one", ["jensen"])
     drawn.clear()
@@ -515,7 +548,7 @@ def fs_frontier_names() -> tuple[str, ...]:
 
 def test_families_partition_the_figures_and_name_their_cells():
     from kvasym.render.figures.registry import FAMILIES, FAMILY_INPUTS, FIGURES, family_cells, figure_files
-    from kvasym.render.figures.registry import figures_slice
+    from kvasym.render.figures.registry import facet_cells, figures_slice
     from kvasym.study import load_study_file
 
     names = [n for family in FAMILIES.values() for n in family]
@@ -526,9 +559,12 @@ def test_families_partition_the_figures_and_name_their_cells():
     paper = load_study_file(ROOT / "config/config.yaml")
     sl = figures_slice(paper)
     facets = ["gaussian", "t1.05", "lowrank2", "outliers4"]
-    # per-query figures facet by budget (None: every budget); Jensen shows the headline budget
+    # per-query figures facet by budget (None: every budget); the Jensen figure reads its binned
+    # means (stage gather's, of the per-key rows of the facets at the headline budget)
     assert family_cells(sl, "shannon_phi") == [{"distribution": f, "dim": 128, "budget": None} for f in facets]
-    assert family_cells(sl, "jensen_bias") == [{"distribution": f, "dim": 128, "budget": 4} for f in facets]
+    assert family_cells(sl, "jensen_bias") == []
+    assert facet_cells(sl, "per_key") == [{"distribution": f, "dim": 128, "budget": 4} for f in facets]
+    assert facet_cells(sl, "per_query") == family_cells(sl, "shannon_phi")
     assert family_cells(sl, "marginals") == [{"distribution": f, "dim": 128, "budget": None} for f in facets]
     assert family_cells(sl, "budget_crossover") == []  # reads the gathered summary only
 

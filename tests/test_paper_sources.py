@@ -792,3 +792,22 @@ def test_theory_table_sets_the_kl_ratio_beside_its_second_order_prediction():
                                  ["table_theory"])["table_theory"]
     assert "\\textsf{" not in without and all(line.endswith("& -- & -- \\\\")
                                              for line in without.splitlines() if line.startswith("4 &"))
+
+
+def test_theory_checks_are_worded_in_one_place():
+    """The words of each theory check and its interval's method are kvasym.theory's
+    THEORY_CHECK_WORDS, read by the ledger's test-and-unit text and by the theory table's
+    caption: a check's ledger text is its record's, every check has one (the KS distance under
+    Haar rotation has a bootstrap interval, as the other KS distance), and the caption names the
+    ratios' and the KS distances' methods from it."""
+    from kvasym.render.ledger import test_and_unit
+    from kvasym.theory import THEORY_CHECK_WORDS, THEORY_CHECKS
+
+    assert set(THEORY_CHECK_WORDS) == set(THEORY_CHECKS)
+    for check, (words, interval) in THEORY_CHECK_WORDS.items():
+        assert interval == ("Fieller" if "_vs_" in check else "bootstrap"), check
+        text = str(test_and_unit({"statistic": "theory", "where": {"check": check}}))
+        assert text == f"{words}; {interval} CI over trials", (check, text)
+    text = tables.table_texts(synthetic_frames(), HEADLINE, ["table_theory"])["table_theory"]
+    assert f"measured ratio with its {THEORY_CHECK_WORDS['qjl_vs_nbit'][1]} interval over trials" in text
+    assert f"with its cluster-{THEORY_CHECK_WORDS['ks_beta'][1]} interval (clusters: trials;" in text

@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 from kvasym.cli import main
+from kvasym.display import median_iqr
 from kvasym.render import format as fmt
 from kvasym.stages.real_cachestats import run_real_cachestats
 from kvasym.render import numbers, tables
@@ -294,11 +295,11 @@ def test_median_iqr_against_numpy():
     rng = np.random.default_rng(5)
     for n in (1, 2, 7, 100):
         x = rng.standard_t(2, size=n)
-        median, iqr = tables.median_iqr(x)
+        median, iqr = median_iqr(x)
         assert median == pytest.approx(np.median(x), rel=1e-14, abs=1e-15)
         assert iqr == pytest.approx(np.percentile(x, 75) - np.percentile(x, 25), rel=1e-14, abs=1e-15)
-    assert tables.median_iqr([1.0, np.nan, 3.0, np.inf]) == (2.0, 1.0)  # non-finite values left out
-    assert all(math.isnan(v) for v in tables.median_iqr([np.nan]))
+    assert median_iqr([1.0, np.nan, 3.0, np.inf]) == (2.0, 1.0)  # non-finite values left out
+    assert all(math.isnan(v) for v in median_iqr([np.nan]))
     assert fmt.mediqr(113.71, 0.1181) == "$114$ {\\scriptsize($0.118$)}"
     assert fmt.mediqr(0.5, math.nan) == "$0.500$" and fmt.mediqr(math.nan, 1.0) == "--"
 

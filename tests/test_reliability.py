@@ -41,9 +41,16 @@ def test_per_key_trials_zero_writes_an_empty_per_key_table(tmp_path):
     checks = set(pd.read_parquet(theory)["check"])
     assert checks == {"qjl_vs_residual", "qjl_vs_nbit", "hadamard_vs_residual", "hadamard_vs_nbit",
                       "ks_beta", "haar_vs_residual", "haar_vs_nbit", "ks_beta_haar"}  # no slope without per-key rows
-    written = run_figures(figures_slice(study), {"per_key": [per_key], "theory": theory}, tmp_path / "f",
-                          ["jensen_bias"])
+    # stage gather's Jensen bins of no per-key rows: an empty table, which the figure says it cannot draw
+    from kvasym.stages.gather import write_display
+
+    sl = figures_slice(study)
+    bins = tmp_path / "jensen_bins.parquet"
+    write_display([], [per_key], sl, {"out_jensen_bins": bins})
+    assert len(pd.read_parquet(bins)) == 0
+    written = run_figures(sl, {"jensen_bins": bins, "theory": theory}, tmp_path / "f", ["jensen_bias"])
     assert sorted(p.name for p in written) == ["jensen_bias.caption.tex", "jensen_bias.pdf", "jensen_bias.png"]
+    assert "nothing to show" in (tmp_path / "f" / "jensen_bias.caption.tex").read_text()
 
 
 @pytest.mark.parametrize("command", ["quantize", "dequantize"])

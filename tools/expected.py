@@ -48,11 +48,13 @@ from kvasym.atomic import atomic_target
 from kvasym.dataset import SCHEMAS, read_parquet_checked, read_table
 from kvasym.errors import KvasymError
 
-__all__ = ["ATOL", "FORMAT", "GATHERED_TABLES", "METRICS_TABLES", "REGENERATE", "RTOL", "compare", "dumps", "load",
-           "main", "snapshot", "table_digest", "write"]
+__all__ = ["ATOL", "ERROR_PREFIX", "FORMAT", "GATHERED_TABLES", "METRICS_TABLES", "REGENERATE", "RTOL", "compare",
+           "dumps", "load", "main", "snapshot", "table_digest", "write"]
 
 #: Version of the snapshot layout (a different one is a difference, not a crash).
 FORMAT = 1
+#: What an error message starts with: this tool's name, not the kvasym CLI's ("kvasym: error:").
+ERROR_PREFIX = "tools.expected: error:"
 #: Relative tolerance of float comparisons (see the module docstring for why it is this small).
 RTOL = 1e-9
 #: Absolute tolerance of float comparisons: only for values that should be zero.
@@ -387,13 +389,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         expected = load(args.check) if args.check else None
         actual = snapshot(args.results)
     except KvasymError as exc:
-        print(f"kvasym: error: {exc}", file=sys.stderr)
+        print(f"{ERROR_PREFIX} {exc}", file=sys.stderr)
         return 2
     if args.write:
         try:
             write(actual, args.write)
         except OSError as exc:
-            print(f"kvasym: error: {exc.filename or args.write}: {exc.strerror or exc}", file=sys.stderr)
+            print(f"{ERROR_PREFIX} {exc.filename or args.write}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         print(f"wrote {args.write}: {len(actual['claims'])} claims, {len(actual['tables'])} tables")
         return 0

@@ -28,6 +28,8 @@ from typing import Any
 
 from kvasym.errors import KvasymError
 
+#: What an error message starts with: this tool's name, not the kvasym CLI's ("kvasym: error:").
+ERROR_PREFIX = "tools.report_check: error:"
 #: Browser candidates, in order (Debian ships ``chromium``).
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 #: Flags for a container: no sandbox (root), no GPU, /tmp instead of a small /dev/shm.
@@ -225,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         records = check_report(args.report, categories, screenshots=args.screenshots)
     except (KvasymError, subprocess.SubprocessError) as exc:
-        print(f"kvasym: error: {exc}", file=sys.stderr)
+        print(f"{ERROR_PREFIX} {exc}", file=sys.stderr)
         return 2
     for record in records:
         label = " > ".join(record["path"]) or "(home)"

@@ -52,6 +52,7 @@ from .sketch import SKETCH_KINDS, hadamard_error_energy
 
 __all__ = [
     "THEORY_CHECKS",
+    "THEORY_CHECK_WORDS",
     "qjl_closed_forms",
     "sketch_error_energy",
     "key_error_energy",
@@ -109,6 +110,26 @@ confounder, the shrinkage bias is (test: ``test_jensen_slope_sign_flips_with_ede
 THEORY_CHECKS: tuple[str, ...] = ("qjl_vs_residual", "qjl_vs_nbit", "hadamard_vs_residual", "hadamard_vs_nbit",
                                    "ks_beta", "jensen_slope", "jensen_slope_adjusted", "jensen_slope_norm",
                                    "haar_vs_residual", "haar_vs_nbit", "ks_beta_haar")
+
+_RATIO = "variance ratio vs closed form"
+#: The words of each theory check, the one source of what the ledger (:func:`kvasym.render.ledger.test_and_unit`)
+#: and the theory table (template ``table_theory.tex.j2``) say it is: ``(what is measured against what,
+#: the interval's method)``. The variance ratios have Fieller intervals over trials; the KS
+#: distances and the Jensen slopes cluster-bootstrap ones (:func:`kvasym.stats.ks_distance_ci`,
+#: :func:`kvasym.stats.linear_slope_ci`).
+THEORY_CHECK_WORDS: dict[str, tuple[str, str]] = {
+    "qjl_vs_residual": (_RATIO, "Fieller"),
+    "qjl_vs_nbit": (_RATIO, "Fieller"),
+    "hadamard_vs_residual": (_RATIO, "Fieller"),
+    "hadamard_vs_nbit": (_RATIO, "Fieller"),
+    "haar_vs_residual": (f"{_RATIO} (Haar rotation)", "Fieller"),
+    "haar_vs_nbit": (f"{_RATIO} (Haar rotation)", "Fieller"),
+    "ks_beta": ("Kolmogorov distance from Beta law", "bootstrap"),
+    "ks_beta_haar": ("Kolmogorov distance from Beta law (Haar rotation)", "bootstrap"),
+    "jensen_slope": ("regression slope", "bootstrap"),
+    "jensen_slope_adjusted": ("regression slope at fixed reference weight", "bootstrap"),
+    "jensen_slope_norm": ("regression slope at fixed key norm", "bootstrap"),
+}
 
 
 def sketch_error_energy(sketch: str, work: int) -> float:

@@ -34,6 +34,7 @@ from kvasym.render.figures.registry import (
     FIGURE_INPUTS,
     FORMATS,
     dag_families,
+    facet_cells,
     family_cells,
     figures_slice,
 )
@@ -505,6 +506,21 @@ def figure_flags(inputs):
     )
 
 
+def display_inputs():
+    """The metrics files stage gather summarises into the figures' display tables
+    (kvasym.display): the facet cells' per-query files (every scheme and budget) and per-key
+    files (every scheme, the headline budget), kvasym.render.figures.registry.facet_cells."""
+    return {
+        f"display_{table}": [
+            path(table, distribution=c["distribution"], dim=c["dim"], scheme=s, budget=b)
+            for c in facet_cells(FIGURES_SLICE, table)
+            for s in STUDY.schemes
+            for b in (STUDY.budgets if c["budget"] is None else [c["budget"]])
+        ]
+        for table in ("per_query", "per_key")
+    }
+
+
 TABLES = [
     "summary",
     "results",
@@ -584,18 +600,25 @@ def part_cells(artifact, parts):
 
 def gather_flags(wildcards, input, output):
     """The `kvasym stage gather` flags (kvasym.stages.gather: INPUTS, OUTPUTS, LISTINGS): each
-    table's parts, its gathered file and its parts' cells; the query-model table and its slice."""
+    table's parts, its gathered file and its parts' cells; the query-model table and its slice;
+    the display tables, the facet cells' metrics files they summarise, those files' cell
+    digests and the rows kept (the figures slice's gather.DISPLAY_SLICE_KEYS)."""
     gather = stage_module("gather")
+    display = display_inputs()  # the metrics files (the rule's input may name their folders)
+    display_slice = {key: FIGURES_SLICE[key] for key in gather.DISPLAY_SLICE_KEYS}
     return stage_flags(
         gather,
-        {name: list(input[name]) for name in gather.INPUTS},
+        {name: display.get(name) or list(input[name]) for name in gather.INPUTS},
         {name: output[name] for name in output.keys()},
         {
             **{
                 name: part_cells(artifact, input[name])
                 for name, artifact in gather.INPUTS.items()
+                if name not in display
             },
+            **{name: cell_digests(paths) for name, paths in display.items()},
             "query_model": STUDY.query_model_slice(),
+            **{name: display_slice for name, _ in gather.DISPLAY_OUTPUTS.values()},
         },
     )
 

@@ -56,11 +56,11 @@ rule gather:
         summary=stats_tables("summary"),
         trials=stats_tables("trials"),
         theory=theory_tables(),
+        # the facet cells' metrics, summarised into the figures' display tables
+        **{key: as_inputs(files) for key, files in display_inputs().items()},
     output:
-        **{
-            name: pattern(name)
-            for name in ("comparisons", "summary", "trials", "theory", "query_model")
-        },
+        # the stage's declared outputs (kvasym.stages.gather.OUTPUTS)
+        **{name: pattern(name) for name in stage_module("gather").OUTPUTS.values()},
     log:
         log_path("gather"),
     localrule: True

@@ -56,22 +56,6 @@ def _unit(where: Mapping[str, Any], details: Mapping[str, Any]) -> str:
     return "texts" if any(n in REAL_DISTRIBUTIONS for n in named) else "trials"
 
 
-#: The theory checks' estimates (kvasym.theory): what the ledger says they are.
-_CHECKS = {
-    "qjl_vs_residual": "variance ratio vs closed form",
-    "qjl_vs_nbit": "variance ratio vs closed form",
-    "hadamard_vs_residual": "variance ratio vs closed form",
-    "hadamard_vs_nbit": "variance ratio vs closed form",
-    "haar_vs_residual": "variance ratio vs closed form (Haar rotation)",
-    "haar_vs_nbit": "variance ratio vs closed form (Haar rotation)",
-    "ks_beta": "Kolmogorov distance from Beta law",
-    "ks_beta_haar": "Kolmogorov distance from Beta law (Haar rotation)",
-    "jensen_slope": "regression slope",
-    "jensen_slope_adjusted": "regression slope at fixed reference weight",
-    "jensen_slope_norm": "regression slope at fixed key norm",
-}
-
-
 _METRIC_WORDS = {"kl": "mean-KL", "t_eps_dir": "output-direction-error", "recall_top5": "top-5-recall"}
 
 
@@ -90,6 +74,7 @@ def test_and_unit(claim: Mapping[str, Any]) -> Latex:
         pairing, metric and theory check filled in; an unknown statistic's name, escaped.
     """
     from ..claims import STATISTICS
+    from ..theory import THEORY_CHECK_WORDS
 
     statistic = str(claim.get("statistic", ""))
     record = STATISTICS.get(statistic)
@@ -101,9 +86,9 @@ def test_and_unit(claim: Mapping[str, Any]) -> Latex:
         "unit": _unit(where, claim.get("details") or {}),
         "paired": "paired" if where.get("paired") else "unpaired",
         "metric": _METRIC_WORDS.get(str(where.get("metric", "kl")), "metric"),
-        "check": _CHECKS.get(check, escape_latex(check)),
-        # the KS distance and the Jensen slopes have bootstrap intervals, the variance ratios Fieller's
-        "check_interval": "bootstrap" if check == "ks_beta" or check.startswith("jensen_slope") else "Fieller",
+        # the check's words and its interval's method: kvasym.theory.THEORY_CHECK_WORDS, the one source
+        "check": THEORY_CHECK_WORDS[check][0] if check in THEORY_CHECK_WORDS else escape_latex(check),
+        "check_interval": THEORY_CHECK_WORDS[check][1] if check in THEORY_CHECK_WORDS else "Fieller",
     }
     return Latex(record.describe.format_map(words))
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..display import side_bit_ledger
 from ..frontier import DISTORTIONS, RATE_SLACK, best_per_budget
 
 #: The table's distortion columns, in order: points column -> short heading.
@@ -54,10 +55,7 @@ def frontier_context(points: pd.DataFrame | None, headline: Mapping[str, Any], *
     # the side-bit ledger at the headline dim: mean measured side bits per coordinate per scheme
     head_dim = int(headline["dim"])
     ledger_frame = frame[(frame["dim"] == head_dim) & ~frame["distribution"].isin(real)]
-    ledger = []
-    for scheme, g in ledger_frame.groupby("scheme", sort=False):
-        ledger.append({"scheme": str(scheme), "side": float(g["bits_side"].mean()),
-                       "total_at": {int(b): float(gb["bits_total"].mean()) for b, gb in g.groupby("budget")}})
+    ledger = side_bit_ledger(ledger_frame)
     from .table_e2e import scheme_order
 
     rank = {s: i for i, s in enumerate(scheme_order([e["scheme"] for e in ledger]))}

@@ -36,6 +36,7 @@ from ..real import REAL_POST_ROPE as REAL_POST
 from ..real import REAL_PRE_ROPE as REAL_PRE
 from ..real import REAL_SHARPNESS
 from ..cells import MissingCell, cell_of, pair_ratio, select_cells
+from ..display import median_iqr
 from ..manifest import read_manifest
 from .format import best_flags, render_template
 from .numbers import TAIL_PERCENTILE
@@ -326,8 +327,13 @@ def theory_context(theory: pd.DataFrame, comparisons: pd.DataFrame | None = None
         })
     if not groups:
         raise KvasymError("the theory table is empty")
+    from ..theory import THEORY_CHECK_WORDS
+
     return {"groups": groups, "kl_pair": list(pair) if pair else None,
-            "sharpness": float(headline["sharpness"]) if headline and "sharpness" in headline else math.nan}
+            "sharpness": float(headline["sharpness"]) if headline and "sharpness" in headline else math.nan,
+            # the intervals' methods in the caption: the checks' own words (kvasym.theory)
+            "ratio_interval": THEORY_CHECK_WORDS["qjl_vs_residual"][1],
+            "ks_interval": THEORY_CHECK_WORDS["ks_beta"][1]}
 
 
 def _finite_or_nan(value: Any) -> float:
@@ -428,17 +434,6 @@ TENSOR_LABELS: dict[str, str] = {
 }
 REAL_CACHESTATS_COLUMNS = ("text", "layer", "kv_head", "head", "tensor", "head_dim", *STATISTICS)
 MANIFEST_STATS_COLUMNS = ("distribution", "kind", "dim", "trial", "tensor", *STATISTICS, "alignment")
-
-
-def median_iqr(values: Sequence[Any]) -> tuple[float, float]:
-    """(median, interquartile range = 75th - 25th percentile, linear interpolation) of the
-    finite values; (nan, nan) when there are none."""
-    arr = np.asarray(values, dtype=float)
-    arr = arr[np.isfinite(arr)]
-    if arr.size == 0:
-        return math.nan, math.nan
-    q25, q50, q75 = np.quantile(arr, [0.25, 0.5, 0.75])
-    return float(q50), float(q75 - q25)
 
 
 def manifest_statistics(manifest: Mapping[str, Any], where: str = "data manifest") -> pd.DataFrame:

@@ -32,18 +32,30 @@ SLICE_KEYS: dict[str, set[str]] = {
 _FROM_CONFIG = {"cells": "unit_slice", "metrics": "unit_slice", "stats": "stats_slice", "theory": "theory_slice"}
 
 
-def parse_slice(text: str) -> dict[str, Any]:
-    """A stage's ``--slice`` argument (JSON object) as a dict, or a KvasymError saying why not.
+def parse_slice(text: str, flag: str = "--slice") -> dict[str, Any]:
+    """A stage's ``--slice`` argument (JSON object) as a dict, or a KvasymError saying why not
+    (naming ``flag``, the argument it came from).
 
     Here, not in :mod:`kvasym.study` (which re-exports it): a job given ``--slice`` does not
     import the study module, whose import reads the config schema and loads jsonschema."""
+    return parse_json_object(text, flag)
+
+
+def parse_json_object(text: str, flag: str, what: str = "") -> dict[str, Any]:
+    """The JSON object of argument ``flag`` as a dict, or a KvasymError naming ``flag`` (and
+    ``what`` the object maps, when given) saying why not."""
     try:
         data = json.loads(text)
     except ValueError as exc:
-        raise KvasymError(f"--slice is not valid JSON ({exc})") from None
+        raise KvasymError(f"{flag} is not valid JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise KvasymError("--slice must be a JSON object")
+        raise KvasymError(f"{flag} must be a JSON object" + (f": {what}" if what else ""))
     return data
+
+
+def parse_cell_digests(text: str | None) -> dict[str, Any] | None:
+    """``--cell-digests`` (JSON object: metrics file -> the slice digest of its cell), or None."""
+    return None if text is None else parse_json_object(text, "--cell-digests", "metrics file -> slice digest")
 
 
 def add_slice_arguments(parser: argparse.ArgumentParser, stage: str) -> None:

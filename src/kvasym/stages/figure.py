@@ -7,7 +7,8 @@ family draw its figures (the registry's drawing callable,
 Each family reads only its :data:`FAMILY_INPUTS`, so the DAG runs one small job per family.
 The stage parses its flags, calls the library and writes; the numbers it draws are computed by
 the stages that write its inputs (the gathered summary, comparisons, theory and query-model
-tables) or by library functions (:func:`kvasym.real.layer_means.real_kl_means`,
+tables, and the display tables of :mod:`kvasym.display`: the Shannon-phi quartiles and
+densities, the Jensen figure's binned means) or by library functions (:func:`kvasym.real.layer_means.real_kl_means`,
 :func:`kvasym.theory.marginal_samples`).
 
 The slice (:func:`figures_slice`, built from the study and the ``defaults`` of its claims file)
@@ -33,7 +34,8 @@ holds everything the figures depend on besides their input files:
     with low-rank data, the Student-t instance with the smallest nu there (the query-model
     table's denominators, :meth:`kvasym.study.Study.rank_references`).
 ``marginal_trials``, ``jensen_bins``, ``max_points``
-    the marginal figure's trials (one coordinate per key per trial), the Jensen figure's bins,
+    the marginal figure's trials (one coordinate per key per trial), the Jensen figure's bins
+    (the ``jensen_bins`` table's, stage gather),
     and the points per scheme and panel of the Shannon-phi planes.
 
 The real-model heat map (family ``real_heatmap``) reads the per-query files of the real rows
@@ -78,9 +80,9 @@ def load_inputs(slice_: Mapping[str, Any], inputs: Mapping[str, Any], needed: se
     inputs : mapping
         Input name -> its file(s), as the flags give them: ``summary``, ``theory``,
         ``comparisons``, ``query_model``, ``frontier_points``, ``e2e_summary``,
-        ``e2e_sensitivity`` (one gathered table each; the optional ones may be absent);
-        ``per_query`` and ``per_key`` (metrics files or folders, else ``metrics``: the
-        dataset's root) with ``cell_digests``; ``data`` (manifests, or ``results/data``);
+        ``e2e_sensitivity``, ``phi_summary``, ``phi_density``, ``jensen_bins`` (one gathered
+        table each; the optional ones may be absent); ``per_query`` (metrics files or folders,
+        else ``metrics``: the dataset's root) with ``cell_digests``; ``data`` (manifests, or ``results/data``);
         ``real_per_query`` (the real rows' per-query files at the headline budget).
     needed : set of str
         The inputs of the families drawn.
@@ -88,15 +90,15 @@ def load_inputs(slice_: Mapping[str, Any], inputs: Mapping[str, Any], needed: se
     Returns
     -------
     dict
-        The gathered tables as DataFrames (None when one is not given), the metrics
-        rows at the headline cell's dim and sharpness (per-key: and budget) of the facet
-        distributions, ``data`` as the marginal samples (:func:`kvasym.theory.marginal_samples`)
-        and ``real_per_query`` as the real means (:func:`kvasym.real.layer_means.real_kl_means`).
+        The gathered tables as DataFrames (None when one is not given), the per-query metrics
+        rows at the headline cell's dim and sharpness of the facet distributions, ``data`` as
+        the marginal samples (:func:`kvasym.theory.marginal_samples`) and ``real_per_query``
+        as the real means (:func:`kvasym.real.layer_means.real_kl_means`).
 
     Raises
     ------
     KvasymError
-        No metrics for a per-query or per-key family; a damaged or misfiled input file.
+        No metrics for a per-query family; a damaged or misfiled input file.
     """
     from ..cells import read_metrics_rows
     from ..dataset import read_parquet_checked
@@ -118,8 +120,6 @@ def load_inputs(slice_: Mapping[str, Any], inputs: Mapping[str, Any], needed: se
 
     loaders: dict[str, Callable[[], Any]] = {
         "per_query": lambda: metrics("per_query", {"dim": [dim], "sharpness": [sharpness], "distribution": facets}),
-        "per_key": lambda: metrics("per_key", {"dim": [dim], "sharpness": [sharpness], "budget": [budget],
-                                               "distribution": facets}),
         "data": lambda: marginal_samples(slice_, _files(inputs.get("data"))),
         "real_per_query": lambda: real_kl_means(inputs.get("real_per_query"), budget=budget),
     }
@@ -138,10 +138,11 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
     from ..render.figures.files import write_figures
 
     families = list(FIGURE_FAMILIES) if families is None else check_families(families)
-    for key in ("summary", "theory"):  # the gathered tables a family cannot draw without
+    # the gathered tables a family cannot draw without
+    for key in ("summary", "theory", "phi_summary", "phi_density", "jensen_bins"):
         if inputs.get(key) is None and any(key in FAMILY_INPUTS[f] for f in families):
             raise KvasymError(f"the figures {', '.join(f for f in families if key in FAMILY_INPUTS[f])} "
-                              f"need inputs['{key}'] (--{key})")
+                              f"need inputs['{key}'] (--{key.replace('_', '-')})")
     loaded = load_inputs(slice_, inputs, {key for family in families for key in FAMILY_INPUTS[family]})
     # every file says what made it: version, commit, the slice (with its base seed)
     made_by = provenance(slice_)
@@ -166,26 +167,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         notes={"query_model": "the query-model figure", "data": "the marginal figure",
                                "real_per_query": "the real heat map: every scheme at the headline budget"})
     parser.add_argument("--cell-digests", dest="cell_digests", default=None,
-                        help="JSON object: each --per-query/--per-key file -> the digest of its cell's slice "
+                        help="JSON object: each --per-query file -> the digest of its cell's slice "
                              "(kvasym.cells.slice_digest); the file's provenance must match")
     parser.add_argument("--out-dir", dest="out_dir", required=True)
 
 
 def run_from_args(args: argparse.Namespace) -> list[Path]:
     """Run the stage from parsed :func:`add_arguments` flags."""
-    import json
-
-    from ._slice import parse_slice
+    from ._slice import parse_cell_digests, parse_slice
 
     slice_ = parse_slice(args.slice)
     inputs: dict[str, Any] = {k: getattr(args, k) for k in FIGURE_INPUTS}
     if args.cell_digests is not None:
-        try:
-            inputs["cell_digests"] = json.loads(args.cell_digests)
-        except ValueError as exc:
-            raise KvasymError(f"--cell-digests is not valid JSON ({exc})") from None
-        if not isinstance(inputs["cell_digests"], dict):
-            raise KvasymError("--cell-digests must be a JSON object: metrics file -> slice digest")
+        inputs["cell_digests"] = parse_cell_digests(args.cell_digests)
     written = run_figures(slice_, inputs, args.out_dir, args.families)
     for path in written:
         print(path)

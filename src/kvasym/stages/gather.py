@@ -5,7 +5,11 @@ theory) and, for the comparisons, adds a Holm-adjusted column for each p-value f
 :data:`HOLM_FAMILIES`. From the gathered trials it also writes the query-model table
 (``--out-query-model``, artifact ``query_model``): C5's ratio under each query model with the
 claims' own interval (:func:`kvasym.claims.query_model_points`), the numbers the query-model
-figure draws, so that rendering reads them instead of recomputing a claim.
+figure draws, so that rendering reads them instead of recomputing a claim. From the metrics rows
+of the figures' facet cells (``--display-per-query``, ``--display-per-key``) it writes the
+figures' display aggregates (:mod:`kvasym.display`): the Shannon-phi planes' quartiles and
+densities (artifacts ``phi_summary``, ``phi_density``) and the Jensen figure's binned means
+(``jensen_bins``).
 """
 
 from __future__ import annotations
@@ -75,12 +79,77 @@ def write_query_model(trials: pd.DataFrame, slice_: Mapping[str, Any], out: str 
     write_frame_atomic(points, out, provenance(dict(slice_)))
 
 
+#: The keys of ``--display-slice``: those of the figures slice
+#: (:func:`kvasym.render.figures.registry.figures_slice`) that select the rows summarised.
+DISPLAY_SLICE_KEYS = ("headline", "facet_distributions", "jensen_bins")
+#: The display tables: output argument -> (artifact, the metrics table it summarises).
+DISPLAY_OUTPUTS = {"out_phi_summary": ("phi_summary", "per_query"), "out_phi_density": ("phi_density", "per_query"),
+                   "out_jensen_bins": ("jensen_bins", "per_key")}
+
+
+def write_display(per_query: Sequence[str | os.PathLike], per_key: Sequence[str | os.PathLike],
+                  slice_: Mapping[str, Any], outs: Mapping[str, str | os.PathLike | None],
+                  digests: Mapping[str, str] | None = None) -> None:
+    """Write the figures' display tables (:mod:`kvasym.display`) of the facet cells' metrics rows.
+
+    Parameters
+    ----------
+    per_query, per_key : sequence of path-like
+        The metrics files of the figures' facet cells (the Shannon-phi and Jensen figures' inputs).
+    slice_ : mapping
+        :data:`DISPLAY_SLICE_KEYS` of the figures slice: the rows kept are the facet
+        distributions' at the headline dim and sharpness (per key: and budget), as the figure
+        stage keeps them (:func:`kvasym.stages.figure.load_inputs`); ``jensen_bins`` bins.
+    outs : mapping
+        Keys of :data:`DISPLAY_OUTPUTS` -> the file to write (None: not written).
+    digests : mapping, optional
+        Metrics file -> the slice digest of its cell (provenance checked).
+
+    Raises
+    ------
+    KvasymError
+        A missing slice key; no metrics files for a table asked for; a damaged or misfiled file.
+    """
+    from .. import display
+    from ..cells import read_metrics_rows
+    from ..dataset import provenance
+    from ..errors import KvasymError
+
+    missing = [k for k in DISPLAY_SLICE_KEYS if k not in slice_]
+    if missing:
+        raise KvasymError(f"--display-slice lacks key(s) {', '.join(missing)}")
+    head = slice_["headline"]
+    keep = {"dim": [int(head["dim"])], "sharpness": [float(head["sharpness"])],
+            "distribution": list(slice_["facet_distributions"])}
+    meta = provenance(dict(slice_))
+
+    def rows(table: str, files: Sequence[str | os.PathLike], extra: Mapping[str, Any]) -> pd.DataFrame:
+        if not files:
+            flag = "--display-" + table.replace("_", "-")
+            raise KvasymError(f"the display tables need the facet cells' {table} files ({flag})")
+        return read_metrics_rows(list(files), table, {**keep, **extra}, digests=digests)
+
+    if outs.get("out_phi_summary") or outs.get("out_phi_density"):
+        summary, density = display.shannon_phi_summary(rows("per_query", per_query, {}))
+        for key, frame in (("out_phi_summary", summary), ("out_phi_density", density)):
+            if outs.get(key):
+                write_frame_atomic(frame, outs[key], meta)
+    if outs.get("out_jensen_bins"):
+        frame = rows("per_key", per_key, {"budget": [int(head["budget"])]})
+        write_frame_atomic(display.jensen_bins_table(frame, int(slice_["jensen_bins"])), outs["out_jensen_bins"], meta)
+
+
 #: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
-INPUTS = {table: f"{table}_part" for table in HOLM_FAMILIES}
+INPUTS = {**{table: f"{table}_part" for table in HOLM_FAMILIES},
+          "display_per_query": "per_query", "display_per_key": "per_key"}
 #: Its outputs (argument -> artifact) and the argument listing what each input or output is made
-#: from (the DAG's flags follow from these, kvasym.artifacts.stage_flags).
-OUTPUTS = {**{f"out_{table}": table for table in HOLM_FAMILIES}, "out_query_model": "query_model"}
-LISTINGS = {**{table: f"{table}_cells" for table in HOLM_FAMILIES}, "out_query_model": "query_model_slice"}
+#: from (the DAG's flags follow from these, kvasym.artifacts.stage_flags; the display inputs'
+#: cell digests are merged into one --cell-digests, the display tables share --display-slice).
+OUTPUTS = {**{f"out_{table}": table for table in HOLM_FAMILIES}, "out_query_model": "query_model",
+           **{dest: name for dest, (name, _) in DISPLAY_OUTPUTS.items()}}
+LISTINGS = {**{table: f"{table}_cells" for table in HOLM_FAMILIES}, "out_query_model": "query_model_slice",
+            "display_per_query": "cell_digests", "display_per_key": "cell_digests",
+            **{dest: "display_slice" for dest in DISPLAY_OUTPUTS}}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,16 +163,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--query-model-slice", dest="query_model_slice",
                         help="its arguments as JSON (kvasym.study.Study.query_model_slice): "
                              + ", ".join(QUERY_MODEL_KEYS))
+    for dest, (name, table) in DISPLAY_OUTPUTS.items():
+        parser.add_argument("--" + dest.replace("_", "-"), dest=dest,
+                            help=f"the display table {name} (kvasym.display), from --display-{table.replace('_', '-')}")
+    parser.add_argument("--display-slice", dest="display_slice",
+                        help="the rows the display tables summarise, as JSON: " + ", ".join(DISPLAY_SLICE_KEYS)
+                             + " of the figures slice")
+    parser.add_argument("--cell-digests", dest="cell_digests", default=None,
+                        help="JSON object: each --display-per-query/--display-per-key file -> the digest of its "
+                             "cell's slice (kvasym.cells.slice_digest); the file's provenance must match")
 
 
 def run(args: argparse.Namespace) -> None:
     from ..errors import KvasymError
-    from ._slice import parse_slice
+    from ._slice import parse_cell_digests, parse_slice
 
     if bool(args.out_query_model) != bool(args.query_model_slice) or (args.out_query_model and not args.out_trials):
         raise KvasymError("the query-model table needs --out-query-model, --query-model-slice and the trials "
                           "(--trials, --out-trials)")
+    outs = {dest: getattr(args, dest) for dest in DISPLAY_OUTPUTS}
+    if any(outs.values()) != bool(args.display_slice):
+        raise KvasymError("the display tables need --display-slice and at least one of "
+                          + ", ".join("--" + d.replace("_", "-") for d in DISPLAY_OUTPUTS))
     done = 0
+    if any(outs.values()):
+        write_display(args.display_per_query, args.display_per_key, parse_slice(args.display_slice, "--display-slice"),
+                      outs, parse_cell_digests(args.cell_digests))
+        done += 1
     for table, holm in HOLM_FAMILIES.items():
         parts, out = getattr(args, table), getattr(args, f"out_{table}")
         if bool(parts) != bool(out):
@@ -111,7 +197,8 @@ def run(args: argparse.Namespace) -> None:
         if out:
             frame = gather(parts, out, holm, parse_cells(getattr(args, f"{table}_cells"), f"{table}-cells"))
             if table == "trials" and args.out_query_model:
-                write_query_model(frame, parse_slice(args.query_model_slice), args.out_query_model)
+                qm_slice = parse_slice(args.query_model_slice, "--query-model-slice")
+                write_query_model(frame, qm_slice, args.out_query_model)
             done += 1
     if not done:
         raise KvasymError("nothing to gather: give --TABLE inputs and --out-TABLE for at least one of "

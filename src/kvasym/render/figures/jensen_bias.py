@@ -1,12 +1,12 @@
 """Family ``jensen_bias``: the attention-weight excess against the logit-error variance, per key.
 
-Binned means (with standard errors) of the per-key points of the headline budget and sharpness;
+Binned means (with standard errors) of the per-key points of the headline budget and sharpness,
+read from the display table ``jensen_bins`` of stage gather (:func:`kvasym.display.jensen_bins`);
 each panel's fitted slope is read from the theory table (``jensen_slope`` rows, claim C9's).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,7 +14,6 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ...theory import jensen_points
 from ..format import sig
 from ._style import (
     TEXT_WIDTH,
@@ -52,24 +51,24 @@ def _slope_text(slopes: pd.DataFrame | None, scheme: str, **cell: Any) -> str | 
 
 @styled
 def jensen_bias(
-    per_key: pd.DataFrame,
+    bins: pd.DataFrame,
     *,
     budget: int | None = None,
     sharpness: float | None = None,
     dim: int | None = None,
     distributions: Sequence[str] | None = None,
     slopes: pd.DataFrame | None = None,
-    n_bins: int = 20,
     colors: Mapping[str, str] | None = None,
 ) -> Figure:
     """Per key: log(mean attention weight quantized / reference) against the variance of its
-    logit error, as means over ``n_bins`` quantile bins of the variance (with standard errors),
+    logit error, as means over quantile bins of the variance with standard errors (``bins``:
+    the ``jensen_bins`` table, :func:`kvasym.display.jensen_bins_table`, its ``n_bins`` bins),
     one line per scheme, one panel per distribution, one budget and sharpness. With ``slopes``
     (the theory table), each panel's title gives the fitted Jensen slope of each scheme; one
     figure legend below the panels names the schemes."""
     title = "Jensen bias"
-    dim, dim_note = choose_value(per_key, "dim", dim)
-    frame = select_rows(per_key, dim=dim)
+    dim, dim_note = choose_value(bins, "dim", dim)
+    frame = select_rows(bins, dim=dim)
     budget, b_note = choose_value(frame, "budget", budget)
     budget = None if budget is None else int(budget)
     frame = select_rows(frame, budget=budget)
@@ -77,7 +76,7 @@ def jensen_bias(
     frame = select_rows(frame, sharpness=None if sharpness is None else float(sharpness))
     dists = present_values(frame, "distribution", distributions)
     if frame.empty or not dists:
-        return nothing_to_show(title, f"no per-key rows for d = {dim}, n = {budget}, sharpness = {sharpness}")
+        return nothing_to_show(title, f"no binned per-key points for d = {dim}, n = {budget}, sharpness = {sharpness}")
     colors, markers = palette(frame["scheme"].unique(), colors)
     schemes = scheme_order(frame["scheme"].unique())
     with_slopes = slopes is not None and not slopes.empty and "check" in slopes.columns
@@ -94,21 +93,11 @@ def jensen_bias(
         cell = select_rows(frame, distribution=dist)
         for scheme in schemes:
             g = cell[cell["scheme"] == scheme]
-            if g.empty:
+            if g.empty:  # fewer than 2 keys of positive logit-error variance
                 continue
-            var, excess, _ = jensen_points(g)
-            keep = var > 0
-            var, excess = var[keep], excess[keep]
-            if var.size < 2:
-                continue
-            edges = np.unique(np.quantile(var, np.linspace(0, 1, n_bins + 1)))
-            which = np.clip(np.searchsorted(edges, var, side="right") - 1, 0, max(len(edges) - 2, 0))
-            xs, ys, es = [], [], []
-            for b in np.unique(which):
-                sel = which == b
-                xs.append(float(np.exp(np.mean(np.log(var[sel])))))
-                ys.append(float(np.mean(excess[sel])))
-                es.append(float(np.std(excess[sel], ddof=1) / math.sqrt(sel.sum())) if sel.sum() > 1 else 0.0)
+            xs = g["var_geomean"].to_numpy(dtype=float).tolist()
+            ys = g["excess_mean"].to_numpy(dtype=float).tolist()
+            es = g["excess_se"].to_numpy(dtype=float).tolist()
             tag_scheme(ax.errorbar(xs, ys, yerr=es, color=colors[scheme], marker=markers[scheme],
                                    markersize=nested_size(schemes, scheme, 4.2, 0.6, 2.2),
                                    lw=nested_size(schemes, scheme, 1.5, 0.25, 0.7), elinewidth=0.7, capsize=0,
@@ -133,5 +122,5 @@ def jensen_bias(
     slope_note = "; slope: linear fit of the per-key points" if with_slopes else ""
     suptitle(fig, f"{title}: d = {dim}{dim_note}, n = {budget}{b_note}, "
                   f"sharpness {short_number(float(sharpness))}{s_note}; "
-                  f"means of {n_bins} quantile bins ± s.e.{slope_note}")
+                  f"means of {int(frame['n_bins'].iloc[0])} quantile bins ± s.e.{slope_note}")
     return fig

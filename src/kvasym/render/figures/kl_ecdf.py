@@ -1,7 +1,9 @@
 """Family ``kl_ecdf``: the empirical CDF of per-query KL at the headline cell's dim and sharpness.
 
 KL in nats, on a log axis floored at :data:`KL_FLOOR` (a KL below it is drawn at it and the
-title says how many queries are); each scheme's mean and 99th percentile are vertical lines.
+title says how many queries are); each scheme's mean and 99th percentile are vertical lines,
+read from the gathered summary (``kl_mean``, ``kl_p99``: :func:`kvasym.stats.cell_summary`, the
+numbers the ledger and tables quote).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def _share(count: int, total: int) -> str:
 def kl_ecdf(
     per_query: pd.DataFrame,
     *,
+    summary: pd.DataFrame,
     sharpness: float | None = None,
     dim: int | None = None,
     distributions: Sequence[str] | None = None,
@@ -62,7 +65,8 @@ def kl_ecdf(
     floor: float | None = None,
 ) -> Figure:
     """Empirical CDF of per-query KL (log x) per scheme, rows = distributions, columns =
-    budgets, with each scheme's mean (dashed) and 99th percentile (dotted) as vertical lines.
+    budgets, with each scheme's mean (dashed) and 99th percentile (dotted) as vertical lines
+    (``summary``: the gathered summary's ``kl_mean`` and ``kl_p99`` of the cell and scheme).
     A KL below ``floor`` nats (default :data:`KL_FLOOR`; KL = 0, exact attention, included) is
     drawn at the floor, so the axis spans the decades where KL matters (heavy tails reach
     1e-27), and the title says how many queries of which rows lie below it. An infinite KL
@@ -101,8 +105,10 @@ def kl_ecdf(
                 tag_scheme(ax.step(shown, ecdf, where="post", color=colors[scheme],
                                    lw=nested_size(schemes, scheme, 2.0, 0.45, 0.6),
                                    zorder=3 + 0.1 * schemes.index(scheme)), scheme)
-                mean, p99 = float(np.mean(kl)), float(np.quantile(kl, 0.99))
-                for value, style in ((mean, "--"), (p99, ":")):
+                line = select_rows(summary, distribution=dist, dim=dim, budget=budget, scheme=scheme,
+                                   sharpness=float(sharpness))
+                for column, style in (("kl_mean", "--"), ("kl_p99", ":")):
+                    value = float(line[column].iloc[0]) if len(line) else np.nan
                     if np.isfinite(value):
                         tag_scheme(ax.axvline(max(value, floor), color=colors[scheme], ls=style, lw=0.9, alpha=0.9,
                                               zorder=2), scheme)

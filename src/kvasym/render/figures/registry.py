@@ -26,7 +26,7 @@ from ...errors import KvasymError
 
 __all__ = ["E2E_FAMILIES", "FAMILIES", "FIGURE_CELL_INPUTS", "FIGURE_INPUTS", "FRONTIER_FAMILIES", "FAMILY_INPUTS",
            "FIGURES", "FIGURE_FAMILIES", "FORMATS", "REAL_FAMILIES", "Drawn", "FigureFamily", "check_families",
-           "dag_families", "family_cells", "figure_files", "figures_slice"]
+           "dag_families", "facet_cells", "family_cells", "figure_files", "figures_slice"]
 
 #: What a family's drawing callable yields: (figure name, figure), one figure at a time.
 Drawn = Iterator[tuple[str, Any]]
@@ -42,8 +42,9 @@ class FigureFamily:
         Its figures, in drawing order (each is ``<name>.pdf``, ``.png`` and ``.caption.tex``).
     inputs : tuple of str
         What it reads (:data:`FIGURE_INPUTS`): ``summary``, ``comparisons``, ``theory``,
-        ``query_model`` (gathered tables), ``per_query`` / ``per_key`` (metrics files of
-        :func:`family_cells`), ``data`` (manifests of :func:`family_cells`), ``real_per_query``
+        ``query_model`` (gathered tables), ``phi_summary``, ``phi_density``, ``jensen_bins``
+        (the display tables of stage gather, :mod:`kvasym.display`), ``per_query`` (metrics
+        files of :func:`family_cells`), ``data`` (manifests of :func:`family_cells`), ``real_per_query``
         (the real rows' per-query files at the headline budget, every scheme), ``e2e_summary`` /
         ``e2e_sensitivity`` (tables of stage e2e_stats), ``frontier_points`` (the points of
         stage frontier).
@@ -94,7 +95,8 @@ def _draw_shannon_phi(slice_: Mapping[str, Any], inputs: Mapping[str, Any]) -> D
     _, dim, sharpness, _ = _headline(slice_)
     for site in ("k", "v", "t"):
         yield f"shannon_phi_{site}", shannon_phi_plane(
-            inputs["per_query"], site, sharpness=sharpness, dim=dim, distributions=list(slice_["facet_distributions"]),
+            inputs["per_query"], site, summary=inputs["phi_summary"], density=inputs["phi_density"],
+            sharpness=sharpness, dim=dim, distributions=list(slice_["facet_distributions"]),
             colors=_colors(slice_), max_points=slice_["max_points"], seed=slice_["base_seed"])
 
 
@@ -102,7 +104,7 @@ def _draw_kl_ecdf(slice_: Mapping[str, Any], inputs: Mapping[str, Any]) -> Drawn
     from .kl_ecdf import kl_ecdf
 
     _, dim, sharpness, _ = _headline(slice_)
-    yield "kl_ecdf", kl_ecdf(inputs["per_query"], sharpness=sharpness, dim=dim,
+    yield "kl_ecdf", kl_ecdf(inputs["per_query"], summary=inputs["summary"], sharpness=sharpness, dim=dim,
                              distributions=list(slice_["facet_distributions"]), colors=_colors(slice_))
 
 
@@ -167,9 +169,9 @@ def _draw_jensen_bias(slice_: Mapping[str, Any], inputs: Mapping[str, Any]) -> D
     from .jensen_bias import jensen_bias
 
     _, dim, sharpness, budget = _headline(slice_)
-    yield "jensen_bias", jensen_bias(inputs["per_key"], budget=budget, sharpness=sharpness, dim=dim,
+    yield "jensen_bias", jensen_bias(inputs["jensen_bins"], budget=budget, sharpness=sharpness, dim=dim,
                                      distributions=list(slice_["facet_distributions"]), slopes=inputs["theory"],
-                                     n_bins=int(slice_["jensen_bins"]), colors=_colors(slice_))
+                                     colors=_colors(slice_))
 
 
 def _draw_real_heatmap(slice_: Mapping[str, Any], inputs: Mapping[str, Any]) -> Drawn:
@@ -202,17 +204,19 @@ def _draw_frontier(slice_: Mapping[str, Any], inputs: Mapping[str, Any]) -> Draw
 #: What a family's inputs are: input name (the stage's argument) -> artifact (kvasym.artifacts).
 FIGURE_INPUTS: dict[str, str] = {
     "summary": "summary", "comparisons": "comparisons", "theory": "theory", "query_model": "query_model",
-    "per_query": "per_query", "per_key": "per_key", "data": "data", "real_per_query": "per_query",
+    "per_query": "per_query", "data": "data", "real_per_query": "per_query",
     "e2e_summary": "e2e_summary", "e2e_sensitivity": "e2e_sensitivity", "frontier_points": "frontier_points",
+    "phi_summary": "phi_summary", "phi_density": "phi_density", "jensen_bins": "jensen_bins",
 }
 #: The inputs that are lists of per-cell files (the others are one gathered table each).
-FIGURE_CELL_INPUTS: tuple[str, ...] = ("per_query", "per_key", "data", "real_per_query")
+FIGURE_CELL_INPUTS: tuple[str, ...] = ("per_query", "data", "real_per_query")
 
 #: Every figure family, in drawing order.
 FIGURE_FAMILIES: dict[str, FigureFamily] = {
-    "shannon_phi": FigureFamily(("shannon_phi_k", "shannon_phi_v", "shannon_phi_t"), ("per_query",),
-                                "Errors at the headline cell", _draw_shannon_phi),
-    "kl_ecdf": FigureFamily(("kl_ecdf",), ("per_query",), "Errors at the headline cell", _draw_kl_ecdf),
+    "shannon_phi": FigureFamily(("shannon_phi_k", "shannon_phi_v", "shannon_phi_t"),
+                                ("per_query", "phi_summary", "phi_density"), "Errors at the headline cell",
+                                _draw_shannon_phi),
+    "kl_ecdf": FigureFamily(("kl_ecdf",), ("per_query", "summary"), "Errors at the headline cell", _draw_kl_ecdf),
     "budget_crossover": FigureFamily(("budget_crossover",), ("summary",), "Sweeps", _draw_budget_crossover),
     "tail_sweep": FigureFamily(("tail_sweep",), ("summary",), "Sweeps", _draw_tail_sweep),
     "rank_sweep": FigureFamily(("rank_sweep",), ("summary",), "Sweeps", _draw_rank_sweep),
@@ -221,7 +225,7 @@ FIGURE_FAMILIES: dict[str, FigureFamily] = {
                                     _draw_sharpness_sweep),
     "theory_check": FigureFamily(("theory_check",), ("theory",), "Theory checks", _draw_theory_check),
     "marginals": FigureFamily(("marginals",), ("data", "theory"), "Theory checks", _draw_marginals),
-    "jensen_bias": FigureFamily(("jensen_bias",), ("per_key", "theory"), "Theory checks", _draw_jensen_bias),
+    "jensen_bias": FigureFamily(("jensen_bias",), ("jensen_bins", "theory"), "Theory checks", _draw_jensen_bias),
     "real_heatmap": FigureFamily(("real_kl_heatmap",), ("real_per_query",), "Real model", _draw_real_heatmap),
     "e2e": FigureFamily(("e2e_ppl_bits", "e2e_layer_sensitivity"), ("e2e_summary", "e2e_sensitivity"),
                         "Real model", _draw_e2e),
@@ -274,16 +278,24 @@ def check_families(families: Sequence[str]) -> list[str]:
 
 def family_cells(slice_: Mapping[str, Any], family: str) -> list[dict[str, Any]]:
     """The metrics cells (``{distribution, dim, budget}``; budget None = every budget) and data
-    cells a family reads: the facet distributions at the headline dim. Per-query figures facet
-    by budget; the Jensen figure shows the headline budget; the marginal figure needs the data
-    manifests only (budget None)."""
+    cells a family reads: the facet distributions at the headline dim (:func:`facet_cells`).
+    Per-query figures facet by budget; the marginal figure needs the data manifests only."""
     check_families([family])
-    inputs = FAMILY_INPUTS[family]
-    if not ({"per_query", "per_key", "data"} & set(inputs)):
+    if not ({"per_query", "data"} & set(FAMILY_INPUTS[family])):
         return []
+    return facet_cells(slice_, "per_query")
+
+
+def facet_cells(slice_: Mapping[str, Any], table: str) -> list[dict[str, Any]]:
+    """The cells ``{distribution, dim, budget}`` of the facet distributions at the headline dim
+    whose ``table`` rows the figures show: ``per_query`` at every budget (budget None), ``per_key``
+    at the headline budget (the Jensen figure's). Stage gather summarises these cells' rows into
+    the display tables (:mod:`kvasym.display`)."""
+    if table not in ("per_query", "per_key"):
+        raise KvasymError(f"facet_cells: table must be per_query or per_key, got {table!r}")
     head = slice_["headline"]
     dims = {d["name"]: d["dims"] for d in slice_["distributions"]}
-    budget = int(head["budget"]) if "per_key" in inputs else None
+    budget = int(head["budget"]) if table == "per_key" else None
     return [{"distribution": name, "dim": int(head["dim"]), "budget": budget}
             for name in slice_["facet_distributions"] if int(head["dim"]) in dims.get(name, [])]
 
