@@ -265,11 +265,16 @@ def test_gather_flags_keep_each_tables_parts_output_and_cells_together():
 
 def test_figure_cell_digests_follow_every_input_merged():
     module = stage_module("figure")
-    flags = stage_flags(module, {"per_key": ["k.parquet"], "theory": "t.parquet"},
-                        listings={"per_key": {"k.parquet": "d1"}})
-    assert flags == "--per-key k.parquet --theory t.parquet --cell-digests '{\"k.parquet\":\"d1\"}'"
+    flags = stage_flags(module, {"per_query": ["q.parquet"], "theory": "t.parquet"},
+                        listings={"per_query": {"q.parquet": "d1"}})
+    assert flags == "--per-query q.parquet --cell-digests '{\"q.parquet\":\"d1\"}' --theory t.parquet"
     # no metrics file, no digests flag
     assert stage_flags(module, {"summary": "s.parquet"}, listings={}) == "--summary s.parquet"
+    # gather's two display inputs share one --cell-digests, merged in declaration order
+    flags = stage_flags(stage_module("gather"), {"display_per_key": ["k.parquet"], "display_per_query": ["q.parquet"]},
+                        listings={"display_per_key": {"k.parquet": "d2"}, "display_per_query": {"q.parquet": "d1"}})
+    assert flags == ("--display-per-key k.parquet --display-per-query q.parquet "
+                     "--cell-digests '{\"k.parquet\":\"d2\",\"q.parquet\":\"d1\"}'")
 
 
 def test_stage_flags_refuse_what_the_stage_does_not_declare():

@@ -155,7 +155,7 @@ def run_figures(slice_: Mapping[str, Any], inputs: Mapping[str, Any], out_dir: s
 #: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
 INPUTS = FIGURE_INPUTS
 #: The argument listing the cell digest of each metrics file (kvasym.artifacts.stage_flags).
-LISTINGS = {"per_query": "cell_digests", "per_key": "cell_digests"}
+LISTINGS = {"per_query": "cell_digests"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
