@@ -449,3 +449,34 @@ def test_word_packing_is_pack_codes_and_its_inverse(bits: int, groups: int, widt
                      np.full((8, BLOCK), 0xFFFFFFFF, dtype=np.uint32))
         assert np.array_equal(u[:, :width], centroids[codes[start:start + width]].T)
         assert (u[:, width:] == -7.0).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(dim=st.sampled_from([1, 2, 15, 16, 17, 31, 32, 33, 100, 128, 129, 256, 1024]), width=st.integers(1, 32),
+       start=st.integers(0, 5), f64=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_the_transposing_load_and_the_factored_store(dim: int, width: int, start: int, f64: bool, seed: int) -> None:
+    """load_rows (unsigned indices, TILE coordinates at a time: dims at and around the tile and
+    not a multiple of it) puts rows start .. start + width of x into the buffer's columns and
+    touches nothing else; store_scaled_rows stores row b as u[:, b] * scale_b, and with factors
+    (decode_rows' fused last pass) as (u[:, b] * factors) * scale_b, numpy's two roundings in
+    the dtype bit for bit, and leaves the other rows of the output alone."""
+    from kvasym._kernels_numba import BLOCK, load_rows, store_scaled_rows
+
+    dtype = np.float64 if f64 else np.float32
+    rng = np.random.default_rng(seed)
+    rows = start + width + 2
+    x = rng.standard_normal((rows, dim)).astype(dtype)
+    u = np.full((dim + 3, BLOCK), -7.0, dtype=dtype)
+    load_rows(x, u, start, width, dim)
+    assert np.array_equal(u[:dim, :width], x[start:start + width].T)
+    assert (u[dim:] == -7.0).all() and (u[:, width:] == -7.0).all()
+    factors = (rng.choice([-1.0, 1.0], dim) / np.sqrt(dim)).astype(dtype)
+    scales = rng.lognormal(0.0, 2.0, rows).astype(dtype)
+    for fac in (factors, None):
+        out = np.full((rows, dim), 5.0, dtype=dtype)
+        store_scaled_rows(u, fac, scales, out, start, width, dim)
+        block = u[:dim, :width].T if fac is None else u[:dim, :width].T * fac
+        want = np.ascontiguousarray(block * scales[start:start + width, None])
+        assert want.dtype == dtype
+        assert np.array_equal(out[start:start + width].view(np.uint8), want.view(np.uint8))
+        assert (out[:start] == 5.0).all() and (out[start + width:] == 5.0).all()
