@@ -442,10 +442,11 @@ def decode_rows(packed, bits, centroids, add, has_add, sign_scale, rotate, norms
                     for j in range(j0, min(j0 + TILE, work)):
                         u[j, b] = u[j, b] + add[start + b, j]
         if sketch:
-            sketch_decode_block(sk_packed, start, width, w, sk_scale2, sk_scale1, words)
+            sketch_decode_block(sk_packed, start, width, w, sk_scale2, words)
             for j in range(work):
+                f = sk_scale1[j]
                 for b in range(width):
-                    w[j, b] = w[j, b] * sk_row_scale[start + b]  # rounded, as the stored add is
+                    w[j, b] = (w[j, b] * f) * sk_row_scale[start + b]  # rounded, as the stored add is
                     u[j, b] = u[j, b] + w[j, b]
         if rotate:
             fwht_block(u, width)
@@ -512,10 +513,11 @@ def sketch_encode_rows(resid, s1, s2, scale, out, rho, r0, r1):
 
 
 @njit(cache=True, nogil=True)
-def sketch_decode_block(packed, start, width, w, sign_scale2, sign_scale1, words):
-    # w[:, :width] <- R1^T R2^T sign of the block's rows, R_k^T = diag(s_k) H / sqrt(D): the same
-    # passes as two RandomizedHadamard.inverse calls (signs and 1/sqrt(D) premultiplied in the
-    # dtype); the caller scales each row by rho / sqrt(D)
+def sketch_decode_block(packed, start, width, w, sign_scale2, words):
+    # w[:, :width] <- H R2^T sign of the block's rows, R_k^T = diag(s_k) H / sqrt(D): the passes
+    # of two RandomizedHadamard.inverse calls (signs and 1/sqrt(D) premultiplied in the dtype)
+    # but the last factor diag(s_1) / sqrt(D), which the caller applies, then the row's
+    # rho / sqrt(D), in its next pass: (w * sign_scale1[j]) * row scale, the same two roundings
     work = w.shape[0]
     n_bytes = packed.shape[1]
     if work % 32 == 0:
@@ -542,7 +544,7 @@ def sketch_decode_block(packed, start, width, w, sign_scale2, sign_scale1, words
                 for b in range(width):
                     w[j, b] = 1 - 2 * ((packed[start + b, k] >> t) & 1)
     fwht_scale_block(w, sign_scale2, width)
-    fwht_scale_block(w, sign_scale1, width)
+    fwht_block(w, width)  # the caller multiplies by sign_scale1 in its next pass (one pass less)
 
 
 @njit(cache=True, nogil=True)
@@ -553,8 +555,8 @@ def sketch_decode_rows(packed, sign_scale2, sign_scale1, row_scale, out, r0, r1)
     words = np.zeros(BLOCK, dtype=np.uint32)
     for start in range(r0, r1, BLOCK):
         width = min(BLOCK, r1 - start)
-        sketch_decode_block(packed, start, width, u, sign_scale2, sign_scale1, words)
-        store_scaled_rows(u, None, row_scale, out, start, width, work)
+        sketch_decode_block(packed, start, width, u, sign_scale2, words)
+        store_scaled_rows(u, sign_scale1, row_scale, out, start, width, work)
 
 
 @njit(cache=True, nogil=True)
