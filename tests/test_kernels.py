@@ -449,3 +449,95 @@ def test_word_packing_is_pack_codes_and_its_inverse(bits: int, groups: int, widt
                      np.full((8, BLOCK), 0xFFFFFFFF, dtype=np.uint32))
         assert np.array_equal(u[:, :width], centroids[codes[start:start + width]].T)
         assert (u[:, width:] == -7.0).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(dim=st.sampled_from([1, 2, 15, 16, 17, 31, 32, 33, 100, 128, 129, 256, 1024]), width=st.integers(1, 32),
+       start=st.integers(0, 5), f64=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_the_transposing_load_and_the_factored_store(dim: int, width: int, start: int, f64: bool, seed: int) -> None:
+    """load_rows (unsigned indices, TILE coordinates at a time: dims at and around the tile and
+    not a multiple of it) puts rows start .. start + width of x into the buffer's columns and
+    touches nothing else; store_scaled_rows stores row b as u[:, b] * scale_b, and with factors
+    (decode_rows' fused last pass) as (u[:, b] * factors) * scale_b, numpy's two roundings in
+    the dtype bit for bit, and leaves the other rows of the output alone."""
+    from kvasym._kernels_numba import BLOCK, load_rows, store_scaled_rows
+
+    dtype = np.float64 if f64 else np.float32
+    rng = np.random.default_rng(seed)
+    rows = start + width + 2
+    x = rng.standard_normal((rows, dim)).astype(dtype)
+    u = np.full((dim + 3, BLOCK), -7.0, dtype=dtype)
+    load_rows(x, u, start, width, dim)
+    assert np.array_equal(u[:dim, :width], x[start:start + width].T)
+    assert (u[dim:] == -7.0).all() and (u[:, width:] == -7.0).all()
+    factors = (rng.choice([-1.0, 1.0], dim) / np.sqrt(dim)).astype(dtype)
+    scales = rng.lognormal(0.0, 2.0, rows).astype(dtype)
+    for fac in (factors, None):
+        out = np.full((rows, dim), 5.0, dtype=dtype)
+        store_scaled_rows(u, fac, scales, out, start, width, dim)
+        block = u[:dim, :width].T if fac is None else u[:dim, :width].T * fac
+        want = np.ascontiguousarray(block * scales[start:start + width, None])
+        assert want.dtype == dtype
+        assert np.array_equal(out[start:start + width].view(np.uint8), want.view(np.uint8))
+        assert (out[:start] == 5.0).all() and (out[start + width:] == 5.0).all()
+
+
+@settings(max_examples=80, deadline=None)
+@given(n_thresholds=st.sampled_from([7, 15]), f64=st.booleans(), repeats=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_the_halved_threshold_counts_are_the_plain_counts(n_thresholds: int, f64: bool, repeats: bool,
+                                                          seed: int) -> None:
+    """threshold_codes' 7- and 15-threshold paths pick a half (and for 15 a quarter) with the
+    middle thresholds, then count in it: that must be #{t : t <= x}, counted plainly, for any
+    non-decreasing thresholds (repeated ones too) and any value: ties, their float neighbours,
+    +-0, +-inf and NaN (no threshold is at or below NaN: code 0)."""
+    from kvasym._kernels_numba import BLOCK, threshold_codes
+
+    dtype = np.float64 if f64 else np.float32
+    rng = np.random.default_rng(seed)
+    pool = rng.standard_normal(4 if repeats else n_thresholds)
+    thresholds = np.sort(rng.choice(pool, n_thresholds, replace=repeats)).astype(dtype)
+    at = rng.choice(thresholds, 2 * BLOCK)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan] * 4)
+    values = np.concatenate([at, np.nextafter(at, -np.inf), np.nextafter(at, np.inf), special,
+                             2 * rng.standard_normal(BLOCK * 8 - special.size)]).astype(dtype)
+    rng.shuffle(values)
+    u = values.reshape(-1, BLOCK)
+    codes = np.full(u.shape, 255, dtype=np.uint8)
+    threshold_codes(u, codes, np.zeros(BLOCK, dtype=np.int32), thresholds, BLOCK, u.shape[0])
+    expected = (thresholds[None, None, :] <= u[:, :, None]).sum(axis=2)
+    assert np.array_equal(codes, expected)
+
+
+@settings(max_examples=40, deadline=None)
+@given(log_dim=st.integers(0, 8), rows=st.integers(1, 70), f64=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_the_hadamard_sketch_decode_is_the_radix_2_passes_bit_for_bit(log_dim: int, rows: int, f64: bool,
+                                                                      seed: int) -> None:
+    """hadamard_sketch_decode and decode_batch's fused sketch term (which apply the last sign and
+    1/sqrt(D) factor in the pass that scales the row by rho / sqrt(D)) against numpy with the
+    textbook butterfly: +-1 from the bits, H, times signs2 / sqrt(D), H, times signs1 /
+    sqrt(D), times rho / sqrt(D), each product rounded to the dtype in that order; bit for bit,
+    for D = 1 .. 256 (the byte path below 32, the 32-bit word path from 32) and partial blocks."""
+    from kvasym.packing import pack_signs
+
+    dtype = np.float64 if f64 else np.float32
+    work = 1 << log_dim
+    rng = np.random.default_rng(seed)
+    negative = rng.random((rows, work)) < 0.5
+    bits = pack_signs(negative)
+    rho = rng.lognormal(0.0, 1.0, rows).astype(np.float32).astype(np.float64)
+    s1, s2 = (rng.choice([-1.0, 1.0], work) for _ in range(2))
+    f2, f1, row = kernels._sketch_decode_scales(rho, s1, s2, np.dtype(dtype))
+    w = np.where(negative, -1.0, 1.0).astype(dtype).T
+    w = _radix2_wht_columns(w) * f2[:, None]
+    w = _radix2_wht_columns(w) * f1[:, None]
+    want = np.ascontiguousarray((w * row[None, :]).T)
+    assert want.dtype == dtype
+    got = kernels.hadamard_sketch_decode(bits, rho, s1, s2, dtype)
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+    # the fused term: with zero codes of a 1-bit codebook whose centroids are 0 and norms 1, the
+    # unrotated decode returns exactly 0 + the sketch term (so -0.0 comes back as +0.0)
+    codes = np.zeros((rows, -(-work // 8)), dtype=np.uint8)
+    fused = kernels.decode_batch(codes, 1, np.zeros(2), None, np.ones(rows), work, np.dtype(dtype).name,
+                                 hadamard_sketch=(bits, rho, s1, s2))
+    assert np.array_equal(fused.view(np.uint8), (dtype(0) + want).view(np.uint8))
