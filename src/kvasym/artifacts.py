@@ -371,7 +371,6 @@ def stage_flags(module: Any, inputs: Mapping[str, str | Sequence[str]] | None = 
         makes one file of each input) and by its listing; then the other outputs, each with its
         listing; then the listings the stage declares for several arguments, merged.
     """
-    import shlex
 
     from .study import canonical_json
 

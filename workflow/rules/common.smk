@@ -489,7 +489,9 @@ def figure_inputs(family):
 
 def cell_digests(paths):
     """The slice digest of each metrics file's cell (the consumer checks its provenance)."""
-    return {cell: slice_digest(cell_table_slice(**cell_of_path(cell))) for cell in paths}
+    return {
+        cell: slice_digest(cell_table_slice(**cell_of_path(cell))) for cell in paths
+    }
 
 
 def figure_flags(inputs):
@@ -509,10 +511,13 @@ def figure_flags(inputs):
 def display_inputs():
     """The metrics files stage gather summarises into the figures' display tables
     (kvasym.display): the facet cells' per-query files (every scheme and budget) and per-key
-    files (every scheme, the headline budget), kvasym.render.figures.registry.facet_cells."""
+    files (every scheme, the headline budget), kvasym.render.figures.registry.facet_cells.
+    """
     return {
         f"display_{table}": [
-            path(table, distribution=c["distribution"], dim=c["dim"], scheme=s, budget=b)
+            path(
+                table, distribution=c["distribution"], dim=c["dim"], scheme=s, budget=b
+            )
             for c in facet_cells(FIGURES_SLICE, table)
             for s in STUDY.schemes
             for b in (STUDY.budgets if c["budget"] is None else [c["budget"]])
@@ -604,7 +609,9 @@ def gather_flags(wildcards, input, output):
     the display tables, the facet cells' metrics files they summarise, those files' cell
     digests and the rows kept (the figures slice's gather.DISPLAY_SLICE_KEYS)."""
     gather = stage_module("gather")
-    display = display_inputs()  # the metrics files (the rule's input may name their folders)
+    display = (
+        display_inputs()
+    )  # the metrics files (the rule's input may name their folders)
     display_slice = {key: FIGURES_SLICE[key] for key in gather.DISPLAY_SLICE_KEYS}
     return stage_flags(
         gather,

@@ -52,12 +52,12 @@ rule theory:
 
 rule gather:
     input:
+        **{key: as_inputs(files) for key, files in display_inputs().items()},
         comparisons=stats_tables("comparisons"),
         summary=stats_tables("summary"),
         trials=stats_tables("trials"),
         theory=theory_tables(),
         # the facet cells' metrics, summarised into the figures' display tables
-        **{key: as_inputs(files) for key, files in display_inputs().items()},
     output:
         # the stage's declared outputs (kvasym.stages.gather.OUTPUTS)
         **{name: pattern(name) for name in stage_module("gather").OUTPUTS.values()},
