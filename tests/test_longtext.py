@@ -132,7 +132,7 @@ def test_disjoint_from_across_window_lengths():
 
 def real_model_or_skip(unchecked: str):
     """The dequantized real model; without the real extra the test skips and says in capitals
-    what was NOT checked (shared with tests/test_passkey.py)."""
+    what was NOT checked (shared with tests/test_passkey.py and tests/test_real_endtoend.py)."""
     why = missing_extra_reason()
     if why is not None:
         print(f"\n*** REAL-MODEL EXTRA MISSING: {why} -- {unchecked} NOT checked ***", file=sys.stderr)

@@ -10,7 +10,6 @@ skip LOUDLY when the optional extra is missing.
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import numpy as np
 import pytest
@@ -18,7 +17,6 @@ from scipy.special import log_softmax, rel_entr, softmax
 
 from kvasym.errors import KvasymError
 from kvasym.evaluate import quantize_pair
-from kvasym.real import missing_extra_reason
 from kvasym.real.endtoend import (
     ALL_LAYERS,
     BITS_COLUMNS,
@@ -30,6 +28,7 @@ from kvasym.real.endtoend import (
     run_layers,
 )
 from kvasym.schemes import get_scheme
+from test_longtext import real_model_or_skip
 
 SHORT_TEXT = "The old clock in the hall struck nine, and the children ran upstairs."
 BASE_SEED = 11
@@ -39,13 +38,7 @@ BASE_SEED = 11
 def model():
     """The dequantized model, once for the module; without the real extra every test here skips
     and says so in capitals."""
-    why = missing_extra_reason()
-    if why is not None:
-        print(f"\n*** REAL-MODEL EXTRA MISSING: {why} -- the end-to-end pass was NOT verified ***", file=sys.stderr)
-        pytest.skip(f"REAL-MODEL EXTRA MISSING: {why}")
-    from kvasym.real.gguf_model import GGUFLlama
-
-    return GGUFLlama.load()
+    return real_model_or_skip("the end-to-end pass was")
 
 
 @pytest.fixture(scope="module")
