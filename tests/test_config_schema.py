@@ -251,8 +251,8 @@ def test_validate_key_checks_one_section_as_the_whole_config_does():
     from kvasym.real import real_settings
 
     assert validate_key("real.e2e", {"own": "quantized"}) == {
-        "texts": "all", "schemes": "all", "rope": ["post", "pre"], "own": "quantized", "sensitivity_layers": "all",
-        "block_tokens": 64}
+        "texts": "all", "schemes": "all", "draws": 1, "rope": ["post", "pre"], "extra_budgets": {}, "own": "quantized",
+        "sensitivity_layers": "all", "sensitivity_schemes": "study"}
     assert validate_key("real", {}) == validate_config({**MINIMAL, "real": {}})["real"]
     for real in ({"max_tokens": 1}, {"layers": [0, 0]}, {"e2e": {"rope": []}}, {"e2e": {"blocks": 3}}, "on"):
         with pytest.raises(KvasymError) as whole:

@@ -142,20 +142,28 @@ def _sha(texts):
 
 
 def test_the_real_slices_are_those_the_dag_passed_before():
-    """The sorted --slice JSON of every real_metrics, e2e and e2e_stats job of the tiny config,
-    hashed, as `snakemake -n -p` printed them at 5df4e05 (built in common.smk then)."""
+    """The sorted --slice JSON of every real_metrics job of the tiny config, hashed, as `snakemake
+    -n -p` printed them at 5df4e05 (built in common.smk then); the e2e and e2e_stats slices as
+    issue 31 changed them (draws, per-mode schemes, extra budgets; no block_tokens)."""
     config = copy.deepcopy(TINY)
     study = load_study(config)
-    real = real_settings(config["real"], list(study.schemes))
+    real = real_settings(config["real"], list(study.schemes), list(study.frontier_real_schemes))
     schemes = [*study.schemes, *study.frontier_real_schemes]
     real_metrics = [canonical_json(study.job_slice("real_metrics", {"distribution": d, "scheme": s}, real=real))
                     for d in ("smollm2", "smollm2-prerope") for s in schemes]
     assert len(set(real_metrics)) == 16
     assert _sha(real_metrics) == "74d5621f4a95703c912ed09cbcd7f140e4ef245e3499d6c284a024f4fa620e97"
-    e2e = canonical_json(study.job_slice("e2e", {"text": "bicycle_repair"}, real=real))
-    assert _sha([e2e]) == "55a29c1653644a6f4a338b27335d8a025f5ec1f71ef2d51ec192fdc6ec91c849"
+    e2e = study.job_slice("e2e", {"text": "bicycle_repair"}, real=real)
+    e2e_schemes = ["KV", "KQV", "QKQV", "RKV", "KQV-H", "QKQV-H", "CRKV", "SKLT"]
+    assert [s["name"] for s in e2e["schemes"]] == e2e_schemes
+    assert e2e["schemes"][7] == {"name": "SKLT", **study.scheme("SKLT").to_dict()}
+    assert {k: v for k, v in e2e.items() if k != "schemes"} == {
+        "text": "bicycle_repair", "max_tokens": 48, "budgets": [2, 4], "base_seed": 7, "norm_dtype": "float32",
+        "e2e": {"draws": 2, "rope": {"post": e2e_schemes, "pre": ["KQV", "RKV"]}, "extra_budgets": {"RKV": [5]},
+                "own": "exact", "sensitivity_layers": [0, 29], "sensitivity_schemes": ["KV", "KQV", "QKQV", "RKV"]}}
     assert canonical_json(study.job_slice("e2e_stats", {}, real=real)) == (
-        '{"base_seed":7,"block_tokens":8,"budgets":[2,4],"n_boot":200,"schemes":["KV","KQV","QKQV","RKV"]}')
+        '{"base_seed":7,"budgets":[2,4],"n_boot":200,"schemes":' + canonical_json(e2e_schemes)
+        + ',"study_schemes":["KV","KQV","QKQV","RKV"]}')
 
 
 def test_a_cells_table_slice_is_its_writers_slice():

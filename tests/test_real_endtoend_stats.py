@@ -9,83 +9,170 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from scipy.stats import spearmanr
+from scipy.stats import spearmanr, wilcoxon
+from scipy.stats import t as student_t
 
-from kvasym.claims import MissingCell, Tables, stat_e2e_rank_agreement, stat_e2e_ratio
+from kvasym.claims import (
+    MissingCell,
+    Tables,
+    stat_e2e_equal_bits,
+    stat_e2e_rank_agreement,
+    stat_e2e_ratio,
+)
 from kvasym.errors import KvasymError
 from kvasym.real.endtoend import ALL_LAYERS
 from kvasym.real.endtoend_stats import (
-    block_labels,
+    compare_equal_bits,
     compare_schemes,
     rank_agreement,
     sensitivity,
     summarize,
+    t_interval,
+    unit_means,
 )
-from kvasym.stats import wilcoxon_paired
 
 SCHEMES = ["KV", "KQV", "QKQV"]
 SEVERITY = {"KV": 0.30, "KQV": 0.05, "QKQV": 0.12}
+#: Side bits per value of each scheme in the synthetic tables (so their rates differ at one n).
+SIDE = {"KV": 0.25, "KQV": 0.5, "QKQV": 0.75}
 
 
-def _frame(n_texts: int = 3, n_pos: int = 40, budgets=(2, 4), layers=(ALL_LAYERS,), seed: int = 0) -> pd.DataFrame:
+def _frame(n_texts: int = 3, n_draws: int = 2, n_pos: int = 40, budgets=(2, 4), layers=(ALL_LAYERS,),
+           seed: int = 0) -> pd.DataFrame:
     gen = np.random.default_rng(seed)
     parts = []
     for text in range(n_texts):
         nll_ref = gen.gamma(2.0, 1.5, n_pos)
-        for layer in layers:
-            for scheme in SCHEMES:
-                for budget in budgets:
-                    scale = SEVERITY[scheme] * (4.0 / budget) ** 2
-                    parts.append(pd.DataFrame({
-                        "text": f"t{text}", "position": np.arange(n_pos), "scheme": scheme, "budget": budget,
-                        "rope": "post", "own": "exact", "layer": layer,
-                        "nll": nll_ref + gen.normal(scale, 0.05, n_pos), "nll_ref": nll_ref,
-                        "kl": gen.gamma(1.0, scale, n_pos), "top1": (gen.random(n_pos) > scale).astype(np.int8),
-                        "k_bits_payload": float(budget), "k_bits_side": 0.5, "v_bits_payload": float(budget),
-                        "v_bits_side": 1.0,
-                    }))
+        for draw in range(n_draws):
+            for layer in layers:
+                for scheme in SCHEMES:
+                    for budget in budgets:
+                        scale = SEVERITY[scheme] * (4.0 / budget) ** 2 * (1 + 0.3 * gen.random())
+                        parts.append(pd.DataFrame({
+                            "text": f"t{text}", "draw": draw, "position": np.arange(n_pos), "scheme": scheme,
+                            "budget": budget, "rope": "post", "own": "exact", "layer": layer,
+                            "nll": nll_ref + gen.normal(scale, 0.05, n_pos), "nll_ref": nll_ref,
+                            "kl": gen.gamma(1.0, scale, n_pos), "top1": (gen.random(n_pos) > scale).astype(np.int8),
+                            "k_bits_payload": float(budget), "k_bits_side": SIDE[scheme],
+                            "v_bits_payload": float(budget), "v_bits_side": SIDE[scheme],
+                        }))
     return pd.concat(parts, ignore_index=True)
 
 
-def test_block_labels_split_by_text_and_position() -> None:
-    frame = pd.DataFrame({"text": ["a", "a", "a", "b"], "position": [0, 7, 8, 0]})
-    assert block_labels(frame, 8).tolist() == ["a/0", "a/0", "a/1", "b/0"]
-    with pytest.raises(KvasymError, match="block_tokens"):
-        block_labels(frame, 0)
+def _unit_values(g: pd.DataFrame, column: str) -> np.ndarray:
+    """Per (text, draw) mean of ``column`` (or of nll - nll_ref for "d"), in sorted unit order:
+    computed here with plain pandas, independently of unit_means."""
+    values = g["nll"] - g["nll_ref"] if column == "d" else g[column]
+    return values.groupby([g["text"], g["draw"]]).mean().sort_index().to_numpy()
+
+
+def _t_bounds(x: np.ndarray) -> tuple[float, float]:
+    low, high = student_t.interval(0.95, x.size - 1, loc=x.mean(), scale=x.std(ddof=1) / math.sqrt(x.size))
+    return float(low), float(high)
+
+
+def test_t_interval_matches_scipy_and_refuses_bad_input() -> None:
+    x = np.array([0.3, 0.1, 0.4, 0.15, 0.9])
+    got = t_interval(x)
+    assert (got["low"], got["high"]) == pytest.approx(_t_bounds(x), rel=1e-12)
+    assert got["se"] == pytest.approx(float(np.std(x, ddof=1) / math.sqrt(5)))
+    one = t_interval([2.0])
+    assert one["estimate"] == 2.0 and math.isnan(one["low"]) and math.isnan(one["se"])
+    with pytest.raises(KvasymError, match="finite"):
+        t_interval([1.0, math.nan])
+
+
+def test_unit_means_are_per_text_and_draw() -> None:
+    frame = _frame(n_texts=2, n_draws=3)
+    g = frame[(frame.scheme == "KV") & (frame.budget == 2)]
+    units = unit_means(g)
+    assert list(zip(units.text, units.draw)) == [(f"t{t}", d) for t in range(2) for d in range(3)]
+    np.testing.assert_allclose(units["d"], _unit_values(g, "d"), rtol=1e-12)
+    dp = np.exp(-g.nll) - np.exp(-g.nll_ref)
+    np.testing.assert_allclose(units["dp2"], (dp * dp).groupby([g.text, g.draw]).mean().to_numpy(), rtol=1e-12)
+    assert (units["n_positions"] == 40).all()
 
 
 def test_summarize_against_direct_formulas() -> None:
     frame = _frame()
-    out = summarize(frame, block_tokens=10, n_boot=300, base_seed=3)
+    out = summarize(frame)
     assert len(out) == len(SCHEMES) * 2
     for _, row in out.iterrows():
         g = frame[(frame.scheme == row.scheme) & (frame.budget == row.budget)]
-        assert row.ppl == pytest.approx(math.exp(g.nll.mean()), rel=1e-12)
+        d = _unit_values(g, "d")
+        assert row.ppl_ratio == pytest.approx(math.exp(d.mean()), rel=1e-12)
+        # equal positions per unit: the mean of unit means is the pooled mean
+        assert row.ppl == pytest.approx(math.exp(g.nll.mean()), rel=1e-9)
         assert row.ppl_ref == pytest.approx(math.exp(g.nll_ref.mean()), rel=1e-12)
-        assert row.ppl_ratio == pytest.approx(row.ppl / row.ppl_ref, rel=1e-9)
-        assert row.ppl_increase == pytest.approx(row.ppl - row.ppl_ref, rel=1e-12)
-        assert row.ppl_ratio_low < row.ppl_ratio < row.ppl_ratio_high
-        assert row.kl_mean == pytest.approx(g.kl.mean()) and row.kl_mean_low < row.kl_mean < row.kl_mean_high
-        assert row.kl_p99 == pytest.approx(np.quantile(g.kl, 0.99)) and row.kl_max == g.kl.max()
+        low, high = _t_bounds(d)
+        assert (row.ppl_ratio_low, row.ppl_ratio_high) == pytest.approx((math.exp(low), math.exp(high)), rel=1e-12)
+        assert row.ppl_ratio_se == pytest.approx(math.exp(d.mean()) * d.std(ddof=1) / math.sqrt(d.size), rel=1e-12)
+        by_text = (g.nll - g.nll_ref).groupby([g.text, g.draw]).mean().groupby(level=0).mean().to_numpy()
+        low_t, high_t = _t_bounds(by_text)
+        assert (row.ppl_ratio_low_text, row.ppl_ratio_high_text) == pytest.approx((math.exp(low_t), math.exp(high_t)))
+        kl = _unit_values(g, "kl")
+        assert row.kl_mean == pytest.approx(kl.mean()) and (row.kl_mean_low, row.kl_mean_high) == pytest.approx(
+            _t_bounds(kl))
+        assert row.kl_p999 == pytest.approx(np.quantile(g.kl, 0.999)) and row.kl_max == g.kl.max()
+        assert row.kl_p99 == pytest.approx(np.quantile(g.kl, 0.99)) and row.kl_median == pytest.approx(g.kl.median())
         assert row.top1 == pytest.approx(g.top1.mean())
-        assert row.bits_per_coordinate == pytest.approx(row.budget + 0.75)
-        assert row.n_blocks == 3 * 4 and row.n_positions == 3 * 40
+        dp = np.exp(-g.nll.to_numpy()) - np.exp(-g.nll_ref.to_numpy())
+        assert row.rms_dp == pytest.approx(math.sqrt(np.mean(dp * dp)), rel=1e-9)
+        assert row.rms_dp_low <= row.rms_dp <= row.rms_dp_high
+        assert row.bits_per_coordinate == pytest.approx(row.budget + SIDE[row.scheme])
+        assert row.n_units == 3 * 2 and row.n_texts == 3 and row.n_draws == 2 and row.n_positions == 3 * 2 * 40
 
 
-def test_compare_schemes_ratio_and_block_test() -> None:
+def test_compare_schemes_ratio_and_unit_test() -> None:
     frame = _frame()
-    out = compare_schemes(frame, SCHEMES, block_tokens=10, n_boot=300, base_seed=3)
+    out = compare_schemes(frame, SCHEMES)
     assert len(out) == 3 * 2  # pairs x budgets
     row = out[(out.scheme_a == "KQV") & (out.scheme_b == "QKQV") & (out.budget == 4)].iloc[0]
-    a = frame[(frame.scheme == "KQV") & (frame.budget == 4)].sort_values(["text", "position"])
-    b = frame[(frame.scheme == "QKQV") & (frame.budget == 4)].sort_values(["text", "position"])
-    assert row.ppl_ratio == pytest.approx(math.exp((a.nll.to_numpy() - b.nll.to_numpy()).mean()), rel=1e-12)
+    a = frame[(frame.scheme == "KQV") & (frame.budget == 4)]
+    b = frame[(frame.scheme == "QKQV") & (frame.budget == 4)]
+    diff = _unit_values(a, "nll") - _unit_values(b, "nll")
+    assert row.ppl_ratio == pytest.approx(math.exp(diff.mean()), rel=1e-12)
+    low, high = _t_bounds(diff)
+    assert (row.ppl_ratio_low, row.ppl_ratio_high) == pytest.approx((math.exp(low), math.exp(high)), rel=1e-12)
     assert row.ppl_ratio_high < 1.0  # KQV's shift is smaller by construction
-    key = a.text + "/" + (a.position // 10).astype(str)
-    means_a = a.nll.groupby(key.to_numpy()).mean().sort_index()
-    means_b = b.nll.groupby(key.to_numpy()).mean().sort_index()
-    assert row.log10_p == pytest.approx(wilcoxon_paired(means_a.to_numpy(), means_b.to_numpy())["log10_p"])
-    assert row.kl_ratio == pytest.approx(a.kl.mean() / b.kl.mean())
+    expected = wilcoxon(_unit_values(a, "nll"), _unit_values(b, "nll"))
+    assert row.log10_p == pytest.approx(math.log10(expected.pvalue)) and row.n_units == 6
+    assert row.kl_ratio == pytest.approx(math.exp(np.mean(np.log(_unit_values(a, "kl") / _unit_values(b, "kl")))))
+    assert (row.bits_a, row.bits_b) == pytest.approx((4 + SIDE["KQV"], 4 + SIDE["QKQV"]))
+
+
+def test_compare_equal_bits_interpolates_in_rate_and_never_extrapolates() -> None:
+    frame = _frame(budgets=(2, 3, 4))
+    out = compare_equal_bits(frame, SCHEMES)
+    # KQV at n = 3 (rate 3.5) against KV interpolated between its n = 3 (3.25) and n = 4 (4.25)
+    row = out[(out.scheme_a == "KQV") & (out.budget_a == 3) & (out.scheme_b == "KV")].iloc[0]
+    assert row.evaluated and row.rate == pytest.approx(3.5) and (row.b_budget_low, row.b_budget_high) == (3, 4)
+    w = (3.5 - 3.25) / 1.0
+    kv3, kv4 = (frame[(frame.scheme == "KV") & (frame.budget == n)] for n in (3, 4))
+    d_b = (1 - w) * _unit_values(kv3, "d") + w * _unit_values(kv4, "d")
+    kl_b = np.exp((1 - w) * np.log(_unit_values(kv3, "kl")) + w * np.log(_unit_values(kv4, "kl")))
+    kqv = frame[(frame.scheme == "KQV") & (frame.budget == 3)]
+    diff = _unit_values(kqv, "d") - d_b
+    assert row.ppl_ratio == pytest.approx(math.exp(diff.mean()), rel=1e-12)
+    low, high = _t_bounds(diff)
+    assert (row.ppl_ratio_low, row.ppl_ratio_high) == pytest.approx((math.exp(low), math.exp(high)), rel=1e-12)
+    assert row.kl_ratio == pytest.approx(math.exp(np.mean(np.log(_unit_values(kqv, "kl") / kl_b))), rel=1e-12)
+    assert row.log10_p == pytest.approx(math.log10(wilcoxon(_unit_values(kqv, "d"), d_b).pvalue))
+    # QKQV at n = 4 spends 4.75 bits: above KV's largest measured rate (4.25): not evaluated
+    above = out[(out.scheme_a == "QKQV") & (out.budget_a == 4) & (out.scheme_b == "KV")].iloc[0]
+    assert not above.evaluated and math.isnan(above.ppl_ratio)
+    # KV at n = 2 spends 2.25: below QKQV's smallest rate (2.75): not evaluated either
+    below = out[(out.scheme_a == "KV") & (out.budget_a == 2) & (out.scheme_b == "QKQV")].iloc[0]
+    assert not below.evaluated
+    tables = Tables(*(pd.DataFrame(),) * 4, e2e_equal_bits=out)
+    m = stat_e2e_equal_bits(tables, {"a": "KQV", "b": "KV", "budget": 3})
+    assert m.estimate == pytest.approx(row.ppl_ratio) and m.details["b_budgets"] == [3, 4]
+    assert stat_e2e_equal_bits(tables, {"a": "KQV", "b": "KV", "budget": 3, "measure": "kl"}).estimate == (
+        pytest.approx(row.kl_ratio))
+    with pytest.raises(MissingCell, match="never extrapolated"):
+        stat_e2e_equal_bits(tables, {"a": "QKQV", "b": "KV", "budget": 4})
+    with pytest.raises(KvasymError, match="measure"):
+        stat_e2e_equal_bits(tables, {"a": "KQV", "b": "KV", "budget": 3, "measure": "nll"})
 
 
 def test_sensitivity_per_layer() -> None:
@@ -99,24 +186,33 @@ def test_sensitivity_per_layer() -> None:
 
 def test_rank_agreement_against_scipy() -> None:
     frame = _frame(budgets=(2, 3, 4))
-    full = frame.groupby(["scheme", "budget"]).apply(lambda g: (g.nll - g.nll_ref).mean(), include_groups=False)
+    full = frame.groupby(["scheme", "budget"]).apply(lambda g: _unit_values(g, "d").mean(), include_groups=False)
     gen = np.random.default_rng(5)
     attention = pd.DataFrame({"scheme": [s for s, _ in full.index], "budget": [b for _, b in full.index],
                               "kl_mean": full.to_numpy() + gen.normal(0, 0.05, full.size)})
-    out = rank_agreement(frame, attention, "post", block_tokens=10, n_boot=200, base_seed=1)
+    out = rank_agreement(frame, attention, "post", n_boot=200, base_seed=1)
     assert out["spearman"] == pytest.approx(spearmanr(attention.kl_mean, full.to_numpy()).statistic)
-    assert out["low"] <= out["spearman"] <= out["high"] and out["n_cells"] == 9
-    # the same ranking on both sides: rho 1 in every replicate
+    assert out["low"] <= out["spearman"] <= out["high"] and out["n_cells"] == 9 and out["n_units"] == 6
+    kl = frame.groupby(["scheme", "budget"]).apply(lambda g: _unit_values(g, "kl").mean(), include_groups=False)
+    by_kl = rank_agreement(frame, attention, "post", n_boot=50, base_seed=1, measure="kl")
+    assert by_kl["spearman"] == pytest.approx(spearmanr(attention.kl_mean, kl.to_numpy()).statistic)
+    two = rank_agreement(frame, attention, "post", n_boot=50, base_seed=1, schemes=["KV", "KQV"], scope="study")
+    mask = attention.scheme.isin(["KV", "KQV"]).to_numpy()
+    assert two["n_cells"] == 6 and two["scope"] == "study"
+    assert two["spearman"] == pytest.approx(spearmanr(attention.kl_mean[mask], full.to_numpy()[mask]).statistic)
+    # the same ranking on both sides: rho 1
     same = attention.assign(kl_mean=full.to_numpy() * 3.0)
-    perfect = rank_agreement(frame, same, "post", block_tokens=10, n_boot=50, base_seed=1)
+    perfect = rank_agreement(frame, same, "post", n_boot=50, base_seed=1)
     assert perfect["spearman"] == pytest.approx(1.0)
     with pytest.raises(KvasymError, match="at least 3"):
-        rank_agreement(frame, attention.iloc[:2], "post", block_tokens=10, n_boot=10, base_seed=1)
+        rank_agreement(frame, attention.iloc[:2], "post", n_boot=10, base_seed=1)
+    with pytest.raises(KvasymError, match="measure"):
+        rank_agreement(frame, attention, "post", n_boot=10, base_seed=1, measure="nll")
 
 
 def test_claim_statistics_orient_and_report_missing() -> None:
     frame = _frame()
-    comparisons = compare_schemes(frame, SCHEMES, block_tokens=10, n_boot=300, base_seed=3)
+    comparisons = compare_schemes(frame, SCHEMES)
     empty = pd.DataFrame()
     tables = Tables(empty, empty, empty, empty, e2e_comparisons=comparisons)
     forward = stat_e2e_ratio(tables, {"a": "KQV", "b": "QKQV", "budget": 4})
@@ -124,17 +220,27 @@ def test_claim_statistics_orient_and_report_missing() -> None:
     assert forward.estimate == pytest.approx(1.0 / backward.estimate)
     assert forward.low == pytest.approx(1.0 / backward.high) and forward.high == pytest.approx(1.0 / backward.low)
     assert forward.log10_p == backward.log10_p and forward.interval
+    assert (forward.details["bits_a"], forward.details["bits_b"]) == pytest.approx((4.5, 4.75))
+    assert (backward.details["bits_a"], backward.details["bits_b"]) == pytest.approx((4.75, 4.5))
+    assert forward.details["n_units"] == 6
     with pytest.raises(MissingCell):
         stat_e2e_ratio(Tables(empty, empty, empty, empty), {"a": "KQV", "b": "QKQV", "budget": 4})
     with pytest.raises(MissingCell):
         stat_e2e_rank_agreement(Tables(empty, empty, empty, empty), {})
+    agreement = pd.DataFrame([{"rope": "post", "measure": "kl", "scope": "all", "spearman": 0.7, "low": 0.5,
+                               "high": 0.9, "n_cells": 9, "n_units": 6, "n_boot": 10}])
+    with pytest.raises(MissingCell, match="scope study"):
+        stat_e2e_rank_agreement(Tables(empty, empty, empty, empty, e2e_agreement=agreement), {})
+    got = stat_e2e_rank_agreement(Tables(empty, empty, empty, empty, e2e_agreement=agreement),
+                                  {"measure": "kl", "scope": "all"})
+    assert (got.estimate, got.low, got.high) == (0.7, 0.5, 0.9)
 
 
 def test_e2e_figures_draw_the_tables_values() -> None:
     from kvasym.render.figures import e2e as fe
 
     frame = _frame(layers=(ALL_LAYERS, 0, 1), budgets=(2, 4))
-    summary = summarize(frame, block_tokens=10, n_boot=100, base_seed=3)
+    summary = summarize(frame)
     fig = fe.e2e_ppl_bits(summary, model="m")
     lines = [line for ax in fig.axes for line in ax.get_lines() if line.get_gid() == "scheme=KQV" and
              len(line.get_xdata()) == 2]
@@ -154,7 +260,7 @@ def test_e2e_table_prints_the_summary_and_marks_the_best() -> None:
     from kvasym.render.table_e2e import e2e_context
 
     frame = _frame(layers=(ALL_LAYERS, 0, 1), budgets=(2, 4))
-    summary = summarize(frame, block_tokens=10, n_boot=100, base_seed=3)
+    summary = summarize(frame)
     context = e2e_context(summary, sensitivity(frame))
     at4 = {r["scheme"]: r for r in context["budgets"][1]["rows"]}
     row = summary[(summary.scheme == "KQV") & (summary.budget == 4)].iloc[0]

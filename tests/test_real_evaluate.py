@@ -196,7 +196,10 @@ def test_one_real_metrics_job_per_scheme_writes_what_a_job_per_budget_wrote(tmp_
         ({"e2e": {"rope": ["sideways"]}}, "real.e2e.rope"),
         ({"e2e": {"own": "maybe"}}, "real.e2e.own"),
         ({"e2e": {"block_tokens": 600}},
-         r"config key real.e2e.block_tokens: must be in 1\.\.512 \(real.max_tokens\), got 600"),
+         r"config key real.e2e.block_tokens was retired: .*\(text, draw\) units.*real.e2e.draws"),
+        ({"e2e": {"draws": 0}}, r"config key real.e2e.draws: must be in 1\.\.64, got 0"),
+        ({"e2e": {"rope": {"sideways": "all"}}}, "real.e2e.rope"),
+        ({"e2e": {"extra_budgets": {"RKV": [9]}}}, "real.e2e.extra_budgets"),
         ({"e2e": {"sensitivity_layers": [30]}}, "real.e2e.sensitivity_layers"),
         ({"e2e": {"blocks": 3}}, r"unknown config key\(s\): real.e2e.blocks"),
         ({"e2e": [1]}, r"config key real.e2e: must be a mapping, or off \(or false\), got \[1\]"),
@@ -206,7 +209,8 @@ def test_one_real_metrics_job_per_scheme_writes_what_a_job_per_budget_wrote(tmp_
         ({"e2e": {"texts": "bicycle_repair"}},
          "config key real.e2e.texts: must be all or a non-empty subset of real.texts, got 'bicycle_repair'"),
         ({"e2e": {"schemes": ["KV", "KV"]}},
-         r"config key real.e2e.schemes: must be all or a non-empty subset of schemes, got \['KV', 'KV'\]"),
+         r"config key real.e2e.schemes: must be all or a non-empty subset of schemes and frontier.real_schemes, "
+         r"got \['KV', 'KV'\]"),
     ],
 )
 def test_real_settings_reject_bad_config(value, message):
@@ -222,8 +226,9 @@ def test_real_settings_defaults():
     assert real_settings(None) is None
     assert real_settings("off") is None and real_settings(False) is None  # --config real=off; YAML `off`
     settings = real_settings({})
-    e2e = {"texts": shipped_texts(), "schemes": "all", "rope": ["post", "pre"], "own": "exact",
-           "sensitivity_layers": list(range(N_LAYERS)), "block_tokens": 64}
+    e2e = {"texts": shipped_texts(), "schemes": "all", "draws": 1, "rope": {"post": "all", "pre": "all"},
+           "extra_budgets": {}, "own": "exact", "sensitivity_layers": list(range(N_LAYERS)),
+           "sensitivity_schemes": "study"}
     assert settings == {"texts": shipped_texts(), "max_tokens": 512, "layers": list(range(N_LAYERS)), "e2e": e2e}
     assert real_settings({"e2e": "off"})["e2e"] is None
     assert real_settings({"e2e": {"sensitivity_layers": []}})["e2e"]["sensitivity_layers"] == []
@@ -240,5 +245,22 @@ def test_real_e2e_subsets_follow_their_lists():
                              schemes=["KV", "KQV", "RKV"])
     assert settings["e2e"]["texts"] == texts and settings["e2e"]["schemes"] == ["KV", "RKV"]
     assert real_settings({}, schemes=["KV", "KQV"])["e2e"]["schemes"] == ["KV", "KQV"]
-    with pytest.raises(KvasymError, match=r"real.e2e.schemes: \['QKQV'\] not among the study schemes"):
+    with pytest.raises(KvasymError, match=r"real.e2e.schemes: \['QKQV'\] not among the study and frontier real"):
         real_settings({"e2e": {"schemes": ["QKQV"]}}, schemes=["KV", "KQV"])
+
+
+def test_real_e2e_schemes_all_adds_the_frontier_real_schemes_and_rope_and_budgets_name_them():
+    from kvasym.real import real_settings
+
+    e2e = real_settings({"e2e": {"rope": {"post": "all", "pre": ["KV"]}, "extra_budgets": {"RKV": [6, 5]},
+                                 "draws": 3}}, schemes=["KV", "RKV"], frontier_schemes=["SKLT", "KV"])["e2e"]
+    assert e2e["schemes"] == ["KV", "RKV", "SKLT"] and e2e["draws"] == 3
+    assert e2e["rope"] == {"post": ["KV", "RKV", "SKLT"], "pre": ["KV"]}
+    assert e2e["extra_budgets"] == {"RKV": [5, 6]} and e2e["sensitivity_schemes"] == ["KV", "RKV"]
+    assert real_settings({"e2e": {"sensitivity_schemes": "all"}}, schemes=["KV"],
+                         frontier_schemes=["SKLT"])["e2e"]["sensitivity_schemes"] == ["KV", "SKLT"]
+    for bad, message in (({"rope": {"pre": ["SKLT"]}}, r"real.e2e.rope.pre: \['SKLT'\] not among the e2e schemes"),
+                         ({"extra_budgets": {"SKLT": [5]}}, r"real.e2e.extra_budgets.SKLT: not among the e2e"),
+                         ({"sensitivity_schemes": ["KQV"]}, r"real.e2e.sensitivity_schemes: \['KQV'\] not among")):
+        with pytest.raises(KvasymError, match=message):
+            real_settings({"e2e": bad}, schemes=["KV", "RKV"])

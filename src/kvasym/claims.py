@@ -97,6 +97,7 @@ class Tables:
     n_boot: int = 1000
     #: End-to-end tables of the real model (stage e2e_stats), None when not configured.
     e2e_comparisons: pd.DataFrame | None = None
+    e2e_equal_bits: pd.DataFrame | None = None
     e2e_agreement: pd.DataFrame | None = None
     #: The frontier's per-unit values (stage frontier), None when no frontier is configured.
     frontier_units: pd.DataFrame | None = None
@@ -586,12 +587,25 @@ def _e2e_table(table: pd.DataFrame | None, what: str) -> pd.DataFrame:
     return table
 
 
+def _oriented(row: pd.Series, forward: bool, log10_p: float, n_units: int) -> Measurement:
+    """The perplexity ratio of ``row`` as asked (``forward``) or inverted (a row stored as (b, a))."""
+    estimate, low, high = float(row["ppl_ratio"]), float(row["ppl_ratio_low"]), float(row["ppl_ratio_high"])
+    sign = 1.0
+    if not forward:
+        estimate, low, high, sign = 1.0 / estimate, 1.0 / high, 1.0 / low, -1.0
+    return Measurement(estimate, low, high, log10_p,
+                       {"rank_biserial": sign * float(row["rank_biserial"]), "n_units": n_units,
+                        "n_trials": n_units},
+                       interval=True)
+
+
 def stat_e2e_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
-    """End to end: perplexity of scheme ``a`` over scheme ``b`` (``exp(mean(nll_a - nll_b))``) at
-    ``budget`` with keys quantized ``rope`` (default post), every layer's cache quantized, with
-    its block-bootstrap interval; p from the paired Wilcoxon test over blocks of positions
-    (:func:`kvasym.real.endtoend_stats.compare_schemes`). Oriented as asked: a row stored as
-    (b, a) is inverted."""
+    """End to end: perplexity of scheme ``a`` over scheme ``b`` (``exp(mean_u(d_a - d_b))``) at the
+    same ``budget`` with keys quantized ``rope`` (default post), every layer's cache quantized,
+    with its t interval over the (text, draw) units; p from the paired Wilcoxon test over the
+    units (:func:`kvasym.real.endtoend_stats.compare_schemes`). Oriented as asked: a row stored
+    as (b, a) is inverted. The two schemes' bits per value are in the details (equal budget is
+    not equal total bits)."""
     table = _e2e_table(t.e2e_comparisons, "comparisons")
     rope = where.get("rope", "post")
     rows = table[(table["rope"] == rope) & (table["budget"] == where["budget"])]
@@ -601,29 +615,60 @@ def stat_e2e_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
         raise MissingCell(f"no end-to-end comparison of {where['a']} and {where['b']} at n = {where['budget']} "
                           f"({rope})")
     row = (forward if not forward.empty else backward).iloc[0]
-    estimate, low, high = float(row["ppl_ratio"]), float(row["ppl_ratio_low"]), float(row["ppl_ratio_high"])
-    sign = 1.0
-    if forward.empty:
-        estimate, low, high, sign = 1.0 / estimate, 1.0 / high, 1.0 / low, -1.0
-    return Measurement(estimate, low, high, float(row["log10_p"]),
-                       {"rank_biserial": sign * float(row["rank_biserial"]), "n_blocks": int(row["n_blocks"]),
-                        "n_trials": int(row["n_blocks"])},
+    m = _oriented(row, not forward.empty, float(row["log10_p"]), int(row["n_units"]))
+    bits = (float(row["bits_a"]), float(row["bits_b"]))
+    m.details.update({"bits_a": bits[0] if not forward.empty else bits[1],
+                      "bits_b": bits[1] if not forward.empty else bits[0]})
+    return m
+
+
+def stat_e2e_equal_bits(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """End to end at equal total bits: scheme ``a`` at ``budget`` against scheme ``b`` evaluated at
+    ``a``'s measured bits per value (interpolated in rate between two of ``b``'s budgets, never
+    extrapolated), keys quantized ``rope`` (default post). ``measure`` ``ppl`` (default): the
+    perplexity ratio ``exp(mean_u(d_a - d_b(rate)))``; ``kl``: the geometric-mean ratio of the
+    mean next-token KL; each with its t interval over the (text, draw) units; p from the paired
+    Wilcoxon test of the units' ``d`` (:func:`kvasym.real.endtoend_stats.compare_equal_bits`).
+    A rate outside ``b``'s measured range is *not evaluated*."""
+    table = _e2e_table(t.e2e_equal_bits, "equal-bits")
+    rope = where.get("rope", "post")
+    measure = where.get("measure", "ppl")
+    if measure not in ("ppl", "kl"):
+        raise KvasymError(f"e2e_equal_bits: where.measure must be ppl or kl, got {measure!r}")
+    rows = table[(table["rope"] == rope) & (table["scheme_a"] == where["a"]) & (table["scheme_b"] == where["b"])
+                 & (table["budget_a"] == where["budget"])]
+    if rows.empty:
+        raise MissingCell(f"no end-to-end equal-bits comparison of {where['a']} at n = {where['budget']} with "
+                          f"{where['b']} ({rope})")
+    row = rows.iloc[0]
+    if not bool(row["evaluated"]):
+        raise MissingCell(f"{where['a']}'s rate at n = {where['budget']} ({float(row['rate']):.3f} bits per value) "
+                          f"is outside {where['b']}'s measured range: not evaluated (never extrapolated)")
+    prefix = "ppl_ratio" if measure == "ppl" else "kl_ratio"
+    return Measurement(float(row[prefix]), float(row[f"{prefix}_low"]), float(row[f"{prefix}_high"]),
+                       float(row["log10_p"]),
+                       {"rank_biserial": float(row["rank_biserial"]), "n_units": int(row["n_units"]),
+                        "n_trials": int(row["n_units"]), "rate": float(row["rate"]),
+                        "b_budgets": [int(row["b_budget_low"]), int(row["b_budget_high"])]},
                        interval=True)
 
 
 def stat_e2e_rank_agreement(t: Tables, where: Mapping[str, Any]) -> Measurement:
-    """Spearman's rho over (scheme, budget) between the end-to-end perplexity increase and the
-    per-head mean attention KL, keys quantized ``rope`` (default post), with its interval from
-    resampling blocks of positions (:func:`kvasym.real.endtoend_stats.rank_agreement`)."""
+    """Spearman's rho over (scheme, budget) between an end-to-end measure (``measure``: ``ppl``,
+    the perplexity increase, default; or ``kl``, the mean next-token KL) and the per-head mean
+    attention KL, over the study's schemes (``scope: study``, default) or every end-to-end
+    scheme (``scope: all``), keys quantized ``rope`` (default post), with its interval from
+    resampling the (text, draw) units (:func:`kvasym.real.endtoend_stats.rank_agreement`)."""
     table = _e2e_table(t.e2e_agreement, "agreement")
     rope = where.get("rope", "post")
-    rows = table[table["rope"] == rope]
+    measure, scope = where.get("measure", "ppl"), where.get("scope", "study")
+    rows = table[(table["rope"] == rope) & (table["measure"] == measure) & (table["scope"] == scope)]
     if rows.empty:
-        raise MissingCell(f"no end-to-end rank agreement for rope {rope}")
+        raise MissingCell(f"no end-to-end rank agreement for rope {rope}, measure {measure}, scope {scope}")
     row = rows.iloc[0]
     return Measurement(float(row["spearman"]), float(row["low"]), float(row["high"]),
-                       details={"n_cells": int(row["n_cells"]), "n_blocks": int(row["n_blocks"]),
-                                "n_trials": int(row["n_blocks"])},
+                       details={"n_cells": int(row["n_cells"]), "n_units": int(row["n_units"]),
+                                "n_trials": int(row["n_units"])},
                        interval=True)
 
 
@@ -846,9 +891,13 @@ STATISTICS: dict[str, Statistic] = {s.name: s for s in (
     Statistic("catastrophic_share", stat_catastrophic_share, ("trials", "summary"),
               "share of catastrophic queries, t CI over {unit}"),
     Statistic("e2e_ratio", stat_e2e_ratio, ("e2e_comparisons",),
-              "perplexity ratio, block bootstrap CI; Wilcoxon over blocks of positions", measured_by=_E2E),
+              "perplexity ratio at equal n, t CI over (text, draw) units; Wilcoxon over units", measured_by=_E2E),
+    Statistic("e2e_equal_bits", stat_e2e_equal_bits, ("e2e_equal_bits",),
+              "perplexity (or KL) ratio at equal total bits (interpolated), t CI over (text, draw) units; "
+              "Wilcoxon over units",
+              measured_by=_E2E),
     Statistic("e2e_rank_agreement", stat_e2e_rank_agreement, ("e2e_agreement",),
-              "Spearman rank correlation; bootstrap CI over blocks of positions",
+              "Spearman rank correlation; bootstrap CI over (text, draw) units",
               measured_by=f"{_E2E}; `real_metrics` via `gather`"),
 )}
 OPS = {">=": np.greater_equal, ">": np.greater, "<=": np.less_equal, "<": np.less}

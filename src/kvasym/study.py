@@ -316,11 +316,12 @@ class Study:
         return {
             "text": text,
             "max_tokens": real["max_tokens"],
-            "schemes": [{"name": name, **self.schemes[name].to_dict()} for name in e2e["schemes"]],
+            "schemes": [{"name": name, **self.scheme(name).to_dict()} for name in e2e["schemes"]],
             "budgets": list(self.budgets),
             "base_seed": self.base_seed,
             "norm_dtype": self.norm_dtype,
-            "e2e": {key: e2e[key] for key in ("rope", "own", "sensitivity_layers")},
+            "e2e": {key: e2e[key] for key in ("draws", "rope", "extra_budgets", "own", "sensitivity_layers",
+                                              "sensitivity_schemes")},
         }
 
     def e2e_stats_slice(self, real: Mapping[str, Any]) -> dict[str, Any]:
@@ -328,10 +329,10 @@ class Study:
         e2e = real["e2e"]
         return {
             "schemes": list(e2e["schemes"]),
+            "study_schemes": [name for name in self.schemes if name in e2e["schemes"]],
             "budgets": list(self.budgets),
             "base_seed": self.base_seed,
             "n_boot": self.stats["n_boot"],
-            "block_tokens": e2e["block_tokens"],
         }
 
     def file_cell_slice(self, distribution: str, dim: int, scheme: str, budget: int,

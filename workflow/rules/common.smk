@@ -99,7 +99,9 @@ STAGE_CODE = {stage: stage_code_digest(stage) for stage in STAGES}
 
 # Real-model rows (SmolLM2-135M captures): only with a `real:` config section and the extra.
 try:
-    REAL = real_settings(config.get("real"), list(STUDY.schemes))
+    REAL = real_settings(
+        config.get("real"), list(STUDY.schemes), list(STUDY.frontier_real_schemes)
+    )
 except KvasymError as exc:
     raise WorkflowError(f"invalid config: {exc}")
 _shadowed = sorted(
@@ -277,7 +279,7 @@ def stats_tables(kind):
 
 # End-to-end passes (kvasym.real.endtoend): with the real rows, unless real.e2e is off.
 E2E = REAL["e2e"] if REAL_CELLS else None
-E2E_TABLES = ("summary", "comparisons", "sensitivity", "agreement")
+E2E_TABLES = ("summary", "comparisons", "equal_bits", "sensitivity", "agreement")
 
 
 def e2e_texts(wildcards=None):

@@ -112,5 +112,6 @@ rule e2e_stats:
     shell:
         "kvasym stage e2e_stats --slice {params.slice:q} --texts {input.texts:q}"
         " --summary {input.summary:q} --out-summary {output.summary:q}"
-        " --out-comparisons {output.comparisons:q} --out-sensitivity {output.sensitivity:q}"
+        " --out-comparisons {output.comparisons:q} --out-equal-bits {output.equal_bits:q}"
+        " --out-sensitivity {output.sensitivity:q}"
         " --out-agreement {output.agreement:q} > {log:q} 2>&1"

@@ -73,7 +73,15 @@ def _off(value: object) -> bool:
     return value is None or value is False or value == "off"
 
 
-def real_settings(value: object, schemes: list[str] | None = None) -> dict | None:
+#: Keys of ``real.e2e`` that were retired, with what replaced them (named in the error).
+RETIRED_E2E_KEYS = {
+    "block_tokens": "end-to-end intervals and paired tests now resample (text, draw) units, not blocks of "
+                    "positions (issue 31); remove the key and set real.e2e.draws (draws per text) instead",
+}
+
+
+def real_settings(value: object, schemes: list[str] | None = None,
+                  frontier_schemes: list[str] | None = None) -> dict | None:
     """The config's ``real`` section, checked and with its defaults filled in.
 
     The config schema (``workflow/schemas/config.schema.yaml``, key ``real``) owns its keys,
@@ -87,7 +95,10 @@ def real_settings(value: object, schemes: list[str] | None = None) -> dict | Non
         The config's ``real``: a mapping, or absent, ``off`` or false (no real rows; the config
         file's section can be switched off from the command line, ``--config real=off``).
     schemes : list of str, optional
-        The study's scheme names: what ``real.e2e.schemes: all`` means.
+        The study's scheme names.
+    frontier_schemes : list of str, optional
+        The frontier schemes of the real rows (``frontier.real_schemes``): with ``schemes``,
+        what ``real.e2e.schemes: all`` means.
 
     Returns
     -------
@@ -99,6 +110,10 @@ def real_settings(value: object, schemes: list[str] | None = None) -> dict | Non
 
     if _off(value):
         return None
+    e2e = value.get("e2e") if isinstance(value, dict) else None
+    for key, why in RETIRED_E2E_KEYS.items():
+        if isinstance(e2e, dict) and key in e2e:
+            raise KvasymError(f"config key real.e2e.{key} was retired: {why}")
     value = validate_key("real", value)
     known = shipped_texts()
     texts = known if value["texts"] == "all" else value["texts"]
@@ -107,7 +122,8 @@ def real_settings(value: object, schemes: list[str] | None = None) -> dict | Non
         raise KvasymError(f"config key real.texts: {missing} not among the shipped texts {known}")
     layers = list(range(N_LAYERS)) if value["layers"] == "all" else sorted(value["layers"])
     return {"texts": list(texts), "max_tokens": value["max_tokens"], "layers": layers,
-            "e2e": e2e_settings(value.get("e2e", {}), value["max_tokens"], list(texts), schemes)}
+            "e2e": e2e_settings(value.get("e2e", {}), value["max_tokens"], list(texts), schemes,
+                                frontier_schemes)}
 
 
 def _subset(key: str, value: str | list[str], allowed: list[str], what: str) -> list[str]:
@@ -122,43 +138,71 @@ def _subset(key: str, value: str | list[str], allowed: list[str], what: str) -> 
 
 
 def e2e_settings(value: object, max_tokens: int, texts: list[str] | None = None,
-                 schemes: list[str] | None = None) -> dict | None:
+                 schemes: list[str] | None = None, frontier_schemes: list[str] | None = None) -> dict | None:
     """The ``real.e2e`` section (the end-to-end passes, :mod:`kvasym.real.endtoend`), checked and
     with its defaults filled in.
 
     The config schema (key ``real.e2e``) owns its keys, types, ranges and defaults; what the
-    schema cannot say is checked here, against the other keys: ``block_tokens`` is at most
-    ``max_tokens`` (``real.max_tokens``), ``texts`` a subset of the real rows' texts (the
-    end-to-end passes cost ~160 CPU-s per 512-token text), ``schemes`` of the study's.
+    schema cannot say is checked here, against the other keys: ``texts`` a subset of the real
+    rows' texts, ``schemes`` of the study's and the frontier's real schemes, and ``rope``,
+    ``extra_budgets`` and ``sensitivity_schemes`` name e2e schemes.
 
     Parameters
     ----------
     value : object
         The config's ``real.e2e``: a mapping, or ``off``/false (no end-to-end passes).
     max_tokens : int
-        ``real.max_tokens``.
-    texts, schemes : list of str, optional
-        The lists ``texts`` and ``schemes`` subset (None: "all" stays "all", a list is taken as
-        given).
+        ``real.max_tokens`` (kept for the callers' signature; every key is now checked by the
+        schema or against the scheme lists).
+    texts : list of str, optional
+        The real rows' texts (None: "all" stays "all", a list is taken as given).
+    schemes, frontier_schemes : list of str, optional
+        The study's schemes and the frontier's real schemes: ``schemes: all`` is both, in that
+        order; ``sensitivity_schemes: study`` is ``schemes`` (None: "all" stays "all").
 
     Returns
     -------
     dict or None
-        ``texts``, ``schemes``, ``rope``, ``own``, ``sensitivity_layers`` (sorted; "all" is
-        every layer, [] none) and ``block_tokens``; None when off.
+        ``texts``, ``schemes``, ``draws``, ``rope`` (a mapping from each RoPE mode to its list of
+        e2e schemes), ``extra_budgets`` (scheme -> sorted budgets), ``own``,
+        ``sensitivity_layers`` (sorted; "all" is every layer, [] none) and
+        ``sensitivity_schemes`` (a list); None when off.
     """
     from ..config_schema import validate_key
 
+    del max_tokens
     if _off(value):
         return None
+    if isinstance(value, dict):
+        for key, why in RETIRED_E2E_KEYS.items():
+            if key in value:
+                raise KvasymError(f"config key real.e2e.{key} was retired: {why}")
     out = validate_key("real.e2e", value)
-    if out["block_tokens"] > max_tokens:
-        raise KvasymError(f"config key real.e2e.block_tokens: must be in 1..{max_tokens} (real.max_tokens), "
-                          f"got {out['block_tokens']!r}")
-    chosen = {}
-    for key, allowed, what in (("texts", texts, "real.texts"), ("schemes", schemes, "study schemes")):
-        chosen[key] = out[key] if allowed is None else _subset(f"real.e2e.{key}", out[key], list(allowed), what)
+    allowed = None if schemes is None else [*schemes, *[s for s in (frontier_schemes or []) if s not in schemes]]
+    chosen_texts = out["texts"] if texts is None else _subset("real.e2e.texts", out["texts"], list(texts), "real.texts")
+    chosen = out["schemes"] if allowed is None else _subset("real.e2e.schemes", out["schemes"], allowed,
+                                                            "study and frontier real schemes")
+    names = allowed if chosen == "all" else list(chosen)
+    rope_value = out["rope"]
+    if isinstance(rope_value, list):
+        rope = {mode: list(names) if names is not None else "all" for mode in rope_value}
+    else:
+        rope = {mode: (_subset(f"real.e2e.rope.{mode}", v, names, "e2e schemes") if names is not None else v)
+                for mode, v in rope_value.items()}
+    extra = {}
+    for scheme, budgets in sorted(out["extra_budgets"].items()):
+        if names is not None and scheme not in names:
+            raise KvasymError(f"config key real.e2e.extra_budgets.{scheme}: not among the e2e schemes {names}")
+        extra[scheme] = sorted(int(b) for b in budgets)
+    sens = out["sensitivity_schemes"]
+    if sens == "study":
+        sens = list(schemes) if schemes is not None else "study"
+        if names is not None and isinstance(sens, list):
+            sens = [s for s in sens if s in names]
+    elif names is not None:
+        sens = _subset("real.e2e.sensitivity_schemes", sens, names, "e2e schemes")
     layers = out["sensitivity_layers"]
-    return {**chosen, "rope": list(out["rope"]), "own": out["own"],
+    return {"texts": chosen_texts, "schemes": chosen, "draws": int(out["draws"]), "rope": rope,
+            "extra_budgets": extra, "own": out["own"],
             "sensitivity_layers": list(range(N_LAYERS)) if layers == "all" else sorted(layers),
-            "block_tokens": out["block_tokens"]}
+            "sensitivity_schemes": sens}

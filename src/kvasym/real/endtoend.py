@@ -29,12 +29,16 @@ Keys before or after RoPE (``rope``)
     rotates the dequantized keys (float64 tables) when read (``smollm2-prerope``). Every
     scheme allows both: RoPE acts on the dequantized rows.
 
-Seeds
-    Rotation and QJL seeds derive from (base seed, text, layer, KV head, side) only
-    (:func:`kvasym.seeds.derived_seed` through ``quantize_pair``), exactly the identity the
-    per-head real metrics use: every scheme, budget, RoPE mode and sensitivity pass sees the
-    same random maps, and layer 0 (whose K and V the quantized pass does not change) is
-    quantized exactly as in :mod:`kvasym.real.evaluate`.
+Seeds and draws
+    Rotation and QJL seeds derive from (base seed, text, draw, layer, KV head, side) only
+    (:func:`kvasym.seeds.derived_seed` through ``quantize_pair``): every scheme, budget, RoPE
+    mode and sensitivity pass of one draw sees the same random maps. Draw 0's identity is the
+    one the per-head real metrics use, ``(text, layer, kv_head)``, so layer 0 (whose K and V the
+    quantized pass does not change) is quantized exactly as in :mod:`kvasym.real.evaluate`;
+    draw ``s > 0`` replaces the text by ``"<text>/draw<s>"`` (:attr:`CacheQuantization.seed_text`).
+    Every position of a text shares its draw, so the draw-to-draw spread is part of the
+    end-to-end error: the unit of every interval and paired test is a (text, draw) pair
+    (:mod:`kvasym.real.endtoend_stats`).
 
 Next-token measures (position ``i`` predicts token ``i + 1``, ``i = 0..T-2``)
     With reference logits ``z`` and quantized logits ``z_hat`` (float32, as the forward pass),
@@ -44,7 +48,10 @@ Next-token measures (position ``i`` predicts token ``i + 1``, ``i = 0..T-2``)
     - ``kl_i = KL(p || p_hat) = sum_v p_v (z_v - z_hat_v) - lse(z) + lse(z_hat)`` (the
       differences ``z - z_hat`` formed in float64, so a logit shift common to the whole
       vocabulary cancels exactly);
-    - ``top1_i = [argmax z == argmax z_hat]``.
+    - ``top1_i = [argmax z == argmax z_hat]``;
+    - the change of the probability of the observed next token, llama.cpp's ``Δp``, is
+      ``dp_i = exp(-nll_i) - exp(-nll_ref_i)``: a function of the stored columns, formed by the
+      statistics (:mod:`kvasym.real.endtoend_stats`), not stored.
 
 References
 ----------
@@ -57,7 +64,7 @@ References
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +107,9 @@ class CacheQuantization:
         The layers whose cache is quantized (None: every layer).
     norm_dtype : str
         Storage dtype of the norms (``"float16"`` or ``"float32"``).
+    draw : int
+        The draw of random maps (rotations, sketches) of this text: 0 is the per-head study's
+        identity, ``s > 0`` an independent draw (module docstring, "Seeds and draws").
     """
 
     scheme: Scheme
@@ -110,13 +120,21 @@ class CacheQuantization:
     own: str = "exact"
     layers: frozenset[int] | None = None
     norm_dtype: str = "float32"
+    draw: int = 0
 
     def __post_init__(self) -> None:
         if self.rope not in ROPE_MODES:
             raise KvasymError(f"rope must be one of {ROPE_MODES}, got {self.rope!r}")
         if self.own not in OWN_MODES:
             raise KvasymError(f"own must be one of {OWN_MODES}, got {self.own!r}")
+        if isinstance(self.draw, bool) or not isinstance(self.draw, (int, np.integer)) or self.draw < 0:
+            raise KvasymError(f"draw must be a non-negative integer, got {self.draw!r}")
         self.scheme.validate_budget(int(self.budget))
+
+    @property
+    def seed_text(self) -> str:
+        """The text part of every seed's identity: the text (draw 0) or ``"<text>/draw<s>"``."""
+        return self.text if self.draw == 0 else f"{self.text}/draw{int(self.draw)}"
 
     def quantizes(self, layer: int) -> bool:
         """Whether layer ``layer``'s cache is quantized in this pass."""
@@ -129,7 +147,7 @@ def quantized_cache(model: GGUFLlama, index: int, keys: np.ndarray, keys_pre_rop
     """``(K_hat, V_hat)`` of layer ``index``, each (n_kv_heads, T, head_dim) in the model dtype.
 
     Each KV head's rows are quantized by :func:`kvasym.evaluate.quantize_pair` with identity
-    ``(text, index, kv_head)`` (the compiled kernels where they implement the side, as in every
+    ``(seed_text, index, kv_head)`` (the compiled kernels where they implement the side, as in every
     stage of the DAG: byte-identical caches, reconstructions equal to float rounding); with
     ``rope="pre"`` the stored keys are ``keys_pre_rope`` and the dequantized keys are rotated by
     RoPE (float64 tables) before they are read. The
@@ -144,7 +162,7 @@ def quantized_cache(model: GGUFLlama, index: int, keys: np.ndarray, keys_pre_rop
         stored = keys[head] if quant.rope == "post" else keys_pre_rope[head]
         packed = quantize_pair(np.asarray(stored, dtype=np.float64), np.asarray(values[head], dtype=np.float64),
                                quant.scheme, int(quant.budget), base_seed=quant.base_seed,
-                               identity=(quant.text, int(index), head), norm_dtype=quant.norm_dtype, kernel="auto")
+                               identity=(quant.seed_text, int(index), head), norm_dtype=quant.norm_dtype, kernel="auto")
         keys_read = dequantize_with(packed["K"], "auto")
         if quant.rope == "pre":
             keys_read = apply_rope(keys_read, cos, sin)
@@ -263,32 +281,47 @@ def evaluate_text(
     base_seed: int,
     ropes: Iterable[str] = ROPE_MODES,
     own: str = "exact",
+    draws: int = 1,
+    rope_schemes: Mapping[str, Sequence[str]] | None = None,
+    extra_budgets: Mapping[str, Sequence[int]] | None = None,
     sensitivity_budget: int | None = None,
     sensitivity_layers: Sequence[int] | None = None,
     sensitivity_rope: str = "post",
+    sensitivity_schemes: Sequence[str] | None = None,
     norm_dtype: str = "float32",
 ) -> dict[str, np.ndarray]:
     """Per-position next-token measures of every pass over one text.
 
-    Passes: every scheme x budget x RoPE mode with every layer quantized (``layer`` =
-    :data:`ALL_LAYERS`), then, with ``sensitivity_budget``, every scheme with one layer at a
-    time (``sensitivity_layers``, default every layer) quantized at that budget (``layer`` = its
-    number; RoPE mode ``sensitivity_rope``),
-    restarted from the reference's residual stream at that layer (the layers before it are
-    the reference's). Returns equal-length columns ``text, position, scheme, budget, rope,
-    own, layer, nll, nll_ref, kl, top1`` and the pass's mean measured bits per coordinate
-    (:data:`BITS_COLUMNS`, over the quantized layers and KV heads).
+    Passes: for every RoPE mode, draw ``0..draws-1``, scheme (of ``rope_schemes[rope]`` when
+    given, else all) and budget (``budgets`` plus the scheme's ``extra_budgets``), every layer
+    quantized (``layer`` = :data:`ALL_LAYERS`); then, with ``sensitivity_budget``, every scheme
+    of ``sensitivity_schemes`` (default all) with one layer at a time (``sensitivity_layers``,
+    default every layer) quantized at that budget in draw 0 (``layer`` = its number; RoPE mode
+    ``sensitivity_rope``), restarted from the reference's residual stream at that layer (the
+    layers before it are the reference's). Returns equal-length columns ``text, draw, position,
+    scheme, budget, rope, own, layer, nll, nll_ref, kl, top1`` and the pass's mean measured bits
+    per coordinate (:data:`BITS_COLUMNS`, over the quantized layers and KV heads).
     """
     if not schemes or not budgets:
         raise KvasymError("evaluate_text needs at least one scheme and one budget")
+    if isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1:
+        raise KvasymError(f"draws must be a positive integer, got {draws!r}")
+    names = [scheme.name for scheme in schemes]
+    named = {"rope_schemes": [n for v in (rope_schemes or {}).values() for n in v],
+             "extra_budgets": list(extra_budgets or {}), "sensitivity_schemes": list(sensitivity_schemes or [])}
+    for what, chosen in named.items():
+        unknown = sorted(set(chosen) - set(names))
+        if unknown:
+            raise KvasymError(f"{what} names schemes {unknown} that are not among the passes' schemes {names}")
     ref = reference_pass(model, token_ids)
     n = ref.nll.size
     columns: dict[str, list[np.ndarray]] = {}
 
     def add(quant: CacheQuantization, layer: int, hidden: np.ndarray, bits: list[dict[str, float]]) -> None:
         measured = next_token_metrics(model, ref, hidden)
-        fixed: dict[str, Any] = {"text": text, "scheme": quant.scheme.name, "budget": int(quant.budget),
-                                 "rope": quant.rope, "own": quant.own, "layer": layer, **_mean_bits(bits)}
+        fixed: dict[str, Any] = {"text": text, "draw": int(quant.draw), "scheme": quant.scheme.name,
+                                 "budget": int(quant.budget), "rope": quant.rope, "own": quant.own, "layer": layer,
+                                 **_mean_bits(bits)}
         for key, value in fixed.items():
             columns.setdefault(key, []).append(np.full(n, value, dtype=object if isinstance(value, str) else None))
         columns.setdefault("position", []).append(np.arange(n, dtype=np.int32))
@@ -297,15 +330,21 @@ def evaluate_text(
             columns.setdefault(key, []).append(value)
 
     for rope in ropes:
-        for scheme in schemes:
-            for budget in budgets:
-                quant = CacheQuantization(scheme, int(budget), base_seed, text, rope=rope, own=own,
-                                          norm_dtype=norm_dtype)
-                bits: list[dict[str, float]] = []
-                hidden = run_layers(model, ref.frame, ref.residuals[0], 0, quant, bits)
-                add(quant, ALL_LAYERS, hidden, bits)
+        chosen = names if rope_schemes is None else list(rope_schemes.get(rope, ()))
+        for draw in range(int(draws)):
+            for scheme in schemes:
+                if scheme.name not in chosen:
+                    continue
+                for budget in [*budgets, *(extra_budgets or {}).get(scheme.name, ())]:
+                    quant = CacheQuantization(scheme, int(budget), base_seed, text, rope=rope, own=own,
+                                              norm_dtype=norm_dtype, draw=draw)
+                    bits: list[dict[str, float]] = []
+                    hidden = run_layers(model, ref.frame, ref.residuals[0], 0, quant, bits)
+                    add(quant, ALL_LAYERS, hidden, bits)
     if sensitivity_budget is not None:
         for scheme in schemes:
+            if sensitivity_schemes is not None and scheme.name not in sensitivity_schemes:
+                continue
             for layer in (range(len(model.layers)) if sensitivity_layers is None else sensitivity_layers):
                 layer = int(layer)
                 if not 0 <= layer < len(model.layers):
@@ -316,7 +355,7 @@ def evaluate_text(
                 hidden = run_layers(model, ref.frame, ref.residuals[layer], layer, quant, bits)
                 add(quant, layer, hidden, bits)
     out = {key: np.concatenate(parts) for key, parts in columns.items()}
-    out["layer"] = out["layer"].astype(np.int32)
-    out["budget"] = out["budget"].astype(np.int32)
+    for key in ("layer", "budget", "draw"):
+        out[key] = out[key].astype(np.int32)
     out["top1"] = out["top1"].astype(np.int8)
     return out

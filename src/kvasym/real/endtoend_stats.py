@@ -1,56 +1,85 @@
-"""Statistics of the end-to-end passes: perplexity, next-token KL and top-1 agreement per scheme
-and budget, paired scheme comparisons, layer sensitivity and rank agreement with attention KL.
+"""Statistics of the end-to-end passes: the field's measures per scheme, budget and RoPE mode,
+paired scheme comparisons at equal budget and at equal total bits, layer sensitivity and rank
+agreement with the per-head attention KL.
 
-Units of resampling
-    Positions of one text are not independent (they share a context), and there are few texts
-    (four in the paper grid): the cluster is a *block* of ``block_tokens`` consecutive
-    positions of one text (text ``t``, block ``floor(i / block_tokens)``). Intervals are the
-    study's ratio intervals over blocks (:func:`kvasym.stats.bootstrap_ratio_ci`: Fieller's for
-    means, paired: the same blocks for every scheme), and paired tests compare the
-    per-block means of two schemes (:func:`kvasym.stats.compare`, whose per-trial Wilcoxon is
-    the block-level test).
+Units
+    Every position of one text shares the text and that text's single draw of rotations and
+    sketches (:mod:`kvasym.real.endtoend`, "Seeds and draws"); the draw-to-draw spread of the
+    perplexity is as large as the effects compared (issue 31's audit: RKV at n = 4 on one text
+    ranged over -0.1% to +8.1% across 9 draws). The unit of every interval and paired test is
+    therefore a **(text, draw)** pair ``u``: each measure is first averaged over the positions
+    of a unit, and the statistics act on the ``U`` unit means. The estimate of a mean is the
+    mean of the unit means (every unit weighs the same; with texts of equal length it is the
+    pooled mean over positions).
+
+Intervals
+    Student's t over the units: ``m +- t_{U-1, 0.975} s / sqrt(U)`` (``s`` the standard
+    deviation of the unit means). It treats the draws of one text as independent samples; the
+    columns ``*_low_text``/``*_high_text`` give the text-clustered interval beside it (the same
+    t interval over the per-text means of the unit means, ``T - 1`` degrees of freedom), which
+    also carries the text-to-text spread. Paired tests are the Wilcoxon signed-rank test over
+    the units (:func:`kvasym.stats.wilcoxon_paired`: exact for small U without ties).
 
 Quantities (over the positions ``i`` of a scheme, budget and RoPE mode; ``d_i = nll_i -
-nll_ref_i``)
-    - ``ppl = exp(mean nll)``, ``ppl_ref = exp(mean nll_ref)``, ``ppl_ratio = ppl / ppl_ref =
-      exp(mean d)``; its interval is ``exp`` of the interval of ``mean d`` (exp is
-      increasing); ``ppl_increase = ppl - ppl_ref`` and ``ppl_increase_rel = ppl_ratio - 1``;
-    - next-token KL: mean (with interval), 99th percentile and maximum; top-1 agreement (mean,
-      with interval);
-    - a pair of schemes ``(a, b)``: ``exp(mean(nll_a - nll_b)) = ppl_a / ppl_b`` with interval,
-      the block-level paired Wilcoxon test of the NLL, and the KL ratio of means;
-    - rank agreement: Spearman's rho over the (scheme, budget) cells between ``mean d`` and the
-      per-head mean attention KL of the same cells (the gathered summary of the real rows);
-      interval by resampling blocks of the end-to-end side (the attention KL is held fixed).
+nll_ref_i``), laid out as llama.cpp's ``--kl-divergence`` report
+    - ``ppl_ratio = exp(mean d)`` = PPL(Q)/PPL(base), its interval ``exp`` of that of ``mean d``
+      and its standard error by the delta method, ``exp(mean d) se(mean d)``;
+      ``ppl = exp(mean nll)``, ``ppl_ref = exp(mean nll_ref)`` (so ``ppl / ppl_ref = ppl_ratio``);
+    - next-token KL: mean (interval, standard error), median, 99th and 99.9th percentiles and
+      maximum over the pooled positions;
+    - top-1 agreement (llama.cpp's "same top p"): mean with interval;
+    - ``Δp_i = exp(-nll_i) - exp(-nll_ref_i)``, the change of the probability of the observed
+      token: ``dp_mean`` and ``rms_dp = sqrt(mean Δp^2)``, whose interval is the square root of
+      the t interval of the unit means of ``Δp^2`` (clipped at 0);
+    - bits per value: the measured bits per coordinate of K and of V (payload + every side
+      array: norms, scales, means, bases), and their mean ``bits_per_coordinate`` (bits per
+      value).
+
+Equal total bits
+    Schemes spend different side bits at one budget (at head_dim 64, KQV and QKQV spend 0.25
+    and 0.5 bit per value more than RKV at n = 4). :func:`compare_equal_bits` keeps scheme
+    ``a``'s point at one budget and evaluates scheme ``b`` at ``a``'s measured rate, per unit,
+    by the frontier's rule (:func:`kvasym.frontier.interpolate_at_rate`): linear in the rate
+    between ``b``'s two bracketing budgets, ``mean d`` linearly (log-linear in the perplexity
+    ratio) and the mean KL log-linearly; never extrapolated (a rate outside ``b``'s measured
+    range is not evaluated: NaN).
 
 References
 ----------
-.. [1] Kuensch, H. R. (1989) "The jackknife and the bootstrap for general stationary
-   observations", Ann. Statist. 17(3):1217-1241 (resampling blocks of a dependent sequence).
-.. [2] Spearman, C. (1904) "The proof and measurement of association between two things", Amer.
+.. [1] Student (1908) "The probable error of a mean", Biometrika 6(1):1-25.
+.. [2] Wilcoxon, F. (1945) "Individual comparisons by ranking methods", Biometrics Bulletin
+   1(6):80-83.
+.. [3] Spearman, C. (1904) "The proof and measurement of association between two things", Amer.
    J. Psychol. 15(1):72-101.
+.. [4] llama.cpp, ``tools/perplexity``: the ``--kl-divergence`` report (mean and percentiles of
+   the KL divergence, "RMS Δp", "Same top p", "Mean PPL(Q)/PPL(base)").
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from itertools import combinations
+from itertools import combinations, permutations
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy.stats import rankdata
+from scipy.stats import t as student_t
 
 from .. import stats
 from ..errors import KvasymError
+from ..frontier import interpolate_at_rate
 from ..seeds import rng
 from .endtoend import ALL_LAYERS
 
 #: The per-head real distribution whose attention KL a RoPE mode is compared with.
 ATTENTION_DISTRIBUTION = {"post": "smollm2", "pre": "smollm2-prerope"}
-REQUIRED_COLUMNS = ("text", "position", "scheme", "budget", "rope", "layer", "nll", "nll_ref", "kl", "top1",
+REQUIRED_COLUMNS = ("text", "draw", "position", "scheme", "budget", "rope", "layer", "nll", "nll_ref", "kl", "top1",
                     "k_bits_payload", "k_bits_side", "v_bits_payload", "v_bits_side")
+LEVEL = 0.95
+#: The per-unit means :func:`unit_means` forms (``d = nll - nll_ref``, ``dp2 = Δp^2``).
+UNIT_COLUMNS = ("nll", "nll_ref", "d", "kl", "top1", "dp", "dp2", "bits")
 
 
 def check_frame(frame: pd.DataFrame, what: str) -> None:
@@ -60,77 +89,122 @@ def check_frame(frame: pd.DataFrame, what: str) -> None:
         raise KvasymError(f"{what}: columns {missing} missing from the end-to-end table")
 
 
-def block_labels(frame: pd.DataFrame, block_tokens: int) -> np.ndarray:
-    """The cluster of each row: ``"<text>/<position // block_tokens>"``."""
-    if block_tokens < 1:
-        raise KvasymError(f"block_tokens must be >= 1, got {block_tokens}")
-    blocks = (frame["position"].to_numpy() // block_tokens).astype(str)
-    return (frame["text"].astype(str).to_numpy().astype(object) + "/" + blocks.astype(object)).astype(str)
+def unit_labels(frame: pd.DataFrame) -> np.ndarray:
+    """The unit of each row: ``"<text>/<draw>"``."""
+    return (frame["text"].astype(str) + "/" + frame["draw"].astype(int).astype(str)).to_numpy()
 
 
-def _by_block(values: np.ndarray, labels: np.ndarray) -> list[np.ndarray]:
-    """``values`` split by block, blocks in sorted label order (the same for every scheme)."""
-    order = np.argsort(labels, kind="stable")
-    _, starts = np.unique(labels[order], return_index=True)
-    return np.split(np.asarray(values, dtype=np.float64)[order], starts[1:])
+def unit_means(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per (text, draw) unit, sorted: the means over its positions of :data:`UNIT_COLUMNS`
+    (``bits`` = the mean of the K and V bits per coordinate, payload + side) and ``n_positions``."""
+    nll, nll_ref = frame["nll"].to_numpy(np.float64), frame["nll_ref"].to_numpy(np.float64)
+    dp = np.exp(-nll) - np.exp(-nll_ref)
+    bits = (frame["k_bits_payload"] + frame["k_bits_side"] + frame["v_bits_payload"] + frame["v_bits_side"]) / 2
+    per = pd.DataFrame({"text": frame["text"].astype(str).to_numpy(), "draw": frame["draw"].astype(int).to_numpy(),
+                        "nll": nll, "nll_ref": nll_ref, "d": nll - nll_ref, "kl": frame["kl"].to_numpy(np.float64),
+                        "top1": frame["top1"].to_numpy(np.float64), "dp": dp, "dp2": dp * dp,
+                        "bits": bits.to_numpy(np.float64)})
+    grouped = per.groupby(["text", "draw"], sort=True)
+    out = grouped[list(UNIT_COLUMNS)].mean()
+    out["n_positions"] = grouped.size()
+    return out.reset_index()
+
+
+def t_interval(values: Sequence[float] | np.ndarray, level: float = LEVEL) -> dict[str, float]:
+    """Mean of ``values`` (one per unit) with Student's t interval and standard error.
+
+    ``mean +- t_{n-1,(1+level)/2} s / sqrt(n)``; with one value the interval and the standard
+    error are NaN (no spread is measured).
+    """
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim != 1 or x.size == 0 or not np.all(np.isfinite(x)):
+        raise KvasymError(f"t_interval needs a non-empty 1-D array of finite values, got shape {x.shape}")
+    mean = float(x.mean())
+    if x.size < 2:
+        return {"estimate": mean, "low": math.nan, "high": math.nan, "se": math.nan, "n": 1}
+    se = float(x.std(ddof=1) / math.sqrt(x.size))
+    half = float(student_t.ppf((1 + level) / 2, x.size - 1)) * se
+    return {"estimate": mean, "low": mean - half, "high": mean + half, "se": se, "n": int(x.size)}
+
+
+def text_clustered(units: pd.DataFrame, column: str, level: float = LEVEL) -> dict[str, float]:
+    """:func:`t_interval` over the per-text means of the unit means of ``column`` (the
+    text-clustered interval: ``T - 1`` degrees of freedom)."""
+    return t_interval(units.groupby("text", sort=True)[column].mean().to_numpy(), level)
 
 
 def _cell(frame: pd.DataFrame, rope: str, scheme: str, budget: int, layer: int = ALL_LAYERS) -> pd.DataFrame:
     rows = frame[(frame["rope"] == rope) & (frame["scheme"] == scheme) & (frame["budget"] == budget)
                  & (frame["layer"] == layer)]
-    return rows.sort_values(["text", "position"], kind="stable")
+    return rows.sort_values(["text", "draw", "position"], kind="stable")
 
 
-def mean_ci(values: np.ndarray, labels: np.ndarray, *, n_boot: int, base_seed: int,
-            identity: Sequence[str | int]) -> dict[str, float]:
-    """Mean of ``values`` and its 95% interval over the blocks ``labels``
-    (:func:`kvasym.stats.bootstrap_ratio_ci` of the values over ones: a ratio of means whose
-    denominator is 1)."""
-    blocks = _by_block(values, labels)
-    ci = stats.bootstrap_ratio_ci(blocks, [np.ones_like(b) for b in blocks], n_boot=n_boot, base_seed=base_seed,
-                                  identity=tuple(identity), paired=True)
-    return {"estimate": ci["estimate"], "low": ci["low"], "high": ci["high"], "n_blocks": ci["n_clusters_a"]}
-
-
-def summarize(frame: pd.DataFrame, *, block_tokens: int, n_boot: int, base_seed: int) -> pd.DataFrame:
-    """One row per (rope, scheme, budget) of the all-layer passes (quantities in the module
-    docstring), with the mean measured bits per coordinate of K and V (payload + side)."""
+def summarize(frame: pd.DataFrame, *, level: float = LEVEL) -> pd.DataFrame:
+    """One row per (rope, scheme, budget) of the all-layer passes: the quantities of the module
+    docstring, with t intervals over the (text, draw) units and the text-clustered intervals of
+    the perplexity ratio and the mean KL."""
     check_frame(frame, "summarize")
     rows = []
     full = frame[frame["layer"] == ALL_LAYERS]
     for (rope, scheme, budget), g in full.groupby(["rope", "scheme", "budget"], sort=True):
-        g = g.sort_values(["text", "position"], kind="stable")
-        labels = block_labels(g, block_tokens)
-        identity = ("e2e", str(rope), str(scheme), int(budget))
-        nll, nll_ref = g["nll"].to_numpy(), g["nll_ref"].to_numpy()
-        d = mean_ci(nll - nll_ref, labels, n_boot=n_boot, base_seed=base_seed, identity=(*identity, "nll"))
-        kl = mean_ci(g["kl"].to_numpy(), labels, n_boot=n_boot, base_seed=base_seed, identity=(*identity, "kl"))
-        top1 = mean_ci(g["top1"].to_numpy(), labels, n_boot=n_boot, base_seed=base_seed, identity=(*identity, "top1"))
-        ppl, ppl_ref = math.exp(float(np.mean(nll))), math.exp(float(np.mean(nll_ref)))
-        bits = [(g[f"{s}_bits_payload"] + g[f"{s}_bits_side"]).mean() for s in ("k", "v")]
+        units = unit_means(g)
+        d, kl, top1 = (t_interval(units[c], level) for c in ("d", "kl", "top1"))
+        dp2 = t_interval(units["dp2"], level)
+        d_text, kl_text = text_clustered(units, "d", level), text_clustered(units, "kl", level)
+        ratio = math.exp(d["estimate"])
+        kl_all = g["kl"].to_numpy(np.float64)
+        k_bits = float((g["k_bits_payload"] + g["k_bits_side"]).mean())
+        v_bits = float((g["v_bits_payload"] + g["v_bits_side"]).mean())
+        ppl_ref = math.exp(float(units["nll_ref"].mean()))
         rows.append({
             "rope": str(rope), "scheme": str(scheme), "budget": int(budget), "n_positions": len(g),
-            "n_texts": int(g["text"].nunique()), "n_blocks": d["n_blocks"],
-            "ppl_ref": ppl_ref, "ppl": ppl, "ppl_increase": ppl - ppl_ref,
-            "ppl_ratio": math.exp(d["estimate"]), "ppl_ratio_low": math.exp(d["low"]),
-            "ppl_ratio_high": math.exp(d["high"]), "ppl_increase_rel": math.exp(d["estimate"]) - 1.0,
+            "n_units": d["n"], "n_texts": int(units["text"].nunique()),
+            "n_draws": int(units.groupby("text")["draw"].nunique().min()),
+            "k_bits": k_bits, "v_bits": v_bits, "bits_per_coordinate": (k_bits + v_bits) / 2,
+            "ppl_ref": ppl_ref, "ppl": ppl_ref * ratio, "ppl_increase": ppl_ref * (ratio - 1.0),
+            "ppl_ratio": ratio, "ppl_ratio_low": math.exp(d["low"]), "ppl_ratio_high": math.exp(d["high"]),
+            "ppl_ratio_se": ratio * d["se"], "ppl_ratio_low_text": math.exp(d_text["low"]),
+            "ppl_ratio_high_text": math.exp(d_text["high"]), "ppl_increase_rel": ratio - 1.0,
             "nll_diff_mean": d["estimate"],
-            "kl_mean": kl["estimate"], "kl_mean_low": kl["low"], "kl_mean_high": kl["high"],
-            "kl_p99": float(np.quantile(g["kl"], 0.99)), "kl_max": float(g["kl"].max()),
+            "kl_mean": kl["estimate"], "kl_mean_low": kl["low"], "kl_mean_high": kl["high"], "kl_mean_se": kl["se"],
+            "kl_mean_low_text": kl_text["low"], "kl_mean_high_text": kl_text["high"],
+            "kl_median": float(np.median(kl_all)), "kl_p99": float(np.quantile(kl_all, 0.99)),
+            "kl_p999": float(np.quantile(kl_all, 0.999)), "kl_max": float(kl_all.max()),
             "top1": top1["estimate"], "top1_low": top1["low"], "top1_high": top1["high"],
-            "bits_per_coordinate": float(np.mean(bits)),
+            "dp_mean": float(units["dp"].mean()), "rms_dp": math.sqrt(max(dp2["estimate"], 0.0)),
+            "rms_dp_low": math.sqrt(max(dp2["low"], 0.0)) if math.isfinite(dp2["low"]) else math.nan,
+            "rms_dp_high": math.sqrt(max(dp2["high"], 0.0)) if math.isfinite(dp2["high"]) else math.nan,
         })
     if not rows:
         raise KvasymError("summarize: the end-to-end table holds no all-layer pass")
     return pd.DataFrame(rows)
 
 
-def compare_schemes(frame: pd.DataFrame, schemes: Sequence[str], *, block_tokens: int, n_boot: int,
-                    base_seed: int) -> pd.DataFrame:
-    """One row per (rope, budget, scheme pair a < b in ``schemes`` order) of the all-layer passes:
-    ``ppl_ratio = exp(mean(nll_a - nll_b))`` with its block-bootstrap interval, the block-level
-    paired Wilcoxon test of the NLL (``log10_p``, rank-biserial, positive when a's NLL is
-    larger) and the KL ratio of means (a over b) with its paired interval."""
+def _paired_units(a: pd.DataFrame, b: pd.DataFrame, what: str) -> None:
+    if not np.array_equal(a[["text", "draw"]].to_numpy(), b[["text", "draw"]].to_numpy()):
+        raise KvasymError(f"{what}: the two cells cover different (text, draw) units")
+
+
+def _difference_row(diff: np.ndarray, log_kl_ratio: np.ndarray, x: np.ndarray, y: np.ndarray,
+                    level: float) -> dict[str, Any]:
+    """The perplexity ratio ``exp(mean diff)`` with its interval and the Wilcoxon test of ``x``
+    against ``y`` over the units, and the geometric-mean KL ratio ``exp(mean log_kl_ratio)``."""
+    ci = t_interval(diff, level)
+    test = stats.wilcoxon_paired(x, y)
+    kl = t_interval(log_kl_ratio, level)
+    return {"ppl_ratio": math.exp(ci["estimate"]), "ppl_ratio_low": math.exp(ci["low"]),
+            "ppl_ratio_high": math.exp(ci["high"]), "n_units": ci["n"], "log10_p": float(test["log10_p"]),
+            "rank_biserial": float(test["rank_biserial"]), "frac_units_a_worse": float(np.mean(diff > 0)),
+            "kl_ratio": math.exp(kl["estimate"]), "kl_ratio_low": math.exp(kl["low"]),
+            "kl_ratio_high": math.exp(kl["high"])}
+
+
+def compare_schemes(frame: pd.DataFrame, schemes: Sequence[str], *, level: float = LEVEL) -> pd.DataFrame:
+    """One row per (rope, budget, scheme pair a < b in ``schemes`` order) of the all-layer passes
+    at the same budget: ``ppl_ratio = exp(mean_u(d_a - d_b)) = PPL_a / PPL_b`` with its t
+    interval over the units, the Wilcoxon signed-rank test of the unit mean NLLs (``log10_p``,
+    rank-biserial positive when a's NLL is larger) and the geometric-mean KL ratio (a over b)
+    ``exp(mean_u log(kl_a / kl_b))`` with its t interval."""
     check_frame(frame, "compare_schemes")
     full = frame[frame["layer"] == ALL_LAYERS]
     rows = []
@@ -139,26 +213,66 @@ def compare_schemes(frame: pd.DataFrame, schemes: Sequence[str], *, block_tokens
             ga, gb = _cell(g, rope, a, budget), _cell(g, rope, b, budget)
             if ga.empty or gb.empty:
                 continue
-            if not np.array_equal(ga[["text", "position"]].to_numpy(), gb[["text", "position"]].to_numpy()):
-                raise KvasymError(f"compare_schemes: {a} and {b} at n = {budget} ({rope}) cover different positions")
-            labels = block_labels(ga, block_tokens)
-            identity = ("e2e", str(rope), int(budget), a, b)
-            diff = mean_ci(ga["nll"].to_numpy() - gb["nll"].to_numpy(), labels, n_boot=n_boot, base_seed=base_seed,
-                           identity=(*identity, "nll"))
-            test = stats.compare(_by_block(ga["nll"].to_numpy(), labels), _by_block(gb["nll"].to_numpy(), labels))
-            kl = stats.bootstrap_ratio_ci(_by_block(ga["kl"].to_numpy(), labels),
-                                          _by_block(gb["kl"].to_numpy(), labels), n_boot=n_boot,
-                                          base_seed=base_seed, identity=(*identity, "kl"),
-                                          paired=True, undefined="nan")
-            rows.append({
-                "rope": str(rope), "budget": int(budget), "scheme_a": a, "scheme_b": b,
-                "ppl_ratio": math.exp(diff["estimate"]), "ppl_ratio_low": math.exp(diff["low"]),
-                "ppl_ratio_high": math.exp(diff["high"]), "n_blocks": diff["n_blocks"],
-                "log10_p": test["t_wilcoxon_log10_p"], "rank_biserial": test["t_wilcoxon_rank_biserial"],
-                "frac_blocks_a_worse": test["t_frac_a_greater"],
-                "kl_ratio": kl["estimate"], "kl_ratio_low": kl["low"], "kl_ratio_high": kl["high"],
-            })
+            ua, ub = unit_means(ga), unit_means(gb)
+            _paired_units(ua, ub, f"compare_schemes {a}/{b} at n = {budget} ({rope})")
+            row = _difference_row((ua["d"] - ub["d"]).to_numpy(), np.log(ua["kl"] / ub["kl"]).to_numpy(),
+                                  ua["nll"].to_numpy(), ub["nll"].to_numpy(), level)
+            rows.append({"rope": str(rope), "budget": int(budget), "scheme_a": a, "scheme_b": b,
+                         "bits_a": float(ua["bits"].mean()), "bits_b": float(ub["bits"].mean()), **row})
     return pd.DataFrame(rows)
+
+
+EQUAL_BITS_COLUMNS = ("rope", "scheme_a", "budget_a", "scheme_b", "rate", "b_budget_low", "b_budget_high",
+                      "evaluated", "ppl_ratio", "ppl_ratio_low", "ppl_ratio_high", "n_units", "log10_p",
+                      "rank_biserial", "frac_units_a_worse", "kl_ratio", "kl_ratio_low", "kl_ratio_high")
+
+
+def compare_equal_bits(frame: pd.DataFrame, schemes: Sequence[str], *, level: float = LEVEL) -> pd.DataFrame:
+    """One row per (rope, ordered scheme pair (a, b), budget of a): ``a``'s all-layer pass at that
+    budget against ``b`` at ``a``'s measured bits per value, per unit (module docstring, "Equal
+    total bits"). ``ppl_ratio = exp(mean_u(d_a - d_b(rate)))`` with its t interval, the Wilcoxon
+    test over units of ``d_a`` against ``d_b(rate)``, the geometric-mean KL ratio; ``evaluated``
+    False (and NaN measures) where the rate is outside ``b``'s measured range in some unit.
+    ``b_budget_low``/``b_budget_high`` name ``b``'s bracketing budgets."""
+    check_frame(frame, "compare_equal_bits")
+    full = frame[frame["layer"] == ALL_LAYERS]
+    rows = []
+    for rope, g in full.groupby("rope", sort=True):
+        cells = {}
+        for (scheme, budget), gc in g.groupby(["scheme", "budget"], sort=True):
+            if scheme in schemes:
+                cells[(str(scheme), int(budget))] = unit_means(gc.sort_values(["text", "draw", "position"]))
+        for a, b in permutations(schemes, 2):
+            b_budgets = sorted(budget for scheme, budget in cells if scheme == b)
+            for budget_a in sorted(budget for scheme, budget in cells if scheme == a):
+                if not b_budgets:
+                    continue
+                ua = cells[(a, budget_a)]
+                points = [cells[(b, nb)] for nb in b_budgets]
+                for ub in points:
+                    _paired_units(ua, ub, f"compare_equal_bits {a}/{b} ({rope})")
+                rates_b = np.stack([ub["bits"].to_numpy() for ub in points], axis=1)  # (units, budgets)
+                d_b = np.stack([ub["d"].to_numpy() for ub in points], axis=1)
+                kl_b = np.stack([ub["kl"].to_numpy() for ub in points], axis=1)
+                rate = ua["bits"].to_numpy()
+                d_at = np.array([interpolate_at_rate(rates_b[u], d_b[u], rate[u], log=False) if len(b_budgets) > 1
+                                 else (d_b[u, 0] if np.isclose(rate[u], rates_b[u, 0]) else np.nan)
+                                 for u in range(rate.size)], dtype=np.float64)
+                kl_at = np.array([interpolate_at_rate(rates_b[u], kl_b[u], rate[u]) if len(b_budgets) > 1
+                                  else (kl_b[u, 0] if np.isclose(rate[u], rates_b[u, 0]) else np.nan)
+                                  for u in range(rate.size)], dtype=np.float64)
+                mean_rate = float(rate.mean())
+                below = [nb for nb, r in zip(b_budgets, rates_b.mean(axis=0)) if r <= mean_rate]
+                above = [nb for nb, r in zip(b_budgets, rates_b.mean(axis=0)) if r >= mean_rate]
+                base = {"rope": str(rope), "scheme_a": a, "budget_a": int(budget_a), "scheme_b": b, "rate": mean_rate,
+                        "b_budget_low": max(below) if below else -1, "b_budget_high": min(above) if above else -1}
+                if not (np.all(np.isfinite(d_at)) and np.all(np.isfinite(kl_at))):
+                    rows.append({**base, "evaluated": False, "n_units": int(rate.size)})
+                    continue
+                d_a = ua["d"].to_numpy()
+                row = _difference_row(d_a - d_at, np.log(ua["kl"].to_numpy() / kl_at), d_a, d_at, level)
+                rows.append({**base, "evaluated": True, **row})
+    return pd.DataFrame(rows, columns=list(EQUAL_BITS_COLUMNS))
 
 
 def sensitivity(frame: pd.DataFrame) -> pd.DataFrame:
@@ -176,41 +290,48 @@ def sensitivity(frame: pd.DataFrame) -> pd.DataFrame:
                                        "n_positions"])
 
 
-def rank_agreement(frame: pd.DataFrame, attention: pd.DataFrame, rope: str, *, block_tokens: int, n_boot: int,
-                   base_seed: int, level: float = 0.95) -> dict[str, Any]:
-    """Spearman's rho over (scheme, budget) between the end-to-end ``mean(nll - nll_ref)`` (RoPE
-    mode ``rope``) and the per-head mean attention KL (``attention``: columns scheme, budget,
-    kl_mean), with a percentile interval from resampling blocks of positions (the same draw for
-    every cell; generator ``rng(base_seed, "e2e", "rank-agreement", rope)``)."""
+AGREEMENT_MEASURES = {"ppl": "d", "kl": "kl"}
+AGREEMENT_COLUMNS = ("rope", "measure", "scope", "spearman", "low", "high", "n_cells", "n_units", "n_boot")
+
+
+def rank_agreement(frame: pd.DataFrame, attention: pd.DataFrame, rope: str, *, n_boot: int, base_seed: int,
+                   measure: str = "ppl", schemes: Sequence[str] | None = None, scope: str = "all",
+                   level: float = LEVEL) -> dict[str, Any]:
+    """Spearman's rho over the (scheme, budget) cells between an end-to-end measure (``measure``:
+    ``"ppl"``, the mean of ``d = nll - nll_ref``, or ``"kl"``, the mean next-token KL; RoPE mode
+    ``rope``) and the per-head mean attention KL (``attention``: columns scheme, budget,
+    kl_mean), over the cells of ``schemes`` (None: every cell both tables hold; ``scope`` names
+    the choice in the result), with a percentile interval from resampling the (text, draw) units
+    of the end-to-end side (the same draw for every cell; the attention KL is held fixed;
+    generator ``rng(base_seed, "e2e", "rank-agreement", rope, measure, scope)``)."""
     check_frame(frame, "rank_agreement")
-    full = frame[(frame["layer"] == ALL_LAYERS) & (frame["rope"] == rope)].sort_values(
-        ["scheme", "budget", "text", "position"], kind="stable")
-    cells = sorted(set(zip(full["scheme"], full["budget"])) & set(zip(attention["scheme"], attention["budget"])))
+    if measure not in AGREEMENT_MEASURES:
+        raise KvasymError(f"rank agreement measure must be one of {sorted(AGREEMENT_MEASURES)}, got {measure!r}")
+    full = frame[(frame["layer"] == ALL_LAYERS) & (frame["rope"] == rope)]
+    cells = set(zip(full["scheme"], full["budget"])) & set(zip(attention["scheme"], attention["budget"]))
+    if schemes is not None:
+        cells = {c for c in cells if c[0] in schemes}
+    cells = sorted(cells)
     if len(cells) < 3:
-        raise KvasymError(f"rank agreement ({rope}) needs at least 3 (scheme, budget) cells in both tables, "
+        raise KvasymError(f"rank agreement ({rope}, {scope}) needs at least 3 (scheme, budget) cells in both tables, "
                           f"got {len(cells)}")
     attn = attention.set_index(["scheme", "budget"])["kl_mean"]
     x = np.array([float(attn.loc[c]) for c in cells])
-    first = _cell(full, rope, *cells[0])
-    labels = block_labels(first, block_tokens)
-    names, ids = np.unique(labels, return_inverse=True)
-    sums = np.empty((len(cells), names.size))
-    for i, (scheme, budget) in enumerate(cells):
-        g = _cell(full, rope, scheme, budget)
-        if not np.array_equal(g[["text", "position"]].to_numpy(), first[["text", "position"]].to_numpy()):
-            raise KvasymError(f"rank agreement: {scheme} at n = {budget} covers other positions than {cells[0]}")
-        sums[i] = np.bincount(ids, weights=(g["nll"] - g["nll_ref"]).to_numpy(), minlength=names.size)
-    sizes = np.bincount(ids, minlength=names.size).astype(np.float64)
-    y = sums.sum(axis=1) / sizes.sum()
-    rho = _spearman(x[None, :], y[None, :])[0]
-    gen = rng(base_seed, "e2e", "rank-agreement", rope)
-    counts = np.stack([np.bincount(gen.integers(0, names.size, names.size), minlength=names.size)
+    per_cell = [unit_means(_cell(full, rope, scheme, budget)) for scheme, budget in cells]
+    for units, cell in zip(per_cell[1:], cells[1:]):
+        _paired_units(per_cell[0], units, f"rank agreement {cell} against {cells[0]}")
+    column = AGREEMENT_MEASURES[measure]
+    values = np.stack([units[column].to_numpy() for units in per_cell])  # (cells, units)
+    n_units = values.shape[1]
+    rho = _spearman(x[None, :], values.mean(axis=1)[None, :])[0]
+    gen = rng(base_seed, "e2e", "rank-agreement", rope, measure, scope)
+    counts = np.stack([np.bincount(gen.integers(0, n_units, n_units), minlength=n_units)
                        for _ in range(n_boot)]).astype(np.float64)
-    replicates = (counts @ sums.T) / (counts @ sizes)[:, None]
+    replicates = (counts @ values.T) / n_units
     rhos = _spearman(np.broadcast_to(x, replicates.shape), replicates)
     low, high = np.nanquantile(rhos, [(1 - level) / 2, (1 + level) / 2])
-    return {"rope": rope, "spearman": float(rho), "low": float(low), "high": float(high), "n_cells": len(cells),
-            "n_blocks": int(names.size), "n_boot": int(n_boot)}
+    return {"rope": rope, "measure": measure, "scope": scope, "spearman": float(rho), "low": float(low),
+            "high": float(high), "n_cells": len(cells), "n_units": int(n_units), "n_boot": int(n_boot)}
 
 
 def _spearman(x: np.ndarray, y: np.ndarray) -> np.ndarray:

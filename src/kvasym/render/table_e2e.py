@@ -1,10 +1,11 @@
 """The end-to-end table of the paper (``table_e2e``): what a quantized KV cache does to the model.
 
 :func:`e2e_context` turns the tables of stage ``e2e_stats`` (:mod:`kvasym.real.endtoend_stats`)
-into the context of ``templates/table_e2e.tex.j2``: per budget and scheme, the measured bits per
-coordinate, the perplexity and its relative increase with its interval, the next-token KL (mean,
-99th percentile, maximum) and the top-1 agreement with keys quantized after RoPE, and the
-perplexity increase and mean KL with keys quantized before RoPE; then the layer-by-scheme
+into the context of ``templates/table_e2e.tex.j2``, laid out as llama.cpp's ``--kl-divergence``
+report: per budget and scheme, the measured bits per value (payload and side arrays), the
+perplexity ratio PPL(Q)/PPL(base) as a relative increase with its interval, the next-token KL
+(mean, 99.9th percentile), RMS Δp and the top-1 agreement ("same top p", in percent) with keys
+quantized after RoPE, and the perplexity increase and mean KL with keys quantized before RoPE; then the layer-by-scheme
 sensitivity (relative perplexity increase with one layer quantized at the lowest budget). Bold
 flags mark the best scheme of each budget. Without the tables: ``has_e2e`` False and the command
 that adds them.
@@ -20,10 +21,12 @@ from ..errors import KvasymError
 from ..real import INSTALL_COMMANDS, REAL_MODEL_NAME
 
 #: Columns of the post-RoPE block: column -> which direction is better.
-POST_COLUMNS = {"ppl_increase_rel": "lower", "kl_mean": "lower", "kl_p99": "lower", "kl_max": "lower",
+POST_COLUMNS = {"ppl_increase_rel": "lower", "kl_mean": "lower", "kl_p999": "lower", "rms_dp": "lower",
                 "top1": "higher"}
+#: Columns printed in percent (llama.cpp prints RMS Δp and "same top p" in percent).
+PERCENT_COLUMNS = ("rms_dp", "top1")
 SUMMARY_COLUMNS = ("rope", "scheme", "budget", "ppl", "ppl_ref", "ppl_ratio_low", "ppl_ratio_high",
-                   "bits_per_coordinate", "n_positions", "n_texts", "n_blocks", *POST_COLUMNS)
+                   "bits_per_coordinate", "n_positions", "n_texts", "n_units", "n_draws", *POST_COLUMNS)
 
 
 def scheme_order(names: Any) -> list[str]:
@@ -68,7 +71,8 @@ def e2e_context(summary: pd.DataFrame | None, sensitivity: pd.DataFrame | None) 
                 "increase": 100.0 * float(r["ppl_increase_rel"]),
                 "increase_low": 100.0 * (float(r["ppl_ratio_low"]) - 1.0),
                 "increase_high": 100.0 * (float(r["ppl_ratio_high"]) - 1.0),
-                **{c: float(r[c]) for c in POST_COLUMNS if c != "ppl_increase_rel"},
+                **{c: float(r[c]) * (100.0 if c in PERCENT_COLUMNS else 1.0)
+                   for c in POST_COLUMNS if c != "ppl_increase_rel"},
                 "best": {c: flags[c][i] for c in POST_COLUMNS},
                 "pre_increase": None if b is None else 100.0 * float(b["ppl_increase_rel"]),
                 "pre_kl_mean": None if b is None else float(b["kl_mean"]),
@@ -89,4 +93,5 @@ def e2e_context(summary: pd.DataFrame | None, sensitivity: pd.DataFrame | None) 
     return {**base, "has_e2e": True, "schemes": schemes, "budgets": budgets, "layers": layers,
             "sensitivity_budget": sens_budget, "ppl_ref": float(post["ppl_ref"].iloc[0]),
             "n_positions": int(post["n_positions"].iloc[0]), "n_texts": int(post["n_texts"].iloc[0]),
-            "n_blocks": int(post["n_blocks"].iloc[0]), "has_pre": not pre.empty}
+            "n_units": int(post["n_units"].iloc[0]), "n_draws": int(post["n_draws"].iloc[0]),
+            "has_pre": not pre.empty}

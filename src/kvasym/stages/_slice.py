@@ -25,7 +25,7 @@ SLICE_KEYS: dict[str, set[str]] = {
     "theory": _DATA_KEYS | {"budgets", "theory"},
     "real_metrics": {"distribution", "scheme", "budgets", "sharpness", "base_seed", "norm_dtype"},
     "e2e": {"text", "max_tokens", "schemes", "budgets", "base_seed", "norm_dtype", "e2e"},
-    "e2e_stats": {"schemes", "budgets", "base_seed", "n_boot", "block_tokens"},
+    "e2e_stats": {"schemes", "study_schemes", "budgets", "base_seed", "n_boot"},
     "file_metrics": {"distribution", "dim", "scheme", "budget", "sharpness", "n_queries", "base_seed", "norm_dtype"},
 }
 #: Stages whose slice can also be built from --config and a cell.

@@ -1,11 +1,12 @@
 """Stage ``e2e`` (rule ``e2e``): the end-to-end passes of SmolLM2-135M over one shipped text.
 
 One job per text: the model is loaded once (~8 s) and the reference pass (its residual streams
-and next-token logits) serves every quantized pass of the text: each scheme x budget x RoPE
-mode with every layer's cache quantized, then each scheme with one layer at a time quantized
-at the lowest budget (:func:`kvasym.real.endtoend.evaluate_text`). The per-position table
-(text, position, scheme, budget, rope, own, layer, nll, nll_ref, kl, top1 and the measured bits
-per coordinate) is written atomically as Parquet with the slice in its metadata.
+and next-token logits) serves every quantized pass of the text: each RoPE mode x draw x scheme
+x budget with every layer's cache quantized, then each sensitivity scheme with one layer at a
+time quantized at the lowest budget (:func:`kvasym.real.endtoend.evaluate_text`; about 3 CPU-s
+a pass at 512 tokens). The per-position table (text, draw, position, scheme, budget, rope, own,
+layer, nll, nll_ref, kl, top1 and the measured bits per coordinate) is written atomically as
+Parquet with the slice in its metadata.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ def run_e2e(slice_: dict[str, Any], out: str) -> None:
     """Every end-to-end pass of the text ``slice_["text"]`` (its first ``max_tokens`` tokens).
 
     ``slice_``: ``text``, ``max_tokens``, ``schemes`` (list of scheme dicts), ``budgets``,
-    ``base_seed``, ``norm_dtype`` and ``e2e`` (``rope``, ``own``, ``sensitivity_layers``).
+    ``base_seed``, ``norm_dtype`` and ``e2e`` (``draws``, ``rope`` (mode -> schemes),
+    ``extra_budgets``, ``own``, ``sensitivity_layers``, ``sensitivity_schemes``).
     """
     import pandas as pd
 
@@ -42,9 +44,12 @@ def run_e2e(slice_: dict[str, Any], out: str) -> None:
     budgets = [int(b) for b in slice_["budgets"]]
     model = GGUFLlama.load()
     ids = model.encode(path.read_text(encoding="utf-8"))[: int(slice_["max_tokens"])]
+    rope = settings["rope"]
     columns = evaluate_text(model, ids, schemes, budgets, text=str(slice_["text"]), base_seed=int(slice_["base_seed"]),
-                            ropes=settings["rope"], own=settings["own"], sensitivity_budget=min(budgets),
-                            sensitivity_layers=settings["sensitivity_layers"], norm_dtype=slice_["norm_dtype"])
+                            ropes=list(rope), rope_schemes=rope, own=settings["own"], draws=int(settings["draws"]),
+                            extra_budgets=settings["extra_budgets"], sensitivity_budget=min(budgets),
+                            sensitivity_layers=settings["sensitivity_layers"],
+                            sensitivity_schemes=settings["sensitivity_schemes"], norm_dtype=slice_["norm_dtype"])
     write_frame_atomic(pd.DataFrame(columns), out, {**provenance(slice_), "model_sha256": model.model_sha256})
 
 

@@ -1,12 +1,14 @@
 """Stage ``e2e_stats`` (rule ``e2e_stats``): the end-to-end results of every text, summarized.
 
 Reads the per-position tables of the ``e2e`` jobs (one per text) and the gathered per-head
-summary (for the real rows' mean attention KL), and writes four tables
-(:mod:`kvasym.real.endtoend_stats`): ``summary`` (perplexity, next-token KL, top-1 agreement
-and measured bits per scheme, budget and RoPE mode, with block-bootstrap intervals),
-``comparisons`` (scheme pairs: perplexity ratio with interval, paired Wilcoxon over blocks, KL
-ratio), ``sensitivity`` (layer by scheme) and ``agreement`` (Spearman's rho between the
-end-to-end and the per-head ranking of the cells, per RoPE mode).
+summary (for the real rows' mean attention KL), and writes five tables
+(:mod:`kvasym.real.endtoend_stats`; the unit of every interval and test is a (text, draw)
+pair): ``summary`` (llama.cpp's measures: perplexity ratio, next-token KL mean and
+percentiles, top-1 agreement, RMS Δp, and the measured bits per value, per scheme, budget and
+RoPE mode), ``comparisons`` (scheme pairs at the same budget), ``equal_bits`` (ordered scheme
+pairs at the first scheme's measured rate, the second interpolated), ``sensitivity`` (layer by
+scheme) and ``agreement`` (Spearman's rho between the end-to-end and the per-head ranking of
+the cells, per RoPE mode, measure (perplexity, KL) and scope (the study's schemes, all)).
 """
 
 from __future__ import annotations
@@ -19,24 +21,34 @@ from ..artifacts import add_input_arguments
 from ..errors import KvasymError
 from ._slice import add_slice_arguments, stage_slice
 
-OUTPUTS = ("summary", "comparisons", "sensitivity", "agreement")
+OUTPUTS = ("summary", "comparisons", "equal_bits", "sensitivity", "agreement")
 
 
 def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_summary: str,
                   out: dict[str, str]) -> None:
-    """The four end-to-end tables of ``text_paths`` (``out``: table name -> path)."""
+    """The five end-to-end tables of ``text_paths`` (``out``: table name -> path)."""
     import pandas as pd
 
     from ..dataset import provenance, read_parquet_checked, write_frame_atomic
-    from ..real.endtoend_stats import ATTENTION_DISTRIBUTION, compare_schemes, rank_agreement, sensitivity, summarize
+    from ..real.endtoend_stats import (
+        AGREEMENT_COLUMNS,
+        ATTENTION_DISTRIBUTION,
+        compare_equal_bits,
+        compare_schemes,
+        rank_agreement,
+        sensitivity,
+        summarize,
+    )
 
     if not text_paths:
         raise KvasymError("e2e_stats needs at least one per-text table (--texts)")
     frame = pd.concat([read_parquet_checked(p) for p in text_paths], ignore_index=True)
-    settings = {key: int(slice_[key]) for key in ("block_tokens", "n_boot", "base_seed")}
+    settings = {key: int(slice_[key]) for key in ("n_boot", "base_seed")}
+    schemes = list(slice_["schemes"])
     tables = {
-        "summary": summarize(frame, **settings),
-        "comparisons": compare_schemes(frame, list(slice_["schemes"]), **settings),
+        "summary": summarize(frame),
+        "comparisons": compare_schemes(frame, schemes),
+        "equal_bits": compare_equal_bits(frame, schemes),
         "sensitivity": sensitivity(frame),
     }
     attention = read_parquet_checked(gathered_summary)
@@ -46,9 +58,11 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
                             & (attention["sharpness"] == 1.0)]
         if rows_of.empty:
             continue  # the per-head real rows of this RoPE mode are not in the gathered summary
-        rows.append(rank_agreement(frame, rows_of, rope, **settings))
-    tables["agreement"] = pd.DataFrame(rows, columns=["rope", "spearman", "low", "high", "n_cells", "n_blocks",
-                                                      "n_boot"])
+        for scope, chosen in (("study", list(slice_["study_schemes"])), ("all", schemes)):
+            for measure in ("ppl", "kl"):
+                rows.append(rank_agreement(frame, rows_of, rope, measure=measure, schemes=chosen, scope=scope,
+                                           **settings))
+    tables["agreement"] = pd.DataFrame(rows, columns=list(AGREEMENT_COLUMNS))
     meta = provenance(slice_)
     for name in OUTPUTS:
         write_frame_atomic(tables[name], out[name], meta)
@@ -62,7 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "e2e_stats")
     add_input_arguments(parser, INPUTS, required=INPUTS, many=("texts",))
     for name in OUTPUTS:
-        parser.add_argument(f"--out-{name}", required=True, help=f"the end-to-end {name} table (Parquet)")
+        parser.add_argument(f"--out-{name.replace('_', '-')}", required=True,
+                            help=f"the end-to-end {name} table (Parquet)")
 
 
 def run(args: argparse.Namespace) -> None:
