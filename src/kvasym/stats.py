@@ -33,7 +33,7 @@ import numpy as np
 import scipy.stats
 from numpy.typing import ArrayLike
 from scipy.spatial.distance import cdist
-from scipy.special import log_ndtr
+from scipy.special import gammaln, log_ndtr, logsumexp
 
 from kvasym.errors import KvasymError
 from kvasym.kernels import compiled_loops
@@ -60,6 +60,8 @@ __all__ = [
     "cell_summary",
     "linear_slope_ci",
     "compare",
+    "mcnemar_exact",
+    "clopper_pearson",
 ]
 
 ENERGY_MAX_POOLED = 8192
@@ -1920,3 +1922,141 @@ def _unit_groups(units: Sequence[str | int] | None, n_trials: int) -> list[list[
     for i, label in enumerate(labels):
         by_label.setdefault(label, []).append(i)
     return [by_label[k] for k in sorted(by_label, key=lambda v: (isinstance(v, str), v))]
+
+
+def _as_binary(x: ArrayLike, name: str) -> np.ndarray:
+    """A bool 1-D copy of ``x`` if every value is 0/1 (or False/True); else KvasymError naming ``name``."""
+    arr = np.asarray(x)
+    if arr.ndim != 1:
+        raise KvasymError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        raise KvasymError(f"{name} needs at least 1 value, got 0")
+    if arr.dtype == bool:
+        return arr.copy()
+    try:
+        values = arr.astype(np.float64)
+    except (TypeError, ValueError):
+        raise KvasymError(f"{name} must hold binary outcomes 0/1, got dtype {arr.dtype}") from None
+    bad = ~((values == 0.0) | (values == 1.0))
+    if bad.any():
+        raise KvasymError(f"{name} must hold binary outcomes 0/1, got {arr[bad][0]!r} at index {int(np.argmax(bad))}")
+    return values == 1.0
+
+
+def _log10_binom_half_cdf(k: int, n: int) -> float:
+    """log10 P(Binom(n, 1/2) <= k), summed in log space so it stays finite for any n."""
+    i = np.arange(k + 1, dtype=np.float64)
+    log_terms = gammaln(n + 1.0) - gammaln(i + 1.0) - gammaln(n - i + 1.0) - n * _LN2
+    return float(logsumexp(log_terms)) / _LN10
+
+
+def mcnemar_exact(baseline_correct: ArrayLike, other_correct: ArrayLike) -> dict[str, float | int]:
+    """McNemar's exact (conditional) test for paired binary outcomes.
+
+    Unit ``i`` (e.g. one passkey trial) is scored under two conditions, ``baseline_correct[i]``
+    and ``other_correct[i]`` in {0, 1}. Only discordant pairs carry information on the
+    difference: ``b`` units where the baseline is right and the other wrong, ``c`` where the
+    baseline is wrong and the other right. Under the null hypothesis of equal marginal
+    accuracy, conditionally on ``b + c``, ``b ~ Binom(b + c, 1/2)`` [1]_, and the exact two-sided
+    p value is
+
+        p = min(1, 2 P(Binom(b + c, 1/2) <= min(b, c))),
+
+    with ``p = 1`` when ``b + c = 0``. This exact conditional test is conservative (its size is
+    below the nominal level; Fagerland, Lydersen & Laake [2]_ recommend the mid-p variant for
+    power). It is used here because its size never exceeds the nominal level, so a loss it
+    calls significant is never overstated; the other side of that coin is that a large p value
+    at small ``n`` is weak evidence of *no* loss, so report ``accuracy_diff`` with it.
+
+    Parameters
+    ----------
+    baseline_correct : array_like
+        (n,) 0/1 (or bool) outcomes of the baseline (e.g. the full-precision model).
+    other_correct : array_like
+        (n,) 0/1 outcomes of the other condition on the same units, in the same order.
+
+    Returns
+    -------
+    dict
+        ``n`` units, ``b``, ``c`` discordant counts, ``p`` (float), ``log10_p`` (exact in log
+        space, finite even where ``p`` underflows), ``accuracy_baseline``, ``accuracy_other`` and
+        ``accuracy_diff = accuracy_other - accuracy_baseline = (c - b) / n``.
+
+    Raises
+    ------
+    KvasymError
+        If an argument is not 1-D, empty or non-binary (the message names it), or the lengths
+        differ.
+
+    References
+    ----------
+    .. [1] McNemar, Q. (1947) "Note on the sampling error of the difference between correlated
+       proportions or percentages", Psychometrika 12(2):153-157.
+    .. [2] Fagerland, M. W., Lydersen, S., Laake, P. (2013) "The McNemar test for binary
+       matched-pairs data: mid-p and asymptotic are better than exact conditional", BMC Medical
+       Research Methodology 13:91 (the exact conditional test, its worked example and its size).
+    """
+    base = _as_binary(baseline_correct, "baseline_correct")
+    other = _as_binary(other_correct, "other_correct")
+    if base.size != other.size:
+        raise KvasymError(f"baseline_correct and other_correct must pair the same units: lengths "
+                          f"{base.size} and {other.size}")
+    b = int(np.sum(base & ~other))
+    c = int(np.sum(~base & other))
+    if b + c == 0:
+        log10_p = 0.0
+    else:
+        log10_p = min(0.0, math.log10(2.0) + _log10_binom_half_cdf(min(b, c), b + c))
+    n = int(base.size)
+    acc_base = float(np.mean(base))
+    acc_other = float(np.mean(other))
+    return {"n": n, "b": b, "c": c, "p": 10.0 ** log10_p, "log10_p": log10_p,
+            "accuracy_baseline": acc_base, "accuracy_other": acc_other, "accuracy_diff": (c - b) / n}
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The Clopper-Pearson exact interval for a binomial proportion from ``k`` successes in ``n``.
+
+    With ``alpha = 1 - level``, the ends are the proportions at which the observed count sits
+    in a tail of probability ``alpha / 2`` [1]_, written with Beta quantiles [2]_:
+
+        p_low = BetaQuantile(alpha / 2; k, n - k + 1),
+        p_high = BetaQuantile(1 - alpha / 2; k + 1, n - k),
+
+    with ``p_L = 0`` when ``k = 0`` and ``p_U = 1`` when ``k = n``. Its coverage is at least
+    ``level`` for every true proportion (it is conservative).
+
+    Parameters
+    ----------
+    k : int
+        Successes, ``0 <= k <= n``.
+    n : int
+        Trials, ``n >= 1``.
+    level : float
+        Confidence level in (0, 1).
+
+    Returns
+    -------
+    tuple of float
+        ``(low, high)``.
+
+    Raises
+    ------
+    KvasymError
+        If ``n < 1``, ``k`` outside ``0..n`` or the level outside (0, 1) (the message names it).
+
+    References
+    ----------
+    .. [1] Clopper, C. J., Pearson, E. S. (1934) "The use of confidence or fiducial limits
+       illustrated in the case of the binomial", Biometrika 26(4):404-413.
+    .. [2] Brown, L. D., Cai, T. T., DasGupta, A. (2001) "Interval estimation for a binomial
+       proportion", Statistical Science 16(2):101-133 (the Beta-quantile form).
+    """
+    n = _check_int(n, "n", minimum=1)
+    k = _check_int(k, "k", minimum=0)
+    if k > n:
+        raise KvasymError(f"k must be <= n, got k={k}, n={n}")
+    alpha = 1.0 - _check_level(level)
+    low = 0.0 if k == 0 else float(scipy.stats.beta.ppf(alpha / 2.0, k, n - k + 1))
+    high = 1.0 if k == n else float(scipy.stats.beta.ppf(1.0 - alpha / 2.0, k + 1, n - k))
+    return low, high
