@@ -272,3 +272,29 @@ def test_e2e_table_prints_the_summary_and_marks_the_best() -> None:
     assert "\\begin{longtable}" in text and "tab:e2e_layers" in text and "\\mathbf" in text
     empty = tables.table_texts({"summary": pd.DataFrame()}, {}, ["table_e2e"])["table_e2e"]
     assert "were not run in this build" in empty and "\\label{tab:e2e}" in empty
+
+
+def test_schemes_that_draw_nothing_run_once_and_pair_with_every_draw() -> None:
+    from kvasym.real.endtoend import draws_random_maps
+    from kvasym.real.endtoend_stats import align_units
+    from kvasym.schemes import get_scheme
+
+    drawn = {name: draws_random_maps(get_scheme(name)) for name in
+             ("KV", "SKLT", "KIVI32", "KIVI128", "RKV", "KQV", "QKQV", "CRKV", "HRKV", "RKV-EDEN", "KQV-H")}
+    assert drawn == {"KV": False, "SKLT": False, "KIVI32": False, "KIVI128": False, "RKV": True, "KQV": True,
+                     "QKQV": True, "CRKV": True, "HRKV": True, "RKV-EDEN": True, "KQV-H": True}
+    frame = _frame()
+    once = frame[~((frame.scheme == "KV") & (frame.draw == 1))]
+    summary = summarize(once).set_index(["scheme", "budget"])
+    assert summary.loc[("KV", 4), "n_units"] == 3 and summary.loc[("KV", 4), "n_draws"] == 1
+    assert summary.loc[("KQV", 4), "n_units"] == 6
+    row = compare_schemes(once, SCHEMES).query("scheme_a == 'KV' and scheme_b == 'KQV' and budget == 4").iloc[0]
+    kv = once[(once.scheme == "KV") & (once.budget == 4)]
+    kqv = once[(once.scheme == "KQV") & (once.budget == 4)]
+    kv_by_text = (kv.nll - kv.nll_ref).groupby(kv.text).mean()
+    kqv_units = (kqv.nll - kqv.nll_ref).groupby([kqv.text, kqv.draw]).mean()
+    diff = np.array([kv_by_text[t] - kqv_units[(t, d)] for t, d in kqv_units.index])
+    assert row.n_units == 6 and row.ppl_ratio == pytest.approx(math.exp(diff.mean()), rel=1e-12)
+    a, b = unit_means(kqv), unit_means(kqv[kqv.text != "t0"])
+    with pytest.raises(KvasymError, match="different \\(text, draw\\) units"):
+        align_units([a, b], "pair")

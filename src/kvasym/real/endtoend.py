@@ -38,7 +38,10 @@ Seeds and draws
     draw ``s > 0`` replaces the text by ``"<text>/draw<s>"`` (:attr:`CacheQuantization.seed_text`).
     Every position of a text shares its draw, so the draw-to-draw spread is part of the
     end-to-end error: the unit of every interval and paired test is a (text, draw) pair
-    (:mod:`kvasym.real.endtoend_stats`).
+    (:mod:`kvasym.real.endtoend_stats`). A scheme that draws nothing (no seeded transform and
+    no sketch on either side: KV, SKLT, KIVI; :func:`draws_random_maps`) gives the same cache in
+    every draw, so it runs in draw 0 only; the statistics read its one pass per text as the
+    value of every draw of that text.
 
 Next-token measures (position ``i`` predicts token ``i + 1``, ``i = 0..T-2``)
     With reference logits ``z`` and quantized logits ``z_hat`` (float32, as the forward pass),
@@ -139,6 +142,12 @@ class CacheQuantization:
     def quantizes(self, layer: int) -> bool:
         """Whether layer ``layer``'s cache is quantized in this pass."""
         return self.layers is None or layer in self.layers
+
+
+def draws_random_maps(scheme: Scheme) -> bool:
+    """Whether ``scheme``'s caches depend on the draw: a side with a seeded transform (WHT or
+    Haar rotation) or a sketch. Otherwise every draw would repeat draw 0's passes exactly."""
+    return any(scheme.side(side).seeded_transform or scheme.side(side).qjl for side in SIDES)
 
 
 def quantized_cache(model: GGUFLlama, index: int, keys: np.ndarray, keys_pre_rope: np.ndarray,
@@ -293,9 +302,10 @@ def evaluate_text(
     """Per-position next-token measures of every pass over one text.
 
     Passes: for every RoPE mode, draw ``0..draws-1``, scheme (of ``rope_schemes[rope]`` when
-    given, else all) and budget (``budgets`` plus the scheme's ``extra_budgets``), every layer
-    quantized (``layer`` = :data:`ALL_LAYERS`); then, with ``sensitivity_budget``, every scheme
-    of ``sensitivity_schemes`` (default all) with one layer at a time (``sensitivity_layers``,
+    given, else all; in draw 0 only unless it :func:`draws_random_maps`) and budget
+    (``budgets`` plus the scheme's ``extra_budgets``), every layer quantized (``layer`` =
+    :data:`ALL_LAYERS`); then, with ``sensitivity_budget``, every scheme of
+    ``sensitivity_schemes`` (default all) with one layer at a time (``sensitivity_layers``,
     default every layer) quantized at that budget in draw 0 (``layer`` = its number; RoPE mode
     ``sensitivity_rope``), restarted from the reference's residual stream at that layer (the
     layers before it are the reference's). Returns equal-length columns ``text, draw, position,
@@ -333,7 +343,7 @@ def evaluate_text(
         chosen = names if rope_schemes is None else list(rope_schemes.get(rope, ()))
         for draw in range(int(draws)):
             for scheme in schemes:
-                if scheme.name not in chosen:
+                if scheme.name not in chosen or (draw > 0 and not draws_random_maps(scheme)):
                     continue
                 for budget in [*budgets, *(extra_budgets or {}).get(scheme.name, ())]:
                     quant = CacheQuantization(scheme, int(budget), base_seed, text, rope=rope, own=own,

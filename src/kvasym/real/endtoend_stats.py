@@ -10,7 +10,10 @@ Units
     therefore a **(text, draw)** pair ``u``: each measure is first averaged over the positions
     of a unit, and the statistics act on the ``U`` unit means. The estimate of a mean is the
     mean of the unit means (every unit weighs the same; with texts of equal length it is the
-    pooled mean over positions).
+    pooled mean over positions). A scheme that draws no random maps runs in draw 0 only
+    (:func:`kvasym.real.endtoend.draws_random_maps`): its own intervals are over its texts, and
+    in a paired comparison its value of a text stands for every draw of that text
+    (:func:`align_units`: it is that draw's value exactly).
 
 Intervals
     Student's t over the units: ``m +- t_{U-1, 0.975} s / sqrt(U)`` (``s`` the standard
@@ -180,9 +183,28 @@ def summarize(frame: pd.DataFrame, *, level: float = LEVEL) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _paired_units(a: pd.DataFrame, b: pd.DataFrame, what: str) -> None:
-    if not np.array_equal(a[["text", "draw"]].to_numpy(), b[["text", "draw"]].to_numpy()):
-        raise KvasymError(f"{what}: the two cells cover different (text, draw) units")
+def _one_draw(units: pd.DataFrame) -> bool:
+    return bool((units.groupby("text")["draw"].nunique() == 1).all() and (units["draw"] == 0).all())
+
+
+def align_units(cells: Sequence[pd.DataFrame], what: str) -> list[pd.DataFrame]:
+    """The :func:`unit_means` tables of ``cells`` on common (text, draw) units.
+
+    A cell with draw 0 alone for each of its texts (a scheme that draws nothing) is repeated
+    for every draw the other cells hold for that text; cells with several draws must cover the
+    same units. Raises a KvasymError naming ``what`` when they do not (different texts or
+    draws)."""
+    many = [u for u in cells if not _one_draw(u)]
+    target = many[0][["text", "draw"]] if many else cells[0][["text", "draw"]]
+    out = []
+    for units in cells:
+        if _one_draw(units) and many:
+            units = target.merge(units.drop(columns="draw"), on="text", how="left")
+        if units[["text", "draw"]].shape != target.shape or not np.array_equal(
+                units[["text", "draw"]].to_numpy(), target.to_numpy()) or units.isna().any().any():
+            raise KvasymError(f"{what}: the cells cover different (text, draw) units")
+        out.append(units.reset_index(drop=True))
+    return out
 
 
 def _difference_row(diff: np.ndarray, log_kl_ratio: np.ndarray, x: np.ndarray, y: np.ndarray,
@@ -213,8 +235,7 @@ def compare_schemes(frame: pd.DataFrame, schemes: Sequence[str], *, level: float
             ga, gb = _cell(g, rope, a, budget), _cell(g, rope, b, budget)
             if ga.empty or gb.empty:
                 continue
-            ua, ub = unit_means(ga), unit_means(gb)
-            _paired_units(ua, ub, f"compare_schemes {a}/{b} at n = {budget} ({rope})")
+            ua, ub = align_units([unit_means(ga), unit_means(gb)], f"compare_schemes {a}/{b} at n = {budget} ({rope})")
             row = _difference_row((ua["d"] - ub["d"]).to_numpy(), np.log(ua["kl"] / ub["kl"]).to_numpy(),
                                   ua["nll"].to_numpy(), ub["nll"].to_numpy(), level)
             rows.append({"rope": str(rope), "budget": int(budget), "scheme_a": a, "scheme_b": b,
@@ -247,10 +268,8 @@ def compare_equal_bits(frame: pd.DataFrame, schemes: Sequence[str], *, level: fl
             for budget_a in sorted(budget for scheme, budget in cells if scheme == a):
                 if not b_budgets:
                     continue
-                ua = cells[(a, budget_a)]
-                points = [cells[(b, nb)] for nb in b_budgets]
-                for ub in points:
-                    _paired_units(ua, ub, f"compare_equal_bits {a}/{b} ({rope})")
+                ua, *points = align_units([cells[(a, budget_a)], *(cells[(b, nb)] for nb in b_budgets)],
+                                          f"compare_equal_bits {a}/{b} ({rope})")
                 rates_b = np.stack([ub["bits"].to_numpy() for ub in points], axis=1)  # (units, budgets)
                 d_b = np.stack([ub["d"].to_numpy() for ub in points], axis=1)
                 kl_b = np.stack([ub["kl"].to_numpy() for ub in points], axis=1)
@@ -317,9 +336,8 @@ def rank_agreement(frame: pd.DataFrame, attention: pd.DataFrame, rope: str, *, n
                           f"got {len(cells)}")
     attn = attention.set_index(["scheme", "budget"])["kl_mean"]
     x = np.array([float(attn.loc[c]) for c in cells])
-    per_cell = [unit_means(_cell(full, rope, scheme, budget)) for scheme, budget in cells]
-    for units, cell in zip(per_cell[1:], cells[1:]):
-        _paired_units(per_cell[0], units, f"rank agreement {cell} against {cells[0]}")
+    per_cell = align_units([unit_means(_cell(full, rope, scheme, budget)) for scheme, budget in cells],
+                           f"rank agreement ({rope}, {scope})")
     column = AGREEMENT_MEASURES[measure]
     values = np.stack([units[column].to_numpy() for units in per_cell])  # (cells, units)
     n_units = values.shape[1]
