@@ -75,10 +75,22 @@ def _rms(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
+def _first_exact(i: int, own: str, recent: int, chunk: int) -> int:
+    """The first position query i reads exactly, from the definitions: its own (own exact) or
+    none; the last ``recent`` tokens; the rows of its incomplete chunk of ``chunk``."""
+    first = i if own == "exact" else i + 1
+    if recent:
+        first = max(0, i - recent + 1)
+    if chunk:
+        first = min(first, (i // chunk) * chunk)
+    return first
+
+
 def brute_force_logits(model, ids: np.ndarray, scheme=None, budget: int = 0, *, rope: str = "post",
-                       own: str = "exact", text: str = "t") -> np.ndarray:
+                       own: str = "exact", text: str = "t", recent: int = 0, chunk: int = 0) -> np.ndarray:
     """(T, vocab) float64 logits of the pass in which every layer reads its quantized cache
-    (scheme None: the reference), one query position at a time."""
+    (scheme None: the reference), one query position at a time; ``chunk``: each complete chunk
+    quantized alone (the rows of an incomplete one stay exact)."""
     c = model.config
     f64 = np.float64
     x = model.token_embedding[ids].astype(f64)
@@ -95,19 +107,25 @@ def brute_force_logits(model, ids: np.ndarray, scheme=None, budget: int = 0, *, 
             k = _rope(k_pre, c.rope_base)
             k_read, v_read = k, v
             if scheme is not None:
-                packed = quantize_pair(k if rope == "post" else k_pre, v, scheme, budget, base_seed=BASE_SEED,
-                                       identity=(text, index, kv))
-                k_read = packed["K"].dequantize("float64")
+                stored = k if rope == "post" else k_pre
+                k_read, v_read = stored.copy(), v.copy()
+                for first in range(0, n_tokens, chunk or n_tokens):
+                    rows = slice(first, first + (chunk or n_tokens))
+                    if rows.stop > n_tokens:
+                        break
+                    packed = quantize_pair(stored[rows], v[rows], scheme, budget, base_seed=BASE_SEED,
+                                           identity=(text, index, kv))
+                    k_read[rows] = packed["K"].dequantize("float64")
+                    v_read[rows] = packed["V"].dequantize("float64")
                 if rope == "pre":
                     k_read = _rope(k_read, c.rope_base)
-                v_read = packed["V"].dequantize("float64")
             for g in range(kv * c.group, (kv + 1) * c.group):
                 q = _rope(q_all[:, g * c.head_dim:(g + 1) * c.head_dim], c.rope_base)
                 for i in range(n_tokens):
                     keys = k_read[: i + 1].copy()
                     values = v_read[: i + 1].copy()
-                    if own == "exact":
-                        keys[i], values[i] = k[i], v[i]
+                    first = _first_exact(i, own, recent, chunk)
+                    keys[first:], values[first:] = k[first: i + 1], v[first: i + 1]
                     p = softmax(keys @ q[i] / np.sqrt(c.head_dim))
                     heads_out[i, g * c.head_dim:(g + 1) * c.head_dim] = p @ values
         x = x + heads_out @ layer.wo.astype(f64).T
@@ -190,3 +208,260 @@ def test_bad_settings_are_refused() -> None:
         CacheQuantization(get_scheme("KV"), 2, 0, "t", rope="sideways")
     with pytest.raises(KvasymError, match="own"):
         CacheQuantization(get_scheme("KV"), 2, 0, "t", own="maybe")
+
+
+# --------------------------------------------------------------------------- exact bands, chunks, query-aware
+
+
+def _small_model(n_kv: int = 2, group: int = 3, head_dim: int = 8):
+    """A GGUFLlama that holds only a config: enough for its attention."""
+    from kvasym.real.gguf_model import GGUFLlama, LlamaConfig
+
+    model = GGUFLlama.__new__(GGUFLlama)
+    model.config = LlamaConfig(n_layers=1, d_model=n_kv * group * head_dim, n_heads=n_kv * group, n_kv_heads=n_kv,
+                               head_dim=head_dim, ffn_dim=1, vocab_size=1, context_length=64, rope_base=1e4,
+                               rms_eps=1e-6)
+    return model
+
+
+def _brute_force_attention(q, k_hat, v_hat, k, v, starts, group):
+    """Per query head and position: keys k_hat[j] for j < s_i and k[j] for s_i <= j <= i, softmax
+    of the scaled logits (scipy), the same mix of values."""
+    n_heads, n_tokens, dim = q.shape
+    out = np.zeros_like(q)
+    for h in range(n_heads):
+        kv = h // group
+        for i in range(n_tokens):
+            keys = np.concatenate([k_hat[kv, :starts[i]], k[kv, starts[i]: i + 1]])
+            values = np.concatenate([v_hat[kv, :starts[i]], v[kv, starts[i]: i + 1]])
+            out[h, i] = softmax(keys @ q[h, i] / np.sqrt(dim)) @ values
+    return out
+
+
+@pytest.mark.parametrize("own, recent, chunk", [
+    ("exact", 0, 0), ("quantized", 0, 0), ("exact", 1, 0), ("exact", 3, 0), ("exact", 11, 0), ("exact", 40, 0),
+    ("exact", 0, 4), ("quantized", 0, 3), ("exact", 2, 4), ("exact", 6, 4),
+])
+def test_band_attention_matches_brute_force(monkeypatch, own: str, recent: int, chunk: int) -> None:
+    from kvasym.real import gguf_model
+    from kvasym.real.endtoend import exact_read_starts
+
+    monkeypatch.setattr(gguf_model, "QUERY_BLOCK_ROWS", 4)  # bands that reach into earlier query blocks
+    model = _small_model()
+    n_tokens = 11
+    rng = np.random.default_rng(5)
+    q = rng.normal(size=(6, n_tokens, 8))
+    k, v = rng.normal(size=(2, n_tokens, 8)), rng.normal(size=(2, n_tokens, 8))
+    k_hat, v_hat = k + 0.5 * rng.normal(size=k.shape), v + 0.5 * rng.normal(size=v.shape)
+    starts = np.array([_first_exact(i, own, recent, chunk) for i in range(n_tokens)])
+    assert np.array_equal(exact_read_starts(n_tokens, own, recent, chunk), starts)
+    positions = np.arange(n_tokens)
+    future = positions[None, :] > positions[:, None]
+    banded = model._attention(q, k_hat, v_hat, future, np.asarray(1 / np.sqrt(8)), (k, v), starts)
+    np.testing.assert_allclose(banded, _brute_force_attention(q, k_hat, v_hat, k, v, starts, 3), rtol=1e-12,
+                               atol=1e-12)
+    if (own, recent, chunk) == ("exact", 0, 0):  # the own path, bit for bit
+        assert np.array_equal(banded, model._attention(q, k_hat, v_hat, future, np.asarray(1 / np.sqrt(8)), (k, v)))
+    if (own, recent, chunk) == ("quantized", 0, 0):
+        assert np.array_equal(banded, model._attention(q, k_hat, v_hat, future, np.asarray(1 / np.sqrt(8))))
+
+
+def test_exact_read_starts_closed_forms() -> None:
+    from kvasym.real.endtoend import exact_read_starts
+
+    assert exact_read_starts(5).tolist() == [0, 1, 2, 3, 4]
+    assert exact_read_starts(5, "quantized").tolist() == [1, 2, 3, 4, 5]
+    assert exact_read_starts(6, recent_tokens=3).tolist() == [0, 0, 0, 1, 2, 3]
+    assert exact_read_starts(7, causal_chunk=3).tolist() == [0, 0, 0, 3, 3, 3, 6]
+    assert exact_read_starts(7, "quantized", causal_chunk=3).tolist() == [0, 0, 0, 3, 3, 3, 6]
+    # the window reaches further back than the chunk start for the first rows of a chunk
+    assert exact_read_starts(7, recent_tokens=2, causal_chunk=3).tolist() == [0, 0, 0, 2, 3, 3, 5]
+
+
+def test_full_precision_bits_by_hand() -> None:
+    from kvasym.real.endtoend import add_full_precision_rows, full_precision_rows
+
+    assert full_precision_rows(512, 128) == 128 and full_precision_rows(100, 128) == 100
+    assert full_precision_rows(500, 0, 128) == 500 - 3 * 128 and full_precision_rows(512, 0, 128) == 0
+    assert full_precision_rows(500, 200, 128) == 200 and full_precision_rows(20, 0, 32) == 20
+    measured = {"k_bits_payload": 2.0, "k_bits_side": 0.5, "v_bits_payload": 3.0, "v_bits_side": 1.0}
+    out = add_full_precision_rows(measured, 128, 512)
+    # keys: 384 rows at 2.5 bits and 128 at 16: (384 * 2.5 + 128 * 16) / 512 = 5.875 = 2.0 payload + 3.875 side;
+    # values: (384 * 4 + 128 * 16) / 512 = 7 = 3.0 payload + 4.0 side
+    assert out == {"k_bits_payload": 2.0, "k_bits_side": 3.875, "v_bits_payload": 3.0, "v_bits_side": 4.0}
+    everything = add_full_precision_rows(dict.fromkeys(measured, 0.0), 20, 20)
+    assert everything["k_bits_side"] == 16.0 and everything["v_bits_side"] == 16.0
+
+
+def test_block_statistic_schemes_are_recognised() -> None:
+    from kvasym.real.endtoend import uses_block_statistics
+    from kvasym.real.queryaware import variant_scheme
+    from kvasym.schemes import Scheme
+
+    for name in ("CRKV", "SKLT", "KIVI32", "KIVI128"):
+        assert uses_block_statistics(get_scheme(name)), name
+    for name in ("KV", "KQV", "QKQV", "RKV", "RKV-EDEN"):
+        assert not uses_block_statistics(get_scheme(name)), name
+    assert uses_block_statistics(variant_scheme("QWF")) and not uses_block_statistics(variant_scheme("QRKV"))
+    # KIVI's values alone (per-token groups) are row-wise
+    kivi_values = get_scheme("KIVI32").V
+    assert not uses_block_statistics(Scheme("VV", kivi_values, kivi_values))
+
+
+@pytest.mark.parametrize("scheme", ["SKLT", "KIVI128", "RKV"])
+def test_chunked_quantization_is_each_chunk_quantized_alone(scheme: str) -> None:
+    from kvasym.real.endtoend import quantize_rows
+
+    rng = np.random.default_rng(2)
+    keys = rng.normal(size=(37, 64)) + rng.normal(size=64)
+    values = rng.normal(size=(37, 64))
+    spec = get_scheme(scheme)
+    quant = CacheQuantization(spec, 3, BASE_SEED, "t", causal_chunk=16)
+    k_hat, v_hat, bits = quantize_rows(keys, values, quant, 4, 1)
+    expected_bits = []
+    for first in (0, 16):
+        rows = slice(first, first + 16)
+        alone = quantize_pair(keys[rows], values[rows], spec, 3, base_seed=BASE_SEED, identity=("t", 4, 1))
+        np.testing.assert_allclose(k_hat[rows], alone["K"].dequantize("float64"), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(v_hat[rows], alone["V"].dequantize("float64"), rtol=0, atol=1e-12)
+        expected_bits.append({f"{s.lower()}_bits_side": alone[s].side_bits / (16 * 64) for s in "KV"})
+    # the incomplete last chunk (5 rows) is held exactly
+    assert np.array_equal(k_hat[32:], keys[32:]) and np.array_equal(v_hat[32:], values[32:])
+    for key in ("k_bits_side", "v_bits_side"):
+        assert bits[key] == pytest.approx(np.mean([b[key] for b in expected_bits]), rel=1e-12)
+    prefill_k, _, _ = quantize_rows(keys, values, dataclasses.replace(quant, causal_chunk=0), 4, 1)
+    if scheme == "RKV":  # row-wise with the same maps in every chunk: the prefill rows
+        assert np.array_equal(k_hat[:32], prefill_k[:32])
+    else:  # statistics of the chunk, not of the block
+        assert np.abs(k_hat[:32] - prefill_k[:32]).max() > 1e-3
+
+
+@pytest.mark.parametrize("scheme, budget, own, recent, chunk", [
+    ("KQV", 2, "exact", 3, 0), ("SKLT", 2, "exact", 0, 5), ("KIVI32", 2, "quantized", 0, 4),
+])
+def test_band_pass_matches_brute_force(two_layers, scheme: str, budget: int, own: str, recent: int,
+                                       chunk: int) -> None:
+    model = two_layers
+    ids = model.encode(SHORT_TEXT)[:12]
+    spec = get_scheme(scheme)
+    quant = CacheQuantization(spec, budget, BASE_SEED, "t", own=own, recent_tokens=recent, causal_chunk=chunk)
+    ref = reference_pass(model, ids)
+    measured = next_token_metrics(model, ref, quantized_forward(model, ids, quant))
+    z = brute_force_logits(model, ids)[:-1]
+    z_hat = brute_force_logits(model, ids, spec, budget, own=own, recent=recent, chunk=chunk)[:-1]
+    kl = rel_entr(softmax(z, axis=-1), softmax(z_hat, axis=-1)).sum(axis=-1)
+    assert kl.max() > 1e-5  # measurable damage (SKLT's two layers at 12 tokens: ~3e-5)
+    np.testing.assert_allclose(measured["kl"], kl, rtol=2e-3, atol=2e-7)
+
+
+def test_window_of_one_is_own_exact_and_a_whole_window_is_the_reference(model) -> None:
+    ids = model.encode(SHORT_TEXT)[:24]
+    quant = CacheQuantization(get_scheme("RKV"), 2, BASE_SEED, "t")
+    plain = quantized_forward(model, ids, quant)
+    assert np.array_equal(quantized_forward(model, ids, dataclasses.replace(quant, recent_tokens=1)), plain)
+    ref = reference_pass(model, ids)
+    for whole in ({"recent_tokens": ids.size}, {"causal_chunk": ids.size + 1}):
+        everything = next_token_metrics(model, ref, quantized_forward(model, ids, dataclasses.replace(quant, **whole)))
+        assert np.abs(everything["kl"]).max() < 1e-6 and np.all(everything["top1"] == 1)
+    assert next_token_metrics(model, ref, plain)["kl"].mean() > 1e-3
+
+
+def test_prefill_and_causal_passes_of_a_block_statistic_scheme_differ(model) -> None:
+    ids = model.encode(SHORT_TEXT)[:24]
+    quant = CacheQuantization(get_scheme("SKLT"), 2, BASE_SEED, "t")
+    ref = reference_pass(model, ids)
+    prefill = next_token_metrics(model, ref, quantized_forward(model, ids, quant))["kl"]
+    causal = next_token_metrics(model, ref, quantized_forward(model, ids, dataclasses.replace(quant, causal_chunk=8)))
+    # the first chunk's queries read only exact rows: no damage there
+    assert np.abs(causal["kl"][:8]).max() < 1e-6 and prefill[:8].max() > 1e-3
+
+
+def test_evaluate_text_extra_passes_names_and_bits(two_layers) -> None:
+    from kvasym.real.queryaware import QueryBases
+
+    model = two_layers
+    ids = model.encode(SHORT_TEXT)[:14]
+    n_tokens, n = ids.size, ids.size - 1
+    c = model.config
+    bases = QueryBases(bases=np.broadcast_to(np.eye(c.head_dim), (2, c.n_kv_heads, c.head_dim, c.head_dim)).copy(),
+                       eigenvalues=np.ones((2, c.n_kv_heads, c.head_dim)), calibration_texts=(), n_positions=0,
+                       model_sha256="")
+    out = evaluate_text(model, ids, [get_scheme("RKV"), get_scheme("KIVI32")], [2], text="t", base_seed=BASE_SEED,
+                        ropes=("post", "pre"), draws=2, query_bases=bases, query_variants=("QRKV",),
+                        recent_windows={"KIVI32": [4]}, causal_chunks={"KIVI32": 8, "QRKV": [8]})
+    passes = {(s, r, d) for s, r, d in zip(out["scheme"], out["rope"], out["draw"])}
+    assert passes == {("RKV", r, d) for r in ("post", "pre") for d in (0, 1)} | {
+        (s, r, 0) for s in ("KIVI32", "KIVI32+R4", "KIVI32+C8") for r in ("post", "pre")} | {
+        (s, "post", d) for s in ("QRKV", "QRKV+C8") for d in (0, 1)}
+    assert all(len(v) == len(passes) * n for v in out.values())
+
+    def rows(scheme, rope="post", draw=0):
+        return (out["scheme"] == scheme) & (out["rope"] == rope) & (out["draw"] == draw)
+
+    # identity basis, equal eigenvalues: QRKV stores exactly RKV's rows
+    for draw in (0, 1):
+        assert np.array_equal(out["kl"][rows("QRKV", draw=draw)], out["kl"][rows("RKV", draw=draw)])
+    # the window's 4 float16 rows at context 14, by hand from the plain pass's measured bits
+    for side in ("k", "v"):
+        b = out[f"{side}_bits_payload"][rows("KIVI32")][0] + out[f"{side}_bits_side"][rows("KIVI32")][0]
+        assert out[f"{side}_bits_side"][rows("KIVI32+R4")][0] == pytest.approx(
+            out[f"{side}_bits_side"][rows("KIVI32")][0] + 4 * (16 - b) / n_tokens, rel=1e-12)
+    # one complete chunk of 8 (its groups of 8 tokens: 2 float16 per channel = 4 bits per key value)
+    # and 6 float16 rows: ((14 - 6) * (2 + 4) + 6 * 16) / 14 bits per key value
+    k_total = out["k_bits_payload"][rows("KIVI32+C8")][0] + out["k_bits_side"][rows("KIVI32+C8")][0]
+    assert k_total == pytest.approx((8 * 6 + 6 * 16) / 14, rel=1e-12)
+
+
+def test_existing_passes_are_unchanged(model) -> None:
+    """A digest of the columns of RKV (2 draws) and SKLT passes and a sensitivity pass on 24
+    tokens, taken before the window, chunk and query-aware passes were added (same machine's
+    numpy and BLAS: a different platform may round differently and must re-pin it)."""
+    import hashlib
+
+    ids = model.encode("The old clock in the hall struck nine, and the children ran upstairs to bed while the rain "
+                       "kept on falling.")[:24]
+    out = evaluate_text(model, ids, [get_scheme("RKV"), get_scheme("SKLT")], [2], text="t", base_seed=BASE_SEED,
+                        draws=2, sensitivity_budget=3, sensitivity_layers=[5])
+    digest = hashlib.sha256()
+    for key in ("nll", "kl", "k_bits_side", "v_bits_side"):
+        digest.update(np.ascontiguousarray(out[key], dtype=np.float64).tobytes())
+    assert digest.hexdigest() == "96ebccf7884283bd8afb635d4e1b69af172b1f181b3a5f4e47cb6f4b30760c3c"
+
+
+def test_new_settings_are_refused(two_layers) -> None:
+    from kvasym.real.queryaware import QueryBases, variant_scheme
+
+    c = two_layers.config
+    bases = QueryBases(bases=np.broadcast_to(np.eye(c.head_dim), (2, c.n_kv_heads, c.head_dim, c.head_dim)).copy(),
+                       eigenvalues=np.ones((2, c.n_kv_heads, c.head_dim)), calibration_texts=(), n_positions=0,
+                       model_sha256="")
+    with pytest.raises(KvasymError, match="recent_tokens=2.*own='quantized'"):
+        CacheQuantization(get_scheme("KV"), 2, 0, "t", own="quantized", recent_tokens=2)
+    with pytest.raises(KvasymError, match="causal_chunk must be a non-negative integer, got -1"):
+        CacheQuantization(get_scheme("KV"), 2, 0, "t", causal_chunk=-1)
+    with pytest.raises(KvasymError, match="QWF needs rope='post'.*post-RoPE"):
+        CacheQuantization(variant_scheme("QWF"), 2, 0, "t", rope="pre", query_variant="QWF", query_bases=bases)
+    with pytest.raises(KvasymError, match="QRKV needs query_bases"):
+        CacheQuantization(variant_scheme("QRKV"), 2, 0, "t", query_variant="QRKV")
+    with pytest.raises(KvasymError, match="scheme QWF, got scheme 'RKV'"):
+        CacheQuantization(get_scheme("RKV"), 2, 0, "t", query_variant="QWF", query_bases=bases)
+    ids = two_layers.encode(SHORT_TEXT)[:6]
+    run = dict(text="t", base_seed=0, ropes=("post",))
+    with pytest.raises(KvasymError, match="need query_bases"):
+        evaluate_text(two_layers, ids, [get_scheme("RKV")], [2], query_variants=("QWF",), **run)
+    with pytest.raises(KvasymError, match=r"\(3, 3, 64\), the model's is \(2, 3, 64\)"):
+        wrong = QueryBases(bases=np.zeros((3, 3, 64, 64)), eigenvalues=np.zeros((3, 3, 64)), calibration_texts=(),
+                           n_positions=0, model_sha256="")
+        evaluate_text(two_layers, ids, [get_scheme("RKV")], [2], query_variants=("QWF",), query_bases=wrong, **run)
+    with pytest.raises(KvasymError, match="must be distinct names of"):
+        evaluate_text(two_layers, ids, [get_scheme("RKV")], [2], query_variants=("QXX",), query_bases=bases, **run)
+    with pytest.raises(KvasymError, match="rope 'post' only"):
+        evaluate_text(two_layers, ids, [get_scheme("RKV")], [2], query_variants=("QWF",), query_bases=bases,
+                      text="t", base_seed=0, ropes=("pre",))
+    with pytest.raises(KvasymError, match=r"recent_windows names schemes \['SKLT'\]"):
+        evaluate_text(two_layers, ids, [get_scheme("RKV")], [2], recent_windows={"SKLT": [4]}, **run)
+    with pytest.raises(KvasymError, match=r"causal_chunks\['RKV'\] must be distinct integers >= 1, got \[0\]"):
+        evaluate_text(two_layers, ids, [get_scheme("RKV")], [2], causal_chunks={"RKV": 0}, **run)
+    with pytest.raises(KvasymError, match="exact_from needs own"):
+        two_layers.attention(np.zeros((9, 3, 64)), np.zeros((3, 3, 64)), np.zeros((3, 3, 64)),
+                             two_layers.sequence_frame(ids[:3]), exact_from=np.arange(3))

@@ -23,6 +23,45 @@ Own position (``own``)
     is then exactly the reference. ``"quantized"``: every key and value read is quantized
     (a cache written before it is read, e.g. prefill into a quantized cache).
 
+Full-precision recent window (``recent_tokens = R``, KIVI's residual as its authors define it [3]_)
+    The most recent ``R`` tokens (``R >= 1``, counting the own position) are held in full
+    precision: query ``i`` reads ``j < s_i`` quantized and ``s_i <= j <= i`` exactly with
+    ``s_i = max(0, i - R + 1)`` (:func:`exact_read_starts`); ``R = 1`` is ``own="exact"``, and
+    ``R >= T`` reads everything exactly (the reference). The cache is quantized as in prefill
+    (every row from the whole block); the window only changes which rows are read.
+
+Causal (streaming) chunks (``causal_chunk = C``)
+    A cache filled token by token cannot use statistics of tokens it has not seen. Schemes with
+    block statistics (:func:`uses_block_statistics`: centring, SKLT's KLT basis and water-filling
+    variances, KIVI's per-channel key groups along the token axis) otherwise let early queries
+    read keys quantized with statistics of later tokens. With ``C > 0`` the rows are quantized
+    in chunks ``[cC, (c + 1)C)``, each from its own rows only, and a chunk is read in its
+    quantized form only once complete: query ``i`` reads the rows of its own, incomplete chunk
+    exactly, ``s_i = min(s_i^own/window, floor(i / C) C)``. This is KIVI's residual: tokens wait
+    in full precision until a group of ``C`` is full. Every chunk uses the same random maps (the
+    identity ``(seed_text, layer, kv_head)`` of the prefill pass): a deployed cache draws its
+    rotation and sketch once per layer and head, not per chunk, and so a row-wise scheme's
+    quantized rows are the prefill rows (its causal pass differs from prefill only by the
+    full-precision rows of the incomplete chunk, a KIVI-style residual).
+
+Bits of full-precision rows
+    At a context of ``L`` tokens (the text's token count) a cache holds ``F`` rows in float16
+    (16 bits per value) and ``L - F`` rows quantized at the measured ``b`` bits per value
+    (payload + side of that cache side), so a side spends ``((L - F) b + 16 F) / L``:
+    the bits columns keep the measured payload and add the excess to the side part,
+    ``*_bits_side += F (16 - b) / L`` (:func:`add_full_precision_rows`). ``F = min(L, max(R,
+    L mod C))`` (:func:`full_precision_rows`: the window and the incomplete chunk; ``L mod C`` is
+    0 without chunks); with chunks ``b`` is measured over the complete chunks' packed caches,
+    their side arrays (means, bases, scales per chunk) included. The own position of
+    ``own="exact"`` alone (``R = 0``) is not counted, as before: a decoder step computes it.
+
+Query-aware keys (``query_variant``)
+    ``QRKV`` and ``QWF`` (:mod:`kvasym.real.queryaware`) quantize keys in the eigenbasis of
+    the calibrated post-RoPE queries' second moment (``query_bases``), values by RKV's V side,
+    with the pass's seed identity: so only ``rope="post"`` (the bases are of post-RoPE
+    queries). The pass's scheme column is the variant's name (:attr:`CacheQuantization.name`).
+    QWF centres and water-fills over the block: it uses block statistics.
+
 Keys before or after RoPE (``rope``)
     ``"post"``: the cache stores RoPE-rotated keys (what deployed caches store; distribution
     ``smollm2`` of the per-head study). ``"pre"``: the cache stores keys before RoPE and
@@ -63,12 +102,15 @@ References
    of a quantized KV cache on a language model).
 .. [2] Kullback, S., Leibler, R. A. (1951) "On information and sufficiency", Ann. Math.
    Statist. 22(1):79-86.
+.. [3] Liu, Z., Yuan, J., Jin, H., Zhong, S., Xu, Z., Braverman, V., Chen, B., Hu, X. (2024)
+   "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache", ICML, arXiv:2402.02750
+   (per-channel key groups, full-precision residual of the most recent tokens).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -77,6 +119,7 @@ from ..errors import KvasymError
 from ..evaluate import dequantize_with, quantize_pair
 from ..schemes import SIDES, Scheme
 from .gguf_model import GGUFLlama, SequenceFrame, apply_rope, rope_tables
+from .queryaware import VARIANTS, QueryBases, quantize_pair_query_aware, variant_scheme
 
 ROPE_MODES = ("post", "pre")
 OWN_MODES = ("exact", "quantized")
@@ -86,6 +129,8 @@ ALL_LAYERS = -1
 #: reference's probabilities are held whole: T x 49152 float64, ~200 MB at 512 tokens.)
 METRIC_BLOCK_ROWS = 128
 BITS_COLUMNS = tuple(f"{side.lower()}_bits_{part}" for side in SIDES for part in ("payload", "side"))
+#: Bits per value of a row held in full precision (float16, as KIVI keeps its residual).
+FULL_PRECISION_BITS = 16
 
 
 @dataclass(frozen=True)
@@ -113,6 +158,17 @@ class CacheQuantization:
     draw : int
         The draw of random maps (rotations, sketches) of this text: 0 is the per-head study's
         identity, ``s > 0`` an independent draw (module docstring, "Seeds and draws").
+    recent_tokens : int
+        ``R``: 0 (default) reads as ``own`` says; ``R >= 1`` reads the most recent ``R``
+        positions (the own one included) exactly (module docstring; needs ``own="exact"``).
+    causal_chunk : int
+        ``C``: 0 (default) quantizes the whole block at once (prefill); ``C >= 1`` quantizes
+        chunks of ``C`` rows separately and reads the incomplete chunk exactly (streaming).
+    query_variant : {"QRKV", "QWF"} or None
+        A query-aware key quantizer (``scheme`` must then be ``variant_scheme(query_variant)``,
+        ``rope`` ``"post"``, and ``query_bases`` given).
+    query_bases : QueryBases or None
+        The calibrated bases the variant reads (held by reference, not compared or hashed).
     """
 
     scheme: Scheme
@@ -124,6 +180,10 @@ class CacheQuantization:
     layers: frozenset[int] | None = None
     norm_dtype: str = "float32"
     draw: int = 0
+    recent_tokens: int = 0
+    causal_chunk: int = 0
+    query_variant: str | None = None
+    query_bases: QueryBases | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.rope not in ROPE_MODES:
@@ -132,7 +192,43 @@ class CacheQuantization:
             raise KvasymError(f"own must be one of {OWN_MODES}, got {self.own!r}")
         if isinstance(self.draw, bool) or not isinstance(self.draw, (int, np.integer)) or self.draw < 0:
             raise KvasymError(f"draw must be a non-negative integer, got {self.draw!r}")
+        for key in ("recent_tokens", "causal_chunk"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise KvasymError(f"{key} must be a non-negative integer, got {value!r}")
+        if self.recent_tokens and self.own == "quantized":
+            raise KvasymError(f"recent_tokens={self.recent_tokens} reads the own position exactly; it cannot "
+                              "be combined with own='quantized'")
+        if self.query_variant is not None:
+            if self.query_variant not in VARIANTS:
+                raise KvasymError(f"query_variant must be one of {VARIANTS}, got {self.query_variant!r}")
+            if self.rope != "post":
+                raise KvasymError(f"query_variant {self.query_variant} needs rope='post' (the query bases are of "
+                                  f"post-RoPE queries), got rope={self.rope!r}")
+            if self.query_bases is None:
+                raise KvasymError(f"query_variant {self.query_variant} needs query_bases")
+            if self.scheme != variant_scheme(self.query_variant):
+                raise KvasymError(f"query_variant {self.query_variant} stores its rows with scheme "
+                                  f"{variant_scheme(self.query_variant).name}, got scheme {self.scheme.name!r}")
+        elif self.query_bases is not None:
+            raise KvasymError("query_bases given without a query_variant")
         self.scheme.validate_budget(int(self.budget))
+
+    @property
+    def name(self) -> str:
+        """The pass's scheme column: the scheme's name or the query variant's, then ``+R<R>``
+        for a recent window and ``+C<C>`` for causal chunks (e.g. ``KIVI128+C32``)."""
+        name = self.query_variant or self.scheme.name
+        if self.recent_tokens:
+            name += f"+R{int(self.recent_tokens)}"
+        if self.causal_chunk:
+            name += f"+C{int(self.causal_chunk)}"
+        return name
+
+    @property
+    def reads_a_band(self) -> bool:
+        """Whether some position reads more than its own row exactly (a window or chunks)."""
+        return bool(self.recent_tokens or self.causal_chunk)
 
     @property
     def seed_text(self) -> str:
@@ -150,36 +246,127 @@ def draws_random_maps(scheme: Scheme) -> bool:
     return any(scheme.side(side).seeded_transform or scheme.side(side).qjl for side in SIDES)
 
 
+def uses_block_statistics(scheme: Scheme) -> bool:
+    """Whether a side of ``scheme`` stores statistics of the whole block of rows it quantizes:
+    a centre (block mean), a KLT basis, water-filling variances, or KIVI's per-channel minmax
+    groups of tokens (``scalar: minmax, axis: channel``). Such a scheme's prefill cache lets
+    early queries read rows quantized with statistics of later tokens; a row-wise scheme's
+    rows depend on their own vector only (module docstring, "Causal (streaming) chunks")."""
+    return any(spec.center or spec.transform == "klt" or spec.allocation == "waterfill"
+               or (spec.scalar == "minmax" and spec.axis == "channel")
+               for spec in (scheme.side(side) for side in SIDES))
+
+
+def exact_read_starts(n_tokens: int, own: str = "exact", recent_tokens: int = 0,
+                      causal_chunk: int = 0) -> np.ndarray:
+    """``s_i`` for ``i = 0..T-1``: query ``i`` reads positions ``j < s_i`` from the quantized
+    cache and ``s_i <= j <= i`` exactly.
+
+    ``own="exact"``: ``s_i = i``; ``"quantized"``: ``s_i = i + 1``; a recent window of
+    ``R >= 1`` tokens: ``s_i = max(0, i - R + 1)``; causal chunks of ``C`` rows: the smaller of
+    that and ``floor(i / C) C`` (the start of ``i``'s incomplete chunk).
+    """
+    positions = np.arange(int(n_tokens))
+    starts = positions if own == "exact" else positions + 1
+    if recent_tokens:
+        starts = np.maximum(0, positions - int(recent_tokens) + 1)
+    if causal_chunk:
+        starts = np.minimum(starts, positions // int(causal_chunk) * int(causal_chunk))
+    return starts
+
+
+def full_precision_rows(n_tokens: int, recent_tokens: int = 0, causal_chunk: int = 0) -> int:
+    """``F``: rows a cache of ``L = n_tokens`` tokens holds in float16, ``min(L, max(R, L mod C))``
+    (the recent window and the incomplete chunk; ``L mod C`` is 0 without chunks)."""
+    tail = int(n_tokens) % int(causal_chunk) if causal_chunk else 0
+    return min(int(n_tokens), max(int(recent_tokens), tail))
+
+
+def add_full_precision_rows(bits: Mapping[str, float], n_full_precision: int, n_tokens: int) -> dict[str, float]:
+    """Bits per value of a cache with ``F = n_full_precision`` of its ``L = n_tokens`` rows in
+    float16 and the rest at the measured ``bits`` (:data:`BITS_COLUMNS`): per side, with
+    ``b = payload + side``, the side part gains ``F (16 - b) / L``, so the side's total is
+    ``((L - F) b + 16 F) / L``; the payload part is kept as measured."""
+    out = dict(bits)
+    for side in SIDES:
+        prefix = side.lower()
+        measured = bits[f"{prefix}_bits_payload"] + bits[f"{prefix}_bits_side"]
+        out[f"{prefix}_bits_side"] = (bits[f"{prefix}_bits_side"]
+                                      + n_full_precision * (FULL_PRECISION_BITS - measured) / n_tokens)
+    return out
+
+
+def _quantize_block(stored: np.ndarray, values: np.ndarray, quant: CacheQuantization, index: int,
+                    head: int) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    """One block of rows (float64) quantized and dequantized by ``quant``'s scheme or query
+    variant with identity ``(seed_text, index, head)``, and its measured bits per coordinate."""
+    identity = (quant.seed_text, int(index), head)
+    if quant.query_variant is not None:
+        return quantize_pair_query_aware(stored, values, quant.query_variant, int(quant.budget), quant.query_bases,
+                                         int(index), head, base_seed=quant.base_seed, identity=identity,
+                                         norm_dtype=quant.norm_dtype, kernel="auto")
+    packed = quantize_pair(stored, values, quant.scheme, int(quant.budget), base_seed=quant.base_seed,
+                           identity=identity, norm_dtype=quant.norm_dtype, kernel="auto")
+    bits = {f"{side.lower()}_bits_{part}": packed[side].bits_per_coordinate()[part]
+            for side in SIDES for part in ("payload", "side")}
+    return dequantize_with(packed["K"], "auto"), dequantize_with(packed["V"], "auto"), bits
+
+
+def quantize_rows(stored: np.ndarray, values: np.ndarray, quant: CacheQuantization, index: int,
+                  head: int) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    """``(K_hat, V_hat, bits)`` of one KV head's stored rows (T, head_dim), float64.
+
+    Prefill (``causal_chunk = 0``): the whole block at once. Chunks of ``C``: each complete
+    chunk ``[cC, (c + 1)C)`` quantized alone with the same identity (module docstring), the
+    incomplete last chunk (``T mod C`` rows) returned exactly (it is only ever read exactly);
+    ``bits`` is the mean over the complete chunks (equal sizes: the measured total over them),
+    zeros when there is none. Full-precision rows are not in ``bits`` (:func:`quantized_cache`).
+    """
+    stored = np.asarray(stored, dtype=np.float64)
+    values = np.asarray(values, dtype=np.float64)
+    chunk = int(quant.causal_chunk)
+    if not chunk:
+        return _quantize_block(stored, values, quant, index, head)
+    k_hat, v_hat = stored.copy(), values.copy()
+    measured = []
+    for first in range(0, stored.shape[0] - chunk + 1, chunk):
+        rows = slice(first, first + chunk)
+        k_hat[rows], v_hat[rows], chunk_bits = _quantize_block(stored[rows], values[rows], quant, index, head)
+        measured.append(chunk_bits)
+    return k_hat, v_hat, {key: float(np.mean([b[key] for b in measured])) if measured else 0.0
+                          for key in BITS_COLUMNS}
+
+
 def quantized_cache(model: GGUFLlama, index: int, keys: np.ndarray, keys_pre_rope: np.ndarray,
                     values: np.ndarray, quant: CacheQuantization,
                     bits: list[dict[str, float]] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(K_hat, V_hat)`` of layer ``index``, each (n_kv_heads, T, head_dim) in the model dtype.
 
-    Each KV head's rows are quantized by :func:`kvasym.evaluate.quantize_pair` with identity
+    Each KV head's rows are quantized by :func:`kvasym.evaluate.quantize_pair` (or, with a
+    ``query_variant``, :func:`kvasym.real.queryaware.quantize_pair_query_aware`) with identity
     ``(seed_text, index, kv_head)`` (the compiled kernels where they implement the side, as in every
-    stage of the DAG: byte-identical caches, reconstructions equal to float rounding); with
+    stage of the DAG: byte-identical caches, reconstructions equal to float rounding), whole or in
+    causal chunks (:func:`quantize_rows`); with
     ``rope="pre"`` the stored keys are ``keys_pre_rope`` and the dequantized keys are rotated by
     RoPE (float64 tables) before they are read. The
-    measured bits per coordinate of each head are appended to ``bits`` when given.
+    measured bits per coordinate of each head are appended to ``bits`` when given, with the
+    full-precision rows of a window or incomplete chunk counted (:func:`add_full_precision_rows`).
     """
     n_kv, n_tokens, head_dim = keys.shape
     k_hat = np.empty_like(keys)
     v_hat = np.empty_like(values)
     if quant.rope == "pre":
         cos, sin = rope_tables(np.arange(n_tokens), head_dim, model.config.rope_base, np.float64)
+    n_full_precision = full_precision_rows(n_tokens, quant.recent_tokens, quant.causal_chunk)
     for head in range(n_kv):
         stored = keys[head] if quant.rope == "post" else keys_pre_rope[head]
-        packed = quantize_pair(np.asarray(stored, dtype=np.float64), np.asarray(values[head], dtype=np.float64),
-                               quant.scheme, int(quant.budget), base_seed=quant.base_seed,
-                               identity=(quant.seed_text, int(index), head), norm_dtype=quant.norm_dtype, kernel="auto")
-        keys_read = dequantize_with(packed["K"], "auto")
+        keys_read, v_hat[head], head_bits = quantize_rows(stored, values[head], quant, index, head)
         if quant.rope == "pre":
             keys_read = apply_rope(keys_read, cos, sin)
         k_hat[head] = keys_read
-        v_hat[head] = dequantize_with(packed["V"], "auto")
         if bits is not None:
-            bits.append({f"{side.lower()}_bits_{part}": packed[side].bits_per_coordinate()[part]
-                         for side in SIDES for part in ("payload", "side")})
+            bits.append(add_full_precision_rows(head_bits, n_full_precision, n_tokens) if n_full_precision
+                        else head_bits)
     return k_hat, v_hat
 
 
@@ -201,8 +388,12 @@ def run_layers(model: GGUFLlama, frame: SequenceFrame, x: np.ndarray, start: int
             attended = model.attention(acts.q, acts.k, acts.v, frame)
         else:
             k_hat, v_hat = quantized_cache(model, index, acts.k, acts.k_pre_rope, acts.v, quant, bits)
-            own = (acts.k, acts.v) if quant.own == "exact" else None
-            attended = model.attention(acts.q, k_hat, v_hat, frame, own=own)
+            if quant.reads_a_band:
+                starts = exact_read_starts(frame.ids.size, quant.own, quant.recent_tokens, quant.causal_chunk)
+                attended = model.attention(acts.q, k_hat, v_hat, frame, own=(acts.k, acts.v), exact_from=starts)
+            else:
+                own = (acts.k, acts.v) if quant.own == "exact" else None
+                attended = model.attention(acts.q, k_hat, v_hat, frame, own=own)
         x = model.finish_layer(index, x, attended)
     return model.final_hidden(x)
 
@@ -298,6 +489,10 @@ def evaluate_text(
     sensitivity_rope: str = "post",
     sensitivity_schemes: Sequence[str] | None = None,
     norm_dtype: str = "float32",
+    query_bases: QueryBases | None = None,
+    query_variants: Sequence[str] = (),
+    recent_windows: Mapping[str, Sequence[int]] | None = None,
+    causal_chunks: Mapping[str, Sequence[int] | int] | None = None,
 ) -> dict[str, np.ndarray]:
     """Per-position next-token measures of every pass over one text.
 
@@ -311,12 +506,55 @@ def evaluate_text(
     layers before it are the reference's). Returns equal-length columns ``text, draw, position,
     scheme, budget, rope, own, layer, nll, nll_ref, kl, top1`` and the pass's mean measured bits
     per coordinate (:data:`BITS_COLUMNS`, over the quantized layers and KV heads).
+
+    Extra all-layer passes (none by default):
+
+    - ``query_variants`` (names of :data:`kvasym.real.queryaware.VARIANTS`, with
+      ``query_bases`` of the model's shape): in RoPE mode ``"post"`` only, every draw and
+      budget of ``budgets``, one pass per variant, scheme column the variant's name;
+    - ``recent_windows[S] = [R, ...]``: scheme (or variant) ``S`` with a full-precision window of
+      ``R`` tokens, scheme column ``f"{S}+R{R}"``, in every RoPE mode, draw and budget of ``S``;
+    - ``causal_chunks[S] = [C, ...]`` (or one ``C``): ``S`` quantized in causal chunks of ``C``
+      rows, scheme column ``f"{S}+C{C}"``, likewise.
+
+    Each follows its base pass (module docstring for both kinds of read and their bits).
     """
     if not schemes or not budgets:
         raise KvasymError("evaluate_text needs at least one scheme and one budget")
     if isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1:
         raise KvasymError(f"draws must be a positive integer, got {draws!r}")
     names = [scheme.name for scheme in schemes]
+    ropes = list(ropes)
+    query_variants = list(query_variants)
+    bad_variants = sorted(set(query_variants) - set(VARIANTS))
+    if bad_variants or len(set(query_variants)) != len(query_variants):
+        raise KvasymError(f"query_variants must be distinct names of {VARIANTS}, got {query_variants}")
+    if query_variants:
+        expected = (len(model.layers), model.config.n_kv_heads, model.config.head_dim)
+        if query_bases is None:
+            raise KvasymError(f"query_variants {query_variants} need query_bases (kvasym.real.querybases.calibrate)")
+        if tuple(query_bases.shape) != expected:
+            raise KvasymError(f"query_bases have shape (layers, kv_heads, head_dim) = {tuple(query_bases.shape)}, "
+                              f"the model's is {expected}")
+        if "post" not in ropes:
+            raise KvasymError(f"query_variants {query_variants} run with rope 'post' only (their bases are of "
+                              f"post-RoPE queries), and ropes is {ropes}")
+    windows = {key: [int(r) for r in value] for key, value in (recent_windows or {}).items()}
+    chunks = {key: [int(value)] if isinstance(value, (int, np.integer)) else [int(c) for c in value]
+              for key, value in (causal_chunks or {}).items()}
+    for what, settings in (("recent_windows", windows), ("causal_chunks", chunks)):
+        unknown = sorted(set(settings) - set(names) - set(query_variants))
+        if unknown:
+            raise KvasymError(f"{what} names schemes {unknown} that are not among the passes' schemes "
+                              f"{names + query_variants}")
+        for key, sizes in settings.items():
+            if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
+                raise KvasymError(f"{what}[{key!r}] must be distinct integers >= 1, got {sizes}")
+
+    def reads_of(name: str) -> list[tuple[int, int]]:
+        """``(recent_tokens, causal_chunk)`` of the passes of scheme ``name``: plain first."""
+        return [(0, 0), *((r, 0) for r in windows.get(name, ())), *((0, c) for c in chunks.get(name, ()))]
+
     named = {"rope_schemes": [n for v in (rope_schemes or {}).values() for n in v],
              "extra_budgets": list(extra_budgets or {}), "sensitivity_schemes": list(sensitivity_schemes or [])}
     for what, chosen in named.items():
@@ -329,7 +567,7 @@ def evaluate_text(
 
     def add(quant: CacheQuantization, layer: int, hidden: np.ndarray, bits: list[dict[str, float]]) -> None:
         measured = next_token_metrics(model, ref, hidden)
-        fixed: dict[str, Any] = {"text": text, "draw": int(quant.draw), "scheme": quant.scheme.name,
+        fixed: dict[str, Any] = {"text": text, "draw": int(quant.draw), "scheme": quant.name,
                                  "budget": int(quant.budget), "rope": quant.rope, "own": quant.own, "layer": layer,
                                  **_mean_bits(bits)}
         for key, value in fixed.items():
@@ -346,11 +584,24 @@ def evaluate_text(
                 if scheme.name not in chosen or (draw > 0 and not draws_random_maps(scheme)):
                     continue
                 for budget in [*budgets, *(extra_budgets or {}).get(scheme.name, ())]:
-                    quant = CacheQuantization(scheme, int(budget), base_seed, text, rope=rope, own=own,
-                                              norm_dtype=norm_dtype, draw=draw)
-                    bits: list[dict[str, float]] = []
-                    hidden = run_layers(model, ref.frame, ref.residuals[0], 0, quant, bits)
-                    add(quant, ALL_LAYERS, hidden, bits)
+                    for recent, chunk in reads_of(scheme.name):
+                        quant = CacheQuantization(scheme, int(budget), base_seed, text, rope=rope, own=own,
+                                                  norm_dtype=norm_dtype, draw=draw, recent_tokens=recent,
+                                                  causal_chunk=chunk)
+                        bits: list[dict[str, float]] = []
+                        hidden = run_layers(model, ref.frame, ref.residuals[0], 0, quant, bits)
+                        add(quant, ALL_LAYERS, hidden, bits)
+            # the query-aware variants draw RKV's value rotations: every draw
+            for variant in query_variants if rope == "post" else ():
+                for budget in budgets:
+                    for recent, chunk in reads_of(variant):
+                        quant = CacheQuantization(variant_scheme(variant), int(budget), base_seed, text, rope=rope,
+                                                  own=own, norm_dtype=norm_dtype, draw=draw, recent_tokens=recent,
+                                                  causal_chunk=chunk, query_variant=variant,
+                                                  query_bases=query_bases)
+                        bits = []
+                        hidden = run_layers(model, ref.frame, ref.residuals[0], 0, quant, bits)
+                        add(quant, ALL_LAYERS, hidden, bits)
     if sensitivity_budget is not None:
         for scheme in schemes:
             if sensitivity_schemes is not None and scheme.name not in sensitivity_schemes:

@@ -523,19 +523,46 @@ class GGUFLlama:
         return ForwardResult(hidden=self.final_hidden(x), layers=captured)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, frame: SequenceFrame,
-                  own: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+                  own: tuple[np.ndarray, np.ndarray] | None = None,
+                  exact_from: np.ndarray | None = None) -> np.ndarray:
         """Causal GQA attention: (n_heads, T, hd) queries over (n_kv_heads, T, hd) keys/values.
 
         ``own = (k_own, v_own)``, each (n_kv_heads, T, hd): query ``i`` reads the key and value
         of its own position from these instead of ``k[:, i]``, ``v[:, i]`` (a quantized cache
         read by a position whose own key and value are still exact): its own logit is
         ``q_i . k_own_i * scale`` and its output gains ``p_ii (v_own_i - v_i)``.
+
+        ``exact_from`` (T,) int, with ``own``: query ``i`` reads every position ``j`` of the
+        band ``s_i <= j <= i`` (``s_i = exact_from[i]``, ``0 <= s_i <= i + 1``) from ``own``
+        and the positions ``j < s_i`` from ``k``, ``v``: the band's logits are
+        ``q_i . k_own_j * scale`` and the output gains ``sum_{j in band} p_ij (v_own_j - v_j)``.
+        ``s_i = i`` is ``own`` alone, ``s_i = i + 1`` reads nothing exactly, a recent window of
+        ``R`` tokens is ``s_i = max(0, i - R + 1)``. Cost beyond the plain attention:
+        ``O(T W hd)`` per head with ``W = max_i (i - s_i + 1)`` the band's width.
         """
-        return self._attention(q, k, v, frame.future, frame.scale, own)
+        if exact_from is not None:
+            if own is None:
+                raise KvasymError("exact_from needs own = (k_own, v_own): the band's exact keys and values")
+            starts = np.asarray(exact_from)
+            positions = np.arange(q.shape[1])
+            if (starts.shape != positions.shape or not np.issubdtype(starts.dtype, np.integer)
+                    or np.any(starts < 0) or np.any(starts > positions + 1)):
+                raise KvasymError(f"exact_from must be ({positions.size},) integers with 0 <= s_i <= i + 1, "
+                                  f"got shape {starts.shape} dtype {starts.dtype}")
+        return self._attention(q, k, v, frame.future, frame.scale, own, exact_from)
 
     def _attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, future: np.ndarray,
-                   scale: np.ndarray, own: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-        """:meth:`attention` with the causal mask and scale given directly."""
+                   scale: np.ndarray, own: tuple[np.ndarray, np.ndarray] | None = None,
+                   exact_from: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`attention` with the causal mask and scale given directly.
+
+        The exact band is walked by offset ``o = i - j`` from the diagonal (``o = 0`` is the own
+        position): one ``(kv, group, rows)`` product per offset, so the extra work is the band's
+        ``O(T W hd)``, and ``exact_from = arange(T)`` performs the ``own`` path's operations on
+        the same arrays (bit-identical results, tested).
+        """
+        if exact_from is not None:
+            return self._banded_attention(q, k, v, future, scale, own, np.asarray(exact_from))
         c = self.config
         n_tokens = q.shape[1]
         # Query head kv * group + j reads KV head kv (HF's repeat_kv order), so grouping the
@@ -564,6 +591,56 @@ class GGUFLlama:
             if own is not None:
                 weight = scores4[:, :, diagonal[0], diagonal[1]]  # (kv, group, rows): p_ii
                 block += weight[..., None] * (own[1][:, start:stop] - v[:, start:stop])[:, None]
+            out[:, :, start:stop] = block
+        return out.reshape(c.n_heads, n_tokens, c.head_dim)
+
+    def _banded_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, future: np.ndarray,
+                          scale: np.ndarray, exact: tuple[np.ndarray, np.ndarray],
+                          starts: np.ndarray) -> np.ndarray:
+        """:meth:`_attention` whose query ``i`` reads positions ``starts[i]..i`` from ``exact``."""
+        c = self.config
+        n_tokens = q.shape[1]
+        k_exact, v_exact = exact
+        q_grouped = q.reshape(c.n_kv_heads, c.group, n_tokens, c.head_dim)
+        k_t = np.ascontiguousarray(k.transpose(0, 2, 1))  # (n_kv_heads, hd, T)
+        out = np.empty_like(q_grouped)
+        # band width of each query: how many positions it reads exactly (0 when none)
+        widths = np.arange(n_tokens) - starts + 1
+        for start in range(0, n_tokens, QUERY_BLOCK_ROWS):
+            stop = min(start + QUERY_BLOCK_ROWS, n_tokens)
+            rows = stop - start
+            block_widths = widths[start:stop]
+            # per offset o: the rows whose key i - o lies in their band, and those keys' positions
+            bands = []
+            for offset in range(int(block_widths.max(initial=0))):
+                inside = block_widths > offset
+                if inside.all():
+                    # the own path's slices (offset 0 is exactly its diagonal)
+                    bands.append((slice(None), np.arange(rows), start - offset + np.arange(rows),
+                                  slice(start - offset, stop - offset)))
+                else:
+                    r = np.flatnonzero(inside)
+                    bands.append((r, r, start + r - offset, start + r - offset))
+            q_block = q_grouped[:, :, start:stop].reshape(c.n_kv_heads, c.group * rows, c.head_dim)
+            scores = (q_block @ k_t[:, :, :stop]) * scale  # (kv, group * rows, stop)
+            scores4 = scores.reshape(c.n_kv_heads, c.group, rows, stop)
+            scores4[:, :, future[start:stop, :stop]] = -np.inf
+            q_rows_all = q_grouped[:, :, start:stop]
+            for select, r, j, keys in bands:
+                q_rows = q_rows_all if isinstance(select, slice) else q_rows_all[:, :, select]
+                logit = np.einsum("kgrd,krd->kgr", q_rows, k_exact[:, keys])
+                scores4[:, :, r, j] = logit * scale
+            scores -= scores.max(axis=-1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores /= scores.sum(axis=-1, keepdims=True)
+            block = (scores @ v[:, :stop]).reshape(c.n_kv_heads, c.group, rows, c.head_dim)
+            for select, r, j, keys in bands:
+                weight = scores4[:, :, r, j]  # (kv, group, band rows): p_ij
+                correction = weight[..., None] * (v_exact[:, keys] - v[:, keys])[:, None]
+                if isinstance(select, slice):
+                    block += correction
+                else:
+                    block[:, :, select] += correction
             out[:, :, start:stop] = block
         return out.reshape(c.n_heads, n_tokens, c.head_dim)
 
