@@ -247,6 +247,7 @@ def test_band_attention_matches_brute_force(monkeypatch, own: str, recent: int, 
     from kvasym.real.endtoend import exact_read_starts
 
     monkeypatch.setattr(gguf_model, "QUERY_BLOCK_ROWS", 4)  # bands that reach into earlier query blocks
+    monkeypatch.setattr(gguf_model, "BAND_SLAB_OFFSETS", 2)  # and span several slabs
     model = _small_model()
     n_tokens = 11
     rng = np.random.default_rng(5)
@@ -337,7 +338,7 @@ def test_chunked_quantization_is_each_chunk_quantized_alone(scheme: str) -> None
 
 
 @pytest.mark.parametrize("scheme, budget, own, recent, chunk", [
-    ("KQV", 2, "exact", 3, 0), ("SKLT", 2, "exact", 0, 5), ("KIVI32", 2, "quantized", 0, 4),
+    ("KQV", 2, "exact", 3, 0), ("CRKV", 2, "exact", 0, 5), ("KIVI32", 2, "quantized", 0, 4),
 ])
 def test_band_pass_matches_brute_force(two_layers, scheme: str, budget: int, own: str, recent: int,
                                        chunk: int) -> None:
@@ -350,8 +351,8 @@ def test_band_pass_matches_brute_force(two_layers, scheme: str, budget: int, own
     z = brute_force_logits(model, ids)[:-1]
     z_hat = brute_force_logits(model, ids, spec, budget, own=own, recent=recent, chunk=chunk)[:-1]
     kl = rel_entr(softmax(z, axis=-1), softmax(z_hat, axis=-1)).sum(axis=-1)
-    assert kl.max() > 1e-5  # measurable damage (SKLT's two layers at 12 tokens: ~3e-5)
-    np.testing.assert_allclose(measured["kl"], kl, rtol=2e-3, atol=2e-7)
+    assert kl.max() > 1e-4
+    np.testing.assert_allclose(measured["kl"], kl, rtol=2e-3, atol=2e-6)
 
 
 def test_window_of_one_is_own_exact_and_a_whole_window_is_the_reference(model) -> None:
