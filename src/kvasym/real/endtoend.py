@@ -54,6 +54,10 @@ Bits of full-precision rows
     0 without chunks); with chunks ``b`` is measured over the complete chunks' packed caches,
     their side arrays (means, bases, scales per chunk) included. The own position of
     ``own="exact"`` alone (``R = 0``) is not counted, as before: a decoder step computes it.
+    These are the bits of the cache at the end of the text: earlier positions read a cache
+    whose incomplete chunk (up to ``C - 1`` rows) was a larger share of a shorter context, so
+    with ``L mod C = 0`` a chunked pass is charged nothing for the full-precision rows its
+    queries read on the way.
 
 Query-aware keys (``query_variant``)
     ``QRKV`` and ``QWF`` (:mod:`kvasym.real.queryaware`) quantize keys in the eigenbasis of
