@@ -466,3 +466,21 @@ def test_new_settings_are_refused(two_layers) -> None:
     with pytest.raises(KvasymError, match="exact_from needs own"):
         two_layers.attention(np.zeros((9, 3, 64)), np.zeros((3, 3, 64)), np.zeros((3, 3, 64)),
                              two_layers.sequence_frame(ids[:3]), exact_from=np.arange(3))
+
+
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_qrkv_with_an_identity_basis_stores_rkv_rows(chunk: int) -> None:
+    from kvasym.real.endtoend import quantize_rows
+    from kvasym.real.queryaware import QueryBases, variant_scheme
+
+    rng = np.random.default_rng(8)
+    keys, values = rng.normal(size=(40, 64)), rng.normal(size=(40, 64))
+    bases = QueryBases(bases=np.broadcast_to(np.eye(64), (3, 2, 64, 64)).copy(), eigenvalues=np.ones((3, 2, 64)),
+                       calibration_texts=(), n_positions=0, model_sha256="")
+    qrkv = CacheQuantization(variant_scheme("QRKV"), 3, BASE_SEED, "t", causal_chunk=chunk, query_variant="QRKV",
+                             query_bases=bases)
+    rkv = CacheQuantization(get_scheme("RKV"), 3, BASE_SEED, "t", causal_chunk=chunk)
+    assert qrkv.name == "QRKV" + (f"+C{chunk}" if chunk else "") and qrkv != rkv
+    k_q, v_q, bits_q = quantize_rows(keys, values, qrkv, 2, 1)
+    k_r, v_r, bits_r = quantize_rows(keys, values, rkv, 2, 1)
+    assert np.array_equal(k_q, k_r) and np.array_equal(v_q, v_r) and bits_q == bits_r
