@@ -16,6 +16,18 @@ What it prints
     full-precision rows included: :func:`kvasym.real.endtoend.add_full_precision_rows`).
     Every scheme's numba kernels are compiled on a 24-token pass first, out of the timings.
 
+Measured (bakery_morning, 512 tokens, draw 0; a 2-core machine shared with other work, load 2-4,
+so the CPU times are the least of 5 interleaved runs at n = 2): plain pass 2.2 CPU-s; RKV 2.4,
+KIVI128 2.6, KIVI128+R32 2.9, KIVI128+R128 3.7, KIVI128+C128 3.4, KIVI128+C32 4.3 (16 chunks
+quantized per head and layer), SKLT 3.4, SKLT+C128 6.1, QWF 2.8 (calibration 33-70 CPU-s).
+Mean KL (nats) / PPL ratio / K, V bits per value at n = 2: RKV 0.882 / 2.466 / 2.50, 2.50;
+QRKV 0.918 / 2.500; QWF 0.520 / 1.699 / 2.63, 2.50; SKLT 0.626 / 1.825 / 4.63, 4.63;
+SKLT+C128 0.223 / 1.219 / 11.0, 11.0 (a float16 64 x 64 basis per 128-row chunk: 8 bits per
+value); KIVI128 0.995 / 2.775 / 2.25, 2.50; KIVI128+C128 0.234 / 1.273 / 2.25, 2.50;
+KIVI128+R128 0.165 / 1.171 / 5.69, 5.88. At n = 4: RKV 0.041 / 1.036, QRKV 0.040 / 1.055,
+QWF 0.029 / 1.024, SKLT 0.232 / 1.179, SKLT+C128 0.033 / 1.016, KIVI128 0.017 / 1.034,
+KIVI128+C128 0.0040 / 1.007, KIVI128+R128 0.0031 / 1.003.
+
 Run ``python3 benchmarks/bench_e2e_modes.py`` (``--help``); ~3-5 CPU-minutes on a 2-core machine.
 """
 
