@@ -413,6 +413,7 @@ def test_evaluate_text_extra_passes_names_and_bits(two_layers) -> None:
     assert k_total == pytest.approx((8 * 6 + 6 * 16) / 14, rel=1e-12)
 
 
+@pytest.mark.slow  # 2-27 s: mostly compiling SKLT's kernels in a fresh process on a loaded machine
 def test_existing_passes_are_unchanged(model) -> None:
     """A digest of the columns of RKV (2 draws) and SKLT passes and a sensitivity pass on 24
     tokens, taken before the window, chunk and query-aware passes were added (same machine's
