@@ -283,7 +283,8 @@ def test_full_precision_bits_by_hand() -> None:
     from kvasym.real.endtoend import add_full_precision_rows, full_precision_rows
 
     assert full_precision_rows(512, 128) == 128 and full_precision_rows(100, 128) == 100
-    assert full_precision_rows(500, 0, 128) == 500 - 3 * 128 and full_precision_rows(512, 0, 128) == 0
+    # the incomplete chunk at its mean over a cycle, (C - 1) / 2, wherever the text ends
+    assert full_precision_rows(500, 0, 128) == full_precision_rows(512, 0, 128) == 63.5
     assert full_precision_rows(500, 200, 128) == 200 and full_precision_rows(20, 0, 32) == 20
     measured = {"k_bits_payload": 2.0, "k_bits_side": 0.5, "v_bits_payload": 3.0, "v_bits_side": 1.0}
     out = add_full_precision_rows(measured, 128, 512)
@@ -408,9 +409,10 @@ def test_evaluate_text_extra_passes_names_and_bits(two_layers) -> None:
         assert out[f"{side}_bits_side"][rows("KIVI32+R4")][0] == pytest.approx(
             out[f"{side}_bits_side"][rows("KIVI32")][0] + 4 * (16 - b) / n_tokens, rel=1e-12)
     # one complete chunk of 8 (its groups of 8 tokens: 2 float16 per channel = 4 bits per key value)
-    # and 6 float16 rows: ((14 - 6) * (2 + 4) + 6 * 16) / 14 bits per key value
+    # and the incomplete chunk's mean of (8 - 1) / 2 = 3.5 float16 rows at context 14:
+    # ((14 - 3.5) * (2 + 4) + 3.5 * 16) / 14 bits per key value
     k_total = out["k_bits_payload"][rows("KIVI32+C8")][0] + out["k_bits_side"][rows("KIVI32+C8")][0]
-    assert k_total == pytest.approx((8 * 6 + 6 * 16) / 14, rel=1e-12)
+    assert k_total == pytest.approx((10.5 * 6 + 3.5 * 16) / 14, rel=1e-12)
 
 
 @pytest.mark.slow  # 2-27 s: mostly compiling SKLT's kernels in a fresh process on a loaded machine
