@@ -247,6 +247,7 @@ def test_band_attention_matches_brute_force(monkeypatch, own: str, recent: int, 
     from kvasym.real.endtoend import exact_read_starts
 
     monkeypatch.setattr(gguf_model, "QUERY_BLOCK_ROWS", 4)  # bands that reach into earlier query blocks
+    monkeypatch.setattr(gguf_model, "BAND_SLAB_OFFSETS", 2)  # and span several slabs
     model = _small_model()
     n_tokens = 11
     rng = np.random.default_rng(5)
@@ -282,7 +283,8 @@ def test_full_precision_bits_by_hand() -> None:
     from kvasym.real.endtoend import add_full_precision_rows, full_precision_rows
 
     assert full_precision_rows(512, 128) == 128 and full_precision_rows(100, 128) == 100
-    assert full_precision_rows(500, 0, 128) == 500 - 3 * 128 and full_precision_rows(512, 0, 128) == 0
+    # the incomplete chunk at its mean over a cycle, (C - 1) / 2, wherever the text ends
+    assert full_precision_rows(500, 0, 128) == full_precision_rows(512, 0, 128) == 63.5
     assert full_precision_rows(500, 200, 128) == 200 and full_precision_rows(20, 0, 32) == 20
     measured = {"k_bits_payload": 2.0, "k_bits_side": 0.5, "v_bits_payload": 3.0, "v_bits_side": 1.0}
     out = add_full_precision_rows(measured, 128, 512)
@@ -337,7 +339,7 @@ def test_chunked_quantization_is_each_chunk_quantized_alone(scheme: str) -> None
 
 
 @pytest.mark.parametrize("scheme, budget, own, recent, chunk", [
-    ("KQV", 2, "exact", 3, 0), ("SKLT", 2, "exact", 0, 5), ("KIVI32", 2, "quantized", 0, 4),
+    ("KQV", 2, "exact", 3, 0), ("CRKV", 2, "exact", 0, 5), ("KIVI32", 2, "quantized", 0, 4),
 ])
 def test_band_pass_matches_brute_force(two_layers, scheme: str, budget: int, own: str, recent: int,
                                        chunk: int) -> None:
@@ -350,8 +352,8 @@ def test_band_pass_matches_brute_force(two_layers, scheme: str, budget: int, own
     z = brute_force_logits(model, ids)[:-1]
     z_hat = brute_force_logits(model, ids, spec, budget, own=own, recent=recent, chunk=chunk)[:-1]
     kl = rel_entr(softmax(z, axis=-1), softmax(z_hat, axis=-1)).sum(axis=-1)
-    assert kl.max() > 1e-5  # measurable damage (SKLT's two layers at 12 tokens: ~3e-5)
-    np.testing.assert_allclose(measured["kl"], kl, rtol=2e-3, atol=2e-7)
+    assert kl.max() > 1e-4
+    np.testing.assert_allclose(measured["kl"], kl, rtol=2e-3, atol=2e-6)
 
 
 def test_window_of_one_is_own_exact_and_a_whole_window_is_the_reference(model) -> None:
@@ -407,11 +409,13 @@ def test_evaluate_text_extra_passes_names_and_bits(two_layers) -> None:
         assert out[f"{side}_bits_side"][rows("KIVI32+R4")][0] == pytest.approx(
             out[f"{side}_bits_side"][rows("KIVI32")][0] + 4 * (16 - b) / n_tokens, rel=1e-12)
     # one complete chunk of 8 (its groups of 8 tokens: 2 float16 per channel = 4 bits per key value)
-    # and 6 float16 rows: ((14 - 6) * (2 + 4) + 6 * 16) / 14 bits per key value
+    # and the incomplete chunk's mean of (8 - 1) / 2 = 3.5 float16 rows at context 14:
+    # ((14 - 3.5) * (2 + 4) + 3.5 * 16) / 14 bits per key value
     k_total = out["k_bits_payload"][rows("KIVI32+C8")][0] + out["k_bits_side"][rows("KIVI32+C8")][0]
-    assert k_total == pytest.approx((8 * 6 + 6 * 16) / 14, rel=1e-12)
+    assert k_total == pytest.approx((10.5 * 6 + 3.5 * 16) / 14, rel=1e-12)
 
 
+@pytest.mark.slow  # 2-27 s: mostly compiling SKLT's kernels in a fresh process on a loaded machine
 def test_existing_passes_are_unchanged(model) -> None:
     """A digest of the columns of RKV (2 draws) and SKLT passes and a sensitivity pass on 24
     tokens, taken before the window, chunk and query-aware passes were added (same machine's
@@ -465,3 +469,21 @@ def test_new_settings_are_refused(two_layers) -> None:
     with pytest.raises(KvasymError, match="exact_from needs own"):
         two_layers.attention(np.zeros((9, 3, 64)), np.zeros((3, 3, 64)), np.zeros((3, 3, 64)),
                              two_layers.sequence_frame(ids[:3]), exact_from=np.arange(3))
+
+
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_qrkv_with_an_identity_basis_stores_rkv_rows(chunk: int) -> None:
+    from kvasym.real.endtoend import quantize_rows
+    from kvasym.real.queryaware import QueryBases, variant_scheme
+
+    rng = np.random.default_rng(8)
+    keys, values = rng.normal(size=(40, 64)), rng.normal(size=(40, 64))
+    bases = QueryBases(bases=np.broadcast_to(np.eye(64), (3, 2, 64, 64)).copy(), eigenvalues=np.ones((3, 2, 64)),
+                       calibration_texts=(), n_positions=0, model_sha256="")
+    qrkv = CacheQuantization(variant_scheme("QRKV"), 3, BASE_SEED, "t", causal_chunk=chunk, query_variant="QRKV",
+                             query_bases=bases)
+    rkv = CacheQuantization(get_scheme("RKV"), 3, BASE_SEED, "t", causal_chunk=chunk)
+    assert qrkv.name == "QRKV" + (f"+C{chunk}" if chunk else "") and qrkv != rkv
+    k_q, v_q, bits_q = quantize_rows(keys, values, qrkv, 2, 1)
+    k_r, v_r, bits_r = quantize_rows(keys, values, rkv, 2, 1)
+    assert np.array_equal(k_q, k_r) and np.array_equal(v_q, v_r) and bits_q == bits_r

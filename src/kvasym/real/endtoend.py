@@ -50,10 +50,12 @@ Bits of full-precision rows
     (payload + side of that cache side), so a side spends ``((L - F) b + 16 F) / L``:
     the bits columns keep the measured payload and add the excess to the side part,
     ``*_bits_side += F (16 - b) / L`` (:func:`add_full_precision_rows`). ``F = min(L, max(R,
-    L mod C))`` (:func:`full_precision_rows`: the window and the incomplete chunk; ``L mod C`` is
-    0 without chunks); with chunks ``b`` is measured over the complete chunks' packed caches,
-    their side arrays (means, bases, scales per chunk) included. The own position of
-    ``own="exact"`` alone (``R = 0``) is not counted, as before: a decoder step computes it.
+    r_C))`` (:func:`full_precision_rows`: the window, and the incomplete chunk charged at its
+    mean over a chunk cycle, ``r_C = (C - 1) / 2`` once ``L >= C``, not at ``L mod C``, which
+    depends on where the text ends); with chunks ``b`` is measured over the complete chunks'
+    packed caches, their side arrays (means, bases, scales per chunk) included. The own
+    position of ``own="exact"`` alone (``R = 0``) is not counted, as before: a decoder step
+    computes it.
 
 Query-aware keys (``query_variant``)
     ``QRKV`` and ``QWF`` (:mod:`kvasym.real.queryaware`) quantize keys in the eigenbasis of
@@ -275,14 +277,18 @@ def exact_read_starts(n_tokens: int, own: str = "exact", recent_tokens: int = 0,
     return starts
 
 
-def full_precision_rows(n_tokens: int, recent_tokens: int = 0, causal_chunk: int = 0) -> int:
-    """``F``: rows a cache of ``L = n_tokens`` tokens holds in float16, ``min(L, max(R, L mod C))``
-    (the recent window and the incomplete chunk; ``L mod C`` is 0 without chunks)."""
-    tail = int(n_tokens) % int(causal_chunk) if causal_chunk else 0
-    return min(int(n_tokens), max(int(recent_tokens), tail))
+def full_precision_rows(n_tokens: int, recent_tokens: int = 0, causal_chunk: int = 0) -> float:
+    """``F``: rows a cache of ``L = n_tokens`` tokens holds in float16, ``min(L, max(R, r_C))``:
+    the recent window ``R`` and the incomplete chunk's rows ``r_C``, charged at their mean over a
+    chunk cycle, ``(C - 1) / 2``, once the context holds a complete chunk (``L >= C``; else
+    ``r_C = L``: nothing is quantized yet), not at ``L mod C`` (where the text happens to end:
+    0 when ``C`` divides ``L``, although every position before read up to ``C - 1`` such rows)."""
+    length, chunk = int(n_tokens), int(causal_chunk)
+    residual = 0.0 if not chunk else (length if length < chunk else (chunk - 1) / 2.0)
+    return float(min(length, max(int(recent_tokens), residual)))
 
 
-def add_full_precision_rows(bits: Mapping[str, float], n_full_precision: int, n_tokens: int) -> dict[str, float]:
+def add_full_precision_rows(bits: Mapping[str, float], n_full_precision: float, n_tokens: int) -> dict[str, float]:
     """Bits per value of a cache with ``F = n_full_precision`` of its ``L = n_tokens`` rows in
     float16 and the rest at the measured ``bits`` (:data:`BITS_COLUMNS`): per side, with
     ``b = payload + side``, the side part gains ``F (16 - b) / L``, so the side's total is

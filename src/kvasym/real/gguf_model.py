@@ -55,6 +55,9 @@ QUERY_BLOCK_ROWS = 512
 # Rows of the (T, vocab) logits computed at once when scoring a sequence: 512 x 49152 float32
 # is ~100 MB.
 LOGIT_BLOCK_ROWS = 512
+# Offsets of an exact band (GGUFLlama.attention's exact_from) gathered at once: the band's keys
+# and value corrections of one query block are 2 x (3 KV heads, 512 rows, 128, 64) float32 ~100 MB.
+BAND_SLAB_OFFSETS = 128
 
 # The pre-tokenizers the tokenizer builder knows, by GGUF ``tokenizer.ggml.pre``: llama.cpp's
 # "smollm" is one digit per token, then GPT-2's byte-level regex split.
@@ -597,50 +600,69 @@ class GGUFLlama:
     def _banded_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, future: np.ndarray,
                           scale: np.ndarray, exact: tuple[np.ndarray, np.ndarray],
                           starts: np.ndarray) -> np.ndarray:
-        """:meth:`_attention` whose query ``i`` reads positions ``starts[i]..i`` from ``exact``."""
+        """:meth:`_attention` whose query ``i`` reads positions ``starts[i]..i`` from ``exact``.
+
+        A query block whose band is exactly its diagonal runs the ``own`` path's operations
+        (bit-identical to it). A wider band reads, for query ``i``, the window of the ``W``
+        positions ``i - W + 1 .. i`` (``W`` the widest band) of the exact keys and of the value
+        corrections ``v_exact - v``, zero-padded in front: a strided view (no gather), taken in
+        slabs of :data:`BAND_SLAB_OFFSETS` window positions, each two batched products; window
+        positions before ``starts[i]`` get no logit and no weight.
+        """
         c = self.config
         n_tokens = q.shape[1]
         k_exact, v_exact = exact
         q_grouped = q.reshape(c.n_kv_heads, c.group, n_tokens, c.head_dim)
         k_t = np.ascontiguousarray(k.transpose(0, 2, 1))  # (n_kv_heads, hd, T)
         out = np.empty_like(q_grouped)
-        # band width of each query: how many positions it reads exactly (0 when none)
-        widths = np.arange(n_tokens) - starts + 1
+        positions = np.arange(n_tokens)
+        widths = positions - starts + 1  # how many positions each query reads exactly (0: none)
+        window = int(widths.max(initial=0))
+        if window and not np.all(widths == 1):
+            pad = np.zeros((c.n_kv_heads, window - 1, c.head_dim), dtype=k_exact.dtype)
+            # [kv, i, :, w] = row i - window + 1 + w (zeros before position 0)
+            k_windows = np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, k_exact], axis=1), window, axis=1)
+            dv_windows = np.lib.stride_tricks.sliding_window_view(
+                np.concatenate([pad, v_exact - v], axis=1), window, axis=1)
         for start in range(0, n_tokens, QUERY_BLOCK_ROWS):
             stop = min(start + QUERY_BLOCK_ROWS, n_tokens)
             rows = stop - start
             block_widths = widths[start:stop]
-            # per offset o: the rows whose key i - o lies in their band, and those keys' positions
-            bands = []
-            for offset in range(int(block_widths.max(initial=0))):
-                inside = block_widths > offset
-                if inside.all():
-                    # the own path's slices (offset 0 is exactly its diagonal)
-                    bands.append((slice(None), np.arange(rows), start - offset + np.arange(rows),
-                                  slice(start - offset, stop - offset)))
-                else:
-                    r = np.flatnonzero(inside)
-                    bands.append((r, r, start + r - offset, start + r - offset))
+            diagonal_only = bool(np.all(block_widths == 1))
             q_block = q_grouped[:, :, start:stop].reshape(c.n_kv_heads, c.group * rows, c.head_dim)
             scores = (q_block @ k_t[:, :, :stop]) * scale  # (kv, group * rows, stop)
             scores4 = scores.reshape(c.n_kv_heads, c.group, rows, stop)
             scores4[:, :, future[start:stop, :stop]] = -np.inf
-            q_rows_all = q_grouped[:, :, start:stop]
-            for select, r, j, keys in bands:
-                q_rows = q_rows_all if isinstance(select, slice) else q_rows_all[:, :, select]
-                logit = np.einsum("kgrd,krd->kgr", q_rows, k_exact[:, keys])
-                scores4[:, :, r, j] = logit * scale
+            q_rows = q_grouped[:, :, start:stop]
+            diagonal = (np.arange(rows), start + np.arange(rows))
+            slabs = []
+            if diagonal_only:  # the own path
+                own_logit = np.einsum("kgrd,krd->kgr", q_rows, k_exact[:, start:stop])
+                scores4[:, :, diagonal[0], diagonal[1]] = own_logit * scale
+            elif window:
+                q_by_row = q_rows.transpose(0, 2, 1, 3)  # (kv, rows, group, hd)
+                flat = scores.reshape(c.n_kv_heads, c.group, rows * stop)
+                for first in range(0, window, BAND_SLAB_OFFSETS):
+                    slab = slice(first, min(first + BAND_SLAB_OFFSETS, window))
+                    # key position of window slot w for row r, and whether it lies in r's band
+                    keys = (start + np.arange(rows))[:, None] - window + 1 + np.arange(slab.start, slab.stop)[None, :]
+                    r, w = np.nonzero(keys >= starts[start:stop, None])
+                    cells = r * stop + keys[r, w]  # flat (row, key) cells of the band in this slab
+                    logits = q_by_row @ k_windows[:, start:stop, :, slab]  # (kv, rows, group, slab)
+                    flat[:, :, cells] = logits[:, r, :, w].transpose(1, 2, 0) * scale
+                    slabs.append((slab, r, w, cells))
             scores -= scores.max(axis=-1, keepdims=True)
             np.exp(scores, out=scores)
             scores /= scores.sum(axis=-1, keepdims=True)
             block = (scores @ v[:, :stop]).reshape(c.n_kv_heads, c.group, rows, c.head_dim)
-            for select, r, j, keys in bands:
-                weight = scores4[:, :, r, j]  # (kv, group, band rows): p_ij
-                correction = weight[..., None] * (v_exact[:, keys] - v[:, keys])[:, None]
-                if isinstance(select, slice):
-                    block += correction
-                else:
-                    block[:, :, select] += correction
+            if diagonal_only:
+                weight = scores4[:, :, diagonal[0], diagonal[1]]  # (kv, group, rows): p_ii
+                block += weight[..., None] * (v_exact[:, start:stop] - v[:, start:stop])[:, None]
+            for slab, r, w, cells in slabs:
+                weight = np.zeros((c.n_kv_heads, rows, c.group, slab.stop - slab.start), dtype=block.dtype)
+                weight[:, r, :, w] = flat[:, :, cells].transpose(2, 0, 1)  # p_ij; 0 outside the band
+                correction = weight @ dv_windows[:, start:stop, :, slab].transpose(0, 1, 3, 2)  # (kv, rows, g, hd)
+                block += correction.transpose(0, 2, 1, 3)
             out[:, :, start:stop] = block
         return out.reshape(c.n_heads, n_tokens, c.head_dim)
 
