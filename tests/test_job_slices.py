@@ -44,6 +44,9 @@ JOBS = {
     "real_metrics": {"distribution": "smollm2", "scheme": "QKQV"},
     "e2e": {"text": "bicycle_repair"},
     "e2e_stats": {},
+    "calibrate": {},
+    "e2e_long": {"length": "64"},
+    "passkey": {"length": "96"},
 }
 #: Keys a stage reads when present (slice_.get): the real rows' layers, the file's digest.
 OPTIONAL_KEYS = {"real_metrics": {"layers"}, "file_metrics": {"content_sha256"}}
@@ -63,7 +66,7 @@ def _config(**changes):
 
 def _slices(config):
     study = load_study(config)
-    real = real_settings(config.get("real"), list(study.schemes))
+    real = real_settings(config.get("real"), list(study.schemes), list(study.frontier_real_schemes))
     return {stage: study.job_slice(stage, wildcards, real=real, file_digests=FILE_DIGESTS)
             for stage, wildcards in JOBS.items()}
 
@@ -118,7 +121,8 @@ UNRELATED = {"headline.sharpness": 4.0, "claims_file": "config/claims.yaml", "st
 RELATED = {
     "cells": ("seq_len", 64), "metrics": ("per_key_trials", 2), "stats": ("stats.n_permutations", 7),
     "theory": ("theory.n_probes", 32), "file_metrics": ("n_queries", 8), "real_metrics": ("real.layers", [0]),
-    "e2e": ("real.max_tokens", 40), "e2e_stats": ("stats.n_boot", 100),
+    "e2e": ("real.max_tokens", 40), "e2e_stats": ("stats.n_boot", 100), "calibrate": ("real.max_tokens", 40),
+    "e2e_long": ("real.e2e.long_context.windows", 3), "passkey": ("real.e2e.passkey.trials", 3),
 }
 
 
@@ -160,15 +164,24 @@ def test_the_real_slices_are_those_the_dag_passed_before():
     assert {k: v for k, v in e2e.items() if k != "schemes"} == {
         "text": "bicycle_repair", "max_tokens": 48, "budgets": [2, 4], "base_seed": 7, "norm_dtype": "float32",
         "e2e": {"draws": 2, "rope": {"post": e2e_schemes, "pre": ["KQV", "RKV"]}, "extra_budgets": {"RKV": [5]},
-                "own": "exact", "sensitivity_layers": [0, 29], "sensitivity_schemes": ["KV", "KQV", "QKQV", "RKV"]}}
+                "own": "exact", "sensitivity_layers": [0, 29], "sensitivity_schemes": ["KV", "KQV", "QKQV", "RKV"],
+                "query_aware": ["QWF"], "recent_windows": {"RKV": [8]}, "causal_chunks": {"SKLT": 16}}}
     assert canonical_json(study.job_slice("e2e_stats", {}, real=real)) == (
-        '{"base_seed":7,"budgets":[2,4],"n_boot":200,"schemes":' + canonical_json(e2e_schemes)
-        + ',"study_schemes":["KV","KQV","QKQV","RKV"]}')
+        '{"base_seed":7,"budgets":[2,4],"n_boot":200,"schemes":'
+        + canonical_json([*e2e_schemes, "QWF", "RKV+R8", "SKLT+C16"]) + ',"study_schemes":["KV","KQV","QKQV","RKV"]}')
+    calibrate = study.job_slice("calibrate", {}, real=real)
+    assert calibrate["evaluation_texts"] == ["bicycle_repair"] and "bicycle_repair" not in calibrate["texts"]
+    assert len(calibrate["texts"]) == 15 and calibrate["max_tokens"] == 48
+    long = study.job_slice("e2e_long", {"length": "128"}, real=real)
+    assert (long["length"], long["windows"], long["query_variants"], [s["name"] for s in long["schemes"]]) == (
+        128, 2, ["QWF"], ["RKV"])
+    passkey = study.job_slice("passkey", {"length": "96"}, real=real)
+    assert (passkey["depths"], passkey["trials"], passkey["budgets"]) == ([0.0, 1.0], 2, [2])
 
 
 def test_a_cells_table_slice_is_its_writers_slice():
     study = load_study(_config())
-    real = real_settings(TINY["real"], list(study.schemes))
+    real = real_settings(TINY["real"], list(study.schemes), list(study.frontier_real_schemes))
     # a real cell: its job's slice with its one budget in place of the budgets
     job = study.job_slice("real_metrics", {"distribution": "smollm2", "scheme": "KQV"}, real=real)
     cell = study.cell_table_slice("smollm2", "64", "KQV", "2", real=real, file_digests=FILE_DIGESTS)

@@ -59,8 +59,9 @@ _UNIT = (r"(?:pt|mm|cm|in|ex|em|bp|sp|pc|dd|cc|mu|"
 _NAME_ARG = (r"label|ref|eqref|pageref|autoref|cref|Cref|nameref|cite[a-zA-Z]*|input|include|includegraphics|"
              r"usepackage|RequirePackage|documentclass|graphicspath|url|href|hypersetup|IfFileExists|"
              r"kvtable|kvfigure|kvgraphic|begin|end|"
-             # a claim's id, as in config/claims.yaml (a name, not a number: C2r)
-             r"claim|claimid|claimci|claimverdict|claimlogp")
+             # a claim's id, as in config/claims.yaml (a name, not a number: C2r), and a scheme's
+             # name, as in the config (KIVI128)
+             r"claim|claimid|claimci|claimverdict|claimlogp|scheme")
 _ALLOWED = [
     # \newcommand{\x}[2][default] (arity and default)
     re.compile(r"\\(?:new|renew|provide)command\*?\{\\[A-Za-z@]+\}(?:\[[^\]]*\])*"),
@@ -129,6 +130,7 @@ def test_digit_checker_catches_typed_numbers(snippet):
         r"\documentclass[11pt,a4paper]{article}",
         r"\parbox{.8\linewidth}{x}",
         r"\claim{C2}{Estimate} at $n = \HeadlineBudget$",
+        r"\scheme{KIVI128} against \scheme{RKV}",
     ],
 )
 def test_digit_checker_allows_latex_syntax(snippet):
@@ -332,7 +334,8 @@ def test_tables_render_from_synthetic_frames():
     assert set(texts) == set(tables.TABLES)
     for name, text in texts.items():
         assert "\\begin{longtable}" in text or name in ("table_disagreements", "table_real", "table_e2e",
-                                                          "table_summary", "table_frontier", "table_seq_len"), name
+                                                          "table_summary", "table_frontier", "table_seq_len",
+                                                          "table_model"), name
         assert "\\VAR{" not in text and "\\BLOCK{" not in text and "\\#{" not in text
         assert "nan" not in text.lower().replace("nonan", ""), name
     assert "$4\\times10^{-31}$" in texts["table_tests"]  # q_log10_p = -30.4

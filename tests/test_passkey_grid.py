@@ -165,6 +165,8 @@ def test_summary_against_scipy_on_a_hand_built_grid():
                 assert (row["mcnemar_b"], row["mcnemar_c"]) == (b, c)
                 assert row["mcnemar_p"] == pytest.approx(p, rel=1e-12)
                 assert row["accuracy_diff"] == pytest.approx(np.mean(correct) - np.mean(base))
+                assert (row["diff_low"], row["diff_high"]) == pytest.approx(
+                    grid.paired_difference_interval(b, c, n, 0.9))
     # the depth-0 cell: fp 4/6 < 0.8, so the model cannot do the task there
     cell = summary[(summary["pass"] == FP_PASS) & (summary["depth"] == 0.0)].iloc[0]
     assert not cell["baseline_can_do"]
@@ -239,3 +241,49 @@ def test_real_windows_equal_evaluate_text_on_each_window(model):
         evaluate_windows(model, ids, [64, 9000], 1, schemes, budgets, base_seed=BASE_SEED)
     with pytest.raises(KvasymError, match="count_per_length"):
         evaluate_windows(model, ids, [64], 0, schemes, budgets, base_seed=BASE_SEED)
+
+
+def _agresti_min_by_table(base, other, level):
+    """Agresti and Min's interval from the 2 x 2 table of the pairs, each cell plus one half."""
+    base, other = np.asarray(base), np.asarray(other)
+    table = np.array([[np.sum((base == 1) & (other == 1)), np.sum((base == 1) & (other == 0))],
+                      [np.sum((base == 0) & (other == 1)), np.sum((base == 0) & (other == 0))]], float) + 0.5
+    n = table.sum()
+    p_other, p_base = (table[0, 0] + table[1, 0]) / n, (table[0, 0] + table[0, 1]) / n
+    p12, p21 = table[0, 1] / n, table[1, 0] / n
+    var = (p12 + p21 - (p21 - p12) ** 2) / n
+    z = scipy.stats.norm.ppf((1 + level) / 2)
+    return p_other - p_base - z * np.sqrt(var), p_other - p_base + z * np.sqrt(var)
+
+
+def test_paired_difference_interval_is_agresti_min_and_never_a_point():
+    gen = np.random.default_rng(3)
+    for _ in range(20):
+        base = gen.integers(0, 2, 30)
+        other = np.where(gen.random(30) < 0.3, 1 - base, base)
+        b = int(np.sum((base == 1) & (other == 0)))
+        c = int(np.sum((base == 0) & (other == 1)))
+        assert grid.paired_difference_interval(b, c, 30, 0.95) == pytest.approx(
+            _agresti_min_by_table(base, other, 0.95), abs=1e-12)
+    low, high = grid.paired_difference_interval(0, 0, 60)
+    half = scipy.stats.norm.ppf(0.975) / 62.0
+    assert (low, high) == pytest.approx((-half, half), rel=1e-12)
+    assert grid.paired_difference_interval(60, 0, 60)[0] == -1.0  # clipped
+    with pytest.raises(KvasymError, match="b \\+ c <= n"):
+        grid.paired_difference_interval(40, 30, 60)
+
+
+def test_passkey_difference_claim_reads_the_length_row():
+    from kvasym.claims import MissingCell, Tables, stat_passkey_difference
+
+    fp = {(1024, 0.0): [1] * 10, (1024, 0.5): [1] * 10}
+    q = {(1024, 0.0): [0] * 6 + [1] * 4, (1024, 0.5): [1] * 10}
+    summary = summarize_grid(_frame({FP_PASS: fp, "RKV@2": q}))
+    m = stat_passkey_difference(Tables(*(pd.DataFrame(),) * 4, passkey_summary=summary),
+                                {"scheme": "RKV", "budget": 2, "length": 1024})
+    assert m.estimate == pytest.approx(-6 / 20) and m.details["mcnemar_b"] == 6 and m.details["n_trials"] == 20
+    assert (m.low, m.high) == pytest.approx(grid.paired_difference_interval(6, 0, 20))
+    assert m.log10_p == pytest.approx(np.log10(2 * 0.5 ** 6))
+    with pytest.raises(MissingCell):
+        stat_passkey_difference(Tables(*(pd.DataFrame(),) * 4, passkey_summary=summary),
+                                {"scheme": "RKV", "budget": 3, "length": 1024})

@@ -298,3 +298,59 @@ def test_schemes_that_draw_nothing_run_once_and_pair_with_every_draw() -> None:
     a, b = unit_means(kqv), unit_means(kqv[kqv.text != "t0"])
     with pytest.raises(KvasymError, match="different \\(text, draw\\) units"):
         align_units([a, b], "pair")
+
+
+def _long_frame(n_windows: int = 3, length: int = 1024, seed: int = 4) -> pd.DataFrame:
+    """Windows whose KL grows linearly with the position (by a window-specific slope)."""
+    gen = np.random.default_rng(seed)
+    parts = []
+    n_pos = length - 1
+    for w in range(n_windows):
+        slope = 1.0 + 0.2 * w
+        base = gen.gamma(2.0, 1.0, n_pos)
+        kl = 0.01 * (1 + slope * np.arange(n_pos) / n_pos) * gen.uniform(0.5, 1.5, n_pos)
+        parts.append(pd.DataFrame({
+            "text": f"pydoc/{length}/{w}", "draw": 0, "position": np.arange(n_pos), "scheme": "RKV", "budget": 4,
+            "rope": "post", "own": "exact", "layer": ALL_LAYERS, "nll": base + kl, "nll_ref": base, "kl": kl,
+            "top1": np.int8(1), "k_bits_payload": 4.0, "k_bits_side": 0.5, "v_bits_payload": 4.0, "v_bits_side": 0.5,
+            "context": length, "window": w}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def test_context_growth_is_the_late_over_early_ratio_per_window() -> None:
+    from kvasym.claims import stat_e2e_context_growth
+    from kvasym.real.endtoend_stats import context_growth, damage_by_position, summarize_long
+
+    frame = _long_frame()
+    got = context_growth(frame, "post", "RKV", 4)
+    ratios = []
+    for _, g in frame.groupby("text"):
+        ratios.append(g.kl[g.position >= 512].mean() / g.kl[g.position < 512].mean())
+    logs = np.log(ratios)
+    assert got["kl_growth"] == pytest.approx(math.exp(logs.mean()), rel=1e-12)
+    low, high = _t_bounds(logs)
+    assert (got["kl_growth_low"], got["kl_growth_high"]) == pytest.approx((math.exp(low), math.exp(high)), rel=1e-12)
+    d = [(g.nll - g.nll_ref)[g.position >= 512].mean() - (g.nll - g.nll_ref)[g.position < 512].mean()
+         for _, g in frame.groupby("text")]
+    assert got["ppl_growth"] == pytest.approx(math.exp(np.mean(d)), rel=1e-12)
+    # a window too short for a late half beyond the first 512 positions: NaN, not a guess
+    assert math.isnan(context_growth(_long_frame(length=512), "post", "RKV", 4)["kl_growth"])
+    summary = summarize_long(pd.concat([frame, _long_frame(length=512)], ignore_index=True))
+    assert list(summary.context) == [512, 1024] and summary.n_units.tolist() == [3, 3]
+    row = summary[summary.context == 1024].iloc[0]
+    assert row.kl_growth == pytest.approx(got["kl_growth"]) and row.kl_mean == pytest.approx(
+        np.mean([g.kl.mean() for _, g in frame.groupby("text")]))
+    m = stat_e2e_context_growth(Tables(*(pd.DataFrame(),) * 4, e2e_long_summary=summary),
+                                {"scheme": "RKV", "budget": 4, "context": 1024})
+    assert (m.estimate, m.low, m.high) == pytest.approx((got["kl_growth"], got["kl_growth_low"], got["kl_growth_high"]))
+    with pytest.raises(MissingCell):
+        stat_e2e_context_growth(Tables(*(pd.DataFrame(),) * 4, e2e_long_summary=summary),
+                                {"scheme": "RKV", "budget": 4, "context": 4096})
+    spans = damage_by_position(frame)
+    first = spans[(spans.lo == 0)].iloc[0]
+    assert first.hi == 128 and first.n_windows == 3 and first.n_positions == 3 * 128
+    assert first.kl_mean == pytest.approx(np.mean([g.kl[g.position < 128].mean() for _, g in frame.groupby("text")]))
+    last = spans.iloc[-1]
+    assert (last.lo, last.hi) == (512, 1023)
+    with pytest.raises(KvasymError, match="edges must increase"):
+        damage_by_position(frame, edges=(0, 0))

@@ -228,7 +228,8 @@ def test_real_settings_defaults():
     settings = real_settings({})
     e2e = {"texts": shipped_texts(), "schemes": "all", "draws": 1, "rope": {"post": "all", "pre": "all"},
            "extra_budgets": {}, "own": "exact", "sensitivity_layers": list(range(N_LAYERS)),
-           "sensitivity_schemes": "study"}
+           "sensitivity_schemes": "study", "query_aware": [], "calibration_texts": [], "recent_windows": {},
+           "causal_chunks": {}, "long_context": None, "passkey": None}
     assert settings == {"texts": shipped_texts(), "max_tokens": 512, "layers": list(range(N_LAYERS)), "e2e": e2e}
     assert real_settings({"e2e": "off"})["e2e"] is None
     assert real_settings({"e2e": {"sensitivity_layers": []}})["e2e"]["sensitivity_layers"] == []
@@ -264,3 +265,28 @@ def test_real_e2e_schemes_all_adds_the_frontier_real_schemes_and_rope_and_budget
                          ({"sensitivity_schemes": ["KQV"]}, r"real.e2e.sensitivity_schemes: \['KQV'\] not among")):
         with pytest.raises(KvasymError, match=message):
             real_settings({"e2e": bad}, schemes=["KV", "RKV"])
+
+
+def test_real_e2e_calibration_texts_are_disjoint_from_the_evaluated_and_model_sections_name_known_schemes():
+    from kvasym.real import real_settings, shipped_texts
+
+    evaluated = ["bakery_morning", "bicycle_repair"]
+    e2e = real_settings({"e2e": {"texts": evaluated, "query_aware": ["QWF", "QRKV"]}}, schemes=["KV", "RKV"])["e2e"]
+    assert e2e["calibration_texts"] == [t for t in shipped_texts() if t not in evaluated]
+    assert real_settings({"e2e": {"texts": evaluated}}, schemes=["KV"])["e2e"]["calibration_texts"] == []
+    with pytest.raises(KvasymError, match=r"real.e2e.calibration_texts: \['bicycle_repair'\] are also end-to-end"):
+        real_settings({"e2e": {"texts": evaluated, "query_aware": ["QWF"],
+                               "calibration_texts": ["bicycle_repair", "river_walk"]}}, schemes=["KV"])
+    with pytest.raises(KvasymError, match=r"calibration_texts: \['no_such'\] not among the shipped texts"):
+        real_settings({"e2e": {"texts": evaluated, "query_aware": ["QWF"], "calibration_texts": ["no_such"]}},
+                      schemes=["KV"])
+    with pytest.raises(KvasymError, match="no shipped text is left"):
+        real_settings({"e2e": {"query_aware": ["QWF"]}}, schemes=["KV"])
+    long = real_settings({"e2e": {"texts": evaluated, "query_aware": ["QWF"],
+                                  "long_context": {"lengths": [4096, 1024], "schemes": ["QWF", "RKV"]},
+                                  "passkey": {"depths": [1.0, 0.0]}}}, schemes=["KV", "RKV"])["e2e"]
+    assert long["long_context"]["lengths"] == [1024, 4096] and long["passkey"]["depths"] == [0.0, 1.0]
+    with pytest.raises(KvasymError, match=r"real.e2e.passkey.schemes: \['QWF'\] not among the e2e schemes"):
+        real_settings({"e2e": {"passkey": {"schemes": ["QWF"]}}}, schemes=["KV", "RKV"])
+    with pytest.raises(KvasymError, match="real.e2e.long_context"):
+        real_settings({"e2e": {"long_context": {"lengths": [9000]}}}, schemes=["KV"])

@@ -44,7 +44,7 @@ DAG_FOLDER = "results"
 GENERATED_FOLDER = "paper/generated"
 
 #: Parts of the study an artifact exists for; "always" is every DAG.
-WHEN = ("always", "real", "e2e", "frontier", "seq_len", "latex")
+WHEN = ("always", "real", "e2e", "query_aware", "long_context", "passkey", "frontier", "seq_len", "latex")
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,15 @@ _ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("e2e_text", f"{_R}/real/e2e/texts/{{text}}.parquet", ("e2e",),
              "the end-to-end passes of one text, per position, scheme, budget and layer set", when="e2e",
              schema="kvasym.real.endtoend_stats:REQUIRED_COLUMNS"),
+    Artifact("query_bases", f"{_R}/real/e2e/query_bases.npz", ("calibrate",),
+             "the query-aware bases: per layer and KV head, the eigenbasis of the queries' second moment on the "
+             "calibration texts", when="query_aware"),
+    Artifact("e2e_long_window", f"{_R}/real/e2e/long/L{{length}}.parquet", ("e2e_long",),
+             "the long-context passes of one window length, per window, position, scheme and budget",
+             when="long_context", schema="kvasym.real.endtoend_stats:REQUIRED_COLUMNS"),
+    Artifact("passkey_trials", f"{_R}/real/e2e/passkey/L{{length}}.parquet", ("passkey",),
+             "the passkey trials of one length: per pass, depth and trial, whether the key was retrieved",
+             when="passkey", schema="kvasym.real.passkey_grid:GRID_COLUMNS"),
     Artifact("e2e_summary", f"{_R}/real/e2e/summary.parquet", ("e2e_stats",),
              "the end-to-end summary (llama.cpp's measures and the bits per value) per scheme and budget", when="e2e"),
     Artifact("e2e_comparisons", f"{_R}/real/e2e/comparisons.parquet", ("e2e_stats",),
@@ -146,6 +155,14 @@ _ARTIFACTS: tuple[Artifact, ...] = (
              "the end-to-end layer sensitivity", when="e2e"),
     Artifact("e2e_agreement", f"{_R}/real/e2e/agreement.parquet", ("e2e_stats",),
              "the rank agreement of attention-level and end-to-end damage", when="e2e"),
+    Artifact("e2e_long_summary", f"{_R}/real/e2e/long_summary.parquet", ("e2e_stats",),
+             "the long-context measures per scheme, budget and window length (windows as units)", when="long_context"),
+    Artifact("e2e_long_positions", f"{_R}/real/e2e/long_positions.parquet", ("e2e_stats",),
+             "the long-context next-token KL per scheme, budget and span of positions (damage against context)",
+             when="long_context"),
+    Artifact("passkey_summary", f"{_R}/real/e2e/passkey_summary.parquet", ("e2e_stats",),
+             "passkey accuracy per pass, length and depth, with McNemar's test against full precision",
+             when="passkey"),
     # statistics, per (distribution, dim), then gathered
     Artifact("comparisons_part", f"{_R}/stats/comparisons/{_CELL}.parquet", ("stats",),
              "the scheme-pair tests of one (distribution, dim)"),
@@ -210,6 +227,9 @@ JOB_KEYS: dict[str, str] = {
     "real_metrics": f"real/metrics/{_CELL}/{{scheme}}",
     "real_cachestats": "real/cachestats",
     "e2e": "real/e2e/{text}",
+    "calibrate": "real/calibrate",
+    "e2e_long": "real/e2e_long/L{length}",
+    "passkey": "real/passkey/L{length}",
     "e2e_stats": "real/e2e_stats",
     "file_metrics": f"files/{_CELL}/{{scheme}}/n{{budget}}",
     "stats": f"stats/{_CELL}",
@@ -323,7 +343,9 @@ def add_input_arguments(parser: argparse.ArgumentParser, inputs: Mapping[str, st
 
 _WHEN_WORDS = {
     "real": "real-model rows",
-    "e2e": "the end-to-end passes", "frontier": "frontier.schemes", "seq_len": "seq_len_sweep.seq_lens",
+    "e2e": "the end-to-end passes", "query_aware": "real.e2e.query_aware",
+    "long_context": "real.e2e.long_context", "passkey": "real.e2e.passkey",
+    "frontier": "frontier.schemes", "seq_len": "seq_len_sweep.seq_lens",
     "latex": "a LaTeX engine",
 }
 

@@ -99,6 +99,10 @@ class Tables:
     e2e_comparisons: pd.DataFrame | None = None
     e2e_equal_bits: pd.DataFrame | None = None
     e2e_agreement: pd.DataFrame | None = None
+    #: Long-context measures per window length and passkey accuracy (stage e2e_stats), None
+    #: when not configured.
+    e2e_long_summary: pd.DataFrame | None = None
+    passkey_summary: pd.DataFrame | None = None
     #: The frontier's per-unit values (stage frontier), None when no frontier is configured.
     frontier_units: pd.DataFrame | None = None
     #: The sequence-length sweep's slopes (stage seq_len_sweep), None when no sweep is configured.
@@ -672,6 +676,49 @@ def stat_e2e_rank_agreement(t: Tables, where: Mapping[str, Any]) -> Measurement:
                        interval=True)
 
 
+def stat_e2e_context_growth(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """Long context: how a scheme's damage at ``budget`` grows with the context a position has
+    read, in windows of ``context`` tokens: ``measure`` ``kl`` (default) the geometric mean
+    over the windows of the ratio of the mean next-token KL over the window's second half to
+    that over its first 512 positions, ``ppl`` the ratio of the two spans' perplexity ratios;
+    t interval over the windows (each its own draw)
+    (:func:`kvasym.real.endtoend_stats.context_growth`)."""
+    table = _e2e_table(t.e2e_long_summary, "long-context")
+    measure = where.get("measure", "kl")
+    if measure not in ("ppl", "kl"):
+        raise KvasymError(f"e2e_context_growth: where.measure must be ppl or kl, got {measure!r}")
+    rows = table[(table["scheme"] == where["scheme"]) & (table["budget"] == where["budget"])
+                 & (table["context"] == where["context"]) & (table["rope"] == where.get("rope", "post"))]
+    if rows.empty:
+        raise MissingCell(f"no long-context windows of {where['context']} tokens for {where['scheme']} at "
+                          f"n = {where['budget']}")
+    row = rows.iloc[0]
+    prefix = f"{measure}_growth"
+    return Measurement(float(row[prefix]), float(row[f"{prefix}_low"]), float(row[f"{prefix}_high"]),
+                       details={"n_units": int(row["n_units"]), "n_trials": int(row["n_units"]),
+                                "context": int(row["context"]), "kl_mean": float(row["kl_mean"])},
+                       interval=True)
+
+
+def stat_passkey_difference(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """Passkey retrieval: the accuracy of the pass ``scheme@budget`` minus that of full precision
+    on the same trials of ``length`` tokens (every depth), with Agresti and Min's interval for
+    matched proportions; p from McNemar's exact test
+    (:func:`kvasym.real.passkey_grid.summarize_grid`)."""
+    table = _e2e_table(t.passkey_summary, "passkey")
+    name = f"{where['scheme']}@{int(where['budget'])}"
+    rows = table[(table["pass"] == name) & (table["scope"] == "length") & (table["length"] == where["length"])]
+    if rows.empty:
+        raise MissingCell(f"no passkey trials of {name} at {where['length']} tokens")
+    row = rows.iloc[0]
+    return Measurement(float(row["accuracy_diff"]), float(row["diff_low"]), float(row["diff_high"]),
+                       float(row["mcnemar_log10_p"]),
+                       {"n_trials": int(row["n"]), "n_units": int(row["n"]), "accuracy": float(row["accuracy"]),
+                        "fp_accuracy": float(row["fp_accuracy"]), "mcnemar_b": int(row["mcnemar_b"]),
+                        "mcnemar_c": int(row["mcnemar_c"]), "baseline_can_do": bool(row["baseline_can_do"])},
+                       interval=True)
+
+
 def stat_equal_rate_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
     """Ratio of the mean ``metric`` (default ``kl``) of scheme ``a`` over scheme ``b`` at one
     measured total rate (payload + side bits per coordinate), from the frontier's per-unit
@@ -896,6 +943,12 @@ STATISTICS: dict[str, Statistic] = {s.name: s for s in (
               "perplexity (or KL) ratio at equal total bits (interpolated), t CI over (text, draw) units; "
               "Wilcoxon over units",
               measured_by=_E2E),
+    Statistic("e2e_context_growth", stat_e2e_context_growth, ("e2e_long_summary",),
+              "late-over-early damage ratio in long windows, t CI over windows",
+              measured_by="`e2e_long` (windows of the pydoc topics), `e2e_stats`"),
+    Statistic("passkey_difference", stat_passkey_difference, ("passkey_summary",),
+              "accuracy difference against full precision, Agresti-Min CI; McNemar's exact test over trials",
+              measured_by="`passkey` (SmolLM2 retrieval trials), `e2e_stats`"),
     Statistic("e2e_rank_agreement", stat_e2e_rank_agreement, ("e2e_agreement",),
               "Spearman rank correlation; bootstrap CI over (text, draw) units",
               measured_by=f"{_E2E}; `real_metrics` via `gather`"),

@@ -46,6 +46,13 @@ FIXED_RESOURCES: dict[str, tuple[int, int]] = {
     # float32 each) and one quantized pass; e2e_stats: the per-position tables of every text
     "e2e": (3000, 60),
     "e2e_stats": (2000, 10),
+    # calibrate: the model and one text's forward pass (15 texts of 512 tokens, ~30 CPU-s)
+    "calibrate": (2000, 10),
+    # e2e_long: the reference's float32 logits and float64 probabilities of one window, T x 49152
+    # each (2.4 GB at 4K tokens, 4.8 GB at 8K), the model and one pass; up to ~95 CPU-s a pass at 8K
+    "e2e_long": (8000, 240),
+    # passkey: the model and one pass (only the answer's five rows meet the output matrix)
+    "passkey": (3000, 240),
     "file_metrics": (1000, 30),
 }
 #: file_metrics holds the cache in float64 beside its reconstruction: MB per MB of file.

@@ -321,14 +321,52 @@ class Study:
             "base_seed": self.base_seed,
             "norm_dtype": self.norm_dtype,
             "e2e": {key: e2e[key] for key in ("draws", "rope", "extra_budgets", "own", "sensitivity_layers",
-                                              "sensitivity_schemes")},
+                                              "sensitivity_schemes", "query_aware", "recent_windows",
+                                              "causal_chunks")},
         }
 
-    def e2e_stats_slice(self, real: Mapping[str, Any]) -> dict[str, Any]:
-        """What the end-to-end statistics job (stage ``e2e_stats``) depends on besides its tables."""
+    def calibrate_slice(self, real: Mapping[str, Any]) -> dict[str, Any]:
+        """What the query-aware calibration (stage ``calibrate``) depends on: its texts (shipped
+        texts disjoint from the end-to-end texts) and the tokens kept per text."""
         e2e = real["e2e"]
+        return {"texts": list(e2e["calibration_texts"]), "evaluation_texts": list(e2e["texts"]),
+                "max_tokens": real["max_tokens"]}
+
+    def _model_pass_slice(self, section: Mapping[str, Any], real: Mapping[str, Any]) -> dict[str, Any]:
+        """The schemes (as dicts; query-aware variants by name) and settings of a long-context or
+        passkey job."""
+        variants = set(real["e2e"]["query_aware"])
         return {
-            "schemes": list(e2e["schemes"]),
+            "schemes": [{"name": name, **self.scheme(name).to_dict()} for name in section["schemes"]
+                        if name not in variants],
+            "query_variants": [name for name in section["schemes"] if name in variants],
+            "budgets": list(section["budgets"]),
+            "base_seed": self.base_seed,
+            "norm_dtype": self.norm_dtype,
+        }
+
+    def e2e_long_slice(self, length: int, real: Mapping[str, Any]) -> dict[str, Any]:
+        """What the long-context job of one window length (stage ``e2e_long``) depends on."""
+        section = real["e2e"]["long_context"]
+        return {"length": int(length), "windows": int(section["windows"]), "own": real["e2e"]["own"],
+                **self._model_pass_slice(section, real)}
+
+    def passkey_slice(self, length: int, real: Mapping[str, Any]) -> dict[str, Any]:
+        """What the passkey job of one length (stage ``passkey``) depends on."""
+        section = real["e2e"]["passkey"]
+        return {"length": int(length), "depths": list(section["depths"]), "trials": int(section["trials"]),
+                **self._model_pass_slice(section, real)}
+
+    def e2e_stats_slice(self, real: Mapping[str, Any]) -> dict[str, Any]:
+        """What the end-to-end statistics job (stage ``e2e_stats``) depends on besides its tables:
+        ``schemes`` are every scheme name of the passes in order (the e2e schemes, the
+        query-aware variants, ``<scheme>+R<window>`` and ``<scheme>+C<chunk>``)."""
+        e2e = real["e2e"]
+        schemes = [*e2e["schemes"], *e2e["query_aware"],
+                   *(f"{name}+R{r}" for name, sizes in e2e["recent_windows"].items() for r in sizes),
+                   *(f"{name}+C{c}" for name, c in e2e["causal_chunks"].items())]
+        return {
+            "schemes": schemes,
             "study_schemes": [name for name in self.schemes if name in e2e["schemes"]],
             "budgets": list(self.budgets),
             "base_seed": self.base_seed,
@@ -382,7 +420,7 @@ class Study:
         ----------
         stage : str
             ``cells``, ``metrics``, ``stats``, ``theory``, ``file_metrics``, ``real_metrics``,
-            ``e2e`` or ``e2e_stats``.
+            ``e2e``, ``calibrate``, ``e2e_long``, ``passkey`` or ``e2e_stats``.
         wildcards : mapping
             The job's wildcards (``distribution``, ``dim``, ``scheme``, ``budget``, ``text``, as
             the stage's rule has them; strings or ints).
@@ -400,7 +438,7 @@ class Study:
         if stage == "file_metrics":
             return self.cell_table_slice(w["distribution"], w["dim"], w["scheme"], w["budget"],
                                          file_digests=file_digests)
-        if stage not in ("real_metrics", "e2e", "e2e_stats"):
+        if stage not in ("real_metrics", "e2e", "e2e_stats", "calibrate", "e2e_long", "passkey"):
             raise KvasymError(f"stage {stage!r} takes no grid slice")
         if real is None:
             raise KvasymError(f"stage {stage}: no real-model rows configured (config key real)")
@@ -408,6 +446,12 @@ class Study:
             return self.real_slice(w["distribution"], w["scheme"], real["layers"])
         if stage == "e2e":
             return self.e2e_slice(w["text"], real)
+        if stage == "calibrate":
+            return self.calibrate_slice(real)
+        if stage == "e2e_long":
+            return self.e2e_long_slice(int(w["length"]), real)
+        if stage == "passkey":
+            return self.passkey_slice(int(w["length"]), real)
         return self.e2e_stats_slice(real)
 
 

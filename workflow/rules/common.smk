@@ -41,6 +41,7 @@ from kvasym.render.figures.registry import (
 from kvasym.real import HEAD_DIM as REAL_HEAD_DIM
 from kvasym.real import REAL_MODEL_NAME
 from kvasym.real import missing_extra_reason, real_settings
+from kvasym.render.table_model import PUBLISHED_BANDS
 from kvasym.real.evaluate import REAL_DISTRIBUTIONS
 from kvasym.render.numbers import numbers_slice
 from kvasym.render.crate import crate_slice
@@ -279,22 +280,56 @@ def stats_tables(kind):
 
 # End-to-end passes (kvasym.real.endtoend): with the real rows, unless real.e2e is off.
 E2E = REAL["e2e"] if REAL_CELLS else None
-E2E_TABLES = ("summary", "comparisons", "equal_bits", "sensitivity", "agreement")
+LONG = E2E["long_context"] if E2E else None
+PASSKEY = E2E["passkey"] if E2E else None
+QUERY_AWARE = bool(E2E and E2E["query_aware"])
+# e2e_stats writes the long-context and passkey tables only with their passes.
+E2E_TABLES = (
+    "summary",
+    "comparisons",
+    "equal_bits",
+    "sensitivity",
+    "agreement",
+    *(("long_summary", "long_positions") if LONG else ()),
+    *(("passkey_summary",) if PASSKEY else ()),
+)
 
 
 def e2e_texts(wildcards=None):
     return [path("e2e_text", text=text) for text in E2E["texts"]]
 
 
+def e2e_long_windows(wildcards=None):
+    """The long-context tables, one per window length (none without long_context)."""
+    return [path("e2e_long_window", length=n) for n in LONG["lengths"]] if LONG else []
+
+
+def passkey_tables(wildcards=None):
+    """The passkey trial tables, one per length (none without passkey)."""
+    return (
+        [path("passkey_trials", length=n) for n in PASSKEY["lengths"]]
+        if PASSKEY
+        else []
+    )
+
+
+def e2e_stats_table_name(name):
+    """The artifact of an e2e_stats output: e2e_<name>, or <name> for passkey_summary."""
+    return name if name.startswith("passkey") else f"e2e_{name}"
+
+
 def e2e_targets():
     """The end-to-end tables, when configured (empty otherwise)."""
-    return [pattern(f"e2e_{name}") for name in E2E_TABLES] if E2E else []
+    return [pattern(e2e_stats_table_name(name)) for name in E2E_TABLES] if E2E else []
 
 
 # The artifacts only some DAGs have, by the part of the study they exist for (kvasym.artifacts).
 OPTIONAL_PARTS = {
     "real": bool(REAL_CELLS),
     "e2e": bool(E2E),
+    "query_aware": QUERY_AWARE,
+    "long_context": bool(LONG),
+    "passkey": bool(PASSKEY),
     "frontier": FRONTIER,
     "seq_len": SEQ_LEN,
 }
@@ -318,6 +353,19 @@ def optional_inputs(stage):
         }
 
     return present
+
+
+def output_flags(names):
+    """A params function: a job's ``--out-<name>`` flags (underscores as dashes) for its named
+    outputs, quoted."""
+
+    def flags(wildcards, output):
+        return " ".join(
+            f"--out-{name.replace('_', '-')} {shlex.quote(str(output[name]))}"
+            for name in names
+        )
+
+    return flags
 
 
 def flags_of(*names):
@@ -419,7 +467,7 @@ def cell_paths(table, w):
 
 # the figures: what each family draws, reads and is shown as in the report
 # the figure families of this DAG: the real-model heat map only with real-model rows
-FIGURE_FAMILIES = dag_families(bool(REAL_CELLS), bool(E2E), FRONTIER)
+FIGURE_FAMILIES = dag_families(bool(REAL_CELLS), bool(E2E), FRONTIER, bool(LONG))
 
 
 def figure_outputs():
@@ -445,6 +493,8 @@ def figure_label(family):
         return f"{REAL_MODEL_NAME}, d = {REAL_HEAD_DIM}, n = {HEADLINE['budget']}"
     if "e2e_summary" in FIGURE_REGISTRY[family].inputs:
         return f"{REAL_MODEL_NAME}, end to end, every budget"
+    if "e2e_long_positions" in FIGURE_REGISTRY[family].inputs:
+        return f"{REAL_MODEL_NAME}, long-context windows"
     if "frontier_points" in FIGURE_REGISTRY[family].inputs:
         return f"frontier cells, sharpness {HEADLINE['sharpness']:g}, every budget"
     return HEADLINE_LABEL
@@ -549,6 +599,15 @@ def real_capture_files(wildcards=None):
             f"{REAL_MISSING or 'add a real: section to the config'}"
         )
     return [path("captures", text=text) for text in REAL["texts"]]
+
+
+def published_bands_input(wildcards):
+    """The published small-model bands (config/published_bands.yaml), only with end-to-end passes."""
+    return (
+        {"published_bands": PUBLISHED_BANDS}
+        if E2E and Path(PUBLISHED_BANDS).is_file()
+        else {}
+    )
 
 
 def manifests_input(wildcards):

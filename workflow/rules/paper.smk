@@ -9,6 +9,8 @@ rule tables:
         unpack(optional_inputs("tables")),
         # with real-model rows: the synthetic distributions' data manifests at the headline dim
         unpack(manifests_input),
+        # with end-to-end passes: the published small-model bands our rows are placed against
+        unpack(published_bands_input),
         summary=rules.gather.output.summary,
         comparisons=rules.gather.output.comparisons,
         theory=rules.gather.output.theory,
@@ -24,7 +26,7 @@ rule tables:
     params:
         code=STAGE_CODE["tables"],  # reruns the job when the code it runs changes
         headline=headline_param,
-        optional=flags_of(*optional_of("tables"), "data_manifests"),
+        optional=flags_of(*optional_of("tables"), "data_manifests", "published_bands"),
         out_dir=out_dir,
     shell:
         "kvasym stage tables --summary {input.summary:q} --comparisons {input.comparisons:q}"

@@ -73,9 +73,29 @@ rule real_cachestats:
         "kvasym stage real_cachestats --captures {input.captures:q} --out {output:q} > {log:q} 2>&1"
 
 
+rule calibrate:
+    # One job: the query-aware bases (kvasym.real.querybases) on the calibration texts.
+    output:
+        pattern("query_bases"),
+    log:
+        log_path("calibrate"),
+    benchmark:
+        benchmark_path("calibrate")
+    threads: 1
+    resources:
+        **resources_of("calibrate"),
+    params:
+        code=STAGE_CODE["calibrate"],  # reruns the job when the code it runs changes
+        slice=slice_param("calibrate"),
+    shell:
+        "kvasym stage calibrate --slice {params.slice:q} --out {output:q} > {log:q} 2>&1"
+
+
 rule e2e:
     # One job per text: the model loads once and its reference pass serves every quantized pass
     # of the text (kvasym.real.endtoend.evaluate_text).
+    input:
+        unpack(optional_inputs("e2e")),
     output:
         pattern("e2e_text"),
     log:
@@ -88,16 +108,63 @@ rule e2e:
     params:
         code=STAGE_CODE["e2e"],  # reruns the job when the code it runs changes
         slice=slice_param("e2e"),
+        inputs=flags_of("query_bases"),
     shell:
-        "kvasym stage e2e --slice {params.slice:q} --out {output:q} > {log:q} 2>&1"
+        "kvasym stage e2e --slice {params.slice:q} {params.inputs} --out {output:q} > {log:q} 2>&1"
+
+
+rule e2e_long:
+    # One job per window length: the model loads once; every window's reference pass serves its
+    # quantized passes (kvasym.real.longcontext.evaluate_windows).
+    input:
+        unpack(optional_inputs("e2e_long")),
+    output:
+        pattern("e2e_long_window"),
+    log:
+        log_path("e2e_long"),
+    benchmark:
+        benchmark_path("e2e_long")
+    threads: 1
+    resources:
+        **resources_of("e2e_long"),
+    params:
+        code=STAGE_CODE["e2e_long"],  # reruns the job when the code it runs changes
+        slice=slice_param("e2e_long"),
+        inputs=flags_of("query_bases"),
+    shell:
+        "kvasym stage e2e_long --slice {params.slice:q} {params.inputs} --out {output:q} > {log:q} 2>&1"
+
+
+rule passkey:
+    # One job per length: every (depth, trial) prompt built once, scored in full precision and
+    # with each pass's cache (kvasym.real.passkey_grid.run_grid).
+    input:
+        unpack(optional_inputs("passkey")),
+    output:
+        pattern("passkey_trials"),
+    log:
+        log_path("passkey"),
+    benchmark:
+        benchmark_path("passkey")
+    threads: 1
+    resources:
+        **resources_of("passkey"),
+    params:
+        code=STAGE_CODE["passkey"],  # reruns the job when the code it runs changes
+        slice=slice_param("passkey"),
+        inputs=flags_of("query_bases"),
+    shell:
+        "kvasym stage passkey --slice {params.slice:q} {params.inputs} --out {output:q} > {log:q} 2>&1"
 
 
 rule e2e_stats:
     input:
         texts=e2e_texts,
         summary=pattern("summary"),  # rule gather
+        long=e2e_long_windows,
+        passkey=passkey_tables,
     output:
-        **{name: pattern(f"e2e_{name}") for name in E2E_TABLES},
+        **{name: pattern(e2e_stats_table_name(name)) for name in E2E_TABLES},
     log:
         log_path("e2e_stats"),
     benchmark:
@@ -109,9 +176,8 @@ rule e2e_stats:
     params:
         code=STAGE_CODE["e2e_stats"],  # reruns the job when the code it runs changes
         slice=slice_param("e2e_stats"),
+        inputs=flags_of("texts", "summary", "long", "passkey"),
+        outputs=output_flags(E2E_TABLES),
     shell:
-        "kvasym stage e2e_stats --slice {params.slice:q} --texts {input.texts:q}"
-        " --summary {input.summary:q} --out-summary {output.summary:q}"
-        " --out-comparisons {output.comparisons:q} --out-equal-bits {output.equal_bits:q}"
-        " --out-sensitivity {output.sensitivity:q}"
-        " --out-agreement {output.agreement:q} > {log:q} 2>&1"
+        "kvasym stage e2e_stats --slice {params.slice:q} {params.inputs} {params.outputs}"
+        " > {log:q} 2>&1"

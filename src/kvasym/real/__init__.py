@@ -165,8 +165,12 @@ def e2e_settings(value: object, max_tokens: int, texts: list[str] | None = None,
     dict or None
         ``texts``, ``schemes``, ``draws``, ``rope`` (a mapping from each RoPE mode to its list of
         e2e schemes), ``extra_budgets`` (scheme -> sorted budgets), ``own``,
-        ``sensitivity_layers`` (sorted; "all" is every layer, [] none) and
-        ``sensitivity_schemes`` (a list); None when off.
+        ``sensitivity_layers`` (sorted; "all" is every layer, [] none), ``sensitivity_schemes``
+        (a list), ``query_aware`` (variants), ``calibration_texts`` (the shipped texts the
+        query-aware bases are calibrated on, disjoint from ``texts``; [] without query-aware
+        variants), ``recent_windows`` (scheme -> sorted window sizes), ``causal_chunks``
+        (scheme -> chunk size), ``long_context`` and ``passkey`` (their sections with sorted
+        lengths and depths, or None when off); None when off.
     """
     from ..config_schema import validate_key
 
@@ -202,7 +206,60 @@ def e2e_settings(value: object, max_tokens: int, texts: list[str] | None = None,
     elif names is not None:
         sens = _subset("real.e2e.sensitivity_schemes", sens, names, "e2e schemes")
     layers = out["sensitivity_layers"]
+    variants = list(out["query_aware"])
+    for key in ("recent_windows", "causal_chunks"):
+        for scheme in out[key]:
+            if names is not None and scheme not in names:
+                raise KvasymError(f"config key real.e2e.{key}.{scheme}: not among the e2e schemes {names}")
+    model_schemes = None if names is None else [*names, *variants]
     return {"texts": chosen_texts, "schemes": chosen, "draws": int(out["draws"]), "rope": rope,
             "extra_budgets": extra, "own": out["own"],
             "sensitivity_layers": list(range(N_LAYERS)) if layers == "all" else sorted(layers),
-            "sensitivity_schemes": sens}
+            "sensitivity_schemes": sens, "query_aware": variants,
+            "calibration_texts": _calibration_texts(out["calibration_texts"], variants, chosen_texts),
+            "recent_windows": {k: sorted(v) for k, v in sorted(out["recent_windows"].items())},
+            "causal_chunks": dict(sorted(out["causal_chunks"].items())),
+            "long_context": _model_section("long_context", out.get("long_context"), model_schemes),
+            "passkey": _model_section("passkey", out.get("passkey"), model_schemes)}
+
+
+def _calibration_texts(value: str | list[str], variants: list[str], e2e_texts: str | list[str]) -> list[str]:
+    """The shipped texts the query-aware bases are calibrated on (none without variants):
+    ``auto`` is every shipped text outside the end-to-end texts; a list must avoid them."""
+    if not variants:
+        return []
+    known = shipped_texts()
+    evaluated = known if e2e_texts == "all" else list(e2e_texts)
+    if value == "auto":
+        chosen = [t for t in known if t not in evaluated]
+    else:
+        unknown = [t for t in value if t not in known]
+        if unknown:
+            raise KvasymError(f"config key real.e2e.calibration_texts: {unknown} not among the shipped texts {known}")
+        chosen = sorted(value)
+    shared = sorted(set(chosen) & set(evaluated))
+    if shared:
+        raise KvasymError(f"config key real.e2e.calibration_texts: {shared} are also end-to-end texts "
+                          "(real.e2e.texts): the query-aware bases must be calibrated on other texts")
+    if not chosen:
+        raise KvasymError("config key real.e2e.calibration_texts: no shipped text is left outside real.e2e.texts "
+                          "to calibrate the query-aware bases on; list fewer end-to-end texts")
+    return chosen
+
+
+def _model_section(key: str, value: dict | None, schemes: list[str] | None) -> dict | None:
+    """``real.e2e.long_context`` or ``real.e2e.passkey`` (None when off), with sorted lengths
+    (and depths) and its schemes checked against the e2e schemes and query-aware variants."""
+    if _off(value):
+        return None
+    out = dict(value)
+    if schemes is not None:
+        foreign = [s for s in out["schemes"] if s not in schemes]
+        if foreign:
+            raise KvasymError(f"config key real.e2e.{key}.schemes: {foreign} not among the e2e schemes and "
+                              f"query-aware variants {schemes}")
+    out["lengths"] = sorted(int(v) for v in out["lengths"])
+    out["budgets"] = sorted(int(v) for v in out["budgets"])
+    if "depths" in out:
+        out["depths"] = sorted(float(v) for v in out["depths"])
+    return out

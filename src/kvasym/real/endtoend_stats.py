@@ -361,3 +361,87 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     den = np.sqrt((rx * rx).sum(axis=1) * (ry * ry).sum(axis=1))
     with np.errstate(invalid="ignore", divide="ignore"):
         return (rx * ry).sum(axis=1) / den
+
+
+def summarize_long(frame: pd.DataFrame, *, level: float = LEVEL) -> pd.DataFrame:
+    """:func:`summarize` of the long-context passes per window length (column ``context``): the
+    units are the windows (each its own draw; ``text`` names the window)."""
+    check_frame(frame, "summarize_long")
+    if "context" not in frame.columns:
+        raise KvasymError("summarize_long: column ['context'] missing from the long-context table")
+    parts = []
+    for context, g in frame.groupby("context", sort=True):
+        summary = summarize(g, level=level).assign(context=int(context))
+        growth = [context_growth(g, str(r.rope), str(r.scheme), int(r.budget), level=level)
+                  for r in summary.itertuples()]
+        parts.append(pd.concat([summary, pd.DataFrame(growth, index=summary.index)], axis=1))
+    if not parts:
+        raise KvasymError("summarize_long: the long-context table is empty")
+    out = pd.concat(parts, ignore_index=True)
+    return out[["context", *[c for c in out.columns if c != "context"]]]
+
+
+#: Positions of a window whose damage :func:`context_growth` takes as the short-context level:
+#: the first 512 (the end-to-end texts' length).
+EARLY_POSITIONS = 512
+
+
+def context_growth(frame: pd.DataFrame, rope: str, scheme: str, budget: int, *,
+                   level: float = LEVEL) -> dict[str, float]:
+    """How the damage grows with the context read: per window ``w`` of length ``L`` the ratio
+    of its mean next-token KL over its second half of positions ``[L/2, L)`` to that over its
+    first :data:`EARLY_POSITIONS` positions, ``g_w``; ``kl_growth = exp(mean_w log g_w)`` (the
+    geometric mean) with the t interval of ``mean_w log g_w`` over the windows, exponentiated;
+    and ``ppl_growth = exp(mean_w (dbar_late - dbar_early))``, the ratio of the late to the
+    early perplexity ratios, with its t interval. NaN when the window is not longer than
+    ``2 * EARLY_POSITIONS`` would need (``L/2 < EARLY_POSITIONS``)."""
+    cell = _cell(frame, rope, scheme, budget)
+    length = int(cell["position"].max()) + 2  # positions 0..L-2 predict tokens 1..L-1
+    half = length // 2
+    nan = {"kl_growth": math.nan, "kl_growth_low": math.nan, "kl_growth_high": math.nan,
+           "ppl_growth": math.nan, "ppl_growth_low": math.nan, "ppl_growth_high": math.nan}
+    if half < EARLY_POSITIONS:
+        return nan
+    early = unit_means(cell[cell["position"] < EARLY_POSITIONS])
+    late = unit_means(cell[cell["position"] >= half])
+    early, late = align_units([early, late], f"context_growth {scheme} at n = {budget}")
+    kl = t_interval(np.log(late["kl"].to_numpy() / early["kl"].to_numpy()), level)
+    d = t_interval(late["d"].to_numpy() - early["d"].to_numpy(), level)
+    return {"kl_growth": math.exp(kl["estimate"]), "kl_growth_low": math.exp(kl["low"]),
+            "kl_growth_high": math.exp(kl["high"]), "ppl_growth": math.exp(d["estimate"]),
+            "ppl_growth_low": math.exp(d["low"]), "ppl_growth_high": math.exp(d["high"])}
+
+
+#: Position spans of :func:`damage_by_position` (token indices ``[lo, hi)``): doubling from 128.
+POSITION_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192)
+POSITION_COLUMNS = ("context", "rope", "scheme", "budget", "lo", "hi", "n_windows", "n_positions", "kl_mean",
+                    "kl_mean_low", "kl_mean_high", "ppl_ratio", "ppl_ratio_low", "ppl_ratio_high", "top1")
+
+
+def damage_by_position(frame: pd.DataFrame, edges: Sequence[int] = POSITION_EDGES, *,
+                       level: float = LEVEL) -> pd.DataFrame:
+    """The next-token damage against the context a position has read: per window length, scheme,
+    budget and span of positions ``[lo, hi)`` (``edges``; a position ``i`` predicts token
+    ``i + 1`` having read ``i + 1`` tokens), the mean KL and the perplexity ratio
+    ``exp(mean d)`` with t intervals over the windows (each window's mean over the span first)
+    and the top-1 agreement."""
+    check_frame(frame, "damage_by_position")
+    edges = [int(e) for e in edges]
+    if len(edges) < 2 or any(b <= a for a, b in zip(edges, edges[1:])):
+        raise KvasymError(f"damage_by_position: edges must increase, got {edges}")
+    rows = []
+    full = frame[frame["layer"] == ALL_LAYERS]
+    for (context, rope, scheme, budget), g in full.groupby(["context", "rope", "scheme", "budget"], sort=True):
+        for lo, hi in zip(edges, edges[1:]):
+            span = g[(g["position"] >= lo) & (g["position"] < hi)]
+            if span.empty:
+                continue
+            units = unit_means(span)
+            kl, d = t_interval(units["kl"], level), t_interval(units["d"], level)
+            rows.append({"context": int(context), "rope": str(rope), "scheme": str(scheme), "budget": int(budget),
+                         "lo": lo, "hi": min(hi, int(span["position"].max()) + 1), "n_windows": kl["n"],
+                         "n_positions": len(span), "kl_mean": kl["estimate"], "kl_mean_low": kl["low"],
+                         "kl_mean_high": kl["high"], "ppl_ratio": math.exp(d["estimate"]),
+                         "ppl_ratio_low": math.exp(d["low"]), "ppl_ratio_high": math.exp(d["high"]),
+                         "top1": float(units["top1"].mean())})
+    return pd.DataFrame(rows, columns=list(POSITION_COLUMNS))

@@ -32,7 +32,7 @@ def window_text(length: int, index: int) -> str:
 def evaluate_windows(model: Any, ids: np.ndarray, lengths: Sequence[int], count_per_length: int,
                      schemes: Sequence[Scheme], budgets: Sequence[int], *, base_seed: int, rope: str = "post",
                      own: str = "exact", norm_dtype: str = "float32",
-                     context_length: int | None = None) -> dict[str, np.ndarray]:
+                     context_length: int | None = None, **pass_options: Any) -> dict[str, np.ndarray]:
     """Per-position next-token measures of every scheme and budget on long-text windows.
 
     Parameters
@@ -60,6 +60,9 @@ def evaluate_windows(model: Any, ids: np.ndarray, lengths: Sequence[int], count_
     context_length : int, optional
         The longest window allowed (default ``model.config.context_length``, GGUF key
         ``llama.context_length``).
+    **pass_options
+        Further keywords of :func:`~kvasym.real.endtoend.evaluate_text` (e.g. the query-aware
+        variants and their bases), passed to every window's passes.
 
     Returns
     -------
@@ -87,7 +90,8 @@ def evaluate_windows(model: Any, ids: np.ndarray, lengths: Sequence[int], count_
     for length, tokens in cut:
         for index, window_ids in enumerate(tokens):
             columns = evaluate_text(model, window_ids, schemes, budgets, text=window_text(length, index),
-                                    base_seed=base_seed, ropes=(rope,), own=own, norm_dtype=norm_dtype)
+                                    base_seed=base_seed, ropes=(rope,), own=own, norm_dtype=norm_dtype,
+                                    **pass_options)
             n = len(columns["position"])
             columns["context"] = np.full(n, length, dtype=np.int32)
             columns["window"] = np.full(n, index, dtype=np.int32)

@@ -49,7 +49,8 @@ from ..stats import clopper_pearson, mcnemar_exact
 from .endtoend import CacheQuantization
 from .passkey import PasskeyTrial, make_trial, run_trial
 
-__all__ = ["FP_PASS", "GRID_COLUMNS", "NO_BUDGET", "run_grid", "summarize_grid", "trial_text"]
+__all__ = ["FP_PASS", "GRID_COLUMNS", "NO_BUDGET", "paired_difference_interval", "run_grid", "summarize_grid",
+           "trial_text"]
 
 #: The name of the full-precision pass (quantization None), the baseline of every comparison.
 FP_PASS = "fp"
@@ -173,7 +174,7 @@ def run_grid(model: Any, lengths: Sequence[int], depths: Sequence[float], trials
             start = time.process_time()
             score = run_trial(model, trial, quant)
             cpu_s = time.process_time() - start
-            rows.append({"pass": name, "scheme": FP_PASS if quant is None else quant.scheme.name,
+            rows.append({"pass": name, "scheme": FP_PASS if quant is None else quant.name,
                          "budget": NO_BUDGET if quant is None else int(quant.budget), "length": trial.length,
                          "depth": trial.depth, "trial": trial.trial, "key": trial.key,
                          "correct": int(score.correct), "n_correct_prefix": score.n_correct_prefix,
@@ -218,12 +219,42 @@ def _summary_row(group: pd.DataFrame, fp: pd.DataFrame, level: float, threshold:
                            "fp_accuracy": fp_accuracy, "baseline_can_do": bool(fp_accuracy >= threshold)}
     if group["pass"].iloc[0] == FP_PASS:
         row.update({"mcnemar_b": -1, "mcnemar_c": -1, "mcnemar_p": np.nan, "mcnemar_log10_p": np.nan,
-                    "accuracy_diff": 0.0})
+                    "accuracy_diff": 0.0, "diff_low": np.nan, "diff_high": np.nan})
     else:
         test = mcnemar_exact(paired["correct_fp"].to_numpy(), paired["correct"].to_numpy())
+        diff_low, diff_high = paired_difference_interval(test["b"], test["c"], n, level)
         row.update({"mcnemar_b": test["b"], "mcnemar_c": test["c"], "mcnemar_p": test["p"],
-                    "mcnemar_log10_p": test["log10_p"], "accuracy_diff": test["accuracy_diff"]})
+                    "mcnemar_log10_p": test["log10_p"], "accuracy_diff": test["accuracy_diff"],
+                    "diff_low": diff_low, "diff_high": diff_high})
     return row
+
+
+def paired_difference_interval(b: int, c: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Agresti and Min's adjusted Wald interval for a difference of matched proportions.
+
+    For ``n`` paired trials with ``b`` right in the baseline and wrong in the other pass and
+    ``c`` the reverse, the difference of accuracies (other minus baseline) is ``(c - b) / n``.
+    Adding one half to each of the four cells of the 2 x 2 table (``n* = n + 2``,
+    ``b* = b + 1/2``, ``c* = c + 1/2``) gives ``d* = (c* - b*) / n*`` and
+    ``se* = sqrt(b* + c* - (c* - b*)^2 / n*) / n*``; the interval is ``d* +- z se*`` clipped to
+    [-1, 1] (``z`` the normal quantile of ``(1 + level) / 2``). Unlike the plain Wald interval
+    it does not collapse to a point when ``b = c = 0``, and its coverage stays near nominal for
+    small ``n`` [1]_.
+
+    References
+    ----------
+    .. [1] Agresti, A., Min, Y. (2005) "Simple improved confidence intervals for comparing
+       matched proportions", Statistics in Medicine 24(5):729-740.
+    """
+    from scipy.stats import norm
+
+    if n < 1 or b < 0 or c < 0 or b + c > n:
+        raise KvasymError(f"paired_difference_interval: need 0 <= b, c and b + c <= n >= 1, got b={b}, c={c}, n={n}")
+    n_star, b_star, c_star = n + 2.0, b + 0.5, c + 0.5
+    diff = (c_star - b_star) / n_star
+    se = np.sqrt(b_star + c_star - (c_star - b_star) ** 2 / n_star) / n_star
+    z = float(norm.ppf((1.0 + float(level)) / 2.0))
+    return float(max(-1.0, diff - z * se)), float(min(1.0, diff + z * se))
 
 
 def summarize_grid(frame: pd.DataFrame, level: float = 0.95, baseline_threshold: float = 0.8) -> pd.DataFrame:
@@ -247,8 +278,9 @@ def summarize_grid(frame: pd.DataFrame, level: float = 0.95, baseline_threshold:
         NaN, ``scope = "length"``; the others have ``scope = "depth"``), columns ``pass,
         scheme, budget, scope, length, depth, n, n_correct, accuracy, ci_low, ci_high,
         fp_accuracy, baseline_can_do, mcnemar_b, mcnemar_c, mcnemar_p, mcnemar_log10_p,
-        accuracy_diff``. ``mcnemar_b`` counts trials fp got right and the pass wrong,
-        ``mcnemar_c`` the reverse, ``accuracy_diff = accuracy - fp_accuracy = (c - b) / n``; on
+        accuracy_diff, diff_low, diff_high``. ``mcnemar_b`` counts trials fp got right and the pass wrong,
+        ``mcnemar_c`` the reverse, ``accuracy_diff = accuracy - fp_accuracy = (c - b) / n``
+        with its interval ``diff_low``, ``diff_high`` (:func:`paired_difference_interval`); on
         the fp rows the test columns are -1 / NaN.
 
     Raises
@@ -272,5 +304,5 @@ def summarize_grid(frame: pd.DataFrame, level: float = 0.95, baseline_threshold:
             rows.append(row)
     columns = ["pass", "scheme", "budget", "scope", "length", "depth", "n", "n_correct", "accuracy", "ci_low",
                "ci_high", "fp_accuracy", "baseline_can_do", "mcnemar_b", "mcnemar_c", "mcnemar_p",
-               "mcnemar_log10_p", "accuracy_diff"]
+               "mcnemar_log10_p", "accuracy_diff", "diff_low", "diff_high"]
     return pd.DataFrame(rows, columns=columns)

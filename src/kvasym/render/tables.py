@@ -52,6 +52,7 @@ TABLES: dict[str, tuple[str, str]] = {
     "table_disagreements": ("table_disagreements.tex.j2", "claims"),
     "table_real": ("table_real.tex.j2", "summary"),
     "table_e2e": ("table_e2e.tex.j2", "summary"),
+    "table_model": ("table_model.tex.j2", "summary"),
     "table_frontier": ("table_frontier.tex.j2", "summary"),
     "table_seq_len": ("table_seq_len.tex.j2", "summary"),
 }
@@ -63,6 +64,10 @@ REAL_INPUT_KEYS = ("real_cachestats", "data_manifests")
 #: Optional inputs of ``table_e2e`` (given only when the DAG has end-to-end passes): the
 #: summary and layer sensitivity of stage e2e_stats (:mod:`kvasym.render.table_e2e`).
 E2E_INPUT_KEYS = ("e2e_summary", "e2e_sensitivity")
+#: Optional inputs of ``table_model`` (:mod:`kvasym.render.table_model`): the equal-bits,
+#: long-context and passkey tables of stage e2e_stats, the end-to-end summary, and the
+#: published bands (``config/published_bands.yaml``).
+MODEL_INPUT_KEYS = ("e2e_equal_bits", "e2e_long_summary", "passkey_summary", "e2e_summary", "published_bands")
 #: Optional input of ``table_frontier`` (given only when the DAG has a frontier): the points of
 #: stage frontier (:mod:`kvasym.render.table_frontier`).
 FRONTIER_INPUT_KEYS = ("frontier_points",)
@@ -653,6 +658,10 @@ def _read_input(key: str, path: Any) -> Any:
     p = Path(path)
     if not p.exists():
         raise KvasymError(f"table input {key!r}: {p}: no such file")
+    if key == "published_bands":
+        from .table_model import load_published_bands
+
+        return load_published_bands(p)
     if key == "claims":
         try:
             data = json.loads(p.read_text(encoding="utf-8"))
@@ -694,6 +703,13 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
 
             out[name] = render_template(template, **e2e_context(frames.get("e2e_summary"),
                                                                 frames.get("e2e_sensitivity")))
+            continue
+        if name == "table_model":
+            from .table_model import model_context
+
+            out[name] = render_template(template, **model_context(
+                frames.get("e2e_equal_bits"), frames.get("e2e_long_summary"), frames.get("passkey_summary"),
+                frames.get("e2e_summary"), frames.get("published_bands")))
             continue
         if name == "table_summary":
             out[name] = render_template(template, **summary_context(frames[key], headline))
@@ -754,6 +770,8 @@ def render_tables(
         needed |= {key for key in REAL_INPUT_KEYS if inputs.get(key)}
     if "table_e2e" in names:
         needed |= {key for key in E2E_INPUT_KEYS if inputs.get(key)}
+    if "table_model" in names:
+        needed |= {key for key in MODEL_INPUT_KEYS if inputs.get(key)}
     if "table_frontier" in names:
         needed |= {key for key in FRONTIER_INPUT_KEYS if inputs.get(key)}
     if "table_seq_len" in names:

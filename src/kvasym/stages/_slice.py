@@ -26,6 +26,9 @@ SLICE_KEYS: dict[str, set[str]] = {
     "real_metrics": {"distribution", "scheme", "budgets", "sharpness", "base_seed", "norm_dtype"},
     "e2e": {"text", "max_tokens", "schemes", "budgets", "base_seed", "norm_dtype", "e2e"},
     "e2e_stats": {"schemes", "study_schemes", "budgets", "base_seed", "n_boot"},
+    "calibrate": {"texts", "evaluation_texts", "max_tokens"},
+    "e2e_long": {"length", "windows", "own", "schemes", "query_variants", "budgets", "base_seed", "norm_dtype"},
+    "passkey": {"length", "depths", "trials", "schemes", "query_variants", "budgets", "base_seed", "norm_dtype"},
     "file_metrics": {"distribution", "dim", "scheme", "budget", "sharpness", "n_queries", "base_seed", "norm_dtype"},
 }
 #: Stages whose slice can also be built from --config and a cell.

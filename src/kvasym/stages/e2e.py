@@ -14,16 +14,32 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..artifacts import add_input_arguments
 from ..errors import KvasymError
 from ._slice import add_slice_arguments, stage_slice
 
 
-def run_e2e(slice_: dict[str, Any], out: str) -> None:
+def load_bases(model: Any, path: str | None, variants: list[str]) -> Any:
+    """The query-aware bases at ``path`` for ``model`` (None without variants); a KvasymError
+    naming the slice key when variants are asked for without the file."""
+    if not variants:
+        return None
+    if path is None:
+        raise KvasymError(f"query-aware variants {variants} need the query-bases file (--query-bases, rule calibrate)")
+    from ..real.querybases import load_query_bases
+
+    c = model.config
+    return load_query_bases(path, model.model_sha256, (len(model.layers), c.n_kv_heads, c.head_dim))
+
+
+def run_e2e(slice_: dict[str, Any], out: str, query_bases: str | None = None) -> None:
     """Every end-to-end pass of the text ``slice_["text"]`` (its first ``max_tokens`` tokens).
 
     ``slice_``: ``text``, ``max_tokens``, ``schemes`` (list of scheme dicts), ``budgets``,
     ``base_seed``, ``norm_dtype`` and ``e2e`` (``draws``, ``rope`` (mode -> schemes),
-    ``extra_budgets``, ``own``, ``sensitivity_layers``, ``sensitivity_schemes``).
+    ``extra_budgets``, ``own``, ``sensitivity_layers``, ``sensitivity_schemes``, ``query_aware``,
+    ``recent_windows``, ``causal_chunks``); ``query_bases`` the calibrated bases' file when
+    ``query_aware`` names variants.
     """
     import pandas as pd
 
@@ -45,18 +61,28 @@ def run_e2e(slice_: dict[str, Any], out: str) -> None:
     model = GGUFLlama.load()
     ids = model.encode(path.read_text(encoding="utf-8"))[: int(slice_["max_tokens"])]
     rope = settings["rope"]
+    variants = list(settings.get("query_aware", []))
+    bases = load_bases(model, query_bases, variants)
     columns = evaluate_text(model, ids, schemes, budgets, text=str(slice_["text"]), base_seed=int(slice_["base_seed"]),
                             ropes=list(rope), rope_schemes=rope, own=settings["own"], draws=int(settings["draws"]),
                             extra_budgets=settings["extra_budgets"], sensitivity_budget=min(budgets),
                             sensitivity_layers=settings["sensitivity_layers"],
-                            sensitivity_schemes=settings["sensitivity_schemes"], norm_dtype=slice_["norm_dtype"])
+                            sensitivity_schemes=settings["sensitivity_schemes"], norm_dtype=slice_["norm_dtype"],
+                            query_bases=bases, query_variants=variants,
+                            recent_windows=settings.get("recent_windows") or None,
+                            causal_chunks=settings.get("causal_chunks") or None)
     write_frame_atomic(pd.DataFrame(columns), out, {**provenance(slice_), "model_sha256": model.model_sha256})
+
+
+#: The stage's inputs: argument -> artifact (kvasym.artifacts); only with query-aware variants.
+INPUTS = {"query_bases": "query_bases"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "e2e")
+    add_input_arguments(parser, INPUTS)
     parser.add_argument("--out", required=True, help="the per-position Parquet file of the text")
 
 
 def run(args: argparse.Namespace) -> None:
-    run_e2e(stage_slice(args, "e2e"), args.out)
+    run_e2e(stage_slice(args, "e2e"), args.out, args.query_bases)

@@ -8,7 +8,11 @@ percentiles, top-1 agreement, RMS Δp, and the measured bits per value, per sche
 RoPE mode), ``comparisons`` (scheme pairs at the same budget), ``equal_bits`` (ordered scheme
 pairs at the first scheme's measured rate, the second interpolated), ``sensitivity`` (layer by
 scheme) and ``agreement`` (Spearman's rho between the end-to-end and the per-head ranking of
-the cells, per RoPE mode, measure (perplexity, KL) and scope (the study's schemes, all)).
+the cells, per RoPE mode, measure (perplexity, KL) and scope (the study's schemes, all)); with
+long-context windows (stage ``e2e_long``) ``long_summary`` (the same measures per window length,
+windows as units) and ``long_positions`` (the damage against the context a position has
+read), and with passkey trials (stage ``passkey``) ``passkey_summary`` (accuracy with
+Clopper-Pearson intervals, McNemar's exact test against full precision).
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ from ..errors import KvasymError
 from ._slice import add_slice_arguments, stage_slice
 
 OUTPUTS = ("summary", "comparisons", "equal_bits", "sensitivity", "agreement")
+#: Outputs written only with the input named: output -> input argument.
+OPTIONAL_OUTPUTS = {"long_summary": "long", "long_positions": "long", "passkey_summary": "passkey"}
 
 
 def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_summary: str,
-                  out: dict[str, str]) -> None:
-    """The five end-to-end tables of ``text_paths`` (``out``: table name -> path)."""
+                  out: dict[str, str], long_paths: Sequence[str] = (), passkey_paths: Sequence[str] = ()) -> None:
+    """The five end-to-end tables of ``text_paths`` (``out``: table name -> path), and the
+    long-context and passkey tables of ``long_paths`` and ``passkey_paths`` when given."""
     import pandas as pd
 
     from ..dataset import provenance, read_parquet_checked, write_frame_atomic
@@ -63,23 +70,40 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
                 rows.append(rank_agreement(frame, rows_of, rope, measure=measure, schemes=chosen, scope=scope,
                                            **settings))
     tables["agreement"] = pd.DataFrame(rows, columns=list(AGREEMENT_COLUMNS))
+    if long_paths:
+        from ..real.endtoend_stats import damage_by_position, summarize_long
+
+        long = pd.concat([read_parquet_checked(p) for p in long_paths], ignore_index=True)
+        tables["long_summary"] = summarize_long(long)
+        tables["long_positions"] = damage_by_position(long)
+    if passkey_paths:
+        from ..real.passkey_grid import summarize_grid
+
+        trials = pd.concat([read_parquet_checked(p) for p in passkey_paths], ignore_index=True)
+        tables["passkey_summary"] = summarize_grid(trials)
     meta = provenance(slice_)
-    for name in OUTPUTS:
+    for name in tables:
         write_frame_atomic(tables[name], out[name], meta)
 
 
 #: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
-INPUTS = {"texts": "e2e_text", "summary": "summary"}
+INPUTS = {"texts": "e2e_text", "summary": "summary", "long": "e2e_long_window", "passkey": "passkey_trials"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "e2e_stats")
-    add_input_arguments(parser, INPUTS, required=INPUTS, many=("texts",))
-    for name in OUTPUTS:
-        parser.add_argument(f"--out-{name.replace('_', '-')}", required=True,
-                            help=f"the end-to-end {name} table (Parquet)")
+    add_input_arguments(parser, INPUTS, required=("texts", "summary"), many=("texts", "long", "passkey"))
+    for name in (*OUTPUTS, *OPTIONAL_OUTPUTS):
+        parser.add_argument(f"--out-{name.replace('_', '-')}", required=name in OUTPUTS,
+                            help=f"the end-to-end {name} table (Parquet)"
+                            + (f"; with --{OPTIONAL_OUTPUTS[name]} only" if name in OPTIONAL_OUTPUTS else ""))
 
 
 def run(args: argparse.Namespace) -> None:
+    for name, given in OPTIONAL_OUTPUTS.items():
+        if bool(getattr(args, given)) != bool(getattr(args, f"out_{name}")):
+            raise KvasymError(f"e2e_stats: --out-{name.replace('_', '-')} goes with --{given} (one was given "
+                              "without the other)")
     run_e2e_stats(stage_slice(args, "e2e_stats"), args.texts, args.summary,
-                  {name: getattr(args, f"out_{name}") for name in OUTPUTS})
+                  {name: getattr(args, f"out_{name}") for name in (*OUTPUTS, *OPTIONAL_OUTPUTS)},
+                  args.long, args.passkey)

@@ -20,7 +20,9 @@ from ..render.tables import (
 INPUTS = {"summary": "summary", "comparisons": "comparisons", "theory": "theory", "claims": "claims_json",
           "real_cachestats": "real_cachestats", "data_manifests": "data",
           "e2e_summary": "e2e_summary", "e2e_sensitivity": "e2e_sensitivity", "frontier_points": "frontier_points",
-          "seq_len_summary": "seq_len_summary", "seq_len_slopes": "seq_len_slopes"}
+          "seq_len_summary": "seq_len_summary", "seq_len_slopes": "seq_len_slopes",
+          "e2e_equal_bits": "e2e_equal_bits", "e2e_long_summary": "e2e_long_summary",
+          "passkey_summary": "passkey_summary"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         notes={"real_cachestats": "table_real", "data_manifests": "table_real, the synthetic "
                                "distributions at the headline dim", "e2e_summary": "table_e2e",
                                "e2e_sensitivity": "table_e2e", "frontier_points": "table_frontier",
-                               "seq_len_summary": "table_seq_len", "seq_len_slopes": "table_seq_len"})
+                               "seq_len_summary": "table_seq_len", "seq_len_slopes": "table_seq_len",
+                               "e2e_equal_bits": "table_model", "e2e_long_summary": "table_model",
+                               "passkey_summary": "table_model"})
+    parser.add_argument("--published-bands", dest="published_bands",
+                        help="the published small-model bands (config/published_bands.yaml; table_model)")
     parser.add_argument("--headline", required=True,
                         help='the headline cell as JSON, e.g. {"distribution": "gaussian", "dim": 128, '
                         '"sharpness": 2.0, "budget": 4}')
@@ -39,6 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from ._slice import parse_slice
 
-    inputs = {k: getattr(args, k) for k in INPUTS if getattr(args, k)}
+    inputs = {k: getattr(args, k) for k in (*INPUTS, "published_bands") if getattr(args, k)}
     for path in render_tables(inputs, parse_slice(args.headline), args.out_dir, args.table):
         print(path)

@@ -1,6 +1,7 @@
-"""The end-to-end figures: perplexity increase against measured bits, and layer sensitivity.
+"""The end-to-end figures: perplexity increase against measured bits, layer sensitivity, and
+the damage against the context read in long windows.
 
-Family ``e2e``. Both read the tables of stage ``e2e_stats`` (:mod:`kvasym.real.endtoend_stats`)
+Families ``e2e`` and ``e2e_context``. Both read the tables of stage ``e2e_stats`` (:mod:`kvasym.real.endtoend_stats`)
 and draw in the figures' style (:mod:`kvasym.render.figures._style`: its palette, markers, log
 axes, legends and placeholders).
 """
@@ -41,7 +42,7 @@ def e2e_ppl_bits(summary: pd.DataFrame | None, *, colors: Mapping[str, str] | No
                  model: str = "real model") -> Figure:
     """Relative perplexity increase ``ppl / ppl_ref - 1`` against the measured bits per
     coordinate (payload and side information, mean of K and V), one line per scheme (its
-    budgets), one panel per RoPE mode; bars: the block-bootstrap 95% interval; log y (points
+    budgets), one panel per RoPE mode; bars: the 95% t interval over (text, draw) units; log y (points
     whose increase is not positive are left out, and the title says how many)."""
     title = f"End-to-end perplexity increase ({model})"
     needed = {"rope", "scheme", "budget", "bits_per_coordinate", "ppl_ratio", "ppl_ratio_low", "ppl_ratio_high"}
@@ -83,7 +84,7 @@ def e2e_ppl_bits(summary: pd.DataFrame | None, *, colors: Mapping[str, str] | No
             log_axis(ax, "y", shown)
     axes[0, 0].set_ylabel("perplexity increase\n(ppl / ppl_ref - 1)")  # one line ran into the title
     note = f"; {hidden} point(s) with no increase not shown" if hidden else ""
-    suptitle(fig, f"{title}: every layer's KV cache quantized, 95% block-bootstrap intervals{note}")
+    suptitle(fig, f"{title}: every layer's KV cache quantized, 95% t intervals over (text, draw) units{note}")
     figure_legend(fig, scheme_handles(schemes, colors, markers), schemes)
     return fig
 
@@ -135,4 +136,55 @@ def e2e_layer_sensitivity(sensitivity: pd.DataFrame | None, *, schemes: Sequence
     colorbar_log_ticks(bar.ax.yaxis, [vmin, vmax])
     bar.outline.set_linewidth(0.4)
     suptitle(fig, f"{title}: one layer's cache quantized at n = {budget}, keys after RoPE")
+    return fig
+
+
+@styled
+def e2e_context(positions: pd.DataFrame | None, *, colors: Mapping[str, str] | None = None,
+                model: str = "real model") -> Figure:
+    """Mean next-token KL against the context a position has read, in long windows: one panel
+    per window length, one line per scheme and budget through the position spans of
+    :func:`kvasym.real.endtoend_stats.damage_by_position` (x: the span's geometric middle in
+    tokens, log; y: the mean KL over the windows, log); bars: the 95% t interval over windows.
+    Each line carries ``gid = "scheme=<scheme>@<budget>"``."""
+    title = f"Damage against context ({model})"
+    needed = {"context", "scheme", "budget", "lo", "hi", "kl_mean", "kl_mean_low", "kl_mean_high"}
+    if positions is None or positions.empty or not needed <= set(positions.columns):
+        return nothing_to_show(title, "no long-context passes (real.e2e.long_context off)")
+    contexts = sorted(int(c) for c in positions["context"].unique())
+    colors, markers = palette(positions["scheme"].unique(), colors)
+    schemes = scheme_order(positions["scheme"].unique())
+    fig, axes = new_figure(1, len(contexts), width=TEXT_WIDTH, height=2.4, sharey=True)
+    shown: list[float] = []
+    for ax, context in zip(axes[0], contexts):
+        frame = positions[positions["context"] == context]
+        budgets = sorted(int(b) for b in set(frame["budget"]))
+        for scheme in schemes:
+            for budget in budgets:
+                g = frame[(frame["scheme"] == scheme) & (frame["budget"] == budget)].sort_values("lo")
+                if g.empty:
+                    continue
+                x = np.sqrt(np.maximum(g["lo"].to_numpy(float), 1.0) * g["hi"].to_numpy(float))
+                y = g["kl_mean"].to_numpy(float)
+                ok = np.isfinite(y) & (y > 0)
+                if not ok.any():
+                    continue
+                low = np.where(np.isfinite(g["kl_mean_low"]), g["kl_mean_low"], y).astype(float)
+                high = np.where(np.isfinite(g["kl_mean_high"]), g["kl_mean_high"], y).astype(float)
+                low = np.maximum(low, y * 1e-3)
+                line = ax.errorbar(x[ok], y[ok], yerr=[y[ok] - low[ok], high[ok] - y[ok]], color=colors[scheme],
+                                   marker=markers[scheme], markersize=4, lw=1.2, capsize=2,
+                                   ls="-" if budget == budgets[-1] else "--")
+                line[0].set_gid(f"scheme={scheme}@{int(budget)}")
+                shown.extend(y[ok])
+                shown.extend(high[ok][np.isfinite(high[ok])])
+        ax.set_xscale("log")
+        ax.set_title(safe_text(f"windows of {context} tokens"))
+        ax.set_xlabel("tokens of context read")
+    if shown:
+        for ax in axes[0]:
+            log_axis(ax, "y", shown)
+    axes[0, 0].set_ylabel("next-token KL (nats)")
+    suptitle(fig, f"{title}: every layer's KV cache quantized, keys after RoPE, 95% t intervals over windows")
+    figure_legend(fig, scheme_handles(schemes, colors, markers), schemes)
     return fig

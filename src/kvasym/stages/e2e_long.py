@@ -1,0 +1,75 @@
+"""Stage ``e2e_long`` (rule ``e2e_long``): long-context passes of SmolLM2-135M at one window length.
+
+One job per window length ``L``: the model is loaded once, the long offline text (Python's
+pydoc topics, :mod:`kvasym.real.longtext`; its source and SHA-256 go into the table's metadata)
+is cut into its first ``windows`` disjoint windows of ``L`` tokens, and every window runs the
+reference pass and one all-layer pass per scheme (and query-aware variant) and budget, keys
+after RoPE (:func:`kvasym.real.longcontext.evaluate_windows`; each window its own draw of
+rotations and sketches: the unit of the long-context statistics). A pass costs about 3.6, 10,
+28 and 95 CPU-s at 1K, 2K, 4K and 8K tokens. The per-position table (the e2e columns plus
+``context`` and ``window``) is written atomically as Parquet with the slice in its metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..artifacts import add_input_arguments
+from ._slice import add_slice_arguments, stage_slice
+
+
+def slice_schemes(slice_: dict[str, Any]) -> list[Any]:
+    """The :class:`~kvasym.schemes.Scheme` objects of a model-pass slice's ``schemes`` dicts."""
+    from ..schemes import scheme_from_dict
+
+    schemes = []
+    for spec in slice_["schemes"]:
+        spec = dict(spec)
+        schemes.append(scheme_from_dict(spec.pop("name"), spec))
+    return schemes
+
+
+def run_e2e_long(slice_: dict[str, Any], out: str, query_bases: str | None = None) -> None:
+    """Every long-context pass of the windows of length ``slice_["length"]``.
+
+    ``slice_``: ``length``, ``windows``, ``own``, ``schemes`` (scheme dicts), ``query_variants``,
+    ``budgets``, ``base_seed``, ``norm_dtype``; ``query_bases`` the calibrated bases' file when
+    ``query_variants`` is not empty.
+    """
+    import json
+
+    import pandas as pd
+
+    from ..dataset import provenance, write_frame_atomic
+    from ..real.gguf_model import GGUFLlama
+    from ..real.longcontext import evaluate_windows
+    from ..real.longtext import long_text_ids, long_text_source
+    from .e2e import load_bases
+
+    model = GGUFLlama.load()
+    variants = list(slice_["query_variants"])
+    bases = load_bases(model, query_bases, variants)
+    options: dict[str, Any] = {"query_bases": bases, "query_variants": variants} if variants else {}
+    schemes = slice_schemes(slice_)
+    columns = evaluate_windows(model, long_text_ids(model), [int(slice_["length"])], int(slice_["windows"]),
+                               schemes, [int(b) for b in slice_["budgets"]], base_seed=int(slice_["base_seed"]),
+                               own=slice_["own"], norm_dtype=slice_["norm_dtype"], **options)
+    source = long_text_source()
+    meta = {**provenance(slice_), "model_sha256": model.model_sha256,
+            "long_text": json.dumps({key: str(value) for key, value in vars(source).items()}, sort_keys=True)}
+    write_frame_atomic(pd.DataFrame(columns), out, meta)
+
+
+#: The stage's inputs: argument -> artifact (kvasym.artifacts); only with query-aware variants.
+INPUTS = {"query_bases": "query_bases"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_slice_arguments(parser, "e2e_long")
+    add_input_arguments(parser, INPUTS)
+    parser.add_argument("--out", required=True, help="the per-position Parquet file of the windows of this length")
+
+
+def run(args: argparse.Namespace) -> None:
+    run_e2e_long(stage_slice(args, "e2e_long"), args.out, args.query_bases)

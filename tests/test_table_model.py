@@ -1,0 +1,101 @@
+"""The model-level tables (kvasym.render.table_model): equal total bits, long context, passkey
+and the published bands, from tables built here by the statistics' own functions on synthetic
+per-position data, with the placement against the published bands worked out by hand."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from kvasym.errors import KvasymError
+from kvasym.real.endtoend_stats import compare_equal_bits, summarize, summarize_long
+from kvasym.render import tables
+from kvasym.render.table_model import PUBLISHED_BANDS, band_rows, load_published_bands, model_context
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from test_real_endtoend_stats import _frame, _long_frame  # noqa: E402
+
+
+def _bands(*entries):
+    base = {"model": "m", "method": "x", "source": "s", "url": "u", "collapse": False, "sides": "KV"}
+    return {"bands": [{**base, **e} for e in entries]}
+
+
+def _summary(scheme: str, budget: int, ratio: float, low: float, high: float) -> pd.DataFrame:
+    return pd.DataFrame([{"rope": "post", "scheme": scheme, "budget": budget, "ppl_ratio": ratio,
+                          "ppl_ratio_low": low, "ppl_ratio_high": high, "bits_per_coordinate": budget + 0.5}])
+
+
+def test_band_placement_by_hand():
+    bands = _bands({"id": "a", "family": "rotated_scalar", "bits": 4, "ppl_change_pct": 5.8},
+                   {"id": "b", "family": "rotated_scalar", "bits": 4, "ppl_change_pct": 7.3},
+                   {"id": "k", "family": "rotated_scalar", "bits": 4, "ppl_change_pct": 1.0, "sides": "K"},
+                   {"id": "c", "family": "rotated_scalar", "bits": 3, "ppl_change_pct": 61, "collapse": True},
+                   {"id": "d", "family": "kivi", "bits": 2, "ppl_change_pct": 55.3})
+    summary = pd.concat([_summary("RKV", 4, 1.065, 1.05, 1.08), _summary("RKV", 3, 2.0, 1.5, 2.5),
+                         _summary("KIVI32", 2, 1.2, 1.1, 1.3), _summary("KIVI32+R128", 2, 1.4, 1.3, 1.5)])
+    rows = {r["id"]: r for r in band_rows(bands, summary)}
+    # 6.5% lies inside [5.8, 7.3]; the K-only entry is not the same cache
+    assert rows["a"]["place"] == rows["b"]["place"] == "inside" and rows["a"]["ours"] == pytest.approx(6.5)
+    assert (rows["a"]["band_low"], rows["a"]["band_high"]) == (5.8, 7.3) and rows["k"]["place"] == "K only"
+    # a collapse opens the range above: +100% at 3 bits is inside [61, inf)
+    assert rows["c"]["place"] == "inside" and rows["c"]["band_high"] == math.inf
+    # KIVI is compared with its windowed variant when the build has it: +40% below 55.3
+    assert rows["d"]["ours_scheme"] == "KIVI32+R128" and rows["d"]["place"] == "below"
+    assert band_rows(bands, None)[0]["place"] == "none"
+
+
+def test_the_shipped_bands_load_and_every_entry_names_its_source():
+    bands = load_published_bands(ROOT / PUBLISHED_BANDS)
+    assert len(bands["bands"]) >= 4 and all(b["url"].startswith("https://") for b in bands["bands"])
+    assert {f["id"] for f in bands["bits_per_value"]} >= {"q4_0", "q8_0"}
+
+
+def test_bands_refuse_a_missing_field_or_family(tmp_path):
+    path = tmp_path / "b.yaml"
+    path.write_text("bands:\n  - {id: a, model: m}\n")
+    with pytest.raises(KvasymError, match=r"bands\[0\] lacks"):
+        load_published_bands(path)
+    path.write_text("bands:\n  - {id: a, model: m, method: x, family: mystery, bits: 4, ppl_change_pct: 1,"
+                    " collapse: false, source: s, url: u}\n")
+    with pytest.raises(KvasymError, match="mystery"):
+        load_published_bands(path)
+    path.write_text("bands:\n  - {id: a, model: m, method: x, family: kivi, bits: 4, ppl_change_pct: 1,"
+                    " collapse: false, source: 'bad \u274c', url: u}\n", encoding="utf-8")
+    with pytest.raises(KvasymError, match=r"bands\[0\].source is printed in the paper and must be printable ASCII"):
+        load_published_bands(path)
+
+
+def test_model_table_renders_every_part():
+    frame = _frame(budgets=(2, 3, 4))
+    frame["scheme"] = frame["scheme"].replace({"KV": "RKV"})
+    summary = summarize(frame)
+    equal = compare_equal_bits(frame, ["RKV", "KQV", "QKQV"])
+    long = summarize_long(_long_frame())
+    from kvasym.real.passkey_grid import summarize_grid
+    trials = pd.DataFrame([{"pass": p, "scheme": s, "budget": b, "length": 1024, "depth": d, "trial": t,
+                            "correct": int(p == "fp" or t % 3 != 0)}
+                           for p, s, b in (("fp", "fp", -1), ("RKV@2", "RKV", 2)) for d in (0.0, 0.5)
+                           for t in range(6)])
+    passkey = summarize_grid(trials)
+    bands = load_published_bands(ROOT / PUBLISHED_BANDS)
+    context = model_context(equal, long, passkey, summary, bands)
+    assert [g["budget"] for g in context["equal_bits"]] == [2, 3, 4]
+    row = next(r for r in context["equal_bits"][1]["rows"] if r["scheme"] == "KQV")
+    expected = equal[(equal.scheme_a == "KQV") & (equal.budget_a == 3) & (equal.scheme_b == "RKV")].iloc[0]
+    assert row["kl_ratio"] == expected.kl_ratio and row["evaluated"] == bool(expected.evaluated)
+    assert context["long"][0]["rows"][0]["growth"] == pytest.approx(long.kl_growth.iloc[0])
+    assert context["text_tokens"] == 41 and context["n_texts"] == 3
+    text = tables.table_texts({"summary": pd.DataFrame(), "e2e_equal_bits": equal, "e2e_long_summary": long,
+                               "passkey_summary": passkey, "e2e_summary": summary, "published_bands": bands},
+                              {}, ["table_model"])["table_model"]
+    for label in ("tab:model", "tab:e2e_long", "tab:passkey", "tab:bands", "fig:e2e_context"):
+        assert f"\\label{{{label}}}" in text or f"\\kvfigure{{{label.split(':')[1]}}}" in text, label
+    assert "nan" not in text.lower() and "\\begin{longtable}" in text
+    empty = tables.table_texts({"summary": pd.DataFrame()}, {}, ["table_model"])["table_model"]
+    assert "\\begin{longtable}" not in empty and "\\label{tab:bands}" in empty
