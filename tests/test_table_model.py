@@ -99,3 +99,29 @@ def test_model_table_renders_every_part():
     assert "nan" not in text.lower() and "\\begin{longtable}" in text
     empty = tables.table_texts({"summary": pd.DataFrame()}, {}, ["table_model"])["table_model"]
     assert "\\begin{longtable}" not in empty and "\\label{tab:bands}" in empty
+
+
+@pytest.mark.parametrize("stage", ["e2e", "e2e_long", "passkey"])
+def test_a_model_stage_with_query_variants_and_no_bases_file_stops_before_loading_the_model(stage, tmp_path):
+    """What the rule runs, given a slice with query-aware variants and no --query-bases: exit 2,
+    one line naming the missing file's flag, nothing written (no model is loaded to find out)."""
+    import copy
+    import subprocess
+
+    import yaml
+
+    from kvasym.real import real_settings
+    from kvasym.study import canonical_json, load_study
+
+    config = yaml.safe_load((ROOT / "config/test.yaml").read_text())
+    study = load_study(copy.deepcopy(config))
+    real = real_settings(config["real"], list(study.schemes), list(study.frontier_real_schemes))
+    wildcards = {"e2e": {"text": "bicycle_repair"}, "e2e_long": {"length": "64"}, "passkey": {"length": "96"}}
+    slice_ = canonical_json(study.job_slice(stage, wildcards[stage], real=real))
+    out = tmp_path / "out.parquet"
+    proc = subprocess.run([sys.executable, "-m", "kvasym.cli", "stage", stage, "--slice", slice_, "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("kvasym: error: ") and "need the query-bases file (--query-bases" in last, last
+    assert not out.exists()

@@ -19,13 +19,19 @@ from ..errors import KvasymError
 from ._slice import add_slice_arguments, stage_slice
 
 
+def check_bases_given(path: str | None, variants: list[str]) -> None:
+    """A KvasymError, before any model is loaded, when query-aware variants are asked for
+    without the query-bases file."""
+    if variants and path is None:
+        raise KvasymError(f"query-aware variants {variants} need the query-bases file (--query-bases, rule calibrate)")
+
+
 def load_bases(model: Any, path: str | None, variants: list[str]) -> Any:
     """The query-aware bases at ``path`` for ``model`` (None without variants); a KvasymError
     naming the slice key when variants are asked for without the file."""
+    check_bases_given(path, variants)
     if not variants:
         return None
-    if path is None:
-        raise KvasymError(f"query-aware variants {variants} need the query-bases file (--query-bases, rule calibrate)")
     from ..real.querybases import load_query_bases
 
     c = model.config
@@ -52,6 +58,7 @@ def run_e2e(slice_: dict[str, Any], out: str, query_bases: str | None = None) ->
     path = TEXTS_DIR / f"{slice_['text']}.txt"
     if not path.is_file():
         raise KvasymError(f"{path}: no such shipped text (slice key text)")
+    check_bases_given(query_bases, list(slice_["e2e"].get("query_aware", [])))
     schemes = []
     for spec in slice_["schemes"]:
         spec = dict(spec)

@@ -45,10 +45,11 @@ def run_e2e_long(slice_: dict[str, Any], out: str, query_bases: str | None = Non
     from ..real.gguf_model import GGUFLlama
     from ..real.longcontext import evaluate_windows
     from ..real.longtext import long_text_ids, long_text_source
-    from .e2e import load_bases
+    from .e2e import check_bases_given, load_bases
 
-    model = GGUFLlama.load()
     variants = list(slice_["query_variants"])
+    check_bases_given(query_bases, variants)
+    model = GGUFLlama.load()
     bases = load_bases(model, query_bases, variants)
     options: dict[str, Any] = {"query_bases": bases, "query_variants": variants} if variants else {}
     schemes = slice_schemes(slice_)

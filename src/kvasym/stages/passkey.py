@@ -36,11 +36,12 @@ def run_passkey(slice_: dict[str, Any], out: str, query_bases: str | None = None
     from ..real.endtoend import CacheQuantization
     from ..real.gguf_model import GGUFLlama
     from ..real.passkey_grid import FP_PASS, run_grid
-    from .e2e import load_bases
+    from .e2e import check_bases_given, load_bases
     from .e2e_long import slice_schemes
 
-    model = GGUFLlama.load()
     variants = list(slice_["query_variants"])
+    check_bases_given(query_bases, variants)
+    model = GGUFLlama.load()
     bases = load_bases(model, query_bases, variants)
     base_seed = int(slice_["base_seed"])
     passes: dict[str, Any] = {FP_PASS: None}
