@@ -57,6 +57,9 @@ def assert_nothing_corrupt(workdir: Path) -> None:
         try:
             if path.suffix == ".parquet":
                 pq.read_table(path)
+            elif path.name == "query_bases.npz":
+                with np.load(path) as bases:  # the query-aware bases (rule calibrate): every array read
+                    [bases[name] for name in bases.files]
             elif path.suffix == ".npz" and "real" in path.relative_to(workdir).parts:
                 load_capture(path)  # a real-model capture (config real:), validated array by array
             elif path.suffix == ".npz":

@@ -165,10 +165,10 @@ def test_the_real_slices_are_those_the_dag_passed_before():
         "text": "bicycle_repair", "max_tokens": 48, "budgets": [2, 4], "base_seed": 7, "norm_dtype": "float32",
         "e2e": {"draws": 2, "rope": {"post": e2e_schemes, "pre": ["KQV", "RKV"]}, "extra_budgets": {"RKV": [5]},
                 "own": "exact", "sensitivity_layers": [0, 29], "sensitivity_schemes": ["KV", "KQV", "QKQV", "RKV"],
-                "query_aware": ["QWF"], "recent_windows": {"RKV": [8]}, "causal_chunks": {"SKLT": 16}}}
+                "query_aware": ["QWF"], "recent_windows": {"RKV": [8]}, "causal_chunks": {"KQV": 16}}}
     assert canonical_json(study.job_slice("e2e_stats", {}, real=real)) == (
         '{"base_seed":7,"budgets":[2,4],"n_boot":200,"schemes":'
-        + canonical_json([*e2e_schemes, "QWF", "RKV+R8", "SKLT+C16"]) + ',"study_schemes":["KV","KQV","QKQV","RKV"]}')
+        + canonical_json([*e2e_schemes, "QWF", "RKV+R8", "KQV+C16"]) + ',"study_schemes":["KV","KQV","QKQV","RKV"]}')
     calibrate = study.job_slice("calibrate", {}, real=real)
     assert calibrate["evaluation_texts"] == ["bicycle_repair"] and "bicycle_repair" not in calibrate["texts"]
     assert len(calibrate["texts"]) == 15 and calibrate["max_tokens"] == 48

@@ -167,8 +167,8 @@ def test_real_model_rows_when_the_extra_is_installed(complete_run):
     e2e = pd.read_parquet(complete_run / "results/real/e2e/summary.parquet")
     # every study and frontier real scheme, the query-aware QWF, a recent window and a causal variant
     assert set(e2e["scheme"]) == {"KV", "KQV", "QKQV", "RKV", "KQV-H", "QKQV-H", "CRKV", "SKLT", "QWF", "RKV+R8",
-                                  "SKLT+C16"}
-    assert set(e2e.loc[e2e["rope"] == "pre", "scheme"]) == {"KQV", "RKV"}
+                                  "KQV+C16"}
+    assert set(e2e.loc[e2e["rope"] == "pre", "scheme"]) == {"KQV", "RKV", "RKV+R8", "KQV+C16"}  # every mode
     assert set(e2e.loc[e2e["scheme"] == "RKV", "budget"]) == {2, 4, 5}  # real.e2e.extra_budgets
     study = e2e[e2e["scheme"].isin(["KV", "KQV", "QKQV", "RKV"]) & (e2e["budget"] == 2)]
     assert (study["ppl_ratio"] > 1).all()  # at two bits every study scheme hurts the model

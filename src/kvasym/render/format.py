@@ -254,14 +254,15 @@ def ci(estimate: Any, low: Any = None, high: Any = None, digits: int = DIGITS, b
 
 
 def ci_wrap(estimate: Any, low: Any = None, high: Any = None, digits: int = DIGITS) -> Latex:
-    """:func:`ci` for a narrow column: ``$5.60$ $[5.32, 6.03]$``, the estimate and the interval
-    as two math groups, so the line may break between them."""
+    """:func:`ci` for a narrow column: ``$5.60$ $[5.32,\\allowbreak 6.03]$``, the estimate and the
+    interval as two math groups, so the line may break between them, and inside the interval
+    after its comma (two negative bounds of three digits are wider than a narrow column)."""
     if _missing(estimate):
         return Latex("--")
     est = sig(estimate, digits)
     if _missing(low) or _missing(high):
         return Latex(f"${est}$")
-    return Latex(f"${est}$ $[{sig(low, digits)}, {sig(high, digits)}]$")
+    return Latex(f"${est}$ $[{sig(low, digits)},\\allowbreak {sig(high, digits)}]$")
 
 
 def bits(payload: Any, side: Any) -> Latex:

@@ -79,18 +79,22 @@ def e2e_context(summary: pd.DataFrame | None, sensitivity: pd.DataFrame | None) 
             })
         budgets.append({"budget": int(budget), "rows": out})
     layers: list[dict[str, Any]] = []
+    layer_schemes: list[str] = []
     sens_budget = None
     if sensitivity is not None and not sensitivity.empty:
         sens = sensitivity[sensitivity["rope"] == "post"]
         sens_budget = int(sens["budget"].min())
         sens = sens[sens["budget"] == sens_budget]
         grid = sens.pivot(index="layer", columns="scheme", values="ppl_increase_rel")
+        # the schemes of the single-layer passes only (real.e2e.sensitivity_schemes)
+        layer_schemes = [s for s in schemes if s in grid.columns]
         for layer, row in grid.iterrows():
-            values = [100.0 * float(row[s]) if s in row.index else None for s in schemes]
+            values = [100.0 * float(row[s]) for s in layer_schemes]
             worst = max((v for v in values if v is not None), default=None)
             layers.append({"layer": int(layer), "cells": [{"value": v, "worst": v is not None and v == worst}
                                                           for v in values]})
-    return {**base, "has_e2e": True, "schemes": schemes, "budgets": budgets, "layers": layers,
+    return {**base, "has_e2e": True, "schemes": schemes, "layer_schemes": layer_schemes, "budgets": budgets,
+            "layers": layers,
             "sensitivity_budget": sens_budget, "ppl_ref": float(post["ppl_ref"].iloc[0]),
             "n_positions": int(post["n_positions"].iloc[0]), "n_texts": int(post["n_texts"].iloc[0]),
             "n_units": int(post["n_units"].iloc[0]), "n_draws": int(post["n_draws"].iloc[0]),
