@@ -122,7 +122,7 @@ def real_settings(value: object, schemes: list[str] | None = None,
         raise KvasymError(f"config key real.texts: {missing} not among the shipped texts {known}")
     layers = list(range(N_LAYERS)) if value["layers"] == "all" else sorted(value["layers"])
     return {"texts": list(texts), "max_tokens": value["max_tokens"], "layers": layers,
-            "e2e": e2e_settings(value.get("e2e", {}), value["max_tokens"], list(texts), schemes,
+            "e2e": e2e_settings(value.get("e2e", {}), list(texts), schemes,
                                 frontier_schemes)}
 
 
@@ -137,7 +137,7 @@ def _subset(key: str, value: str | list[str], allowed: list[str], what: str) -> 
     return [v for v in allowed if v in value]
 
 
-def e2e_settings(value: object, max_tokens: int, texts: list[str] | None = None,
+def e2e_settings(value: object, texts: list[str] | None = None,
                  schemes: list[str] | None = None, frontier_schemes: list[str] | None = None) -> dict | None:
     """The ``real.e2e`` section (the end-to-end passes, :mod:`kvasym.real.endtoend`), checked and
     with its defaults filled in.
@@ -151,9 +151,6 @@ def e2e_settings(value: object, max_tokens: int, texts: list[str] | None = None,
     ----------
     value : object
         The config's ``real.e2e``: a mapping, or ``off``/false (no end-to-end passes).
-    max_tokens : int
-        ``real.max_tokens`` (kept for the callers' signature; every key is now checked by the
-        schema or against the scheme lists).
     texts : list of str, optional
         The real rows' texts (None: "all" stays "all", a list is taken as given).
     schemes, frontier_schemes : list of str, optional
@@ -174,7 +171,6 @@ def e2e_settings(value: object, max_tokens: int, texts: list[str] | None = None,
     """
     from ..config_schema import validate_key
 
-    del max_tokens
     if _off(value):
         return None
     if isinstance(value, dict):

@@ -92,11 +92,6 @@ def check_frame(frame: pd.DataFrame, what: str) -> None:
         raise KvasymError(f"{what}: columns {missing} missing from the end-to-end table")
 
 
-def unit_labels(frame: pd.DataFrame) -> np.ndarray:
-    """The unit of each row: ``"<text>/<draw>"``."""
-    return (frame["text"].astype(str) + "/" + frame["draw"].astype(int).astype(str)).to_numpy()
-
-
 def unit_means(frame: pd.DataFrame) -> pd.DataFrame:
     """Per (text, draw) unit, sorted: the means over its positions of :data:`UNIT_COLUMNS`
     (``bits`` = the mean of the K and V bits per coordinate, payload + side) and ``n_positions``."""
@@ -274,12 +269,11 @@ def compare_equal_bits(frame: pd.DataFrame, schemes: Sequence[str], *, level: fl
                 d_b = np.stack([ub["d"].to_numpy() for ub in points], axis=1)
                 kl_b = np.stack([ub["kl"].to_numpy() for ub in points], axis=1)
                 rate = ua["bits"].to_numpy()
-                d_at = np.array([interpolate_at_rate(rates_b[u], d_b[u], rate[u], log=False) if len(b_budgets) > 1
-                                 else (d_b[u, 0] if np.isclose(rate[u], rates_b[u, 0]) else np.nan)
+                # one budget of b: its point alone, at its exact rate (interpolate_at_rate's NaN elsewhere)
+                d_at = np.array([interpolate_at_rate(rates_b[u], d_b[u], rate[u], log=False)
                                  for u in range(rate.size)], dtype=np.float64)
-                kl_at = np.array([interpolate_at_rate(rates_b[u], kl_b[u], rate[u]) if len(b_budgets) > 1
-                                  else (kl_b[u, 0] if np.isclose(rate[u], rates_b[u, 0]) else np.nan)
-                                  for u in range(rate.size)], dtype=np.float64)
+                kl_at = np.array([interpolate_at_rate(rates_b[u], kl_b[u], rate[u]) for u in range(rate.size)],
+                                 dtype=np.float64)
                 mean_rate = float(rate.mean())
                 below = [nb for nb, r in zip(b_budgets, rates_b.mean(axis=0)) if r <= mean_rate]
                 above = [nb for nb, r in zip(b_budgets, rates_b.mean(axis=0)) if r >= mean_rate]

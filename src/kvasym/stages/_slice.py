@@ -88,7 +88,16 @@ def stage_slice(args: argparse.Namespace, stage: str) -> dict[str, Any]:
     return getattr(study, _FROM_CONFIG[stage])(args.distribution, args.dim)
 
 
+def _scheme_of(spec: dict[str, Any]) -> Scheme:
+    spec = dict(spec)
+    return scheme_from_dict(spec.pop("name"), spec)
+
+
 def slice_scheme(slice_: dict[str, Any]) -> Scheme:
     """The scheme a slice names: ``slice_["scheme"]`` is ``{"name": ..., "K": ..., "V": ...}``."""
-    spec = dict(slice_["scheme"])
-    return scheme_from_dict(spec.pop("name"), spec)
+    return _scheme_of(slice_["scheme"])
+
+
+def slice_schemes(slice_: dict[str, Any]) -> list[Scheme]:
+    """The schemes a slice lists: ``slice_["schemes"]``, each ``{"name": ..., "K": ..., "V": ...}``."""
+    return [_scheme_of(spec) for spec in slice_["schemes"]]

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..artifacts import add_input_arguments
 from ..errors import KvasymError
-from ._slice import add_slice_arguments, stage_slice
+from ._slice import add_slice_arguments, slice_schemes, stage_slice
 
 
 def check_bases_given(path: str | None, variants: list[str]) -> None:
@@ -53,16 +53,11 @@ def run_e2e(slice_: dict[str, Any], out: str, query_bases: str | None = None) ->
     from ..real import TEXTS_DIR
     from ..real.endtoend import evaluate_text
     from ..real.gguf_model import GGUFLlama
-    from ..schemes import scheme_from_dict
-
     path = TEXTS_DIR / f"{slice_['text']}.txt"
     if not path.is_file():
         raise KvasymError(f"{path}: no such shipped text (slice key text)")
     check_bases_given(query_bases, list(slice_["e2e"].get("query_aware", [])))
-    schemes = []
-    for spec in slice_["schemes"]:
-        spec = dict(spec)
-        schemes.append(scheme_from_dict(spec.pop("name"), spec))
+    schemes = slice_schemes(slice_)
     settings = slice_["e2e"]
     budgets = [int(b) for b in slice_["budgets"]]
     model = GGUFLlama.load()

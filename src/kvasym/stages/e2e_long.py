@@ -16,18 +16,7 @@ import argparse
 from typing import Any
 
 from ..artifacts import add_input_arguments
-from ._slice import add_slice_arguments, stage_slice
-
-
-def slice_schemes(slice_: dict[str, Any]) -> list[Any]:
-    """The :class:`~kvasym.schemes.Scheme` objects of a model-pass slice's ``schemes`` dicts."""
-    from ..schemes import scheme_from_dict
-
-    schemes = []
-    for spec in slice_["schemes"]:
-        spec = dict(spec)
-        schemes.append(scheme_from_dict(spec.pop("name"), spec))
-    return schemes
+from ._slice import add_slice_arguments, slice_schemes, stage_slice
 
 
 def run_e2e_long(slice_: dict[str, Any], out: str, query_bases: str | None = None) -> None:

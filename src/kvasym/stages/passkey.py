@@ -15,7 +15,7 @@ import argparse
 from typing import Any
 
 from ..artifacts import add_input_arguments
-from ._slice import add_slice_arguments, stage_slice
+from ._slice import add_slice_arguments, slice_schemes, stage_slice
 
 
 def pass_name(scheme: str, budget: int) -> str:
@@ -37,7 +37,6 @@ def run_passkey(slice_: dict[str, Any], out: str, query_bases: str | None = None
     from ..real.gguf_model import GGUFLlama
     from ..real.passkey_grid import FP_PASS, run_grid
     from .e2e import check_bases_given, load_bases
-    from .e2e_long import slice_schemes
 
     variants = list(slice_["query_variants"])
     check_bases_given(query_bases, variants)
