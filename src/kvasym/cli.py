@@ -300,6 +300,12 @@ def cmd_capture(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_card(args: argparse.Namespace) -> int:
+    from .real.card_cli import run
+
+    return run(args)
+
+
 def build_parser(stage_name: str | None = None) -> argparse.ArgumentParser:
     """The command line. Of the ``kvasym stage`` subcommands only ``stage_name`` (all when None,
     none when "") imports its module and declares its flags: a data or metrics job must not pay for the
@@ -372,6 +378,14 @@ def build_parser(stage_name: str | None = None) -> argparse.ArgumentParser:
 
         capture_arguments(p)
     p.set_defaults(func=cmd_capture)
+
+    p = sub.add_parser("card", help="the KV-cache card of a LLaMA-family GGUF model: cache statistics, K/V "
+                       "sensitivity per layer, measured bit allocation, frontier, recommendation (real-model extra)")
+    if not stage_name:
+        from .real.card_cli import add_arguments as card_arguments
+
+        card_arguments(p)
+    p.set_defaults(func=cmd_card)
 
     from .stages import add_stage_parsers
 

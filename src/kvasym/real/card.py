@@ -1,0 +1,425 @@
+"""The model card of a KV cache: what in a model's cache predicts quantization damage, measured.
+
+A card (:func:`build_card`) gathers, for one GGUF model:
+
+1. Per layer and KV head, from the full-precision pass over calibration texts
+   (:func:`head_statistics`):
+
+   - ``key_mean_share`` = ``||mean_t k_t||^2 / mean_t ||k_t||^2`` of the stored (post-RoPE)
+     keys, and ``key_mean_share_pre`` before RoPE: the share of the keys' energy in their mean,
+     what a key bias (Qwen2.5's q/k biases) puts there and what a per-token quantizer spends
+     bits on; the difference between the two is the effect of RoPE, which rotates a constant
+     pre-RoPE direction differently at every position (so the post-RoPE mean keeps only the
+     low-frequency part); ``value_mean_share`` likewise for values;
+   - ``key_outlier_channels`` / ``value_outlier_channels``: channels whose RMS over tokens
+     exceeds :data:`OUTLIER_FACTOR` times the median channel's (the channels KIVI quantizes per
+     channel for);
+   - ``key_kurtosis`` / ``value_kurtosis``: the mean over channels of the per-channel Pearson
+     kurtosis ``E[(x - mu)^4] / Var(x)^2`` (3 for a Gaussian channel);
+   - ``sink_mass``: the mean, over the group's query heads and the positions ``i >=``
+     :data:`SINK_FROM`, of the attention weight on position 0 (an attention sink holds most of
+     it);
+   - ``query_alignment``: the mean over the group's query heads and positions of
+     :func:`kvasym.querymodel.query_alignment` (1: queries unrelated to the keys' spread).
+
+2. Per layer, the sensitivity of K and of V separately (:func:`kvasym.real.mixed.sensitivity`
+   at granularity ``layer_side``: one layer and one side quantized at a time; mean next-token KL
+   and NLL change, per width).
+3. The measured frontier of schemes on the model (:func:`kvasym.real.endtoend_stats.summarize`
+   rows of all-layer passes on evaluation texts).
+4. The measured allocation (:func:`kvasym.real.mixed.measured_allocation`) and its end-to-end
+   comparison with the uniform map at the same budget on the evaluation texts
+   (:func:`kvasym.real.endtoend_stats.compare_schemes`).
+5. A recommendation per budget: among the frontier's schemes whose measured rate does not exceed
+   the uniform reference's and the allocation, the lowest measured mean KL, with its interval.
+
+:func:`render_card_html` writes it as one self-contained HTML page (figures inlined as PNG).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import KvasymError
+from ..querymodel import query_alignment
+from .gguf_model import GGUFLlama
+
+#: A channel is an outlier when its RMS over tokens exceeds this multiple of the median channel's.
+OUTLIER_FACTOR = 4.0
+#: The sink mass is averaged over query positions from here on (early positions attend to
+#: position 0 because there is little else to read).
+SINK_FROM = 16
+HEAD_COLUMNS = ("text", "layer", "kv_head", "key_mean_share", "key_mean_share_pre", "value_mean_share",
+                "key_outlier_channels", "value_outlier_channels", "key_kurtosis", "value_kurtosis", "sink_mass",
+                "query_alignment", "n_tokens")
+CARD_FORMAT = "kvasym.card/1"
+#: A scheme's measured rate may exceed the reference's by this much and still count as equal bits
+#: (rates are sums of measured side arrays; identical layouts give identical rates).
+RATE_TOLERANCE = 1e-6
+
+
+def mean_share(rows: np.ndarray) -> np.ndarray:
+    """``||mean_t x_t||^2 / mean_t ||x_t||^2`` per head of (heads, T, d) rows, float64 (heads,)."""
+    x = np.asarray(rows, dtype=np.float64)
+    energy = np.mean(np.sum(x * x, axis=-1), axis=-1)
+    centre = x.mean(axis=1)
+    return np.sum(centre * centre, axis=-1) / np.where(energy > 0, energy, np.nan)
+
+
+def outlier_channels(rows: np.ndarray, factor: float = OUTLIER_FACTOR) -> np.ndarray:
+    """Channels per head of (heads, T, d) rows whose RMS over tokens exceeds ``factor`` times the
+    median channel RMS, int (heads,)."""
+    x = np.asarray(rows, dtype=np.float64)
+    rms = np.sqrt(np.mean(x * x, axis=1))  # (heads, d)
+    return np.sum(rms > factor * np.median(rms, axis=1, keepdims=True), axis=1)
+
+
+def channel_kurtosis(rows: np.ndarray) -> np.ndarray:
+    """Mean over channels of the Pearson kurtosis ``m4 / m2^2`` per head of (heads, T, d) rows
+    (channels without spread skipped), float64 (heads,)."""
+    x = np.asarray(rows, dtype=np.float64)
+    centred = x - x.mean(axis=1, keepdims=True)
+    m2 = np.mean(centred ** 2, axis=1)
+    m4 = np.mean(centred ** 4, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        kurt = np.where(m2 > 0, m4 / np.where(m2 > 0, m2, 1.0) ** 2, np.nan)
+    return np.nanmean(kurt, axis=1)
+
+
+def attention_to_first(q: np.ndarray, k: np.ndarray, group: int, first: int = SINK_FROM) -> np.ndarray:
+    """Mean causal attention weight on position 0 per KV head: over its ``group`` query heads and
+    the positions ``i >= first`` (all positions when the text is shorter), float64 (kv_heads,).
+    ``q`` (n_heads, T, d) and ``k`` (n_kv_heads, T, d) post-RoPE, scale ``1/sqrt(d)``."""
+    n_heads, n_tokens, head_dim = q.shape
+    start = first if n_tokens > first else 0
+    qs = np.asarray(q[:, start:], dtype=np.float64)
+    out = np.empty(k.shape[0])
+    for kv in range(k.shape[0]):
+        keys = np.asarray(k[kv], dtype=np.float64)
+        scores = qs[kv * group:(kv + 1) * group] @ keys.T / math.sqrt(head_dim)  # (group, rows, T)
+        positions = np.arange(start, n_tokens)
+        scores[:, np.arange(n_tokens)[None, :] > positions[:, None]] = -np.inf
+        scores -= scores.max(axis=-1, keepdims=True)
+        weights = np.exp(scores)
+        weights /= weights.sum(axis=-1, keepdims=True)
+        out[kv] = float(weights[..., 0].mean())
+    return out
+
+
+def head_statistics(model: GGUFLlama, token_ids: np.ndarray, text: str) -> pd.DataFrame:
+    """:data:`HEAD_COLUMNS` per (layer, KV head) of one full-precision pass over ``token_ids``."""
+    c = model.config
+    result = model.forward(token_ids, capture_layers=range(len(model.layers)))
+    rows = []
+    for layer in range(len(model.layers)):
+        acts = result.layers[layer]
+        alignment = np.empty(c.n_kv_heads)
+        for kv in range(c.n_kv_heads):
+            values = [query_alignment(acts.q[h], acts.k[kv]) for h in range(kv * c.group, (kv + 1) * c.group)]
+            joined = np.concatenate(values)
+            alignment[kv] = float(np.mean(joined[np.isfinite(joined)])) if np.isfinite(joined).any() else math.nan
+        stats = {"key_mean_share": mean_share(acts.k), "key_mean_share_pre": mean_share(acts.k_pre_rope),
+                 "value_mean_share": mean_share(acts.v), "key_outlier_channels": outlier_channels(acts.k),
+                 "value_outlier_channels": outlier_channels(acts.v), "key_kurtosis": channel_kurtosis(acts.k),
+                 "value_kurtosis": channel_kurtosis(acts.v),
+                 "sink_mass": attention_to_first(acts.q, acts.k, c.group), "query_alignment": alignment}
+        for kv in range(c.n_kv_heads):
+            rows.append({"text": text, "layer": layer, "kv_head": kv, **{k: v[kv] for k, v in stats.items()},
+                         "n_tokens": int(np.asarray(token_ids).size)})
+    return pd.DataFrame(rows, columns=list(HEAD_COLUMNS))
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    out = []
+    for record in frame.to_dict(orient="records"):
+        out.append({k: (None if isinstance(v, float) and not math.isfinite(v) else
+                        v.item() if isinstance(v, np.generic) else v) for k, v in record.items()})
+    return out
+
+
+def recommendations(summary: pd.DataFrame, comparisons: pd.DataFrame, reference: str, allocated: str,
+                    budgets: Sequence[int]) -> list[dict[str, Any]]:
+    """Per budget ``n``: the option of least measured mean KL among the all-layer passes of
+    ``summary`` (rope ``post``) whose rate (``bits_per_coordinate``) does not exceed the uniform
+    ``reference`` scheme's at ``n``, the allocation ``allocated`` included; with the runner-up
+    and the allocation's paired comparison with the reference (``comparisons`` rows a =
+    allocated, b = reference)."""
+    post = summary[summary["rope"] == "post"]
+    out = []
+    for budget in budgets:
+        ref_rows = post[(post["scheme"] == reference) & (post["budget"] == int(budget))]
+        if ref_rows.empty:
+            raise KvasymError(f"card: no {reference} pass at n = {budget} to set the budget's rate")
+        rate = float(ref_rows["bits_per_coordinate"].iloc[0])
+        options = post[post["bits_per_coordinate"] <= rate + RATE_TOLERANCE]
+        options = options[(options["scheme"] != allocated) | (options["budget"] == int(budget))]
+        ranked = options.sort_values("kl_mean", kind="stable")
+        best = ranked.iloc[0]
+        pair = comparisons[(comparisons["scheme_a"] == allocated) & (comparisons["scheme_b"] == reference)
+                           & (comparisons["budget"] == int(budget))]
+        out.append({
+            "budget": int(budget), "rate": rate, "scheme": str(best["scheme"]), "scheme_budget": int(best["budget"]),
+            "bits_per_coordinate": float(best["bits_per_coordinate"]), "kl_mean": float(best["kl_mean"]),
+            "kl_mean_low": float(best["kl_mean_low"]), "kl_mean_high": float(best["kl_mean_high"]),
+            "ppl_ratio": float(best["ppl_ratio"]),
+            "runner_up": None if len(ranked) < 2 else {"scheme": str(ranked.iloc[1]["scheme"]),
+                                                      "budget": int(ranked.iloc[1]["budget"]),
+                                                      "kl_mean": float(ranked.iloc[1]["kl_mean"])},
+            "allocation_vs_uniform": None if pair.empty else _records(pair)[0],
+        })
+    return out
+
+
+def build_card(*, model: Mapping[str, Any], settings: Mapping[str, Any], heads: pd.DataFrame,
+               sensitivity: pd.DataFrame, allocation: pd.DataFrame, summary: pd.DataFrame,
+               comparisons: pd.DataFrame, reference: str, allocated: str,
+               budgets: Sequence[int]) -> dict[str, Any]:
+    """The card as a JSON-ready mapping (module docstring): ``model``, ``settings`` (texts,
+    tokens, widths, granularity, seeds), ``heads`` (per layer and KV head, means over the
+    calibration texts), ``layer_sensitivity`` (per layer, side and width), ``frontier``,
+    ``allocation``, ``allocation_vs_uniform``, ``recommendations``."""
+    numeric = [c for c in HEAD_COLUMNS if c not in ("text", "layer", "kv_head")]
+    head_means = heads.groupby(["layer", "kv_head"], as_index=False)[numeric].mean()
+    layer_side = sensitivity.groupby(["layer", "side", "width"], as_index=False)[["bits", "kl", "dnll", "top1"]].mean()
+    frontier_cols = ["scheme", "budget", "bits_per_coordinate", "kl_mean", "kl_mean_low", "kl_mean_high",
+                     "ppl_ratio", "ppl_ratio_low", "ppl_ratio_high", "top1", "n_units"]
+    frontier = summary[summary["rope"] == "post"][frontier_cols].sort_values(["scheme", "budget"])
+    return {
+        "format": CARD_FORMAT,
+        "model": dict(model),
+        "settings": dict(settings),
+        "heads": _records(head_means),
+        "layer_sensitivity": _records(layer_side),
+        "frontier": _records(frontier),
+        "allocation": _records(allocation),
+        "allocation_vs_uniform": _records(comparisons[(comparisons["scheme_a"] == allocated)
+                                                      & (comparisons["scheme_b"] == reference)]),
+        "recommendations": recommendations(summary, comparisons, reference, allocated, budgets),
+    }
+
+
+# --------------------------------------------------------------------------- HTML
+
+
+def _png(fig: Any) -> str:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def card_figures(card: Mapping[str, Any]) -> dict[str, Any]:
+    """The card's matplotlib figures by name: ``heads`` (heat maps of the per-head statistics),
+    ``sensitivity`` (K against V per layer), ``allocation`` (widths per layer and side),
+    ``frontier`` (mean KL against bits per value)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    heads = pd.DataFrame(card["heads"])
+    figures = {}
+    panels = [("key_mean_share", "key mean share (post-RoPE)"), ("key_mean_share_pre", "key mean share (pre-RoPE)"),
+              ("key_outlier_channels", "key outlier channels"), ("sink_mass", "attention on position 0")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(12, 3.2), constrained_layout=True)
+    for ax, (column, title) in zip(axes, panels):
+        grid = heads.pivot(index="kv_head", columns="layer", values=column)
+        image = ax.imshow(grid.to_numpy(dtype=float), aspect="auto", cmap="viridis")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("KV head")
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    figures["heads"] = fig
+
+    sens = pd.DataFrame(card["layer_sensitivity"])
+    widths = sorted(sens["width"].unique())
+    shown = [w for w in widths if w in (2, 3)] or widths[:1]
+    fig, ax = plt.subplots(figsize=(6.5, 3.2), constrained_layout=True)
+    for width in shown:
+        for side, style in (("K", "-o"), ("V", "--s")):
+            rows = sens[(sens["side"] == side) & (sens["width"] == width)].sort_values("layer")
+            ax.plot(rows["layer"], rows["kl"].clip(lower=1e-7), style, ms=3, label=f"{side} at {width} bits")
+    ax.set_yscale("log")
+    ax.set_xlabel("layer (alone quantized)")
+    ax.set_ylabel("mean next-token KL (nats)")
+    ax.legend(fontsize=8)
+    figures["sensitivity"] = fig
+
+    alloc = pd.DataFrame(card["allocation"])
+    budgets = sorted(alloc["budget"].unique())
+    fig, axes = plt.subplots(len(budgets), 1, figsize=(6.5, 1.6 * len(budgets) + 0.6), sharex=True,
+                             constrained_layout=True, squeeze=False)
+    for ax, budget in zip(axes[:, 0], budgets):
+        rows = alloc[alloc["budget"] == budget]
+        for offset, side in ((-0.2, "K"), (0.2, "V")):
+            part = rows[rows["side"].isin([side, "KV"])].groupby("layer")["width"].mean()
+            ax.bar(part.index + offset, part.to_numpy(), width=0.4, label=side)
+        ax.axhline(budget, color="k", lw=0.8)
+        ax.set_ylabel(f"bits (n={budget})", fontsize=8)
+    axes[0, 0].legend(fontsize=8, ncol=2)
+    axes[-1, 0].set_xlabel("layer")
+    figures["allocation"] = fig
+
+    front = pd.DataFrame(card["frontier"])
+    fig, ax = plt.subplots(figsize=(6.5, 3.2), constrained_layout=True)
+    for scheme, rows in front.groupby("scheme", sort=True):
+        rows = rows.sort_values("bits_per_coordinate")
+        ax.plot(rows["bits_per_coordinate"], rows["kl_mean"], "-o", ms=3, label=str(scheme))
+    ax.set_yscale("log")
+    ax.set_xlabel("bits per value (measured)")
+    ax.set_ylabel("mean next-token KL (nats)")
+    ax.legend(fontsize=7, ncol=2)
+    figures["frontier"] = fig
+    return figures
+
+
+def render_card_html(card: Mapping[str, Any]) -> str:
+    """One self-contained HTML page of ``card`` (figures inlined as PNG data)."""
+    images = {name: _png(fig) for name, fig in card_figures(card).items()}
+    model = card["model"]
+    esc = html.escape
+
+    def fmt(value: Any, digits: int = 3) -> str:
+        return "–" if value is None else f"{value:.{digits}g}" if isinstance(value, float) else esc(str(value))
+
+    rec_rows = []
+    for rec in card["recommendations"]:
+        pair = rec["allocation_vs_uniform"] or {}
+        rec_rows.append(
+            f"<tr><td>{rec['budget']}</td><td>{fmt(rec['rate'], 4)}</td><td><b>{esc(rec['scheme'])}</b> "
+            f"(n={rec['scheme_budget']})</td><td>{fmt(rec['bits_per_coordinate'], 4)}</td>"
+            f"<td>{fmt(rec['kl_mean'])} [{fmt(rec['kl_mean_low'])}, {fmt(rec['kl_mean_high'])}]</td>"
+            f"<td>{fmt(rec['ppl_ratio'], 4)}</td>"
+            f"<td>{fmt(pair.get('kl_ratio'))} [{fmt(pair.get('kl_ratio_low'))}, {fmt(pair.get('kl_ratio_high'))}]"
+            f"</td><td>{fmt(pair.get('log10_p'))}</td></tr>")
+    settings = card["settings"]
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>KV-cache card: {esc(str(model.get('name')))}</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:1em auto;font-size:14px}}
+table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}
+img{{max-width:100%}}</style></head><body>
+<h1>KV-cache card: {esc(str(model.get('name')))}</h1>
+<p>{esc(str(model.get('architecture')))}, {model.get('n_layers')} layers, {model.get('n_heads')} query heads,
+{model.get('n_kv_heads')} KV heads of dimension {model.get('head_dim')}; file {esc(str(model.get('file')))}
+(SHA-256 {esc(str(model.get('sha256'))[:16])}…). Calibration texts: {esc(', '.join(settings['calibration_texts']))};
+evaluation texts: {esc(', '.join(settings['evaluation_texts']))}; {settings['tokens']} tokens each;
+reference scheme {esc(card['settings']['reference'])}, widths {settings['widths']}, units
+{esc(settings['granularity'])}.</p>
+<h2>Recommendation per budget</h2>
+<p>Lowest measured mean next-token KL among the options whose measured bits per value do not exceed the uniform
+reference's at that budget; the last columns compare the measured allocation with the uniform reference on
+the evaluation texts (geometric-mean KL ratio with its 95% interval over (text, draw) units; Wilcoxon log10 p).</p>
+<table><tr><th>n</th><th>rate</th><th>choice</th><th>bits/value</th><th>mean KL [95% CI]</th><th>PPL ratio</th>
+<th>allocation / uniform KL</th><th>log10 p</th></tr>{''.join(rec_rows)}</table>
+<h2>The cache, per layer and KV head</h2><img src="{images['heads']}" alt="per-head statistics">
+<h2>Sensitivity of K and V, one layer at a time</h2><img src="{images['sensitivity']}" alt="sensitivity">
+<h2>Measured allocation</h2><img src="{images['allocation']}" alt="allocation">
+<h2>Measured frontier</h2><img src="{images['frontier']}" alt="frontier">
+<p>Generated by kvasym ({esc(CARD_FORMAT)}); every number is in the card's JSON.</p>
+</body></html>
+"""
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def allocated_label(reference: str) -> str:
+    """The scheme column of the measured allocation of ``reference``'s widths: ``<reference>-MA``."""
+    return f"{reference}-MA"
+
+
+def model_description(model: GGUFLlama) -> dict[str, Any]:
+    """The card's ``model`` entry: name, architecture, file, SHA-256 and shape."""
+    c = model.config
+    return {"name": model.metadata.get("general.name") or model.model_path.stem,
+            "architecture": model.metadata.get("general.architecture", "llama"), "file": model.model_path.name,
+            "sha256": model.model_sha256, "n_layers": len(model.layers), "n_heads": c.n_heads,
+            "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim, "d_model": c.d_model,
+            "tensor_types": list(model.metadata.get("tensor_types", []))}
+
+
+def evaluation_rows(model: GGUFLlama, token_ids: Mapping[str, np.ndarray], allocation: pd.DataFrame,
+                    scheme: Any, *, reference: str, budgets: Sequence[int], draws: int, base_seed: int,
+                    frontier_schemes: Sequence[Any] = (), norm_dtype: str = "float32",
+                    log: Any = None) -> pd.DataFrame:
+    """Per-position rows (the end-to-end passes' columns) of the evaluation texts: per text and
+    draw, the uniform map of ``scheme`` at every budget (scheme column ``reference``: the same
+    pass as the end-to-end stage's) and the allocation's map (column :func:`allocated_label`),
+    plus, with ``frontier_schemes``, their all-layer passes (:func:`kvasym.real.endtoend.evaluate_text`)."""
+    from .endtoend import evaluate_text, reference_pass
+    from .mixed import allocation_map, mixed_pass_rows
+
+    c = model.config
+    shape = (len(model.layers), 2, c.n_kv_heads)
+    frames = []
+    for text, ids in token_ids.items():
+        ref = reference_pass(model, ids)
+        for draw in range(int(draws)):
+            for budget in budgets:
+                for label, widths in ((reference, np.full(shape, int(budget), dtype=np.int64)),
+                                      (allocated_label(reference), allocation_map(allocation, budget, *shape[::2]))):
+                    frames.append(pd.DataFrame(mixed_pass_rows(model, ref, widths, scheme, text=text, draw=draw,
+                                                               label=label, budget=int(budget), base_seed=base_seed,
+                                                               norm_dtype=norm_dtype)))
+        if frontier_schemes:
+            frames.append(pd.DataFrame(evaluate_text(model, ids, list(frontier_schemes), list(budgets), text=text,
+                                                     base_seed=base_seed, ropes=["post"], draws=int(draws),
+                                                     norm_dtype=norm_dtype)))
+        if log is not None:
+            log(f"evaluated {text}")
+    return pd.concat(frames, ignore_index=True)
+
+
+def measure_card(model: GGUFLlama, *, calibration: Mapping[str, np.ndarray], evaluation: Mapping[str, np.ndarray],
+                 scheme: Any, reference: str, budgets: Sequence[int], widths: Sequence[int], granularity: str,
+                 draws: int, base_seed: int, frontier_schemes: Sequence[Any] = (), tokens: int,
+                 norm_dtype: str = "float32", log: Any = None) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    """Everything a card holds for ``model``, measured in one process (the CLI's path; the DAG
+    splits the sensitivity passes into one job per calibration text).
+
+    Returns the card (:func:`build_card`) and its tables: ``heads``, ``sensitivity``,
+    ``allocation``, ``passes`` (per position), ``summary``, ``comparisons``.
+    """
+    from .endtoend import reference_pass
+    from .endtoend_stats import compare_schemes, summarize
+    from .mixed import measured_allocation, sensitivity
+
+    shared = sorted(set(calibration) & set(evaluation))
+    if shared:
+        raise KvasymError(f"calibration texts {shared} are also evaluation texts: the allocation must be measured "
+                          "on texts it is not evaluated on")
+    c = model.config
+    heads, sens = [], []
+    for text, ids in calibration.items():
+        heads.append(head_statistics(model, ids, text))
+        sens.append(pd.DataFrame(sensitivity(model, reference_pass(model, ids), scheme, widths, granularity,
+                                             text=text, base_seed=base_seed, norm_dtype=norm_dtype)))
+        if log is not None:
+            log(f"calibrated on {text}")
+    sens_frame = pd.concat(sens, ignore_index=True)
+    allocation = measured_allocation(sens_frame, len(model.layers), c.n_kv_heads, granularity, budgets)
+    passes = evaluation_rows(model, evaluation, allocation, scheme, reference=reference, budgets=budgets,
+                             draws=draws, base_seed=base_seed, frontier_schemes=frontier_schemes,
+                             norm_dtype=norm_dtype, log=log)
+    summary = summarize(passes)
+    comparisons = compare_schemes(passes, [allocated_label(reference), reference])
+    settings = {"calibration_texts": list(calibration), "evaluation_texts": list(evaluation), "tokens": int(tokens),
+                "budgets": [int(b) for b in budgets], "widths": [int(w) for w in widths], "granularity": granularity,
+                "reference": reference, "draws": int(draws), "base_seed": int(base_seed), "norm_dtype": norm_dtype,
+                "frontier_schemes": [s.name for s in frontier_schemes]}
+    card = build_card(model=model_description(model), settings=settings, heads=pd.concat(heads, ignore_index=True),
+                      sensitivity=sens_frame, allocation=allocation, summary=summary, comparisons=comparisons,
+                      reference=reference, allocated=allocated_label(reference), budgets=budgets)
+    tables = {"heads": pd.concat(heads, ignore_index=True), "sensitivity": sens_frame, "allocation": allocation,
+              "passes": passes, "summary": summary, "comparisons": comparisons}
+    return card, tables

@@ -1,0 +1,242 @@
+"""kvasym.real.mixed (width maps, sensitivity, measured allocation) and kvasym.real.card.
+
+The mixed pass is checked against the end-to-end pass (a uniform map is RKV's all-layer pass
+bit for bit) and against a brute-force per-position forward pass in float64 with each (layer,
+side, KV head) quantized at its own width; the card's statistics against closed forms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.special import softmax
+
+from kvasym.cli import main
+from kvasym.errors import KvasymError
+from kvasym.evaluate import quantize_pair
+from kvasym.real.card import attention_to_first, channel_kurtosis, mean_share, outlier_channels
+from kvasym.real.mixed import (
+    FLOAT16_WIDTH,
+    allocation_map,
+    check_widths,
+    measured_allocation,
+    mixed_layers,
+    mixed_pass_rows,
+    sensitivity,
+    unit_cells,
+)
+from kvasym.schemes import get_scheme
+from test_longtext import real_model_or_skip
+from test_real_endtoend import _rms, _rope
+
+BASE_SEED = 11
+
+
+@pytest.fixture(scope="module")
+def model():
+    return real_model_or_skip("the mixed-precision pass was")
+
+
+@pytest.fixture(scope="module")
+def two_layers(model):
+    from kvasym.real.gguf_model import GGUFLlama
+
+    config = dataclasses.replace(model.config, n_layers=2)
+    return GGUFLlama(config=config, token_embedding=model.token_embedding, output_weight=model.output_weight,
+                     output_norm=model.output_norm, layers=model.layers[:2], tokenizer=model.tokenizer,
+                     model_path=model.model_path, model_sha256=model.model_sha256, tied_output=model.tied_output,
+                     metadata=model.metadata)
+
+
+def brute_force_mixed_logits(model, ids, widths, scheme, text):
+    """(T, vocab) float64 logits, one query position at a time; cell (layer, side, head) read
+    at its width (0 exact, 16 float16), the own position exact."""
+    c = model.config
+    f64 = np.float64
+    x = model.token_embedding[ids].astype(f64)
+    n = ids.size
+    for index, layer in enumerate(model.layers):
+        h = _rms(x, layer.attn_norm.astype(f64), c.rms_eps)
+        q_all, k_all, v_all = (h @ w.astype(f64).T for w in (layer.wq, layer.wk, layer.wv))
+        out = np.zeros((n, c.n_heads * c.head_dim))
+        for kv in range(c.n_kv_heads):
+            cols = slice(kv * c.head_dim, (kv + 1) * c.head_dim)
+            k, v = _rope(k_all[:, cols], c.rope_base), v_all[:, cols]
+            read = [k.copy(), v.copy()]
+            for side in range(2):
+                width = int(widths[index, side, kv])
+                if width == FLOAT16_WIDTH:
+                    read[side] = (k, v)[side].astype(np.float16).astype(f64)
+                elif width:
+                    packed = quantize_pair(k, v, scheme, width, base_seed=BASE_SEED, identity=(text, index, kv))
+                    read[side] = packed["KV"[side]].dequantize("float64")
+            for g in range(kv * c.group, (kv + 1) * c.group):
+                q = _rope(q_all[:, g * c.head_dim:(g + 1) * c.head_dim], c.rope_base)
+                for i in range(n):
+                    keys, values = read[0][: i + 1].copy(), read[1][: i + 1].copy()
+                    keys[i], values[i] = k[i], v[i]
+                    p = softmax(keys @ q[i] / np.sqrt(c.head_dim))
+                    out[i, g * c.head_dim:(g + 1) * c.head_dim] = p @ values
+        x = x + out @ layer.wo.astype(f64).T
+        h = _rms(x, layer.ffn_norm.astype(f64), c.rms_eps)
+        gate = h @ layer.w_gate.astype(f64).T
+        x = x + ((gate / (1 + np.exp(-gate))) * (h @ layer.w_up.astype(f64).T)) @ layer.w_down.astype(f64).T
+    return _rms(x, model.output_norm.astype(f64), c.rms_eps) @ model.output_weight.astype(f64).T
+
+
+def test_mixed_map_matches_brute_force(two_layers):
+    from kvasym.real.endtoend import reference_pass
+
+    model = two_layers
+    ids = model.encode("The kettle boiled while the rain kept falling on the roof.")[:14]
+    widths = np.array([[[2, 16, 1], [4, 0, 3]], [[0, 3, 2], [1, 2, 16]]], dtype=np.int64)  # (2, 2, 3)
+    scheme = get_scheme("RKV")
+    ref = reference_pass(model, ids)
+    hidden = mixed_layers(model, ref.frame, ref.residuals[0], 0, widths, scheme, base_seed=BASE_SEED, seed_text="t")
+    ours = model.logits(hidden).astype(np.float64)
+    expected = brute_force_mixed_logits(model, ids, widths, scheme, "t")
+    reference = model.logits(model.forward(ids).hidden).astype(np.float64)
+    scale = np.max(np.abs(expected))
+    assert np.max(np.abs(ours - expected)) < 2e-4 * scale
+    # the quantization changed the logits by far more than that tolerance
+    assert np.max(np.abs(reference - expected)) > 100 * 2e-4 * scale
+
+
+def test_uniform_map_is_the_end_to_end_pass_bit_for_bit(two_layers):
+    from kvasym.real.endtoend import CacheQuantization, next_token_metrics, reference_pass, run_layers
+
+    model = two_layers
+    ids = model.encode("A short test sentence about bicycles and their repair.")[:12]
+    ref = reference_pass(model, ids)
+    scheme = get_scheme("RKV")
+    rows = mixed_pass_rows(model, ref, np.full((2, 2, 3), 3), scheme, text="bike", draw=1, label="RKV", budget=3,
+                           base_seed=BASE_SEED)
+    quant = CacheQuantization(scheme, 3, BASE_SEED, "bike", draw=1)
+    bits: list = []
+    expected = next_token_metrics(model, ref, run_layers(model, ref.frame, ref.residuals[0], 0, quant, bits))
+    np.testing.assert_array_equal(rows["kl"], expected["kl"])
+    np.testing.assert_array_equal(rows["nll"], expected["nll"])
+    assert rows["k_bits_payload"][0] == np.mean([b["k_bits_payload"] for b in bits])
+    assert rows["v_bits_side"][0] == np.mean([b["v_bits_side"] for b in bits])
+
+
+def test_sensitivity_restarts_equal_the_whole_pass(two_layers):
+    """A unit of layer 1 measured from layer 1's residual equals the whole pass with that map."""
+    from kvasym.real.endtoend import next_token_metrics, reference_pass
+
+    model = two_layers
+    ids = model.encode("Bread rose slowly in the warm kitchen of the bakery.")[:10]
+    ref = reference_pass(model, ids)
+    scheme = get_scheme("RKV")
+    table = pd.DataFrame(sensitivity(model, ref, scheme, [2, 16], "layer_side_head", text="t", base_seed=BASE_SEED))
+    assert len(table) == 2 * 2 * 3 * 2
+    row = table[(table.layer == 1) & (table.side == "V") & (table.kv_head == 2) & (table.width == 2)].iloc[0]
+    widths = np.zeros((2, 2, 3), dtype=np.int64)
+    widths[1, 1, 2] = 2
+    hidden = mixed_layers(model, ref.frame, ref.residuals[0], 0, widths, scheme, base_seed=BASE_SEED, seed_text="t")
+    whole = next_token_metrics(model, ref, hidden)
+    assert row["kl"] == pytest.approx(float(np.mean(whole["kl"])), rel=1e-5, abs=1e-9)
+    # payload + a float32 norm per row + one 64-bit block header over the 10 rows of 64 values
+    assert row["bits"] == pytest.approx(2.0 + 32 / 64 + 64 / (10 * 64))
+    # float16 rows change the model far less than 2-bit ones
+    f16 = table[table.width == FLOAT16_WIDTH]["kl"].to_numpy()
+    two = table[table.width == 2]["kl"].to_numpy()
+    assert np.all(f16 < two) and np.all(table[table.width == FLOAT16_WIDTH]["bits"] == 16.0)
+
+
+def test_unit_cells_cover_the_map_once():
+    for granularity, count in (("layer", 4), ("layer_side", 8), ("layer_side_head", 24)):
+        units = unit_cells(4, 3, granularity)
+        assert len(units) == count
+        np.testing.assert_array_equal(sum(u["cells"].astype(int) for u in units), np.ones((4, 2, 3)))
+    with pytest.raises(KvasymError, match="granularity"):
+        unit_cells(4, 3, "head")
+
+
+def _synthetic_table(sensitive=(0, "K")):
+    """Two layers x two sides, widths 1-4, KL = s 4^-w with s = 50 for one unit and 1 otherwise."""
+    rows = []
+    for text in ("a", "b"):
+        for layer in range(2):
+            for side in ("K", "V"):
+                for width in (1, 2, 3, 4):
+                    scale = 50.0 if (layer, side) == sensitive else 1.0
+                    rows.append({"text": text, "layer": layer, "side": side, "kv_head": -1, "width": width,
+                                 "bits": width + 0.5, "kl": scale * 4.0 ** -width, "dnll": 0.0, "top1": 1.0,
+                                 "n_positions": 10})
+    return pd.DataFrame(rows)
+
+
+def test_measured_allocation_known_optimum():
+    """At the uniform 2-bit rate (2.5 bits), the sensitive unit gets 4 bits and the other three
+    share the rest: total 4 x 2 = 8 whole bits -> (4, 2, 1, 1) in some order of the others:
+    predicted 50/256 + 1/16 + 2/4 = 0.7578 against the uniform 53/16 = 3.3125; brute force over
+    all 4^4 maps confirms the minimum."""
+    import itertools
+
+    allocation = measured_allocation(_synthetic_table(), 2, 1, "layer_side", [2])
+    widths = allocation_map(allocation, 2, 2, 1)
+    assert widths[0, 0, 0] == 4
+    assert widths.sum() == 8
+    predicted = allocation["predicted_kl"].iloc[0]
+    scales = np.array([50.0, 1, 1, 1])
+    best = min(sum(s * 4.0 ** -w for s, w in zip(scales, combo))
+               for combo in itertools.product(range(1, 5), repeat=4) if sum(combo) <= 8)
+    assert predicted == pytest.approx(best)
+    assert allocation["uniform_predicted_kl"].iloc[0] == pytest.approx(53 / 16)
+    assert allocation["mean_bits"].iloc[0] <= allocation["target_bits"].iloc[0] + 1e-12
+
+
+def test_measured_allocation_refusals():
+    table = _synthetic_table()
+    with pytest.raises(KvasymError, match="not a measured width"):
+        measured_allocation(table, 2, 1, "layer_side", [5])
+    with pytest.raises(KvasymError, match="not measured in every text"):
+        measured_allocation(table.iloc[1:], 2, 1, "layer_side", [2])
+    with pytest.raises(KvasymError, match="widths"):
+        check_widths(np.full((2, 2, 1), 7.0), (2, 2, 1))
+    with pytest.raises(KvasymError, match="holds widths \\[9\\]"):
+        check_widths(np.full((2, 2, 1), 9), (2, 2, 1))
+
+
+def test_card_statistics_closed_forms():
+    rng = np.random.default_rng(0)
+    constant = np.ones((1, 50, 8))
+    assert mean_share(constant)[0] == pytest.approx(1.0)
+    symmetric = np.concatenate([rng.standard_normal((1, 50, 8)), -rng.standard_normal((1, 0, 8))], axis=1)
+    symmetric = np.concatenate([symmetric, -symmetric], axis=1)  # mean exactly zero
+    assert mean_share(symmetric)[0] == pytest.approx(0.0, abs=1e-15)
+    rows = rng.standard_normal((2, 4000, 16))
+    rows[0, :, 3] *= 10.0  # one channel 10x the others' RMS
+    assert outlier_channels(rows).tolist() == [1, 0]
+    signs = rng.choice([-1.0, 1.0], size=(1, 4000, 4))
+    assert channel_kurtosis(signs)[0] == pytest.approx(1.0, abs=1e-3)  # +-1: m4 / m2^2 = 1
+    assert channel_kurtosis(rng.standard_normal((1, 200_000, 2)))[0] == pytest.approx(3.0, abs=0.05)
+
+
+def test_attention_to_first_brute_force():
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((4, 20, 8))
+    k = rng.standard_normal((2, 20, 8))
+    ours = attention_to_first(q, k, group=2, first=5)
+    for kv in range(2):
+        weights = [softmax(k[kv, : i + 1] @ q[h, i] / np.sqrt(8))[0]
+                   for h in range(kv * 2, kv * 2 + 2) for i in range(5, 20)]
+        assert ours[kv] == pytest.approx(np.mean(weights))
+
+
+def test_card_cli_refuses_before_loading(tmp_path, capsys):
+    out = tmp_path / "card"
+    out.mkdir()
+    (out / "card.json").write_text("{}")
+    assert main(["card", "--out", str(out)]) == 2
+    assert "already holds card.json" in capsys.readouterr().err
+    assert (out / "card.json").read_text() == "{}"  # the user's file is untouched
+    assert main(["card", "--out", str(tmp_path / "x"), "--evaluation-texts", "nope"]) == 2
+    assert "--evaluation-texts: ['nope'] are not shipped texts" in capsys.readouterr().err
+    assert main(["card", "--out", str(tmp_path / "x"), "--budgets", "5", "--widths", "1", "2"]) == 2
+    assert "--budgets [5] are not among --widths" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
