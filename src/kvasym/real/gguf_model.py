@@ -322,7 +322,8 @@ QK_PERMUTED: dict[str, bool] = {"llama": True, "qwen2": False}
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(QK_PERMUTED)
 
 #: Fixed part of :func:`estimate_memory_bytes`: the interpreter, numpy, gguf's parsed metadata
-#: and the tokenizer (SmolLM2's 49152-token vocabulary), measured below 0.2 GiB.
+#: and the tokenizer (for SmolLM2's 49152-token vocabulary the measured peak RSS less weights
+#: and file is ~0.28 GB, of which one embedding-sized tensor in flight; 200 MiB covers the rest).
 MEMORY_BASE_BYTES = 200 * 2**20
 
 
@@ -420,9 +421,10 @@ def estimate_memory_bytes(path: str | Path, dtype: Any = np.float32) -> int:
     the embedding), plus one tensor in flight (its float32 dequantization, the cast and the
     un-permuted copy: ``largest * (4 + 2 * itemsize)``), plus the file size (gguf memory-maps
     it), plus :data:`MEMORY_BASE_BYTES`. The forward pass's working memory is not included.
-    Measured on SmolLM2-135M-Instruct Q4_1 (98 MB file, 134.5 M weights, float32): estimate
-    1.01 GiB (0.50 GiB of weights) against a measured peak RSS of 0.89 GiB (930 MB,
-    ``/usr/bin/time -v``), i.e. ~13% conservative.
+    Measured on SmolLM2-135M-Instruct Q4_1 (98 MB file, 134.5 M weights, largest tensor the
+    49152 x 576 embedding): float32 estimate 1.10 GiB (0.50 GiB of weights) against a measured
+    peak RSS of 0.89 GiB (930,396 kB, ``/usr/bin/time -v`` of the load), i.e. ~24%
+    conservative; the float64 estimate is 1.82 GiB.
 
     Parameters
     ----------
