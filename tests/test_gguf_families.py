@@ -215,3 +215,20 @@ def test_memory_check_refuses_before_dequantizing(tmp_path, monkeypatch, no_dequ
 def test_available_memory_is_known() -> None:
     available = gguf_model.available_memory_bytes()
     assert available is None or available > 0
+
+
+@pytest.mark.parametrize("name", ["llama3_untied_f16_q8_0.gguf", "llama_tied_f32.gguf"])
+def test_capture_records_scaled_rope(models, tmp_path, name: str) -> None:
+    """A scaled model's capture stores its frequency divisors, so pre-RoPE keys re-rotate exactly
+    (``evaluate``'s ``rope='pre'``); an unscaled model's metadata has no such key (digests kept)."""
+    from kvasym.real.capture import capture_text, load_capture, write_capture
+    from kvasym.real.gguf_model import apply_rope, rope_tables
+
+    model = models[name]
+    cap = load_capture(write_capture(capture_text(model, "the cat sat on the mat and the dog ate", name="t"),
+                                     tmp_path / "c.npz"))
+    assert ("rope_freq_factors" in cap.metadata) == (model.config.rope_freq_factors is not None)
+    cos, sin = rope_tables(np.asarray(cap.positions), model.config.head_dim, cap.metadata["rope_base"],
+                           np.float64, cap.metadata.get("rope_freq_factors"))
+    np.testing.assert_allclose(apply_rope(cap.k_pre_rope.astype(np.float64), cos, sin), cap.k_post_rope,
+                               rtol=1e-5, atol=1e-5)
