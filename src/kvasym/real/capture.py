@@ -238,6 +238,11 @@ def capture_text(
         "arrays": arrays_doc,
         "kvasym_version": __version__,
     }
+    if c.rope_freq_factors is not None:
+        # Scaled RoPE (linear, llama3): frequency i is rope_base**(-2i/head_dim) / factor_i. Only
+        # written when present, so an unscaled model's capture (and its digest) is unchanged.
+        metadata["rope_scaling"] = c.rope_scaling
+        metadata["rope_freq_factors"] = list(c.rope_freq_factors)
     return Capture(
         token_ids=ids.astype(np.int32),
         positions=np.arange(n_tokens, dtype=np.int32),

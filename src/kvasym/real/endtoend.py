@@ -120,7 +120,7 @@ import numpy as np
 from ..errors import KvasymError
 from ..evaluate import dequantize_with, quantize_pair
 from ..schemes import SIDES, Scheme
-from .gguf_model import GGUFLlama, SequenceFrame, apply_rope, rope_tables
+from .gguf_model import GGUFLlama, SequenceFrame, apply_rope
 from .queryaware import VARIANTS, QueryBases, quantize_pair_query_aware, variant_scheme
 
 ROPE_MODES = ("post", "pre")
@@ -362,7 +362,7 @@ def quantized_cache(model: GGUFLlama, index: int, keys: np.ndarray, keys_pre_rop
     k_hat = np.empty_like(keys)
     v_hat = np.empty_like(values)
     if quant.rope == "pre":
-        cos, sin = rope_tables(np.arange(n_tokens), head_dim, model.config.rope_base, np.float64)
+        cos, sin = model.config.rope_tables(np.arange(n_tokens), np.float64)
     n_full_precision = full_precision_rows(n_tokens, quant.recent_tokens, quant.causal_chunk)
     for head in range(n_kv):
         stored = keys[head] if quant.rope == "post" else keys_pre_rope[head]

@@ -84,7 +84,9 @@ def evaluate_capture(
     if rope == "pre":
         from .gguf_model import apply_rope, rope_tables  # pure numpy: no model needed
 
-        cos, sin = rope_tables(positions, capture.k_post_rope.shape[-1], _rope_base(capture), np.float64)
+        # rope_freq_factors: a scaled-RoPE model's per-frequency divisors (absent when unscaled)
+        cos, sin = rope_tables(positions, capture.k_post_rope.shape[-1], _rope_base(capture), np.float64,
+                               capture.metadata.get("rope_freq_factors"))
     columns: dict[str, list[np.ndarray]] = {}
 
     def add(name_: str, value: np.ndarray) -> None:

