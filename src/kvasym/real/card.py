@@ -342,7 +342,7 @@ def model_description(model: GGUFLlama) -> dict[str, Any]:
     """The card's ``model`` entry: name, architecture, file, SHA-256 and shape."""
     c = model.config
     return {"name": model.metadata.get("general.name") or model.model_path.stem,
-            "architecture": model.metadata.get("general.architecture", "llama"), "file": model.model_path.name,
+            "architecture": c.architecture, "file": model.model_path.name,
             "sha256": model.model_sha256, "n_layers": len(model.layers), "n_heads": c.n_heads,
             "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim, "d_model": c.d_model,
             "tensor_types": list(model.metadata.get("tensor_types", []))}
