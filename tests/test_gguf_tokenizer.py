@@ -215,3 +215,39 @@ def test_sentencepiece_refusals(changes: dict, needle: str, readers) -> None:
     with pytest.raises(KvasymError) as info:
         build_tokenizer(_Reader(readers["llama"], **changes), _path("llama"))
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_gguf_llama_encodes_with_the_files_bos_policy(readers) -> None:
+    """GGUFLlama.encode / decode / tokenizer_description go through the GGUF's tokenizer."""
+    from kvasym.real.gguf_model import GGUFLlama
+
+    for family in ("llama", "smollm"):
+        tok = build_tokenizer(readers[family], _path(family))
+        model = GGUFLlama.__new__(GGUFLlama)
+        model.tokenizer = tok
+        ids = model.encode("Hello world")
+        assert ids.dtype == np.int64 and ids.tolist() == tok.encode("Hello world").tolist()
+        assert (ids[0] == tok.bos_token_id) == (family == "llama")
+        assert model.decode(ids) == "Hello world"
+        assert model.tokenizer_description() == tok.description()
+
+
+def test_smollm2_tokenizer_is_unchanged() -> None:
+    """SmolLM2's real file: no BOS, one digit per token, and the description capture metadata
+    has always held (same words, same numbers)."""
+    from kvasym.real import RealExtraMissing
+    from kvasym.real.gguf_model import find_model_file
+
+    try:
+        path = find_model_file()
+    except RealExtraMissing as exc:
+        pytest.skip(str(exc))
+    import tokenizers
+
+    tok = build_tokenizer(gguf.GGUFReader(path), path)
+    assert tok.description() == (
+        "GGUF-embedded byte-level BPE (tokenizer.ggml.model=gpt2, pre=smollm, vocab 49152, 48900 merges) "
+        f"built with tokenizers {tokenizers.__version__}; no BOS"
+    )
+    assert [tok.id_to_token(i) for i in tok.encode(" 2025 I'm")] == ["Ġ", "2", "0", "2", "5", "ĠI", "'m"]
+    assert tok.encode("<|im_start|>").tolist() == [1] and tok.bos_token_id == 1 and not tok.add_bos
