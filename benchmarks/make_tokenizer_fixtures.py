@@ -40,8 +40,8 @@ from pathlib import Path
 PROBES = [
     "The quick brown fox jumps over the lazy dog.",
     "Hello world",
-    "12345 2026 3.14159 and 1,000,000 people",
-    "I'm sure they'LL say we'd've WON'T, you're IT's",
+    "12345 2026 3.14159 and 1,000,000 people (12345) #12345678",
+    "I'm sure they'LL say we'd've WON'T, you're IT's; THEY'LLAMA SHE'SHELL",
     "two  spaces,   three spaces\n\nand a blank line\n",
     "tab\tseparated\tvalues\r\nwindows line",
     " leading space",
@@ -62,7 +62,8 @@ TEXT_PREFIX_CHARS = 400
 #: Added to the training texts of the byte-level vocabularies (see _byte_level).
 EXTRA_TRAINING_TEXT = ("In 2024, 2025 and 2026 we counted 12345 and 1,000,000 birds at 3.14159 per hour. "
                        "I'm sure THEY'LL go; we'd've WON'T. you're IT's. ( x ) (x) [x] .\n\n\t"
-                       "end.\n\n  next\n\n\n  more.\n\n")
+                       "end.\n\n  next\n\n\n  more.\n\n(12345) [2026] #12345678\n"
+                       " (LLAMA) (SHELL) [LLAMA] [SHELL] LLAMA SHELL\n")
 
 FAMILIES = ("smollm", "gpt2", "llama-bpe", "qwen2", "llama")
 VOCAB_SIZE = 600
@@ -272,7 +273,8 @@ def _llama_cpp_ids(family: str, path: Path, texts: list[str]) -> tuple[list[list
 
 
 def reference(folder: Path, fixture: Path) -> None:
-    import gguf
+    import importlib.metadata
+
     import tokenizers
     import transformers
     from transformers import AutoTokenizer
@@ -302,12 +304,15 @@ def reference(folder: Path, fixture: Path) -> None:
                   "'differs_at' (probe indices); kvasym follows llama.cpp (the runtime GGUF files are made for) and "
                   "is tested against 'llama_cpp' when present, else 'transformers'.",
         "versions": {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
-                     "gguf": getattr(gguf, "__version__", "?"), "python": sys.version.split()[0]},
+                     "gguf": importlib.metadata.version("gguf"), "python": sys.version.split()[0]},
         "probes": texts,
         "families": families,
     }
     fixture.parent.mkdir(parents=True, exist_ok=True)
-    fixture.write_text(json.dumps(payload, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    text = json.dumps(payload, ensure_ascii=False, indent=1)
+    # one line per id list
+    text = re.sub(r"\[[-\d,\s]*\]", lambda m: json.dumps(json.loads(m.group(0)), separators=(",", ":")), text)
+    fixture.write_text(text + "\n", encoding="utf-8")
     print(f"wrote {fixture}", file=sys.stderr)
 
 

@@ -251,3 +251,53 @@ def test_smollm2_tokenizer_is_unchanged() -> None:
     )
     assert [tok.id_to_token(i) for i in tok.encode(" 2025 I'm")] == ["Ġ", "2", "0", "2", "5", "ĠI", "'m"]
     assert tok.encode("<|im_start|>").tolist() == [1] and tok.bos_token_id == 1 and not tok.add_bos
+
+
+def _spm_by_scores(tokens: list[str], scores: list[float], control: set[str], text: str) -> list[int]:
+    """llama.cpp's SentencePiece merger, written out: spaces become '▁', a '▁' goes before the
+    text and after each control token, then the adjacent pair whose join is the best-scored token
+    is joined (leftmost on ties) until none is left; a symbol that is no token goes out as bytes."""
+    index = {t: i for i, t in enumerate(tokens)}
+    out: list[int] = []
+    pieces = [text]
+    for token in control:
+        pieces = [part for piece in pieces for part in _split_keep(piece, token)]
+    for piece in pieces:
+        if piece in control:
+            out.append(index[piece])
+            continue
+        symbols = list(("\u2581" + piece).replace(" ", "\u2581"))
+        while True:
+            best = None
+            for i in range(len(symbols) - 1):
+                joined = symbols[i] + symbols[i + 1]
+                if joined in index and (best is None or scores[index[joined]] > scores[index[best[1]]]):
+                    best = (i, joined)
+            if best is None:
+                break
+            symbols[best[0]:best[0] + 2] = [best[1]]
+        for symbol in symbols:
+            if symbol in index:
+                out.append(index[symbol])
+            else:
+                out += [index[f"<0x{b:02X}>"] for b in symbol.encode("utf-8")]
+    return out
+
+
+def _split_keep(text: str, token: str) -> list[str]:
+    parts = text.split(token)
+    return [p for i, part in enumerate(parts) for p in ([token, part] if i else [part]) if p]
+
+
+def test_sentencepiece_ids_equal_llama_cpps_merge_by_score(readers) -> None:
+    """Merges ranked by score (what tokenizers runs) give the ids of llama.cpp's algorithm
+    (joining the best-scored pair first), written independently above."""
+    reader = readers["llama"]
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    scores = reader.fields["tokenizer.ggml.scores"].contents()
+    types = reader.fields["tokenizer.ggml.token_type"].contents()
+    control = {t for t, k in zip(tokens, types) if k == 3}
+    tok = build_tokenizer(reader, _path("llama"))
+    for text in PROBES:
+        if text:
+            assert tok.encode(text).tolist()[1:] == _spm_by_scores(tokens, scores, control, text), text

@@ -305,7 +305,8 @@ def build_tokenizer(reader: Any, path: Path) -> GGUFTokenizer:
         if value is not None and not 0 <= int(value) < len(tokens):
             raise KvasymError(f"{path}: {key}={int(value)} is outside the vocabulary of {len(tokens)} tokens")
         if needed and value is None:
-            raise KvasymError(f"{path}: tokenizer.ggml.add_{name}_token is true but {key} is missing")
+            said = "true" if f.get(f"tokenizer.ggml.add_{name}_token") else "absent (llama.cpp's default: true)"
+            raise KvasymError(f"{path}: tokenizer.ggml.add_{name}_token is {said} but {key} is missing")
         ids[name] = None if value is None else int(value)
     return GGUFTokenizer(
         backend, model=kind, pre=pre if pre is not None else "default", vocab_size=len(tokens),
