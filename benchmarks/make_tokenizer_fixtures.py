@@ -9,7 +9,8 @@ dependency of kvasym or of CI, so, as for ``validate_forward.py``, there are two
     # 1. the files, in the project's environment: one small vocabulary per family, trained with
     #    the tokenizers trainers on the repository's texts, written as metadata-only GGUF files
     python3 benchmarks/make_tokenizer_fixtures.py files --out tests/fixtures/tiny_tokenizers
-    # 2. the reference, in a virtual environment with transformers, gguf, sentencepiece, protobuf
+    # 2. the reference, in a virtual environment with transformers (5.25 was used: step 2 calls
+    #    its transformers.integrations.gguf builders), gguf and numpy
     /work/venv-ref/bin/python benchmarks/make_tokenizer_fixtures.py reference \\
         --folder tests/fixtures/tiny_tokenizers --fixture tests/expected/tokenizer_reference.json
 
