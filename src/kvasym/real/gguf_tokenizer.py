@@ -102,10 +102,6 @@ class _Fields:
             raise KvasymError(f"{self.path}: GGUF metadata key {key!r} is missing")
         return found.contents()
 
-    def count(self, key: str) -> int:
-        found = self.reader.fields.get(key)
-        return 0 if found is None else len(found.data)
-
 
 class GGUFTokenizer:
     """A GGUF file's tokenizer: :meth:`encode` / :meth:`decode` as llama.cpp would.
