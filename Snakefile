@@ -47,6 +47,7 @@ RUN_OUTPUTS = [
     frontier_targets(),
     seq_len_targets(),
     e2e_targets(),
+    card_targets(),
     list(figure_outputs().values()),
     paper_targets(),
 ]

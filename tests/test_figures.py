@@ -536,7 +536,8 @@ def test_run_figures_writes_every_file(tmp_path, monkeypatch, real_rows):
     empty = {name for name, title, _ in drawn if "nothing to show" in title}
     # no end-to-end tables given: their figures say so (drawn from data in tests/test_real_endtoend_stats.py);
     # nor frontier points (drawn from data in tests/test_frontier.py)
-    assert empty == {"marginals", "e2e_ppl_bits", "e2e_layer_sensitivity", "e2e_context", *fs_frontier_names()}, drawn
+    assert empty == {"marginals", "e2e_ppl_bits", "e2e_layer_sensitivity", "e2e_context", "card_sensitivity",
+                     "card_allocation", *fs_frontier_names()}, drawn
     assert dict((name, n) for name, _, n in drawn)["shannon_phi_k"] == 6
 
 
@@ -827,12 +828,14 @@ def test_real_family_inputs_flags_and_dag_presence(tmp_path, monkeypatch):
     # the DAG has the family only with real-model rows
     assert fs.dag_families(True) == fs.FAMILIES
     assert fs.dag_families(False) == {f: n for f, n in fs.FAMILIES.items()
-                                      if f not in ("real_heatmap", "e2e", "e2e_context")}
+                                      if f not in ("real_heatmap", "e2e", "e2e_context", "card")}
     # the end-to-end family only with end-to-end passes (real.e2e not off), the long-context one
     # only with long-context passes
-    assert fs.E2E_FAMILIES == ("e2e",) and fs.LONG_FAMILIES == ("e2e_context",)
-    assert fs.dag_families(True, False) == {f: n for f, n in fs.FAMILIES.items() if f not in ("e2e", "e2e_context")}
+    assert fs.E2E_FAMILIES == ("e2e",) and fs.LONG_FAMILIES == ("e2e_context",) and fs.CARD_FAMILIES == ("card",)
+    assert fs.dag_families(True, False) == {f: n for f, n in fs.FAMILIES.items()
+                                            if f not in ("e2e", "e2e_context", "card")}
     assert fs.dag_families(True, True, True, False) == {f: n for f, n in fs.FAMILIES.items() if f != "e2e_context"}
+    assert fs.dag_families(True, True, True, True, False) == {f: n for f, n in fs.FAMILIES.items() if f != "card"}
     # the frontier family only with frontier.schemes
     assert fs.FRONTIER_FAMILIES == ("frontier",)
     assert fs.dag_families(True, True, False) == {f: n for f, n in fs.FAMILIES.items() if f != "frontier"}

@@ -47,6 +47,8 @@ JOBS = {
     "calibrate": {},
     "e2e_long": {"length": "64"},
     "passkey": {"length": "96"},
+    "sensitivity": {"text": "allotment_spring"},
+    "card": {},
 }
 #: Keys a stage reads when present (slice_.get): the real rows' layers, the file's digest.
 OPTIONAL_KEYS = {"real_metrics": {"layers"}, "file_metrics": {"content_sha256"}}
@@ -123,6 +125,7 @@ RELATED = {
     "theory": ("theory.n_probes", 32), "file_metrics": ("n_queries", 8), "real_metrics": ("real.layers", [0]),
     "e2e": ("real.max_tokens", 40), "e2e_stats": ("stats.n_boot", 100), "calibrate": ("real.max_tokens", 40),
     "e2e_long": ("real.e2e.long_context.windows", 3), "passkey": ("real.e2e.passkey.trials", 3),
+    "sensitivity": ("real.card.widths", [1, 2]), "card": ("real.card.budgets", [1]),
 }
 
 

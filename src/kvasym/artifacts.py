@@ -44,7 +44,7 @@ DAG_FOLDER = "results"
 GENERATED_FOLDER = "paper/generated"
 
 #: Parts of the study an artifact exists for; "always" is every DAG.
-WHEN = ("always", "real", "e2e", "query_aware", "long_context", "passkey", "frontier", "seq_len", "latex")
+WHEN = ("always", "real", "e2e", "query_aware", "long_context", "passkey", "card", "frontier", "seq_len", "latex")
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,27 @@ _ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("passkey_summary", f"{_R}/real/e2e/passkey_summary.parquet", ("e2e_stats",),
              "passkey accuracy per pass, length and depth, with McNemar's test against full precision",
              when="passkey"),
+    # the model card and its measured allocation (issue 32)
+    Artifact("card_sensitivity", f"{_R}/real/card/sensitivity/{{text}}.parquet", ("sensitivity",),
+             "the sensitivity curves of one calibration text: per allocation unit and width, the next-token KL with "
+             "that unit alone quantized", when="card", schema="kvasym.real.mixed:SENSITIVITY_COLUMNS"),
+    Artifact("card_heads", f"{_R}/real/card/heads/{{text}}.parquet", ("sensitivity",),
+             "the per-layer and per-KV-head cache statistics of one calibration text", when="card",
+             schema="kvasym.real.card:HEAD_COLUMNS"),
+    Artifact("card_json", f"{_R}/real/card/card.json", ("card",), "the model card (JSON)", when="card"),
+    Artifact("card_html", f"{_R}/real/card/card.html", ("card",), "the model card as one HTML page", when="card"),
+    Artifact("card_allocation", f"{_R}/real/card/allocation.parquet", ("card",),
+             "the measured allocation: the width of every unit at every budget", when="card",
+             schema="kvasym.real.mixed:ALLOCATION_COLUMNS"),
+    Artifact("card_layers", f"{_R}/real/card/layers.parquet", ("card",),
+             "the calibration texts' mean sensitivity per layer, K/V side and width", when="card"),
+    Artifact("card_passes", f"{_R}/real/card/passes.parquet", ("card",),
+             "the uniform and allocated passes over the end-to-end texts, per position", when="card",
+             schema="kvasym.real.endtoend_stats:REQUIRED_COLUMNS"),
+    Artifact("card_summary", f"{_R}/real/card/summary.parquet", ("card",),
+             "the uniform and allocated passes' summary (llama.cpp's measures)", when="card"),
+    Artifact("card_comparisons", f"{_R}/real/card/comparisons.parquet", ("card",),
+             "the allocation against the uniform map at equal total bits: paired ratios and tests", when="card"),
     # statistics, per (distribution, dim), then gathered
     Artifact("comparisons_part", f"{_R}/stats/comparisons/{_CELL}.parquet", ("stats",),
              "the scheme-pair tests of one (distribution, dim)"),
@@ -231,6 +252,8 @@ JOB_KEYS: dict[str, str] = {
     "e2e_long": "real/e2e_long/L{length}",
     "passkey": "real/passkey/L{length}",
     "e2e_stats": "real/e2e_stats",
+    "sensitivity": "real/sensitivity/{text}",
+    "card": "real/card",
     "file_metrics": f"files/{_CELL}/{{scheme}}/n{{budget}}",
     "stats": f"stats/{_CELL}",
     "theory": f"theory/{_CELL}",
@@ -344,7 +367,7 @@ def add_input_arguments(parser: argparse.ArgumentParser, inputs: Mapping[str, st
 _WHEN_WORDS = {
     "real": "real-model rows",
     "e2e": "the end-to-end passes", "query_aware": "real.e2e.query_aware",
-    "long_context": "real.e2e.long_context", "passkey": "real.e2e.passkey",
+    "long_context": "real.e2e.long_context", "passkey": "real.e2e.passkey", "card": "real.card",
     "frontier": "frontier.schemes", "seq_len": "seq_len_sweep.seq_lens",
     "latex": "a LaTeX engine",
 }

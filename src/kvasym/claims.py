@@ -103,6 +103,8 @@ class Tables:
     #: when not configured.
     e2e_long_summary: pd.DataFrame | None = None
     passkey_summary: pd.DataFrame | None = None
+    #: The measured allocation against the uniform map (stage card), None when not configured.
+    card_comparisons: pd.DataFrame | None = None
     #: The frontier's per-unit values (stage frontier), None when no frontier is configured.
     frontier_units: pd.DataFrame | None = None
     #: The sequence-length sweep's slopes (stage seq_len_sweep), None when no sweep is configured.
@@ -657,6 +659,34 @@ def stat_e2e_equal_bits(t: Tables, where: Mapping[str, Any]) -> Measurement:
                        interval=True)
 
 
+def stat_e2e_allocation(t: Tables, where: Mapping[str, Any]) -> Measurement:
+    """The measured bit allocation against the uniform map of its scheme at the uniform map's
+    measured rate (budget ``budget``; the allocation spends no more bits per value), end to end
+    on the evaluation texts: ``measure`` ``kl`` (default) the geometric-mean ratio of the mean
+    next-token KL (allocation over uniform), ``ppl`` the perplexity ratio; t interval over the
+    (text, draw) units, p from the paired Wilcoxon test of the units' NLL
+    (:func:`kvasym.real.endtoend_stats.compare_schemes` in stage ``card``)."""
+    if t.card_comparisons is None:
+        raise MissingCell("no model-card table (real.card is off)")
+    measure = where.get("measure", "kl")
+    if measure not in ("ppl", "kl"):
+        raise KvasymError(f"e2e_allocation: where.measure must be ppl or kl, got {measure!r}")
+    table = t.card_comparisons
+    rows = table[(table["budget"] == where["budget"]) & table["scheme_a"].str.endswith("-MA")]
+    if "scheme" in where:
+        rows = rows[rows["scheme_b"] == where["scheme"]]
+    if rows.empty:
+        raise MissingCell(f"no measured allocation at n = {where['budget']}")
+    row = rows.iloc[0]
+    prefix = "ppl_ratio" if measure == "ppl" else "kl_ratio"
+    return Measurement(float(row[prefix]), float(row[f"{prefix}_low"]), float(row[f"{prefix}_high"]),
+                       float(row["log10_p"]),
+                       {"rank_biserial": float(row["rank_biserial"]), "n_units": int(row["n_units"]),
+                        "n_trials": int(row["n_units"]), "bits_a": float(row["bits_a"]),
+                        "bits_b": float(row["bits_b"])},
+                       interval=True)
+
+
 def stat_e2e_rank_agreement(t: Tables, where: Mapping[str, Any]) -> Measurement:
     """Spearman's rho over (scheme, budget) between an end-to-end measure (``measure``: ``ppl``,
     the perplexity increase, default; or ``kl``, the mean next-token KL) and the per-head mean
@@ -949,6 +979,10 @@ STATISTICS: dict[str, Statistic] = {s.name: s for s in (
     Statistic("passkey_difference", stat_passkey_difference, ("passkey_summary",),
               "accuracy difference against full precision, Agresti-Min CI; McNemar's exact test over trials",
               measured_by="`passkey` (SmolLM2 retrieval trials), `e2e_stats`"),
+    Statistic("e2e_allocation", stat_e2e_allocation, ("card_comparisons",),
+              "KL (or perplexity) ratio of the measured allocation over the uniform map at its rate, t CI over "
+              "(text, draw) units; Wilcoxon over units",
+              measured_by="`sensitivity` (calibration texts), `card` (the allocation end to end)"),
     Statistic("e2e_rank_agreement", stat_e2e_rank_agreement, ("e2e_agreement",),
               "Spearman rank correlation; bootstrap CI over (text, draw) units",
               measured_by=f"{_E2E}; `real_metrics` via `gather`"),

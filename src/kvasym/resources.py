@@ -53,6 +53,10 @@ FIXED_RESOURCES: dict[str, tuple[int, int]] = {
     "e2e_long": (8000, 240),
     # passkey: the model and one pass (only the answer's five rows meet the output matrix)
     "passkey": (3000, 240),
+    # sensitivity: the model, one text's reference pass and one partial pass (~0.8 CPU-s each, 360
+    # at the paper's settings); card: the model and one pass at a time (~3 CPU-s, 48 passes)
+    "sensitivity": (3000, 60),
+    "card": (3000, 60),
     "file_metrics": (1000, 30),
 }
 #: file_metrics holds the cache in float64 beside its reconstruction: MB per MB of file.

@@ -357,6 +357,24 @@ class Study:
         return {"length": int(length), "depths": list(section["depths"]), "trials": int(section["trials"]),
                 **self._model_pass_slice(section, real)}
 
+    def sensitivity_slice(self, text: str, real: Mapping[str, Any]) -> dict[str, Any]:
+        """What the card's calibration on one text (stage ``sensitivity``) depends on."""
+        card = real["card"]
+        return {"text": text, "evaluation_texts": list(real["e2e"]["texts"]), "max_tokens": real["max_tokens"],
+                "scheme": {"name": card["scheme"], **self.scheme(card["scheme"]).to_dict()},
+                "widths": list(card["widths"]), "granularity": card["granularity"], "base_seed": self.base_seed,
+                "norm_dtype": self.norm_dtype}
+
+    def card_slice(self, real: Mapping[str, Any]) -> dict[str, Any]:
+        """What the model card (stage ``card``) depends on besides its tables: the end-to-end texts
+        and draws it evaluates the allocation on."""
+        card = real["card"]
+        return {"texts": list(real["e2e"]["texts"]), "calibration_texts": list(card["calibration_texts"]),
+                "max_tokens": real["max_tokens"],
+                "scheme": {"name": card["scheme"], **self.scheme(card["scheme"]).to_dict()},
+                "budgets": list(card["budgets"]), "widths": list(card["widths"]), "granularity": card["granularity"],
+                "draws": int(real["e2e"]["draws"]), "base_seed": self.base_seed, "norm_dtype": self.norm_dtype}
+
     def e2e_stats_slice(self, real: Mapping[str, Any]) -> dict[str, Any]:
         """What the end-to-end statistics job (stage ``e2e_stats``) depends on besides its tables:
         ``schemes`` are every scheme name of the passes in order (the e2e schemes, the
@@ -438,7 +456,7 @@ class Study:
         if stage == "file_metrics":
             return self.cell_table_slice(w["distribution"], w["dim"], w["scheme"], w["budget"],
                                          file_digests=file_digests)
-        if stage not in ("real_metrics", "e2e", "e2e_stats", "calibrate", "e2e_long", "passkey"):
+        if stage not in ("real_metrics", "e2e", "e2e_stats", "calibrate", "e2e_long", "passkey", "sensitivity", "card"):
             raise KvasymError(f"stage {stage!r} takes no grid slice")
         if real is None:
             raise KvasymError(f"stage {stage}: no real-model rows configured (config key real)")
@@ -452,6 +470,10 @@ class Study:
             return self.e2e_long_slice(int(w["length"]), real)
         if stage == "passkey":
             return self.passkey_slice(int(w["length"]), real)
+        if stage == "sensitivity":
+            return self.sensitivity_slice(str(w["text"]), real)
+        if stage == "card":
+            return self.card_slice(real)
         return self.e2e_stats_slice(real)
 
 

@@ -283,6 +283,17 @@ E2E = REAL["e2e"] if REAL_CELLS else None
 LONG = E2E["long_context"] if E2E else None
 PASSKEY = E2E["passkey"] if E2E else None
 QUERY_AWARE = bool(E2E and E2E["query_aware"])
+# The model card and its measured allocation (kvasym.real.card): with real.card and the e2e passes.
+CARD = REAL["card"] if E2E else None
+CARD_OUTPUTS = (
+    "json",
+    "html",
+    "allocation",
+    "layers",
+    "passes",
+    "summary",
+    "comparisons",
+)
 # e2e_stats writes the long-context and passkey tables only with their passes.
 E2E_TABLES = (
     "summary",
@@ -313,6 +324,21 @@ def passkey_tables(wildcards=None):
     )
 
 
+def card_sensitivity_parts(wildcards=None):
+    """The card's sensitivity tables, one per calibration text."""
+    return [path("card_sensitivity", text=t) for t in CARD["calibration_texts"]]
+
+
+def card_heads_parts(wildcards=None):
+    """The card's cache statistics, one per calibration text."""
+    return [path("card_heads", text=t) for t in CARD["calibration_texts"]]
+
+
+def card_targets():
+    """The card's outputs, when configured (empty otherwise)."""
+    return [pattern(f"card_{name}") for name in CARD_OUTPUTS] if CARD else []
+
+
 def e2e_stats_table_name(name):
     """The artifact of an e2e_stats output: e2e_<name>, or <name> for passkey_summary."""
     return name if name.startswith("passkey") else f"e2e_{name}"
@@ -330,6 +356,7 @@ OPTIONAL_PARTS = {
     "query_aware": QUERY_AWARE,
     "long_context": bool(LONG),
     "passkey": bool(PASSKEY),
+    "card": bool(CARD),
     "frontier": FRONTIER,
     "seq_len": SEQ_LEN,
 }
@@ -467,7 +494,9 @@ def cell_paths(table, w):
 
 # the figures: what each family draws, reads and is shown as in the report
 # the figure families of this DAG: the real-model heat map only with real-model rows
-FIGURE_FAMILIES = dag_families(bool(REAL_CELLS), bool(E2E), FRONTIER, bool(LONG))
+FIGURE_FAMILIES = dag_families(
+    bool(REAL_CELLS), bool(E2E), FRONTIER, bool(LONG), bool(CARD)
+)
 
 
 def figure_outputs():

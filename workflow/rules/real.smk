@@ -181,3 +181,47 @@ rule e2e_stats:
     shell:
         "kvasym stage e2e_stats --slice {params.slice:q} {params.inputs} {params.outputs}"
         " > {log:q} 2>&1"
+
+
+rule sensitivity:
+    # One job per calibration text: the card's sensitivity curves and cache statistics.
+    output:
+        sensitivity=pattern("card_sensitivity"),
+        heads=pattern("card_heads"),
+    log:
+        log_path("sensitivity"),
+    benchmark:
+        benchmark_path("sensitivity")
+    threads: 1
+    resources:
+        **resources_of("sensitivity"),
+    params:
+        code=STAGE_CODE["sensitivity"],  # reruns the job when the code it runs changes
+        slice=slice_param("sensitivity"),
+    shell:
+        "kvasym stage sensitivity --slice {params.slice:q} --out {output.sensitivity:q}"
+        " --out-heads {output.heads:q} > {log:q} 2>&1"
+
+
+rule card:
+    # One job: the measured allocation, its end-to-end passes against the uniform map, the card.
+    input:
+        sensitivity=card_sensitivity_parts,
+        heads=card_heads_parts,
+        e2e_summary=pattern("e2e_summary"),  # rule e2e_stats
+    output:
+        **{name: pattern(f"card_{name}") for name in CARD_OUTPUTS},
+    log:
+        log_path("card"),
+    benchmark:
+        benchmark_path("card")
+    threads: 1
+    resources:
+        **resources_of("card"),
+    params:
+        code=STAGE_CODE["card"],  # reruns the job when the code it runs changes
+        slice=slice_param("card"),
+        inputs=flags_of("sensitivity", "heads", "e2e_summary"),
+        outputs=output_flags(CARD_OUTPUTS),
+    shell:
+        "kvasym stage card --slice {params.slice:q} {params.inputs} {params.outputs} > {log:q} 2>&1"

@@ -121,9 +121,45 @@ def real_settings(value: object, schemes: list[str] | None = None,
     if missing:
         raise KvasymError(f"config key real.texts: {missing} not among the shipped texts {known}")
     layers = list(range(N_LAYERS)) if value["layers"] == "all" else sorted(value["layers"])
-    return {"texts": list(texts), "max_tokens": value["max_tokens"], "layers": layers,
-            "e2e": e2e_settings(value.get("e2e", {}), list(texts), schemes,
-                                frontier_schemes)}
+    e2e = e2e_settings(value.get("e2e", {}), list(texts), schemes, frontier_schemes)
+    return {"texts": list(texts), "max_tokens": value["max_tokens"], "layers": layers, "e2e": e2e,
+            "card": card_settings(value.get("card"), e2e, schemes, frontier_schemes)}
+
+
+def card_settings(value: object, e2e: dict | None, schemes: list[str] | None = None,
+                  frontier_schemes: list[str] | None = None) -> dict | None:
+    """``real.card`` (the model card and its measured allocation), checked against the other
+    keys, or None when off: it needs the end-to-end passes (its evaluation texts and draws are
+    theirs), calibration texts shipped and disjoint from ``real.e2e.texts``, a known scheme, and
+    every budget among the widths (the uniform map at a budget is the allocation's reference)."""
+    from ..config_schema import validate_key
+
+    if _off(value):
+        return None
+    out = validate_key("real.card", value)
+    if e2e is None:
+        raise KvasymError("config key real.card needs real.e2e (the card evaluates its allocation on the "
+                          "end-to-end texts); set real.e2e or turn real.card off")
+    known = shipped_texts()
+    unknown = [t for t in out["calibration_texts"] if t not in known]
+    if unknown:
+        raise KvasymError(f"config key real.card.calibration_texts: {unknown} not among the shipped texts {known}")
+    evaluated = known if e2e["texts"] == "all" else list(e2e["texts"])
+    shared = sorted(set(out["calibration_texts"]) & set(evaluated))
+    if shared:
+        raise KvasymError(f"config key real.card.calibration_texts: {shared} are also end-to-end texts "
+                          "(real.e2e.texts): the allocation must be measured on texts it is not evaluated on")
+    allowed = None if schemes is None else [*schemes, *(frontier_schemes or [])]
+    if allowed is not None and out["scheme"] not in allowed:
+        raise KvasymError(f"config key real.card.scheme: {out['scheme']!r} is not among the study and frontier "
+                          f"schemes {allowed}")
+    missing = [b for b in out["budgets"] if b not in out["widths"]]
+    if missing:
+        raise KvasymError(f"config key real.card.budgets: {missing} are not among real.card.widths {out['widths']} "
+                          "(the uniform map at each budget is the allocation's reference)")
+    return {"calibration_texts": list(out["calibration_texts"]), "scheme": out["scheme"],
+            "budgets": sorted(int(b) for b in out["budgets"]), "widths": sorted(int(w) for w in out["widths"]),
+            "granularity": out["granularity"]}
 
 
 def _subset(key: str, value: str | list[str], allowed: list[str], what: str) -> list[str]:

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from ..schemes import get_scheme
     from . import shipped_texts
     from .card import measure_card, render_card_html
-    from .gguf_model import GGUFLlama
+    from .gguf_model import GGUFLlama, estimate_memory_bytes, find_model_file
     from .mixed import GRANULARITIES
     from .querybases import text_token_ids
 
@@ -94,8 +94,13 @@ def run(args: argparse.Namespace) -> int:
         scheme.validate_budget(budget)
     frontier = [get_scheme(name) for name in args.frontier_schemes if name != args.scheme]
     started = time.time()
-    model = GGUFLlama.load(args.model)
     say = lambda line: print(f"[{time.time() - started:7.1f} s] {line}", file=sys.stderr, flush=True)  # noqa: E731
+    path = find_model_file() if args.model is None else Path(args.model)
+    if not path.is_file():
+        raise KvasymError(f"{path}: no such GGUF file")
+    say(f"loading {path.name}: about {estimate_memory_bytes(path) / 2**30:.2f} GiB for the float32 weights "
+        "(checked against the memory available)")
+    model = GGUFLlama.load(path)
     say(f"loaded {model.model_path.name}: {len(model.layers)} layers, {model.config.n_kv_heads} KV heads")
     calibration = text_token_ids(model, args.calibration_texts, args.tokens)
     evaluation = text_token_ids(model, args.evaluation_texts, args.tokens)

@@ -215,8 +215,8 @@ def sensitivity(model: GGUFLlama, ref: Reference, scheme: Scheme, widths: Sequen
 
 
 #: Columns of an allocation table (:func:`measured_allocation`), one row per (budget, unit).
-ALLOCATION_COLUMNS = ("budget", "target_bits", "mean_bits", "predicted_kl", "uniform_predicted_kl", "layer", "side",
-                      "kv_head", "width")
+ALLOCATION_COLUMNS = ("budget", "target_bits", "mean_bits", "predicted_kl", "uniform_predicted_kl", "k_mean_width",
+                      "v_mean_width", "layer", "side", "kv_head", "width")
 
 
 def measured_allocation(table: Any, n_layers: int, n_kv_heads: int, granularity: str,
@@ -263,10 +263,15 @@ def measured_allocation(table: Any, n_layers: int, n_kv_heads: int, granularity:
         target = float(cost[:, j].mean())
         choices, predicted, mean_cost = solve_allocation(cost, distortion, target)
         uniform = float(distortion[:, j].sum())
-        for (layer, side, head), choice in zip(keys, choices):
+        chosen = np.asarray([widths[int(c)] for c in choices], dtype=float)
+        sides = np.asarray([side for _, side, _ in keys])
+        # mean width of each side's values (NaN at granularity "layer", whose units hold both)
+        side_means = {s: float(chosen[sides == s].mean()) if np.any(sides == s) else float("nan") for s in SIDES}
+        for (layer, side, head), width in zip(keys, chosen):
             rows.append({"budget": int(budget), "target_bits": target, "mean_bits": mean_cost,
-                         "predicted_kl": predicted, "uniform_predicted_kl": uniform, "layer": int(layer),
-                         "side": side, "kv_head": int(head), "width": widths[int(choice)]})
+                         "predicted_kl": predicted, "uniform_predicted_kl": uniform,
+                         "k_mean_width": side_means["K"], "v_mean_width": side_means["V"], "layer": int(layer),
+                         "side": side, "kv_head": int(head), "width": int(width)})
     return pd.DataFrame(rows, columns=list(ALLOCATION_COLUMNS))
 
 

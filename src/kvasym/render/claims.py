@@ -149,7 +149,7 @@ def render_latex(results: Sequence[Mapping[str, Any]]) -> str:
 _COMPUTED_BY: dict[str, str] = {"comparisons": "stats", "summary": "stats", "trials": "stats", "theory": "theory",
                                 "e2e_comparisons": "e2e_stats", "e2e_equal_bits": "e2e_stats",
                                 "e2e_agreement": "e2e_stats", "e2e_long_summary": "e2e_stats",
-                                "passkey_summary": "e2e_stats",
+                                "passkey_summary": "e2e_stats", "card_comparisons": "card",
                                 "frontier_units": "frontier", "seq_len_slopes": "seq_len_sweep"}
 #: Where each table a claim reads comes from: rule and stage (the same word), and its file
 #: (:mod:`kvasym.artifacts`).

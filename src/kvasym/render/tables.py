@@ -55,6 +55,7 @@ TABLES: dict[str, tuple[str, str]] = {
     "table_model": ("table_model.tex.j2", "summary"),
     "table_frontier": ("table_frontier.tex.j2", "summary"),
     "table_seq_len": ("table_seq_len.tex.j2", "summary"),
+    "table_card": ("table_card.tex.j2", "summary"),
 }
 INPUT_KEYS = ("summary", "comparisons", "theory", "claims")
 #: Optional inputs of ``table_real`` (given only when the DAG has real-model rows): the real
@@ -68,6 +69,9 @@ E2E_INPUT_KEYS = ("e2e_summary", "e2e_sensitivity")
 #: long-context and passkey tables of stage e2e_stats, the end-to-end summary, and the
 #: published bands (``config/published_bands.yaml``).
 MODEL_INPUT_KEYS = ("e2e_equal_bits", "e2e_long_summary", "passkey_summary", "e2e_summary", "published_bands")
+#: Optional inputs of ``table_card`` (given only when the DAG has the model card): the summary,
+#: comparisons and allocation of stage card (:mod:`kvasym.render.table_card`).
+CARD_INPUT_KEYS = ("card_summary", "card_comparisons", "card_allocation")
 #: Optional input of ``table_frontier`` (given only when the DAG has a frontier): the points of
 #: stage frontier (:mod:`kvasym.render.table_frontier`).
 FRONTIER_INPUT_KEYS = ("frontier_points",)
@@ -711,6 +715,13 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
                 frames.get("e2e_equal_bits"), frames.get("e2e_long_summary"), frames.get("passkey_summary"),
                 frames.get("e2e_summary"), frames.get("published_bands")))
             continue
+        if name == "table_card":
+            from .table_card import card_context
+
+            out[name] = render_template(template, **card_context(frames.get("card_summary"),
+                                                                 frames.get("card_comparisons"),
+                                                                 frames.get("card_allocation")))
+            continue
         if name == "table_summary":
             out[name] = render_template(template, **summary_context(frames[key], headline))
             continue
@@ -774,6 +785,8 @@ def render_tables(
         needed |= {key for key in MODEL_INPUT_KEYS if inputs.get(key)}
     if "table_frontier" in names:
         needed |= {key for key in FRONTIER_INPUT_KEYS if inputs.get(key)}
+    if "table_card" in names:
+        needed |= {key for key in CARD_INPUT_KEYS if inputs.get(key)}
     if "table_seq_len" in names:
         needed |= {key for key in SEQ_LEN_INPUT_KEYS if inputs.get(key)}
     frames = {key: _read_input(key, inputs[key]) for key in sorted(needed)}

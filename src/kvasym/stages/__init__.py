@@ -46,6 +46,8 @@ STAGES: dict[str, str] = {
     "e2e": "end-to-end passes of SmolLM2-135M over one text with its KV cache quantized (needs the real extra)",
     "e2e_long": "long-context passes of SmolLM2-135M over windows of one length of the long offline text",
     "passkey": "passkey retrieval trials of one length, full precision and with each quantized cache",
+    "sensitivity": "the model card's calibration on one text: K/V sensitivity curves per layer and cache statistics",
+    "card": "the model card of SmolLM2-135M: measured bit allocation against uniform end to end, JSON and HTML",
     "e2e_stats": "perplexity, next-token KL and top-1 per scheme and budget, paired tests, layer sensitivity",
     "file_metrics": "per-query metrics of one bring-your-own cache cell (distribution kind file)",
     "stats": "scheme-pair tests, KL ratio intervals and summaries of one (distribution, dim)",

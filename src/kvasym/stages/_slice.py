@@ -29,6 +29,10 @@ SLICE_KEYS: dict[str, set[str]] = {
     "calibrate": {"texts", "evaluation_texts", "max_tokens"},
     "e2e_long": {"length", "windows", "own", "schemes", "query_variants", "budgets", "base_seed", "norm_dtype"},
     "passkey": {"length", "depths", "trials", "schemes", "query_variants", "budgets", "base_seed", "norm_dtype"},
+    "sensitivity": {"text", "evaluation_texts", "max_tokens", "scheme", "widths", "granularity", "base_seed",
+                    "norm_dtype"},
+    "card": {"texts", "calibration_texts", "max_tokens", "scheme", "budgets", "widths", "granularity", "draws",
+             "base_seed", "norm_dtype"},
     "file_metrics": {"distribution", "dim", "scheme", "budget", "sharpness", "n_queries", "base_seed", "norm_dtype"},
 }
 #: Stages whose slice can also be built from --config and a cell.

@@ -22,7 +22,7 @@ TABLES = ("comparisons", "summary", "trials", "theory")
 #: Tables only some DAGs have (the end-to-end passes of the real model; the frontier's
 #: per-unit values, stage frontier; the sequence-length sweep's slopes, stage seq_len_sweep).
 OPTIONAL_TABLES = ("e2e_comparisons", "e2e_equal_bits", "e2e_agreement", "e2e_long_summary", "passkey_summary",
-                   "frontier_units", "seq_len_slopes")
+                   "card_comparisons", "frontier_units", "seq_len_slopes")
 #: The stage's inputs: argument -> artifact (kvasym.artifacts), one each.
 INPUTS = {name: name for name in TABLES + OPTIONAL_TABLES}
 

@@ -196,6 +196,14 @@ def _draw_e2e_context(slice_: Mapping[str, Any], inputs: Mapping[str, Any]) -> D
     yield "e2e_context", e2e_context(inputs.get("e2e_long_positions"), colors=_colors(slice_), model=REAL_MODEL_NAME)
 
 
+def _draw_card(slice_: Mapping[str, Any], inputs: Mapping[str, Any]) -> Drawn:
+    from ...real import REAL_MODEL_NAME
+    from .card import card_allocation, card_sensitivity
+
+    yield "card_sensitivity", card_sensitivity(inputs.get("card_layers"), model=REAL_MODEL_NAME)
+    yield "card_allocation", card_allocation(inputs.get("card_allocation"), model=REAL_MODEL_NAME)
+
+
 def _draw_frontier(slice_: Mapping[str, Any], inputs: Mapping[str, Any]) -> Drawn:
     from ...real import REAL_SHARPNESS
     from ...real.evaluate import REAL_DISTRIBUTIONS
@@ -213,7 +221,7 @@ FIGURE_INPUTS: dict[str, str] = {
     "summary": "summary", "comparisons": "comparisons", "theory": "theory", "query_model": "query_model",
     "per_query": "per_query", "data": "data", "real_per_query": "per_query",
     "e2e_summary": "e2e_summary", "e2e_sensitivity": "e2e_sensitivity", "frontier_points": "frontier_points",
-    "e2e_long_positions": "e2e_long_positions",
+    "e2e_long_positions": "e2e_long_positions", "card_layers": "card_layers", "card_allocation": "card_allocation",
     "phi_summary": "phi_summary", "phi_density": "phi_density", "jensen_bins": "jensen_bins",
 }
 #: The inputs that are lists of per-cell files (the others are one gathered table each).
@@ -238,6 +246,8 @@ FIGURE_FAMILIES: dict[str, FigureFamily] = {
     "e2e": FigureFamily(("e2e_ppl_bits", "e2e_layer_sensitivity"), ("e2e_summary", "e2e_sensitivity"),
                         "Real model", _draw_e2e),
     "e2e_context": FigureFamily(("e2e_context",), ("e2e_long_positions",), "Real model", _draw_e2e_context),
+    "card": FigureFamily(("card_sensitivity", "card_allocation"), ("card_layers", "card_allocation"), "Real model",
+                         _draw_card),
     "frontier": FigureFamily(("frontier_kl", "frontier_kl_p99", "frontier_recall", "frontier_t_eps_dir"),
                              ("frontier_points",), "Rate-distortion frontier", _draw_frontier),
 }
@@ -251,6 +261,8 @@ REAL_FAMILIES: tuple[str, ...] = tuple(f for f, inputs in FAMILY_INPUTS.items() 
 E2E_FAMILIES: tuple[str, ...] = tuple(f for f, inputs in FAMILY_INPUTS.items() if "e2e_summary" in inputs)
 #: Families drawn from the long-context passes: in the DAG only when those passes are.
 LONG_FAMILIES: tuple[str, ...] = tuple(f for f, inputs in FAMILY_INPUTS.items() if "e2e_long_positions" in inputs)
+#: Families drawn from the model card: in the DAG only when real.card is on.
+CARD_FAMILIES: tuple[str, ...] = tuple(f for f, inputs in FAMILY_INPUTS.items() if "card_layers" in inputs)
 #: Families drawn from the frontier's points: in the DAG only when frontier.schemes is set.
 FRONTIER_FAMILIES: tuple[str, ...] = tuple(f for f, inputs in FAMILY_INPUTS.items() if "frontier_points" in inputs)
 #: Figure names, in drawing order.
@@ -268,17 +280,21 @@ def figure_files(out_dir: str | os.PathLike, families: Sequence[str] | None = No
 
 
 def dag_families(with_real: bool, with_e2e: bool | None = None,
-                 with_frontier: bool = True, with_long: bool | None = None) -> dict[str, tuple[str, ...]]:
+                 with_frontier: bool = True, with_long: bool | None = None,
+                 with_card: bool | None = None) -> dict[str, tuple[str, ...]]:
     """The families (and their figures) of a DAG: every family, less :data:`REAL_FAMILIES`
     when the DAG has no real-model rows, less :data:`E2E_FAMILIES` when it has no end-to-end
     passes (``with_e2e``; default: ``with_real``), less :data:`FRONTIER_FAMILIES` when it has no
     frontier (``with_frontier``), less :data:`LONG_FAMILIES` when it has no long-context passes
-    (``with_long``; default: ``with_e2e``)."""
+    (``with_long``; default: ``with_e2e``), less :data:`CARD_FAMILIES` when it has no model card
+    (``with_card``; default: ``with_e2e``)."""
     with_e2e = with_real if with_e2e is None else with_e2e
     with_long = with_e2e if with_long is None else with_long
+    with_card = with_e2e if with_card is None else with_card
     return {f: names for f, names in FAMILIES.items()
             if (with_real or f not in REAL_FAMILIES) and (with_e2e or f not in E2E_FAMILIES)
-            and (with_frontier or f not in FRONTIER_FAMILIES) and (with_long or f not in LONG_FAMILIES)}
+            and (with_frontier or f not in FRONTIER_FAMILIES) and (with_long or f not in LONG_FAMILIES)
+            and (with_card or f not in CARD_FAMILIES)}
 
 
 def check_families(families: Sequence[str]) -> list[str]:

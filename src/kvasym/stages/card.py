@@ -1,0 +1,96 @@
+"""Stage ``card`` (rule ``card``): the KV-cache card of SmolLM2-135M and its measured allocation.
+
+One job: reads every calibration text's sensitivity table and head statistics (stage
+``sensitivity``), chooses at each budget's uniform rate the widths of least predicted KL
+(:func:`kvasym.real.mixed.measured_allocation`), runs on every end-to-end text and draw the
+uniform map (the ``e2e`` stage's pass of the scheme, bit for bit) and the allocation's map
+(:func:`kvasym.real.card.evaluation_rows`; 2 passes x budgets x texts x draws, ~3 CPU-s each at
+512 tokens), and writes the per-position rows, their summary and paired comparisons
+(:mod:`kvasym.real.endtoend_stats`), the allocation table, and the card as JSON and HTML with
+the end-to-end summary (stage ``e2e_stats``) as its frontier.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from ..artifacts import add_input_arguments
+from ._slice import add_slice_arguments, stage_slice
+
+#: Columns of the per-layer sensitivity table (the calibration texts' means per layer, side, width).
+LAYER_COLUMNS = ("layer", "side", "width", "bits", "kl", "dnll", "top1")
+
+OUTPUTS = ("json", "html", "allocation", "layers", "passes", "summary", "comparisons")
+
+
+def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], heads_paths: Sequence[str],
+             e2e_summary: str, out: dict[str, str]) -> None:
+    """The card's tables and pages (``out``: output name -> path); ``slice_`` holds ``texts``
+    (evaluation), ``calibration_texts``, ``max_tokens``, ``scheme`` (a scheme dict), ``budgets``,
+    ``widths``, ``granularity``, ``draws``, ``base_seed``, ``norm_dtype``."""
+    import json
+
+    import pandas as pd
+
+    from ..atomic import write_text_atomic
+    from ..dataset import provenance, read_parquet_checked, write_frame_atomic
+    from ..real.card import allocated_label, build_card, evaluation_rows, model_description, render_card_html
+    from ..real.endtoend_stats import compare_schemes, summarize
+    from ..real.gguf_model import GGUFLlama
+    from ..real.mixed import measured_allocation
+    from ..real.querybases import check_disjoint, text_token_ids
+    from ..schemes import scheme_from_dict
+
+    texts = [str(t) for t in slice_["texts"]]
+    calibration = [str(t) for t in slice_["calibration_texts"]]
+    check_disjoint(calibration, texts)
+    spec = dict(slice_["scheme"])
+    reference = str(spec["name"])
+    scheme = scheme_from_dict(spec.pop("name"), spec)
+    budgets = [int(b) for b in slice_["budgets"]]
+    sensitivity = pd.concat([read_parquet_checked(p) for p in sensitivity_paths], ignore_index=True)
+    heads = pd.concat([read_parquet_checked(p) for p in heads_paths], ignore_index=True)
+    model = GGUFLlama.load()
+    c = model.config
+    allocation = measured_allocation(sensitivity, len(model.layers), c.n_kv_heads, str(slice_["granularity"]), budgets)
+    passes = evaluation_rows(model, text_token_ids(model, texts, int(slice_["max_tokens"])), allocation, scheme,
+                             reference=reference, budgets=budgets, draws=int(slice_["draws"]),
+                             base_seed=int(slice_["base_seed"]), norm_dtype=str(slice_["norm_dtype"]))
+    summary = summarize(passes)
+    label = allocated_label(reference)
+    comparisons = compare_schemes(passes, [label, reference])
+    frontier = read_parquet_checked(e2e_summary)
+    frontier = pd.concat([frontier[frontier["scheme"] != reference], summary], ignore_index=True)
+    settings = {"calibration_texts": calibration, "evaluation_texts": texts, "tokens": int(slice_["max_tokens"]),
+                "budgets": budgets, "widths": [int(w) for w in slice_["widths"]],
+                "granularity": str(slice_["granularity"]), "reference": reference, "draws": int(slice_["draws"]),
+                "base_seed": int(slice_["base_seed"]), "norm_dtype": str(slice_["norm_dtype"]),
+                "frontier_schemes": sorted(set(frontier["scheme"]) - {reference, label})}
+    card = build_card(model=model_description(model), settings=settings, heads=heads, sensitivity=sensitivity,
+                      allocation=allocation, summary=frontier, comparisons=comparisons, reference=reference,
+                      allocated=label, budgets=budgets)
+    meta = {**provenance(slice_), "model_sha256": model.model_sha256}
+    layers = pd.DataFrame(card["layer_sensitivity"], columns=list(LAYER_COLUMNS))
+    for name, frame in (("allocation", allocation), ("layers", layers), ("passes", passes), ("summary", summary),
+                        ("comparisons", comparisons)):
+        write_frame_atomic(frame, out[name], meta)
+    write_text_atomic(json.dumps(card, indent=1, sort_keys=True) + "\n", out["json"])
+    write_text_atomic(render_card_html(card), out["html"])
+
+
+#: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
+INPUTS = {"sensitivity": "card_sensitivity", "heads": "card_heads", "e2e_summary": "e2e_summary"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_slice_arguments(parser, "card")
+    add_input_arguments(parser, INPUTS, required=tuple(INPUTS), many=("sensitivity", "heads"))
+    for name in OUTPUTS:
+        parser.add_argument(f"--out-{name}", required=True, help=f"the card's {name} output")
+
+
+def run(args: argparse.Namespace) -> None:
+    run_card(stage_slice(args, "card"), args.sensitivity, args.heads, args.e2e_summary,
+             {name: getattr(args, f"out_{name}") for name in OUTPUTS})
