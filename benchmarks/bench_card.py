@@ -54,7 +54,8 @@ def make_llama_1b(path: Path, seed: int = 0) -> None:
         mapping[b] = chr(b) if b in printable else chr(256 + extra)
         extra += b not in printable
     byte_tokens = [mapping[b] for b in range(256)]
-    tokens = byte_tokens + [f"<filler_{i}>" for i in range(vocab - 256)]
+    # one merge (GGUF readers need the key), then filler tokens up to the vocabulary's size
+    tokens = byte_tokens + ['!"'] + [f"<filler_{i}>" for i in range(vocab - 257)]
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("random Llama-3.2-1B-shaped")
     writer.add_context_length(8192)
@@ -72,7 +73,7 @@ def make_llama_1b(path: Path, seed: int = 0) -> None:
     writer.add_tokenizer_pre("smollm")
     writer.add_token_list(tokens)
     writer.add_token_types([1] * vocab)
-    writer.add_token_merges([])
+    writer.add_token_merges(['! "'])
     writer.add_add_bos_token(False)
 
     def matrix(rows: int, cols: int) -> np.ndarray:

@@ -240,3 +240,60 @@ def test_card_cli_refuses_before_loading(tmp_path, capsys):
     assert main(["card", "--out", str(tmp_path / "x"), "--budgets", "5", "--widths", "1", "2"]) == 2
     assert "--budgets [5] are not among --widths" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+TINY_QWEN2 = "tests/fixtures/tiny_gguf/qwen2_biases_q8_0.gguf"
+
+
+def test_card_cli_on_a_tiny_qwen2_gguf(tmp_path, capsys):
+    """The whole card on a tiny random-weight qwen2 file (biases, GQA): every output written,
+    the allocation within its budget, the recommendation among the measured options."""
+    import json
+    from pathlib import Path
+
+    pytest.importorskip("gguf")
+    model = Path(__file__).parent.parent / TINY_QWEN2
+    out = tmp_path / "card"
+    assert main(["card", str(model), "--out", str(out), "--tokens", "20", "--budgets", "2", "--widths", "1", "2", "3",
+                 "--granularity", "layer_side_head", "--frontier-schemes", "KV", "--draws", "2"]) == 0
+    card = json.loads((out / "card.json").read_text())
+    assert card["model"]["architecture"] == "qwen2" and card["model"]["n_kv_heads"] == 2
+    allocation = pd.read_parquet(out / "allocation.parquet")
+    assert len(allocation) == 2 * 2 * 2  # layers x sides x KV heads, one budget
+    assert allocation["mean_bits"].iloc[0] <= allocation["target_bits"].iloc[0] + 1e-12
+    assert allocation["predicted_kl"].iloc[0] <= allocation["uniform_predicted_kl"].iloc[0]
+    summary = pd.read_parquet(out / "summary.parquet")
+    # 2 texts x 2 draws; KV draws no random maps, so it runs once per text
+    assert dict(zip(summary["scheme"], summary["n_units"])) == {"RKV": 4, "RKV-MA": 4, "KV": 2}
+    rec = card["recommendations"][0]
+    options = summary[summary["bits_per_coordinate"] <= rec["rate"] + 1e-6]
+    assert rec["kl_mean"] == pytest.approx(options["kl_mean"].min())
+    page = (out / "card.html").read_text()
+    assert page.count("data:image/png;base64,") == 4 and "qwen2" in page
+    assert "n=2 (rate" in capsys.readouterr().out
+
+
+def test_card_config_refusals():
+    from kvasym.real import real_settings
+
+    base = {"texts": ["bicycle_repair"], "e2e": {"texts": ["bicycle_repair"]}}
+    with pytest.raises(KvasymError, match=r"real.card.calibration_texts: \['bicycle_repair'\] are also end-to-end"):
+        real_settings({**base, "card": {"calibration_texts": ["bicycle_repair"]}})
+    with pytest.raises(KvasymError, match=r"real.card.budgets: \[4\] are not among real.card.widths"):
+        real_settings({**base, "card": {"budgets": [4], "widths": [1, 2]}})
+    with pytest.raises(KvasymError, match="real.card needs real.e2e"):
+        real_settings({"texts": ["bicycle_repair"], "e2e": "off", "card": {}})
+    with pytest.raises(KvasymError, match=r"real.card.calibration_texts: \['nope'\] not among the shipped"):
+        real_settings({**base, "card": {"calibration_texts": ["nope"]}})
+    card = real_settings({**base, "card": {}})["card"]
+    assert card == {"calibration_texts": ["allotment_spring", "chess_club"], "scheme": "RKV", "budgets": [2, 3, 4],
+                    "widths": [1, 2, 3, 4, 5, 6], "granularity": "layer_side"}
+
+
+def test_sensitivity_stage_refuses_an_evaluation_text(tmp_path):
+    from kvasym.stages.sensitivity import run_sensitivity
+
+    with pytest.raises(KvasymError, match="calibration text 'bicycle_repair' is also an evaluation text"):
+        run_sensitivity({"text": "bicycle_repair", "evaluation_texts": ["bicycle_repair"]}, str(tmp_path / "s.parquet"),
+                        str(tmp_path / "h.parquet"))
+    assert not list(tmp_path.iterdir())
