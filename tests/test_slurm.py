@@ -149,16 +149,16 @@ def test_tiny_config_through_slurm_matches_a_local_run(slurm, tiny_local_run, tm
     # seconds each) are local rules: they run on the submitting host, not as Slurm jobs
     families = dag_families(real)
     # (and the rate-distortion frontier's and the query-model sweep's: the tiny config sets both)
-    assert ("real_heatmap" in families) == real and ("e2e" in families) == real and len(families) == 11 + 3 * int(real)
+    assert ("real_heatmap" in families) == real and ("e2e" in families) == real and len(families) == 11 + 4 * int(real)
     latex = all(shutil.which(t) for t in ("latexmk", "pdflatex"))
     local_rules = local_rule_names(families, real, latex)
     ran_locally = re.findall(r"^localrule (\w+):", log, flags=re.MULTILINE)
     assert sorted(ran_locally) == sorted(local_rules), log[-3000:]
     # on the cluster: the frontier and the sequence-length sweep (minutes on the paper grid) and,
     # with the real extra, the end-to-end job of the tiny config's one text, the calibration, its
-    # two long-context lengths and its passkey length
-    cluster_rules = ["frontier", "seq_len_sweep"] + (["e2e", "calibrate", "e2e_long", "e2e_long", "passkey"]
-                                                     if real else [])
+    # two long-context lengths, its passkey length, and the model card's calibration text and card
+    cluster_rules = ["frontier", "seq_len_sweep"] + (["e2e", "calibrate", "e2e_long", "e2e_long", "passkey",
+                                                      "sensitivity", "card"] if real else [])
     assert len(submitted) == len(groups) + len(cluster_rules), log[-3000:]
     # and the rule that counts the paper grid's submissions for the README predicts this run's
     assert predicted_slurm_jobs(workdir, "config/test.yaml", local_rules)[0] == len(submitted)
