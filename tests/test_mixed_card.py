@@ -7,7 +7,6 @@ side, KV head) quantized at its own width; the card's statistics against closed 
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pandas as pd
@@ -30,7 +29,7 @@ from kvasym.real.mixed import (
 )
 from kvasym.schemes import get_scheme
 from test_longtext import real_model_or_skip
-from test_real_endtoend import _rms, _rope
+from test_real_endtoend import _rms, _rope, first_layers
 
 BASE_SEED = 11
 
@@ -42,13 +41,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def two_layers(model):
-    from kvasym.real.gguf_model import GGUFLlama
-
-    config = dataclasses.replace(model.config, n_layers=2)
-    return GGUFLlama(config=config, token_embedding=model.token_embedding, output_weight=model.output_weight,
-                     output_norm=model.output_norm, layers=model.layers[:2], tokenizer=model.tokenizer,
-                     model_path=model.model_path, model_sha256=model.model_sha256, tied_output=model.tied_output,
-                     metadata=model.metadata)
+    return first_layers(model, 2)
 
 
 def brute_force_mixed_logits(model, ids, widths, scheme, text):
@@ -206,8 +199,8 @@ def test_card_statistics_closed_forms():
     rng = np.random.default_rng(0)
     constant = np.ones((1, 50, 8))
     assert mean_share(constant)[0] == pytest.approx(1.0)
-    symmetric = np.concatenate([rng.standard_normal((1, 50, 8)), -rng.standard_normal((1, 0, 8))], axis=1)
-    symmetric = np.concatenate([symmetric, -symmetric], axis=1)  # mean exactly zero
+    half = rng.standard_normal((1, 50, 8))
+    symmetric = np.concatenate([half, -half], axis=1)  # mean exactly zero
     assert mean_share(symmetric)[0] == pytest.approx(0.0, abs=1e-15)
     rows = rng.standard_normal((2, 4000, 16))
     rows[0, :, 3] *= 10.0  # one channel 10x the others' RMS

@@ -41,16 +41,21 @@ def model():
     return real_model_or_skip("the end-to-end pass was")
 
 
-@pytest.fixture(scope="module")
-def two_layers(model):
-    """The model cut after its first two layers (same embedding, output norm and head)."""
+def first_layers(model, n_layers: int):
+    """The model cut after its first ``n_layers`` layers (same embedding, output norm and head)."""
     from kvasym.real.gguf_model import GGUFLlama
 
-    config = dataclasses.replace(model.config, n_layers=2)
+    config = dataclasses.replace(model.config, n_layers=n_layers)
     return GGUFLlama(config=config, token_embedding=model.token_embedding, output_weight=model.output_weight,
-                     output_norm=model.output_norm, layers=model.layers[:2], tokenizer=model.tokenizer,
+                     output_norm=model.output_norm, layers=model.layers[:n_layers], tokenizer=model.tokenizer,
                      model_path=model.model_path, model_sha256=model.model_sha256, tied_output=model.tied_output,
                      metadata=model.metadata)
+
+
+@pytest.fixture(scope="module")
+def two_layers(model):
+    """The model cut after its first two layers."""
+    return first_layers(model, 2)
 
 
 # --------------------------------------------------------------------------- brute force

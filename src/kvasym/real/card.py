@@ -61,6 +61,8 @@ HEAD_COLUMNS = ("text", "layer", "kv_head", "key_mean_share", "key_mean_share_pr
                 "key_outlier_channels", "value_outlier_channels", "key_kurtosis", "value_kurtosis", "sink_mass",
                 "query_alignment", "n_tokens")
 CARD_FORMAT = "kvasym.card/1"
+#: What the calibration texts are for, in a refusal of texts that are also evaluated.
+ALLOCATION_PURPOSE = "the allocation must be measured"
 #: A scheme's measured rate may exceed the reference's by this much and still count as equal bits
 #: (rates are sums of measured side arrays; identical layouts give identical rates).
 RATE_TOLERANCE = 1e-6
@@ -227,6 +229,8 @@ def card_figures(card: Mapping[str, Any]) -> dict[str, Any]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from ..render.figures.card import card_allocation, card_sensitivity
+
     heads = pd.DataFrame(card["heads"])
     figures = {}
     panels = [("key_mean_share", "key mean share (post-RoPE)"), ("key_mean_share_pre", "key mean share (pre-RoPE)"),
@@ -241,34 +245,9 @@ def card_figures(card: Mapping[str, Any]) -> dict[str, Any]:
         fig.colorbar(image, ax=ax, shrink=0.8)
     figures["heads"] = fig
 
-    sens = pd.DataFrame(card["layer_sensitivity"])
-    widths = sorted(sens["width"].unique())
-    shown = [w for w in widths if w in (2, 3)] or widths[:1]
-    fig, ax = plt.subplots(figsize=(6.5, 3.2), constrained_layout=True)
-    for width in shown:
-        for side, style in (("K", "-o"), ("V", "--s")):
-            rows = sens[(sens["side"] == side) & (sens["width"] == width)].sort_values("layer")
-            ax.plot(rows["layer"], rows["kl"].clip(lower=1e-7), style, ms=3, label=f"{side} at {width} bits")
-    ax.set_yscale("log")
-    ax.set_xlabel("layer (alone quantized)")
-    ax.set_ylabel("mean next-token KL (nats)")
-    ax.legend(fontsize=8)
-    figures["sensitivity"] = fig
-
-    alloc = pd.DataFrame(card["allocation"])
-    budgets = sorted(alloc["budget"].unique())
-    fig, axes = plt.subplots(len(budgets), 1, figsize=(6.5, 1.6 * len(budgets) + 0.6), sharex=True,
-                             constrained_layout=True, squeeze=False)
-    for ax, budget in zip(axes[:, 0], budgets):
-        rows = alloc[alloc["budget"] == budget]
-        for offset, side in ((-0.2, "K"), (0.2, "V")):
-            part = rows[rows["side"].isin([side, "KV"])].groupby("layer")["width"].mean()
-            ax.bar(part.index + offset, part.to_numpy(), width=0.4, label=side)
-        ax.axhline(budget, color="k", lw=0.8)
-        ax.set_ylabel(f"bits (n={budget})", fontsize=8)
-    axes[0, 0].legend(fontsize=8, ncol=2)
-    axes[-1, 0].set_xlabel("layer")
-    figures["allocation"] = fig
+    # the paper's drawings of the same tables (figure family card)
+    figures["sensitivity"] = card_sensitivity(pd.DataFrame(card["layer_sensitivity"]), model=str(card["model"]["name"]))
+    figures["allocation"] = card_allocation(pd.DataFrame(card["allocation"]), model=str(card["model"]["name"]))
 
     front = pd.DataFrame(card["frontier"])
     fig, ax = plt.subplots(figsize=(6.5, 3.2), constrained_layout=True)
@@ -393,11 +372,9 @@ def measure_card(model: GGUFLlama, *, calibration: Mapping[str, np.ndarray], eva
     from .endtoend import reference_pass
     from .endtoend_stats import compare_schemes, summarize
     from .mixed import measured_allocation, sensitivity
+    from .querybases import check_disjoint
 
-    shared = sorted(set(calibration) & set(evaluation))
-    if shared:
-        raise KvasymError(f"calibration texts {shared} are also evaluation texts: the allocation must be measured "
-                          "on texts it is not evaluated on")
+    check_disjoint(calibration, evaluation, ALLOCATION_PURPOSE)
     c = model.config
     heads, sens = [], []
     for text, ids in calibration.items():

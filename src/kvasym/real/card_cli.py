@@ -65,7 +65,6 @@ def run(args: argparse.Namespace) -> int:
     from . import shipped_texts
     from .card import measure_card, render_card_html
     from .gguf_model import GGUFLlama, estimate_memory_bytes, find_model_file
-    from .mixed import GRANULARITIES
     from .querybases import text_token_ids
 
     out = Path(args.out)
@@ -74,8 +73,6 @@ def run(args: argparse.Namespace) -> int:
     existing = [name for name in OUTPUT_FILES if (out / name).exists()]
     if existing and not args.overwrite:
         raise KvasymError(f"--out {out} already holds {', '.join(existing)}; pass --overwrite to replace them")
-    if args.granularity not in GRANULARITIES:
-        raise KvasymError(f"--granularity must be one of {GRANULARITIES}")
     known = shipped_texts()
     for flag, texts in (("--calibration-texts", args.calibration_texts), ("--evaluation-texts", args.evaluation_texts)):
         unknown = [t for t in texts if t not in known]

@@ -234,12 +234,18 @@ class CacheQuantization:
 
     @property
     def seed_text(self) -> str:
-        """The text part of every seed's identity: the text (draw 0) or ``"<text>/draw<s>"``."""
-        return self.text if self.draw == 0 else f"{self.text}/draw{int(self.draw)}"
+        """The text part of every seed's identity (:func:`draw_seed_text`)."""
+        return draw_seed_text(self.text, self.draw)
 
     def quantizes(self, layer: int) -> bool:
         """Whether layer ``layer``'s cache is quantized in this pass."""
         return self.layers is None or layer in self.layers
+
+
+def draw_seed_text(text: str, draw: int) -> str:
+    """The text part of every seed's identity in draw ``draw`` of ``text``: the text itself in
+    draw 0 (the per-head study's identity), ``"<text>/draw<s>"`` in draw ``s > 0``."""
+    return text if int(draw) == 0 else f"{text}/draw{int(draw)}"
 
 
 def draws_random_maps(scheme: Scheme) -> bool:

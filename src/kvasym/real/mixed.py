@@ -38,7 +38,7 @@ import numpy as np
 from ..errors import KvasymError
 from ..evaluate import dequantize_with, quantize_pair
 from ..schemes import MAX_BUDGET, MIN_BUDGET, SIDES, Scheme
-from .endtoend import ALL_LAYERS, BITS_COLUMNS, Reference, next_token_metrics
+from .endtoend import ALL_LAYERS, Reference, draw_seed_text, next_token_metrics
 from .gguf_model import GGUFLlama, SequenceFrame
 
 #: The width of a unit kept in float16.
@@ -157,12 +157,13 @@ def map_bits(widths: np.ndarray, unit_bits: Mapping[int, float]) -> float:
 def mixed_pass_rows(model: GGUFLlama, ref: Reference, widths: np.ndarray, scheme: Scheme, *, text: str, draw: int,
                     label: str, budget: int, base_seed: int, norm_dtype: str = "float32") -> dict[str, np.ndarray]:
     """The per-position rows of one all-layer pass with map ``widths``, in the end-to-end
-    passes' columns (:func:`kvasym.real.endtoend.evaluate_text`): scheme column ``label``,
-    ``budget`` the uniform budget the map is compared with, ``layer`` :data:`ALL_LAYERS`.
-    Draw ``s > 0`` seeds with ``"<text>/draw<s>"`` (the end-to-end passes' convention)."""
+    passes' columns (:func:`kvasym.real.endtoend.evaluate_text`; the bits as its
+    ``BITS_COLUMNS``): scheme column ``label``, ``budget`` the uniform budget the map is compared
+    with, ``layer`` :data:`ALL_LAYERS`. Draw ``s > 0`` seeds with ``"<text>/draw<s>"``
+    (:func:`kvasym.real.endtoend.draw_seed_text`)."""
     c = model.config
     widths = check_widths(widths, (len(model.layers), 2, c.n_kv_heads))
-    seed_text = text if draw == 0 else f"{text}/draw{int(draw)}"
+    seed_text = draw_seed_text(text, draw)
     bits: list[dict[str, float]] = []
     hidden = mixed_layers(model, ref.frame, ref.residuals[0], 0, widths, scheme, base_seed=base_seed,
                           seed_text=seed_text, norm_dtype=norm_dtype, bits=bits)
@@ -178,7 +179,6 @@ def mixed_pass_rows(model: GGUFLlama, ref: Reference, widths: np.ndarray, scheme
     for key in ("layer", "budget", "draw"):
         out[key] = out[key].astype(np.int32)
     out["top1"] = out["top1"].astype(np.int8)
-    assert set(BITS_COLUMNS) <= set(out)
     return out
 
 

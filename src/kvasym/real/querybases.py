@@ -276,8 +276,10 @@ def load_query_bases(path: str | os.PathLike, model_sha256: str,
 # --------------------------------------------------------------------------- texts
 
 
-def check_disjoint(calibration_texts: Iterable[str], evaluation_texts: Iterable[str]) -> None:
-    """Refuse calibration texts that are also evaluation texts (module docstring).
+def check_disjoint(calibration_texts: Iterable[str], evaluation_texts: Iterable[str],
+                   purpose: str = "a query basis must be calibrated") -> None:
+    """Refuse calibration texts that are also evaluation texts (module docstring); ``purpose``
+    says in the error what is fitted on the calibration texts.
 
     Raises
     ------
@@ -286,8 +288,8 @@ def check_disjoint(calibration_texts: Iterable[str], evaluation_texts: Iterable[
     """
     shared = sorted(set(calibration_texts) & set(evaluation_texts))
     if shared:
-        raise KvasymError(f"calibration texts {shared} are also evaluation texts: a query basis must be "
-                          "calibrated on texts it is not evaluated on")
+        raise KvasymError(f"calibration texts {shared} are also evaluation texts: {purpose} on texts it is not "
+                          "evaluated on")
 
 
 def default_calibration_texts(evaluation_texts: Iterable[str]) -> list[str]:

@@ -36,7 +36,14 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], heads_pat
 
     from ..atomic import write_text_atomic
     from ..dataset import provenance, read_parquet_checked, write_frame_atomic
-    from ..real.card import allocated_label, build_card, evaluation_rows, model_description, render_card_html
+    from ..real.card import (
+        ALLOCATION_PURPOSE,
+        allocated_label,
+        build_card,
+        evaluation_rows,
+        model_description,
+        render_card_html,
+    )
     from ..real.endtoend_stats import compare_schemes, summarize
     from ..real.gguf_model import GGUFLlama
     from ..real.mixed import measured_allocation
@@ -45,7 +52,7 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], heads_pat
 
     texts = [str(t) for t in slice_["texts"]]
     calibration = [str(t) for t in slice_["calibration_texts"]]
-    check_disjoint(calibration, texts)
+    check_disjoint(calibration, texts, ALLOCATION_PURPOSE)
     spec = dict(slice_["scheme"])
     reference = str(spec["name"])
     scheme = scheme_from_dict(spec.pop("name"), spec)
