@@ -264,6 +264,17 @@ def test_card_cli_on_a_tiny_qwen2_gguf(tmp_path, capsys):
     page = (out / "card.html").read_text()
     assert page.count("data:image/png;base64,") == 4 and "qwen2" in page
     assert "n=2 (rate" in capsys.readouterr().out
+    # the DAG's page (stage card_page) renders the same JSON into the same bytes
+    assert main(["stage", "card_page", "--card", str(out / "card.json"), "--out", str(tmp_path / "page.html")]) == 0
+    assert (tmp_path / "page.html").read_text() == page
+
+
+def test_card_page_stage_refuses_a_file_that_is_not_a_card(tmp_path, capsys):
+    bad = tmp_path / "card.json"
+    bad.write_text("{not json")
+    assert main(["stage", "card_page", "--card", str(bad), "--out", str(tmp_path / "card.html")]) != 0
+    assert f"{bad}: not a readable model card" in capsys.readouterr().err
+    assert not (tmp_path / "card.html").exists() and bad.read_text() == "{not json"
 
 
 def test_card_config_refusals():

@@ -77,7 +77,7 @@ def local_rule_names(families: list[str], real: bool, latex: bool) -> list[str]:
     """The rules that run on the submitting host: ``all`` (no action) and the summary rules
     (``localrule: True``); the Slurm run below checks this list against what ran locally."""
     names = ["all", "gather", "claims", "tables", "numbers", "reproduce", "crate"] + [f"figure_{f}" for f in families]
-    return names + (["e2e_stats"] if real else []) + (["paper"] if latex else [])
+    return names + (["e2e_stats", "card_page"] if real else []) + (["paper"] if latex else [])
 
 
 def predicted_slurm_jobs(workdir: Path, configfile: str, local_rules: list[str]) -> tuple[int, int]:

@@ -57,6 +57,8 @@ FIXED_RESOURCES: dict[str, tuple[int, int]] = {
     # at the paper's settings); card: the model and one pass at a time (~3 CPU-s, 48 passes)
     "sensitivity": (3000, 60),
     "card": (3000, 60),
+    # card_page: the card's JSON and four matplotlib figures
+    "card_page": (1000, 10),
     "file_metrics": (1000, 30),
 }
 #: file_metrics holds the cache in float64 beside its reconstruction: MB per MB of file.

@@ -287,7 +287,6 @@ QUERY_AWARE = bool(E2E and E2E["query_aware"])
 CARD = REAL["card"] if E2E else None
 CARD_OUTPUTS = (
     "json",
-    "html",
     "allocation",
     "layers",
     "passes",
@@ -336,7 +335,8 @@ def card_heads_parts(wildcards=None):
 
 def card_targets():
     """The card's outputs, when configured (empty otherwise)."""
-    return [pattern(f"card_{name}") for name in CARD_OUTPUTS] if CARD else []
+    names = [*CARD_OUTPUTS, "html"]  # the page: rule card_page
+    return [pattern(f"card_{name}") for name in names] if CARD else []
 
 
 def e2e_stats_table_name(name):

@@ -225,3 +225,25 @@ rule card:
         outputs=output_flags(CARD_OUTPUTS),
     shell:
         "kvasym stage card --slice {params.slice:q} {params.inputs} {params.outputs} > {log:q} 2>&1"
+
+
+rule card_page:
+    # The card's HTML page from its JSON (a local job: an edit of the figures' style reruns
+    # only this and the figure rules).
+    input:
+        card=pattern("card_json"),  # rule card
+    output:
+        html=pattern("card_html"),
+    log:
+        log_path("card_page"),
+    benchmark:
+        benchmark_path("card_page")
+    localrule: True
+    threads: 1
+    resources:
+        **resources_of("card_page"),
+    params:
+        code=STAGE_CODE["card_page"],  # reruns the job when the code it runs changes
+        inputs=flags_of("card"),
+    shell:
+        "kvasym stage card_page {params.inputs} --out {output.html:q} > {log:q} 2>&1"

@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from ..atomic import write_text_atomic
     from ..schemes import get_scheme
     from . import shipped_texts
-    from .card import measure_card, render_card_html
+    from ..render.card_page import render_card_html
+    from .card import measure_card
     from .gguf_model import GGUFLlama, estimate_memory_bytes, find_model_file
     from .querybases import text_token_ids
 

@@ -6,8 +6,8 @@ One job: reads every calibration text's sensitivity table and head statistics (s
 uniform map (the ``e2e`` stage's pass of the scheme, bit for bit) and the allocation's map
 (:func:`kvasym.real.card.evaluation_rows`; 2 passes x budgets x texts x draws, ~3 CPU-s each at
 512 tokens), and writes the per-position rows, their summary and paired comparisons
-(:mod:`kvasym.real.endtoend_stats`), the allocation table, and the card as JSON and HTML with
-the end-to-end summary (stage ``e2e_stats``) as its frontier.
+(:mod:`kvasym.real.endtoend_stats`), the allocation table, and the card as JSON with
+the end-to-end summary (stage ``e2e_stats``) as its frontier (stage ``card_page`` renders its page).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ._slice import add_slice_arguments, stage_slice
 #: Columns of the per-layer sensitivity table (the calibration texts' means per layer, side, width).
 LAYER_COLUMNS = ("layer", "side", "width", "bits", "kl", "dnll", "top1")
 
-OUTPUTS = ("json", "html", "allocation", "layers", "passes", "summary", "comparisons")
+OUTPUTS = ("json", "allocation", "layers", "passes", "summary", "comparisons")
 
 
 def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], heads_paths: Sequence[str],
@@ -42,7 +42,6 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], heads_pat
         build_card,
         evaluation_rows,
         model_description,
-        render_card_html,
     )
     from ..real.endtoend_stats import compare_schemes, summarize
     from ..real.gguf_model import GGUFLlama
@@ -84,7 +83,6 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], heads_pat
                         ("comparisons", comparisons)):
         write_frame_atomic(frame, out[name], meta)
     write_text_atomic(json.dumps(card, indent=1, sort_keys=True) + "\n", out["json"])
-    write_text_atomic(render_card_html(card), out["html"])
 
 
 #: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
