@@ -80,6 +80,31 @@ LOGIT_BLOCK_ROWS = 512
 BAND_SLAB_OFFSETS = 128
 
 
+def _scores_buffer(config: ModelConfig, n_tokens: int, dtype: Any) -> np.ndarray:
+    """Scratch for one query block's scores, (n_kv_heads * group * QUERY_BLOCK_ROWS * T,) of
+    ``dtype``: every block of a layer's attention writes into it (one allocation a layer instead
+    of one a block; at 4K tokens the fresh pages cost as much as the products)."""
+    rows = min(QUERY_BLOCK_ROWS, n_tokens)
+    return np.empty(config.n_kv_heads * config.group * rows * n_tokens, dtype=dtype)
+
+
+def _block_scores(buffer: np.ndarray, q_block: np.ndarray, k_t: np.ndarray, stop: int, scale: np.ndarray) -> np.ndarray:
+    """``(q_block @ k_t[:, :, :stop]) * scale`` written into ``buffer`` (the same float32
+    operations in the same order as the expression, so bit-identical to it)."""
+    n_kv, n_rows, _ = q_block.shape
+    scores = buffer[: n_kv * n_rows * stop].reshape(n_kv, n_rows, stop)
+    np.matmul(q_block, k_t[:, :, :stop], out=scores)
+    scores *= scale
+    return scores
+
+
+def _mask_future(scores4: np.ndarray, future: np.ndarray, start: int, stop: int) -> None:
+    """Set the logits of keys in each query's future to -inf, in place: ``scores4`` is
+    (kv, group, rows, stop) for queries ``start..stop-1``; keys before ``start`` lie in no
+    row's future, so only the block's own square (keys ``start..stop-1``) is masked."""
+    np.copyto(scores4[..., start:stop], -np.inf, where=future[start:stop, start:stop])
+
+
 def _missing(what: str) -> RealExtraMissing:
     return RealExtraMissing(
         f"the real-model extra is missing ({what}); install it with: {INSTALL_COMMANDS}"
@@ -802,14 +827,15 @@ class GGUFLlama:
         q_grouped = q.reshape(c.n_kv_heads, c.group, n_tokens, c.head_dim)
         k_t = np.ascontiguousarray(k.transpose(0, 2, 1))  # (n_kv_heads, hd, T)
         out = np.empty_like(q_grouped)
+        scores_buffer = _scores_buffer(c, n_tokens, q.dtype)
         for start in range(0, n_tokens, QUERY_BLOCK_ROWS):
             stop = min(start + QUERY_BLOCK_ROWS, n_tokens)
             rows = stop - start
             q_block = q_grouped[:, :, start:stop].reshape(c.n_kv_heads, c.group * rows, c.head_dim)
             # Keys after the block's last query are masked for every row, so skip them.
-            scores = (q_block @ k_t[:, :, :stop]) * scale  # (kv, group * rows, stop)
+            scores = _block_scores(scores_buffer, q_block, k_t, stop, scale)  # (kv, group * rows, stop)
             scores4 = scores.reshape(c.n_kv_heads, c.group, rows, stop)
-            scores4[:, :, future[start:stop, :stop]] = -np.inf
+            _mask_future(scores4, future, start, stop)
             diagonal = (np.arange(rows), start + np.arange(rows))
             if own is not None:
                 own_logit = np.einsum("kgrd,krd->kgr", q_grouped[:, :, start:stop], own[0][:, start:stop])
@@ -842,6 +868,7 @@ class GGUFLlama:
         q_grouped = q.reshape(c.n_kv_heads, c.group, n_tokens, c.head_dim)
         k_t = np.ascontiguousarray(k.transpose(0, 2, 1))  # (n_kv_heads, hd, T)
         out = np.empty_like(q_grouped)
+        scores_buffer = _scores_buffer(c, n_tokens, q.dtype)
         positions = np.arange(n_tokens)
         widths = positions - starts + 1  # how many positions each query reads exactly (0: none)
         window = int(widths.max(initial=0))
@@ -857,9 +884,9 @@ class GGUFLlama:
             block_widths = widths[start:stop]
             diagonal_only = bool(np.all(block_widths == 1))
             q_block = q_grouped[:, :, start:stop].reshape(c.n_kv_heads, c.group * rows, c.head_dim)
-            scores = (q_block @ k_t[:, :, :stop]) * scale  # (kv, group * rows, stop)
+            scores = _block_scores(scores_buffer, q_block, k_t, stop, scale)  # (kv, group * rows, stop)
             scores4 = scores.reshape(c.n_kv_heads, c.group, rows, stop)
-            scores4[:, :, future[start:stop, :stop]] = -np.inf
+            _mask_future(scores4, future, start, stop)
             q_rows = q_grouped[:, :, start:stop]
             diagonal = (np.arange(rows), start + np.arange(rows))
             slabs = []
