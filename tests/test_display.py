@@ -53,6 +53,7 @@ RENDER_LAYOUT_CALLS: dict[tuple[str, str, str], str] = {
     ("table_seqlen.py", "seq_len_context", "groupby"): "one table row per (scheme, budget): rows, no reduction",
     ("table_seqlen.py", "seq_len_context", "min"): "the caption's trial count (every length has the same)",
     ("table_e2e.py", "e2e_context", "min"): "the sensitivity block's budget: the smallest present",
+    ("card_page.py", "card_figures", "groupby"): "one frontier line per scheme: rows, no reduction",
 }
 
 
