@@ -384,15 +384,10 @@ def test_prefill_and_causal_passes_of_a_block_statistic_scheme_differ(model) -> 
 
 
 def test_evaluate_text_extra_passes_names_and_bits(two_layers) -> None:
-    from kvasym.real.queryaware import QueryBases
-
     model = two_layers
     ids = model.encode(SHORT_TEXT)[:14]
     n_tokens, n = ids.size, ids.size - 1
-    c = model.config
-    bases = QueryBases(bases=np.broadcast_to(np.eye(c.head_dim), (2, c.n_kv_heads, c.head_dim, c.head_dim)).copy(),
-                       eigenvalues=np.ones((2, c.n_kv_heads, c.head_dim)), calibration_texts=(), n_positions=0,
-                       model_sha256="")
+    bases = _identity_bases(model)
     out = evaluate_text(model, ids, [get_scheme("RKV"), get_scheme("KIVI32")], [2], text="t", base_seed=BASE_SEED,
                         ropes=("post", "pre"), draws=2, query_bases=bases, query_variants=("QRKV",),
                         recent_windows={"KIVI32": [4]}, causal_chunks={"KIVI32": 8, "QRKV": [8]})
@@ -440,10 +435,7 @@ def test_existing_passes_are_unchanged(model) -> None:
 def test_new_settings_are_refused(two_layers) -> None:
     from kvasym.real.queryaware import QueryBases, variant_scheme
 
-    c = two_layers.config
-    bases = QueryBases(bases=np.broadcast_to(np.eye(c.head_dim), (2, c.n_kv_heads, c.head_dim, c.head_dim)).copy(),
-                       eigenvalues=np.ones((2, c.n_kv_heads, c.head_dim)), calibration_texts=(), n_positions=0,
-                       model_sha256="")
+    bases = _identity_bases(two_layers)
     with pytest.raises(KvasymError, match="recent_tokens=2.*own='quantized'"):
         CacheQuantization(get_scheme("KV"), 2, 0, "t", own="quantized", recent_tokens=2)
     with pytest.raises(KvasymError, match="causal_chunk must be a non-negative integer, got -1"):
@@ -492,3 +484,84 @@ def test_qrkv_with_an_identity_basis_stores_rkv_rows(chunk: int) -> None:
     k_q, v_q, bits_q = quantize_rows(keys, values, qrkv, 2, 1)
     k_r, v_r, bits_r = quantize_rows(keys, values, rkv, 2, 1)
     assert np.array_equal(k_q, k_r) and np.array_equal(v_q, v_r) and bits_q == bits_r
+
+
+# ----------------------------------------------------------------- query bases from long-text windows
+
+
+def _identity_bases(model):
+    """Bases that leave the keys as they are (identity basis, equal eigenvalues)."""
+    from kvasym.real.queryaware import QueryBases
+
+    c = model.config
+    shape = (len(model.layers), c.n_kv_heads, c.head_dim)
+    return QueryBases(bases=np.broadcast_to(np.eye(c.head_dim), (*shape, c.head_dim)).copy(),
+                      eigenvalues=np.ones(shape), calibration_texts=(), n_positions=0, model_sha256="")
+
+
+def test_window_bases_passes_are_paired_with_the_variants_own(two_layers) -> None:
+    """QWF+W runs on QWF's seeds: given the same bases it is QWF bit for bit; given other bases
+    (a random orthogonal basis per head) only the scheme's key side changes."""
+    from kvasym.real.endtoend import WINDOW_BASES_TAG
+    from kvasym.real.queryaware import QueryBases
+
+    model = two_layers
+    ids = model.encode(SHORT_TEXT)[:14]
+    bases = _identity_bases(model)
+    run = dict(text="t", base_seed=BASE_SEED, ropes=("post",), draws=2, query_bases=bases, query_variants=("QWF",))
+    same = evaluate_text(model, ids, [get_scheme("RKV")], [2], window_query_bases=bases, **run)
+    assert WINDOW_BASES_TAG == "+W" and set(same["scheme"]) == {"RKV", "QWF", "QWF+W"}
+    for draw in (0, 1):
+        a = (same["scheme"] == "QWF") & (same["draw"] == draw)
+        b = (same["scheme"] == "QWF+W") & (same["draw"] == draw)
+        for key in ("kl", "nll", "top1", "k_bits_payload", "v_bits_payload", "k_bits_side", "v_bits_side"):
+            assert np.array_equal(same[key][a], same[key][b]), key
+    rng = np.random.default_rng(3)
+    c = model.config
+    orthogonal = np.linalg.qr(rng.normal(size=(2, c.n_kv_heads, c.head_dim, c.head_dim)))[0]
+    other = QueryBases(bases=orthogonal, eigenvalues=np.sort(rng.uniform(0.1, 4, size=(2, c.n_kv_heads, c.head_dim)))
+                       [..., ::-1].copy(), calibration_texts=("w",), n_positions=1, model_sha256="")
+    differ = evaluate_text(model, ids, [get_scheme("RKV")], [2], window_query_bases=other, **run)
+    for key in ("kl", "v_bits_payload"):
+        assert np.array_equal(differ[key][differ["scheme"] == "QWF"], same[key][same["scheme"] == "QWF"])
+    assert not np.array_equal(differ["kl"][differ["scheme"] == "QWF+W"], differ["kl"][differ["scheme"] == "QWF"])
+    with pytest.raises(KvasymError, match="window_query_bases given without query_variants"):
+        evaluate_text(model, ids, [get_scheme("RKV")], [2], text="t", base_seed=0, window_query_bases=bases)
+    with pytest.raises(KvasymError, match="bases_tag given without a query_variant"):
+        CacheQuantization(get_scheme("RKV"), 2, 0, "t", bases_tag="+W")
+
+
+def test_calibration_windows_are_the_last_ones_and_never_the_evaluated() -> None:
+    from kvasym.real.longcontext import calibration_window_indices
+
+    assert calibration_window_indices(1000, 100, 2, 3) == [7, 8, 9]
+    assert calibration_window_indices(1099, 100, 7, 3) == [7, 8, 9]  # 10 windows: 7 + 3 fit exactly
+    with pytest.raises(KvasymError, match="3 calibration and 8 evaluation windows of 100 tokens do not fit "
+                                          "disjointly in the long text's 10 windows"):
+        calibration_window_indices(1000, 100, 8, 3)
+    with pytest.raises(KvasymError, match="calibration windows must be an integer >= 1, got 0"):
+        calibration_window_indices(1000, 100, 2, 0)
+
+
+def test_window_bases_are_the_query_moments_of_the_last_windows(two_layers) -> None:
+    """The bases are the eigenbases of the post-RoPE query second moments over the last windows
+    (querybases.query_second_moments, the moments' own reference), and the evaluation passes
+    run them as QWF+W."""
+    from kvasym.real.longcontext import evaluate_windows, window_bases
+    from kvasym.real.querybases import bases_from_moments, query_second_moments
+
+    model = two_layers
+    stream = np.concatenate([model.encode(SHORT_TEXT)] * 4)[:60]  # 5 windows of 12 tokens
+    bases = window_bases(model, stream, 12, 2, 2, context_length=64)
+    assert bases.calibration_texts == ("pydoc/12/3", "pydoc/12/4") and bases.n_positions == 24
+    expected, eigenvalues = bases_from_moments(query_second_moments(model, [stream[36:48], stream[48:60]]))
+    np.testing.assert_allclose(bases.eigenvalues, eigenvalues, rtol=1e-12)
+    # eigenvectors up to sign: |U^T U_ref| is the identity
+    overlap = np.abs(np.einsum("lhij,lhik->lhjk", bases.bases, expected))
+    np.testing.assert_allclose(overlap, np.broadcast_to(np.eye(overlap.shape[-1]), overlap.shape), atol=1e-6)
+    out = evaluate_windows(model, stream, [12], 2, [get_scheme("RKV")], [2], base_seed=BASE_SEED, context_length=64,
+                           calibration_windows=2, query_bases=_identity_bases(model), query_variants=("QWF",))
+    assert set(out["scheme"]) == {"RKV", "QWF", "QWF+W"} and set(out["window"]) == {0, 1}
+    with pytest.raises(KvasymError, match="4 calibration and 2 evaluation windows of 12 tokens do not fit"):
+        evaluate_windows(model, stream, [12], 2, [get_scheme("RKV")], [2], base_seed=BASE_SEED, context_length=64,
+                         calibration_windows=4, query_bases=_identity_bases(model), query_variants=("QWF",))

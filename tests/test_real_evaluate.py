@@ -287,6 +287,12 @@ def test_real_e2e_calibration_texts_are_disjoint_from_the_evaluated_and_model_se
                                   "long_context": {"lengths": [4096, 1024], "schemes": ["QWF", "RKV"]},
                                   "passkey": {"depths": [1.0, 0.0]}}}, schemes=["KV", "RKV"])["e2e"]
     assert long["long_context"]["lengths"] == [1024, 4096] and long["passkey"]["depths"] == [0.0, 1.0]
+    assert long["long_context"]["calibration_windows"] == 0  # the window bases are off by default
+    with pytest.raises(KvasymError, match=r"real.e2e.long_context.calibration_windows: 2 calibrates query-aware "
+                                          r"bases, but none of the long-context schemes \['RKV'\] is a query-aware "
+                                          r"variant \['QWF'\]"):
+        real_settings({"e2e": {"texts": evaluated, "query_aware": ["QWF"],
+                               "long_context": {"schemes": ["RKV"], "calibration_windows": 2}}}, schemes=["KV", "RKV"])
     with pytest.raises(KvasymError, match=r"real.e2e.passkey.schemes: \['QWF'\] not among the e2e schemes"):
         real_settings({"e2e": {"passkey": {"schemes": ["QWF"]}}}, schemes=["KV", "RKV"])
     with pytest.raises(KvasymError, match="real.e2e.long_context"):

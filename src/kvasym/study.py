@@ -348,7 +348,8 @@ class Study:
     def e2e_long_slice(self, length: int, real: Mapping[str, Any]) -> dict[str, Any]:
         """What the long-context job of one window length (stage ``e2e_long``) depends on."""
         section = real["e2e"]["long_context"]
-        return {"length": int(length), "windows": int(section["windows"]), "own": real["e2e"]["own"],
+        return {"length": int(length), "windows": int(section["windows"]),
+                "calibration_windows": int(section["calibration_windows"]), "own": real["e2e"]["own"],
                 **self._model_pass_slice(section, real)}
 
     def passkey_slice(self, length: int, real: Mapping[str, Any]) -> dict[str, Any]:

@@ -251,8 +251,8 @@ def e2e_settings(value: object, texts: list[str] | None = None,
             "calibration_texts": _calibration_texts(out["calibration_texts"], variants, chosen_texts),
             "recent_windows": {k: sorted(v) for k, v in sorted(out["recent_windows"].items())},
             "causal_chunks": dict(sorted(out["causal_chunks"].items())),
-            "long_context": _model_section("long_context", out.get("long_context"), model_schemes),
-            "passkey": _model_section("passkey", out.get("passkey"), model_schemes)}
+            "long_context": _model_section("long_context", out.get("long_context"), model_schemes, variants),
+            "passkey": _model_section("passkey", out.get("passkey"), model_schemes, variants)}
 
 
 def _calibration_texts(value: str | list[str], variants: list[str], e2e_texts: str | list[str]) -> list[str]:
@@ -279,9 +279,10 @@ def _calibration_texts(value: str | list[str], variants: list[str], e2e_texts: s
     return chosen
 
 
-def _model_section(key: str, value: dict | None, schemes: list[str] | None) -> dict | None:
+def _model_section(key: str, value: dict | None, schemes: list[str] | None, variants: list[str]) -> dict | None:
     """``real.e2e.long_context`` or ``real.e2e.passkey`` (None when off), with sorted lengths
-    (and depths) and its schemes checked against the e2e schemes and query-aware variants."""
+    (and depths) and its schemes checked against the e2e schemes and query-aware variants
+    (long context: ``calibration_windows`` needs one of the variants among its schemes)."""
     if _off(value):
         return None
     out = dict(value)
@@ -292,6 +293,12 @@ def _model_section(key: str, value: dict | None, schemes: list[str] | None) -> d
                               f"query-aware variants {schemes}")
     out["lengths"] = sorted(int(v) for v in out["lengths"])
     out["budgets"] = sorted(int(v) for v in out["budgets"])
+    if key == "long_context":
+        out["calibration_windows"] = int(out.get("calibration_windows", 0))
+        if out["calibration_windows"] and not set(out["schemes"]) & set(variants):
+            raise KvasymError(f"config key real.e2e.long_context.calibration_windows: "
+                              f"{out['calibration_windows']} calibrates query-aware bases, but none of the "
+                              f"long-context schemes {out['schemes']} is a query-aware variant {sorted(variants)}")
     if "depths" in out:
         out["depths"] = sorted(float(v) for v in out["depths"])
     return out

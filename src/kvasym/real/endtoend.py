@@ -127,6 +127,9 @@ ROPE_MODES = ("post", "pre")
 OWN_MODES = ("exact", "quantized")
 #: ``layer`` of the rows whose pass quantized every layer (a single layer's pass gives its number).
 ALL_LAYERS = -1
+#: The scheme-column suffix of a query-aware variant whose bases were calibrated on long-text
+#: windows of the pass's own length (:func:`kvasym.real.longcontext.window_bases`): ``QWF+W``.
+WINDOW_BASES_TAG = "+W"
 #: Rows of the (rows, vocab) logits handled at once: 128 x 49152 float64 is ~50 MB. (The
 #: reference's probabilities are held whole: T x 49152 float64, ~200 MB at 512 tokens.)
 METRIC_BLOCK_ROWS = 128
@@ -171,6 +174,10 @@ class CacheQuantization:
         ``rope`` ``"post"``, and ``query_bases`` given).
     query_bases : QueryBases or None
         The calibrated bases the variant reads (held by reference, not compared or hashed).
+    bases_tag : str
+        Appended to the variant's name in :attr:`name` when its bases are not the study's
+        calibration (e.g. :data:`WINDOW_BASES_TAG`: calibrated on long-text windows); the seeds
+        do not depend on it, so two passes that differ only in their bases are paired.
     """
 
     scheme: Scheme
@@ -186,6 +193,7 @@ class CacheQuantization:
     causal_chunk: int = 0
     query_variant: str | None = None
     query_bases: QueryBases | None = field(default=None, compare=False, repr=False)
+    bases_tag: str = ""
 
     def __post_init__(self) -> None:
         if self.rope not in ROPE_MODES:
@@ -212,15 +220,16 @@ class CacheQuantization:
             if self.scheme != variant_scheme(self.query_variant):
                 raise KvasymError(f"query_variant {self.query_variant} stores its rows with scheme "
                                   f"{variant_scheme(self.query_variant).name}, got scheme {self.scheme.name!r}")
-        elif self.query_bases is not None:
-            raise KvasymError("query_bases given without a query_variant")
+        elif self.query_bases is not None or self.bases_tag:
+            raise KvasymError("query_bases or bases_tag given without a query_variant")
         self.scheme.validate_budget(int(self.budget))
 
     @property
     def name(self) -> str:
-        """The pass's scheme column: the scheme's name or the query variant's, then ``+R<R>``
-        for a recent window and ``+C<C>`` for causal chunks (e.g. ``KIVI128+C32``)."""
-        name = self.query_variant or self.scheme.name
+        """The pass's scheme column: the scheme's name or the query variant's (with its
+        :attr:`bases_tag`), then ``+R<R>`` for a recent window and ``+C<C>`` for causal chunks
+        (e.g. ``KIVI128+C32``, ``QWF+W``)."""
+        name = f"{self.query_variant}{self.bases_tag}" if self.query_variant else self.scheme.name
         if self.recent_tokens:
             name += f"+R{int(self.recent_tokens)}"
         if self.causal_chunk:
@@ -503,6 +512,7 @@ def evaluate_text(
     norm_dtype: str = "float32",
     query_bases: QueryBases | None = None,
     query_variants: Sequence[str] = (),
+    window_query_bases: QueryBases | None = None,
     recent_windows: Mapping[str, Sequence[int]] | None = None,
     causal_chunks: Mapping[str, Sequence[int] | int] | None = None,
 ) -> dict[str, np.ndarray]:
@@ -524,6 +534,9 @@ def evaluate_text(
     - ``query_variants`` (names of :data:`kvasym.real.queryaware.VARIANTS`, with
       ``query_bases`` of the model's shape): in RoPE mode ``"post"`` only, every draw and
       budget of ``budgets``, one pass per variant, scheme column the variant's name;
+    - ``window_query_bases`` (with ``query_variants``): every variant pass again with these
+      bases (calibrated on long-text windows, :func:`kvasym.real.longcontext.window_bases`),
+      scheme column ``f"{variant}{WINDOW_BASES_TAG}"`` (``QWF+W``), same seeds;
     - ``recent_windows[S] = [R, ...]``: scheme (or variant) ``S`` with a full-precision window of
       ``R`` tokens, scheme column ``f"{S}+R{R}"``, in every RoPE mode, draw and budget of ``S``;
     - ``causal_chunks[S] = [C, ...]`` (or one ``C``): ``S`` quantized in causal chunks of ``C``
@@ -551,6 +564,12 @@ def evaluate_text(
         if "post" not in ropes:
             raise KvasymError(f"query_variants {query_variants} run with rope 'post' only (their bases are of "
                               f"post-RoPE queries), and ropes is {ropes}")
+        if window_query_bases is not None and tuple(window_query_bases.shape) != expected:
+            raise KvasymError(f"window_query_bases have shape (layers, kv_heads, head_dim) = "
+                              f"{tuple(window_query_bases.shape)}, the model's is {expected}")
+    elif window_query_bases is not None:
+        raise KvasymError("window_query_bases given without query_variants")
+    bases_sets = [("", query_bases)] + ([(WINDOW_BASES_TAG, window_query_bases)] if window_query_bases else [])
     windows = {key: [int(r) for r in value] for key, value in (recent_windows or {}).items()}
     chunks = {key: [int(value)] if isinstance(value, (int, np.integer)) else [int(c) for c in value]
               for key, value in (causal_chunks or {}).items()}
@@ -605,15 +624,16 @@ def evaluate_text(
                         add(quant, ALL_LAYERS, hidden, bits)
             # the query-aware variants draw RKV's value rotations: every draw
             for variant in query_variants if rope == "post" else ():
-                for budget in budgets:
-                    for recent, chunk in reads_of(variant):
-                        quant = CacheQuantization(variant_scheme(variant), int(budget), base_seed, text, rope=rope,
-                                                  own=own, norm_dtype=norm_dtype, draw=draw, recent_tokens=recent,
-                                                  causal_chunk=chunk, query_variant=variant,
-                                                  query_bases=query_bases)
-                        bits = []
-                        hidden = run_layers(model, ref.frame, ref.residuals[0], 0, quant, bits)
-                        add(quant, ALL_LAYERS, hidden, bits)
+                for tag, bases in bases_sets:
+                    for budget in budgets:
+                        for recent, chunk in reads_of(variant):
+                            quant = CacheQuantization(variant_scheme(variant), int(budget), base_seed, text,
+                                                      rope=rope, own=own, norm_dtype=norm_dtype, draw=draw,
+                                                      recent_tokens=recent, causal_chunk=chunk,
+                                                      query_variant=variant, query_bases=bases, bases_tag=tag)
+                            bits = []
+                            hidden = run_layers(model, ref.frame, ref.residuals[0], 0, quant, bits)
+                            add(quant, ALL_LAYERS, hidden, bits)
     if sensitivity_budget is not None:
         for scheme in schemes:
             if sensitivity_schemes is not None and scheme.name not in sensitivity_schemes:

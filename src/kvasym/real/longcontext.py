@@ -7,6 +7,15 @@ quantized, one RoPE mode, no single-layer sensitivity passes). Window ``i`` of l
 has the text identity ``f"pydoc/{L}/{i}"``, so each window draws its own rotations and
 sketches (seeds ``(base seed, text, layer, KV head, side)``): windows are independent units for
 a statistic over them, not one draw seen through several texts.
+
+Query bases at long context (:func:`window_bases`): the query-aware variants' bases
+(:mod:`kvasym.real.querybases`) are calibrated on the shipped 512-token texts, so they describe
+post-RoPE queries of positions below 512 only; at 4K tokens the top calibration directions hold
+far less of the late queries' energy (``benchmarks/bench_queryaware_positions.py``). With
+``calibration_windows = N`` the variants also run with bases calibrated on the last ``N``
+windows of the same length of the long text (disjoint from the evaluated windows, which are the
+first ones), scheme column ``f"{variant}+W"`` (:data:`~kvasym.real.endtoend.WINDOW_BASES_TAG`),
+on the same seeds as the variant's own passes, so the two are paired by window.
 """
 
 from __future__ import annotations
@@ -19,9 +28,9 @@ import numpy as np
 from ..errors import KvasymError
 from ..schemes import Scheme
 from .endtoend import evaluate_text
-from .longtext import windows
+from .longtext import disjoint_from, n_windows, windows
 
-__all__ = ["evaluate_windows", "window_text"]
+__all__ = ["calibration_window_indices", "evaluate_windows", "window_bases", "window_text"]
 
 
 def window_text(length: int, index: int) -> str:
@@ -29,10 +38,66 @@ def window_text(length: int, index: int) -> str:
     return f"pydoc/{int(length)}/{int(index)}"
 
 
+def calibration_window_indices(n_tokens: int, length: int, evaluated: int, count: int) -> list[int]:
+    """The windows of length ``length`` the window bases are calibrated on: the last ``count`` of
+    the stream's ``n_tokens // length``, refused when they would meet the ``evaluated`` first
+    ones (the evaluation windows).
+
+    Raises
+    ------
+    KvasymError
+        If ``count < 1`` or the stream holds fewer than ``evaluated + count`` windows.
+    """
+    available = n_windows(int(n_tokens), int(length))
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+        raise KvasymError(f"calibration windows must be an integer >= 1, got {count!r}")
+    if evaluated + count > available:
+        raise KvasymError(f"calibration_windows: {count} calibration and {evaluated} evaluation windows of "
+                          f"{length} tokens do not fit disjointly in the long text's {available} windows")
+    return list(range(available - count, available))
+
+
+def window_bases(model: Any, ids: np.ndarray, length: int, evaluated: int, count: int,
+                 context_length: int | None = None) -> Any:
+    """The query bases calibrated on long-text windows (:func:`kvasym.real.querybases.calibrate`).
+
+    Parameters
+    ----------
+    model : GGUFLlama
+        The model.
+    ids : numpy.ndarray
+        The long text's token stream.
+    length : int
+        Window length in tokens: the bases see queries at every position ``0..length-1``.
+    evaluated : int
+        How many windows are evaluated (windows ``0..evaluated-1``); the calibration windows
+        must not meet them (checked on their token spans).
+    count : int
+        Calibration windows: the stream's last ``count`` (:func:`calibration_window_indices`).
+    context_length : int, optional
+        The longest window allowed (default ``model.config.context_length``).
+
+    Returns
+    -------
+    QueryBases
+        With ``calibration_texts`` the windows' :func:`window_text` names.
+    """
+    from .querybases import calibrate
+
+    limit = int(model.config.context_length) if context_length is None else int(context_length)
+    indices = calibration_window_indices(len(ids), length, int(evaluated), count)
+    tokens, spans = windows(ids, length, limit, len(indices), first=indices[0])
+    _, taken = windows(ids, length, limit, int(evaluated)) if evaluated else (None, [])
+    if not disjoint_from(spans, taken).all():  # by construction; the split is what the claim rests on
+        raise KvasymError(f"calibration windows {indices} of length {length} meet the evaluation windows")
+    return calibrate(model, {window_text(length, i): row for i, row in zip(indices, tokens)})
+
+
 def evaluate_windows(model: Any, ids: np.ndarray, lengths: Sequence[int], count_per_length: int,
                      schemes: Sequence[Scheme], budgets: Sequence[int], *, base_seed: int, rope: str = "post",
                      own: str = "exact", norm_dtype: str = "float32",
-                     context_length: int | None = None, **pass_options: Any) -> dict[str, np.ndarray]:
+                     context_length: int | None = None, calibration_windows: int = 0,
+                     **pass_options: Any) -> dict[str, np.ndarray]:
     """Per-position next-token measures of every scheme and budget on long-text windows.
 
     Parameters
@@ -60,6 +125,10 @@ def evaluate_windows(model: Any, ids: np.ndarray, lengths: Sequence[int], count_
     context_length : int, optional
         The longest window allowed (default ``model.config.context_length``, GGUF key
         ``llama.context_length``).
+    calibration_windows : int
+        With query-aware variants (``pass_options["query_variants"]``): ``N >= 1`` also runs
+        every variant with bases calibrated on the last ``N`` windows of each length
+        (:func:`window_bases`; scheme column ``f"{variant}+W"``); 0 (default): not.
     **pass_options
         Further keywords of :func:`~kvasym.real.endtoend.evaluate_text` (e.g. the query-aware
         variants and their bases), passed to every window's passes.
@@ -86,12 +155,20 @@ def evaluate_windows(model: Any, ids: np.ndarray, lengths: Sequence[int], count_
     limit = int(model.config.context_length) if context_length is None else int(context_length)
     # every window cut before the first pass, so a bad length is refused before any cost
     cut = [(int(length), windows(ids, length, limit, int(count_per_length))[0]) for length in lengths]
+    calibrating = bool(calibration_windows) and bool(pass_options.get("query_variants"))
+    if calibrating:  # refused before any pass too
+        for length in lengths:
+            calibration_window_indices(len(ids), int(length), int(count_per_length), calibration_windows)
     parts: list[dict[str, np.ndarray]] = []
     for length, tokens in cut:
+        options = dict(pass_options)
+        if calibrating:
+            options["window_query_bases"] = window_bases(model, ids, length, int(count_per_length),
+                                                         calibration_windows, limit)
         for index, window_ids in enumerate(tokens):
             columns = evaluate_text(model, window_ids, schemes, budgets, text=window_text(length, index),
                                     base_seed=base_seed, ropes=(rope,), own=own, norm_dtype=norm_dtype,
-                                    **pass_options)
+                                    **options)
             n = len(columns["position"])
             columns["context"] = np.full(n, length, dtype=np.int32)
             columns["window"] = np.full(n, index, dtype=np.int32)

@@ -6,7 +6,10 @@ is cut into its first ``windows`` disjoint windows of ``L`` tokens, and every wi
 reference pass and one all-layer pass per scheme (and query-aware variant) and budget, keys
 after RoPE (:func:`kvasym.real.longcontext.evaluate_windows`; each window its own draw of
 rotations and sketches: the unit of the long-context statistics). A pass costs about 3.6, 10,
-28 and 95 CPU-s at 1K, 2K, 4K and 8K tokens. The per-position table (the e2e columns plus
+28 and 95 CPU-s at 1K, 2K, 4K and 8K tokens (measured before cf068b6; 2.8, 19 and 66 s at
+1K, 4K and 8K after). With ``calibration_windows`` the query-aware variants run a second time
+with bases calibrated on the long text's last windows of this length (one full-precision pass
+each, :func:`kvasym.real.longcontext.window_bases`). The per-position table (the e2e columns plus
 ``context`` and ``window``) is written atomically as Parquet with the slice in its metadata.
 """
 
@@ -22,9 +25,11 @@ from ._slice import add_slice_arguments, slice_schemes, stage_slice
 def run_e2e_long(slice_: dict[str, Any], out: str, query_bases: str | None = None) -> None:
     """Every long-context pass of the windows of length ``slice_["length"]``.
 
-    ``slice_``: ``length``, ``windows``, ``own``, ``schemes`` (scheme dicts), ``query_variants``,
-    ``budgets``, ``base_seed``, ``norm_dtype``; ``query_bases`` the calibrated bases' file when
-    ``query_variants`` is not empty.
+    ``slice_``: ``length``, ``windows``, ``calibration_windows`` (the variants also run with
+    bases calibrated on that many long-text windows of this length, scheme ``<variant>+W``),
+    ``own``, ``schemes`` (scheme dicts), ``query_variants``, ``budgets``, ``base_seed``,
+    ``norm_dtype``; ``query_bases`` the calibrated bases' file when ``query_variants`` is not
+    empty.
     """
     import json
 
@@ -44,7 +49,8 @@ def run_e2e_long(slice_: dict[str, Any], out: str, query_bases: str | None = Non
     schemes = slice_schemes(slice_)
     columns = evaluate_windows(model, long_text_ids(model), [int(slice_["length"])], int(slice_["windows"]),
                                schemes, [int(b) for b in slice_["budgets"]], base_seed=int(slice_["base_seed"]),
-                               own=slice_["own"], norm_dtype=slice_["norm_dtype"], **options)
+                               own=slice_["own"], norm_dtype=slice_["norm_dtype"],
+                               calibration_windows=int(slice_["calibration_windows"]), **options)
     source = long_text_source()
     meta = {**provenance(slice_), "model_sha256": model.model_sha256,
             "long_text": json.dumps({key: str(value) for key, value in vars(source).items()}, sort_keys=True)}
