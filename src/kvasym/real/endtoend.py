@@ -569,7 +569,9 @@ def evaluate_text(
                               f"{tuple(window_query_bases.shape)}, the model's is {expected}")
     elif window_query_bases is not None:
         raise KvasymError("window_query_bases given without query_variants")
-    bases_sets = [("", query_bases)] + ([(WINDOW_BASES_TAG, window_query_bases)] if window_query_bases else [])
+    bases_sets = [("", query_bases)]  # (scheme-column tag, bases) of the variants' passes
+    if window_query_bases is not None:
+        bases_sets.append((WINDOW_BASES_TAG, window_query_bases))
     windows = {key: [int(r) for r in value] for key, value in (recent_windows or {}).items()}
     chunks = {key: [int(value)] if isinstance(value, (int, np.integer)) else [int(c) for c in value]
               for key, value in (causal_chunks or {}).items()}
