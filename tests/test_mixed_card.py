@@ -275,6 +275,12 @@ def test_card_page_stage_refuses_a_file_that_is_not_a_card(tmp_path, capsys):
     assert main(["stage", "card_page", "--card", str(bad), "--out", str(tmp_path / "card.html")]) != 0
     assert f"{bad}: not a readable model card" in capsys.readouterr().err
     assert not (tmp_path / "card.html").exists() and bad.read_text() == "{not json"
+    # the DAG's own card.json, damaged, goes aside so that the next run rebuilds it
+    ours = tmp_path / "results/real/card/card.json"
+    ours.parent.mkdir(parents=True)
+    ours.write_text("{not json")
+    assert main(["stage", "card_page", "--card", str(ours), "--out", str(ours.with_suffix(".html"))]) != 0
+    assert not ours.exists() and (ours.parent / ".card.json.damaged").read_text() == "{not json"
 
 
 def test_card_config_refusals():

@@ -544,9 +544,8 @@ def test_calibration_windows_are_the_last_ones_and_never_the_evaluated() -> None
 
 
 def test_window_bases_are_the_query_moments_of_the_last_windows(two_layers) -> None:
-    """The bases are the eigenbases of the post-RoPE query second moments over the last windows
-    (querybases.query_second_moments, the moments' own reference), and the evaluation passes
-    run them as QWF+W."""
+    """The bases are the eigenbases of the post-RoPE query second moments over the stream's last
+    two windows, sliced here by hand (stream[36:60]), and the evaluation passes run them as QWF+W."""
     from kvasym.real.longcontext import evaluate_windows, window_bases
     from kvasym.real.querybases import bases_from_moments, query_second_moments
 

@@ -22,14 +22,16 @@ def run_card_page(card_json: str, out_html: str) -> None:
     import json
 
     from ..atomic import write_text_atomic
-    from ..errors import KvasymError
+    from ..errors import DamagedFile, KvasymError
     from ..render.card_page import render_card_html
 
     try:
         with open(card_json, encoding="utf-8") as fh:
             card = json.load(fh)
-    except (OSError, ValueError) as exc:
-        raise KvasymError(f"{card_json}: not a readable model card ({exc})") from None
+    except OSError as exc:
+        raise KvasymError(f"{card_json}: not a readable model card ({exc.strerror or exc})") from None
+    except ValueError as exc:  # damaged: the DAG's own card.json is moved aside and rebuilt
+        raise DamagedFile(card_json, f"not a readable model card ({exc})") from None
     write_text_atomic(render_card_html(card), out_html)
 
 
