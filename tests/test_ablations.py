@@ -298,3 +298,40 @@ def test_frontier_real_schemes_choose_the_real_rows_schemes() -> None:
     assert study.frontier_real_schemes == ("CRKV", "HRKV")  # in frontier.schemes order
     with pytest.raises(KvasymError, match=r"frontier\.real_schemes\[0\] = 'KQV'"):
         load_study({**tiny, "frontier": {**tiny["frontier"], "real_schemes": ["KQV"]}})
+
+
+def test_frontier_real_query_aware_variants_get_cross_fitted_slices_and_frontier_rows() -> None:
+    """frontier.real_query_aware: a real_metrics slice that names the variant and its
+    cross-fitting, the variant among the frontier's schemes, the schema's enum the library's
+    variants, and a refusal of a name that is also a scheme."""
+    from kvasym.config_schema import load_schema
+    from kvasym.real import real_settings
+    from kvasym.real.queryaware import VARIANTS, variant_scheme
+    from kvasym.study import load_study
+
+    tiny = yaml.safe_load((ROOT / "config/test.yaml").read_text())
+    study = load_study(tiny)
+    assert study.frontier_real_query_aware == ("QWF",)
+    assert "QWF" in study.frontier_slice()["schemes"] and "QWF" not in study.frontier_slice()["frontier_schemes"]
+    real = real_settings(tiny["real"], list(study.schemes), list(study.frontier_real_schemes))
+    qwf = study.job_slice("real_metrics", {"distribution": "smollm2", "scheme": "QWF"}, real=real)
+    spec = variant_scheme("QWF").to_dict()
+    spec.pop("description", None)
+    assert qwf["scheme"] == {"name": "QWF", **spec}
+    assert qwf["query_aware"] == {"variant": "QWF", "calibration": "leave-one-text-out"}
+    rkv = study.job_slice("real_metrics", {"distribution": "smollm2", "scheme": "RKV"}, real=real)
+    assert "query_aware" not in rkv and {k: v for k, v in qwf.items() if k not in ("scheme", "query_aware")} == {
+        k: v for k, v in rkv.items() if k != "scheme"}
+    without = load_study({**tiny, "frontier": {k: v for k, v in tiny["frontier"].items() if k != "real_query_aware"}})
+    assert without.frontier_real_query_aware == ()
+    assert without.frontier_slice() == {**study.frontier_slice(),
+                                        "schemes": [s for s in study.frontier_slice()["schemes"] if s != "QWF"]}
+    enum = load_schema()["properties"]["frontier"]["properties"]["real_query_aware"]["items"]["enum"]
+    assert enum == list(VARIANTS)
+    with pytest.raises(KvasymError, match=r"frontier.real_query_aware\[0\] = 'QX'|real_query_aware"):
+        load_study({**tiny, "frontier": {**tiny["frontier"], "real_query_aware": ["QX"]}})
+    clash = {**tiny, "user_schemes": {"QWF": {"K": {"rotate": True, "scalar_bits": "n", "qjl": False},
+                                             "V": {"rotate": True, "scalar_bits": "n", "qjl": False}}},
+             "schemes": [*tiny["schemes"], "QWF"]}
+    with pytest.raises(KvasymError, match=r"frontier.real_query_aware\[0\] = 'QWF' is also a scheme"):
+        load_study(clash)

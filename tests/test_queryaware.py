@@ -344,3 +344,28 @@ def test_save_load_round_trip_and_refusals(tmp_path):
     np.savez(tmp_path / "foreign.npz", bases=qb.bases)
     with pytest.raises(KvasymError, match="foreign.npz.*not a query-bases file"):
         load_query_bases(tmp_path / "foreign.npz", "0" * 64)
+
+
+def test_leave_one_text_out_bases_from_captures_are_calibrate_on_the_other_texts(model):
+    """The per-head rows' bases (from the captured queries) are what calibrate() fits on the other
+    texts' forward passes, at the captured layers."""
+    from kvasym.real.capture import capture_text
+    from kvasym.real.querybases import capture_moment_sums, leave_one_text_out_bases
+
+    c = model.config
+    texts = {"a": "The baker opened the shop before dawn and lit the old oven.",
+             "b": "A bicycle chain slipped twice on the hill before the repair.",
+             "c": "The river ran high after the storm, and the path was closed."}
+    layers = [0, c.n_layers - 1]
+    captures = {name: capture_text(model, text, name=name, max_tokens=12, layers=layers)
+                for name, text in texts.items()}
+    loo = leave_one_text_out_bases({n: capture_moment_sums(cap) for n, cap in captures.items()}, c.group,
+                                   model.model_sha256)
+    for name in texts:
+        others = {o: captures[o].token_ids for o in texts if o != name}
+        ref = calibrate(model, others)
+        assert loo[name].calibration_texts == tuple(others) and loo[name].n_positions == ref.n_positions
+        for i, layer in enumerate(layers):
+            np.testing.assert_allclose(loo[name].eigenvalues[i], ref.eigenvalues[layer], rtol=1e-10,
+                                       atol=1e-12 * ref.eigenvalues[layer, :, 0].max())
+            np.testing.assert_allclose(loo[name].bases[i], ref.bases[layer], rtol=0, atol=1e-8)

@@ -297,3 +297,164 @@ def test_real_e2e_calibration_texts_are_disjoint_from_the_evaluated_and_model_se
         real_settings({"e2e": {"passkey": {"schemes": ["QWF"]}}}, schemes=["KV", "RKV"])
     with pytest.raises(KvasymError, match="real.e2e.long_context"):
         real_settings({"e2e": {"long_context": {"lengths": [9000]}}}, schemes=["KV"])
+
+
+# --------------------------------------------------------------------------- query-aware rows, cross-fitted
+
+
+def _brute_group_moment_sum(capture: Capture, li: int, kv_head: int) -> np.ndarray:
+    """sum over the group's query heads and positions of q q^T, by a double loop."""
+    total = np.zeros((D, D))
+    for g in np.flatnonzero(capture.kv_head_of_query_head == kv_head):
+        for t in range(T):
+            q = capture.q_post_rope[li, g, t].astype(np.float64)
+            total += np.outer(q, q)
+    return total
+
+
+def _named_captures(n: int = 3) -> list[Capture]:
+    out = []
+    for i in range(n):
+        capture = make_capture(seed=10 + i)
+        capture.metadata["name"] = "abc"[i]
+        out.append(capture)
+    return out
+
+
+def test_capture_moment_sums_and_leave_one_text_out_bases_against_brute_force():
+    from kvasym.real.querybases import capture_moment_sums, leave_one_text_out_bases
+
+    captures = _named_captures()
+    sums = {c.metadata["name"]: capture_moment_sums(c) for c in captures}
+    for capture in captures:
+        s, n = sums[capture.metadata["name"]]
+        assert n == T and s.shape == (len(LAYERS), HKV, D, D)
+        for li in range(len(LAYERS)):
+            for h in range(HKV):
+                brute = _brute_group_moment_sum(capture, li, h)
+                np.testing.assert_allclose(s[li, h], brute, rtol=1e-12, atol=1e-12)
+    bases = leave_one_text_out_bases(sums, HQ // HKV, "0" * 64)
+    for i, capture in enumerate(captures):
+        name = capture.metadata["name"]
+        others = [c for c in captures if c is not capture]
+        assert bases[name].calibration_texts == tuple(c.metadata["name"] for c in others)
+        assert bases[name].n_positions == 2 * T
+        for li in range(len(LAYERS)):
+            for h in range(HKV):
+                m = sum(_brute_group_moment_sum(c, li, h) for c in others) / (2 * T * (HQ // HKV))
+                u, lam = bases[name].bases[li, h], bases[name].eigenvalues[li, h]
+                np.testing.assert_allclose(u.T @ u, np.eye(D), atol=1e-12)
+                np.testing.assert_allclose(m @ u, u * lam, atol=1e-10 * lam[0])  # the eigen-equations
+                assert np.all(np.diff(lam) <= 0)
+
+
+def test_a_texts_cross_fitted_basis_never_sees_its_own_queries():
+    """Changing text a's queries leaves a's bases as they were and moves the others'."""
+    from kvasym.real.querybases import capture_moment_sums, leave_one_text_out_bases
+
+    captures = _named_captures()
+    before = leave_one_text_out_bases({c.metadata["name"]: capture_moment_sums(c) for c in captures}, 2, "0" * 64)
+    captures[0].q_post_rope[...] = 3.0 * make_capture(seed=99).q_post_rope
+    after = leave_one_text_out_bases({c.metadata["name"]: capture_moment_sums(c) for c in captures}, 2, "0" * 64)
+    np.testing.assert_array_equal(after["a"].bases, before["a"].bases)
+    np.testing.assert_array_equal(after["a"].eigenvalues, before["a"].eigenvalues)
+    for name in ("b", "c"):
+        assert not np.allclose(after[name].eigenvalues, before[name].eigenvalues)
+    with pytest.raises(KvasymError, match="at least 2 texts"):
+        leave_one_text_out_bases({"a": capture_moment_sums(captures[0])}, 2, "0" * 64)
+
+
+def _identity_bases(n_layers: int = len(LAYERS)):
+    from kvasym.real.querybases import QueryBases
+
+    return QueryBases(bases=np.broadcast_to(np.eye(D), (n_layers, HKV, D, D)).copy(),
+                      eigenvalues=np.ones((n_layers, HKV, D)), calibration_texts=("x",), n_positions=1,
+                      model_sha256="0" * 64)
+
+
+def test_query_aware_rows_in_the_identity_basis_are_rkv_rows_and_qwf_matches_a_brute_force_kl():
+    from kvasym.real.queryaware import quantize_pair_query_aware
+    from kvasym.real.querybases import capture_moment_sums, leave_one_text_out_bases
+
+    capture = make_capture(3)
+    rkv = evaluate_capture(capture, [get_scheme("RKV")], [2, 4], name="t", base_seed=5, kernel="numpy")
+    qrkv = evaluate_capture(capture, [], [2, 4], name="t", base_seed=5, kernel="numpy", query_variants=["QRKV"],
+                            query_bases=_identity_bases())
+    assert set(qrkv["scheme"]) == {"QRKV"} and set(rkv["scheme"]) == {"RKV"}
+    for key in rkv:
+        if key != "scheme":
+            np.testing.assert_array_equal(qrkv[key], rkv[key], err_msg=key)
+    # QWF in data-fitted bases: one row against a softmax by hand over the variant's reconstruction
+    others = _named_captures(2)
+    bases = leave_one_text_out_bases({"t": capture_moment_sums(capture),
+                                      **{c.metadata["name"]: capture_moment_sums(c) for c in others}}, 2, "0" * 64)["t"]
+    qwf = evaluate_capture(capture, [], [2], name="t", base_seed=5, kernel="numpy", query_variants=["QWF"],
+                           query_bases=bases)
+    layer, kv_head, q_head, pos = 3, 0, 1, 9
+    li = LAYERS.index(layer)
+    k = capture.k_post_rope[li, kv_head].astype(np.float64)
+    k_hat, _, bits = quantize_pair_query_aware(k, capture.v[li, kv_head].astype(np.float64), "QWF", 2, bases, li,
+                                               kv_head, base_seed=5, identity=("t", layer, kv_head), kernel="numpy",
+                                               side16=True)
+    expected = brute_kl(capture.q_post_rope[li, q_head, pos].astype(np.float64), k, k_hat, pos)
+    row = ((qwf["layer"] == layer) & (qwf["kv_head"] == kv_head) & (qwf["query_head"] == q_head)
+           & (qwf["position"] == pos))
+    assert row.sum() == 1 and expected > 1e-6
+    assert qwf["kl"][row][0] == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    for key, value in bits.items():
+        assert qwf[key][row][0] == value
+    assert bits["k_bits_side16"] < bits["k_bits_side"]  # float16 norms and scales cost fewer bits
+    with pytest.raises(KvasymError, match="rope 'post' only"):
+        evaluate_capture(capture, [], [2], name="t", base_seed=5, rope="pre", query_variants=["QWF"],
+                         query_bases=bases)
+    with pytest.raises(KvasymError, match=r"query_bases of shape \(captured layers, kv_heads, head_dim\)"):
+        evaluate_capture(capture, [], [2], name="t", base_seed=5, query_variants=["QWF"],
+                         query_bases=_identity_bases(1))
+    with pytest.raises(KvasymError, match=r"query_variants \['QX'\]"):
+        evaluate_capture(capture, [], [2], name="t", base_seed=5, query_variants=["QX"], query_bases=bases)
+
+
+def test_real_metrics_job_of_a_query_aware_variant_cross_fits_every_text(tmp_path):
+    """The job of QWF writes the trial map of every other real scheme's job, and each text's rows
+    are those of evaluate_capture in the bases of the other captures."""
+    import pandas as pd
+
+    from kvasym.dataset import read_metadata
+    from kvasym.real.capture import write_capture
+    from kvasym.real.queryaware import variant_scheme
+    from kvasym.real.querybases import capture_moment_sums, leave_one_text_out_bases
+    from kvasym.stages.real_metrics import run_real_metrics
+
+    captures = _named_captures()
+    paths = [str(write_capture(c, tmp_path / f"{c.metadata['name']}.npz")) for c in captures]
+    common = {"distribution": "smollm2", "budgets": [2], "sharpness": [1.0], "base_seed": 3, "norm_dtype": "float32",
+              "layers": None}
+    spec = variant_scheme("QWF").to_dict()
+    spec.pop("description", None)
+    qwf_slice = {**common, "scheme": {"name": "QWF", **spec},
+                 "query_aware": {"variant": "QWF", "calibration": "leave-one-text-out"}}
+    run_real_metrics(qwf_slice, paths, {2: str(tmp_path / "qwf.parquet")})
+    run_real_metrics({**common, "scheme": {"name": "RKV", **get_scheme("RKV").to_dict()}}, paths,
+                     {2: str(tmp_path / "rkv.parquet")})
+    assert read_metadata(tmp_path / "qwf.parquet")["trial_map"] == read_metadata(tmp_path / "rkv.parquet")["trial_map"]
+    frame = pd.read_parquet(tmp_path / "qwf.parquet")
+    assert set(frame["scheme"]) == {"QWF"} and len(frame) == len(pd.read_parquet(tmp_path / "rkv.parquet"))
+    # text b's rows, recomputed: bases from a and c only
+    b = captures[1]
+    bases = leave_one_text_out_bases({c.metadata["name"]: capture_moment_sums(c) for c in captures}, 2, "0" * 64)
+    assert bases["b"].calibration_texts == ("a", "c")
+    cols = evaluate_capture(b, [], [2], name="b", base_seed=3, kernel="auto", query_variants=["QWF"],
+                            query_bases=bases["b"])
+    trials_of_b = frame["trial"].between(len(LAYERS) * HKV, 2 * len(LAYERS) * HKV - 1)
+    np.testing.assert_array_equal(frame.loc[trials_of_b, "kl"].to_numpy(), cols["kl"])
+    with pytest.raises(KvasymError, match="post-RoPE rows only"):
+        run_real_metrics({**qwf_slice, "distribution": "smollm2-prerope"}, paths, {2: str(tmp_path / "x.parquet")})
+    with pytest.raises(KvasymError, match="query_aware.variant 'QRKV'"):
+        run_real_metrics({**qwf_slice, "query_aware": {"variant": "QRKV", "calibration": "leave-one-text-out"}},
+                         paths, {2: str(tmp_path / "x.parquet")})
+    with pytest.raises(KvasymError, match="calibration must be 'leave-one-text-out'"):
+        run_real_metrics({**qwf_slice, "query_aware": {"variant": "QWF", "calibration": "fixed"}}, paths,
+                         {2: str(tmp_path / "x.parquet")})
+    with pytest.raises(KvasymError, match="at least 2 texts"):
+        run_real_metrics(qwf_slice, paths[:1], {2: str(tmp_path / "x.parquet")})
+    assert not (tmp_path / "x.parquet").exists()

@@ -100,6 +100,27 @@ def head_metrics(
             for side in SIDES for part in ("payload", "side")}
     bits.update({f"{side.lower()}_bits_side16": packed[side].bits_per_coordinate("float16")["side"]
                  for side in SIDES})
+    return reconstruction_metrics(queries, keys, values, keys_hat, values_hat, bits, sharpness=sharpness,
+                                  mask=mask, kernel=kernel, reference=reference)
+
+
+def reconstruction_metrics(
+    queries: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    keys_hat: np.ndarray,
+    values_hat: np.ndarray,
+    bits: dict[str, float],
+    *,
+    sharpness: Sequence[float],
+    mask: np.ndarray | None = None,
+    kernel: str = "numpy",
+    reference: TrialReference | None = None,
+) -> list[tuple[dict[str, np.ndarray], dict[str, float]]]:
+    """:func:`head_metrics` of reconstructions made elsewhere (e.g. a query-aware quantizer,
+    :func:`kvasym.real.queryaware.quantize_pair_query_aware`): per sharpness, the per-query
+    metric columns of ``queries`` reading ``keys_hat``, ``values_hat`` against ``keys``,
+    ``values`` (:func:`kvasym.metrics.trial_metrics_multi`), each with ``bits``."""
     # only the per-query columns are kept: skip the per-key table (a fifth of the work)
     results = trial_metrics_multi(queries, keys, values, keys_hat, values_hat, list(sharpness), mask=mask,
                                   per_key=False, kernel=kernel, reference=reference)

@@ -79,6 +79,10 @@ class Study:
     frontier_distributions_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: The frontier schemes that run on the real rows (``frontier.real_schemes``; default all).
     frontier_real_schemes: tuple[str, ...] = ()
+    #: The query-aware variants (:data:`kvasym.real.queryaware.VARIANTS`) measured per head on the
+    #: post-RoPE real rows beside the frontier's real schemes (``frontier.real_query_aware``),
+    #: each text in bases cross-fitted on the other texts (stage ``real_metrics``).
+    frontier_real_query_aware: tuple[str, ...] = ()
     #: Whether the cells stage writes the frontier schemes' packed caches too
     #: (``frontier.keep_packed``; default False: only the grid's, which the variants read).
     frontier_keep_packed: bool = False
@@ -125,7 +129,8 @@ class Study:
 
     def frontier_slice(self) -> dict[str, Any]:
         """What the frontier stage depends on besides its per-query inputs."""
-        return {"schemes": [*self.schemes, *self.frontier_schemes], "frontier_schemes": list(self.frontier_schemes),
+        return {"schemes": [*self.schemes, *self.frontier_schemes, *self.frontier_real_query_aware],
+                "frontier_schemes": list(self.frontier_schemes),
                 "budgets": list(self.budgets)}
     #: The sequence-length sweep (config key ``seq_len_sweep``, :mod:`kvasym.seqlen`), resolved:
     #: ``{seq_lens, distribution, dim, sharpness, schemes, budgets, trials, n_queries}``; empty
@@ -298,14 +303,23 @@ class Study:
         sharpness, the seeds, the norm storage and the captured ``layers`` (``real.layers``)."""
         from .real import REAL_SHARPNESS
 
+        if scheme in self.frontier_real_query_aware:
+            from .real.queryaware import variant_scheme
+
+            spec = variant_scheme(scheme).to_dict()
+            spec.pop("description", None)
+            extra = {"query_aware": {"variant": scheme, "calibration": "leave-one-text-out"}}
+        else:
+            spec, extra = self.scheme(scheme).to_dict(), {}
         return {
             "distribution": distribution,
-            "scheme": {"name": scheme, **self.scheme(scheme).to_dict()},
+            "scheme": {"name": scheme, **spec},
             "budgets": list(self.budgets),
             "sharpness": [REAL_SHARPNESS],  # the model's own attention
             "base_seed": self.base_seed,
             "norm_dtype": self.norm_dtype,
             "layers": list(layers),
+            **extra,
         }
 
     def e2e_slice(self, text: str, real: Mapping[str, Any]) -> dict[str, Any]:
@@ -602,6 +616,7 @@ def load_study(config: Mapping[str, Any]) -> Study:
         frontier_distributions=frontier_distributions,
         frontier_distributions_of=frontier_distributions_of,
         frontier_real_schemes=_frontier_real(cfg["frontier"], frontier_schemes),
+        frontier_real_query_aware=_frontier_real_query_aware(cfg["frontier"], [*schemes, *frontier_schemes]),
         frontier_keep_packed=bool(cfg["frontier"].get("keep_packed", False)),
     )
 
@@ -690,6 +705,19 @@ def _frontier_real(cfg: Mapping[str, Any], frontier_schemes: Mapping[str, Scheme
             raise KvasymError(f"config key frontier.real_schemes[{i}] = {name!r} is not one of frontier.schemes "
                               f"({', '.join(frontier_schemes) or 'none'})")
     return tuple(n for n in frontier_schemes if n in chosen)
+
+
+def _frontier_real_query_aware(cfg: Mapping[str, Any], scheme_names: list[str]) -> tuple[str, ...]:
+    """The query-aware variants measured per head on the real rows (``frontier.real_query_aware``:
+    names of :data:`kvasym.real.queryaware.VARIANTS`, the schema's enum, none a scheme of the grid
+    or frontier)."""
+    chosen = list(cfg.get("real_query_aware") or [])
+    _no_case_clash([*scheme_names, *chosen], "schemes, frontier.schemes and frontier.real_query_aware")
+    for i, name in enumerate(chosen):
+        if name in scheme_names:
+            raise KvasymError(f"config key frontier.real_query_aware[{i}] = {name!r} is also a scheme of schemes or "
+                              "frontier.schemes (their per-head rows would share files)")
+    return tuple(chosen)
 
 
 def _frontier_distributions(chosen: Any, distributions: Mapping[str, Any], key: str) -> tuple[str, ...]:

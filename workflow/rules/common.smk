@@ -226,8 +226,21 @@ def frontier_per_query(wildcards=None):
         (dist, dim, [*STUDY.schemes, *STUDY.frontier_schemes_on(dist)])
         for dist, dim in STUDY.frontier_data_cells()
     ]
+    # the query-aware variants' bases are of post-RoPE queries: post-RoPE rows only
     real = [
-        (dist, dim, [*STUDY.schemes, *STUDY.frontier_real_schemes])
+        (
+            dist,
+            dim,
+            [
+                *STUDY.schemes,
+                *STUDY.frontier_real_schemes,
+                *(
+                    STUDY.frontier_real_query_aware
+                    if REAL_DISTRIBUTIONS[dist] == "post"
+                    else ()
+                ),
+            ],
+        )
         for dist, dim in (REAL_CELLS if FRONTIER else [])
     ]
     return [

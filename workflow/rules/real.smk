@@ -163,6 +163,8 @@ rule e2e_stats:
         summary=pattern("summary"),  # rule gather
         long=e2e_long_windows,
         passkey=passkey_tables,
+        # every real scheme's per-head attention KL (the summary holds the grid's only)
+        frontier=frontier_targets()[:1],
     output:
         **{name: pattern(e2e_stats_table_name(name)) for name in E2E_TABLES},
     log:
@@ -176,7 +178,7 @@ rule e2e_stats:
     params:
         code=STAGE_CODE["e2e_stats"],  # reruns the job when the code it runs changes
         slice=slice_param("e2e_stats"),
-        inputs=flags_of("texts", "summary", "long", "passkey"),
+        inputs=flags_of("texts", "summary", "long", "passkey", "frontier"),
         outputs=output_flags(E2E_TABLES),
     shell:
         "kvasym stage e2e_stats --slice {params.slice:q} {params.inputs} {params.outputs}"

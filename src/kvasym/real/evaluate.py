@@ -22,11 +22,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import KvasymError
-from ..evaluate import head_metrics
+from ..evaluate import head_metrics, reconstruction_metrics
 from ..metrics import trial_reference
 from ..schemes import Scheme
 from . import REAL_POST_ROPE, REAL_PRE_ROPE
 from .capture import Capture
+from .queryaware import VARIANTS, quantize_pair_query_aware
+from .querybases import QueryBases
 
 ROPE_MODES = ("post", "pre")
 
@@ -61,9 +63,18 @@ def evaluate_capture(
     sharpness: Sequence[float] = (1.0,),
     norm_dtype: str = "float32",
     kernel: str = "numpy",
+    query_variants: Sequence[str] = (),
+    query_bases: QueryBases | None = None,
 ) -> dict[str, np.ndarray]:
     """Per-query metrics of every scheme and budget on every (layer, KV head) of ``capture``
     (``kernel``: as :func:`kvasym.evaluate.head_metrics`).
+
+    ``query_variants`` (names of :data:`kvasym.real.queryaware.VARIANTS`, RoPE mode ``post``
+    only) are measured after the schemes, each with keys quantized by
+    :func:`kvasym.real.queryaware.quantize_pair_query_aware` in ``query_bases`` (a
+    :class:`kvasym.real.querybases.QueryBases` indexed by the capture's layer order,
+    ``capture.layers``; e.g. :func:`kvasym.real.querybases.leave_one_text_out_bases`), seed
+    identity ``(name, layer, kv_head)`` as every scheme's; scheme column the variant's name.
 
     Returns columns (equal length): identifiers ``text`` (= ``name``), ``layer``, ``kv_head``,
     ``query_head``, ``position``, ``scheme``, ``budget``, ``rope``, ``sharpness``, then every
@@ -73,8 +84,20 @@ def evaluate_capture(
     """
     if rope not in ROPE_MODES:
         raise KvasymError(f"rope must be one of {ROPE_MODES}, got {rope!r}")
-    if not schemes or not budgets:
+    if not (schemes or query_variants) or not budgets:
         raise KvasymError("evaluate_capture needs at least one scheme and one budget")
+    if query_variants:
+        unknown = sorted(set(query_variants) - set(VARIANTS))
+        if unknown:
+            raise KvasymError(f"query_variants {unknown} are not among {list(VARIANTS)}")
+        if rope != "post":
+            raise KvasymError(f"query_variants {list(query_variants)} run with rope 'post' only (their bases are of "
+                              f"post-RoPE queries), got rope {rope!r}")
+        expected = (len(capture.layers), capture.k_post_rope.shape[1], capture.k_post_rope.shape[-1])
+        if query_bases is None or tuple(query_bases.shape) != expected:
+            raise KvasymError(f"query_variants {list(query_variants)} need query_bases of shape (captured layers, "
+                              f"kv_heads, head_dim) = {expected}, got "
+                              f"{None if query_bases is None else tuple(query_bases.shape)}")
     cells = capture_cells(capture, layers)
     layer_index = {int(x): i for i, x in enumerate(capture.layers)}
     heads = np.asarray(capture.kv_head_of_query_head)
@@ -105,27 +128,36 @@ def evaluate_capture(
         reconstruct = None if rope == "post" else (lambda k_hat: apply_rope(k_hat, cos, sin))
         # the reference attention of this head, once for every scheme and budget
         reference = trial_reference(queries, keys, values, list(sharpness), mask, kernel=kernel)
-        for scheme in schemes:
-            for budget in budgets:
+        passes = [(scheme.name, scheme, budget) for scheme in schemes for budget in budgets]
+        passes += [(variant, None, budget) for variant in query_variants for budget in budgets]
+        for scheme_name, scheme, budget in passes:
+            if scheme is not None:
                 results = head_metrics(stored, keys, values, queries, scheme, int(budget), base_seed=base_seed,
                                        identity=(name, layer, kv_head), sharpness=list(sharpness), mask=mask,
                                        norm_dtype=norm_dtype, reconstruct_keys=reconstruct, kernel=kernel,
                                        reference=reference)
-                for s, (per_query, bits) in zip(sharpness, results):
-                    n = queries.shape[0]
-                    for key, value in bits.items():
-                        add(key, np.full(n, value))
-                    add("text", np.full(n, name, dtype=object))
-                    add("layer", np.full(n, layer, dtype=np.int32))
-                    add("kv_head", np.full(n, kv_head, dtype=np.int32))
-                    add("query_head", np.repeat(query_heads.astype(np.int32), n_tokens))
-                    add("position", np.tile(positions.astype(np.int32), query_heads.size))
-                    add("scheme", np.full(n, scheme.name, dtype=object))
-                    add("budget", np.full(n, int(budget), dtype=np.int32))
-                    add("rope", np.full(n, rope, dtype=object))
-                    add("sharpness", np.full(n, float(s)))
-                    for key, column in per_query.items():
-                        add(key, np.asarray(column))
+            else:
+                k_hat, v_hat, bits = quantize_pair_query_aware(
+                    keys, values, scheme_name, int(budget), query_bases, li, kv_head, base_seed=base_seed,
+                    identity=(name, layer, kv_head), norm_dtype=norm_dtype, kernel=kernel, side16=True)
+                results = reconstruction_metrics(queries, keys, values, k_hat, v_hat, bits,
+                                                 sharpness=list(sharpness), mask=mask, kernel=kernel,
+                                                 reference=reference)
+            for s, (per_query, bits) in zip(sharpness, results):
+                n = queries.shape[0]
+                for key, value in bits.items():
+                    add(key, np.full(n, value))
+                add("text", np.full(n, name, dtype=object))
+                add("layer", np.full(n, layer, dtype=np.int32))
+                add("kv_head", np.full(n, kv_head, dtype=np.int32))
+                add("query_head", np.repeat(query_heads.astype(np.int32), n_tokens))
+                add("position", np.tile(positions.astype(np.int32), query_heads.size))
+                add("scheme", np.full(n, scheme_name, dtype=object))
+                add("budget", np.full(n, int(budget), dtype=np.int32))
+                add("rope", np.full(n, rope, dtype=object))
+                add("sharpness", np.full(n, float(s)))
+                for key, column in per_query.items():
+                    add(key, np.asarray(column))
     return {key: np.concatenate(parts) for key, parts in columns.items()}
 
 

@@ -136,7 +136,8 @@ def _check_block(keys: np.ndarray, values: np.ndarray, bases: QueryBases, layer:
 def quantize_pair_query_aware(keys: np.ndarray, values: np.ndarray, variant: str, budget: int,
                               bases: QueryBases, layer: int, kv_head: int, *, base_seed: int,
                               identity: tuple[str | int, ...], norm_dtype: str = "float32",
-                              kernel: str = "auto") -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+                              kernel: str = "auto", side16: bool = False
+                              ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
     """Keys quantized by a query-aware variant and values by RKV, dequantized, with their bits.
 
     Parameters
@@ -160,6 +161,10 @@ def quantize_pair_query_aware(keys: np.ndarray, values: np.ndarray, variant: str
         Storage dtype of norms, means and coordinate scales.
     kernel : str, optional
         As :func:`kvasym.evaluate.quantize_pair` (default ``"auto"``).
+    side16 : bool, optional
+        Also return ``k_bits_side16`` and ``v_bits_side16``: the side bits with float16 norms
+        (:meth:`kvasym.cache.PackedCache.side_bits_at`), as :func:`kvasym.evaluate.head_metrics`
+        reports them for the per-head real rows.
 
     Returns
     -------
@@ -180,6 +185,9 @@ def quantize_pair_query_aware(keys: np.ndarray, values: np.ndarray, variant: str
     k_hat = (y_hat if scales is None else y_hat / scales) @ basis.T
     bits = {f"{side.lower()}_bits_{part}": packed[side].bits_per_coordinate()[part]
             for side in SIDES for part in ("payload", "side")}
+    if side16:
+        bits.update({f"{side.lower()}_bits_side16": packed[side].bits_per_coordinate("float16")["side"]
+                     for side in SIDES})
     return k_hat, dequantize_with(packed["V"], kernel), bits
 
 

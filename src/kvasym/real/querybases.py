@@ -25,6 +25,15 @@ Basis (:func:`bases_from_moments`)
 Calibration texts are never evaluation texts (:func:`check_disjoint`): a basis fitted on the
 queries it is scored with would overstate the gain by its own overfit.
 
+Per head, cross-fitted (:func:`capture_moment_sums`, :func:`leave_one_text_out_bases`)
+    The per-head real rows (stage ``real_metrics``) score every shipped text, so no fixed split
+    leaves calibration texts over. Each text ``i`` is scored with the bases of the moments of
+    every *other* text's captured queries, ``M_{-i} = sum_{j != i} S_j / (group sum_{j != i}
+    T_j)`` (``S_j`` the text's ``sum q q^T``): leave-one-text-out cross-fitting, the
+    calibration of text ``i`` disjoint from it by construction. The captures hold the same
+    post-RoPE queries the full-precision pass reads (float32), so ``M_{-i}`` is what
+    :func:`calibrate` gives on the other texts at the captured layers.
+
 References
 ----------
 .. [1] Zhou et al. (2026) "OSCAR", arXiv:2605.17757 (query-covariance rotation of keys,
@@ -49,8 +58,8 @@ from ..errors import KvasymError
 from . import TEXTS_DIR, shipped_texts
 
 __all__ = ["QUERY_BASES_FORMAT", "QueryBases", "query_second_moments", "bases_from_moments", "calibrate",
-           "save_query_bases", "load_query_bases", "check_disjoint", "default_calibration_texts",
-           "text_token_ids"]
+           "capture_moment_sums", "leave_one_text_out_bases", "save_query_bases", "load_query_bases",
+           "check_disjoint", "default_calibration_texts", "text_token_ids"]
 
 #: Tag stored in every query-bases file (a foreign .npz is refused by it).
 QUERY_BASES_FORMAT = "kvasym-query-bases-1"
@@ -207,6 +216,77 @@ def calibrate(model: Any, texts: Mapping[str, np.ndarray]) -> QueryBases:
     bases, eigenvalues = bases_from_moments(sums / (n_positions * model.config.group))
     return QueryBases(bases=bases, eigenvalues=eigenvalues, calibration_texts=tuple(texts),
                       n_positions=n_positions, model_sha256=str(model.model_sha256))
+
+
+def capture_moment_sums(capture: Any) -> tuple[np.ndarray, int]:
+    """``sum q q^T`` per (captured layer, KV head) of one capture's post-RoPE queries, and its
+    positions.
+
+    Parameters
+    ----------
+    capture : kvasym.real.capture.Capture
+        A captured text (``q_post_rope`` of shape ``(L, Hq, T, d)``, ``kv_head_of_query_head``).
+
+    Returns
+    -------
+    sums : numpy.ndarray
+        ``(L, n_kv_heads, d, d)`` float64, indexed by the capture's layer order
+        (``capture.layers``): the sums :func:`calibrate` forms for those layers, summed the same
+        way (query head ``g`` in KV head ``g // group``'s group).
+    n_positions : int
+        The text's positions ``T`` (per group head).
+    """
+    q = np.asarray(capture.q_post_rope)
+    heads = np.asarray(capture.kv_head_of_query_head)
+    n_kv = int(heads.max()) + 1
+    group = q.shape[1] // n_kv
+    if q.shape[1] != n_kv * group or not np.array_equal(heads, np.arange(q.shape[1]) // group):
+        raise KvasymError(f"capture: kv_head_of_query_head {heads.tolist()} is not the contiguous grouping "
+                          "query head g -> KV head g // group that the query bases assume")
+    sums = np.empty((q.shape[0], n_kv, q.shape[-1], q.shape[-1]))
+    for i in range(q.shape[0]):
+        grouped = _group_queries(q[i], n_kv)
+        sums[i] = grouped.transpose(0, 2, 1) @ grouped
+    return sums, int(q.shape[2])
+
+
+def leave_one_text_out_bases(sums: Mapping[str, tuple[np.ndarray, int]], group: int,
+                             model_sha256: str) -> dict[str, QueryBases]:
+    """Each text's :class:`QueryBases` calibrated on every OTHER text (module docstring).
+
+    Parameters
+    ----------
+    sums : mapping of str to (numpy.ndarray, int)
+        Text name -> :func:`capture_moment_sums` of its capture (all of one model and layers).
+    group : int
+        Query heads per KV head.
+    model_sha256 : str
+        SHA-256 of the model the captures came from.
+
+    Returns
+    -------
+    dict of str to QueryBases
+        Text -> bases of ``M_{-i} = sum_{j != i} S_j / (group sum_{j != i} T_j)``, indexed by
+        the captures' layer order, ``calibration_texts`` the other texts (never the text itself).
+        The other texts' sums are added in the order of ``sums``, as :func:`calibrate` adds texts.
+    """
+    names = list(sums)
+    if len(names) < 2:
+        raise KvasymError(f"leave-one-text-out calibration needs at least 2 texts, got {names}")
+    shapes = {np.shape(s) for s, _ in sums.values()}
+    if len(shapes) != 1:
+        raise KvasymError(f"leave-one-text-out calibration: the texts' moment sums differ in shape {sorted(shapes)}")
+    out = {}
+    for name in names:
+        others = [other for other in names if other != name]
+        total = np.zeros(next(iter(shapes)))
+        for other in others:
+            total += sums[other][0]
+        n_positions = sum(int(sums[other][1]) for other in others)
+        bases, eigenvalues = bases_from_moments(total / (n_positions * int(group)))
+        out[name] = QueryBases(bases=bases, eigenvalues=eigenvalues, calibration_texts=tuple(others),
+                               n_positions=n_positions, model_sha256=str(model_sha256))
+    return out
 
 
 # --------------------------------------------------------------------------- files

@@ -31,9 +31,14 @@ OPTIONAL_OUTPUTS = {"long_summary": "long", "long_positions": "long", "passkey_s
 
 
 def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_summary: str,
-                  out: dict[str, str], long_paths: Sequence[str] = (), passkey_paths: Sequence[str] = ()) -> None:
+                  out: dict[str, str], long_paths: Sequence[str] = (), passkey_paths: Sequence[str] = (),
+                  frontier_points: str | None = None) -> None:
     """The five end-to-end tables of ``text_paths`` (``out``: table name -> path), and the
-    long-context and passkey tables of ``long_paths`` and ``passkey_paths`` when given."""
+    long-context and passkey tables of ``long_paths`` and ``passkey_paths`` when given.
+
+    The per-head mean attention KL of the rank agreement comes from ``frontier_points`` when
+    given (stage ``frontier``: every scheme measured on the real rows, the frontier's and the
+    query-aware variants' too), else from ``gathered_summary`` (the grid's schemes only)."""
     import pandas as pd
 
     from ..dataset import provenance, read_parquet_checked, write_frame_atomic
@@ -58,7 +63,7 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
         "equal_bits": compare_equal_bits(frame, schemes),
         "sensitivity": sensitivity(frame),
     }
-    attention = read_parquet_checked(gathered_summary)
+    attention = read_parquet_checked(frontier_points if frontier_points else gathered_summary)
     rows = []
     for rope in sorted(frame["rope"].unique()):
         rows_of = attention[(attention["distribution"] == ATTENTION_DISTRIBUTION[rope])
@@ -87,7 +92,8 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
 
 
 #: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
-INPUTS = {"texts": "e2e_text", "summary": "summary", "long": "e2e_long_window", "passkey": "passkey_trials"}
+INPUTS = {"texts": "e2e_text", "summary": "summary", "long": "e2e_long_window", "passkey": "passkey_trials",
+          "frontier": "frontier_points"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,4 +112,4 @@ def run(args: argparse.Namespace) -> None:
                               "without the other)")
     run_e2e_stats(stage_slice(args, "e2e_stats"), args.texts, args.summary,
                   {name: getattr(args, f"out_{name}") for name in (*OUTPUTS, *OPTIONAL_OUTPUTS)},
-                  args.long, args.passkey)
+                  args.long, args.passkey, args.frontier)
