@@ -354,3 +354,25 @@ def test_context_growth_is_the_late_over_early_ratio_per_window() -> None:
     assert (last.lo, last.hi) == (512, 1023)
     with pytest.raises(KvasymError, match="edges must increase"):
         damage_by_position(frame, edges=(0, 0))
+
+
+def test_compare_long_pairs_every_scheme_with_rkv_window_by_window() -> None:
+    """compare_long: per window length, the geometric mean over the windows of each scheme's mean
+    KL over RKV's (t interval of the logs), computed here window by window from the frame."""
+    from kvasym.real.endtoend_stats import compare_long
+
+    rkv = _long_frame()
+    other = _long_frame(seed=9)
+    other["scheme"], other["kl"] = "QWF+W", other["kl"] * 0.5
+    short = _long_frame(length=512).assign(scheme="KIVI128")  # no RKV at 512: no row there
+    frame = pd.concat([rkv, other, short], ignore_index=True)
+    got = compare_long(frame)
+    assert list(got["context"]) == [1024] and list(got["scheme_a"]) == ["QWF+W"] and list(got["scheme_b"]) == ["RKV"]
+    logs = np.array([np.log(other[other.text == w].kl.mean() / rkv[rkv.text == w].kl.mean())
+                     for w in sorted(rkv.text.unique())])
+    row = got.iloc[0]
+    assert row.kl_ratio == pytest.approx(math.exp(logs.mean()), rel=1e-12)
+    low, high = _t_bounds(logs)
+    assert (row.kl_ratio_low, row.kl_ratio_high) == pytest.approx((math.exp(low), math.exp(high)), rel=1e-12)
+    assert row.n_units == 3 and row.budget == 4
+    assert compare_long(short).empty  # the reference absent everywhere

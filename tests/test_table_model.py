@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from kvasym.errors import KvasymError
-from kvasym.real.endtoend_stats import compare_equal_bits, summarize, summarize_long
+from kvasym.real.endtoend_stats import compare_equal_bits, compare_long, summarize, summarize_long
 from kvasym.render import tables
 from kvasym.render.table_model import PUBLISHED_BANDS, band_rows, load_published_bands, model_context
 
@@ -76,7 +76,10 @@ def test_model_table_renders_every_part():
     frame["scheme"] = frame["scheme"].replace({"KV": "RKV"})
     summary = summarize(frame)
     equal = compare_equal_bits(frame, ["RKV", "KQV", "QKQV"])
-    long = summarize_long(_long_frame())
+    qwf = _long_frame(seed=9).assign(scheme="QWF+W")
+    long_frame = pd.concat([_long_frame(), qwf], ignore_index=True)
+    long = summarize_long(long_frame)
+    long_comparisons = compare_long(long_frame)
     from kvasym.real.passkey_grid import summarize_grid
     trials = pd.DataFrame([{"pass": p, "scheme": s, "budget": b, "length": 1024, "depth": d, "trial": t,
                             "correct": int(p == "fp" or t % 3 != 0)}
@@ -84,15 +87,18 @@ def test_model_table_renders_every_part():
                            for t in range(6)])
     passkey = summarize_grid(trials)
     bands = load_published_bands(ROOT / PUBLISHED_BANDS)
-    context = model_context(equal, long, passkey, summary, bands)
+    context = model_context(equal, long, passkey, summary, bands, long_comparisons=long_comparisons)
     assert [g["budget"] for g in context["equal_bits"]] == [2, 3, 4]
     row = next(r for r in context["equal_bits"][1]["rows"] if r["scheme"] == "KQV")
     expected = equal[(equal.scheme_a == "KQV") & (equal.budget_a == 3) & (equal.scheme_b == "RKV")].iloc[0]
     assert row["kl_ratio"] == expected.kl_ratio and row["evaluated"] == bool(expected.evaluated)
-    assert context["long"][0]["rows"][0]["growth"] == pytest.approx(long.kl_growth.iloc[0])
+    rows = {r["scheme"]: r for r in context["long"][0]["rows"]}
+    assert rows["RKV"]["growth"] == pytest.approx(long[long.scheme == "RKV"].kl_growth.iloc[0])
+    assert rows["RKV"]["vs_reference"] is None  # the reference itself
+    assert rows["QWF+W"]["vs_reference"]["ratio"] == long_comparisons.kl_ratio.iloc[0]
     assert context["text_tokens"] == 41 and context["n_texts"] == 3
     text = tables.table_texts({"summary": pd.DataFrame(), "e2e_equal_bits": equal, "e2e_long_summary": long,
-                               "passkey_summary": passkey, "e2e_summary": summary, "published_bands": bands},
+                               "e2e_long_comparisons": long_comparisons, "passkey_summary": passkey, "e2e_summary": summary, "published_bands": bands},
                               {}, ["table_model"])["table_model"]
     for label in ("tab:model", "tab:e2e_long", "tab:passkey", "tab:bands", "fig:e2e_context"):
         assert f"\\label{{{label}}}" in text or f"\\kvfigure{{{label.split(':')[1]}}}" in text, label

@@ -313,7 +313,7 @@ E2E_TABLES = (
     "equal_bits",
     "sensitivity",
     "agreement",
-    *(("long_summary", "long_positions") if LONG else ()),
+    *(("long_summary", "long_positions", "long_comparisons") if LONG else ()),
     *(("passkey_summary",) if PASSKEY else ()),
 )
 

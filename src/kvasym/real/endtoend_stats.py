@@ -375,6 +375,33 @@ def summarize_long(frame: pd.DataFrame, *, level: float = LEVEL) -> pd.DataFrame
     return out[["context", *[c for c in out.columns if c != "context"]]]
 
 
+#: The scheme every other is paired against in :func:`compare_long` (the deployed baseline).
+LONG_REFERENCE = "RKV"
+
+
+def compare_long(frame: pd.DataFrame, reference: str = LONG_REFERENCE, *, level: float = LEVEL) -> pd.DataFrame:
+    """Every long-context scheme against ``reference`` at the same budget, per window length:
+    :func:`compare_schemes` of the pair (scheme, ``reference``) over the windows of each length
+    (the units: each window its own draw, every scheme on the same windows), so ``scheme_a`` is
+    the scheme, ``scheme_b`` the reference, and ``kl_ratio`` the geometric mean over the windows
+    of the scheme's mean next-token KL over the reference's, with its t interval (``ppl_ratio``
+    likewise for the perplexities). Column ``context`` first; no rows without the reference."""
+    check_frame(frame, "compare_long")
+    if "context" not in frame.columns:
+        raise KvasymError("compare_long: column ['context'] missing from the long-context table")
+    parts = []
+    for context, g in frame.groupby("context", sort=True):
+        others = sorted(set(g["scheme"]) - {reference})
+        if reference not in set(g["scheme"]) or not others:
+            continue
+        pairs = [compare_schemes(g, [scheme, reference], level=level) for scheme in others]
+        parts += [p.assign(context=int(context)) for p in pairs if not p.empty]
+    if not parts:
+        return pd.DataFrame(columns=["context", "rope", "budget", "scheme_a", "scheme_b"])
+    out = pd.concat(parts, ignore_index=True)
+    return out[["context", *[c for c in out.columns if c != "context"]]]
+
+
 #: Positions of a window whose damage :func:`context_growth` takes as the short-context level:
 #: the first 512 (the end-to-end texts' length).
 EARLY_POSITIONS = 512

@@ -9,8 +9,9 @@ passkey retrieval, and our rows beside the published small-model bands.
   value (interpolated in rate, never extrapolated): the ratio of ``a``'s mean next-token KL to
   RKV's and of the perplexities, with their intervals (rows of ``equal_bits`` with ``scheme_b =
   RKV``);
-- long context: per window length and scheme, the measures of ``long_summary`` and the growth
-  of the damage from the first 512 positions to the window's second half;
+- long context: per window length and scheme, the measures of ``long_summary``, the growth
+  of the damage from the first 512 positions to the window's second half, and the KL ratio to
+  RKV's at the same budget, paired by window (``long_comparisons``);
 - passkey: per pass and depth, the accuracy with its Clopper-Pearson interval, its difference
   from full precision with Agresti and Min's interval, and McNemar's test;
 - published bands: each published entry beside our row of the same family and bits (RKV for
@@ -88,7 +89,21 @@ def _equal_bits_rows(equal_bits: pd.DataFrame | None) -> list[dict[str, Any]]:
     return out
 
 
-def _long_rows(long_summary: pd.DataFrame | None) -> list[dict[str, Any]]:
+def _against_reference(comparisons: pd.DataFrame | None, context: int, scheme: str, budget: int,
+                       rope: str) -> dict[str, float] | None:
+    """The KL ratio of ``scheme`` over the reference (``compare_long``'s row), or None."""
+    if comparisons is None or comparisons.empty:
+        return None
+    rows = comparisons[(comparisons["context"] == context) & (comparisons["scheme_a"] == scheme)
+                       & (comparisons["budget"] == budget) & (comparisons["rope"] == rope)]
+    if rows.empty:
+        return None
+    r = rows.iloc[0]
+    return {"ratio": float(r["kl_ratio"]), "low": float(r["kl_ratio_low"]), "high": float(r["kl_ratio_high"])}
+
+
+def _long_rows(long_summary: pd.DataFrame | None,
+               comparisons: pd.DataFrame | None = None) -> list[dict[str, Any]]:
     if long_summary is None or long_summary.empty:
         return []
     out = []
@@ -96,6 +111,7 @@ def _long_rows(long_summary: pd.DataFrame | None) -> list[dict[str, Any]]:
         at = long_summary[long_summary["context"] == context].sort_values(["budget", "scheme"])
         out.append({"context": int(context), "n_windows": int(at["n_units"].iloc[0]), "rows": [
             {"scheme": str(r.scheme), "budget": int(r.budget), "bits": float(r.bits_per_coordinate),
+             "vs_reference": _against_reference(comparisons, int(context), str(r.scheme), int(r.budget), str(r.rope)),
              "kl_mean": float(r.kl_mean), "kl_p999": float(r.kl_p999), "increase": 100.0 * (float(r.ppl_ratio) - 1.0),
              "increase_low": 100.0 * (float(r.ppl_ratio_low) - 1.0),
              "increase_high": 100.0 * (float(r.ppl_ratio_high) - 1.0), "top1": 100.0 * float(r.top1),
@@ -173,10 +189,12 @@ def band_rows(bands: dict[str, Any], summary: pd.DataFrame | None) -> list[dict[
 
 def model_context(equal_bits: pd.DataFrame | None, long_summary: pd.DataFrame | None,
                   passkey: pd.DataFrame | None, summary: pd.DataFrame | None,
-                  bands: dict[str, Any] | None) -> dict[str, Any]:
-    """The template context of ``table_model`` (see the module docstring)."""
+                  bands: dict[str, Any] | None, *, long_comparisons: pd.DataFrame | None = None) -> dict[str, Any]:
+    """The template context of ``table_model`` (see the module docstring); ``long_comparisons``
+    (:func:`kvasym.real.endtoend_stats.compare_long`) gives each long-context row its KL ratio to
+    the reference scheme, paired by window."""
     from ..real import REAL_MODEL_NAME
-    from ..real.endtoend_stats import EARLY_POSITIONS
+    from ..real.endtoend_stats import EARLY_POSITIONS, LONG_REFERENCE
     from ..real.passkey import ANSWER_DIGITS
 
     bands = bands or {}
@@ -184,9 +202,10 @@ def model_context(equal_bits: pd.DataFrame | None, long_summary: pd.DataFrame | 
     n_texts = int(post["n_texts"].iloc[0]) if post is not None and not post.empty else 0
     text_tokens = (int(post["n_positions"].iloc[0]) // max(1, int(post["n_units"].iloc[0])) + 1
                    if post is not None and not post.empty else 0)
-    return {"model": REAL_MODEL_NAME, "reference": EQUAL_BITS_REFERENCE, "early_positions": EARLY_POSITIONS,
+    return {"model": REAL_MODEL_NAME, "reference": EQUAL_BITS_REFERENCE, "long_reference": LONG_REFERENCE,
+            "early_positions": EARLY_POSITIONS,
             "answer_digits": ANSWER_DIGITS, "n_texts": n_texts, "text_tokens": text_tokens,
-            "equal_bits": _equal_bits_rows(equal_bits), "long": _long_rows(long_summary),
+            "equal_bits": _equal_bits_rows(equal_bits), "long": _long_rows(long_summary, long_comparisons),
             "passkey": _passkey_rows(passkey), "bands": band_rows(bands, summary),
             "formats": [{"id": str(f["id"]), "bits": float(f["bits_per_value"]), "detail": str(f.get("detail", "")),
                          "source": str(f["source"]), "url": str(f["url"])}

@@ -68,7 +68,8 @@ E2E_INPUT_KEYS = ("e2e_summary", "e2e_sensitivity")
 #: Optional inputs of ``table_model`` (:mod:`kvasym.render.table_model`): the equal-bits,
 #: long-context and passkey tables of stage e2e_stats, the end-to-end summary, and the
 #: published bands (``config/published_bands.yaml``).
-MODEL_INPUT_KEYS = ("e2e_equal_bits", "e2e_long_summary", "passkey_summary", "e2e_summary", "published_bands")
+MODEL_INPUT_KEYS = ("e2e_equal_bits", "e2e_long_summary", "passkey_summary", "e2e_summary", "published_bands",
+                    "e2e_long_comparisons")
 #: Optional inputs of ``table_card`` (given only when the DAG has the model card): the summary,
 #: comparisons and allocation of stage card (:mod:`kvasym.render.table_card`).
 CARD_INPUT_KEYS = ("card_summary", "card_comparisons", "card_allocation")
@@ -713,7 +714,8 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
 
             out[name] = render_template(template, **model_context(
                 frames.get("e2e_equal_bits"), frames.get("e2e_long_summary"), frames.get("passkey_summary"),
-                frames.get("e2e_summary"), frames.get("published_bands")))
+                frames.get("e2e_summary"), frames.get("published_bands"),
+                long_comparisons=frames.get("e2e_long_comparisons")))
             continue
         if name == "table_card":
             from .table_card import card_context

@@ -10,9 +10,10 @@ pairs at the first scheme's measured rate, the second interpolated), ``sensitivi
 scheme) and ``agreement`` (Spearman's rho between the end-to-end and the per-head ranking of
 the cells, per RoPE mode, measure (perplexity, KL) and scope (the study's schemes, all)); with
 long-context windows (stage ``e2e_long``) ``long_summary`` (the same measures per window length,
-windows as units) and ``long_positions`` (the damage against the context a position has
-read), and with passkey trials (stage ``passkey``) ``passkey_summary`` (accuracy with
-Clopper-Pearson intervals, McNemar's exact test against full precision).
+windows as units), ``long_positions`` (the damage against the context a position has
+read) and ``long_comparisons`` (every scheme against RKV per window length, paired by window),
+and with passkey trials (stage ``passkey``) ``passkey_summary`` (accuracy with Clopper-Pearson
+intervals, McNemar's exact test against full precision).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from ._slice import add_slice_arguments, stage_slice
 
 OUTPUTS = ("summary", "comparisons", "equal_bits", "sensitivity", "agreement")
 #: Outputs written only with the input named: output -> input argument.
-OPTIONAL_OUTPUTS = {"long_summary": "long", "long_positions": "long", "passkey_summary": "passkey"}
+OPTIONAL_OUTPUTS = {"long_summary": "long", "long_positions": "long", "long_comparisons": "long",
+                    "passkey_summary": "passkey"}
 
 
 def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_summary: str,
@@ -76,11 +78,12 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
                                            **settings))
     tables["agreement"] = pd.DataFrame(rows, columns=list(AGREEMENT_COLUMNS))
     if long_paths:
-        from ..real.endtoend_stats import damage_by_position, summarize_long
+        from ..real.endtoend_stats import compare_long, damage_by_position, summarize_long
 
         long = pd.concat([read_parquet_checked(p) for p in long_paths], ignore_index=True)
         tables["long_summary"] = summarize_long(long)
         tables["long_positions"] = damage_by_position(long)
+        tables["long_comparisons"] = compare_long(long)
     if passkey_paths:
         from ..real.passkey_grid import summarize_grid
 

@@ -22,8 +22,8 @@ INPUTS = {"summary": "summary", "comparisons": "comparisons", "theory": "theory"
           "e2e_summary": "e2e_summary", "e2e_sensitivity": "e2e_sensitivity", "frontier_points": "frontier_points",
           "seq_len_summary": "seq_len_summary", "seq_len_slopes": "seq_len_slopes",
           "e2e_equal_bits": "e2e_equal_bits", "e2e_long_summary": "e2e_long_summary",
-          "passkey_summary": "passkey_summary", "card_summary": "card_summary",
-          "card_comparisons": "card_comparisons", "card_allocation": "card_allocation"}
+          "e2e_long_comparisons": "e2e_long_comparisons", "passkey_summary": "passkey_summary",
+          "card_summary": "card_summary", "card_comparisons": "card_comparisons", "card_allocation": "card_allocation"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                "e2e_sensitivity": "table_e2e", "frontier_points": "table_frontier",
                                "seq_len_summary": "table_seq_len", "seq_len_slopes": "table_seq_len",
                                "e2e_equal_bits": "table_model", "e2e_long_summary": "table_model",
+                               "e2e_long_comparisons": "table_model",
                                "passkey_summary": "table_model", "card_summary": "table_card",
                                "card_comparisons": "table_card", "card_allocation": "table_card"})
     parser.add_argument("--published-bands", dest="published_bands",
