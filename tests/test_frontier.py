@@ -202,8 +202,11 @@ def test_frontier_config_key_is_checked() -> None:
     study = load_study(tiny)
     assert list(study.frontier_schemes) and set(study.frontier_distributions) <= set(study.distributions)
     cells = list(study.frontier_cells())
-    assert len(cells) == len(study.budgets) * sum(len(study.frontier_schemes_on(dist))
-                                                  for dist, _ in study.frontier_data_cells())
+    # the frontier schemes at every budget, and RKV's extra n = 5 on every frontier cell
+    assert study.frontier_extra_budgets == {"RKV": (5,)}
+    assert len(cells) == sum(len(study.budgets) * len(study.frontier_schemes_on(dist)) + 1
+                             for dist, _ in study.frontier_data_cells())
+    assert {c for c in cells if c[2] == "RKV"} == {(d, n, "RKV", 5) for d, n in study.frontier_data_cells()}
     assert study.cell_slice(*cells[0])["scheme"]["name"] == cells[0][2]
     for bad, message in (({"schemes": ["KQV"]}, "already in schemes"), ({"schemes": ["NOPE"]}, "not a known"),
                          ({"schemes": ["SKLT"], "distributions": ["nope"]}, "frontier.distributions")):

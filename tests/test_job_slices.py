@@ -50,8 +50,10 @@ JOBS = {
     "sensitivity": {"text": "allotment_spring"},
     "card": {},
 }
-#: Keys a stage reads when present (slice_.get): the real rows' layers, the file's digest.
-OPTIONAL_KEYS = {"real_metrics": {"layers"}, "file_metrics": {"content_sha256"}}
+#: Keys a stage reads when present (slice_.get): the real rows' layers, the file's digest, a
+#: frontier unit's extra budgets (frontier.extra_budgets, in the tiny config: RKV at n = 5).
+OPTIONAL_KEYS = {"real_metrics": {"layers"}, "file_metrics": {"content_sha256"},
+                 "cells": {"extra_budgets", "packed_extra"}}
 
 
 def _config(**changes):

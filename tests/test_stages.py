@@ -169,13 +169,14 @@ def test_the_cells_stage_writes_what_the_reference_computes_cell_by_cell(small_d
     run_cells(unit, out["manifest.json"], out["packed"], out["pq"], out["pk"])
     digests = load_manifest(out["manifest.json"], slice_)
     cells = list(unit_cells(unit))
-    assert len(cells) == len(unit["schemes"]) * len(study.budgets)
-    # the packed caches kept are the grid's (frontier.keep_packed is false by default)
+    # every scheme at every budget, and RKV at its extra n = 5 (frontier.extra_budgets)
+    assert len(cells) == len(unit["schemes"]) * len(study.budgets) + 1 and unit["extra_budgets"] == {"RKV": [5]}
+    # the packed caches kept are the grid's at the grid's budgets (frontier.keep_packed is false by default)
     assert unit["packed_schemes"] == list(study.schemes)
     assert sorted(p.name for p in out["packed"].iterdir() if p.is_dir()) == sorted(study.schemes)
     for scheme, budget, cell in cells:
         assert canonical_json(cell) == canonical_json(study.metrics_slice("gaussian", 64, scheme.name, budget))
-        kept = scheme.name in unit["packed_schemes"]
+        kept = scheme.name in unit["packed_schemes"] and budget in study.budgets
         caches = load_packed(out["packed"] / scheme.name / f"n{budget}.npz") if kept else None
         frame = pd.read_parquet(out["pq"] / scheme.name / f"n{budget}.parquet")
         assert set(frame.trial) == {0, 1} and (frame.scheme == scheme.name).all() and (frame.budget == budget).all()
