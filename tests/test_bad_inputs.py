@@ -265,6 +265,23 @@ CONFIG_CASES = [
     BadConfig("real_max_tokens_1", {"real": {"max_tokens": 1}},
               "config key real.max_tokens: must be in 2..8192, got 1", "max_tokens"),
     BadConfig("real_on", {"real": "on"}, "config key real: must be a mapping, or off (or false), got 'on'", "real"),
+    # frontier.extra_budgets (issue 31, point 7): typed by the schema, then checked against the grid
+    *(BadConfig(f"frontier_extra_{case}", {"frontier": {"schemes": ["CRKV", "KQV-NS"], "extra_budgets": extra}},
+                message, token) for case, extra, message, token in (
+        ("unknown_scheme", {"NOPE": [5]}, "config key frontier.extra_budgets.NOPE: 'NOPE' is not one of schemes or "
+         "frontier.schemes (KV, KQV, QKQV, RKV, CRKV, KQV-NS)", "NOPE"),
+        ("in_budgets", {"RKV": [5, 4]}, "config key frontier.extra_budgets.RKV[1] = 4 is already in budgets (2, 4)",
+         "extra_budgets"),
+        ("above_8", {"RKV": [9]}, "config key frontier.extra_budgets.RKV[0]: must be in 1..8, got 9", "9"),
+        ("zero", {"RKV": [0]}, "config key frontier.extra_budgets.RKV[0]: must be in 1..8, got 0", "0"),
+        ("fraction", {"RKV": [4.5]}, "config key frontier.extra_budgets.RKV[0]: must be an integer, got 4.5", "4.5"),
+        ("bool", {"RKV": [True]}, "config key frontier.extra_budgets.RKV[0]: must be an integer, got True", "True"),
+        ("string", {"RKV": "5"}, "config key frontier.extra_budgets.RKV: must be a list, got '5'", "'5'"),
+        ("empty", {"RKV": []}, "config key frontier.extra_budgets.RKV: must be a non-empty list, got []", "RKV"),
+        ("unrealisable", {"KQV-NS": [1]}, "config key frontier.extra_budgets.KQV-NS[0] = 1: scheme KQV-NS side V at "
+         "budget n=1: no scalar bits and no QJL stores nothing", "KQV-NS"))),
+    BadConfig("frontier_extra_without_frontier", {"frontier": {"extra_budgets": {"RKV": [5]}}},
+              "config key frontier.extra_budgets.RKV: frontier.schemes is empty, so there is no frontier", "RKV"),
 ]
 
 
@@ -346,6 +363,8 @@ SNAKEMAKE_CASES = [
     # the schema's error in one line (Snakemake's validate printed an ~18-line schema dump)
     ("name_dotdot", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "..", "kind": "gaussian"}),
      "invalid config: config key distributions[1].name: must be 1 to 64 ASCII letters"),
+    ("frontier_extra_in_budgets", {"frontier": {"schemes": ["CRKV"], "extra_budgets": {"RKV": [4]}}},
+     "invalid config: config key frontier.extra_budgets.RKV[0] = 4 is already in budgets (2, 4)"),
     ("names_duplicated", _dists({"name": "gaussian", "kind": "gaussian"}, {"name": "gaussian", "kind": "gaussian"}),
      "duplicated distribution name 'gaussian'"),
     ("claims_unknown_statistic", {"claims_file": "bad_claims.yaml"},

@@ -185,7 +185,7 @@ def test_schema_defaults_are_what_load_study_uses():
         "theory": study.theory,
         "claims_file": study.claims_file,
         "frontier": {"schemes": list(study.frontier_schemes), "distributions_of": study.frontier_distributions_of,
-                     "keep_packed": study.frontier_keep_packed,
+                     "keep_packed": study.frontier_keep_packed, "extra_budgets": study.frontier_extra_budgets,
                      "real_query_aware": list(study.frontier_real_query_aware)},
         "query_models": study.query_models,
         # no lengths: no sweep (the study keeps nothing of it)

@@ -202,8 +202,11 @@ def test_frontier_config_key_is_checked() -> None:
     study = load_study(tiny)
     assert list(study.frontier_schemes) and set(study.frontier_distributions) <= set(study.distributions)
     cells = list(study.frontier_cells())
-    assert len(cells) == len(study.budgets) * sum(len(study.frontier_schemes_on(dist))
-                                                  for dist, _ in study.frontier_data_cells())
+    # the frontier schemes at every budget, and RKV's extra n = 5 on every frontier cell
+    assert study.frontier_extra_budgets == {"RKV": (5,)}
+    assert len(cells) == sum(len(study.budgets) * len(study.frontier_schemes_on(dist)) + 1
+                             for dist, _ in study.frontier_data_cells())
+    assert {c for c in cells if c[2] == "RKV"} == {(d, n, "RKV", 5) for d, n in study.frontier_data_cells()}
     assert study.cell_slice(*cells[0])["scheme"]["name"] == cells[0][2]
     for bad, message in (({"schemes": ["KQV"]}, "already in schemes"), ({"schemes": ["NOPE"]}, "not a known"),
                          ({"schemes": ["SKLT"], "distributions": ["nope"]}, "frontier.distributions")):
@@ -352,3 +355,120 @@ def test_equal_rate_cells_orients_recall_as_higher_is_better() -> None:
     [result] = evaluate_claims([{**claim, "where": {**claim["where"], "a": "B", "b": "A", "fixed": "b"}}],
                                Tables(empty, empty, empty, empty, n_boot=100, frontier_units=units))
     assert result["verdict"] == "does not hold" and result["details"]["n_b_significantly_better"] == 1
+
+
+def _extra_units(with_n5: bool, n_units: int = 12) -> pd.DataFrame:
+    """Issue 31, point 7: one cell where A (KQV's part: the fixed scheme) spends 0.15 bit per
+    coordinate more than B (RKV's) at each budget, so A's n = 4 rate 4.4 lies beyond B's grid
+    rates (4.25 at most); B's extra point n = 5 at 5.25 (``extra_budget``) brackets it."""
+    rows = []
+    for u in range(n_units):
+        scale = 1.0 + 0.05 * u
+        points = [("A", b, b + 0.4, 0.5 * 2.0 ** -b * scale * (1 + 0.01 * (u % 3)), False) for b in (2, 3, 4)]
+        points += [("B", b, b + 0.25, 2.0 ** -b * scale, False) for b in (2, 3, 4)]
+        if with_n5:
+            points.append(("B", 5, 5.25, 2.0 ** -5 * scale, True))
+        for scheme, budget, rate, value, extra in points:
+            rows.append({"distribution": "g", "dim": 64, "sharpness": 1.0, "scheme": scheme, "budget": budget,
+                         "unit": f"u{u}", "bits_total": rate, "kl": value, "recall_top5": 0.5, "t_eps_dir": value,
+                         "extra_budget": extra})
+    return pd.DataFrame(rows)
+
+
+def test_equal_rate_cells_evaluate_n4_with_an_extra_point_and_keep_the_grid_budgets_as_cells() -> None:
+    """Issue 31, point 7: with B's extra point at n = 5, C10ta's n = 4 cell (A fixed at 4.4
+    bits, B interpolated) is evaluated, at the hand-computed log-linear value between B's n = 4
+    (4.25) and n = 5 (5.25) points; the n = 2 and n = 3 cells are what they were without it.
+    With B as the fixed scheme its cells are the grid's budgets, not its extra n = 5, unless
+    the claim names n = 5. Single-cell claims at a named budget do not move (C10t, C16g)."""
+    from kvasym.claims import Tables, evaluate_claims
+    from kvasym.stats import wilcoxon_paired
+
+    empty = pd.DataFrame()
+    claim = {"id": "X", "statement": "s", "statistic": "equal_rate_cells", "holds_if": {"op": "all"},
+             "where": {"sharpness": 1.0, "a": "A", "b": "B", "metric": "t_eps_dir", "fixed": "a", "alpha": 0.05}}
+    results = {}
+    for with_n5 in (False, True):
+        tables = Tables(empty, empty, empty, empty, n_boot=100, frontier_units=_extra_units(with_n5))
+        [results[with_n5]] = evaluate_claims([claim], tables)
+    before, after = results[False]["details"], results[True]["details"]
+    assert before["cells_not_evaluated"] == ["g d64 n4 s1"] and before["n_cells"] == 2
+    assert after["cells_not_evaluated"] == [] and after["n_cells"] == 3 and after["holm_family_size"] == 3
+    # A is half of B at the same budget, so better than B interpolated up to A's larger rate: every cell
+    assert after["n_a_significantly_better"] == 3 and results[True]["verdict"] == "holds"
+    # the n = 4 pairs by hand: w = (4.4 - 4.25) / (5.25 - 4.25) = 0.15; B(4.4) = B4^(1 - w) B5^w
+    units = _extra_units(True)
+    pairs = equal_rate_pairs(units, a="A", b="B", budget=4, metric="t_eps_dir", fixed="a")
+    scale = 1.0 + 0.05 * np.array([int(u[1:]) for u in pairs["unit"]])
+    b_hand = np.exp(0.85 * np.log(2.0 ** -4 * scale) + 0.15 * np.log(2.0 ** -5 * scale))
+    assert np.allclose(pairs["b"], b_hand, rtol=1e-12) and np.allclose(pairs["rate"], 4.4)
+    assert b_hand == pytest.approx(2.0 ** -4.15 * scale, rel=1e-12)  # log-linear: the exponent is linear
+    a_hand = 0.5 * 2.0 ** -4 * scale * (1 + 0.01 * (np.array([int(u[1:]) for u in pairs["unit"]]) % 3))
+    assert np.allclose(pairs["a"], a_hand, rtol=1e-12)
+    assert wilcoxon_paired(pairs["a"].to_numpy(), pairs["b"].to_numpy())["log10_p"] < math.log10(0.05 / 3)
+    # the n = 2 and 3 pairs do not see the n = 5 point (it brackets no rate below 4.25)
+    for budget in (2, 3):
+        pd.testing.assert_frame_equal(
+            equal_rate_pairs(_extra_units(False), a="A", b="B", budget=budget, metric="t_eps_dir", fixed="a"),
+            equal_rate_pairs(units, a="A", b="B", budget=budget, metric="t_eps_dir", fixed="a"))
+    # B fixed: its cells are the grid's n = 2, 3, 4 (A cannot reach B's n = 2 rate 2.25: named),
+    # never its extra n = 5, unless the claim names it
+    swapped = {**claim, "where": {**claim["where"], "a": "B", "b": "A", "fixed": "a"}}
+    [result] = evaluate_claims([swapped], Tables(empty, empty, empty, empty, n_boot=100, frontier_units=units))
+    assert result["details"]["cells_not_evaluated"] == ["g d64 n2 s1"] and result["details"]["n_cells"] == 2
+    named = {**swapped, "where": {**swapped["where"], "budgets": [5]}}
+    [result] = evaluate_claims([named], Tables(empty, empty, empty, empty, n_boot=100, frontier_units=units))
+    assert result["verdict"] == "not evaluated" and "g d64 n5 s1" in result["reason"]
+    # single-cell claims at a named budget: the same numbers with and without the extra point
+    for where in ({"a": "A", "b": "B", "budget": 3, "fixed": "a"}, {"a": "A", "b": "B", "budget": 4, "fixed": "b"}):
+        one = {"id": "Y", "statement": "s", "statistic": "equal_rate_ratio", "holds_if": {"op": "<", "value": 1.0},
+               "where": {"distribution": "g", "dim": 64, "sharpness": 1.0, "metric": "t_eps_dir", **where}}
+        without, with_n5 = (evaluate_claims([one], Tables(empty, empty, empty, empty, n_boot=100,
+                                                          frontier_units=_extra_units(n5)))[0] for n5 in (False, True))
+        assert [without[k] for k in ("estimate", "low", "high")] == [with_n5[k] for k in ("estimate", "low", "high")]
+        assert math.isfinite(with_n5["estimate"]), where
+
+
+def test_frontier_stage_marks_extra_points_and_the_table_and_figure_keep_the_grid_budgets(tmp_path) -> None:
+    """Issue 31, point 7: the frontier stage marks a scheme's frontier.extra_budgets points
+    (``extra_budget``); the table's rows and side-bit ledger stay the grid's budgets while the
+    extra point competes in every allowance it fits; the figure draws it, its axis unmoved."""
+    from kvasym.render.figures.frontier import frontier_figure
+    from kvasym.render.table_frontier import frontier_context
+    from kvasym.render.tables import render_template
+    from kvasym.stages.frontier import run_frontier
+
+    frame = _per_query(np.random.default_rng(10))
+    # B at n = 5: 5 payload bits, B's side bits
+    extra = frame[(frame["scheme"] == "B") & (frame["budget"] == 4)].assign(
+        budget=5, k_bits_payload=5.0, v_bits_payload=5.0, kl=lambda f: f["kl"] / 4)
+    paths = []
+    for (scheme, budget), g in pd.concat([frame, extra]).groupby(["scheme", "budget"]):
+        path = tmp_path / "g" / "d64" / scheme / f"n{budget}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        g.to_parquet(path)
+        paths.append(path)
+    run_frontier({"schemes": ["A", "B", "C"], "budgets": [2, 3, 4], "extra_budgets": {"B": [5]}}, paths,
+                 tmp_path / "points.parquet", tmp_path / "units.parquet")
+    points, units = pd.read_parquet(tmp_path / "points.parquet"), pd.read_parquet(tmp_path / "units.parquet")
+    for table in (points, units):
+        marked = table[table["extra_budget"]]
+        assert set(zip(marked["scheme"], marked["budget"])) == {("B", 5)}
+    assert len(points) == 10
+    base = frontier_context(points[~points["extra_budget"]], {"dim": 64, "sharpness": 1.0})
+    context = frontier_context(points, {"dim": 64, "sharpness": 1.0})
+    assert context["budgets"] == base["budgets"] == [2, 3, 4] and context["ledger"] == base["ledger"]
+    [group] = context["groups"]
+    assert [row["budget"] for row in group["rows"]] == [2, 3, 4]
+    b5 = points[(points["scheme"] == "B") & (points["budget"] == 5)].iloc[0]
+    for row in group["rows"]:  # the brute force over every point, B n = 5 included
+        fit = points[points["bits_total"] <= row["budget"] + 0.5]
+        best = fit.loc[fit["kl_mean"].idxmin()] if len(fit) else None
+        assert row["entries"][0]["scheme"] == ("" if best is None else best["scheme"])
+        assert b5["bits_total"] > row["budget"] + 0.5  # 5.6 bits: it fits no allowance of n <= 4
+    assert "\\label{tab:frontier}" in render_template("table_frontier.tex.j2", **context)
+    fig = frontier_figure(points, "frontier_kl", sharpness=1.0)
+    [ax] = [a for a in fig.axes if a.get_visible()]
+    [line] = [ln for ln in ax.get_lines() if ln.get_gid() == "scheme=B"]
+    assert len(line.get_xdata()) == 4 and max(line.get_xdata()) == pytest.approx(b5["bits_total"])
+    assert not ax.texts  # nothing beyond the axis: it ends 2 bits past the grid's n = 4

@@ -50,8 +50,10 @@ JOBS = {
     "sensitivity": {"text": "allotment_spring"},
     "card": {},
 }
-#: Keys a stage reads when present (slice_.get): the real rows' layers, the file's digest.
-OPTIONAL_KEYS = {"real_metrics": {"layers"}, "file_metrics": {"content_sha256"}}
+#: Keys a stage reads when present (slice_.get): the real rows' layers, the file's digest, a
+#: frontier unit's extra budgets (frontier.extra_budgets, in the tiny config: RKV at n = 5).
+OPTIONAL_KEYS = {"real_metrics": {"layers"}, "file_metrics": {"content_sha256"},
+                 "cells": {"extra_budgets", "packed_extra"}}
 
 
 def _config(**changes):
@@ -142,6 +144,32 @@ def test_an_unrelated_key_leaves_each_slice_unchanged(key):
 def test_a_related_key_changes_the_slice(stage):
     key, value = RELATED[stage]
     assert canonical_json(_slices(_config(**{key: value}))[stage]) != canonical_json(SLICES[stage])
+
+
+def test_extra_budgets_change_only_the_slices_of_the_units_they_add_cells_to():
+    """Issue 31, point 7: ``frontier.extra_budgets`` adds ``extra_budgets`` and ``packed_extra``
+    to the slices of the frontier's units (gaussian: its distributions; t1.05: HRKV's own) and
+    changes the frontier's slice; every other job's slice (lowrank4, outside the frontier, its
+    query-model variant, every stats and theory job) stays byte for byte, so it reruns nothing else."""
+    changes = {"frontier.distributions": ["gaussian"]}
+    base = load_study(_config(**changes, **{"frontier.extra_budgets": {}}))
+    extra = load_study(_config(**changes, **{"frontier.extra_budgets": {"RKV": [5]}}))
+    assert [d for d, _ in extra.frontier_data_cells()] == ["gaussian", "t1.05"]
+    for dist, dim in base.data_cells():
+        wildcards = {"distribution": dist, "dim": str(dim)}
+        stage = "metrics" if dist in base.query_variants else "cells"
+        before, after = (s.job_slice(stage, wildcards) for s in (base, extra))
+        if dist in ("gaussian", "t1.05"):
+            assert after == {**before, "extra_budgets": {"RKV": [5]}, "packed_extra": False}, dist
+        else:
+            assert canonical_json(after) == canonical_json(before), dist
+        for other in ("stats", "theory") if dist not in base.query_variants else ():
+            assert canonical_json(extra.job_slice(other, wildcards)) == canonical_json(base.job_slice(other, wildcards))
+    assert extra.frontier_slice() == {**base.frontier_slice(), "extra_budgets": {"RKV": [5]}}
+    assert extra.frontier_budgets("gaussian", "RKV") == [2, 4, 5]
+    assert extra.frontier_budgets("lowrank4", "RKV") == [2, 4] and extra.frontier_budgets("gaussian", "KQV") == [2, 4]
+    kept = load_study(_config(**changes, **{"frontier.extra_budgets": {"RKV": [5]}, "frontier.keep_packed": True}))
+    assert kept.unit_slice("gaussian", 64)["packed_extra"] is True
 
 
 def _sha(texts):

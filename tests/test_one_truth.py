@@ -25,6 +25,10 @@ def _study(**changes):
         frontier = {**TINY["frontier"], "schemes": [s for s in TINY["frontier"]["schemes"] if s != "KQV-NS"]}
         frontier["distributions_of"] = {k: v for k, v in frontier.get("distributions_of", {}).items()
                                         if k in frontier["schemes"]}
+        # an extra budget is one the grid does not run (RKV's n = 5 when the budgets reach 5)
+        frontier["extra_budgets"] = {k: [b for b in v if b not in changes["budgets"]]
+                                     for k, v in frontier.get("extra_budgets", {}).items()}
+        frontier["extra_budgets"] = {k: v for k, v in frontier["extra_budgets"].items() if v}
         changes = {"frontier": frontier, **changes}
     return load_study({**TINY, **changes})
 

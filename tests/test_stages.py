@@ -169,13 +169,14 @@ def test_the_cells_stage_writes_what_the_reference_computes_cell_by_cell(small_d
     run_cells(unit, out["manifest.json"], out["packed"], out["pq"], out["pk"])
     digests = load_manifest(out["manifest.json"], slice_)
     cells = list(unit_cells(unit))
-    assert len(cells) == len(unit["schemes"]) * len(study.budgets)
-    # the packed caches kept are the grid's (frontier.keep_packed is false by default)
+    # every scheme at every budget, and RKV at its extra n = 5 (frontier.extra_budgets)
+    assert len(cells) == len(unit["schemes"]) * len(study.budgets) + 1 and unit["extra_budgets"] == {"RKV": [5]}
+    # the packed caches kept are the grid's at the grid's budgets (frontier.keep_packed is false by default)
     assert unit["packed_schemes"] == list(study.schemes)
     assert sorted(p.name for p in out["packed"].iterdir() if p.is_dir()) == sorted(study.schemes)
     for scheme, budget, cell in cells:
         assert canonical_json(cell) == canonical_json(study.metrics_slice("gaussian", 64, scheme.name, budget))
-        kept = scheme.name in unit["packed_schemes"]
+        kept = scheme.name in unit["packed_schemes"] and budget in study.budgets
         caches = load_packed(out["packed"] / scheme.name / f"n{budget}.npz") if kept else None
         frame = pd.read_parquet(out["pq"] / scheme.name / f"n{budget}.parquet")
         assert set(frame.trial) == {0, 1} and (frame.scheme == scheme.name).all() and (frame.budget == budget).all()
@@ -308,6 +309,85 @@ def test_frontier_packed_caches_are_written_only_when_kept(small_data, tmp_path)
     with pytest.raises(KvasymError, match=r"packed_schemes names \['NOPE'\]"):
         run_cells(unit, tmp_path / "x.json", tmp_path / "xp", tmp_path / "xq", tmp_path / "xk")
     assert not any((tmp_path / n).exists() for n in ("x.json", "xp", "xq", "xk"))
+
+
+def test_extra_budgets_add_frontier_cells_and_leave_every_other_cell_bit_identical(small_data, tmp_path):
+    """Issue 31, point 7: ``frontier.extra_budgets: {RKV: [5]}`` adds the cell RKV n = 5 to a
+    frontier unit. Every cell the unit had is byte for byte the file it was without the key (seeds
+    come from the cell's identity, not the order of work); the new cell is RKV quantized on its
+    own at n = 5 with the cell's seeds (kvasym.evaluate.quantize_pair, the numpy reference) and
+    measured against the data; its packed cache is written only with frontier.keep_packed."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+    import pandas as pd
+    import yaml
+
+    from kvasym.cache import load_packed
+    from kvasym.dataset import read_metadata
+    from kvasym.evaluate import quantize_pair
+    from kvasym.manifest import load_manifest, verified_trial
+    from kvasym.metrics import trial_metrics_multi
+    from kvasym.stages.cells import run_cells
+    from kvasym.study import canonical_json, load_study
+
+    _, slice_, manifest = small_data
+    config = {**yaml.safe_load((Path(__file__).resolve().parents[1] / "config/test.yaml").read_text()),
+              "trials": 2, "seq_len": 32, "n_queries": 4}
+    frontier = {k: v for k, v in config["frontier"].items() if k != "extra_budgets"}
+    studies = {"without": load_study({**config, "frontier": frontier}),
+               "with": load_study({**config, "frontier": {**frontier, "extra_budgets": {"RKV": [5]}}}),
+               "kept": load_study({**config, "frontier": {**frontier, "extra_budgets": {"RKV": [5]},
+                                                          "keep_packed": True}})}
+    out = {}
+    for label, study in studies.items():
+        out[label] = tmp_path / label
+        run_cells(study.unit_slice("gaussian", 64), out[label] / "m.json", out[label] / "packed", out[label] / "pq",
+                  out[label] / "pk")
+    base = studies["without"]
+    old_cells = [(s, b) for s in base.unit_schemes("gaussian") for b in base.budgets]
+    new_files = sorted(str(p.relative_to(out["with"] / "pq")) for p in (out["with"] / "pq").rglob("*.parquet"))
+    assert new_files == sorted([*(f"{s}/n{b}.parquet" for s, b in old_cells), "RKV/n5.parquet"])
+    for scheme, budget in old_cells:
+        for table in ("pq", "pk"):
+            name = Path(scheme) / f"n{budget}.parquet"
+            assert (out["with"] / table / name).read_bytes() == (out["without"] / table / name).read_bytes(), name
+    assert (out["with"] / "m.json").read_bytes() == (out["without"] / "m.json").read_bytes()
+    # the grid's packed caches are the same arrays; RKV n = 5's is kept only with keep_packed
+    for scheme in base.schemes:
+        for budget in base.budgets:
+            before, after = (load_packed(out[k] / "packed" / scheme / f"n{budget}.npz") for k in ("without", "with"))
+            assert before.keys() == after.keys()
+            for name in before:
+                for key, want in before[name].arrays().items():
+                    np.testing.assert_array_equal(after[name].arrays()[key], want)
+    assert not (out["with"] / "packed" / "RKV" / "n5.npz").exists()
+    kept = load_packed(out["kept"] / "packed" / "RKV" / "n5.npz")
+    pd.testing.assert_frame_equal(pd.read_parquet(out["kept"] / "pq"), pd.read_parquet(out["with"] / "pq"))
+    # the new cell against RKV quantized alone at n = 5 with the cell's seeds
+    study = studies["with"]
+    frame = pd.read_parquet(out["with"] / "pq" / "RKV" / "n5.parquet")
+    digests = load_manifest(manifest, slice_)
+    for trial in range(2):
+        data = verified_trial(slice_, trial, digests)
+        ref = quantize_pair(data.keys, data.values, study.scheme("RKV"), 5, base_seed=study.base_seed,
+                            identity=("gaussian", 64, trial), norm_dtype=study.norm_dtype, kernel="numpy")
+        for side in ("K", "V"):
+            for key, want in ref[side].arrays().items():
+                np.testing.assert_array_equal(kept[f"t{trial}.{side}"].arrays()[key], want, err_msg=key)
+        rows = frame[frame.trial == trial]
+        # d = 64: 5 payload bits and one float32 norm per row of 64 coordinates, 0.5 side bits
+        assert (rows.k_bits_payload == 5.0).all() and (rows.v_bits_payload == 5.0).all()
+        assert (rows.k_bits_side == ref["K"].bits_per_coordinate()["side"]).all()
+        want_q = trial_metrics_multi(data.queries, data.keys, data.values, ref["K"].dequantize("float64"),
+                                     ref["V"].dequantize("float64"), study.sharpness)
+        for sharp, (per_query, _) in zip(study.sharpness, want_q):
+            got = rows[np.isclose(rows.sharpness, sharp)]
+            np.testing.assert_allclose(got.kl.to_numpy(), per_query["kl"], rtol=1e-9, atol=1e-15)
+            np.testing.assert_allclose(got.t_eps_dir.to_numpy(), per_query["t_eps_dir"], rtol=1e-9, atol=1e-15)
+    assert canonical_json(study.metrics_slice("gaussian", 64, "RKV", 5)) == canonical_json(
+        json.loads(read_metadata(out["with"] / "pq" / "RKV" / "n5.parquet")["config_slice"]))
 
 
 def test_gather_writes_the_query_model_table_of_the_gathered_trials(tmp_path, capsys):

@@ -48,6 +48,10 @@ def test_paper_grid_size():
     assert study.trials * study.n_queries >= 1000, "thousands of per-query samples per cell"
 
 
+#: The tiny frontier without its RKV n = 5 (frontier.extra_budgets names RKV), for configs without RKV.
+FRONTIER_NO_EXTRA = {k: v for k, v in TINY["frontier"].items() if k != "extra_budgets"}
+
+
 def _mutated(**changes):
     config = copy.deepcopy(TINY)
     for key, value in changes.items():
@@ -107,7 +111,7 @@ def test_user_scheme_runs_alongside_builtins():
     config = _mutated(
         user_schemes={"VQ": {"K": {"rotate": True, "scalar_bits": "n", "qjl": False},
                              "V": {"rotate": False, "scalar_bits": "n-1", "qjl": True}}},
-        schemes=["KQV", "VQ"],
+        schemes=["KQV", "VQ"], frontier=FRONTIER_NO_EXTRA,
     )
     study = load_study(config)
     assert list(study.schemes) == ["KQV", "VQ"]
@@ -119,7 +123,7 @@ def test_hadamard_user_scheme_is_accepted_and_reaches_the_slice():
     """A rotated side pads any dim to a power of two, so the hadamard sketch runs at every dim."""
     hadamard = {"rotate": True, "scalar_bits": "n-1", "qjl": True, "sketch": "hadamard"}
     config = _mutated(user_schemes={"KQVH": {"K": {"rotate": True, "scalar_bits": "n", "qjl": False}, "V": hadamard}},
-                      schemes=["KQV", "KQVH"], dims=[64, 96])
+                      schemes=["KQV", "KQVH"], dims=[64, 96], frontier=FRONTIER_NO_EXTRA)
     study = load_study(config)
     assert study.cell_slice("gaussian", 96, "KQVH", 4)["scheme"]["V"] == hadamard
     assert "sketch" not in study.cell_slice("gaussian", 96, "KQV", 4)["scheme"]["V"]

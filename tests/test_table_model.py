@@ -98,7 +98,8 @@ def test_model_table_renders_every_part():
     assert rows["QWF+W"]["vs_reference"]["ratio"] == long_comparisons.kl_ratio.iloc[0]
     assert context["text_tokens"] == 41 and context["n_texts"] == 3
     text = tables.table_texts({"summary": pd.DataFrame(), "e2e_equal_bits": equal, "e2e_long_summary": long,
-                               "e2e_long_comparisons": long_comparisons, "passkey_summary": passkey, "e2e_summary": summary, "published_bands": bands},
+                               "e2e_long_comparisons": long_comparisons, "passkey_summary": passkey,
+                               "e2e_summary": summary, "published_bands": bands},
                               {}, ["table_model"])["table_model"]
     for label in ("tab:model", "tab:e2e_long", "tab:passkey", "tab:bands", "fig:e2e_context"):
         assert f"\\label{{{label}}}" in text or f"\\kvfigure{{{label.split(':')[1]}}}" in text, label

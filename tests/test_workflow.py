@@ -78,10 +78,13 @@ def test_dataset_is_complete_and_sane(complete_run):
     # one file, provenance in its metadata
     meta = read_metadata(complete_run / "results/metrics/per_query/gaussian/d64/KQV/n4.parquet")
     assert meta["kvasym_version"] and '"scheme"' in meta["config_slice"]
-    # the compressed artifacts exist, one per cell of the grid's schemes (the frontier's are
-    # measured in memory: frontier.keep_packed is false), except for the query-model variants'
-    # cells (they read their parents' caches: kvasym.study.Study.packed_distribution)
-    packed_cells = [c for c in cells if c[0] not in study.query_variants and c[2] in study.schemes]
+    # the compressed artifacts exist, one per cell of the grid's schemes at the grid's budgets (the
+    # frontier's, RKV n = 5 of frontier.extra_budgets too, are measured in memory: frontier.keep_packed
+    # is false), except for the query-model variants' cells (they read their parents' caches:
+    # kvasym.study.Study.packed_distribution)
+    assert ("gaussian", 64, "RKV", 5) in cells
+    packed_cells = [c for c in cells if c[0] not in study.query_variants and c[2] in study.schemes
+                    and c[3] in study.budgets]
     assert study.query_variants and study.frontier_schemes and len(packed_cells) < len(cells)
     packed = sorted((complete_run / "results/packed").rglob("*.npz"))
     assert sorted(tuple(p.relative_to(complete_run / "results/packed").parts) for p in packed) == sorted(
@@ -263,6 +266,25 @@ def test_adding_a_budget_reruns_every_unit_and_a_frontier_scheme_only_its_own(co
     counts = _rules_to_run(proc.stdout + proc.stderr)
     assert counts["cells"] == 1 and "metrics" not in counts, counts  # gaussian's unit only
     assert counts["stats"] == 1 and counts["theory"] == 1 and counts["frontier"] == 1, counts
+
+
+def test_changing_extra_budgets_reruns_only_the_frontier_units_it_adds_cells_to(complete_run, tmp_path):
+    """Issue 31, point 7: frontier.extra_budgets enters the slices of the units it adds cells to,
+    and no other. A frontier scheme's extra budget reruns its own distributions' units (KQV-NS:
+    gaussian), a grid scheme's every frontier unit (RKV: gaussian, t1.05, lowrank4); with them
+    what reads their folders (their stats and theory jobs, lowrank4's query-model variant, whose
+    input is lowrank4's packed folder: their inputs' contents unchanged) and the frontier."""
+    complete_run = copy_run(complete_run, tmp_path / "extra")
+    study = load_study_file(complete_run / "config/test.yaml")
+    assert [d for d, _ in study.frontier_data_cells()] == ["gaussian", "t1.05", "lowrank4"]
+    assert list(study.query_variants) == ["lowrank4+isotropic"]
+    for extra, units, variants in (("{KQV-NS: [3]}", 1, 0), ("{RKV: [5, 6]}", 3, 1)):
+        (complete_run / "extra.yaml").write_text(f"frontier: {{extra_budgets: {extra}}}\n")
+        proc = snakemake(complete_run, "--cores", "2", "--dry-run", "--configfile", "config/test.yaml", "extra.yaml")
+        assert proc.returncode == 0, proc.stderr
+        counts = _rules_to_run(proc.stdout + proc.stderr)
+        assert (counts["cells"], counts.get("metrics", 0), counts["frontier"]) == (units, variants, 1), (extra, counts)
+        assert (counts["stats"], counts["theory"]) == (units + variants, units), (extra, counts)
 
 
 def _rules_to_run(out: str) -> dict[str, int]:

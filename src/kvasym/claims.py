@@ -805,16 +805,19 @@ def stat_equal_rate_cells(t: Tables, where: Mapping[str, Any]) -> Measurement:
 
     A cell is a (distribution, dim, budget) of the frontier's per-unit table at ``sharpness``
     (``distributions``, ``budgets``: optional filters; without ``distributions``, every
-    synthetic distribution of the frontier, the real caches left to their own claims). In
-    each, :func:`kvasym.frontier.equal_rate_pairs` keeps the ``fixed`` scheme's point at the
-    budget and interpolates the other to each unit's rate; the per-unit pairs get the
+    synthetic distribution of the frontier, the real caches left to their own claims). Its
+    budgets are the fixed scheme's among the grid's (:func:`kvasym.frontier.grid_points`): a
+    point at a scheme's ``frontier.extra_budgets`` widens that scheme's measured rates where it
+    is the one interpolated, and is no cell of its own unless the claim names it in
+    ``budgets``. In each, :func:`kvasym.frontier.equal_rate_pairs` keeps the ``fixed`` scheme's
+    point at the budget and interpolates the other to each unit's rate; the per-unit pairs get the
     two-sided paired Wilcoxon test, and the cells' tests are Holm-adjusted together
     (:func:`_decide_family`: the claim's own family). A cell whose rate lies outside the
     interpolated scheme's measured rates in some unit is left out, never extrapolated, and
     named in the details (``cells_not_evaluated``). Estimate: the fraction of the evaluated
     cells where ``a`` is significantly better."""
     from . import stats
-    from .frontier import DISTORTIONS, equal_rate_pairs
+    from .frontier import DISTORTIONS, equal_rate_pairs, grid_points
 
     if t.frontier_units is None:
         raise MissingCell("no frontier table (config key frontier.schemes is empty)")
@@ -834,9 +837,11 @@ def stat_equal_rate_cells(t: Tables, where: Mapping[str, Any]) -> Measurement:
         if not {where["a"], where["b"]} <= set(cell["scheme"].unique()):
             continue
         anchor = where["a"] if fixed == "a" else where["b"]
-        budgets = sorted(int(b) for b in cell.loc[cell["scheme"] == anchor, "budget"].unique())
+        named = where.get("budgets")
+        own = cell if named is not None else grid_points(cell)
+        budgets = sorted(int(b) for b in own.loc[own["scheme"] == anchor, "budget"].unique())
         for budget in budgets:
-            if where.get("budgets") is not None and budget not in [int(b) for b in where["budgets"]]:
+            if named is not None and budget not in [int(b) for b in named]:
                 continue
             key = (distribution, int(dim), budget, float(where["sharpness"]))
             pairs = equal_rate_pairs(cell, a=where["a"], b=where["b"], budget=budget, metric=metric, fixed=fixed)

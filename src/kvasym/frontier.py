@@ -22,6 +22,12 @@ text for real caches) values the equal-rate claims resample; :func:`interpolate_
 evaluates a scheme between two of its budgets at another scheme's rate; :func:`best_per_budget`
 is the frontier table (the best scheme within each rate allowance).
 
+A scheme may have points beyond the grid's budgets (config key ``frontier.extra_budgets``, e.g.
+RKV at n = 5, so that its measured rates reach past KQV's n = 4 rate): the frontier stage marks
+them in the column :data:`EXTRA` of both tables. They are points of the frontier like any other
+(Pareto sets, allowances, interpolation ranges), but not nominal budgets of its own: the table's
+rows and an every-cell claim's cells are the grid's budgets (:func:`grid_points`).
+
 References
 ----------
 .. [1] Cover, T. M. and Thomas, J. A. (2006) *Elements of Information Theory*, 2nd ed., ch. 10
@@ -40,8 +46,8 @@ import pandas as pd
 
 from .errors import KvasymError
 
-__all__ = ["BITS_COLUMNS", "DISTORTIONS", "RATE_SLACK", "best_per_budget", "equal_rate_pairs", "frontier_points",
-           "interpolate_at_rate",
+__all__ = ["BITS_COLUMNS", "DISTORTIONS", "EXTRA", "RATE_SLACK", "best_per_budget", "equal_rate_pairs",
+           "frontier_points", "grid_points", "interpolate_at_rate",
            "mark_pareto", "pareto_mask", "total_bits", "unit_values"]
 
 #: The measured bit columns of a per-query table (per trial, repeated on its query rows).
@@ -58,6 +64,15 @@ DISTORTIONS: dict[str, tuple[str, bool]] = {
 #: d = 64 is 0.5, at d = 128 0.25): a scheme whose side bits exceed it is judged at a higher n.
 RATE_SLACK = 0.5
 CELL = ("distribution", "dim", "sharpness")
+#: The column of the frontier's points and units tables (stage frontier) that is True for a
+#: point at one of its scheme's ``frontier.extra_budgets``, False at a budget of the grid's.
+EXTRA = "extra_budget"
+
+
+def grid_points(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a frontier points or units table at the grid's budgets: those whose
+    :data:`EXTRA` is False (every row of a table without the column, e.g. one made by hand)."""
+    return frame[~frame[EXTRA].to_numpy(dtype=bool)] if EXTRA in frame.columns else frame
 
 
 def total_bits(k_payload: Any, k_side: Any, v_payload: Any, v_side: Any) -> np.ndarray:

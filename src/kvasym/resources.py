@@ -93,7 +93,9 @@ def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb:
         dim, seq, nq, trials = slice_["dim"], slice_["seq_len"], slice_["n_queries"], slice_["trials"]
         per_trial = 8 * (6 * seq * dim + 2 * nq * dim + 12 * nq * seq)
         packed = trials * 2 * seq * (dim + 64)  # <= 8 bits per coordinate + norms, both sides
-        n_cells = max(len(slice_.get("schemes", ())) * len(slice_.get("budgets", ())), 1)
+        # the grid's cells and, in a frontier unit, its schemes' extra budgets (frontier.extra_budgets)
+        n_extra = sum(len(b) for b in slice_.get("extra_budgets", {}).values())
+        n_cells = max(len(slice_.get("schemes", ())) * len(slice_.get("budgets", ())) + n_extra, 1)
         n_sharp = len(slice_.get("sharpness", [])) or 1
         # the cells' tables until they are written: ~40 float64 columns per query row, ~10 per key row
         tables = n_cells * n_sharp * 8 * (40 * trials * nq + 10 * slice_.get("per_key_trials", 0) * seq)

@@ -86,6 +86,10 @@ class Study:
     #: Whether the cells stage writes the frontier schemes' packed caches too
     #: (``frontier.keep_packed``; default False: only the grid's, which the variants read).
     frontier_keep_packed: bool = False
+    #: Budgets beyond :attr:`budgets` at which a scheme (of the grid or the frontier) runs on the
+    #: frontier only (``frontier.extra_budgets``): ``{scheme: (n, ...)}``, budgets sorted; where,
+    #: :meth:`extra_budgets_on`.
+    frontier_extra_budgets: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def scheme(self, name: str) -> Scheme:
         """A scheme of the grid or of the frontier, by name."""
@@ -100,12 +104,34 @@ class Study:
         return [s for s in self.frontier_schemes
                 if distribution in self.frontier_distributions_of.get(s, self.frontier_distributions)]
 
+    def frontier_shown_schemes(self, distribution: str) -> list[str]:
+        """The schemes whose points the frontier shows on the synthetic ``distribution``: the
+        grid's and the frontier's that run on it, or none where no frontier scheme runs."""
+        own = self.frontier_schemes_on(distribution)
+        return [*self.schemes, *own] if own else []
+
+    def extra_budgets_on(self, distribution: str) -> dict[str, list[int]]:
+        """``frontier.extra_budgets`` on the synthetic ``distribution``: ``{scheme: [n, ...]}`` for
+        the schemes of :meth:`frontier_shown_schemes` that have extra budgets (a grid scheme on
+        every frontier distribution, a frontier scheme on its own), in that order; ``{}``
+        elsewhere (a distribution outside the frontier, a query-model variant)."""
+        shown = self.frontier_shown_schemes(distribution)
+        return {name: list(self.frontier_extra_budgets[name]) for name in shown if name in self.frontier_extra_budgets}
+
+    def frontier_budgets(self, distribution: str, scheme: str) -> list[int]:
+        """The budgets of ``scheme``'s frontier points on the synthetic ``distribution``: the grid's
+        :attr:`budgets`, then its extra budgets there (:meth:`extra_budgets_on`)."""
+        return [*self.budgets, *self.extra_budgets_on(distribution).get(scheme, [])]
+
     def frontier_cells(self) -> Iterator[tuple[str, int, str, int]]:
-        """(distribution, dim, scheme, budget) of the frontier's own schemes (synthetic cells)."""
+        """(distribution, dim, scheme, budget) of the synthetic cells the frontier adds to the grid's
+        :meth:`cells`: its own schemes at every budget and every scheme's extra budgets."""
         for name, dim in self.data_cells():
-            for scheme in self.frontier_schemes_on(name):
-                for budget in self.budgets:
-                    yield name, dim, scheme, budget
+            for scheme in self.frontier_shown_schemes(name):
+                own = scheme not in self.schemes
+                for budget in self.frontier_budgets(name, scheme):
+                    if own or budget not in self.budgets:
+                        yield name, dim, scheme, budget
 
     def frontier_data_cells(self) -> list[tuple[str, int]]:
         """(distribution, dim) pairs of the frontier (synthetic: those at least one frontier
@@ -128,10 +154,14 @@ class Study:
                 "norm_dtype": self.norm_dtype, "n_boot": int(self.stats["n_boot"])}
 
     def frontier_slice(self) -> dict[str, Any]:
-        """What the frontier stage depends on besides its per-query inputs."""
-        return {"schemes": [*self.schemes, *self.frontier_schemes, *self.frontier_real_query_aware],
-                "frontier_schemes": list(self.frontier_schemes),
-                "budgets": list(self.budgets)}
+        """What the frontier stage depends on besides its per-query inputs: the schemes, the grid's
+        budgets and, when the config gives any, ``extra_budgets`` (``frontier.extra_budgets``: left
+        out when empty, so that a config without it keeps the slice it had before the key)."""
+        out: dict[str, Any] = {"schemes": [*self.schemes, *self.frontier_schemes, *self.frontier_real_query_aware],
+                               "frontier_schemes": list(self.frontier_schemes), "budgets": list(self.budgets)}
+        if self.frontier_extra_budgets:
+            out["extra_budgets"] = {name: list(b) for name, b in self.frontier_extra_budgets.items()}
+        return out
     #: The sequence-length sweep (config key ``seq_len_sweep``, :mod:`kvasym.seqlen`), resolved:
     #: ``{seq_lens, distribution, dim, sharpness, schemes, budgets, trials, n_queries}``; empty
     #: when not configured.
@@ -245,7 +275,12 @@ class Study:
         ``metrics`` for a query-model variant): the data slice, every scheme's spec in
         :meth:`unit_schemes` order, the budgets and the metric settings, and the schemes whose
         packed caches are written (:meth:`packed_schemes`). Its cells' slices
-        (:func:`kvasym.stages.metrics.unit_cells`) are :meth:`metrics_slice`."""
+        (:func:`kvasym.stages.metrics.unit_cells`) are :meth:`metrics_slice`.
+
+        A unit of the frontier with extra budgets (:meth:`extra_budgets_on`) also has
+        ``extra_budgets`` (``{scheme: [n, ...]}``) and ``packed_extra`` (``frontier.keep_packed``:
+        whether those cells' packed caches are written); the other units' slices have neither key,
+        so giving ``frontier.extra_budgets`` reruns only the units it adds cells to."""
         out = self.data_slice(distribution, dim)
         schemes = []
         for name in self.unit_schemes(distribution):
@@ -255,6 +290,9 @@ class Study:
         out.update(schemes=schemes, budgets=list(self.budgets), norm_dtype=self.norm_dtype,
                    sharpness=list(self.sharpness), per_key_trials=self.per_key_trials,
                    packed_schemes=self.packed_schemes(distribution))
+        extra = self.extra_budgets_on(distribution)
+        if extra:
+            out.update(extra_budgets=extra, packed_extra=self.frontier_keep_packed)
         return out
 
     def metrics_slice(self, distribution: str, dim: int, scheme: str, budget: int) -> dict[str, Any]:
@@ -618,6 +656,7 @@ def load_study(config: Mapping[str, Any]) -> Study:
         frontier_real_schemes=_frontier_real(cfg["frontier"], frontier_schemes),
         frontier_real_query_aware=_frontier_real_query_aware(cfg["frontier"], [*schemes, *frontier_schemes]),
         frontier_keep_packed=bool(cfg["frontier"].get("keep_packed", False)),
+        frontier_extra_budgets=_frontier_extra_budgets(cfg["frontier"], {**schemes, **frontier_schemes}, budgets),
     )
 
 
@@ -693,6 +732,31 @@ def _seq_len_sweep(cfg: Mapping[str, Any], schemes: Mapping[str, Scheme], budget
     return {"seq_lens": sorted(lengths), "distribution": name, "dim": dim,
             "sharpness": float(cfg.get("sharpness", headline["sharpness"])),
             "schemes": chosen, "budgets": sorted(chosen_budgets), "trials": trials, "n_queries": n_queries}
+
+
+def _frontier_extra_budgets(cfg: Mapping[str, Any], schemes: Mapping[str, Scheme], budgets: tuple[int, ...],
+                            ) -> dict[str, tuple[int, ...]]:
+    """``frontier.extra_budgets`` (typed by the schema: lists of distinct integers in 1..8),
+    checked against the other keys: each scheme one of ``schemes`` (the grid's and the
+    frontier's, in config order), with a frontier to run on; each budget outside ``budgets`` (a
+    grid budget is already a cell) and realisable by the scheme. Schemes in config order."""
+    given = cfg.get("extra_budgets") or {}
+    frontier = list(cfg.get("schemes", []))
+    for name, extra in given.items():
+        key = f"config key frontier.extra_budgets.{name}"
+        if name not in schemes:
+            raise KvasymError(f"{key}: {name!r} is not one of schemes or frontier.schemes ({', '.join(schemes)})")
+        if not frontier:
+            raise KvasymError(f"{key}: frontier.schemes is empty, so there is no frontier to add {name}'s budgets to")
+        for i, budget in enumerate(extra):
+            if budget in budgets:
+                raise KvasymError(f"{key}[{i}] = {budget} is already in budgets ({', '.join(map(str, budgets))}): "
+                                  "an extra budget is one the grid does not run")
+            try:
+                schemes[name].validate_budget(budget)
+            except KvasymError as exc:
+                raise KvasymError(f"{key}[{i}] = {budget}: {exc}") from None
+    return {name: tuple(sorted(int(b) for b in given[name])) for name in schemes if name in given}
 
 
 def _frontier_real(cfg: Mapping[str, Any], frontier_schemes: Mapping[str, Scheme]) -> tuple[str, ...]:

@@ -4,7 +4,9 @@
 # own queries against its parent's packed caches. Every cell file keeps its path inside the
 # unit's folders (results/packed/<dist>/d<d>/<scheme>/n<n>.npz,
 # results/metrics/{per_query,per_key}/<dist>/d<d>/<scheme>/n<n>.parquet); changing a unit's
-# schemes, budgets or settings reruns the unit whole.
+# schemes, budgets or settings reruns the unit whole. A frontier unit also runs its schemes'
+# frontier.extra_budgets (cells of the frontier only): changing them reruns the frontier's units
+# they add cells to, and the frontier; the other units keep their slices.
 
 
 rule cells:

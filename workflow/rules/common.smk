@@ -221,33 +221,32 @@ def frontier_cells(wildcards=None):
 
 def frontier_per_query(wildcards=None):
     """Every scheme's (the grid's and the frontier's) per-query files at every budget, on the
-    frontier's synthetic cells and the real cells."""
+    frontier's synthetic cells (with their schemes' frontier.extra_budgets: files of the same
+    unit folders) and the real cells."""
     synthetic = [
-        (dist, dim, [*STUDY.schemes, *STUDY.frontier_schemes_on(dist)])
+        (dist, dim, scheme, budget)
         for dist, dim in STUDY.frontier_data_cells()
+        for scheme in STUDY.frontier_shown_schemes(dist)
+        for budget in STUDY.frontier_budgets(dist, scheme)
     ]
     # the query-aware variants' bases are of post-RoPE queries: post-RoPE rows only
     real = [
-        (
-            dist,
-            dim,
-            [
-                *STUDY.schemes,
-                *STUDY.frontier_real_schemes,
-                *(
-                    STUDY.frontier_real_query_aware
-                    if REAL_DISTRIBUTIONS[dist] == "post"
-                    else ()
-                ),
-            ],
-        )
+        (dist, dim, scheme, budget)
         for dist, dim in (REAL_CELLS if FRONTIER else [])
+        for scheme in [
+            *STUDY.schemes,
+            *STUDY.frontier_real_schemes,
+            *(
+                STUDY.frontier_real_query_aware
+                if REAL_DISTRIBUTIONS[dist] == "post"
+                else ()
+            ),
+        ]
+        for budget in STUDY.budgets
     ]
     return [
         path("per_query", distribution=dist, dim=dim, scheme=scheme, budget=budget)
-        for dist, dim, schemes in [*synthetic, *real]
-        for scheme in schemes
-        for budget in STUDY.budgets
+        for dist, dim, scheme, budget in [*synthetic, *real]
     ]
 
 

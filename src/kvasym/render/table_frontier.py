@@ -7,7 +7,9 @@ best mean KL, p99 KL, top-5 recall and output direction error among the points w
 total rate is at most ``n + RATE_SLACK`` bits per coordinate (:func:`kvasym.frontier.best_per_budget`),
 with its rate and value; and the frontier's side-bit ledger (each scheme's measured side bits per
 coordinate at the headline dim). Synthetic rows at the headline sharpness, real rows at the model's
-own (1). Without points: ``has_frontier`` False.
+own (1). Without points: ``has_frontier`` False. The rows' budgets, and the ledger's, are the
+grid's (:func:`kvasym.frontier.grid_points`): a point at a scheme's ``frontier.extra_budgets``
+competes in every allowance it fits but adds no row.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..display import side_bit_ledger
-from ..frontier import DISTORTIONS, RATE_SLACK, best_per_budget
+from ..frontier import DISTORTIONS, RATE_SLACK, best_per_budget, grid_points
 
 #: The table's distortion columns, in order: points column -> short heading.
 COLUMNS: dict[str, str] = {"kl_mean": "mean KL", "kl_p99": "p99 KL", "recall_mean": "recall",
@@ -35,7 +37,7 @@ def frontier_context(points: pd.DataFrame | None, headline: Mapping[str, Any], *
     real = set(real_distributions)
     sharp = np.where(points["distribution"].isin(real), real_sharpness, float(headline["sharpness"]))
     frame = points[np.isclose(points["sharpness"].to_numpy(dtype=float), sharp)]
-    budgets = sorted(int(b) for b in frame["budget"].unique())
+    budgets = sorted(int(b) for b in grid_points(frame)["budget"].unique())
     best = {name: best_per_budget(frame, budgets, distortion=name) for name in COLUMNS}
     order = list(dict.fromkeys(frame["distribution"]))
     cells = sorted(frame[["distribution", "dim"]].drop_duplicates().itertuples(index=False, name=None),
@@ -54,7 +56,7 @@ def frontier_context(points: pd.DataFrame | None, headline: Mapping[str, Any], *
         groups.append({"distribution": dist, "dim": int(dim), "real": dist in real, "rows": rows})
     # the side-bit ledger at the headline dim: mean measured side bits per coordinate per scheme
     head_dim = int(headline["dim"])
-    ledger_frame = frame[(frame["dim"] == head_dim) & ~frame["distribution"].isin(real)]
+    ledger_frame = grid_points(frame[(frame["dim"] == head_dim) & ~frame["distribution"].isin(real)])
     ledger = side_bit_ledger(ledger_frame)
     from .table_e2e import scheme_order
 

@@ -19,6 +19,8 @@ _DATA_KEYS = set(DATA_KEYS)
 #: Keys each stage reads from its slice (what the study's *_slice methods produce).
 _UNIT_KEYS = _DATA_KEYS | {"schemes", "budgets", "norm_dtype", "sharpness", "per_key_trials", "packed_schemes"}
 SLICE_KEYS: dict[str, set[str]] = {
+    # a frontier unit with frontier.extra_budgets also has extra_budgets and packed_extra (optional:
+    # Study.unit_slice gives them only there, so that other units keep their slices)
     "cells": _UNIT_KEYS,
     "metrics": _UNIT_KEYS,
     "stats": {"distribution", "dim", "schemes", "scheme_specs", "base_seed", "stats"},

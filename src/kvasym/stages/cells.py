@@ -4,17 +4,18 @@ A unit is a (distribution, dim) of the synthetic grid (not a query-model variant
 ``metrics`` stage's, :mod:`kvasym.stages.metrics`). Its job draws each trial once, from seeds
 keyed by (distribution, dim, trial), and while the trial is in memory quantizes it with every
 scheme of the unit (the grid's and the frontier's that run on the distribution) at every
-budget, and measures the reconstructions against the data at every sharpness. It writes
+budget, and at its ``frontier.extra_budgets`` in a unit of the frontier, and measures the
+reconstructions against the data at every sharpness. It writes
 
 - the data manifest ``results/data/<dist>/d<dim>.json`` (per-trial SHA-256 digests and
   statistics, :func:`kvasym.manifest.build_manifest`), which the theory, figure and table
   stages check their regenerated trials against;
-- the packed caches of the unit's ``packed_schemes`` (the grid's; the frontier's too with
-  ``frontier.keep_packed``), one ``.npz`` per cell in the folder ``results/packed/<dist>/d<dim>``
-  (``<scheme>/n<budget>.npz``: trial ``t``'s sides as ``t<t>.K`` / ``t<t>.V``), the compressed
-  artifact itself with its measured bits per coordinate, written trial by trial
-  (:class:`kvasym.cache.PackedFileWriter`); a frontier cache not kept is measured, and its bits
-  counted, in memory, exactly as a kept one;
+- the packed caches of the unit's ``packed_schemes`` (the grid's; the frontier's, and every
+  scheme's at its extra budgets, too with ``frontier.keep_packed``), one ``.npz`` per cell in
+  the folder ``results/packed/<dist>/d<dim>`` (``<scheme>/n<budget>.npz``: trial ``t``'s sides
+  as ``t<t>.K`` / ``t<t>.V``), the compressed artifact itself with its measured bits per
+  coordinate, written trial by trial (:class:`kvasym.cache.PackedFileWriter`); a frontier cache
+  not kept is measured, and its bits counted, in memory, exactly as a kept one;
 - one per-query and one per-key Parquet file per cell in the folders
   ``results/metrics/{per_query,per_key}/<dist>/d<dim>`` (``<scheme>/n<budget>.parquet``):
   parts of the two datasets, read with one call as before.
@@ -29,7 +30,9 @@ QJL matrices in :func:`kvasym.sketch` 's cache across the unit's schemes and bud
 Why a (distribution, dim): its cells share their data and seeds; one job per cell paid a
 process start, a data read and Snakemake's bookkeeping (about 3 CPU-s) for work of 1 to 10
 CPU-s. The price is the granularity of reruns: a change to a unit's slice (a scheme added to
-the grid or to the frontier on this distribution, a budget, a sharpness) reruns the unit whole.
+the grid or to the frontier on this distribution, a budget, a sharpness, a scheme's
+``frontier.extra_budgets`` on a frontier distribution) reruns the unit whole; a unit to which
+``frontier.extra_budgets`` adds no cell keeps its slice (the key is absent from it) and its files.
 """
 
 from __future__ import annotations
@@ -76,13 +79,17 @@ def run_cells(
     with (atomic_folder(out_packed) as packed_dir, atomic_folder(out_per_query) as pq_dir,
           atomic_folder(out_per_key) as pk_dir):
         # the packed caches of the unit's packed_schemes (Study.packed_schemes: the grid's, which
-        # the query-model variants read; the frontier's only with frontier.keep_packed)
+        # the query-model variants read; the frontier's only with frontier.keep_packed), at an
+        # extra budget (a frontier cell: no variant reads it) only with packed_extra, which is
+        # frontier.keep_packed
         kept = set(unit["packed_schemes"])
         unknown = sorted(kept - {s.name for s, _, _ in cells})
         if unknown:
             raise KvasymError(f"slice key packed_schemes names {unknown}, which are not schemes of the unit")
+        extra = unit.get("extra_budgets", {})
         writers = {(s.name, b): PackedFileWriter(cell_file(packed_dir, s.name, b, ".npz"))
-                   for s, b, _ in cells if s.name in kept}
+                   for s, b, _ in cells
+                   if s.name in kept and (unit.get("packed_extra", False) or b not in extra.get(s.name, []))}
         tables = {(s.name, b): CellTables(cell) for s, b, cell in cells}
 
         def work(trial: int, data: TrialData) -> None:

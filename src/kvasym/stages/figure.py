@@ -119,7 +119,10 @@ def load_inputs(slice_: Mapping[str, Any], inputs: Mapping[str, Any], needed: se
         return read_metrics_rows(sources, key, keep, root=inputs.get("metrics"), digests=inputs.get("cell_digests"))
 
     loaders: dict[str, Callable[[], Any]] = {
-        "per_query": lambda: metrics("per_query", {"dim": [dim], "sharpness": [sharpness], "distribution": facets}),
+        # the grid's schemes and budgets: read from the dataset's root, the frontier's cells (its
+        # schemes, and frontier.extra_budgets) would join the files the DAG gives
+        "per_query": lambda: metrics("per_query", {"dim": [dim], "sharpness": [sharpness], "distribution": facets,
+                                                   "scheme": slice_.get("schemes"), "budget": slice_.get("budgets")}),
         "data": lambda: marginal_samples(slice_, _files(inputs.get("data"))),
         "real_per_query": lambda: real_kl_means(inputs.get("real_per_query"), budget=budget),
     }

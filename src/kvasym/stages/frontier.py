@@ -12,6 +12,10 @@ and budget of the frontier's distributions and of the real rows, and writes two 
     the per-unit means (trials; texts for real caches, from the files' ``trial_map``) that the
     equal-rate claims resample (:func:`kvasym.frontier.unit_values`).
 
+Both have the column ``extra_budget`` (:data:`kvasym.frontier.EXTRA`): True for a cell at one of
+its scheme's ``frontier.extra_budgets`` (the slice's ``extra_budgets``), False at the grid's
+budgets.
+
 No pairwise test is computed here: the frontier's cost grows linearly with its schemes.
 """
 
@@ -45,7 +49,7 @@ def run_frontier(slice_: Mapping[str, Any], per_query_paths: Sequence[str | os.P
     """
     from ..cells import cell_of_path, iter_cell_tables
     from ..dataset import provenance, write_frame_atomic
-    from ..frontier import frontier_points, mark_pareto, unit_values
+    from ..frontier import EXTRA, frontier_points, mark_pareto, unit_values
     from .stats import trial_texts
 
     if not per_query_paths:
@@ -56,14 +60,17 @@ def run_frontier(slice_: Mapping[str, Any], per_query_paths: Sequence[str | os.P
              for i, path in enumerate(per_query_paths)]
     parts, unit_parts = [], []
     wanted = set(slice_["schemes"])
+    extra = slice_.get("extra_budgets", {})
     for path, frame in iter_cell_tables(list(per_query_paths), "per-query", ("distribution", "dim", "scheme", "budget"),
                                         cells=cells, columns=list(COLUMNS)):
         unknown = set(frame["scheme"].unique()) - wanted
         if unknown:
             raise KvasymError(f"{path}: scheme(s) {sorted(unknown)} are not in the frontier's schemes")
         # a file is one cell: its points (p99 over its queries) need no other file
-        parts.append(frontier_points(frame))
-        unit_parts.append(unit_values(frame, trial_texts([path])))
+        cell = cell_of_path(path)  # the cell the file holds (iter_cell_tables checked it)
+        flag = {EXTRA: cell["budget"] in extra.get(cell["scheme"], [])}
+        parts.append(frontier_points(frame).assign(**flag))
+        unit_parts.append(unit_values(frame, trial_texts([path])).assign(**flag))
     meta = provenance(slice_)
     write_frame_atomic(mark_pareto(pd.concat(parts, ignore_index=True)), out_points, meta)
     write_frame_atomic(pd.concat(unit_parts, ignore_index=True), out_units, meta)

@@ -60,12 +60,15 @@ def data_slice_of(unit: Mapping[str, Any]) -> dict[str, Any]:
 
 def unit_cells(unit: Mapping[str, Any]) -> Iterator[tuple[Scheme, int, dict[str, Any]]]:
     """(scheme, budget, cell slice) of every cell of a unit, schemes in slice order, budgets
-    within. A cell slice is what :meth:`kvasym.study.Study.metrics_slice` gives for the cell
-    (the data slice, the scheme's spec, the budget and the metric settings)."""
+    within: the unit's ``budgets``, then the scheme's ``extra_budgets`` (the frontier's only,
+    :meth:`kvasym.study.Study.extra_budgets_on`; a key only some units' slices have). A cell
+    slice is what :meth:`kvasym.study.Study.metrics_slice` gives for the cell (the data slice,
+    the scheme's spec, the budget and the metric settings), an extra cell's too."""
+    extra = unit.get("extra_budgets", {})
     for entry in unit["schemes"]:
         spec = dict(entry)
         scheme = scheme_from_dict(spec.pop("name"), spec)
-        for budget in unit["budgets"]:
+        for budget in [*unit["budgets"], *extra.get(entry["name"], [])]:
             cell = data_slice_of(unit)
             cell.update(scheme=dict(entry), budget=int(budget), norm_dtype=unit["norm_dtype"],
                         sharpness=list(unit["sharpness"]), per_key_trials=unit["per_key_trials"])

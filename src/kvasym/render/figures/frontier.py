@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from ...frontier import grid_points
 from ._style import (
     TEXT_WIDTH,
     figure_legend,
@@ -38,9 +39,10 @@ FRONTIER_FIGURES: dict[str, tuple[str, str, bool]] = {
     "frontier_t_eps_dir": ("t_eps_dir_mean", "output direction error", True),
 }
 MAX_COLS = 3
-#: Bits per coordinate shown right of the largest budget: a point beyond it (a scheme whose side
-#: information alone exceeds the budgets, e.g. SKLT's d x d basis at d = 1024) is named in the
-#: panel instead of squeezing every other scheme into a sliver of the axis.
+#: Bits per coordinate shown right of the grid's largest budget (a scheme's extra budgets,
+#: ``frontier.extra_budgets``, are drawn but do not move it): a point beyond it (a scheme whose
+#: side information alone exceeds the budgets, e.g. SKLT's d x d basis at d = 1024) is named in
+#: the panel instead of squeezing every other scheme into a sliver of the axis.
 X_MARGIN = 2.0
 
 
@@ -69,7 +71,7 @@ def frontier_figure(points: pd.DataFrame | None, name: str, *, sharpness: float,
     schemes = scheme_order(frame["scheme"].unique())
     fig, axes = new_figure(nrow, ncol, width=TEXT_WIDTH, row_height=1.75, extra=0.9)
     flag = f"pareto_{column}"
-    x_max = float(frame["budget"].max()) + X_MARGIN
+    x_max = float(grid_points(frame)["budget"].max()) + X_MARGIN
     for k, (dist, dim) in enumerate(panels):
         ax = axes[k // ncol, k % ncol]
         g = frame[(frame["distribution"] == dist) & (frame["dim"] == dim)]
