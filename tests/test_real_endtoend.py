@@ -415,6 +415,42 @@ def test_evaluate_text_extra_passes_names_and_bits(two_layers) -> None:
     assert k_total == pytest.approx((10.5 * 6 + 3.5 * 16) / 14, rel=1e-12)
 
 
+def test_a_query_aware_variants_extra_budget_runs_with_its_bases_and_leaves_the_other_passes_alone(two_layers) -> None:
+    """real.e2e.extra_budgets {QWF: [4]} (issue 31: SKLT's n = 2 rate lies above QWF's n = 4,
+    so QWF also runs at n = 5 on the paper grid): QWF's extra passes run in every draw with the
+    variant's bases, the passes of the grid's budgets are those of a run without the extra budget
+    value for value, and the extra pass is the pass the variant runs at that budget as a grid
+    budget (same seeds: the pass's identity does not depend on which list names its budget)."""
+    model = two_layers
+    ids = model.encode(SHORT_TEXT)[:14]
+    n = ids.size - 1
+    run = dict(text="t", base_seed=BASE_SEED, ropes=("post",), draws=2, query_bases=_identity_bases(model),
+               query_variants=("QWF",))
+    plain = evaluate_text(model, ids, [get_scheme("RKV")], [2], **run)
+    extra = evaluate_text(model, ids, [get_scheme("RKV")], [2], extra_budgets={"QWF": [4]}, **run)
+    as_grid = evaluate_text(model, ids, [get_scheme("RKV")], [2, 4], **run)
+
+    def pick(out, scheme, budget, draw):
+        return (out["scheme"] == scheme) & (out["budget"] == budget) & (out["draw"] == draw)
+
+    passes = {(s, int(b), int(d)) for s, b, d in zip(extra["scheme"], extra["budget"], extra["draw"])}
+    assert passes == {(s, b, d) for d in (0, 1) for s, b in (("RKV", 2), ("QWF", 2), ("QWF", 4))}
+    assert all(len(v) == len(passes) * n for v in extra.values())
+    for scheme, budget, draw in passes:
+        mine = pick(extra, scheme, budget, draw)
+        ref = pick(as_grid, scheme, budget, draw)
+        for key in ("kl", "nll", "top1", "k_bits_payload", "k_bits_side", "v_bits_payload", "v_bits_side"):
+            assert np.array_equal(extra[key][mine], as_grid[key][ref]), (scheme, budget, draw, key)
+            if budget == 2:
+                assert np.array_equal(extra[key][mine], plain[key][pick(plain, scheme, budget, draw)])
+    # QWF's water-filling spends the budget on average: 4 payload bits per key value at n = 4
+    assert extra["k_bits_payload"][pick(extra, "QWF", 4, 0)][0] == pytest.approx(4.0, abs=0.05)
+    # the draws differ (RKV's value rotations are drawn per draw)
+    assert not np.array_equal(extra["kl"][pick(extra, "QWF", 4, 0)], extra["kl"][pick(extra, "QWF", 4, 1)])
+    with pytest.raises(KvasymError, match=r"extra_budgets names schemes \['QRKV'\]"):
+        evaluate_text(model, ids, [get_scheme("RKV")], [2], extra_budgets={"QRKV": [4]}, **run)
+
+
 @pytest.mark.slow  # 2-27 s: mostly compiling SKLT's kernels in a fresh process on a loaded machine
 def test_existing_passes_are_unchanged(model) -> None:
     """A digest of the columns of RKV (2 draws) and SKLT passes and a sensitivity pass on 24

@@ -261,6 +261,14 @@ def test_real_e2e_schemes_all_adds_the_frontier_real_schemes_and_rope_and_budget
     assert e2e["extra_budgets"] == {"RKV": [5, 6]} and e2e["sensitivity_schemes"] == ["KV", "RKV"]
     assert real_settings({"e2e": {"sensitivity_schemes": "all"}}, schemes=["KV"],
                          frontier_schemes=["SKLT"])["e2e"]["sensitivity_schemes"] == ["KV", "SKLT"]
+    # a query-aware variant may have extra budgets (QWF at n = 5 covers SKLT's n = 2 rate)
+    assert real_settings({"e2e": {"texts": ["bakery_morning"], "query_aware": ["QWF"],
+                                  "extra_budgets": {"QWF": [5], "RKV": [5]}}},
+                         schemes=["KV", "RKV"])["e2e"]["extra_budgets"] == {"QWF": [5], "RKV": [5]}
+    with pytest.raises(KvasymError, match=r"real.e2e.extra_budgets.QWF: not among the e2e schemes and query-aware "
+                                          r"variants \['KV', 'RKV', 'QRKV'\]"):
+        real_settings({"e2e": {"texts": ["bakery_morning"], "query_aware": ["QRKV"], "extra_budgets": {"QWF": [5]}}},
+                      schemes=["KV", "RKV"])
     for bad, message in (({"rope": {"pre": ["SKLT"]}}, r"real.e2e.rope.pre: \['SKLT'\] not among the e2e schemes"),
                          ({"extra_budgets": {"SKLT": [5]}}, r"real.e2e.extra_budgets.SKLT: not among the e2e"),
                          ({"sensitivity_schemes": ["KQV"]}, r"real.e2e.sensitivity_schemes: \['KQV'\] not among")):

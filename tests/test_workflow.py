@@ -173,6 +173,7 @@ def test_real_model_rows_when_the_extra_is_installed(complete_run):
                                   "KQV+C16"}
     assert set(e2e.loc[e2e["rope"] == "pre", "scheme"]) == {"KQV", "RKV", "RKV+R8", "KQV+C16"}  # every mode
     assert set(e2e.loc[e2e["scheme"] == "RKV", "budget"]) == {2, 4, 5}  # real.e2e.extra_budgets
+    assert set(e2e.loc[e2e["scheme"] == "QWF", "budget"]) == {2, 4, 5}  # a query-aware variant's too
     study = e2e[e2e["scheme"].isin(["KV", "KQV", "QKQV", "RKV"]) & (e2e["budget"] == 2)]
     assert (study["ppl_ratio"] > 1).all()  # at two bits every study scheme hurts the model
     assert (e2e.loc[e2e["scheme"] == "RKV", "n_units"] == 2).all()  # (text, draw): one text, two draws

@@ -180,8 +180,9 @@ def e2e_settings(value: object, texts: list[str] | None = None,
 
     The config schema (key ``real.e2e``) owns its keys, types, ranges and defaults; what the
     schema cannot say is checked here, against the other keys: ``texts`` a subset of the real
-    rows' texts, ``schemes`` of the study's and the frontier's real schemes, and ``rope``,
-    ``extra_budgets`` and ``sensitivity_schemes`` name e2e schemes.
+    rows' texts, ``schemes`` of the study's and the frontier's real schemes, ``rope`` and
+    ``sensitivity_schemes`` name e2e schemes, ``extra_budgets`` e2e schemes or query-aware
+    variants.
 
     Parameters
     ----------
@@ -225,10 +226,13 @@ def e2e_settings(value: object, texts: list[str] | None = None,
     else:
         rope = {mode: (_subset(f"real.e2e.rope.{mode}", v, names, "e2e schemes") if names is not None else v)
                 for mode, v in rope_value.items()}
+    variants = list(out["query_aware"])
     extra = {}
     for scheme, budgets in sorted(out["extra_budgets"].items()):
-        if names is not None and scheme not in names:
-            raise KvasymError(f"config key real.e2e.extra_budgets.{scheme}: not among the e2e schemes {names}")
+        # a query-aware variant's extra budget runs with its bases like its other budgets
+        if names is not None and scheme not in [*names, *variants]:
+            raise KvasymError(f"config key real.e2e.extra_budgets.{scheme}: not among the e2e schemes and "
+                              f"query-aware variants {[*names, *variants]}")
         extra[scheme] = sorted(int(b) for b in budgets)
     sens = out["sensitivity_schemes"]
     if sens == "study":
@@ -238,7 +242,6 @@ def e2e_settings(value: object, texts: list[str] | None = None,
     elif names is not None:
         sens = _subset("real.e2e.sensitivity_schemes", sens, names, "e2e schemes")
     layers = out["sensitivity_layers"]
-    variants = list(out["query_aware"])
     for key in ("recent_windows", "causal_chunks"):
         for scheme in out[key]:
             if names is not None and scheme not in names:

@@ -533,7 +533,8 @@ def evaluate_text(
 
     - ``query_variants`` (names of :data:`kvasym.real.queryaware.VARIANTS`, with
       ``query_bases`` of the model's shape): in RoPE mode ``"post"`` only, every draw and
-      budget of ``budgets``, one pass per variant, scheme column the variant's name;
+      budget of ``budgets`` plus the variant's ``extra_budgets``, one pass per variant, scheme
+      column the variant's name;
     - ``window_query_bases`` (with ``query_variants``): every variant pass again with these
       bases (calibrated on long-text windows, :func:`kvasym.real.longcontext.window_bases`),
       scheme column ``f"{variant}{WINDOW_BASES_TAG}"`` (``QWF+W``), same seeds;
@@ -589,11 +590,15 @@ def evaluate_text(
         return [(0, 0), *((r, 0) for r in windows.get(name, ())), *((0, c) for c in chunks.get(name, ()))]
 
     named = {"rope_schemes": [n for v in (rope_schemes or {}).values() for n in v],
-             "extra_budgets": list(extra_budgets or {}), "sensitivity_schemes": list(sensitivity_schemes or [])}
+             "sensitivity_schemes": list(sensitivity_schemes or [])}
     for what, chosen in named.items():
         unknown = sorted(set(chosen) - set(names))
         if unknown:
             raise KvasymError(f"{what} names schemes {unknown} that are not among the passes' schemes {names}")
+    unknown = sorted(set(extra_budgets or {}) - set(names) - set(query_variants))
+    if unknown:
+        raise KvasymError(f"extra_budgets names schemes {unknown} that are not among the passes' schemes "
+                          f"{names + query_variants}")
     ref = reference_pass(model, token_ids)
     n = ref.nll.size
     columns: dict[str, list[np.ndarray]] = {}
@@ -627,7 +632,7 @@ def evaluate_text(
             # the query-aware variants draw RKV's value rotations: every draw
             for variant in query_variants if rope == "post" else ():
                 for tag, bases in bases_sets:
-                    for budget in budgets:
+                    for budget in [*budgets, *(extra_budgets or {}).get(variant, ())]:
                         for recent, chunk in reads_of(variant):
                             quant = CacheQuantization(variant_scheme(variant), int(budget), base_seed, text,
                                                       rope=rope, own=own, norm_dtype=norm_dtype, draw=draw,
