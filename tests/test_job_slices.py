@@ -179,7 +179,8 @@ def _sha(texts):
 def test_the_real_slices_are_those_the_dag_passed_before():
     """The sorted --slice JSON of every real_metrics job of the tiny config, hashed, as `snakemake
     -n -p` printed them at 5df4e05 (built in common.smk then); the e2e and e2e_stats slices as
-    issue 31 changed them (draws, per-mode schemes, extra budgets; no block_tokens)."""
+    issue 31 changed them (draws, per-mode schemes, extra budgets, a query-aware variant's among
+    them; no block_tokens)."""
     config = copy.deepcopy(TINY)
     study = load_study(config)
     real = real_settings(config["real"], list(study.schemes), list(study.frontier_real_schemes))
@@ -194,8 +195,9 @@ def test_the_real_slices_are_those_the_dag_passed_before():
     assert e2e["schemes"][7] == {"name": "SKLT", **study.scheme("SKLT").to_dict()}
     assert {k: v for k, v in e2e.items() if k != "schemes"} == {
         "text": "bicycle_repair", "max_tokens": 48, "budgets": [2, 4], "base_seed": 7, "norm_dtype": "float32",
-        "e2e": {"draws": 2, "rope": {"post": e2e_schemes, "pre": ["KQV", "RKV"]}, "extra_budgets": {"RKV": [5]},
-                "own": "exact", "sensitivity_layers": [0, 29], "sensitivity_schemes": ["KV", "KQV", "QKQV", "RKV"],
+        "e2e": {"draws": 2, "rope": {"post": e2e_schemes, "pre": ["KQV", "RKV"]},
+                "extra_budgets": {"QWF": [5], "RKV": [5]}, "own": "exact", "sensitivity_layers": [0, 29],
+                "sensitivity_schemes": ["KV", "KQV", "QKQV", "RKV"],
                 "query_aware": ["QWF"], "recent_windows": {"RKV": [8]}, "causal_chunks": {"KQV": 16}}}
     assert canonical_json(study.job_slice("e2e_stats", {}, real=real)) == (
         '{"base_seed":7,"budgets":[2,4],"n_boot":200,"schemes":'
