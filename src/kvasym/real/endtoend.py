@@ -589,6 +589,10 @@ def evaluate_text(
         """``(recent_tokens, causal_chunk)`` of the passes of scheme ``name``: plain first."""
         return [(0, 0), *((r, 0) for r in windows.get(name, ())), *((0, c) for c in chunks.get(name, ()))]
 
+    def budgets_of(name: str) -> list[int]:
+        """The all-layer budgets of scheme or variant ``name``: ``budgets``, then its extra ones."""
+        return [*budgets, *(extra_budgets or {}).get(name, ())]
+
     named = {"rope_schemes": [n for v in (rope_schemes or {}).values() for n in v],
              "sensitivity_schemes": list(sensitivity_schemes or [])}
     for what, chosen in named.items():
@@ -621,7 +625,7 @@ def evaluate_text(
             for scheme in schemes:
                 if scheme.name not in chosen or (draw > 0 and not draws_random_maps(scheme)):
                     continue
-                for budget in [*budgets, *(extra_budgets or {}).get(scheme.name, ())]:
+                for budget in budgets_of(scheme.name):
                     for recent, chunk in reads_of(scheme.name):
                         quant = CacheQuantization(scheme, int(budget), base_seed, text, rope=rope, own=own,
                                                   norm_dtype=norm_dtype, draw=draw, recent_tokens=recent,
@@ -632,7 +636,7 @@ def evaluate_text(
             # the query-aware variants draw RKV's value rotations: every draw
             for variant in query_variants if rope == "post" else ():
                 for tag, bases in bases_sets:
-                    for budget in [*budgets, *(extra_budgets or {}).get(variant, ())]:
+                    for budget in budgets_of(variant):
                         for recent, chunk in reads_of(variant):
                             quant = CacheQuantization(variant_scheme(variant), int(budget), base_seed, text,
                                                       rope=rope, own=own, norm_dtype=norm_dtype, draw=draw,
