@@ -42,6 +42,7 @@ JOBS = {
     "theory": {"distribution": "lowrank4", "dim": "64"},
     "file_metrics": {"distribution": "mycache", "dim": "64", "scheme": "KQV", "budget": "4"},
     "real_metrics": {"distribution": "smollm2", "scheme": "QKQV"},
+    "real_metrics_extra": {"distribution": "smollm2-prerope", "scheme": "RKV", "budget": "5"},
     "e2e": {"text": "bicycle_repair"},
     "e2e_stats": {},
     "calibrate": {},
@@ -125,6 +126,7 @@ UNRELATED = {"headline.sharpness": 4.0, "claims_file": "config/claims.yaml", "st
 RELATED = {
     "cells": ("seq_len", 64), "metrics": ("per_key_trials", 2), "stats": ("stats.n_permutations", 7),
     "theory": ("theory.n_probes", 32), "file_metrics": ("n_queries", 8), "real_metrics": ("real.layers", [0]),
+    "real_metrics_extra": ("real.layers", [0]),
     "e2e": ("real.max_tokens", 40), "e2e_stats": ("stats.n_boot", 100), "calibrate": ("real.max_tokens", 40),
     "e2e_long": ("real.e2e.long_context.windows", 3), "passkey": ("real.e2e.passkey.trials", 3),
     "sensitivity": ("real.card.widths", [1, 2]), "card": ("real.card.budgets", [1]),
@@ -219,6 +221,19 @@ def test_a_cells_table_slice_is_its_writers_slice():
     job = study.job_slice("real_metrics", {"distribution": "smollm2", "scheme": "KQV"}, real=real)
     cell = study.cell_table_slice("smollm2", "64", "KQV", "2", real=real, file_digests=FILE_DIGESTS)
     assert cell == {**{k: v for k, v in job.items() if k != "budgets"}, "budget": 2}
+    # a real cell at an extra budget (frontier.extra_budgets: RKV at n = 5): the real_metrics_extra
+    # job's slice is the scheme's real_metrics slice with that one budget, so the file's provenance
+    # is the cell's slice the frontier checks
+    extra = study.job_slice("real_metrics_extra", {"distribution": "smollm2", "scheme": "RKV", "budget": "5"},
+                            real=real)
+    rkv = study.job_slice("real_metrics", {"distribution": "smollm2", "scheme": "RKV"}, real=real)
+    assert extra == {**rkv, "budgets": [5]}
+    assert study.cell_table_slice("smollm2", "64", "RKV", "5", real=real) == {
+        **{k: v for k, v in extra.items() if k != "budgets"}, "budget": 5}
+    for scheme, budget in (("RKV", "4"), ("KQV", "5")):  # a grid budget; a scheme without extra budgets
+        with pytest.raises(KvasymError, match=f"real cell {scheme} n = {budget}: not an extra budget"):
+            study.job_slice("real_metrics_extra", {"distribution": "smollm2", "scheme": scheme, "budget": budget},
+                            real=real)
     # a file cell: the file_metrics job's own slice, the file's digest in it
     wildcards = {"distribution": "mycache", "dim": "64", "scheme": "KQV", "budget": "4"}
     assert study.cell_table_slice(*wildcards.values(), real=real, file_digests=FILE_DIGESTS) == study.job_slice(

@@ -37,6 +37,18 @@ def make_capture(seed: int = 0) -> Capture:
     )
 
 
+def write_two_captures(tmp_path) -> list[str]:
+    """Two captures (texts "a" and "b", seeds 0 and 1) written under ``tmp_path``; their paths."""
+    from kvasym.real.capture import write_capture
+
+    paths = []
+    for i, text in enumerate(("a", "b")):
+        capture = make_capture(seed=i)
+        capture.metadata["name"] = text
+        paths.append(str(write_capture(capture, tmp_path / f"{text}.npz")))
+    return paths
+
+
 def brute_kl(q: np.ndarray, k: np.ndarray, k_hat: np.ndarray, position: int) -> float:
     """KL(p || p_hat) of one query over keys 0..position, softmax of q.k / sqrt(D)."""
     def weights(keys):
@@ -113,14 +125,9 @@ def test_real_metrics_table_feeds_the_stats_stage(tmp_path):
 
     from kvasym.stages.stats import run_stats
     from kvasym.dataset import read_metadata
-    from kvasym.real.capture import write_capture
     from kvasym.stages.real_metrics import run_real_metrics
 
-    paths = []
-    for i, text in enumerate(("a", "b")):
-        capture = make_capture(seed=i)
-        capture.metadata["name"] = text
-        paths.append(str(write_capture(capture, tmp_path / f"{text}.npz")))
+    paths = write_two_captures(tmp_path)
     files = []
     for scheme in ("KQV", "QKQV"):
         slice_ = {"distribution": "smollm2", "scheme": {"name": scheme, **get_scheme(scheme).to_dict()}, "budgets": [4],
@@ -155,14 +162,9 @@ def test_one_real_metrics_job_per_scheme_writes_what_a_job_per_budget_wrote(tmp_
     import pandas as pd
 
     from kvasym.dataset import read_metadata
-    from kvasym.real.capture import write_capture
     from kvasym.stages.real_metrics import run_real_metrics
 
-    paths = []
-    for i, text in enumerate(("a", "b")):
-        capture = make_capture(seed=i)
-        capture.metadata["name"] = text
-        paths.append(str(write_capture(capture, tmp_path / f"{text}.npz")))
+    paths = write_two_captures(tmp_path)
     base = {"distribution": "smollm2-prerope", "scheme": {"name": "KQV", **get_scheme("KQV").to_dict()},
             "sharpness": [1.0], "base_seed": 3, "norm_dtype": "float32", "layers": None}
     together = {b: tmp_path / f"all_n{b}.parquet" for b in (2, 4)}
@@ -177,6 +179,43 @@ def test_one_real_metrics_job_per_scheme_writes_what_a_job_per_budget_wrote(tmp_
         assert set(pd.read_parquet(path)["budget"]) == {budget}
     with pytest.raises(KvasymError, match=r"--out names budgets \[2\], the slice \[2, 4\]"):
         run_real_metrics({**base, "budgets": [2, 4]}, paths, {2: tmp_path / "x.parquet"})
+
+
+def test_a_real_cell_at_an_extra_budget_is_the_cell_a_job_with_that_budget_writes(tmp_path):
+    """Issue 31 (C22f): stage real_metrics_extra writes a real cell at one of its scheme's
+    frontier extra budgets (RKV at n = 5) on its own; the file equals, rows and metadata, the n = 5
+    file of a real_metrics job whose budgets include 5, and the grid budgets' files do not depend
+    on it. A slice of other than one budget is refused."""
+    import json
+
+    import pandas as pd
+
+    from kvasym.cli import main
+    from kvasym.dataset import read_metadata
+    from kvasym.stages.real_metrics import run_real_metrics
+
+    paths = write_two_captures(tmp_path)
+    base = {"distribution": "smollm2", "scheme": {"name": "RKV", **get_scheme("RKV").to_dict()},
+            "sharpness": [1.0], "base_seed": 3, "norm_dtype": "float32", "layers": None}
+    together = {b: tmp_path / f"all_n{b}.parquet" for b in (4, 5)}
+    run_real_metrics({**base, "budgets": [4, 5]}, paths, together)
+    alone = tmp_path / "extra_n5.parquet"
+    assert main(["stage", "real_metrics_extra", "--slice", json.dumps({**base, "budgets": [5]}),
+                 "--captures", *paths, "--out", str(alone)]) == 0
+    frame = pd.read_parquet(alone)
+    pd.testing.assert_frame_equal(frame, pd.read_parquet(together[5]))
+    assert read_metadata(alone)["config_slice"] == read_metadata(together[5])["config_slice"]
+    assert set(frame["budget"]) == {5} and frame["k_bits_payload"].eq(5).all()
+    grid = tmp_path / "grid_n4.parquet"
+    run_real_metrics({**base, "budgets": [4]}, paths, {4: grid})
+    pd.testing.assert_frame_equal(pd.read_parquet(grid), pd.read_parquet(together[4]))
+    # n = 5 spends more bits and damages attention less than n = 4, on every trial's mean
+    n4, n5 = (pd.read_parquet(f).groupby("trial")["kl"].mean() for f in (together[4], alone))
+    assert (n5 < n4).all()
+    bad = tmp_path / "bad.parquet"
+    assert main(["stage", "real_metrics_extra", "--slice", json.dumps({**base, "budgets": [4, 5]}),
+                 "--captures", *paths, "--out", str(bad)]) != 0
+    assert not bad.exists()
 
 
 @pytest.mark.parametrize(

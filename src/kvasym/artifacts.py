@@ -104,6 +104,8 @@ class Artifact:
 
 _R = DAG_FOLDER
 _CELL = "{distribution}/d{dim}"
+#: The stages that write per-query cell files: the synthetic units, the real rows, the file caches.
+_CELL_WRITERS = ("cells", "metrics", "real_metrics", "real_metrics_extra", "file_metrics")
 _ARTIFACTS: tuple[Artifact, ...] = (
     # the synthetic grid's units (stage cells; a query-model variant's, stage metrics)
     Artifact("data", f"{_R}/data/{_CELL}.json", ("cells", "metrics"),
@@ -119,11 +121,11 @@ _ARTIFACTS: tuple[Artifact, ...] = (
              "the per-key metrics folder of a (distribution, dim) unit (<scheme>/n<budget>.parquet)",
              folder=True),
     Artifact("per_query", f"{_R}/metrics/per_query/{_CELL}/{{scheme}}/n{{budget}}.parquet",
-             ("cells", "metrics", "real_metrics", "file_metrics"),
+             _CELL_WRITERS,
              "the per-query metrics of one cell", schema="kvasym.dataset:PER_QUERY_SCHEMA"),
     Artifact("per_key", f"{_R}/metrics/per_key/{_CELL}/{{scheme}}/n{{budget}}.parquet", ("cells", "metrics"),
              "the per-key metrics of one cell", schema="kvasym.dataset:PER_KEY_SCHEMA"),
-    Artifact("metrics_dataset", f"{_R}/metrics/per_query", ("cells", "metrics", "real_metrics", "file_metrics"),
+    Artifact("metrics_dataset", f"{_R}/metrics/per_query", _CELL_WRITERS,
              "the metrics dataset: every cell's per-query table (pd.read_parquet of the folder)", folder=True),
     # real-model rows
     Artifact("captures", f"{_R}/real/captures/{{text}}.npz", ("capture",),
@@ -249,6 +251,7 @@ JOB_KEYS: dict[str, str] = {
     "metrics": f"metrics/{_CELL}",
     "capture": "real/capture",
     "real_metrics": f"real/metrics/{_CELL}/{{scheme}}",
+    "real_metrics_extra": f"real/metrics/{_CELL}/{{scheme}}/n{{budget}}",
     "real_cachestats": "real/cachestats",
     "e2e": "real/e2e/{text}",
     "calibrate": "real/calibrate",

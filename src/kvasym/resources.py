@@ -41,6 +41,8 @@ FIXED_RESOURCES: dict[str, tuple[int, int]] = {
     "paper": (2000, 10),
     "capture": (3000, 20),
     "real_metrics": (3000, 30),
+    # real_metrics_extra: a real_metrics job of one budget
+    "real_metrics_extra": (3000, 30),
     "real_cachestats": (3000, 10),
     # e2e: the model (~0.9 GB), the reference logits and probabilities of one text (T x 49152
     # float32 each) and one quantized pass; e2e_stats: the per-position tables of every text

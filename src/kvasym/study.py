@@ -491,7 +491,9 @@ class Study:
         ----------
         stage : str
             ``cells``, ``metrics``, ``stats``, ``theory``, ``file_metrics``, ``real_metrics``,
-            ``e2e``, ``calibrate``, ``e2e_long``, ``passkey`` or ``e2e_stats``.
+            ``real_metrics_extra`` (a real cell at one of its scheme's ``frontier.extra_budgets``:
+            the ``real_metrics`` slice with that one budget), ``e2e``, ``calibrate``,
+            ``e2e_long``, ``passkey``, ``sensitivity``, ``card`` or ``e2e_stats``.
         wildcards : mapping
             The job's wildcards (``distribution``, ``dim``, ``scheme``, ``budget``, ``text``, as
             the stage's rule has them; strings or ints).
@@ -509,12 +511,19 @@ class Study:
         if stage == "file_metrics":
             return self.cell_table_slice(w["distribution"], w["dim"], w["scheme"], w["budget"],
                                          file_digests=file_digests)
-        if stage not in ("real_metrics", "e2e", "e2e_stats", "calibrate", "e2e_long", "passkey", "sensitivity", "card"):
+        if stage not in ("real_metrics", "real_metrics_extra", "e2e", "e2e_stats", "calibrate", "e2e_long", "passkey",
+                         "sensitivity", "card"):
             raise KvasymError(f"stage {stage!r} takes no grid slice")
         if real is None:
             raise KvasymError(f"stage {stage}: no real-model rows configured (config key real)")
         if stage == "real_metrics":
             return self.real_slice(w["distribution"], w["scheme"], real["layers"])
+        if stage == "real_metrics_extra":  # one cell at an extra budget of its scheme (frontier.extra_budgets)
+            budget = int(w["budget"])
+            if budget not in self.frontier_extra_budgets.get(w["scheme"], ()):
+                raise KvasymError(f"real cell {w['scheme']} n = {budget}: not an extra budget of {w['scheme']} "
+                                  "(config key frontier.extra_budgets)")
+            return {**self.real_slice(w["distribution"], w["scheme"], real["layers"]), "budgets": [budget]}
         if stage == "e2e":
             return self.e2e_slice(w["text"], real)
         if stage == "calibrate":

@@ -52,6 +52,33 @@ rule real_metrics:
         " --out {params.out} > {log:q} 2>&1"
 
 
+rule real_metrics_extra:
+    # A real cell at one of its scheme's frontier extra budgets (frontier.extra_budgets, e.g. RKV
+    # at n = 5): a job of its own, since real_metrics writes a fixed set of files per scheme. The
+    # cells enter the frontier only, like the synthetic cells' extra budgets.
+    input:
+        captures=real_capture_files,
+    output:
+        pattern("per_query"),
+    log:
+        log_path("real_metrics_extra"),
+    benchmark:
+        benchmark_path("real_metrics_extra")
+    wildcard_constraints:
+        distribution="|".join(REAL_DISTRIBUTIONS),
+        scheme=REAL_EXTRA_SCHEMES_PATTERN,
+        budget=REAL_EXTRA_BUDGETS_PATTERN,
+    threads: 1
+    resources:
+        **resources_of("real_metrics_extra"),
+    params:
+        code=STAGE_CODE["real_metrics_extra"],  # reruns the job when the code it runs changes
+        slice=slice_param("real_metrics_extra"),
+    shell:
+        "kvasym stage real_metrics_extra --slice {params.slice:q} --captures {input.captures:q}"
+        " --out {output:q} > {log:q} 2>&1"
+
+
 rule real_cachestats:
     # Statistics of the real caches (kurtosis, participation ratio, outlier channels, mean
     # energy) per text, layer and head, for the real-vs-synthetic table (kvasym.real.cachestats).

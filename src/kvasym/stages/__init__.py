@@ -41,6 +41,7 @@ STAGES: dict[str, str] = {
     "metrics": "the cells of one query-model variant (distribution, dim), measured on its parent's packed caches",
     "capture": "real K, V and queries of SmolLM2-135M for the shipped texts, one model load (needs the real extra)",
     "real_metrics": "per-query metrics of the real-model cells of one scheme, every budget (SmolLM2 captures)",
+    "real_metrics_extra": "per-query metrics of one real-model cell at one of its scheme's frontier extra budgets",
     "real_cachestats": "statistics of the real caches per text, layer and head",
     "calibrate": "query-aware bases: per layer and KV head, the eigenbasis of SmolLM2's queries on calibration texts",
     "e2e": "end-to-end passes of SmolLM2-135M over one text with its KV cache quantized (needs the real extra)",

@@ -26,6 +26,8 @@ SLICE_KEYS: dict[str, set[str]] = {
     "stats": {"distribution", "dim", "schemes", "scheme_specs", "base_seed", "stats"},
     "theory": _DATA_KEYS | {"budgets", "theory"},
     "real_metrics": {"distribution", "scheme", "budgets", "sharpness", "base_seed", "norm_dtype"},
+    # the one budget of an extra cell; the layers always (the DAG's slice has them)
+    "real_metrics_extra": {"distribution", "scheme", "budgets", "sharpness", "base_seed", "norm_dtype", "layers"},
     "e2e": {"text", "max_tokens", "schemes", "budgets", "base_seed", "norm_dtype", "e2e"},
     "e2e_stats": {"schemes", "study_schemes", "budgets", "base_seed", "n_boot"},
     "calibrate": {"texts", "evaluation_texts", "max_tokens"},
