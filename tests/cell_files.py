@@ -10,6 +10,12 @@ from kvasym.stages.cells import run_cells
 from kvasym.study import Study
 
 
+#: Relative tolerance of a stored metric against its float64 reference: the metrics tables store
+#: float32 (kvasym.dataset.METRIC_TYPE), each value rounded to nearest (at most 2^-24 relative),
+#: beside the ~1e-12 by which the compiled and numpy paths differ.
+FLOAT32_RTOL = 2.0**-23
+
+
 @dataclass(frozen=True)
 class CellFiles:
     manifest: Path

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from cell_files import FLOAT32_RTOL
 from kvasym.distributions import DistributionSpec, _structure, generate_trial
 from kvasym.errors import KvasymError
 from kvasym.manifest import trial_digest
@@ -262,7 +263,7 @@ def test_variant_cells_measure_their_parents_caches(tmp_path) -> None:
                                                  caches[f"t{trial}.K"].dequantize("float64"),
                                                  caches[f"t{trial}.V"].dequantize("float64"), study.sharpness)
         got = frame[(frame.trial == trial) & (frame.sharpness == study.sharpness[0])]
-        np.testing.assert_allclose(got.kl.to_numpy(), per_query["kl"], rtol=1e-12)
+        np.testing.assert_allclose(got.kl.to_numpy(), per_query["kl"], rtol=FLOAT32_RTOL)
     other = _study({"models": ["isotropic"], "distributions": ["lr4"]}, seq_len=16, n_queries=4, trials=2,
                    base_seed=99)
     with pytest.raises(DamagedFile, match="stale or from another cell"):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cell_files import FLOAT32_RTOL
 from kvasym.cli import main
 from kvasym.resources import FIXED_RESOURCES, SLICE_STAGES, job_resources
 from kvasym.stages import STAGES, stage_module
@@ -193,8 +194,9 @@ def test_the_cells_stage_writes_what_the_reference_computes_cell_by_cell(small_d
                                          ref["V"].dequantize("float64"), study.sharpness)
             for sharp, (per_query, _) in zip(study.sharpness, want_q):
                 got = frame[(frame.trial == trial) & np.isclose(frame.sharpness, sharp)]
-                np.testing.assert_allclose(got.kl.to_numpy(), per_query["kl"], rtol=1e-9, atol=1e-15)
-                np.testing.assert_allclose(got.t_eps_dir.to_numpy(), per_query["t_eps_dir"], rtol=1e-9, atol=1e-15)
+                np.testing.assert_allclose(got.kl.to_numpy(), per_query["kl"], rtol=FLOAT32_RTOL, atol=1e-15)
+                np.testing.assert_allclose(got.t_eps_dir.to_numpy(), per_query["t_eps_dir"], rtol=FLOAT32_RTOL,
+                                           atol=1e-15)
     # a unit that fails (here: a query-model variant given to the cells stage) writes nothing
     with pytest.raises(Exception, match="query-model variant"):
         run_cells({**unit, "distribution": {**unit["distribution"], "keys_of": "x"}}, tmp_path / "m2.json",
@@ -384,8 +386,8 @@ def test_extra_budgets_add_frontier_cells_and_leave_every_other_cell_bit_identic
                                      ref["V"].dequantize("float64"), study.sharpness)
         for sharp, (per_query, _) in zip(study.sharpness, want_q):
             got = rows[np.isclose(rows.sharpness, sharp)]
-            np.testing.assert_allclose(got.kl.to_numpy(), per_query["kl"], rtol=1e-9, atol=1e-15)
-            np.testing.assert_allclose(got.t_eps_dir.to_numpy(), per_query["t_eps_dir"], rtol=1e-9, atol=1e-15)
+            np.testing.assert_allclose(got.kl.to_numpy(), per_query["kl"], rtol=FLOAT32_RTOL, atol=1e-15)
+            np.testing.assert_allclose(got.t_eps_dir.to_numpy(), per_query["t_eps_dir"], rtol=FLOAT32_RTOL, atol=1e-15)
     assert canonical_json(study.metrics_slice("gaussian", 64, "RKV", 5)) == canonical_json(
         json.loads(read_metadata(out["with"] / "pq" / "RKV" / "n5.parquet")["config_slice"]))
 

@@ -42,11 +42,20 @@ ERROR_COORDINATES = ("snr_db", "eff_bits", "phi", "eps_dir")
 #: information as stored, and side information counted with float16 norms (issue 14, point 8).
 BITS_PARTS = ("payload", "side", "side16")
 
+#: The stored type of the measured values of the per-query and per-key tables (issue 29, point 4:
+#: the paper grid's metrics were 2.7 of its 4.7 GB). Every value is computed in float64 and
+#: rounded once, to the nearest float32, when its file is written: a relative change of at most
+#: 2^-24 (6e-8), far below the spread of any of them over trials, queries or draws. Readers
+#: (:func:`as_float64`) widen them back, so every statistic downstream accumulates in float64.
+#: The identifiers and the measured bits per coordinate (a few distinct values per file, which
+#: equal-rate interpolation reads) stay float64.
+METRIC_TYPE = pa.float32()
+
 PER_QUERY_SCHEMA = pa.schema(
     IDENTIFIERS
-    + [pa.field("query", pa.int32()), pa.field("kl", pa.float64()), pa.field("recall_top5", pa.float64())]
-    + [pa.field(name, pa.float64()) for name in ("tv", "js", "top1", "catastrophic")]
-    + [pa.field(f"{site}_{name}", pa.float64()) for site in SITES for name in ERROR_COORDINATES]
+    + [pa.field("query", pa.int32()), pa.field("kl", METRIC_TYPE), pa.field("recall_top5", METRIC_TYPE)]
+    + [pa.field(name, METRIC_TYPE) for name in ("tv", "js", "top1", "catastrophic")]
+    + [pa.field(f"{site}_{name}", METRIC_TYPE) for site in SITES for name in ERROR_COORDINATES]
     # side16: the side bits the same cache would have with float16 norms (PackedCache.side_bits_at)
     + [pa.field(f"{side}_bits_{part}", pa.float64()) for side in ("k", "v") for part in BITS_PARTS]
 )
@@ -55,7 +64,7 @@ PER_KEY_SCHEMA = pa.schema(
     IDENTIFIERS
     + [pa.field("key", pa.int32()), pa.field("n_queries", pa.int32())]
     + [
-        pa.field(name, pa.float64())
+        pa.field(name, METRIC_TYPE)
         for name in (
             "logit_err_mean",
             "logit_err_var",
@@ -113,10 +122,12 @@ def _arrow_column(values: np.ndarray, type_: pa.DataType) -> pa.Array:
 
     ``pa.array`` imports pandas on every call (about 0.2 to 0.5 s of a metrics job that never
     uses it), so the columns the metrics tables hold are assembled from their buffers instead:
-    numbers of the field's width, integers checked to fit it first; text (a NumPy ``str``
-    array) as UTF-8 bytes and offsets. The result equals ``pa.array(values, type=type_,
-    safe=True)``; anything else (an integer out of range, a float for an integer field, object
-    arrays, nulls) goes to ``pa.array``, which converts or refuses it as before.
+    numbers of the field's width, integers checked to fit it first, floats rounded to the
+    nearest value of a narrower float field (``numpy.ndarray.astype``, as ``pa.array`` rounds);
+    text (a NumPy ``str`` array) as UTF-8 bytes and offsets. The result equals
+    ``pa.array(values, type=type_, safe=True)``; anything else (an integer out of range, a float
+    for an integer field, object arrays, nulls) goes to ``pa.array``, which converts or refuses
+    it as before.
     """
     n = len(values)
     if values.ndim == 1 and pa.types.is_string(type_) and (values.dtype.kind == "U" or n == 0):
@@ -135,7 +146,7 @@ def _arrow_column(values: np.ndarray, type_: pa.DataType) -> pa.Array:
     elif values.ndim == 1 and (pa.types.is_floating(type_) or pa.types.is_integer(type_)):
         target = np.dtype(type_.to_pandas_dtype())
         kind = values.dtype.kind
-        fits = kind == "f" and target.kind == "f" and values.dtype.itemsize <= target.itemsize
+        fits = kind == "f" and target.kind == "f"
         if kind in "iu" and target.kind in "iu":
             info = np.iinfo(target)
             fits = n == 0 or (int(values.min()) >= info.min and int(values.max()) <= info.max)
@@ -204,6 +215,16 @@ def write_frame_atomic(frame: "pd.DataFrame", path: str | os.PathLike, metadata:
     write_parquet_atomic(pa.Table.from_pandas(frame, preserve_index=False), path, metadata)
 
 
+def as_float64(frame: "pd.DataFrame") -> "pd.DataFrame":  # noqa: F821
+    """``frame`` with its float32 columns widened to float64 (exactly: every float32 is a
+    float64), in place; the measured values of the metrics tables are stored as float32
+    (:data:`METRIC_TYPE`) and every statistic of them is computed in float64."""
+    narrow = [name for name, dtype in frame.dtypes.items() if dtype == np.float32]
+    if narrow:
+        frame[narrow] = frame[narrow].astype(np.float64)
+    return frame
+
+
 def read_table(root: str | os.PathLike, table: str = "per_query") -> "pd.DataFrame":  # noqa: F821
     """Read a whole metrics table (every cell) from ``results/metrics`` in one call."""
     if table not in SCHEMAS:
@@ -218,7 +239,7 @@ def read_table_folder(folder: str | os.PathLike, table: str) -> "pd.DataFrame": 
     if not folder.is_dir():
         raise KvasymError(f"{folder}: no such metrics table (run the pipeline first)")
     try:
-        return pq.read_table(folder, schema=SCHEMAS[table]).to_pandas()
+        return as_float64(pq.read_table(folder, schema=SCHEMAS[table]).to_pandas())
     except (OSError, ValueError, pa.ArrowException) as exc:
         # a truncated or foreign file somewhere in the dataset: find it, so the error names it
         for part in sorted(folder.rglob("*.parquet")):

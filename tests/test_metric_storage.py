@@ -1,0 +1,113 @@
+"""The metrics tables store their measured values as float32 (kvasym.dataset.METRIC_TYPE, issue 29
+point 4) and every reader widens them back to float64.
+
+Checked against IEEE round-to-nearest found by brute force (the two float32 neighbours of each
+float64, the nearer kept, ties to the even one), not against numpy's own cast alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvasym.cells import read_metrics_rows
+from kvasym.dataset import (
+    METRIC_TYPE,
+    PER_KEY_SCHEMA,
+    PER_QUERY_SCHEMA,
+    as_float64,
+    read_table,
+    to_table,
+    write_parquet_atomic,
+)
+
+IDS = {"distribution", "kind", "dim", "scheme", "budget", "sharpness", "trial", "query", "key", "n_queries"}
+
+
+def _nearest_float32(x: float) -> np.float32:
+    """Round-to-nearest-even of one float64 into float32, by comparing its two float32 neighbours."""
+    if not np.isfinite(x):
+        return np.float32(x)
+    low = np.float32(x)
+    if float(low) > x:
+        low = np.nextafter(low, np.float32(-np.inf))
+    high = np.nextafter(low, np.float32(np.inf)) if float(low) != x else low
+    d_low, d_high = x - float(low), float(high) - x
+    if d_low < d_high:
+        return low
+    if d_high < d_low:
+        return high
+    return low if int(low.view(np.uint32)) % 2 == 0 else high
+
+
+def _columns(schema: pa.Schema, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for field in schema:
+        if pa.types.is_string(field.type):
+            out[field.name] = np.array(["gaussian"] * n)
+        elif pa.types.is_integer(field.type):
+            out[field.name] = np.arange(n) % 100
+        else:
+            out[field.name] = rng.lognormal(-4.0, 3.0, n) * rng.choice([-1.0, 1.0], n)
+    return out
+
+
+def test_the_measured_columns_are_float32_and_the_identifiers_and_bits_float64():
+    for schema in (PER_QUERY_SCHEMA, PER_KEY_SCHEMA):
+        for field in schema:
+            if pa.types.is_floating(field.type):
+                wide = field.name in IDS or "_bits_" in field.name
+                assert field.type == (pa.float64() if wide else METRIC_TYPE), field.name
+    assert METRIC_TYPE == pa.float32()
+    assert PER_QUERY_SCHEMA.field("kl").type == pa.float32()
+    assert PER_QUERY_SCHEMA.field("k_bits_side").type == pa.float64()  # read by the equal-rate interpolation
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.floats(min_value=-3e38, max_value=3e38, allow_nan=False, allow_infinity=False),
+                          st.sampled_from([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, 5e-324])),
+                min_size=1, max_size=40))
+def test_a_stored_metric_is_its_value_rounded_to_the_nearest_float32(values: list[float]) -> None:
+    n = len(values)
+    columns = _columns(PER_QUERY_SCHEMA, n, np.random.default_rng(0))
+    columns["kl"] = np.array(values, dtype=np.float64)
+    stored = to_table(columns, PER_QUERY_SCHEMA).column("kl").to_numpy()
+    assert stored.dtype == np.float32
+    for x, got in zip(values, stored):
+        want = _nearest_float32(x)
+        if np.isnan(x):
+            assert np.isnan(got)
+        else:
+            assert got.view(np.uint32) == want.view(np.uint32), (x, got, want)
+            if np.isfinite(x) and abs(x) >= 2.0**-126:  # a normal float32: a relative change of at most 2^-24
+                assert abs(float(got) - x) <= abs(x) * 2.0**-24
+
+
+def test_readers_widen_the_stored_values_to_float64_exactly(tmp_path):
+    rng = np.random.default_rng(1)
+    n = 500
+    columns = _columns(PER_QUERY_SCHEMA, n, rng)
+    columns.update({"scheme": np.array(["KV"] * n), "budget": np.full(n, 4), "dim": np.full(n, 64),
+                    "sharpness": np.full(n, 1.0), "k_bits_side": np.full(n, 2.6)})
+    path = tmp_path / "metrics" / "per_query" / "gaussian" / "d64" / "KV" / "n4.parquet"
+    write_parquet_atomic(to_table(columns, PER_QUERY_SCHEMA), path, {})
+    raw = pq.read_table(path).to_pandas()
+    assert raw["kl"].dtype == np.float32 and raw["k_bits_side"].dtype == np.float64
+    np.testing.assert_array_equal(raw["kl"].to_numpy(), columns["kl"].astype(np.float32))
+    assert (raw["k_bits_side"] == 2.6).all()  # not rounded
+    for frame in (read_table(tmp_path / "metrics", "per_query"),
+                  read_metrics_rows([path], "per_query", {}),
+                  as_float64(raw.copy())):
+        floats = [c for c in frame.columns if frame[c].dtype.kind == "f"]
+        assert floats and all(frame[c].dtype == np.float64 for c in floats)
+        np.testing.assert_array_equal(frame["kl"].to_numpy(), raw["kl"].to_numpy().astype(np.float64))
+    # a mean over the widened values is the float64 mean of the stored ones, not a float32 sum's
+    stored = raw["kl"].to_numpy()
+    assert as_float64(raw.copy())["kl"].mean() == np.mean(stored.astype(np.float64))
+    # as_float64 leaves other columns and frames without float32 columns as they are
+    plain = pd.DataFrame({"a": np.arange(3), "b": ["x", "y", "z"], "c": np.ones(3)})
+    assert as_float64(plain.copy()).equals(plain)
