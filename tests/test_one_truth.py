@@ -80,3 +80,9 @@ def test_readme_maps_every_claim_to_its_rule_stage_file_and_macro():
         "README's claims map is stale: python3 -m kvasym.render.claims --write-readme README.md")
     for claim in yaml.safe_load((ROOT / "config/claims.yaml").read_text())["claims"]:
         assert f"| {claim['id']} | `{claim['statistic']}` |" in readme
+    # a claim read from the frontier on the real rows is measured by their extra-budget cells too
+    # (C22f: RKV at n = 5, rule real_metrics_extra); one on the stats' real rows is not
+    row = {line.split(" | ")[0].lstrip("| "): line for line in readme.splitlines() if line.startswith("| C")}
+    assert "`real_metrics`, `real_metrics_extra` (SmolLM2 captures)" in row["C22f"]
+    assert "`real_metrics` (SmolLM2 captures)" in row["C2r"] and "real_metrics_extra" not in row["C2r"]
+    assert "real_metrics_extra" not in row["C10ta"]  # synthetic: the cells' units hold their extra budgets

@@ -194,8 +194,10 @@ def claims_map_markdown(claims: Sequence[Mapping[str, Any]]) -> str:
         upstream = statistic.measured_by
         if upstream is None:  # the metrics rules of the rows it reads
             real = _reads_real_rows(claim.get("where") or {})
-            upstream = (f"`{_METRICS_RULES['real' if real else 'synthetic']}`"
-                        + (" (SmolLM2 captures)" if real else " (per distribution and d)"))
+            upstream = f"`{_METRICS_RULES['real' if real else 'synthetic']}`"
+            if real and "frontier_units" in statistic.tables:  # the real cells at extra budgets too
+                upstream += ", `real_metrics_extra`"
+            upstream += " (SmolLM2 captures)" if real else " (per distribution and d)"
         lines.append(f"| {cid} | `{statistic.name}` | {reads} | {upstream} | `claims` -> `{pattern('claims_json')}` "
                      f"| `\\claim{{{cid}}}{{Estimate}}` (`claim:{cid}:Estimate`) |")
     return "\n".join(lines) + "\n"
