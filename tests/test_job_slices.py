@@ -230,6 +230,12 @@ def test_a_cells_table_slice_is_its_writers_slice():
     assert extra == {**rkv, "budgets": [5]}
     assert study.cell_table_slice("smollm2", "64", "RKV", "5", real=real) == {
         **{k: v for k, v in extra.items() if k != "budgets"}, "budget": 5}
+    assert study.real_extra_budgets() == {"RKV": [5]}
+    # a scheme with extra budgets that does not run on the real rows has none there
+    hrkv = load_study(_config(**{"frontier.extra_budgets": {"RKV": [5], "HRKV": [5]}}))
+    assert hrkv.frontier_extra_budgets["HRKV"] == (5,) and hrkv.real_extra_budgets() == {"RKV": [5]}
+    with pytest.raises(KvasymError, match="real cell HRKV n = 5: not an extra budget"):
+        hrkv.job_slice("real_metrics_extra", {"distribution": "smollm2", "scheme": "HRKV", "budget": "5"}, real=real)
     for scheme, budget in (("RKV", "4"), ("KQV", "5")):  # a grid budget; a scheme without extra budgets
         with pytest.raises(KvasymError, match=f"real cell {scheme} n = {budget}: not an extra budget"):
             study.job_slice("real_metrics_extra", {"distribution": "smollm2", "scheme": scheme, "budget": budget},

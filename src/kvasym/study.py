@@ -123,6 +123,13 @@ class Study:
         :attr:`budgets`, then its extra budgets there (:meth:`extra_budgets_on`)."""
         return [*self.budgets, *self.extra_budgets_on(distribution).get(scheme, [])]
 
+    def real_extra_budgets(self) -> dict[str, list[int]]:
+        """``frontier.extra_budgets`` on the real rows: ``{scheme: [n, ...]}`` for the schemes that
+        run there (the grid's and ``frontier.real_schemes``) and have extra budgets; each cell is
+        a ``real_metrics_extra`` job."""
+        real = (*self.schemes, *self.frontier_real_schemes)
+        return {name: list(b) for name, b in self.frontier_extra_budgets.items() if name in real}
+
     def frontier_cells(self) -> Iterator[tuple[str, int, str, int]]:
         """(distribution, dim, scheme, budget) of the synthetic cells the frontier adds to the grid's
         :meth:`cells`: its own schemes at every budget and every scheme's extra budgets."""
@@ -520,7 +527,7 @@ class Study:
             return self.real_slice(w["distribution"], w["scheme"], real["layers"])
         if stage == "real_metrics_extra":  # one cell at an extra budget of its scheme (frontier.extra_budgets)
             budget = int(w["budget"])
-            if budget not in self.frontier_extra_budgets.get(w["scheme"], ()):
+            if budget not in self.real_extra_budgets().get(w["scheme"], ()):
                 raise KvasymError(f"real cell {w['scheme']} n = {budget}: not an extra budget of {w['scheme']} "
                                   "(config key frontier.extra_budgets)")
             return {**self.real_slice(w["distribution"], w["scheme"], real["layers"]), "budgets": [budget]}

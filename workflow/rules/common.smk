@@ -250,14 +250,9 @@ def frontier_per_query(wildcards=None):
     ]
 
 
-# The real rows' extra budgets, a real_metrics_extra job per cell: frontier.extra_budgets of
-# the schemes that run on the real rows (the grid's and frontier.real_schemes), and the
-# wildcard constraints of that rule's scheme and budget.
-REAL_EXTRA_BUDGETS = {
-    scheme: budgets
-    for scheme, budgets in STUDY.frontier_extra_budgets.items()
-    if FRONTIER and scheme in (*STUDY.schemes, *STUDY.frontier_real_schemes)
-}
+# The real rows' extra budgets (kvasym.study.Study.real_extra_budgets), a real_metrics_extra job
+# per cell, and the wildcard constraints of that rule's scheme and budget.
+REAL_EXTRA_BUDGETS = STUDY.real_extra_budgets()
 REAL_EXTRA_SCHEMES_PATTERN = names_pattern(REAL_EXTRA_BUDGETS)
 REAL_EXTRA_BUDGETS_PATTERN = names_pattern(
     sorted({str(b) for budgets in REAL_EXTRA_BUDGETS.values() for b in budgets})
