@@ -14,6 +14,9 @@ from kvasym.study import Study
 #: float32 (kvasym.dataset.METRIC_TYPE), each value rounded to nearest (at most 2^-24 relative),
 #: beside the ~1e-12 by which the compiled and numpy paths differ.
 FLOAT32_RTOL = 2.0**-23
+#: A column derived from a float32 one by a function that at most doubles relative errors
+#: (kvasym.dataset.DERIVED_COLUMNS: t_eps_dir = 2 sin^2(t_phi / 2) at small angles).
+DERIVED_RTOL = 2.0**-22
 
 
 @dataclass(frozen=True)

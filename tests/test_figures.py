@@ -35,7 +35,7 @@ from kvasym.render.figures.shannon_phi import shannon_phi_plane as draw_shannon_
 from kvasym.render.figures.sharpness_sweep import sharpness_sweep
 from kvasym.render.figures.tail_sweep import tail_sweep
 from kvasym.render.figures.theory_check import theory_check
-from kvasym.dataset import PER_KEY_SCHEMA, PER_QUERY_SCHEMA
+from kvasym.dataset import PER_KEY_SCHEMA, PER_QUERY_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMES = ("KV", "KQV", "QKQV", "RKV")
@@ -72,7 +72,7 @@ def make_per_query(distributions=("gaussian", "t1.05", "lowrank4"), dims=(64,), 
                 "v_bits_payload": float(budget), "v_bits_side": 0.5, "k_bits_side16": 0.25, "v_bits_side16": 0.25,
             })
     frame = pd.DataFrame(rows)
-    return frame[PER_QUERY_SCHEMA.names]
+    return frame[list(PER_QUERY_COLUMNS)]
 
 
 def make_summary(per_query: pd.DataFrame) -> pd.DataFrame:

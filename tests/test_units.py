@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import scipy.stats as ss
 
-from kvasym.dataset import as_float64
+from kvasym.dataset import from_stored
 from kvasym import stats
 from kvasym.errors import KvasymError
 from kvasym.schemes import get_scheme
@@ -57,7 +57,7 @@ def _stats_slice(dim: int) -> dict:
 def test_real_comparisons_use_the_text_as_unit(real_files):
     tmp, files = real_files
     # as stored (float32 metrics, kvasym.dataset.METRIC_TYPE), widened as the stats stage widens them
-    per_query = as_float64(pd.concat([pd.read_parquet(f) for f in files], ignore_index=True))
+    per_query = from_stored(pd.concat([pd.read_parquet(f) for f in files], ignore_index=True))
     texts = trial_texts(files)
     assert sorted(set(texts.values())) == ["alpha", "beta", "gamma"] and len(texts) == per_query["trial"].nunique()
     out = [tmp / f"{k}.out.parquet" for k in ("c", "s", "t")]

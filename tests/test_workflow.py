@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -330,51 +328,6 @@ def test_editing_code_reruns_the_stages_that_run_it_and_only_them(complete_run, 
         assert rules - after == {r for r in rules if r.startswith("figure_")} and len(rules - after) >= 9
     else:
         assert rules == (expected - {"paper"}) | (paper & expected), rules
-
-
-def test_same_results_with_one_core(complete_run, tmp_path):
-    workdir = make_workdir(tmp_path / "run_cores1")
-    proc = snakemake(workdir, "--cores", "1")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for table in ("per_query", "per_key"):
-        pd.testing.assert_frame_equal(sorted_table(workdir, table), sorted_table(complete_run, table))
-    for table in ("stats/comparisons.parquet", "stats/summary.parquet", "theory/theory.parquet"):
-        pd.testing.assert_frame_equal(pd.read_parquet(workdir / "results" / table),
-                                      pd.read_parquet(complete_run / "results" / table))
-    assert ((workdir / "results/claims/claims.json").read_text()
-            == (complete_run / "results/claims/claims.json").read_text())
-    # the packed caches are bit-identical too
-    for path in (complete_run / "results/packed").rglob("*.npz"):
-        other = workdir / path.relative_to(complete_run)
-        with np.load(path) as a, np.load(other) as b:
-            assert a.files == b.files
-            for key in a.files:
-                np.testing.assert_array_equal(a[key], b[key])
-
-
-def test_killed_run_resumes_to_the_same_results(complete_run, tmp_path):
-    workdir = make_workdir(tmp_path / "run_killed")
-    cmd = [sys.executable, "-m", "snakemake", "--configfile", "config/test.yaml", "--cores", "2"]
-    # run_env(): the killed run and its resumption compute in the same numeric environment (a
-    # manifest written with other BLAS kernels fails the theory stage's digest check, rightly)
-    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, env=run_env())
-    deadline = time.time() + 120
-    packed = workdir / "results/packed"
-    while time.time() < deadline and len(list(packed.rglob("*.npz"))) < 4:
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # no chance to clean up: the harshest interruption
-    proc.wait()
-    # nothing half-written under a final name: temporary files are hidden and renamed at the end
-    for path in (workdir / "results").rglob("*"):
-        if path.is_file() and path.suffix in {".parquet", ".npz", ".json"}:
-            assert not path.name.startswith("."), path
-    unlock = snakemake(workdir, "--unlock")
-    assert unlock.returncode == 0, unlock.stderr
-    resumed = snakemake(workdir, "--cores", "2")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    for table in ("per_query", "per_key"):
-        pd.testing.assert_frame_equal(sorted_table(workdir, table), sorted_table(complete_run, table))
 
 
 @pytest.mark.parametrize(

@@ -201,7 +201,7 @@ def iter_cell_tables(paths: list, what: str, keys: tuple[str, ...], *, cells: li
                      columns: list[str] | None = None, **expected: Any) -> Iterator[tuple[Any, pd.DataFrame]]:
     """:func:`read_cell_tables` one ``(path, frame)`` at a time, each checked as it is read (for
     a stage that cannot hold every table at once: the frontier reads the real rows' files)."""
-    from .dataset import as_float64, read_parquet_checked
+    from .dataset import read_metrics_file
 
     seen: dict[tuple, Any] = {}
     if cells is not None and len(cells) != len(paths):
@@ -210,7 +210,7 @@ def iter_cell_tables(paths: list, what: str, keys: tuple[str, ...], *, cells: li
     for index, path in enumerate(paths):
         cell = dict(cells[index]) if cells is not None else {}
         digest = cell.pop("slice_sha256", None)
-        frame = as_float64(read_parquet_checked(path, columns=needed))
+        frame = read_metrics_file(path, columns=needed)
         check_cell_file(frame, path, what, keys, seen, **expected, **cell)
         if digest is not None:
             check_provenance(path, str(digest), what)
@@ -313,7 +313,7 @@ def read_metrics_rows(sources: list, table: str, keep: Mapping[str, Any], *, roo
     """
     from pathlib import Path
 
-    from .dataset import as_float64, read_parquet_checked, read_table, read_table_folder
+    from .dataset import read_metrics_file, read_table, read_table_folder
 
     if not sources and root is None:
         raise KvasymError(f"no {table} metrics: give their files or the dataset's root")
@@ -326,7 +326,7 @@ def read_metrics_rows(sources: list, table: str, keep: Mapping[str, Any], *, roo
         elif src.is_dir():
             frame = read_table_folder(src, table)
         else:
-            frame = as_float64(read_parquet_checked(src))
+            frame = read_metrics_file(src)
             check_cell_file(frame, src, what, ("distribution", "dim", "scheme", "budget"), seen, **cell_of_path(src))
             if str(src) in (digests or {}):  # the DAG's digest of the cell's slice (issue 33, point 7)
                 check_provenance(src, str(digests[str(src)]), what)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from . import __version__
 from .atomic import atomic_target
 from .errors import DamagedFile, KvasymError
+from .metrics import eps_dir_from_phi, snr_db_from_eff_bits
 
 IDENTIFIERS = [
     pa.field("distribution", pa.string()),
@@ -46,12 +47,23 @@ BITS_PARTS = ("payload", "side", "side16")
 #: the paper grid's metrics were 2.7 of its 4.7 GB). Every value is computed in float64 and
 #: rounded once, to the nearest float32, when its file is written: a relative change of at most
 #: 2^-24 (6e-8), far below the spread of any of them over trials, queries or draws. Readers
-#: (:func:`as_float64`) widen them back, so every statistic downstream accumulates in float64.
+#: (:func:`from_stored`) widen them back, so every statistic downstream accumulates in float64.
 #: The identifiers and the measured bits per coordinate (a few distinct values per file, which
 #: equal-rate interpolation reads) stay float64.
 METRIC_TYPE = pa.float32()
 
-PER_QUERY_SCHEMA = pa.schema(
+#: Columns of a table that are functions of one stored column, so not stored (issue 29, point 4:
+#: the two were 289 of the paper grid's 1,037 MB of per-query tables): table -> derived column ->
+#: (stored column, function). The per-query output site ``t`` keeps the framework's coordinates,
+#: Shannon bits and angle (:data:`kvasym.stages.stats.ERROR_6D`); its decibels and ``1 - cos`` are
+#: added, in float64, by every reader (:func:`from_stored`). The K and V sites keep all four: their
+#: ``eps_dir`` is a mean over rows, no function of their mean angle.
+DERIVED_COLUMNS: dict[str, dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]]] = {
+    "per_query": {"t_snr_db": ("t_eff_bits", snr_db_from_eff_bits), "t_eps_dir": ("t_phi", eps_dir_from_phi)},
+    "per_key": {},
+}
+
+_PER_QUERY_FIELDS = (
     IDENTIFIERS
     + [pa.field("query", pa.int32()), pa.field("kl", METRIC_TYPE), pa.field("recall_top5", METRIC_TYPE)]
     + [pa.field(name, METRIC_TYPE) for name in ("tv", "js", "top1", "catastrophic")]
@@ -59,6 +71,11 @@ PER_QUERY_SCHEMA = pa.schema(
     # side16: the side bits the same cache would have with float16 norms (PackedCache.side_bits_at)
     + [pa.field(f"{side}_bits_{part}", pa.float64()) for side in ("k", "v") for part in BITS_PARTS]
 )
+#: The per-query file's schema: what is stored (every column of :data:`PER_QUERY_COLUMNS` but the
+#: derived ones).
+PER_QUERY_SCHEMA = pa.schema([f for f in _PER_QUERY_FIELDS if f.name not in DERIVED_COLUMNS["per_query"]])
+#: The per-query table's columns as every reader returns them: the stored ones and the derived ones.
+PER_QUERY_COLUMNS: tuple[str, ...] = tuple(f.name for f in _PER_QUERY_FIELDS)
 
 PER_KEY_SCHEMA = pa.schema(
     IDENTIFIERS
@@ -215,14 +232,41 @@ def write_frame_atomic(frame: "pd.DataFrame", path: str | os.PathLike, metadata:
     write_parquet_atomic(pa.Table.from_pandas(frame, preserve_index=False), path, metadata)
 
 
-def as_float64(frame: "pd.DataFrame") -> "pd.DataFrame":  # noqa: F821
-    """``frame`` with its float32 columns widened to float64 (exactly: every float32 is a
-    float64), in place; the measured values of the metrics tables are stored as float32
-    (:data:`METRIC_TYPE`) and every statistic of them is computed in float64."""
+def from_stored(frame: "pd.DataFrame") -> "pd.DataFrame":  # noqa: F821
+    """A metrics table as stored -> as read, in place: float32 columns widened to float64
+    (exactly: every float32 is a float64; the measured values are stored as float32,
+    :data:`METRIC_TYPE`, and every statistic of them is computed in float64), then each derived
+    column of :data:`DERIVED_COLUMNS` whose stored column is there and which is not, computed
+    from the widened values (a table of another kind is only widened)."""
     narrow = [name for name, dtype in frame.dtypes.items() if dtype == np.float32]
     if narrow:
         frame[narrow] = frame[narrow].astype(np.float64)
+    for derived in DERIVED_COLUMNS.values():
+        for name, (source, function) in derived.items():
+            if source in frame.columns and name not in frame.columns:
+                frame[name] = function(frame[source].to_numpy(dtype=np.float64))
     return frame
+
+
+def stored_columns(columns: Iterable[str], held: Iterable[str] = ()) -> list[str]:
+    """The stored columns to read for ``columns`` of a metrics table: each derived column
+    (:data:`DERIVED_COLUMNS`) replaced by the column it is computed from unless the file holds
+    it (``held``: a table written with it, e.g. by a user's own code), order kept, once each."""
+    held = set(held)
+    sources = {name: source for derived in DERIVED_COLUMNS.values() for name, (source, _) in derived.items()}
+    return list(dict.fromkeys(name if name in held else sources.get(name, name) for name in columns))
+
+
+def read_metrics_file(path: str | os.PathLike, columns: list[str] | None = None) -> "pd.DataFrame":  # noqa: F821
+    """One metrics file as read (:func:`from_stored`): ``columns`` (None: all) may name derived
+    columns, read through their stored ones; errors as :func:`read_parquet_checked`."""
+    if columns is not None:
+        try:
+            held = pq.read_schema(path).names
+        except (OSError, ValueError, pa.ArrowException):
+            held = []  # read_parquet_checked names what is wrong with the file
+        columns = stored_columns(columns, held)
+    return from_stored(read_parquet_checked(path, columns=columns))
 
 
 def read_table(root: str | os.PathLike, table: str = "per_query") -> "pd.DataFrame":  # noqa: F821
@@ -239,7 +283,7 @@ def read_table_folder(folder: str | os.PathLike, table: str) -> "pd.DataFrame": 
     if not folder.is_dir():
         raise KvasymError(f"{folder}: no such metrics table (run the pipeline first)")
     try:
-        return as_float64(pq.read_table(folder, schema=SCHEMAS[table]).to_pandas())
+        return from_stored(pq.read_table(folder, schema=SCHEMAS[table]).to_pandas())
     except (OSError, ValueError, pa.ArrowException) as exc:
         # a truncated or foreign file somewhere in the dataset: find it, so the error names it
         for part in sorted(folder.rglob("*.parquet")):

@@ -63,6 +63,8 @@ from kvasym.kernels import compiled_loops, compiled_metric_loops
 
 __all__ = [
     "SNR_CAP_LOG2",
+    "eps_dir_from_phi",
+    "snr_db_from_eff_bits",
     "EFF_BITS_CAP",
     "SNR_DB_CAP",
     "KL_ROUNDING_TOL",
@@ -102,6 +104,27 @@ CATASTROPHIC_TV = 0.5
 than half of the attention mass lands elsewhere (the argmax-shift failure of spec part A)."""
 
 _DB_PER_LOG2 = 10.0 * math.log10(2.0)
+
+
+def snr_db_from_eff_bits(eff_bits: np.ndarray) -> np.ndarray:
+    """``snr_db = 20 log10(2) eff_bits``: both are the same ``log2 SNR`` in other units
+    (``snr_db = 10 log10 SNR``, ``eff_bits = 0.5 log2 SNR``), so this equals the ``snr_db`` of
+    :func:`error_coordinates` to the rounding of ``eff_bits`` (exactly, for float64 input: the
+    factor 2 is exact). The per-query tables store ``t_eff_bits`` only and derive ``t_snr_db``
+    with it (:data:`kvasym.dataset.DERIVED_COLUMNS`).
+    """
+    return (2.0 * _DB_PER_LOG2) * np.asarray(eff_bits, dtype=np.float64)
+
+
+def eps_dir_from_phi(phi: np.ndarray) -> np.ndarray:
+    """``eps_dir = 1 - cos(phi) = 2 sin^2(phi / 2)`` of an angle ``phi`` in radians, in the
+    second form, as :func:`error_coordinates` computes it: no cancellation at small angles, and
+    a relative error of at most about twice that of ``phi`` (the condition number
+    ``(phi / 2) cot(phi / 2)`` is at most 1 on [0, pi]). The per-query tables store ``t_phi``
+    only and derive ``t_eps_dir`` with it (:data:`kvasym.dataset.DERIVED_COLUMNS`); a per-trial
+    ``eps_dir`` of the K or V site is a mean over rows and is no function of the mean angle.
+    """
+    return 2.0 * np.sin(0.5 * np.asarray(phi, dtype=np.float64)) ** 2
 
 
 def _checked(x: np.ndarray, what: str) -> np.ndarray:
@@ -217,7 +240,7 @@ def _error_coordinates(a: np.ndarray, b: np.ndarray, diff: np.ndarray, loops=Non
         "snr_db": _DB_PER_LOG2 * log2_snr,
         "eff_bits": 0.5 * log2_snr,
         "phi": phi,
-        "eps_dir": 2.0 * np.sin(0.5 * phi) ** 2,
+        "eps_dir": eps_dir_from_phi(phi),
     }
 
 

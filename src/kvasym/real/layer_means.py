@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..dataset import as_float64
+from ..dataset import from_stored
 from ..errors import DamagedFile, KvasymError
 from . import REAL_SHARPNESS
 
@@ -126,7 +126,7 @@ def real_kl_means(files: Any, *, budget: int, sharpness: float = REAL_SHARPNESS)
             raise KvasymError(f"{path}: no column(s) {', '.join(absent)} (not a per-query metrics file?)")
         trial_map = read_trial_map(path, schema.metadata)
         try:
-            frame = as_float64(source.read(columns=list(REAL_COLUMNS)).to_pandas())
+            frame = from_stored(source.read(columns=list(REAL_COLUMNS)).to_pandas())
         except (OSError, pa.ArrowException) as exc:
             raise DamagedFile(path, f"not a readable real per-query file ({exc})") from None
         trials = np.unique(frame["trial"].to_numpy())
