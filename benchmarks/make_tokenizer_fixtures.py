@@ -280,6 +280,12 @@ def reference(folder: Path, fixture: Path) -> None:
     import transformers
     from transformers import AutoTokenizer
 
+    try:  # the builders _llama_cpp_ids calls; the 'validate' extra's floor (4.46) lacks this module
+        import transformers.integrations.gguf  # noqa: F401
+    except ImportError:
+        sys.exit(f"make_tokenizer_fixtures.py reference: transformers {transformers.__version__} has no "
+                 "transformers.integrations.gguf; install transformers>=5 (5.25 made the fixture) in the "
+                 "reference environment")
     texts = probes()
     families = {}
     for family in FAMILIES:
