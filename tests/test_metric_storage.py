@@ -157,3 +157,20 @@ def test_derived_columns_equal_the_float64_coordinates_to_float32_rounding(tmp_p
     # a frame that already holds a derived column (a file written before) keeps it
     old = pd.DataFrame({"t_phi": np.float32([0.5]), "t_eps_dir": np.float32([0.25])})
     assert from_stored(old)["t_eps_dir"].tolist() == [0.25]
+
+
+def test_a_file_without_a_derived_column_or_its_source_is_named_with_both(tmp_path):
+    import pytest
+
+    from kvasym.dataset import read_metrics_file
+    from kvasym.errors import DamagedFile
+
+    path = tmp_path / "n4.parquet"
+    pq.write_table(pa.table({"kl": np.float32([0.5]), "t_eff_bits": np.float32([3.0])}), path)
+    assert read_metrics_file(path, ["kl", "t_snr_db"])["t_snr_db"].tolist() == [2 * 10 * np.log10(2.0) * 3.0]
+    with pytest.raises(DamagedFile, match=r"n4\.parquet: has no column\(s\) t_eps_dir \(or t_phi, which it is "
+                                          r"derived from\), recall_top5$"):
+        read_metrics_file(path, ["kl", "t_eps_dir", "recall_top5"])
+    path.write_bytes(b"not parquet")
+    with pytest.raises(DamagedFile, match="n4.parquet: not a readable Parquet table"):
+        read_metrics_file(path, ["t_eps_dir"])

@@ -264,8 +264,14 @@ def read_metrics_file(path: str | os.PathLike, columns: list[str] | None = None)
         try:
             held = pq.read_schema(path).names
         except (OSError, ValueError, pa.ArrowException):
-            held = []  # read_parquet_checked names what is wrong with the file
-        columns = stored_columns(columns, held)
+            held = None  # read_parquet_checked names what is wrong with the file
+        if held is not None:
+            sources = {name: source for derived in DERIVED_COLUMNS.values() for name, (source, _) in derived.items()}
+            absent = [name if name not in sources else f"{name} (or {sources[name]}, which it is derived from)"
+                      for name in columns if name not in held and sources.get(name) not in held]
+            if absent:
+                raise DamagedFile(path, f"has no column(s) {', '.join(absent)}")
+        columns = stored_columns(columns, held or ())
     return from_stored(read_parquet_checked(path, columns=columns))
 
 
