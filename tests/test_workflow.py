@@ -1,4 +1,6 @@
-"""End to end: the Snakemake DAG on the tiny config (determinism, caching, resume, bad config).
+"""End to end: the Snakemake DAG on the tiny config (caching, reruns, bad config). Determinism
+over core counts and job orders and resuming after kills are tests/test_faults.py's kill test
+(its final resume runs on one core against the session's two-core reference run).
 
 Each run happens in a fresh copy of the workflow under a temporary folder, so these tests never
 touch the checkout's own results/.
