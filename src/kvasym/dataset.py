@@ -60,8 +60,9 @@ METRIC_TYPE = pa.float32()
 #: ``eps_dir`` is a mean over rows, no function of their mean angle.
 DERIVED_COLUMNS: dict[str, dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]]] = {
     "per_query": {"t_snr_db": ("t_eff_bits", snr_db_from_eff_bits), "t_eps_dir": ("t_phi", eps_dir_from_phi)},
-    "per_key": {},
 }
+#: Derived column -> the stored column it is computed from (every table's).
+_SOURCE_OF = {name: source for derived in DERIVED_COLUMNS.values() for name, (source, _) in derived.items()}
 
 _PER_QUERY_FIELDS = (
     IDENTIFIERS
@@ -253,8 +254,7 @@ def stored_columns(columns: Iterable[str], held: Iterable[str] = ()) -> list[str
     (:data:`DERIVED_COLUMNS`) replaced by the column it is computed from unless the file holds
     it (``held``: a table written with it, e.g. by a user's own code), order kept, once each."""
     held = set(held)
-    sources = {name: source for derived in DERIVED_COLUMNS.values() for name, (source, _) in derived.items()}
-    return list(dict.fromkeys(name if name in held else sources.get(name, name) for name in columns))
+    return list(dict.fromkeys(name if name in held else _SOURCE_OF.get(name, name) for name in columns))
 
 
 def read_metrics_file(path: str | os.PathLike, columns: list[str] | None = None) -> "pd.DataFrame":  # noqa: F821
@@ -266,9 +266,8 @@ def read_metrics_file(path: str | os.PathLike, columns: list[str] | None = None)
         except (OSError, ValueError, pa.ArrowException):
             held = None  # read_parquet_checked names what is wrong with the file
         if held is not None:
-            sources = {name: source for derived in DERIVED_COLUMNS.values() for name, (source, _) in derived.items()}
-            absent = [name if name not in sources else f"{name} (or {sources[name]}, which it is derived from)"
-                      for name in columns if name not in held and sources.get(name) not in held]
+            absent = [name if name not in _SOURCE_OF else f"{name} (or {_SOURCE_OF[name]}, which it is derived from)"
+                      for name in columns if name not in held and _SOURCE_OF.get(name) not in held]
             if absent:
                 raise DamagedFile(path, f"has no column(s) {', '.join(absent)}")
         columns = stored_columns(columns, held or ())
