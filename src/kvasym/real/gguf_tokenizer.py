@@ -203,7 +203,8 @@ def merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str
 
 
 def build_tokenizer(reader: Any, path: Path) -> GGUFTokenizer:
-    """The :class:`GGUFTokenizer` of a ``gguf.GGUFReader`` opened on ``path``.
+    """The :class:`GGUFTokenizer` of a GGUF reader opened on ``path``
+    (:func:`kvasym.real.gguf_file.open_gguf` or ``gguf.GGUFReader``).
 
     Raises :class:`~kvasym.errors.KvasymError` (one line naming the key and its value) for a
     tokenizer model or pre-tokenizer it does not implement, or a missing key.
