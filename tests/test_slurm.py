@@ -132,7 +132,9 @@ def _sorted(workdir: Path, table: str) -> pd.DataFrame:
     return df.sort_values(keys).reset_index(drop=True)
 
 
-def test_tiny_config_through_slurm_matches_a_local_run(slurm, tiny_local_run, tmp_path):
+def test_tiny_config_through_slurm_matches_a_local_run(slurm, request, tmp_path):
+    # the local run is asked for only to compare with (below): the Slurm run, which waits on the
+    # queue's polling much of the time, overlaps with its build instead of waiting for it
     workdir = make_workdir(tmp_path / "slurm")
     cmd = snakemake_cmd("--profile", "profiles/slurm", "--slurm-status-command", "squeue")
     code, log, wall = _run_bounded(cmd, workdir, RUN_TIMEOUT)
@@ -165,6 +167,7 @@ def test_tiny_config_through_slurm_matches_a_local_run(slurm, tiny_local_run, tm
     print(f"\nSlurm run of the tiny config: {len(submitted)} Slurm jobs ({len(groups)} group jobs), {wall:.0f} s wall")
 
     # the same numbers as the local run, to the bit
+    tiny_local_run = request.getfixturevalue("tiny_local_run")
     for table in ("per_query", "per_key"):
         pd.testing.assert_frame_equal(_sorted(workdir, table), _sorted(tiny_local_run, table), check_exact=True)
     for rel in ("results/stats/comparisons.parquet", "results/stats/summary.parquet", "results/stats/trials.parquet",

@@ -1,6 +1,6 @@
 """Stage ``e2e`` (rule ``e2e``): the end-to-end passes of SmolLM2-135M over one shipped text.
 
-One job per text: the model is loaded once (~8 s) and the reference pass (its residual streams
+One job per text: the model is loaded once (~1.8 CPU-s) and the reference pass (its residual streams
 and next-token logits) serves every quantized pass of the text: each RoPE mode x draw x scheme
 x budget with every layer's cache quantized, then each sensitivity scheme with one layer at a
 time quantized at the lowest budget (:func:`kvasym.real.endtoend.evaluate_text`; about 3 CPU-s
