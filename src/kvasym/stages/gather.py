@@ -23,7 +23,6 @@ import numpy as np
 import pandas as pd
 
 from ..artifacts import add_input_arguments
-from .. import stats
 from ..cells import parse_cells, read_cell_tables
 from ..dataset import write_frame_atomic
 
@@ -48,6 +47,8 @@ def gather(paths: Sequence[str | os.PathLike], out: str | os.PathLike, holm_colu
     budgets, sharpness values and scheme pairs of that metric. ``cells``: the (distribution,
     dim) each part is filed under. Returns the table written.
     """
+    from .. import stats  # here, not at the top: the Snakefile imports this module (INPUTS)
+
     # one part per (distribution, dim): a part copied over another would count a cell twice
     frame = read_cell_tables(list(paths), "stats part", ("distribution", "dim"), cells=cells)
     for column in holm_columns:

@@ -35,7 +35,6 @@ import numpy as np
 import pandas as pd
 
 from ..artifacts import add_input_arguments
-from .. import stats
 from ..cells import iter_cell_tables, parse_cells
 from ..dataset import provenance, write_frame_atomic
 from ..errors import KvasymError
@@ -180,6 +179,7 @@ def run_stats(
 ) -> None:
     """Comparisons, summaries and per-trial means of one (distribution, dim); ``cells`` is the
     (scheme, budget) each per-query file is filed under (:func:`kvasym.cells.iter_cell_tables`)."""
+    from .. import stats  # here, not at the top: the Snakefile imports this module (INPUTS)
     # each file holds one (scheme, budget): the cells are measured one budget at a time, from
     # that budget's files alone (a real cell's 12 files are 25M rows: one concatenation of all
     # of them doubled the job's peak memory)
@@ -240,6 +240,7 @@ def _measure_budget(frame: pd.DataFrame, slice_: Mapping[str, Any], settings: Ma
                     energy_family: int, n_swaps: int, rows: list[dict[str, Any]],
                     summaries: list[dict[str, Any]]) -> None:
     """The comparison and summary rows of one budget's cells (one per sharpness), appended."""
+    from .. import stats  # here, not at the top: the Snakefile imports this module (INPUTS)
     for (budget, sharpness), group in frame.groupby(["budget", "sharpness"], sort=True):
         cell = {
             "distribution": slice_["distribution"],

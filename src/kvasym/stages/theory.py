@@ -23,7 +23,6 @@ import numpy as np
 import pandas as pd
 
 from ..artifacts import add_input_arguments
-from .. import stats
 from ..cells import parse_cells, read_cell_tables
 from ..dataset import provenance, write_frame_atomic
 from ..manifest import load_manifest, verified_trial
@@ -49,6 +48,7 @@ def run_theory(
 ) -> None:
     """Theory checks of one (distribution, dim): QJL ratios, Beta marginals, Jensen slopes;
     ``cells`` is the (scheme, budget) each per-key file is filed under."""
+    from .. import stats  # here, not at the top: the Snakefile imports this module (INPUTS)
     digests = load_manifest(data_json, slice_)
     name, dim, base = slice_["distribution"]["name"], int(slice_["dim"]), int(slice_["base_seed"])
     settings = slice_["theory"]
