@@ -548,7 +548,7 @@ class GGUFLlama:
         from .gguf_file import open_gguf
 
         if importlib.util.find_spec("tokenizers") is None:
-            # Checked before the ~3 s of dequantization rather than after it.
+            # Checked before the ~1.3 s of dequantization rather than after it.
             raise _missing("Python package 'tokenizers' not found")
         path = find_model_file() if path is None else Path(path)
         if not path.is_file():
