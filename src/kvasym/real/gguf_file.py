@@ -103,13 +103,7 @@ class _Cursor:
         return value
 
     def string(self) -> str:
-        length = self.unpack("Q")
-        end = self.offset + length
-        if end > len(self.buffer):
-            raise _Unsupported("a string runs past the end of the file")
-        text = str(self.buffer[self.offset:end], encoding="utf-8")
-        self.offset = end
-        return text
+        return self.strings(1)[0]
 
     def value(self, kind: int) -> Any:
         if kind == _STRING:
