@@ -44,7 +44,7 @@ def main() -> None:
     bases = load_query_bases(args.bases, model.model_sha256, (len(model.layers), c.n_kv_heads, c.head_dim))
     ids = windows(long_text_ids(model), 4096, c.context_length, 1)[0][0]
     frame = model.sequence_frame(ids)
-    x = model.token_embedding[frame.ids]
+    x = model.embed(frame.ids)
     print("layer  " + "  ".join(f"{name:>9}" for name in SPANS))
     for layer in range(len(model.layers)):
         acts = model.attention_inputs(layer, x, frame)
@@ -61,7 +61,7 @@ def main() -> None:
                     shares.append(energy[:TOP].sum() / energy.sum())
                 row.append(float(np.mean(shares)))
             print(f"{layer:5d}  " + "  ".join(f"{v:9.3f}" for v in row))
-        x = model.finish_layer(layer, x, model.attention(acts.q, acts.k, acts.v, frame))
+        x = model.finish_layer(layer, x, model.attention(acts.q, acts.k, acts.v, frame.at(layer)))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,12 @@
 """Tiny random-weight LLaMA-family GGUF files, and transformers' logits for them.
 
-``kvasym.real.gguf_model.GGUFLlama`` reads any GGUF whose ``general.architecture`` is ``llama``
-or ``qwen2``. This script writes one small file per case (random weights, d_model 64, 4 heads,
+``kvasym.real.gguf_model.GGUFLlama`` reads any GGUF whose ``general.architecture`` is ``llama``,
+``qwen2`` or ``gemma3``. The gemma3 case follows ``Gemma3Model`` (norm weights stored as
+``1 + w``, ``key_length``/``value_length``, ``sliding_window``, no Q/K permutation); its
+reference is transformers' ``Gemma3ForCausalLM`` with ``query_pre_attn_scalar`` set to the key
+length, as llama.cpp scales (transformers' GGUF mapping leaves it at 256).
+
+This script writes one small file per case (random weights, d_model 64, 4 heads,
 2 KV heads, 2 layers, FFN 96, a 300-token byte-level BPE vocabulary the smollm pre-tokenizer
 accepts) following llama.cpp's converter exactly (``convert_hf_to_gguf.py``: the tensor names of
 ``gguf.TensorNameMap``, the ``{arch}.*`` metadata keys, ``LlamaModel.permute`` of the Q/K rows
@@ -80,7 +85,14 @@ class TinySpec:
     extra_kv: dict[str, Any] = field(default_factory=dict)  # additional metadata (refusal tests)
     drop: tuple[str, ...] = ()  # GGUF tensor names left out (refusal tests)
     hf_model_type: str = ""  # reference: rebuild as this HF model type (e.g. "mistral") from the read weights
+    head_dim: int = 0  # gemma3: {arch}.attention.key_length (0: d_model / n_heads)
+    sliding_window: int = 0  # gemma3: {arch}.attention.sliding_window
     seed: int = 0
+
+    @property
+    def hd(self) -> int:
+        """The head dimension: ``head_dim`` when set, else ``d_model / n_heads``."""
+        return self.head_dim or self.d_model // self.n_heads
 
 
 SPECS = [
@@ -95,6 +107,13 @@ SPECS = [
              ffn_type="Q8_0", embd_type="F16", biases=True, rope_base=1e6, rms_eps=1e-6, seed=4),
     TinySpec("mistral_untied_bf16.gguf", general_name="tiny-mistral", n_kv_heads=1, tied=False,
              attn_type="BF16", ffn_type="F16", embd_type="F32", hf_model_type="mistral", seed=5),
+    # Gemma 3's shape in small: one KV head, head_dim (32) apart from d_model / n_heads (16), six
+    # layers (five sliding, one global: the pattern of 6), a 4-token window that binds in the
+    # 12-token sequence, RoPE base 1e6 on the global layer; Q5_0 attention and Q8_0 MLP as in
+    # the real file's mix.
+    TinySpec("gemma3_swa_q5_0.gguf", arch="gemma3", general_name="tiny-gemma3", n_kv_heads=1, n_layers=6,
+             head_dim=32, sliding_window=4, rope_base=1e6, rms_eps=1e-6, attn_type="Q5_0", ffn_type="Q8_0",
+             embd_type="F16", seed=6),
 ]
 
 
@@ -151,14 +170,16 @@ def hf_weights(spec: TinySpec) -> dict[str, Any]:
     import numpy as np
 
     rng = np.random.default_rng(spec.seed)
-    hd = spec.d_model // spec.n_heads
+    hd = spec.hd
     q_rows, kv_rows = spec.n_heads * hd, spec.n_kv_heads * hd
+    gemma = spec.arch == "gemma3"
 
     def mat(rows: int, cols: int, std: float) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * std).astype(np.float32)
 
     def norm(n: int) -> np.ndarray:
-        return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+        # Gemma's RMSNorm multiplies by (1 + w): its weights lie around 0, the others' around 1.
+        return ((0.0 if gemma else 1.0) + 0.2 * rng.standard_normal(n)).astype(np.float32)
 
     d = spec.d_model
     w: dict[str, Any] = {"model.embed_tokens.weight": mat(VOCAB_SIZE, d, 1.0), "model.norm.weight": norm(d)}
@@ -176,6 +197,11 @@ def hf_weights(spec: TinySpec) -> dict[str, Any]:
         w[p + "mlp.down_proj.weight"] = mat(d, spec.ffn_dim, 0.15)
         w[p + "input_layernorm.weight"] = norm(d)
         w[p + "post_attention_layernorm.weight"] = norm(d)
+        if gemma:  # QK-norm and the sandwich's other two norms
+            w[p + "self_attn.q_norm.weight"] = norm(hd)
+            w[p + "self_attn.k_norm.weight"] = norm(hd)
+            w[p + "pre_feedforward_layernorm.weight"] = norm(d)
+            w[p + "post_feedforward_layernorm.weight"] = norm(d)
         if spec.biases:
             w[p + "self_attn.q_proj.bias"] = (rng.standard_normal(q_rows) * 0.5).astype(np.float32)
             w[p + "self_attn.k_proj.bias"] = (rng.standard_normal(kv_rows) * 0.5).astype(np.float32)
@@ -229,11 +255,12 @@ def write_tiny_gguf(spec: TinySpec, path: Path) -> Path:
     import gguf
     import numpy as np
 
-    # Tensor names of llama for any architecture but qwen2 (other names: refusal tests).
-    arch = gguf.MODEL_ARCH.QWEN2 if spec.arch == "qwen2" else gguf.MODEL_ARCH.LLAMA
+    # Tensor names of llama for any architecture but qwen2 and gemma3 (other names: refusal tests).
+    arch = {"qwen2": gguf.MODEL_ARCH.QWEN2, "gemma3": gguf.MODEL_ARCH.GEMMA3}.get(spec.arch, gguf.MODEL_ARCH.LLAMA)
     name_map = gguf.get_tensor_name_map(arch, spec.n_layers)
     tokens, merges, types = vocabulary()
-    hd = spec.d_model // spec.n_heads
+    hd = spec.hd
+    gemma = spec.arch == "gemma3"
     writer = gguf.GGUFWriter(str(path), spec.arch)
     writer.add_name(spec.general_name)
     writer.add_context_length(spec.context_length)
@@ -248,6 +275,10 @@ def write_tiny_gguf(spec: TinySpec, path: Path) -> Path:
     writer.add_vocab_size(VOCAB_SIZE)
     if spec.arch == "llama":
         writer.add_rope_dimension_count(hd)
+    if gemma:  # Gemma3Model.set_gguf_parameters
+        writer.add_key_length(hd)
+        writer.add_value_length(hd)
+        writer.add_sliding_window(spec.sliding_window)
     if spec.rope_scaling.get("rope_type") == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(spec.rope_scaling["factor"])
@@ -288,6 +319,8 @@ def write_tiny_gguf(spec: TinySpec, path: Path) -> Path:
         gguf_name = name_map.get_name(base)
         if gguf_name is None:
             raise SystemExit(f"no GGUF name for {hf_name}")
+        if gemma and hf_name.endswith("norm.weight"):
+            array = array + 1  # Gemma3Model.modify_tensors: the (1 + w) of Gemma's RMSNorm stored whole
         if spec.arch == "llama" and base.endswith("q_proj"):
             array = converter_permute(array, spec.n_heads, spec.n_heads)
         elif spec.arch == "llama" and base.endswith("k_proj"):
@@ -343,6 +376,22 @@ def reference(folder: Path, fixture: Path) -> None:
         how = (f"AutoModelForCausalLM.from_pretrained(gguf_file=...) -> {type(model).__name__} "
                f"(transformers reads, de-permutes and runs the file itself)")
         case: dict[str, Any] = {}
+        if spec["arch"] == "gemma3" and spec.get("head_dim") and spec["head_dim"] != 256:
+            # transformers' GGUF mapping leaves query_pre_attn_scalar at Gemma3TextConfig's 256;
+            # llama.cpp scales by 1/sqrt(key_length) (every size but 27B), as the 270M's 256 does.
+            config = copy.deepcopy(model.config)
+            config.query_pre_attn_scalar = spec["head_dim"]
+            rebuilt = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            missing, unexpected = rebuilt.load_state_dict(model.state_dict(), strict=False)
+            if [m for m in missing if "rotary" not in m] or unexpected:
+                sys.exit(f"{name}: state dict mismatch: missing {missing}, unexpected {unexpected}")
+            model = rebuilt.eval()
+            with torch.no_grad():
+                plain = model(torch.tensor([ids])).logits[0].numpy().astype(np.float64)
+            how = (f"{type(model).__name__} from the HF config transformers read from the GGUF file (layer_types "
+                   f"{config.layer_types}, sliding_window {config.sliding_window}) with query_pre_attn_scalar set to "
+                   f"the key length {spec['head_dim']} (its GGUF mapping leaves Gemma3TextConfig's 256), and the "
+                   "weights transformers read (norms minus 1) from the file")
         logits = plain
         if spec["rope_scaling"] or spec["hf_model_type"]:
             # transformers' GGUF mapping drops llama.rope.scaling.* and rope_freqs.weight: same

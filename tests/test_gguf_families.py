@@ -10,7 +10,6 @@ offending key, tensor or value in one line, before anything is dequantized.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import sys
@@ -44,7 +43,8 @@ CASES = sorted(REFERENCE["cases"])
 # Largest |ours - transformers| allowed, relative to the largest |logit| of the case. Measured
 # (float32, transformers 5.25 / torch 2.13 CPU): llama_tied_f32 6.8e-5 (logits up to 29.9),
 # llama3_untied_f16_q8_0 1.8e-4 (14.3), llama_linear_q4_1 9.7e-5 (31.7), qwen2_biases_q8_0
-# 9.8e-5 (35.2), mistral_untied_bf16 4.1e-5 (14.9): at most 1.3e-5 of the logit scale. A wrong
+# 9.8e-5 (35.2), mistral_untied_bf16 4.1e-5 (14.9), gemma3_swa_q5_0 1.5e-5 (70.4): at most 1.3e-5
+# of the logit scale. A wrong
 # layout or RoPE is off by more than 1 (measured below).
 RELATIVE_TOLERANCE = 5e-5
 WRONG_BY_AT_LEAST = 1.0
@@ -78,6 +78,7 @@ def test_fixture_files_are_small_and_cover_the_families(models) -> None:
     assert models["qwen2_biases_q8_0.gguf"].layers[0].bq is not None
     assert models["llama3_untied_f16_q8_0.gguf"].config.rope_scaling == "llama3"
     assert models["llama_linear_q4_1.gguf"].config.rope_freq_factors == (4.0,) * 8
+    assert models["gemma3_swa_q5_0.gguf"].config.sliding_layers == (0, 1, 2, 3, 4)
     assert LlamaConfig is ModelConfig
 
 
@@ -101,10 +102,7 @@ def test_rope_scaling_is_what_makes_the_match(models, name: str) -> None:
 
 
 def _with_config(model: GGUFLlama, **changes) -> GGUFLlama:
-    clone = object.__new__(GGUFLlama)
-    clone.__dict__.update(model.__dict__)
-    clone.config = dataclasses.replace(model.config, **changes)
-    return clone
+    return model.with_config(**changes)
 
 
 def test_llama3_factors_follow_hf_formula(models) -> None:

@@ -230,7 +230,7 @@ def capture_text(
         "rope_base": c.rope_base,
         "rope": "rotate-half (HF LlamaRotaryEmbedding), angle pos * rope_base**(-2i/head_dim)",
         "rms_eps": c.rms_eps,
-        "attention_scale": 1.0 / float(np.sqrt(c.head_dim)),
+        "attention_scale": float(c.scale),
         "causal_mask": "query at positions[i] attends to key at positions[j] iff positions[j] <= positions[i]",
         "tied_output_embedding": model.tied_output,
         "dtype": dtype,
@@ -243,6 +243,13 @@ def capture_text(
         # written when present, so an unscaled model's capture (and its digest) is unchanged.
         metadata["rope_scaling"] = c.rope_scaling
         metadata["rope_freq_factors"] = list(c.rope_freq_factors)
+    if c.sliding_layers:
+        # Gemma 3: its sliding-window layers read only the last sliding_window keys and rotate by
+        # rope_base_sliding. Only written when present (an unscaled full-attention model's capture
+        # and digest are unchanged); kvasym.real.evaluate refuses such captured layers for now.
+        metadata["sliding_window"] = c.sliding_window
+        metadata["sliding_layers"] = list(c.sliding_layers)
+        metadata["rope_base_sliding"] = c.rope_base_sliding
     return Capture(
         token_ids=ids.astype(np.int32),
         positions=np.arange(n_tokens, dtype=np.int32),

@@ -130,9 +130,18 @@ ALL_LAYERS = -1
 #: The scheme-column suffix of a query-aware variant whose bases were calibrated on long-text
 #: windows of the pass's own length (:func:`kvasym.real.longcontext.window_bases`): ``QWF+W``.
 WINDOW_BASES_TAG = "+W"
-#: Rows of the (rows, vocab) logits handled at once: 128 x 49152 float64 is ~50 MB. (The
-#: reference's probabilities are held whole: T x 49152 float64, ~200 MB at 512 tokens.)
+#: Rows of the (rows, vocab) logits handled at once: 128 x 49152 float64 is ~50 MB. A larger
+#: vocabulary takes fewer rows (:func:`metric_block_rows`: 24 of Gemma 3's 262,144). The reference
+#: keeps its float32 logits whole (T x vocab: 100 MB at 512 SmolLM2 tokens, 1.07 GB at 1,024 Gemma
+#: tokens) and forms its float64 probabilities one block at a time.
 METRIC_BLOCK_ROWS = 128
+METRIC_BLOCK_VALUES = METRIC_BLOCK_ROWS * 49152
+
+
+def metric_block_rows(vocab_size: int) -> int:
+    """Positions whose next-token measures are formed at once: :data:`METRIC_BLOCK_ROWS` up to
+    SmolLM2's 49,152-token vocabulary, fewer for larger ones (at least 1)."""
+    return max(1, min(METRIC_BLOCK_ROWS, METRIC_BLOCK_VALUES // max(1, vocab_size)))
 BITS_COLUMNS = tuple(f"{side.lower()}_bits_{part}" for side in SIDES for part in ("payload", "side"))
 #: Bits per value of a row held in full precision (float16, as KIVI keeps its residual).
 FULL_PRECISION_BITS = 16
@@ -377,7 +386,7 @@ def quantized_cache(model: GGUFLlama, index: int, keys: np.ndarray, keys_pre_rop
     k_hat = np.empty_like(keys)
     v_hat = np.empty_like(values)
     if quant.rope == "pre":
-        cos, sin = model.config.rope_tables(np.arange(n_tokens), np.float64)
+        cos, sin = model.config.rope_tables(np.arange(n_tokens), np.float64, sliding=model.config.is_sliding(index))
     n_full_precision = full_precision_rows(n_tokens, quant.recent_tokens, quant.causal_chunk)
     for head in range(n_kv):
         stored = keys[head] if quant.rope == "post" else keys_pre_rope[head]
@@ -405,16 +414,18 @@ def run_layers(model: GGUFLlama, frame: SequenceFrame, x: np.ndarray, start: int
         if residuals is not None:
             residuals.append(x)
         acts = model.attention_inputs(index, x, frame)
+        layer_frame = frame.at(index)  # a sliding-window layer's own mask and RoPE (Gemma 3)
         if quant is None or not quant.quantizes(index):
-            attended = model.attention(acts.q, acts.k, acts.v, frame)
+            attended = model.attention(acts.q, acts.k, acts.v, layer_frame)
         else:
             k_hat, v_hat = quantized_cache(model, index, acts.k, acts.k_pre_rope, acts.v, quant, bits)
             if quant.reads_a_band:
                 starts = exact_read_starts(frame.ids.size, quant.own, quant.recent_tokens, quant.causal_chunk)
-                attended = model.attention(acts.q, k_hat, v_hat, frame, own=(acts.k, acts.v), exact_from=starts)
+                attended = model.attention(acts.q, k_hat, v_hat, layer_frame, own=(acts.k, acts.v),
+                                           exact_from=starts)
             else:
                 own = (acts.k, acts.v) if quant.own == "exact" else None
-                attended = model.attention(acts.q, k_hat, v_hat, frame, own=own)
+                attended = model.attention(acts.q, k_hat, v_hat, layer_frame, own=own)
         x = model.finish_layer(index, x, attended)
     return model.final_hidden(x)
 
@@ -424,7 +435,7 @@ def quantized_forward(model: GGUFLlama, token_ids: np.ndarray, quant: CacheQuant
     """Final hidden states (T, d_model) of the whole pass over ``token_ids`` with ``quant``'s
     cache (None: the reference, equal to ``model.forward(token_ids).hidden``)."""
     frame = model.sequence_frame(token_ids)
-    return run_layers(model, frame, model.token_embedding[frame.ids], 0, quant, bits)
+    return run_layers(model, frame, model.embed(frame.ids), 0, quant, bits)
 
 
 @dataclass
@@ -436,9 +447,16 @@ class Reference:
     residuals: list[np.ndarray]  # residual stream entering each layer, (T, d_model) each
     logits: np.ndarray  # (T - 1, vocab) float32
     lse: np.ndarray  # (T - 1,) float64 log-partition
-    probs: np.ndarray  # (T - 1, vocab) float64 next-token probabilities, each row summing to 1
     top1: np.ndarray  # (T - 1,) argmax
     nll: np.ndarray  # (T - 1,) float64
+
+    def probabilities(self, start: int, stop: int) -> np.ndarray:
+        """(stop - start, vocab) float64 next-token probabilities of positions ``start..stop-1``,
+        each row summing to 1: ``exp(z - lse(z))`` renormalized, formed per block (row by row the
+        same operations as on the whole matrix, so the same values), never held whole."""
+        probs = np.exp(self.logits[start:stop].astype(np.float64) - self.lse[start:stop, None])
+        probs /= probs.sum(axis=-1, keepdims=True)
+        return probs
 
 
 def _log_partition(logits: np.ndarray) -> np.ndarray:
@@ -455,15 +473,12 @@ def reference_pass(model: GGUFLlama, token_ids: np.ndarray) -> Reference:
     if frame.ids.size < 2:
         raise KvasymError("an end-to-end pass needs at least 2 tokens (one next-token prediction)")
     residuals: list[np.ndarray] = []
-    hidden = run_layers(model, frame, model.token_embedding[frame.ids], 0, None, residuals=residuals)
+    hidden = run_layers(model, frame, model.embed(frame.ids), 0, None, residuals=residuals)
     logits = model.logits(hidden[:-1])
     lse = _log_partition(logits)
     targets = frame.ids[1:]
     nll = lse - logits[np.arange(targets.size), targets].astype(np.float64)
-    # formed once per text in float64 (every quantized pass of the text reuses them)
-    probs = np.exp(logits.astype(np.float64) - lse[:, None])
-    probs /= probs.sum(axis=-1, keepdims=True)
-    return Reference(ids=frame.ids, frame=frame, residuals=residuals, logits=logits, lse=lse, probs=probs,
+    return Reference(ids=frame.ids, frame=frame, residuals=residuals, logits=logits, lse=lse,
                      top1=np.argmax(logits, axis=-1), nll=nll)
 
 
@@ -476,13 +491,14 @@ def next_token_metrics(model: GGUFLlama, ref: Reference, hidden: np.ndarray) -> 
     nll = np.empty(n)
     kl = np.empty(n)
     top1 = np.empty(n, dtype=np.int8)
-    for start in range(0, n, METRIC_BLOCK_ROWS):
-        stop = min(start + METRIC_BLOCK_ROWS, n)
+    block_rows = metric_block_rows(ref.logits.shape[1])
+    for start in range(0, n, block_rows):
+        stop = min(start + block_rows, n)
         rows = np.arange(stop - start)
         z_hat = model.logits(hidden[start:stop])
         lse_hat = _log_partition(z_hat)
         diff = np.subtract(ref.logits[start:stop], z_hat, dtype=np.float64)  # exact: float32 inputs
-        kl[start:stop] = np.einsum("rv,rv->r", ref.probs[start:stop], diff) - ref.lse[start:stop] + lse_hat
+        kl[start:stop] = np.einsum("rv,rv->r", ref.probabilities(start, stop), diff) - ref.lse[start:stop] + lse_hat
         nll[start:stop] = lse_hat - z_hat[rows, targets[start:stop]].astype(np.float64)
         top1[start:stop] = np.argmax(z_hat, axis=-1) == ref.top1[start:stop]
     return {"nll": nll, "kl": kl, "top1": top1}

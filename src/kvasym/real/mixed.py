@@ -130,11 +130,11 @@ def mixed_layers(model: GGUFLlama, frame: SequenceFrame, x: np.ndarray, start: i
     for index in range(start, len(model.layers)):
         acts = model.attention_inputs(index, x, frame)
         if not np.any(widths[index]):
-            attended = model.attention(acts.q, acts.k, acts.v, frame)
+            attended = model.attention(acts.q, acts.k, acts.v, frame.at(index))
         else:
             k_hat, v_hat = mixed_cache(acts.k, acts.v, widths[index], scheme, base_seed=base_seed,
                                        seed_text=seed_text, layer=index, norm_dtype=norm_dtype, bits=bits)
-            attended = model.attention(acts.q, k_hat, v_hat, frame, own=(acts.k, acts.v))
+            attended = model.attention(acts.q, k_hat, v_hat, frame.at(index), own=(acts.k, acts.v))
         x = model.finish_layer(index, x, attended)
     return model.final_hidden(x)
 

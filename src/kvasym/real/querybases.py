@@ -129,13 +129,13 @@ def _moment_sums(model: Any, token_id_lists: Iterable[np.ndarray]) -> tuple[np.n
     n_positions = 0
     for ids in token_id_lists:
         frame = model.sequence_frame(np.asarray(ids))
-        x = model.token_embedding[frame.ids]
+        x = model.embed(frame.ids)
         # the full-precision pass of endtoend.run_layers with quant=None, reading q on the way
         for index in range(c.n_layers):
             acts = model.attention_inputs(index, x, frame)
             grouped = _group_queries(acts.q, c.n_kv_heads)
             sums[index] += grouped.transpose(0, 2, 1) @ grouped  # BLAS, one (d, d) product per KV head
-            x = model.finish_layer(index, x, model.attention(acts.q, acts.k, acts.v, frame))
+            x = model.finish_layer(index, x, model.attention(acts.q, acts.k, acts.v, frame.at(index)))
         n_positions += int(frame.ids.size)
     return sums, n_positions
 
