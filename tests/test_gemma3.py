@@ -383,3 +383,27 @@ def test_metric_blocks_shrink_with_the_vocabulary() -> None:
     from kvasym.real.endtoend import metric_block_rows
 
     assert metric_block_rows(262144) == 24 and metric_block_rows(49152) == 128 and metric_block_rows(300) == 128
+
+
+def test_a_sliding_layers_float16_rows_are_a_share_of_its_window(tiny) -> None:
+    """With a 2-token float16 window, a sliding layer (window 4) holds 4 rows of which 2 are float16,
+    a global layer 12 of which 2: the side bits gain 2 (16 - b) / 4 and 2 (16 - b) / 12."""
+    from kvasym.real.endtoend import CacheQuantization, quantized_cache
+    from kvasym.schemes import get_scheme
+
+    ids = np.asarray(TINY_REFERENCE["token_ids"], dtype=np.int64)
+    frame = tiny.sequence_frame(ids)
+    x = tiny.embed(ids)
+    gained = {}
+    for layer in range(6):
+        acts = tiny.attention_inputs(layer, x, frame)
+        if layer in (0, 5):
+            plain, windowed = [], []
+            for recent, out in ((0, plain), (2, windowed)):
+                quant = CacheQuantization(scheme=get_scheme("RKV"), budget=3, base_seed=7, text="t",
+                                          recent_tokens=recent)
+                quantized_cache(tiny, layer, acts.k, acts.k_pre_rope, acts.v, quant, out)
+            b = plain[0]["k_bits_payload"] + plain[0]["k_bits_side"]
+            gained[layer] = (windowed[0]["k_bits_side"] - plain[0]["k_bits_side"]) / (16 - b)
+        x = tiny.finish_layer(layer, x, tiny.attention(acts.q, acts.k, acts.v, frame.at(layer)))
+    assert gained[0] == pytest.approx(2 / 4) and gained[5] == pytest.approx(2 / 12)

@@ -387,7 +387,10 @@ def quantized_cache(model: GGUFLlama, index: int, keys: np.ndarray, keys_pre_rop
     v_hat = np.empty_like(values)
     if quant.rope == "pre":
         cos, sin = model.config.rope_tables(np.arange(n_tokens), np.float64, sliding=model.config.is_sliding(index))
-    n_full_precision = full_precision_rows(n_tokens, quant.recent_tokens, quant.causal_chunk)
+    # A sliding-window layer's cache holds only its window's rows (Gemma 3): its float16 rows are
+    # a share of those, not of the whole text (for a full-attention layer rows_held == n_tokens).
+    rows_held = model.config.stored_rows(index, n_tokens)
+    n_full_precision = full_precision_rows(rows_held, quant.recent_tokens, quant.causal_chunk)
     for head in range(n_kv):
         stored = keys[head] if quant.rope == "post" else keys_pre_rope[head]
         keys_read, v_hat[head], head_bits = quantize_rows(stored, values[head], quant, index, head)
@@ -395,7 +398,7 @@ def quantized_cache(model: GGUFLlama, index: int, keys: np.ndarray, keys_pre_rop
             keys_read = apply_rope(keys_read, cos, sin)
         k_hat[head] = keys_read
         if bits is not None:
-            bits.append(add_full_precision_rows(head_bits, n_full_precision, n_tokens) if n_full_precision
+            bits.append(add_full_precision_rows(head_bits, n_full_precision, rows_held) if n_full_precision
                         else head_bits)
     return k_hat, v_hat
 

@@ -294,6 +294,14 @@ class ModelConfig:
         """Whether layer ``layer`` attends to a sliding window of ``sliding_window`` keys."""
         return layer in self.sliding_layers
 
+    def stored_rows(self, layer: int, length: int) -> int:
+        """The rows layer ``layer``'s KV cache holds after ``length`` tokens: ``min(length, W)``
+        on a sliding-window layer (an engine evicts what the window no longer reads), else
+        ``length``."""
+        if self.is_sliding(layer) and self.sliding_window:
+            return min(int(length), int(self.sliding_window))
+        return int(length)
+
     @property
     def group(self) -> int:
         """Query heads per KV head (GQA): query head ``h`` reads KV head ``h // group``."""
