@@ -354,17 +354,21 @@ def test_the_window_is_what_makes_the_real_match_past_512(gemma) -> None:
 # --------------------------------------------------------------------------- chunked next-token measures
 
 
+@pytest.mark.parametrize("held", [True, False])
 @pytest.mark.parametrize("block_values", [1, 5 * 300, 10**9])
-def test_chunked_next_token_measures_equal_the_whole_matrix(tiny, monkeypatch, block_values) -> None:
-    """KL(p || p_hat), NLL and top-1 formed in blocks of 1, 5 and all positions equal a direct
-    float64 evaluation over the whole (T - 1, vocab) matrices (scipy's log_softmax)."""
+def test_chunked_next_token_measures_equal_the_whole_matrix(tiny, monkeypatch, block_values, held) -> None:
+    """KL(p || p_hat), NLL and top-1 formed in blocks of 1, 5 and all positions, with the
+    reference's probabilities held or formed per block, equal a direct float64 evaluation over
+    the whole (T - 1, vocab) matrices (scipy's log_softmax)."""
     from scipy.special import log_softmax
 
     from kvasym.real import endtoend
 
     monkeypatch.setattr(endtoend, "METRIC_BLOCK_VALUES", block_values)
+    monkeypatch.setattr(endtoend, "PROBS_HELD_BYTES", 2**40 if held else 0)
     ids = np.asarray(TINY_REFERENCE["token_ids"], dtype=np.int64)
     ref = endtoend.reference_pass(tiny, ids)
+    assert (ref.probs is not None) == held
     hidden = tiny.forward(ids).hidden
     noisy = hidden + np.random.default_rng(5).standard_normal(hidden.shape).astype(hidden.dtype) * 4.0
     got = endtoend.next_token_metrics(tiny, ref, noisy[:-1])
@@ -377,6 +381,8 @@ def test_chunked_next_token_measures_equal_the_whole_matrix(tiny, monkeypatch, b
     np.testing.assert_allclose(got["kl"], kl, rtol=1e-6, atol=1e-5)
     np.testing.assert_allclose(got["nll"], -log_q[np.arange(ids.size - 1), ids[1:]], rtol=1e-6)
     np.testing.assert_array_equal(got["top1"], log_p.argmax(axis=1) == log_q.argmax(axis=1))
+    if held:  # the held probabilities and the per-block ones are the same numbers
+        np.testing.assert_array_equal(ref.probs[2:7], endtoend._probabilities(ref.logits[2:7], ref.lse[2:7]))
 
 
 def test_metric_blocks_shrink_with_the_vocabulary() -> None:

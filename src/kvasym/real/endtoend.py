@@ -133,9 +133,12 @@ WINDOW_BASES_TAG = "+W"
 #: Rows of the (rows, vocab) logits handled at once: 128 x 49152 float64 is ~50 MB. A larger
 #: vocabulary takes fewer rows (:func:`metric_block_rows`: 24 of Gemma 3's 262,144). The reference
 #: keeps its float32 logits whole (T x vocab: 100 MB at 512 SmolLM2 tokens, 1.07 GB at 1,024 Gemma
-#: tokens) and forms its float64 probabilities one block at a time.
+#: tokens) and its float64 probabilities too while they take at most :data:`PROBS_HELD_BYTES`
+#: (every quantized pass of the text reuses them: 200 MB at 512 SmolLM2 tokens, 1.6 GB at 4,096);
+#: beyond that (Gemma: 2.1 GB at 1,024 tokens) it forms them one block at a time for each pass.
 METRIC_BLOCK_ROWS = 128
 METRIC_BLOCK_VALUES = METRIC_BLOCK_ROWS * 49152
+PROBS_HELD_BYTES = 2 * 2**30
 
 
 def metric_block_rows(vocab_size: int) -> int:
@@ -452,14 +455,21 @@ class Reference:
     lse: np.ndarray  # (T - 1,) float64 log-partition
     top1: np.ndarray  # (T - 1,) argmax
     nll: np.ndarray  # (T - 1,) float64
+    probs: np.ndarray | None = None  # (T - 1, vocab) float64 when held (PROBS_HELD_BYTES)
 
     def probabilities(self, start: int, stop: int) -> np.ndarray:
         """(stop - start, vocab) float64 next-token probabilities of positions ``start..stop-1``,
-        each row summing to 1: ``exp(z - lse(z))`` renormalized, formed per block (row by row the
-        same operations as on the whole matrix, so the same values), never held whole."""
-        probs = np.exp(self.logits[start:stop].astype(np.float64) - self.lse[start:stop, None])
-        probs /= probs.sum(axis=-1, keepdims=True)
-        return probs
+        each row summing to 1: ``exp(z - lse(z))`` renormalized; a slice of :attr:`probs` when
+        held, else formed for the block (row by row the same operations, so the same values)."""
+        if self.probs is not None:
+            return self.probs[start:stop]
+        return _probabilities(self.logits[start:stop], self.lse[start:stop])
+
+
+def _probabilities(logits: np.ndarray, lse: np.ndarray) -> np.ndarray:
+    probs = np.exp(logits.astype(np.float64) - lse[:, None])
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return probs
 
 
 def _log_partition(logits: np.ndarray) -> np.ndarray:
@@ -481,8 +491,9 @@ def reference_pass(model: GGUFLlama, token_ids: np.ndarray) -> Reference:
     lse = _log_partition(logits)
     targets = frame.ids[1:]
     nll = lse - logits[np.arange(targets.size), targets].astype(np.float64)
+    held = logits.size * 8 <= PROBS_HELD_BYTES  # formed once per text when they fit
     return Reference(ids=frame.ids, frame=frame, residuals=residuals, logits=logits, lse=lse,
-                     top1=np.argmax(logits, axis=-1), nll=nll)
+                     top1=np.argmax(logits, axis=-1), nll=nll, probs=_probabilities(logits, lse) if held else None)
 
 
 def next_token_metrics(model: GGUFLlama, ref: Reference, hidden: np.ndarray) -> dict[str, np.ndarray]:
