@@ -413,3 +413,40 @@ def test_a_sliding_layers_float16_rows_are_a_share_of_its_window(tiny) -> None:
             gained[layer] = (windowed[0]["k_bits_side"] - plain[0]["k_bits_side"]) / (16 - b)
         x = tiny.finish_layer(layer, x, tiny.attention(acts.q, acts.k, acts.v, frame.at(layer)))
     assert gained[0] == pytest.approx(2 / 4) and gained[5] == pytest.approx(2 / 12)
+
+
+# --------------------------------------------------------------------------- captures of a windowed model
+
+
+def test_a_capture_masks_each_layer_as_the_model_attends(tiny) -> None:
+    """The capture's per-layer mask reproduces the model's windowed attention on a sliding layer
+    and its full causal attention on the global one; pre-RoPE keys re-rotate with each layer's
+    base; the per-head evaluation runs on both kinds of layer."""
+    from kvasym.real.capture import capture_text
+    from kvasym.real.evaluate import evaluate_capture
+    from kvasym.real.gguf_model import apply_rope, rope_tables
+    from kvasym.schemes import get_scheme
+
+    cap = capture_text(tiny, tiny.decode(TINY_REFERENCE["token_ids"]), name="t")
+    n = cap.positions.size
+    assert n > tiny.config.sliding_window
+    for layer in (0, 5):
+        mask = cap.causal_mask(layer)
+        window = 4 if layer == 0 else n
+        assert mask.sum(axis=1).tolist() == [min(i + 1, window) for i in range(n)]
+        q = cap.q_post_rope[layer].astype(np.float64)
+        k, v = cap.k_post_rope[layer].astype(np.float64), cap.v[layer].astype(np.float64)
+        logits = np.where(mask, q @ k[0].T * tiny.config.scale, -np.inf)  # one KV head
+        p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        brute = (p / p.sum(axis=-1, keepdims=True)) @ v[0]
+        future = np.arange(n)[None, :] > np.arange(n)[:, None]
+        model_out = tiny._attention(q, k, v, future, np.asarray(tiny.config.scale), window=4 if layer == 0 else 0)
+        np.testing.assert_allclose(brute, model_out, rtol=1e-10, atol=1e-12)
+        cos, sin = rope_tables(cap.positions, 32, cap.rope_base(layer), np.float64)
+        np.testing.assert_allclose(apply_rope(cap.k_pre_rope[layer].astype(np.float64), cos, sin),
+                                   cap.k_post_rope[layer], rtol=1e-5, atol=1e-5)
+    assert cap.rope_base(0) == 1e4 and cap.rope_base(5) == 1e6
+    assert cap.causal_mask().sum() == n * (n + 1) // 2  # no layer: the plain causal mask
+    for rope in ("post", "pre"):
+        columns = evaluate_capture(cap, [get_scheme("RKV")], [3], name="t", base_seed=7, layers=[0, 5], rope=rope)
+        assert set(columns["layer"]) == {0, 5} and np.isfinite(columns["kl"]).all()

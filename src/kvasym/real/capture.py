@@ -118,9 +118,24 @@ class Capture:
         """exp(mean NLL) of tokens 1..T-1 (nan for a one-token capture)."""
         return float(np.exp(self.token_nll_nats.mean())) if self.token_nll_nats.size else float("nan")
 
-    def causal_mask(self) -> np.ndarray:
-        """(T query, T key) bool: True where the query may attend to the key."""
-        return self.positions[None, :] <= self.positions[:, None]
+    def causal_mask(self, layer: int | None = None) -> np.ndarray:
+        """(T query, T key) bool: True where the query may attend to the key; on a sliding-window
+        layer ``layer`` (metadata ``sliding_layers``, Gemma 3) only the last ``sliding_window``
+        positions, the query's own included."""
+        allowed = self.positions[None, :] <= self.positions[:, None]
+        window = self.metadata.get("sliding_window")
+        if layer is not None and window and int(layer) in {int(i) for i in self.metadata.get("sliding_layers", ())}:
+            allowed &= self.positions[None, :] > self.positions[:, None] - int(window)
+        return allowed
+
+    def rope_base(self, layer: int) -> float:
+        """The RoPE base layer ``layer`` rotated with (``rope_base_sliding`` on a sliding layer)."""
+        sliding = {int(i) for i in self.metadata.get("sliding_layers", ())}
+        key = "rope_base_sliding" if int(layer) in sliding else "rope_base"
+        base = self.metadata.get(key)
+        if not isinstance(base, (int, float)) or not np.isfinite(base) or base <= 0:
+            raise KvasymError(f"capture metadata has no valid {key} (got {base!r}): cannot apply RoPE to pre-RoPE keys")
+        return float(base)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Every array under its file name, metadata JSON included."""

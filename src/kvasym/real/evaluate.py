@@ -33,13 +33,6 @@ from .querybases import QueryBases
 ROPE_MODES = ("post", "pre")
 
 
-def _rope_base(capture: Capture) -> float:
-    base = capture.metadata.get("rope_base")
-    if not isinstance(base, (int, float)) or not np.isfinite(base) or base <= 0:
-        raise KvasymError(f"capture metadata has no valid rope_base (got {base!r}): cannot apply RoPE to pre-RoPE keys")
-    return float(base)
-
-
 def capture_cells(capture: Capture, layers: Sequence[int] | None = None) -> list[tuple[int, int]]:
     """The (layer, KV head) pairs to evaluate: ``layers`` (model layer numbers, default all
     captured) times every KV head."""
@@ -99,22 +92,19 @@ def evaluate_capture(
                               f"kv_heads, head_dim) = {expected}, got "
                               f"{None if query_bases is None else tuple(query_bases.shape)}")
     cells = capture_cells(capture, layers)
-    sliding = sorted({layer for layer, _ in cells} & set(capture.metadata.get("sliding_layers", ())))
-    if sliding:
-        raise KvasymError(f"layers {sliding} of this capture attend to a sliding window of "
-                          f"{capture.metadata.get('sliding_window')} keys; the per-head evaluation reads full "
-                          "causal attention and does not handle them yet")
     layer_index = {int(x): i for i, x in enumerate(capture.layers)}
     heads = np.asarray(capture.kv_head_of_query_head)
     positions = np.asarray(capture.positions)
-    allowed = capture.causal_mask()
     n_tokens = positions.size
+    sliding = {int(i) for i in capture.metadata.get("sliding_layers", ())}
     if rope == "pre":
         from .gguf_model import apply_rope, rope_tables  # pure numpy: no model needed
 
-        # rope_freq_factors: a scaled-RoPE model's per-frequency divisors (absent when unscaled)
-        cos, sin = rope_tables(positions, capture.k_post_rope.shape[-1], _rope_base(capture), np.float64,
-                               capture.metadata.get("rope_freq_factors"))
+        def layer_tables(layer: int) -> tuple[np.ndarray, np.ndarray]:
+            # rope_freq_factors: a scaled-RoPE model's per-frequency divisors (absent when unscaled;
+            # never on a sliding layer, whose local RoPE is unscaled)
+            factors = None if layer in sliding else capture.metadata.get("rope_freq_factors")
+            return rope_tables(positions, capture.k_post_rope.shape[-1], capture.rope_base(layer), np.float64, factors)
     columns: dict[str, list[np.ndarray]] = {}
 
     def add(name_: str, value: np.ndarray) -> None:
@@ -129,8 +119,14 @@ def evaluate_capture(
         stored = keys if rope == "post" else np.asarray(capture.k_pre_rope[li, kv_head], dtype=np.float64)
         values = np.asarray(capture.v[li, kv_head], dtype=np.float64)
         queries = np.concatenate([np.asarray(capture.q_post_rope[li, g], dtype=np.float64) for g in query_heads])
-        mask = np.tile(allowed, (query_heads.size, 1))
-        reconstruct = None if rope == "post" else (lambda k_hat: apply_rope(k_hat, cos, sin))
+        # the layer's own mask: a sliding-window layer's queries read only its window (Gemma 3)
+        mask = np.tile(capture.causal_mask(layer), (query_heads.size, 1))
+        reconstruct = None
+        if rope == "pre":
+            tables = layer_tables(layer)
+
+            def reconstruct(k_hat: np.ndarray, tables: tuple[np.ndarray, np.ndarray] = tables) -> np.ndarray:
+                return apply_rope(k_hat, *tables)
         # the reference attention of this head, once for every scheme and budget
         reference = trial_reference(queries, keys, values, list(sharpness), mask, kernel=kernel)
         passes = [(scheme.name, scheme, budget) for scheme in schemes for budget in budgets]
