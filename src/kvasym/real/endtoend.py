@@ -130,21 +130,16 @@ ALL_LAYERS = -1
 #: The scheme-column suffix of a query-aware variant whose bases were calibrated on long-text
 #: windows of the pass's own length (:func:`kvasym.real.longcontext.window_bases`): ``QWF+W``.
 WINDOW_BASES_TAG = "+W"
-#: Rows of the (rows, vocab) logits handled at once: 128 x 49152 float64 is ~50 MB. A larger
-#: vocabulary takes fewer rows (:func:`metric_block_rows`: 24 of Gemma 3's 262,144). The reference
+#: Rows of the (rows, vocab) logits handled at once: 128 x 49152 float64 is ~50 MB, 128 x 262,144
+#: (Gemma 3) ~270 MB. Not fewer for a larger vocabulary: each block streams the whole (vocab,
+#: d_model) output matrix from memory (0.67 GB for Gemma), so Gemma's measures of a 512-token pass
+#: took 5.1 CPU-s of logits in blocks of 24 rows against 1.9 in one product. The reference
 #: keeps its float32 logits whole (T x vocab: 100 MB at 512 SmolLM2 tokens, 1.07 GB at 1,024 Gemma
 #: tokens) and its float64 probabilities too while they take at most :data:`PROBS_HELD_BYTES`
 #: (every quantized pass of the text reuses them: 200 MB at 512 SmolLM2 tokens, 1.6 GB at 4,096);
 #: beyond that (Gemma: 2.1 GB at 1,024 tokens) it forms them one block at a time for each pass.
 METRIC_BLOCK_ROWS = 128
-METRIC_BLOCK_VALUES = METRIC_BLOCK_ROWS * 49152
 PROBS_HELD_BYTES = 2 * 2**30
-
-
-def metric_block_rows(vocab_size: int) -> int:
-    """Positions whose next-token measures are formed at once: :data:`METRIC_BLOCK_ROWS` up to
-    SmolLM2's 49,152-token vocabulary, fewer for larger ones (at least 1)."""
-    return max(1, min(METRIC_BLOCK_ROWS, METRIC_BLOCK_VALUES // max(1, vocab_size)))
 BITS_COLUMNS = tuple(f"{side.lower()}_bits_{part}" for side in SIDES for part in ("payload", "side"))
 #: Bits per value of a row held in full precision (float16, as KIVI keeps its residual).
 FULL_PRECISION_BITS = 16
@@ -505,9 +500,8 @@ def next_token_metrics(model: GGUFLlama, ref: Reference, hidden: np.ndarray) -> 
     nll = np.empty(n)
     kl = np.empty(n)
     top1 = np.empty(n, dtype=np.int8)
-    block_rows = metric_block_rows(ref.logits.shape[1])
-    for start in range(0, n, block_rows):
-        stop = min(start + block_rows, n)
+    for start in range(0, n, METRIC_BLOCK_ROWS):
+        stop = min(start + METRIC_BLOCK_ROWS, n)
         rows = np.arange(stop - start)
         z_hat = model.logits(hidden[start:stop])
         lse_hat = _log_partition(z_hat)
