@@ -380,7 +380,9 @@ def test_prefill_and_causal_passes_of_a_block_statistic_scheme_differ(model) -> 
     prefill = next_token_metrics(model, ref, quantized_forward(model, ids, quant))["kl"]
     causal = next_token_metrics(model, ref, quantized_forward(model, ids, dataclasses.replace(quant, causal_chunk=8)))
     # the first chunk's queries read only exact rows: no damage there
-    assert np.abs(causal["kl"][:8]).max() < 1e-6 and prefill[:8].max() > 1e-3
+    # (prefill's largest there: 1.4e-3 here, 9.6e-4 on an AVX-512 machine, whose LAPACK gives SKLT
+    # another basis; 1e-4 stays 100x above the causal bound on both)
+    assert np.abs(causal["kl"][:8]).max() < 1e-6 and prefill[:8].max() > 1e-4
 
 
 def test_evaluate_text_extra_passes_names_and_bits(two_layers) -> None:
@@ -453,19 +455,37 @@ def test_a_query_aware_variants_extra_budget_runs_with_its_bases_and_leaves_the_
 
 @pytest.mark.slow  # 2-27 s: mostly compiling SKLT's kernels in a fresh process on a loaded machine
 def test_existing_passes_are_unchanged(model) -> None:
-    """A digest of the columns of RKV (2 draws) and SKLT passes and a sensitivity pass on 24
-    tokens, taken before the window, chunk and query-aware passes were added (same machine's
-    numpy and BLAS: a different platform may round differently and must re-pin it)."""
-    import hashlib
+    """The RKV (2 draws), SKLT and layer-5 sensitivity passes on 24 tokens, as stored before the
+    window, chunk and query-aware passes were added (``tests/expected/e2e_existing_passes.json``;
+    the values of the SHA-256 once pinned here, 96ebccf7..., which another CPU's rounding broke):
+    the bits exactly (they are counts), RKV's NLL and KL to 1% (an RKV pass has no LAPACK step:
+    another CPU moves it by float32 rounding and the odd code flip), SKLT's NLL to 1% (its KLT
+    basis is an eigendecomposition, whose near-degenerate vectors differ between LAPACK builds, so
+    its small KLs moved by 30% on an AVX-512 machine). A changed pass (seed, order, scheme) moves
+    these by far more. Then, on this machine, the same passes run beside every extra pass are
+    bit-identical to these: adding passes changes none."""
+    import json
+    from pathlib import Path
 
+    expected = json.loads((Path(__file__).resolve().parent / "expected" / "e2e_existing_passes.json")
+                          .read_text(encoding="utf-8"))
     ids = model.encode("The old clock in the hall struck nine, and the children ran upstairs to bed while the rain "
                        "kept on falling.")[:24]
-    out = evaluate_text(model, ids, [get_scheme("RKV"), get_scheme("SKLT")], [2], text="t", base_seed=BASE_SEED,
-                        draws=2, sensitivity_budget=3, sensitivity_layers=[5])
-    digest = hashlib.sha256()
-    for key in ("nll", "kl", "k_bits_side", "v_bits_side"):
-        digest.update(np.ascontiguousarray(out[key], dtype=np.float64).tobytes())
-    assert digest.hexdigest() == "96ebccf7884283bd8afb635d4e1b69af172b1f181b3a5f4e47cb6f4b30760c3c"
+    run = dict(text="t", base_seed=BASE_SEED, draws=2, sensitivity_budget=3, sensitivity_layers=[5])
+    out = evaluate_text(model, ids, [get_scheme("RKV"), get_scheme("SKLT")], [2], **run)
+    for key in ("scheme", "draw", "layer", "rope", "budget", "position"):
+        assert [x.item() if hasattr(x, "item") else x for x in out[key]] == expected[key], key
+    for key in ("k_bits_side", "v_bits_side"):
+        np.testing.assert_allclose(out[key], expected[key], rtol=1e-12)
+    rkv = np.asarray(expected["scheme"]) == "RKV"
+    np.testing.assert_allclose(out["nll"], expected["nll"], rtol=1e-2)
+    np.testing.assert_allclose(out["kl"][rkv], np.asarray(expected["kl"])[rkv], rtol=1e-2, atol=1e-4)
+    more = evaluate_text(model, ids, [get_scheme("RKV"), get_scheme("SKLT")], [2], **run,
+                         query_bases=_identity_bases(model),
+                         query_variants=("QRKV",), recent_windows={"RKV": [4]}, causal_chunks={"SKLT": 8})
+    keep = np.isin(more["scheme"], ["RKV", "SKLT"])
+    for key in ("nll", "kl", "k_bits_side", "v_bits_side", "position", "draw", "layer"):
+        np.testing.assert_array_equal(np.asarray(more[key])[keep], out[key])
 
 
 def test_new_settings_are_refused(two_layers) -> None:
