@@ -444,3 +444,19 @@ def test_a_capture_masks_each_layer_as_the_model_attends(tiny) -> None:
     for rope in ("post", "pre"):
         columns = evaluate_capture(cap, [get_scheme("RKV")], [3], name="t", base_seed=7, layers=[0, 5], rope=rope)
         assert set(columns["layer"]) == {0, 5} and np.isfinite(columns["kl"]).all()
+
+
+def test_card_cli_on_the_tiny_gemma3(tmp_path) -> None:
+    """The whole card on the tiny Gemma 3 file (one KV head, sliding layers): written, with the
+    window in its model entry and one allocation unit per layer and side."""
+    import pandas as pd
+
+    from kvasym.cli import main
+
+    out = tmp_path / "card"
+    assert main(["card", str(FIXTURE), "--out", str(out), "--tokens", "16", "--budgets", "2", "--widths", "1", "2",
+                 "3", "--frontier-schemes", "KV"]) == 0
+    card = json.loads((out / "card.json").read_text())
+    assert card["model"]["architecture"] == "gemma3" and card["model"]["sliding_layers"] == [0, 1, 2, 3, 4]
+    allocation = pd.read_parquet(out / "allocation.parquet")
+    assert len(allocation) == 6 * 2 and allocation["mean_bits"].iloc[0] <= allocation["target_bits"].iloc[0] + 1e-12

