@@ -1234,7 +1234,8 @@ def test_tampered_packed_cache_through_the_stage_command(variant_mini: MiniRun, 
     """What the Snakemake rule runs: exit status 2 and one line in the job's log."""
     from kvasym.study import canonical_json
 
-    run = _copy_run(variant_mini, tmp_path / "run")
+    # under a results/ folder, where the DAG writes: only there is a damaged file its to move aside
+    run = _copy_run(variant_mini, tmp_path / "results")
     cell = run.cell("lowrank4", "KQV", 4)
     _truncate(cell["packed"])
     slice_ = canonical_json(run.study.unit_slice("lowrank4+isotropic", 16))
@@ -1262,7 +1263,7 @@ def test_damaged_input_of_the_figure_stage_is_one_line_and_moved_aside(mini: Min
     from kvasym.render.figures.registry import figures_slice
     from kvasym.study import canonical_json
 
-    run = _copy_run(mini, tmp_path / "run")
+    run = _copy_run(mini, tmp_path / "results")  # where the DAG writes (move_aside_damaged)
     files = [run.cell("gaussian", s, b)["per_query"] for s in run.study.schemes for b in run.study.budgets]
     _truncate(files[1])
     proc = subprocess.run(
@@ -1336,6 +1337,42 @@ def test_a_damaged_user_file_is_never_moved(tmp_path) -> None:
     assert not packed.exists() and (tmp_path / "results" / ".packed.npz.damaged").read_bytes() == b"damaged"
     # a second consumer of the same damaged file finds it gone
     assert "moved aside by another job" in move_aside_damaged(dag, str(packed))
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+def test_a_copied_stage_folder_outside_results_is_the_users(tmp_path, read_only) -> None:
+    """Issue 51, point 1: a `cp -r` copy of a folder a stage wrote whole carries its marker file;
+    outside results/ it is the user's all the same (read-only or writable): one line, nothing
+    moved. The same folder inside results/ goes aside whole."""
+    import argparse
+    import shutil
+    import stat
+
+    from kvasym.atomic import FOLDER_MARKER, atomic_folder
+    from kvasym.stages import move_aside_damaged
+
+    written = tmp_path / "results" / "packed" / "t"
+    with atomic_folder(written) as folder:
+        (folder / "KQV").mkdir()
+        (folder / "KQV" / "n4.npz").write_bytes(b"a damaged cache")
+    assert (written / FOLDER_MARKER).is_file()
+    mine = tmp_path / "mine"
+    shutil.copytree(written, mine)  # what `cp -r` does: the marker comes along
+    if read_only:
+        for path in [*mine.rglob("*"), mine]:
+            path.chmod(stat.S_IRUSR | (stat.S_IXUSR if path.is_dir() else 0))
+    before = sorted(str(p.relative_to(mine)) for p in mine.rglob("*"))
+    by_hand = argparse.Namespace(stage_name="metrics", packed=str(mine))
+    said = move_aside_damaged(by_hand, str(mine / "KQV" / "n4.npz"))
+    assert "so it is yours" in said and "\n" not in said
+    assert sorted(str(p.relative_to(mine)) for p in mine.rglob("*")) == before and mine.is_dir()
+    assert not (tmp_path / ".mine.damaged").exists()
+    if read_only:
+        for path in [*mine.rglob("*"), mine]:
+            path.chmod(stat.S_IRWXU)
+    dag = argparse.Namespace(stage_name="metrics", packed=str(written))
+    assert move_aside_damaged(dag, str(written / "KQV" / "n4.npz")).startswith("moved aside to .t.damaged")
+    assert (written.parent / ".t.damaged" / "KQV" / "n4.npz").is_file() and not written.exists()
 
 
 def test_untampered_mini_run_is_sane(mini: MiniRun) -> None:

@@ -97,8 +97,9 @@ def move_aside_damaged(args: argparse.Namespace, path: str) -> str:
     notice the damage: an intermediate edited or truncated after its job ended only looks newer
     than its consumers' outputs, so without this every rerun would fail on it again. A file the
     user gave (a cache dump, the claims file) is never touched, nor is a declared intermediate
-    that no stage wrote: one outside every ``results/`` folder and every folder a stage wrote
-    whole (``kvasym stage metrics --packed`` given the user's own caches, say).
+    that lies outside every ``results/`` folder (``kvasym stage metrics --packed`` given the user's
+    own caches, say, or a ``cp -r`` copy of a folder a stage wrote: location decides, never the
+    marker file such a copy carries along).
     """
     from ..atomic import FOLDER_MARKER
 
@@ -109,13 +110,15 @@ def move_aside_damaged(args: argparse.Namespace, path: str) -> str:
     # a file inside a folder a stage wrote whole (a directory() output, kvasym.atomic.atomic_folder,
     # marked by FOLDER_MARKER): the folder goes aside, since Snakemake reruns a rule only for an
     # output that is missing, not for a file missing inside one
-    whole = next((p for p in list(target.parents)[:3] if (p / FOLDER_MARKER).is_file()), None)
-    # Who wrote it decides, not the flag it came by (issue 33, point 1): a stage run by hand may
-    # be given the user's own packed caches or tables. Only a folder a stage wrote whole, or a
-    # file under a results/ folder (where the DAG writes, RESULTS in workflow/rules/common.smk),
-    # is the DAG's to move; anything else is left where it is.
-    if whole is None and DAG_FOLDER not in target.parent.parts:
-        return "it is not in a results/ folder or a folder a stage wrote, so it is yours: fix or replace it and rerun"
+    # Where it lies decides, not the flag it came by (issue 33, point 1: a stage run by hand may be
+    # given the user's own packed caches or tables) and not a marker it carries (issue 51, point 1:
+    # a `cp -r` copy of a folder a stage wrote carries FOLDER_MARKER along, and such a copy outside
+    # results/ was renamed): only a file under a results/ folder (where the DAG writes, RESULTS in
+    # workflow/rules/common.smk) is the DAG's to move; anything else is left where it is.
+    if DAG_FOLDER not in target.parent.parts:
+        return "it is not in a results/ folder, so it is yours: fix or replace it and rerun"
+    whole = next((p for p in list(target.parents)[:3]
+                  if (p / FOLDER_MARKER).is_file() and DAG_FOLDER in p.parent.parts), None)
     target = whole or target
     aside = target.with_name(f".{target.name}.damaged")
     try:
