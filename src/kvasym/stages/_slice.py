@@ -97,6 +97,40 @@ def stage_slice(args: argparse.Namespace, stage: str) -> dict[str, Any]:
     return getattr(study, _FROM_CONFIG[stage])(args.distribution, args.dim)
 
 
+def hand_run_cells(args: argparse.Namespace, paths: list, cells: list[dict[str, Any]] | None
+                   ) -> list[dict[str, Any]] | None:
+    """The ``--cells`` of a stage run by hand from ``--config`` (stats, theory), each with the
+    ``slice_sha256`` the DAG would give it: the digest of the slice its table is made from in
+    that config (:meth:`kvasym.study.Study.cell_table_slice`, real and file cells included), so
+    that a table made under another configuration is refused as the DAG refuses it (issue 51,
+    point 2: a per-query table of base seed 8 was read in a base-seed-7 grid, exit 0). Without
+    ``--cells`` the cells come from the files' places in the results layout
+    (:func:`kvasym.cells.cell_of_path`); a digest given is kept. With ``--slice`` (the DAG's
+    call) the cells are returned as given."""
+    if getattr(args, "slice", None) is not None or getattr(args, "config", None) is None:
+        return cells
+    from ..cachefile import file_content_sha256
+    from ..cells import cell_of_path, slice_digest
+    from ..config_io import read_yaml_mapping
+    from ..real import real_settings
+    from ..study import load_study_file
+
+    if cells is None:
+        cells = [{k: v for k, v in cell_of_path(p).items() if k in ("scheme", "budget")} for p in paths]
+    study = load_study_file(args.config)
+    real = None  # the real section matters (and is checked) for a real cell only
+    if args.distribution not in study.distributions and args.distribution not in study.files:
+        real = real_settings(read_yaml_mapping(args.config).get("real"), list(study.schemes),
+                             list(study.frontier_real_schemes))
+    file_digests = {name: file_content_sha256(spec["params"]["path"]) for name, spec in study.files.items()
+                    if name == args.distribution}
+    return [cell if "slice_sha256" in cell else
+            {**cell, "slice_sha256": slice_digest(study.cell_table_slice(args.distribution, args.dim, cell["scheme"],
+                                                                         cell["budget"], real=real,
+                                                                         file_digests=file_digests))}
+            for cell in cells]
+
+
 def _scheme_of(spec: dict[str, Any]) -> Scheme:
     spec = dict(spec)
     return scheme_from_dict(spec.pop("name"), spec)

@@ -40,7 +40,7 @@ from ..dataset import provenance, write_frame_atomic
 from ..errors import KvasymError
 from ..schemes import scheme_from_dict
 from ..theory import predicted_kl_ratio
-from ._slice import add_slice_arguments, stage_slice
+from ._slice import add_slice_arguments, hand_run_cells, stage_slice
 
 #: Metrics compared between schemes. The K and V ones are per-trial aggregates repeated on each
 #: query row, so only their per-trial tests are meaningful (the per-query ones are reported but
@@ -307,5 +307,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    run_stats(stage_slice(args, "stats"), args.per_query, args.comparisons, args.summary, args.trials,
-              parse_cells(args.cells, "cells"))
+    # by hand from --config: each cell's digest computed as the DAG would give it (hand_run_cells)
+    cells = hand_run_cells(args, args.per_query, parse_cells(args.cells, "cells"))
+    run_stats(stage_slice(args, "stats"), args.per_query, args.comparisons, args.summary, args.trials, cells)

@@ -36,7 +36,7 @@ from ..theory import (
     qjl_closed_forms,
     rotated_marginal_sample,
 )
-from ._slice import add_slice_arguments, stage_slice
+from ._slice import add_slice_arguments, hand_run_cells, stage_slice
 
 
 def run_theory(
@@ -155,4 +155,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    run_theory(stage_slice(args, "theory"), args.data, args.per_key, args.out, parse_cells(args.cells, "cells"))
+    # by hand from --config: each cell's digest computed as the DAG would give it (hand_run_cells)
+    cells = hand_run_cells(args, args.per_key, parse_cells(args.cells, "cells"))
+    run_theory(stage_slice(args, "theory"), args.data, args.per_key, args.out, cells)
