@@ -31,6 +31,7 @@ from kvasym.real.gguf_model import (  # noqa: E402
     GGUFLlama,
     ModelConfig,
     gelu_tanh,
+    file_sha256,
     gemma3_sliding_layers,
     logit_block_rows,
 )
@@ -242,7 +243,7 @@ def chunked(tmp_path, monkeypatch) -> model_files.ChunkedModel:
 def test_chunks_assemble_into_the_published_file(tmp_path, chunked) -> None:
     out = tmp_path / "results" / "models"
     path = model_files.assemble(out, chunked)
-    assert path == out / "m.gguf" and model_files.file_digest(path) == chunked.sha256
+    assert path == out / "m.gguf" and file_sha256(path) == chunked.sha256
     assert sorted(p.name for p in out.iterdir()) == ["m.gguf"]  # no partial file left
     mtime = path.stat().st_mtime_ns
     assert model_files.assemble(out, chunked) == path and path.stat().st_mtime_ns == mtime  # reused, not rewritten

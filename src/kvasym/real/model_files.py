@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..errors import KvasymError
 from . import RealExtraMissing
+from .gguf_model import file_sha256
 
 
 @dataclass(frozen=True)
@@ -103,15 +104,6 @@ def is_installed(model: ChunkedModel = GEMMA3_270M) -> bool:
     return True
 
 
-def file_digest(path: Path) -> str:
-    """Hex SHA-256 of a file."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(_COPY_BYTES), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def assemble(folder: str | Path, model: ChunkedModel = GEMMA3_270M) -> Path:
     """The model's file in ``folder``, concatenated from its chunks when it is not there yet.
 
@@ -146,7 +138,7 @@ def assemble(folder: str | Path, model: ChunkedModel = GEMMA3_270M) -> Path:
     target = folder / model.filename
     if target.exists():
         size = target.stat().st_size
-        if size != model.size_bytes or file_digest(target) != model.sha256:
+        if size != model.size_bytes or file_sha256(target) != model.sha256:
             raise KvasymError(f"{target} exists but is not {model.name}'s published file (size {size} bytes, "
                               f"expected {model.size_bytes} with SHA-256 {model.sha256[:12]}...); "
                               "move it away to assemble the model there")
