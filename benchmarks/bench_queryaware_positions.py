@@ -19,7 +19,7 @@ so late queries put half or less of their energy where QWF spends its bits, whic
 4-bit damage grows 12.5x from the first 512 positions to the second half of 4K windows
 (results/real/e2e/long_summary.parquet). Usage:
 
-    python3 benchmarks/bench_queryaware_positions.py --bases results/real/e2e/query_bases.npz
+    python3 benchmarks/bench_queryaware_positions.py --bases results/real/e2e/query_bases/smollm2-135m.npz
 """
 
 import argparse

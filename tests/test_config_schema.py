@@ -238,7 +238,7 @@ def test_real_defaults_match_real_settings():
     from kvasym.real import real_settings
 
     filled = validate_config({**MINIMAL, "real": {}})["real"]
-    assert filled == {"texts": "all", "max_tokens": 512, "layers": "all"}
+    assert filled == {"texts": "all", "max_tokens": 512, "layers": "all", "models": {}}
     assert real_settings(filled) == real_settings({})
     for off in ("off", False, None):
         assert validate_config({**MINIMAL, "real": off})["real"] is off
@@ -291,7 +291,7 @@ def test_validate_key_checks_one_section_as_the_whole_config_does():
         ({"real": {"texts": "some"}}, "config key real.texts: must be all or a non-empty list of distinct text names"),
         ({"real": {"layers": [0, 30]}}, "config key real.layers: must be all or a non-empty list of distinct layer"),
         ({"real": {"max_token": 5}},
-         "unknown config key(s): real.max_token; allowed: card, e2e, layers, max_tokens, texts"),
+         "unknown config key(s): real.max_token; allowed: card, e2e, layers, max_tokens, models, texts"),
         ({"real": 3}, "config key real: must be a mapping, or off (or false), got 3"),
         ({"headline": {"dim": 64.0}}, "config key headline.dim: must be an integer, got 64.0"),
         ({"headline": [64]}, "config key headline: must be a mapping, got [64]"),

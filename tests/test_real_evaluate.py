@@ -270,7 +270,7 @@ def test_real_settings_defaults():
            "sensitivity_schemes": "study", "query_aware": [], "calibration_texts": [], "recent_windows": {},
            "causal_chunks": {}, "long_context": None, "passkey": None}
     assert settings == {"texts": shipped_texts(), "max_tokens": 512, "layers": list(range(N_LAYERS)), "e2e": e2e,
-                        "card": None}
+                        "card": None, "models": {}}
     assert real_settings({"e2e": "off"})["e2e"] is None
     assert real_settings({"e2e": {"sensitivity_layers": []}})["e2e"]["sensitivity_layers"] == []
     assert len(settings["texts"]) >= 4

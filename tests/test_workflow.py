@@ -162,12 +162,13 @@ def test_real_model_rows_when_the_extra_is_installed(complete_run):
     assert ledger["C2r"]["estimate"] > 0
     # the end-to-end passes (real.e2e): their tables, figures and claims
     for name in ("summary", "comparisons", "equal_bits", "sensitivity", "agreement", "long_summary",
-                 "long_positions", "passkey_summary", "query_bases"):
-        suffix = "npz" if name == "query_bases" else "parquet"
+                 "long_positions", "passkey_summary", "query_bases/smollm2-135m"):
+        suffix = "npz" if name.startswith("query_bases") else "parquet"
         assert (complete_run / f"results/real/e2e/{name}.{suffix}").is_file(), name
     for name in ("e2e_ppl_bits", "e2e_layer_sensitivity", "e2e_context"):
         assert (complete_run / f"results/figures/{name}.pdf").is_file(), name
     e2e = pd.read_parquet(complete_run / "results/real/e2e/summary.parquet")
+    assert set(e2e["model"]) == {"smollm2-135m"}  # the tiny config runs the primary model only
     # every study and frontier real scheme, the query-aware QWF, a recent window and a causal variant
     assert set(e2e["scheme"]) == {"KV", "KQV", "QKQV", "RKV", "KQV-H", "QKQV-H", "CRKV", "SKLT", "QWF", "RKV+R8",
                                   "KQV+C16"}

@@ -587,10 +587,23 @@ def stat_catastrophic_share(t: Tables, where: Mapping[str, Any]) -> Measurement:
     return Measurement(float(ci["estimate"]), low, high, details=details, interval=True)
 
 
-def _e2e_table(table: pd.DataFrame | None, what: str) -> pd.DataFrame:
+def _e2e_table(table: pd.DataFrame | None, what: str, where: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """The rows of an end-to-end table of the model ``where["model"]`` (default the primary,
+    :data:`kvasym.real.models.PRIMARY`); a table without a ``model`` column holds the primary's
+    rows only."""
+    from .real.models import PRIMARY
+
     if table is None:
         raise MissingCell(f"no end-to-end {what} table (the real rows or real.e2e are off)")
-    return table
+    model = str((where or {}).get("model", PRIMARY))
+    if "model" not in table.columns:
+        if model != PRIMARY:
+            raise MissingCell(f"no end-to-end {what} rows of model {model!r} (the table has the primary's only)")
+        return table
+    rows = table[table["model"] == model]
+    if rows.empty:
+        raise MissingCell(f"no end-to-end {what} rows of model {model!r} (real.models)")
+    return rows
 
 
 def _oriented(row: pd.Series, forward: bool, log10_p: float, n_units: int) -> Measurement:
@@ -612,7 +625,7 @@ def stat_e2e_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
     units (:func:`kvasym.real.endtoend_stats.compare_schemes`). Oriented as asked: a row stored
     as (b, a) is inverted. The two schemes' bits per value are in the details (equal budget is
     not equal total bits)."""
-    table = _e2e_table(t.e2e_comparisons, "comparisons")
+    table = _e2e_table(t.e2e_comparisons, "comparisons", where)
     rope = where.get("rope", "post")
     rows = table[(table["rope"] == rope) & (table["budget"] == where["budget"])]
     forward = rows[(rows["scheme_a"] == where["a"]) & (rows["scheme_b"] == where["b"])]
@@ -636,7 +649,7 @@ def stat_e2e_equal_bits(t: Tables, where: Mapping[str, Any]) -> Measurement:
     mean next-token KL; each with its t interval over the (text, draw) units; p from the paired
     Wilcoxon test of the units' ``d`` (:func:`kvasym.real.endtoend_stats.compare_equal_bits`).
     A rate outside ``b``'s measured range is *not evaluated*."""
-    table = _e2e_table(t.e2e_equal_bits, "equal-bits")
+    table = _e2e_table(t.e2e_equal_bits, "equal-bits", where)
     rope = where.get("rope", "post")
     measure = where.get("measure", "ppl")
     if measure not in ("ppl", "kl"):
@@ -693,7 +706,7 @@ def stat_e2e_rank_agreement(t: Tables, where: Mapping[str, Any]) -> Measurement:
     attention KL, over the study's schemes (``scope: study``, default) or every end-to-end
     scheme (``scope: all``), keys quantized ``rope`` (default post), with its interval from
     resampling the (text, draw) units (:func:`kvasym.real.endtoend_stats.rank_agreement`)."""
-    table = _e2e_table(t.e2e_agreement, "agreement")
+    table = _e2e_table(t.e2e_agreement, "agreement", where)
     rope = where.get("rope", "post")
     measure, scope = where.get("measure", "ppl"), where.get("scope", "study")
     rows = table[(table["rope"] == rope) & (table["measure"] == measure) & (table["scope"] == scope)]
@@ -949,7 +962,7 @@ class Statistic:
 
 
 _ON_CELLS = "paired Wilcoxon per cell over {unit}; Holm over the claim's cells"
-_E2E = "`e2e` (per text, SmolLM2 with its KV cache quantized)"
+_E2E = "`e2e` (per model and text, the model with its KV cache quantized)"
 
 #: Every statistic a claim can name, by name: the one registry (see :class:`Statistic`).
 STATISTICS: dict[str, Statistic] = {s.name: s for s in (

@@ -44,12 +44,15 @@ FIXED_RESOURCES: dict[str, tuple[int, int]] = {
     # real_metrics_extra: a real_metrics job of one budget
     "real_metrics_extra": (3000, 30),
     "real_cachestats": (3000, 10),
-    # e2e: the model (~0.9 GB), the reference logits and probabilities of one text (T x 49152
-    # float32 each) and one quantized pass; e2e_stats: the per-position tables of every text
-    "e2e": (3000, 60),
+    # e2e: the model (~0.9 GB; Gemma 3 270M ~1.3 GB), the reference logits and probabilities of one
+    # text (T x vocab float32 each: 0.2 GB for SmolLM2 at 512 tokens, 1.1 GB for Gemma's 262,144
+    # tokens) and one quantized pass; e2e_stats: the per-position tables of every text
+    "e2e": (5000, 120),
     "e2e_stats": (2000, 10),
     # calibrate: the model and one text's forward pass (15 texts of 512 tokens, ~30 CPU-s)
-    "calibrate": (2000, 10),
+    "calibrate": (3000, 20),
+    # model_file: a 253 MB copy through a 4 MB buffer (the floor every job gets: 600 MB)
+    "model_file": (600, 5),
     # e2e_long: the reference's float32 logits and float64 probabilities of one window, T x 49152
     # each (2.4 GB at 4K tokens, 4.8 GB at 8K), the model and one pass; up to ~95 CPU-s a pass at 8K
     "e2e_long": (8000, 240),

@@ -382,6 +382,7 @@ class Study:
             "e2e": {key: e2e[key] for key in ("draws", "rope", "extra_budgets", "own", "sensitivity_layers",
                                               "sensitivity_schemes", "query_aware", "recent_windows",
                                               "causal_chunks")},
+            **_model_key(real),
         }
 
     def calibrate_slice(self, real: Mapping[str, Any]) -> dict[str, Any]:
@@ -389,7 +390,7 @@ class Study:
         texts disjoint from the end-to-end texts) and the tokens kept per text."""
         e2e = real["e2e"]
         return {"texts": list(e2e["calibration_texts"]), "evaluation_texts": list(e2e["texts"]),
-                "max_tokens": real["max_tokens"]}
+                "max_tokens": real["max_tokens"], **_model_key(real)}
 
     def _model_pass_slice(self, section: Mapping[str, Any], real: Mapping[str, Any]) -> dict[str, Any]:
         """The schemes (as dicts; query-aware variants by name) and settings of a long-context or
@@ -439,17 +440,19 @@ class Study:
         """What the end-to-end statistics job (stage ``e2e_stats``) depends on besides its tables:
         ``schemes`` are every scheme name of the passes in order (the e2e schemes, the
         query-aware variants, ``<scheme>+R<window>`` and ``<scheme>+C<chunk>``)."""
-        e2e = real["e2e"]
+        out = {**self._e2e_stats_schemes(real["e2e"]), "budgets": list(self.budgets), "base_seed": self.base_seed,
+               "n_boot": self.stats["n_boot"]}
+        if real.get("models"):  # further models' passes: their own scheme lists (absent otherwise, so that
+            # a config without them keeps its slice)
+            out["models"] = {key: self._e2e_stats_schemes(section["e2e"]) for key, section in real["models"].items()}
+        return out
+
+    def _e2e_stats_schemes(self, e2e: Mapping[str, Any]) -> dict[str, list[str]]:
+        """Every scheme name of one model's passes in order, and the study's among them."""
         schemes = [*e2e["schemes"], *e2e["query_aware"],
                    *(f"{name}+R{r}" for name, sizes in e2e["recent_windows"].items() for r in sizes),
                    *(f"{name}+C{c}" for name, c in e2e["causal_chunks"].items())]
-        return {
-            "schemes": schemes,
-            "study_schemes": [name for name in self.schemes if name in e2e["schemes"]],
-            "budgets": list(self.budgets),
-            "base_seed": self.base_seed,
-            "n_boot": self.stats["n_boot"],
-        }
+        return {"schemes": schemes, "study_schemes": [name for name in self.schemes if name in e2e["schemes"]]}
 
     def file_cell_slice(self, distribution: str, dim: int, scheme: str, budget: int,
                         content_sha256: str) -> dict[str, Any]:
@@ -531,6 +534,10 @@ class Study:
                 raise KvasymError(f"real cell {w['scheme']} n = {budget}: not an extra budget of {w['scheme']} "
                                   "(config key frontier.extra_budgets)")
             return {**self.real_slice(w["distribution"], w["scheme"], real["layers"]), "budgets": [budget]}
+        if stage in ("e2e", "calibrate") and "model" in w:
+            from .real import model_section
+
+            real = model_section(real, str(w["model"]))
         if stage == "e2e":
             return self.e2e_slice(w["text"], real)
         if stage == "calibrate":
@@ -544,6 +551,12 @@ class Study:
         if stage == "card":
             return self.card_slice(real)
         return self.e2e_stats_slice(real)
+
+
+def _model_key(real: Mapping[str, Any]) -> dict[str, str]:
+    """``{"model": key}`` for a further model's section (:func:`kvasym.real.model_section`), else
+    nothing: the primary model's slices are what they were before further models existed."""
+    return {"model": str(real["model"])} if real.get("model") else {}
 
 
 def extreme_first(specs: list[Mapping[str, Any]], kind: str) -> list[str]:

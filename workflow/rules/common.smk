@@ -40,7 +40,9 @@ from kvasym.render.figures.registry import (
 )
 from kvasym.real import HEAD_DIM as REAL_HEAD_DIM
 from kvasym.real import REAL_MODEL_NAME
-from kvasym.real import missing_extra_reason, real_settings
+from kvasym.real import missing_extra_reason, model_section, real_settings
+from kvasym.real.model_registry import MODELS, PRIMARY as PRIMARY_MODEL
+from kvasym.real.models import missing_reason as model_missing_reason
 from kvasym.render.table_model import PUBLISHED_BANDS
 from kvasym.real.evaluate import REAL_DISTRIBUTIONS
 from kvasym.render.numbers import numbers_slice
@@ -326,8 +328,49 @@ E2E_TABLES = (
 )
 
 
+# The models of the end-to-end passes: the primary (SmolLM2-135M), then real.models whose files
+# are installed (one line names what is missing for the others, as for the real extra).
+E2E_MODELS = [PRIMARY_MODEL] if E2E else []
+for _model, _section in (REAL["models"] if E2E else {}).items():
+    _missing = model_missing_reason(_model)
+    if _missing:
+        print(f"kvasym: the end-to-end passes of {_model} are skipped: {_missing}", file=sys.stderr)
+    else:
+        E2E_MODELS.append(_model)
+MODEL_SECTIONS = {m: model_section(REAL, m) for m in E2E_MODELS}
+ASSEMBLED_STEMS = sorted(
+    MODELS[m].stem for m in E2E_MODELS if MODELS[m].chunked is not None
+)
+
+
+def assembled_model(wildcards):
+    """The model key of an assembled file's job (rule model_file) from its file stem."""
+    return next(m for m in E2E_MODELS if MODELS[m].stem == wildcards.stem)
+
+
 def e2e_texts(wildcards=None):
-    return [path("e2e_text", text=text) for text in E2E["texts"]]
+    return [
+        path("e2e_text", model=m, text=text)
+        for m in E2E_MODELS
+        for text in MODEL_SECTIONS[m]["e2e"]["texts"]
+    ]
+
+
+def model_inputs(stage):
+    """An input function of a model-level stage: the query-aware bases of the job's model (with
+    query-aware variants) and its assembled file (a model from chunk packages)."""
+    inputs = stage_module(stage).INPUTS
+
+    def present(w):
+        model = dict(w.items()).get("model", PRIMARY_MODEL)
+        out = {}
+        if "query_bases" in inputs and MODEL_SECTIONS[model]["e2e"]["query_aware"]:
+            out["query_bases"] = path("query_bases", model=model)
+        if "model_file" in inputs and MODELS[model].chunked is not None:
+            out["model_file"] = path("model_file", stem=MODELS[model].stem)
+        return out
+
+    return present
 
 
 def e2e_long_windows(wildcards=None):

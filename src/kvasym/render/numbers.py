@@ -22,6 +22,7 @@ from ..real import HEAD_DIM as REAL_HEAD_DIM
 from ..real import REAL_MODEL_NAME
 from ..real import REAL_POST_ROPE as REAL_POST
 from ..real import REAL_PRE_ROPE as REAL_PRE
+from ..real.model_registry import MEMORY_TOKENS, MODELS
 from .format import plain
 
 #: Bits a QJL side spends per coordinate (m = d sign bits): the "1" of "(n-1) scalar + 1 QJL".
@@ -235,6 +236,9 @@ def numbers_macros(slice_: Mapping[str, Any]) -> dict[str, str]:
         "RealPreRopeDistribution": escape_latex(REAL_PRE),
         # the end-to-end passes (kvasym.real.endtoend): agreement of the argmax, "top-1"
         "TopOne": "1",
+        # the second model (kvasym.real.model_registry) and the context the cache memory is counted at
+        "SecondModel": escape_latex(MODELS["gemma3-270m"].name),
+        "MemoryTokens": str(MEMORY_TOKENS),
     }
     m.update(FORMULAS)
     for claim in slice_.get("claims", []):

@@ -35,6 +35,7 @@ from ..real import REAL_MODEL_NAME
 from ..real import REAL_POST_ROPE as REAL_POST
 from ..real import REAL_PRE_ROPE as REAL_PRE
 from ..real import REAL_SHARPNESS
+from ..real.models import primary_rows
 from ..cells import MissingCell, cell_of, pair_ratio, select_cells
 from ..display import median_iqr
 from ..manifest import read_manifest
@@ -56,8 +57,11 @@ TABLES: dict[str, tuple[str, str]] = {
     "table_frontier": ("table_frontier.tex.j2", "summary"),
     "table_seq_len": ("table_seq_len.tex.j2", "summary"),
     "table_card": ("table_card.tex.j2", "summary"),
+    "table_models": ("table_models.tex.j2", "summary"),
 }
 INPUT_KEYS = ("summary", "comparisons", "theory", "claims")
+#: Inputs that are tables of stage e2e_stats, with every model's rows (column ``model``).
+E2E_TABLE_KEYS = ("e2e_summary", "e2e_sensitivity", "e2e_equal_bits")
 #: Optional inputs of ``table_real`` (given only when the DAG has real-model rows): the real
 #: caches' statistics (``results/real/cachestats.parquet``, :mod:`kvasym.real.cachestats`) and
 #: the data manifests of the synthetic distributions at the headline dim (their statistics).
@@ -717,6 +721,12 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
                 frames.get("e2e_summary"), frames.get("published_bands"),
                 long_comparisons=frames.get("e2e_long_comparisons")))
             continue
+        if name == "table_models":
+            from .table_models import models_context
+
+            out[name] = render_template(template, **models_context(frames.get("e2e_summary_models"),
+                                                                   frames.get("claims")))
+            continue
         if name == "table_card":
             from .table_card import card_context
 
@@ -791,7 +801,16 @@ def render_tables(
         needed |= {key for key in CARD_INPUT_KEYS if inputs.get(key)}
     if "table_seq_len" in names:
         needed |= {key for key in SEQ_LEN_INPUT_KEYS if inputs.get(key)}
+    if "table_models" in names:
+        needed |= {key for key in ("e2e_summary", "claims") if inputs.get(key)}
     frames = {key: _read_input(key, inputs[key]) for key in sorted(needed)}
+    # The end-to-end tables hold every model's rows (column model); each table but the cross-model
+    # one shows the primary model's, as before further models existed.
+    if frames.get("e2e_summary") is not None:
+        frames["e2e_summary_models"] = frames["e2e_summary"]
+    for key in E2E_TABLE_KEYS:
+        if frames.get(key) is not None:
+            frames[key] = primary_rows(frames[key])
     texts = table_texts(frames, headline, names)
     out = Path(out_dir)
     written = []

@@ -43,8 +43,10 @@ STAGES: dict[str, str] = {
     "real_metrics": "per-query metrics of the real-model cells of one scheme, every budget (SmolLM2 captures)",
     "real_metrics_extra": "per-query metrics of one real-model cell at one of its scheme's frontier extra budgets",
     "real_cachestats": "statistics of the real caches per text, layer and head",
-    "calibrate": "query-aware bases: per layer and KV head, the eigenbasis of SmolLM2's queries on calibration texts",
-    "e2e": "end-to-end passes of SmolLM2-135M over one text with its KV cache quantized (needs the real extra)",
+    "model_file": "a model's GGUF file assembled from the chunk packages pip installed, checked by size and SHA-256",
+    "calibrate": "query-aware bases of one model: per layer and KV head, the eigenbasis of its queries on "
+                 "calibration texts",
+    "e2e": "end-to-end passes of one model over one text with its KV cache quantized (needs the real extra)",
     "e2e_long": "long-context passes of SmolLM2-135M over windows of one length of the long offline text",
     "passkey": "passkey retrieval trials of one length, full precision and with each quantized cache",
     "sensitivity": "the model card's calibration on one text: K/V sensitivity curves per layer and cache statistics",

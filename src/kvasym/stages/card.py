@@ -44,6 +44,7 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], heads_pat
         model_description,
     )
     from ..real.endtoend_stats import compare_schemes, summarize
+    from ..real.models import primary_rows
     from ..real.gguf_model import GGUFLlama
     from ..real.mixed import measured_allocation
     from ..real.querybases import check_disjoint, text_token_ids
@@ -67,7 +68,7 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], heads_pat
     summary = summarize(passes)
     label = allocated_label(reference)
     comparisons = compare_schemes(passes, [label, reference])
-    frontier = read_parquet_checked(e2e_summary)
+    frontier = primary_rows(read_parquet_checked(e2e_summary))  # the card is the primary model's
     frontier = pd.concat([frontier[frontier["scheme"] != reference], summary], ignore_index=True)
     settings = {"calibration_texts": calibration, "evaluation_texts": texts, "tokens": int(slice_["max_tokens"]),
                 "budgets": budgets, "widths": [int(w) for w in slice_["widths"]],

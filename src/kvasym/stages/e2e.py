@@ -1,4 +1,4 @@
-"""Stage ``e2e`` (rule ``e2e``): the end-to-end passes of SmolLM2-135M over one shipped text.
+"""Stage ``e2e`` (rule ``e2e``): the end-to-end passes of one model over one shipped text.
 
 One job per text: the model is loaded once (~1.8 CPU-s) and the reference pass (its residual streams
 and next-token logits) serves every quantized pass of the text: each RoPE mode x draw x scheme
@@ -38,8 +38,10 @@ def load_bases(model: Any, path: str | None, variants: list[str]) -> Any:
     return load_query_bases(path, model.model_sha256, (len(model.layers), c.n_kv_heads, c.head_dim))
 
 
-def run_e2e(slice_: dict[str, Any], out: str, query_bases: str | None = None) -> None:
-    """Every end-to-end pass of the text ``slice_["text"]`` (its first ``max_tokens`` tokens).
+def run_e2e(slice_: dict[str, Any], out: str, query_bases: str | None = None, model_file: str | None = None) -> None:
+    """Every end-to-end pass of the text ``slice_["text"]`` (its first ``max_tokens`` tokens) on
+    the model ``slice_["model"]`` (absent: the primary, SmolLM2-135M; another is read from
+    ``model_file``, :func:`kvasym.real.models.slice_model`).
 
     ``slice_``: ``text``, ``max_tokens``, ``schemes`` (list of scheme dicts), ``budgets``,
     ``base_seed``, ``norm_dtype`` and ``e2e`` (``draws``, ``rope`` (mode -> schemes),
@@ -52,7 +54,7 @@ def run_e2e(slice_: dict[str, Any], out: str, query_bases: str | None = None) ->
     from ..dataset import provenance, write_frame_atomic
     from ..real import TEXTS_DIR
     from ..real.endtoend import evaluate_text
-    from ..real.gguf_model import GGUFLlama
+    from ..real.models import slice_model
     path = TEXTS_DIR / f"{slice_['text']}.txt"
     if not path.is_file():
         raise KvasymError(f"{path}: no such shipped text (slice key text)")
@@ -60,7 +62,7 @@ def run_e2e(slice_: dict[str, Any], out: str, query_bases: str | None = None) ->
     schemes = slice_schemes(slice_)
     settings = slice_["e2e"]
     budgets = [int(b) for b in slice_["budgets"]]
-    model = GGUFLlama.load()
+    model = slice_model(slice_, model_file)
     ids = model.encode(path.read_text(encoding="utf-8"))[: int(slice_["max_tokens"])]
     rope = settings["rope"]
     variants = list(settings.get("query_aware", []))
@@ -76,8 +78,9 @@ def run_e2e(slice_: dict[str, Any], out: str, query_bases: str | None = None) ->
     write_frame_atomic(pd.DataFrame(columns), out, {**provenance(slice_), "model_sha256": model.model_sha256})
 
 
-#: The stage's inputs: argument -> artifact (kvasym.artifacts); only with query-aware variants.
-INPUTS = {"query_bases": "query_bases"}
+#: The stage's inputs: argument -> artifact (kvasym.artifacts); the bases only with query-aware
+#: variants, the model file only for a model assembled from chunk packages.
+INPUTS = {"query_bases": "query_bases", "model_file": "model_file"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,4 +90,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    run_e2e(stage_slice(args, "e2e"), args.out, args.query_bases)
+    run_e2e(stage_slice(args, "e2e"), args.out, args.query_bases, args.model_file)

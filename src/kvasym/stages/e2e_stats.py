@@ -4,8 +4,9 @@ Reads the per-position tables of the ``e2e`` jobs (one per text) and the gathere
 summary (for the real rows' mean attention KL), and writes five tables
 (:mod:`kvasym.real.endtoend_stats`; the unit of every interval and test is a (text, draw)
 pair): ``summary`` (llama.cpp's measures: perplexity ratio, next-token KL mean and
-percentiles, top-1 agreement, RMS Δp, and the measured bits per value, per scheme, budget and
-RoPE mode), ``comparisons`` (scheme pairs at the same budget), ``equal_bits`` (ordered scheme
+percentiles, top-1 agreement and flip share, RMS Δp, the measured bits per value and the
+whole cache's bytes per token at 4K tokens, per model, scheme, budget and RoPE
+mode), ``comparisons`` (scheme pairs at the same budget), ``equal_bits`` (ordered scheme
 pairs at the first scheme's measured rate, the second interpolated), ``sensitivity`` (layer by
 scheme) and ``agreement`` (Spearman's rho between the end-to-end and the per-head ranking of
 the cells, per RoPE mode, measure (perplexity, KL) and scope (the study's schemes, all)); with
@@ -27,9 +28,63 @@ from ..errors import KvasymError
 from ._slice import add_slice_arguments, stage_slice
 
 OUTPUTS = ("summary", "comparisons", "equal_bits", "sensitivity", "agreement")
+
 #: Outputs written only with the input named: output -> input argument.
 OPTIONAL_OUTPUTS = {"long_summary": "long", "long_positions": "long", "long_comparisons": "long",
                     "passkey_summary": "passkey"}
+
+
+def text_model(path: str) -> str:
+    """The model of an e2e table: its provenance slice's ``model`` (absent: the primary)."""
+    import json
+
+    from ..dataset import read_metadata
+    from ..real.models import PRIMARY
+
+    meta = read_metadata(path)
+    try:
+        slice_ = json.loads(meta.get("config_slice", "{}"))
+    except ValueError:
+        raise KvasymError(f"{path}: its provenance (config_slice) is not JSON") from None
+    return str(slice_.get("model", PRIMARY))
+
+
+def model_tables(frame: Any, schemes: Sequence[str], study_schemes: Sequence[str], attention: Any,
+                 settings: dict[str, int], memory_tokens: int, model: str) -> dict[str, Any]:
+    """The summary (with the cache's memory at ``memory_tokens`` tokens), comparisons, equal-bits,
+    sensitivity and (with per-head rows of the model) agreement tables of one model's passes."""
+    import pandas as pd
+
+    from ..real.endtoend_stats import (
+        AGREEMENT_COLUMNS,
+        ATTENTION_DISTRIBUTION,
+        compare_equal_bits,
+        compare_schemes,
+        memory_columns,
+        rank_agreement,
+        sensitivity,
+        summarize,
+    )
+    from ..real.models import model_entry
+
+    tables = {
+        "summary": memory_columns(summarize(frame), frame, model_entry(model), memory_tokens),
+        "comparisons": compare_schemes(frame, schemes),
+        "equal_bits": compare_equal_bits(frame, schemes),
+        "sensitivity": sensitivity(frame),
+    }
+    rows = []
+    for rope in sorted(frame["rope"].unique()) if attention is not None else ():
+        rows_of = attention[(attention["distribution"] == ATTENTION_DISTRIBUTION[rope])
+                            & (attention["sharpness"] == 1.0)]
+        if rows_of.empty:
+            continue  # the per-head real rows of this RoPE mode are not in the gathered summary
+        for scope, chosen in (("study", list(study_schemes)), ("all", list(schemes))):
+            for measure in ("ppl", "kl"):
+                rows.append(rank_agreement(frame, rows_of, rope, measure=measure, schemes=chosen, scope=scope,
+                                           **settings))
+    tables["agreement"] = pd.DataFrame(rows, columns=list(AGREEMENT_COLUMNS))
+    return tables
 
 
 def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_summary: str,
@@ -38,45 +93,40 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
     """The five end-to-end tables of ``text_paths`` (``out``: table name -> path), and the
     long-context and passkey tables of ``long_paths`` and ``passkey_paths`` when given.
 
-    The per-head mean attention KL of the rank agreement comes from ``frontier_points`` when
-    given (stage ``frontier``: every scheme measured on the real rows, the frontier's and the
-    query-aware variants' too), else from ``gathered_summary`` (the grid's schemes only)."""
+    The texts of every model (:func:`text_model`: the primary's, then those of
+    ``slice_["models"]``) are summarized apart and their tables stacked with a ``model`` column
+    first. The per-head mean attention KL of the rank agreement (the primary model only: its
+    captures give the per-head rows) comes from ``frontier_points`` when given (stage
+    ``frontier``: every scheme measured on the real rows, the frontier's and the query-aware
+    variants' too), else from ``gathered_summary`` (the grid's schemes only)."""
     import pandas as pd
 
     from ..dataset import provenance, read_parquet_checked, write_frame_atomic
-    from ..real.endtoend_stats import (
-        AGREEMENT_COLUMNS,
-        ATTENTION_DISTRIBUTION,
-        compare_equal_bits,
-        compare_schemes,
-        rank_agreement,
-        sensitivity,
-        summarize,
-    )
+    from ..real.model_registry import MEMORY_TOKENS, PRIMARY
 
     if not text_paths:
         raise KvasymError("e2e_stats needs at least one per-text table (--texts)")
-    frame = pd.concat([read_parquet_checked(p) for p in text_paths], ignore_index=True)
+    models = {PRIMARY: {"schemes": slice_["schemes"], "study_schemes": slice_["study_schemes"]},
+              **dict(slice_.get("models") or {})}
+    paths_of: dict[str, list[str]] = {}
+    for p in text_paths:
+        model = text_model(p)
+        if model not in models:
+            raise KvasymError(f"{p}: passes of model {model!r}, which the slice's models {sorted(models)} do not "
+                              "name (slice key models)")
+        paths_of.setdefault(model, []).append(p)
     settings = {key: int(slice_[key]) for key in ("n_boot", "base_seed")}
-    schemes = list(slice_["schemes"])
-    tables = {
-        "summary": summarize(frame),
-        "comparisons": compare_schemes(frame, schemes),
-        "equal_bits": compare_equal_bits(frame, schemes),
-        "sensitivity": sensitivity(frame),
-    }
-    attention = read_parquet_checked(frontier_points if frontier_points else gathered_summary)
-    rows = []
-    for rope in sorted(frame["rope"].unique()):
-        rows_of = attention[(attention["distribution"] == ATTENTION_DISTRIBUTION[rope])
-                            & (attention["sharpness"] == 1.0)]
-        if rows_of.empty:
-            continue  # the per-head real rows of this RoPE mode are not in the gathered summary
-        for scope, chosen in (("study", list(slice_["study_schemes"])), ("all", schemes)):
-            for measure in ("ppl", "kl"):
-                rows.append(rank_agreement(frame, rows_of, rope, measure=measure, schemes=chosen, scope=scope,
-                                           **settings))
-    tables["agreement"] = pd.DataFrame(rows, columns=list(AGREEMENT_COLUMNS))
+    memory_tokens = int(slice_.get("memory_tokens", MEMORY_TOKENS))
+    parts: dict[str, list[Any]] = {}
+    for model in [m for m in models if m in paths_of]:
+        frame = pd.concat([read_parquet_checked(p) for p in paths_of[model]], ignore_index=True)
+        attention = (read_parquet_checked(frontier_points if frontier_points else gathered_summary)
+                     if model == PRIMARY else None)
+        tables = model_tables(frame, models[model]["schemes"], models[model]["study_schemes"], attention, settings,
+                              memory_tokens, model)
+        for name, table in tables.items():
+            parts.setdefault(name, []).append(table.assign(model=model)[["model", *table.columns]])
+    tables = {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
     if long_paths:
         from ..real.endtoend_stats import compare_long, damage_by_position, summarize_long
 

@@ -1,0 +1,95 @@
+"""The cross-model table of the paper (``table_models``): which end-to-end findings hold on
+SmolLM2-135M and on Gemma 3 270M, and what each scheme costs and does on both.
+
+:func:`models_context` turns the end-to-end summary of stage ``e2e_stats`` (every model's rows,
+column ``model``) and the claims ledger into the context of ``templates/table_models.tex.j2``:
+
+- ``pairs``: each claim that reads a further model's passes (``where.model``) beside the claim of
+  the primary model with the same statistic and ``where`` otherwise (its twin, declared before
+  the further model's data), with both estimates, intervals and verdicts, and whether the
+  finding holds on both models, on one, or on neither;
+- ``rows``: per model, scheme of :data:`SCHEMES` and budget (keys after RoPE, every layer
+  quantized): bits per value, the whole cache's bytes per token at the summary's context
+  (payload, side information, float16 rows; sliding layers hold only their window), the mean
+  next-token KL with its interval, its 99.9th percentile, the share of positions whose top-1
+  token flips, and the perplexity ratio with its interval.
+
+Nothing is computed here beyond selecting the numbers the DAG computed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+#: The schemes the cost rows show, in order: the deployed rotation baseline, the paper's two
+#: QJL schemes, KIVI with its authors' group and float16 window, and the query-aware QWF.
+SCHEMES = ("RKV", "KQV", "QKQV", "KIVI128", "KIVI32+R128", "QWF")
+
+
+def _float(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def _claim(r: Mapping[str, Any]) -> dict[str, Any]:
+    return {"id": str(r["id"]), "verdict": str(r["verdict"]), "estimate": _float(r.get("estimate")),
+            "low": _float(r.get("low")), "high": _float(r.get("high"))}
+
+
+def twin_pairs(claims: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each further-model claim with its primary-model twin (same statistic and ``where`` but
+    ``model``), in ledger order; a further-model claim without a twin is paired with None."""
+    def key(r: Mapping[str, Any]) -> tuple[str, str]:
+        where = {k: v for k, v in (r.get("where") or {}).items() if k != "model"}
+        return str(r.get("statistic")), repr(sorted(where.items()))
+
+    primary = {key(r): r for r in claims if "model" not in (r.get("where") or {})}
+    pairs = []
+    for r in claims:
+        model = (r.get("where") or {}).get("model")
+        if model is None:
+            continue
+        twin = primary.get(key(r))
+        mine = _claim(r)
+        theirs = _claim(twin) if twin is not None else None
+        holds = [c["verdict"] == "holds" for c in (theirs, mine) if c is not None]
+        evaluated = all(c["verdict"] != "not evaluated" for c in (theirs, mine) if c is not None)
+        outcome = ("not evaluated" if not evaluated or theirs is None
+                   else "both" if all(holds) else "neither" if not any(holds)
+                   else "primary only" if holds[0] else "second only")
+        pairs.append({"statement": str((twin or r).get("statement", "")), "model": str(model),
+                      "primary": theirs, "second": mine, "outcome": outcome})
+    return pairs
+
+
+def cost_rows(summary: pd.DataFrame, schemes: Sequence[str] = SCHEMES) -> list[dict[str, Any]]:
+    """Per model, scheme of ``schemes`` and budget (keys after RoPE): the columns of the module
+    docstring, from the e2e summary (all models)."""
+    rows = []
+    post = summary[summary["rope"] == "post"]
+    for model in dict.fromkeys(post["model"]):
+        for scheme in schemes:
+            chosen = post[(post["model"] == model) & (post["scheme"] == scheme)].sort_values("budget")
+            for r in chosen.itertuples():
+                rows.append({"model": str(model), "scheme": scheme, "budget": int(r.budget),
+                             "bits": float(r.bits_per_coordinate), "bytes": float(r.cache_bytes_per_token),
+                             "fp16_bytes": float(r.fp16_bytes_per_token), "tokens": int(r.memory_tokens),
+                             "kl": float(r.kl_mean), "kl_low": float(r.kl_mean_low), "kl_high": float(r.kl_mean_high),
+                             "kl_p999": float(r.kl_p999), "flip": float(r.top1_flip),
+                             "ppl_ratio": float(r.ppl_ratio), "ppl_low": float(r.ppl_ratio_low),
+                             "ppl_high": float(r.ppl_ratio_high)})
+    return rows
+
+
+def models_context(summary: pd.DataFrame | None, claims: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+    """The template context of ``table_models``; ``rows`` and ``pairs`` empty when the DAG has no
+    further model (a summary without a ``model`` column or with one model only)."""
+    from ..real.models import MODELS
+
+    if summary is None or "model" not in summary.columns or summary["model"].nunique() < 2:
+        return {"rows": [], "pairs": [], "names": {}}
+    names = {key: MODELS[key].name if key in MODELS else key for key in dict.fromkeys(summary["model"])}
+    return {"rows": cost_rows(summary), "pairs": twin_pairs(list(claims or [])), "names": names}

