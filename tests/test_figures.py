@@ -537,8 +537,8 @@ def test_run_figures_writes_every_file(tmp_path, monkeypatch, real_rows):
     empty = {name for name, title, _ in drawn if "nothing to show" in title}
     # no end-to-end tables given: their figures say so (drawn from data in tests/test_real_endtoend_stats.py);
     # nor frontier points (drawn from data in tests/test_frontier.py)
-    assert empty == {"marginals", "e2e_ppl_bits", "e2e_layer_sensitivity", "e2e_context", "card_sensitivity",
-                     "card_allocation", *fs_frontier_names()}, drawn
+    assert empty == {"marginals", "e2e_ppl_bits", "e2e_layer_sensitivity", "e2e_pareto", "e2e_context",
+                     "card_sensitivity", "card_allocation", *fs_frontier_names()}, drawn
     assert dict((name, n) for name, _, n in drawn)["shannon_phi_k"] == 6
 
 

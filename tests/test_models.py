@@ -255,3 +255,27 @@ def test_twins_pair_by_statistic_and_where():
     one_model = pd.DataFrame({"model": [PRIMARY]})
     assert models_context(one_model, claims)["pairs"] == []
     json.dumps(pairs)  # plain data
+
+
+def test_pareto_figure_draws_each_models_memory_and_kl(tmp_path):
+    """One panel per model; a scheme's line passes through its (bytes per token, mean KL) points."""
+    from kvasym.render.figures import e2e as fe
+    from kvasym.stages.e2e_stats import run_e2e_stats
+
+    paths = _texts(tmp_path, None, 0.0) + _texts(tmp_path, "gemma3-270m", 2.0)
+    slice_ = {"schemes": ["RKV", "KQV"], "study_schemes": ["RKV", "KQV"], "budgets": [2, 4], "base_seed": 1,
+              "n_boot": 20, "models": {"gemma3-270m": {"schemes": ["RKV", "KQV"], "study_schemes": ["RKV", "KQV"]}}}
+    out = {name: str(tmp_path / f"{name}.parquet") for name in
+           ("summary", "comparisons", "equal_bits", "sensitivity", "agreement")}
+    pd.DataFrame({"distribution": ["x"], "sharpness": [1.0]}).to_parquet(tmp_path / "g.parquet")
+    run_e2e_stats(slice_, paths, str(tmp_path / "g.parquet"), out)
+    summary = pd.read_parquet(out["summary"])
+    fig = fe.e2e_pareto(summary, names={PRIMARY: "S", "gemma3-270m": "G"})
+    panels = [ax for ax in fig.axes if ax.get_title() in ("S", "G")]
+    assert [ax.get_title() for ax in panels] == ["S", "G"]
+    for ax, model in zip(panels, (PRIMARY, "gemma3-270m")):
+        line = next(line for line in ax.get_lines() if line.get_gid() == "scheme=RKV" and len(line.get_xdata()) == 2)
+        row = summary[(summary.model == model) & (summary.scheme == "RKV")].sort_values("cache_bytes_per_token")
+        np.testing.assert_allclose(line.get_xdata(), row.cache_bytes_per_token.to_numpy())
+        np.testing.assert_allclose(line.get_ydata(), row.kl_mean.to_numpy())
+    assert "nothing to show" in " ".join(fe.e2e_pareto(None)._suptitle.get_text().split())

@@ -103,7 +103,6 @@ def load_inputs(slice_: Mapping[str, Any], inputs: Mapping[str, Any], needed: se
     from ..cells import read_metrics_rows
     from ..dataset import read_parquet_checked
     from ..real.layer_means import real_kl_means
-    from ..real.models import primary_rows
     from ..theory import marginal_samples
 
     head = slice_["headline"]
@@ -111,11 +110,7 @@ def load_inputs(slice_: Mapping[str, Any], inputs: Mapping[str, Any], needed: se
     facets = list(slice_["facet_distributions"])
 
     def table(key: str) -> Any:
-        if not inputs.get(key):
-            return None
-        # the end-to-end tables hold every model's rows: the figures show the primary model's
-        return primary_rows(read_parquet_checked(inputs[key])) if key.startswith("e2e_") else read_parquet_checked(
-            inputs[key])
+        return read_parquet_checked(inputs[key]) if inputs.get(key) else None
 
     def metrics(key: str, keep: Mapping[str, Any]) -> Any:
         sources = _files(inputs.get(key))

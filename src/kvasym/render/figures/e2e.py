@@ -1,5 +1,5 @@
-"""The end-to-end figures: perplexity increase against measured bits, layer sensitivity, and
-the damage against the context read in long windows.
+"""The end-to-end figures: perplexity increase against measured bits, damage against the cache's
+memory on every model, layer sensitivity, and the damage against the context read in long windows.
 
 Families ``e2e`` and ``e2e_context``. Both read the tables of stage ``e2e_stats`` (:mod:`kvasym.real.endtoend_stats`)
 and draw in the figures' style (:mod:`kvasym.render.figures._style`: its palette, markers, log
@@ -85,6 +85,60 @@ def e2e_ppl_bits(summary: pd.DataFrame | None, *, colors: Mapping[str, str] | No
     axes[0, 0].set_ylabel("perplexity increase\n(ppl / ppl_ref - 1)")  # one line ran into the title
     note = f"; {hidden} point(s) with no increase not shown" if hidden else ""
     suptitle(fig, f"{title}: every layer's KV cache quantized, 95% t intervals over (text, draw) units{note}")
+    figure_legend(fig, scheme_handles(schemes, colors, markers), schemes)
+    return fig
+
+
+@styled
+def e2e_pareto(summary: pd.DataFrame | None, *, colors: Mapping[str, str] | None = None,
+               names: Mapping[str, str] | None = None) -> Figure:
+    """Mean next-token KL against the whole cache's bytes per token at the summary's context
+    (``cache_bytes_per_token``: payload, side information and float16 rows, sliding windows
+    holding their window; :func:`kvasym.real.endtoend_stats.memory_columns`), keys after RoPE,
+    one panel per model (``model`` column; ``names`` its display names), one line per scheme
+    through its budgets; bars: the 95% t interval over (text, draw) units; log axes. The float16
+    cache's bytes per token are a dotted vertical line."""
+    title = "Damage against memory"
+    needed = {"model", "rope", "scheme", "budget", "cache_bytes_per_token", "fp16_bytes_per_token", "kl_mean",
+              "kl_mean_low", "kl_mean_high"}
+    if summary is None or summary.empty or not needed <= set(summary.columns):
+        return nothing_to_show(title, "no end-to-end summary with cache memory (real rows or real.e2e off)")
+    post = summary[summary["rope"] == "post"]
+    models = list(dict.fromkeys(post["model"]))
+    colors, markers = palette(post["scheme"].unique(), colors)
+    schemes = scheme_order(post["scheme"].unique())
+    fig, axes = new_figure(1, len(models), width=TEXT_WIDTH, height=2.6, sharey=True)
+    shown_y: list[float] = []
+    for ax, model in zip(axes[0], models):
+        frame = post[post["model"] == model]
+        xs: list[float] = [float(frame["fp16_bytes_per_token"].iloc[0])]
+        for scheme in schemes:
+            g = frame[frame["scheme"] == scheme].sort_values("cache_bytes_per_token")
+            x = g["cache_bytes_per_token"].to_numpy(dtype=float)
+            y = g["kl_mean"].to_numpy(dtype=float)
+            ok = np.isfinite(x) & np.isfinite(y) & (y > 0) & (x > 0)
+            if not ok.any():
+                continue
+            low = np.maximum(g["kl_mean_low"].to_numpy(dtype=float), y * 1e-3)
+            high = g["kl_mean_high"].to_numpy(dtype=float)
+            tag_scheme(ax.errorbar(x[ok], y[ok], yerr=[y[ok] - low[ok], high[ok] - y[ok]], color=colors[scheme],
+                                   marker=markers[scheme], markersize=nested_size(schemes, scheme, 5.0, 0.7, 2.5),
+                                   lw=nested_size(schemes, scheme, 1.8, 0.4, 0.6), capsize=2,
+                                   zorder=3 + 0.1 * schemes.index(scheme)), scheme)
+            shown_y.extend(y[ok])
+            shown_y.extend(high[ok][np.isfinite(high[ok])])
+            xs.extend(x[ok])
+        ax.axvline(xs[0], color="0.4", lw=0.8, ls=":")
+        log_axis(ax, "x", xs)
+        ax.set_title(safe_text(str((names or {}).get(model, model))))
+        ax.set_xlabel(f"cache bytes per token at {int(frame['memory_tokens'].iloc[0])} tokens"
+                      if "memory_tokens" in frame.columns else "cache bytes per token")
+    if shown_y:
+        for ax in axes[0]:
+            log_axis(ax, "y", shown_y)
+    axes[0, 0].set_ylabel("mean next-token KL")
+    suptitle(fig, f"{title}: every layer's KV cache quantized, keys after RoPE, 95% t intervals over (text, draw) "
+             "units; dotted: the float16 cache")
     figure_legend(fig, scheme_handles(schemes, colors, markers), schemes)
     return fig
 

@@ -182,11 +182,17 @@ def _draw_real_heatmap(slice_: Mapping[str, Any], inputs: Mapping[str, Any]) -> 
 
 def _draw_e2e(slice_: Mapping[str, Any], inputs: Mapping[str, Any]) -> Drawn:
     from ...real import REAL_MODEL_NAME
-    from .e2e import e2e_layer_sensitivity, e2e_ppl_bits
+    from ...real.model_registry import MODELS
+    from ...real.models import primary_rows
+    from .e2e import e2e_layer_sensitivity, e2e_pareto, e2e_ppl_bits
 
-    yield "e2e_ppl_bits", e2e_ppl_bits(inputs.get("e2e_summary"), colors=_colors(slice_), model=REAL_MODEL_NAME)
-    yield "e2e_layer_sensitivity", e2e_layer_sensitivity(inputs.get("e2e_sensitivity"), schemes=slice_["schemes"],
-                                                         model=REAL_MODEL_NAME)
+    # the tables hold every model's rows: the primary's figures, then the one across models
+    summary, layers = inputs.get("e2e_summary"), inputs.get("e2e_sensitivity")
+    yield "e2e_ppl_bits", e2e_ppl_bits(None if summary is None else primary_rows(summary), colors=_colors(slice_),
+                                       model=REAL_MODEL_NAME)
+    yield "e2e_layer_sensitivity", e2e_layer_sensitivity(None if layers is None else primary_rows(layers),
+                                                         schemes=slice_["schemes"], model=REAL_MODEL_NAME)
+    yield "e2e_pareto", e2e_pareto(summary, colors=_colors(slice_), names={k: m.name for k, m in MODELS.items()})
 
 
 def _draw_e2e_context(slice_: Mapping[str, Any], inputs: Mapping[str, Any]) -> Drawn:
@@ -243,7 +249,7 @@ FIGURE_FAMILIES: dict[str, FigureFamily] = {
     "marginals": FigureFamily(("marginals",), ("data", "theory"), "Theory checks", _draw_marginals),
     "jensen_bias": FigureFamily(("jensen_bias",), ("jensen_bins", "theory"), "Theory checks", _draw_jensen_bias),
     "real_heatmap": FigureFamily(("real_kl_heatmap",), ("real_per_query",), "Real model", _draw_real_heatmap),
-    "e2e": FigureFamily(("e2e_ppl_bits", "e2e_layer_sensitivity"), ("e2e_summary", "e2e_sensitivity"),
+    "e2e": FigureFamily(("e2e_ppl_bits", "e2e_layer_sensitivity", "e2e_pareto"), ("e2e_summary", "e2e_sensitivity"),
                         "Real model", _draw_e2e),
     "e2e_context": FigureFamily(("e2e_context",), ("e2e_long_positions",), "Real model", _draw_e2e_context),
     "card": FigureFamily(("card_sensitivity", "card_allocation"), ("card_layers", "card_allocation"), "Real model",
