@@ -279,3 +279,67 @@ def test_pareto_figure_draws_each_models_memory_and_kl(tmp_path):
         np.testing.assert_allclose(line.get_xdata(), row.cache_bytes_per_token.to_numpy())
         np.testing.assert_allclose(line.get_ydata(), row.kl_mean.to_numpy())
     assert "nothing to show" in " ".join(fe.e2e_pareto(None)._suptitle.get_text().split())
+
+
+# ------------------------------------------------------------------------------ the global-layers-only scope
+
+
+def test_global_only_passes_quantize_the_global_layers_alone():
+    """On the tiny Gemma 3 fixture (layers 0-4 sliding, layer 5 global) ``RKV+G`` quantizes layer
+    5 alone: the same pass as the one-layer sensitivity pass of layer 5 (same seeds) and as a
+    whole pass built by hand with layers {5}; its rows follow every other all-layer row."""
+    from kvasym.real.endtoend import (
+        GLOBAL_TAG,
+        CacheQuantization,
+        evaluate_text,
+        next_token_metrics,
+        quantized_forward,
+        reference_pass,
+    )
+    from kvasym.real.gguf_model import GGUFLlama
+    from kvasym.schemes import get_scheme
+
+    model = GGUFLlama.load("tests/fixtures/tiny_gguf/gemma3_swa_q5_0.gguf")
+    ids = (np.arange(12) * 7 + 2) % model.config.vocab_size
+    rkv = get_scheme("RKV")
+    out = pd.DataFrame(evaluate_text(model, ids, [rkv], [3], text="t", base_seed=5, ropes=["post"],
+                                     sensitivity_budget=3, sensitivity_layers=[5], global_only=["RKV"]))
+    scoped = out[out["scheme"] == "RKV" + GLOBAL_TAG]
+    assert len(scoped) == 11 and (scoped["layer"] == ALL_LAYERS).all()
+    one_layer = out[(out["scheme"] == "RKV") & (out["layer"] == 5)]
+    np.testing.assert_array_equal(scoped["kl"].to_numpy(), one_layer["kl"].to_numpy())
+    by_hand = CacheQuantization(rkv, 3, 5, "t", layers=frozenset({5}), scope_tag=GLOBAL_TAG)
+    assert by_hand.name == "RKV+G"
+    measured = next_token_metrics(model, reference_pass(model, ids), quantized_forward(model, ids, by_hand))
+    np.testing.assert_allclose(scoped["kl"].to_numpy(), measured["kl"], rtol=1e-6, atol=1e-9)
+    assert list(dict.fromkeys(out["scheme"])) == ["RKV", "RKV+G"]  # after the all-layer passes
+    with pytest.raises(KvasymError, match="global_only must name"):
+        evaluate_text(model, ids, [rkv], [3], text="t", base_seed=5, global_only=["KQV"])
+    with pytest.raises(KvasymError, match="names a set of layers"):
+        CacheQuantization(rkv, 3, 5, "t", scope_tag=GLOBAL_TAG)
+    full = model.with_config(sliding_window=0, sliding_layers=())
+    with pytest.raises(KvasymError, match="no sliding-window layer"):
+        evaluate_text(full, ids, [rkv], [3], text="t", base_seed=5, global_only=["RKV"])
+
+
+def test_memory_of_a_global_only_pass_by_hand_count():
+    """``RKV+G`` on Gemma 3 270M at 4096 tokens: the three global layers hold 4096 quantized rows,
+    the fifteen sliding ones 512 float16 rows."""
+    bits = {"k_bits_payload": 3.0, "k_bits_side": 0.25, "v_bits_payload": 3.0, "v_bits_side": 0.25}
+    frame = _pass_frame("RKV+G", bits, length=300)
+    out = memory_columns(summarize(frame), frame, GEMMA, 4096)
+    expected_bits = 256 * (3 * 4096 * 6.5 + 15 * 512 * 2 * FULL_PRECISION_BITS)
+    assert out["cache_bytes_per_token"].iloc[0] == pytest.approx(expected_bits / 8 / 4096)
+    assert pass_reads("KIVI32+R128+G") == (128, 0)
+
+
+def test_global_only_is_refused_where_every_layer_is_global():
+    with pytest.raises(KvasymError, match="SmolLM2-135M has no sliding-window layer"):
+        real_settings({"e2e": {"global_only": ["RKV"]}}, ["KV", "RKV"])
+    study, real = _real({"gemma3-270m": {"e2e": {"global_only": ["RKV", "KIVI128"], "sensitivity_layers": [5]}}})
+    second = study.job_slice("e2e", {"model": "gemma3-270m", "text": "bakery_morning"}, real=real)
+    assert second["e2e"]["global_only"] == ["RKV", "KIVI128"]
+    assert "global_only" not in study.job_slice("e2e", {"model": PRIMARY, "text": "bakery_morning"}, real=real)["e2e"]
+    stats = study.job_slice("e2e_stats", {}, real=real)
+    assert stats["models"]["gemma3-270m"]["schemes"][-2:] == ["RKV+G", "KIVI128+G"]
+    assert "RKV+G" not in stats["schemes"]

@@ -268,7 +268,7 @@ def test_real_settings_defaults():
     e2e = {"texts": shipped_texts(), "schemes": "all", "draws": 1, "rope": {"post": "all", "pre": "all"},
            "extra_budgets": {}, "own": "exact", "sensitivity_layers": list(range(N_LAYERS)),
            "sensitivity_schemes": "study", "query_aware": [], "calibration_texts": [], "recent_windows": {},
-           "causal_chunks": {}, "long_context": None, "passkey": None}
+           "causal_chunks": {}, "global_only": [], "long_context": None, "passkey": None}
     assert settings == {"texts": shipped_texts(), "max_tokens": 512, "layers": list(range(N_LAYERS)), "e2e": e2e,
                         "card": None, "models": {}}
     assert real_settings({"e2e": "off"})["e2e"] is None

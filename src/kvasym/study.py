@@ -381,7 +381,9 @@ class Study:
             "norm_dtype": self.norm_dtype,
             "e2e": {key: e2e[key] for key in ("draws", "rope", "extra_budgets", "own", "sensitivity_layers",
                                               "sensitivity_schemes", "query_aware", "recent_windows",
-                                              "causal_chunks")},
+                                              "causal_chunks")}
+                   # only when set, so that a slice without them is what it was before the key existed
+                   | ({"global_only": list(e2e["global_only"])} if e2e.get("global_only") else {}),
             **_model_key(real),
         }
 
@@ -451,7 +453,8 @@ class Study:
         """Every scheme name of one model's passes in order, and the study's among them."""
         schemes = [*e2e["schemes"], *e2e["query_aware"],
                    *(f"{name}+R{r}" for name, sizes in e2e["recent_windows"].items() for r in sizes),
-                   *(f"{name}+C{c}" for name, c in e2e["causal_chunks"].items())]
+                   *(f"{name}+C{c}" for name, c in e2e["causal_chunks"].items()),
+                   *(f"{name}+G" for name in e2e.get("global_only", ()))]
         return {"schemes": schemes, "study_schemes": [name for name in self.schemes if name in e2e["schemes"]]}
 
     def file_cell_slice(self, distribution: str, dim: int, scheme: str, budget: int,

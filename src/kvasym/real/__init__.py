@@ -122,6 +122,9 @@ def real_settings(value: object, schemes: list[str] | None = None,
         raise KvasymError(f"config key real.texts: {missing} not among the shipped texts {known}")
     layers = list(range(N_LAYERS)) if value["layers"] == "all" else sorted(value["layers"])
     e2e = e2e_settings(value.get("e2e", {}), list(texts), schemes, frontier_schemes)
+    if e2e and e2e["global_only"]:
+        raise KvasymError(f"config key real.e2e.global_only: {e2e['global_only']}: SmolLM2-135M has no "
+                          "sliding-window layer (every layer is global); set it under real.models.<model>.e2e")
     return {"texts": list(texts), "max_tokens": value["max_tokens"], "layers": layers, "e2e": e2e,
             "card": card_settings(value.get("card"), e2e, schemes, frontier_schemes),
             "models": further_models(value.get("models") or {}, value.get("e2e", {}), e2e, list(texts), schemes,
@@ -161,6 +164,9 @@ def further_models(value: dict, primary_e2e_value: object, primary_e2e: dict | N
         base = dict(primary_e2e_value) if isinstance(primary_e2e_value, dict) else {}
         merged = {**base, **override, **{name: "off" for name in PRIMARY_ONLY_E2E_KEYS}}
         e2e = e2e_settings(merged, texts, schemes, frontier_schemes, n_layers=entry.n_layers)
+        if e2e["global_only"] and not entry.sliding_layers:
+            raise KvasymError(f"config key real.models.{key}.e2e.global_only: {entry.name} has no sliding-window "
+                              "layer (every layer is global)")
         outside = [layer for layer in e2e["sensitivity_layers"] if layer >= entry.n_layers]
         if outside:
             raise KvasymError(f"config key real.models.{key}.e2e.sensitivity_layers: {outside} outside "
@@ -261,7 +267,8 @@ def e2e_settings(value: object, texts: list[str] | None = None,
         (a list), ``query_aware`` (variants), ``calibration_texts`` (the shipped texts the
         query-aware bases are calibrated on, disjoint from ``texts``; [] without query-aware
         variants), ``recent_windows`` (scheme -> sorted window sizes), ``causal_chunks``
-        (scheme -> chunk size), ``long_context`` and ``passkey`` (their sections with sorted
+        (scheme -> chunk size), ``global_only`` (schemes also run on the global layers alone),
+        ``long_context`` and ``passkey`` (their sections with sorted
         lengths and depths, or None when off); None when off.
     """
     from ..config_schema import validate_key
@@ -300,6 +307,10 @@ def e2e_settings(value: object, texts: list[str] | None = None,
     elif names is not None:
         sens = _subset("real.e2e.sensitivity_schemes", sens, names, "e2e schemes")
     layers = out["sensitivity_layers"]
+    if names is not None:
+        foreign = [g for g in out["global_only"] if g not in names]
+        if foreign:
+            raise KvasymError(f"config key real.e2e.global_only: {foreign} not among the e2e schemes {names}")
     for key in ("recent_windows", "causal_chunks"):
         for scheme in out[key]:
             if names is not None and scheme not in names:
@@ -312,6 +323,7 @@ def e2e_settings(value: object, texts: list[str] | None = None,
             "calibration_texts": _calibration_texts(out["calibration_texts"], variants, chosen_texts),
             "recent_windows": {k: sorted(v) for k, v in sorted(out["recent_windows"].items())},
             "causal_chunks": dict(sorted(out["causal_chunks"].items())),
+            "global_only": list(out["global_only"]),
             "long_context": _model_section("long_context", out.get("long_context"), model_schemes, variants),
             "passkey": _model_section("passkey", out.get("passkey"), model_schemes, variants)}
 

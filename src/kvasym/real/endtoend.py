@@ -141,6 +141,9 @@ WINDOW_BASES_TAG = "+W"
 METRIC_BLOCK_ROWS = 128
 PROBS_HELD_BYTES = 2 * 2**30
 BITS_COLUMNS = tuple(f"{side.lower()}_bits_{part}" for side in SIDES for part in ("payload", "side"))
+#: Scheme-column tag of a pass that quantizes the model's global (full-attention) layers only, its
+#: sliding-window layers left in float16 (as engines that quantize only global layers run Gemma 3).
+GLOBAL_TAG = "+G"
 #: Bits per value of a row held in full precision (float16, as KIVI keeps its residual).
 FULL_PRECISION_BITS = 16
 
@@ -185,6 +188,10 @@ class CacheQuantization:
         Appended to the variant's name in :attr:`name` when its bases are not the study's
         calibration (e.g. :data:`WINDOW_BASES_TAG`: calibrated on long-text windows); the seeds
         do not depend on it, so two passes that differ only in their bases are paired.
+    scope_tag : str
+        Appended to :attr:`name` for a pass whose ``layers`` are a named scope (e.g.
+        :data:`GLOBAL_TAG`: the global layers only); the seeds do not depend on it, so the scope's
+        layers draw the maps of the all-layer pass and the two are paired.
     """
 
     scheme: Scheme
@@ -201,6 +208,7 @@ class CacheQuantization:
     query_variant: str | None = None
     query_bases: QueryBases | None = field(default=None, compare=False, repr=False)
     bases_tag: str = ""
+    scope_tag: str = ""
 
     def __post_init__(self) -> None:
         if self.rope not in ROPE_MODES:
@@ -229,19 +237,21 @@ class CacheQuantization:
                                   f"{variant_scheme(self.query_variant).name}, got scheme {self.scheme.name!r}")
         elif self.query_bases is not None or self.bases_tag:
             raise KvasymError("query_bases or bases_tag given without a query_variant")
+        if self.scope_tag and self.layers is None:
+            raise KvasymError(f"scope_tag {self.scope_tag!r} names a set of layers; give layers")
         self.scheme.validate_budget(int(self.budget))
 
     @property
     def name(self) -> str:
         """The pass's scheme column: the scheme's name or the query variant's (with its
-        :attr:`bases_tag`), then ``+R<R>`` for a recent window and ``+C<C>`` for causal chunks
-        (e.g. ``KIVI128+C32``, ``QWF+W``)."""
+        :attr:`bases_tag`), then ``+R<R>`` for a recent window and ``+C<C>`` for causal chunks,
+        then :attr:`scope_tag` (e.g. ``KIVI128+C32``, ``QWF+W``, ``RKV+G``)."""
         name = f"{self.query_variant}{self.bases_tag}" if self.query_variant else self.scheme.name
         if self.recent_tokens:
             name += f"+R{int(self.recent_tokens)}"
         if self.causal_chunk:
             name += f"+C{int(self.causal_chunk)}"
-        return name
+        return name + self.scope_tag
 
     @property
     def reads_a_band(self) -> bool:
@@ -539,6 +549,7 @@ def evaluate_text(
     window_query_bases: QueryBases | None = None,
     recent_windows: Mapping[str, Sequence[int]] | None = None,
     causal_chunks: Mapping[str, Sequence[int] | int] | None = None,
+    global_only: Sequence[str] = (),
 ) -> dict[str, np.ndarray]:
     """Per-position next-token measures of every pass over one text.
 
@@ -565,7 +576,14 @@ def evaluate_text(
     - ``recent_windows[S] = [R, ...]``: scheme (or variant) ``S`` with a full-precision window of
       ``R`` tokens, scheme column ``f"{S}+R{R}"``, in every RoPE mode, draw and budget of ``S``;
     - ``causal_chunks[S] = [C, ...]`` (or one ``C``): ``S`` quantized in causal chunks of ``C``
-      rows, scheme column ``f"{S}+C{C}"``, likewise.
+      rows, scheme column ``f"{S}+C{C}"``, likewise;
+    - ``global_only = [S, ...]`` (a model with sliding-window layers): scheme ``S`` with only the
+      global layers' caches quantized, the sliding layers' in float16, in every RoPE mode, draw
+      and budget of ``S``, scheme column ``f"{S}+G"`` (:data:`GLOBAL_TAG`; ``layer`` stays
+      :data:`ALL_LAYERS`: the pass's scope is in its name); restarted from the reference's
+      residual stream at the first global layer. Its bits columns are over the quantized (global)
+      layers only; the whole cache's are :func:`kvasym.real.cache_memory.cache_memory`'s. These
+      passes come after the other all-layer passes and before the one-layer ones.
 
     Each follows its base pass (module docstring for both kinds of read and their bits).
     """
@@ -627,6 +645,15 @@ def evaluate_text(
     if unknown:
         raise KvasymError(f"extra_budgets names schemes {unknown} that are not among the passes' schemes "
                           f"{names + query_variants}")
+    global_only = list(global_only)
+    unknown = sorted(set(global_only) - set(names))
+    if unknown or len(set(global_only)) != len(global_only):
+        raise KvasymError(f"global_only must name distinct schemes among the passes' schemes {names}, got "
+                          f"{global_only}")
+    global_layers = tuple(i for i in range(len(model.layers)) if not model.config.is_sliding(i))
+    if global_only and len(global_layers) == len(model.layers):
+        raise KvasymError(f"global_only {global_only}: the model has no sliding-window layer (every layer is "
+                          "global), so the scope would be every layer")
     ref = reference_pass(model, token_ids)
     n = ref.nll.size
     columns: dict[str, list[np.ndarray]] = {}
@@ -669,6 +696,21 @@ def evaluate_text(
                             bits = []
                             hidden = run_layers(model, ref.frame, ref.residuals[0], 0, quant, bits)
                             add(quant, ALL_LAYERS, hidden, bits)
+    for rope in ropes if global_only else ():
+        chosen = names if rope_schemes is None else list(rope_schemes.get(rope, ()))
+        for draw in range(int(draws)):
+            for scheme in schemes:
+                if (scheme.name not in global_only or scheme.name not in chosen
+                        or (draw > 0 and not draws_random_maps(scheme))):
+                    continue
+                for budget in budgets_of(scheme.name):
+                    quant = CacheQuantization(scheme, int(budget), base_seed, text, rope=rope, own=own,
+                                              layers=frozenset(global_layers), norm_dtype=norm_dtype, draw=draw,
+                                              scope_tag=GLOBAL_TAG)
+                    bits = []
+                    first = global_layers[0]
+                    hidden = run_layers(model, ref.frame, ref.residuals[first], first, quant, bits)
+                    add(quant, ALL_LAYERS, hidden, bits)
     if sensitivity_budget is not None:
         for scheme in schemes:
             if sensitivity_schemes is not None and scheme.name not in sensitivity_schemes:

@@ -75,7 +75,7 @@ from .. import stats
 from ..errors import KvasymError
 from ..frontier import interpolate_at_rate
 from ..seeds import rng
-from .endtoend import ALL_LAYERS
+from .endtoend import ALL_LAYERS, GLOBAL_TAG
 
 #: The per-head real distribution whose attention KL a RoPE mode is compared with.
 ATTENTION_DISTRIBUTION = {"post": "smollm2", "pre": "smollm2-prerope"}
@@ -474,8 +474,9 @@ _READ_TAG = re.compile(r"\+([RC])(\d+)$")
 
 
 def pass_reads(scheme: str) -> tuple[int, int]:
-    """``(recent_tokens, causal_chunk)`` of a pass from its scheme column's tag (0, 0 untagged)."""
-    match = _READ_TAG.search(str(scheme))
+    """``(recent_tokens, causal_chunk)`` of a pass from its scheme column's tag (0, 0 untagged;
+    a scope tag such as ``+G`` after it is skipped)."""
+    match = _READ_TAG.search(str(scheme).removesuffix(GLOBAL_TAG))
     if not match:
         return 0, 0
     size = int(match.group(2))
@@ -495,7 +496,8 @@ def memory_columns(summary: pd.DataFrame, frame: pd.DataFrame, geometry: Any, to
     :func:`kvasym.real.cache_memory.cache_memory` of ``geometry`` (a
     :class:`kvasym.real.models.ModelEntry`: layers, KV heads, head_dim, windows) with those ``b``
     and the same ``R``, ``C``: payload, side information and float16 rows, sliding windows
-    holding only their window.
+    holding only their window; a ``+G`` pass (:data:`kvasym.real.endtoend.GLOBAL_TAG`) quantizes
+    the global layers only, the others' rows counted in float16.
 
     Added columns: ``memory_tokens``, ``cache_bytes_per_token``, ``cache_mb`` (10^6 bytes),
     ``cache_bits_per_value`` (over every stored value), ``fp16_bytes_per_token`` (the unquantized
@@ -507,14 +509,16 @@ def memory_columns(summary: pd.DataFrame, frame: pd.DataFrame, geometry: Any, to
 
     full = frame[frame["layer"] == ALL_LAYERS]
     fp16 = cache_memory(geometry, tokens)
+    scope = {True: geometry.global_layers(), False: tuple(range(geometry.n_layers))}
     rows = []
     for r in summary.itertuples():
         g = full[(full["rope"] == r.rope) & (full["scheme"] == r.scheme) & (full["budget"] == r.budget)]
         recent, chunk = pass_reads(str(r.scheme))
+        layers = scope[str(r.scheme).endswith(GLOBAL_TAG)]
         memory = []
         for _, p in g.groupby(["text", "draw"], sort=True):
             length = len(p) + 1
-            if any(geometry.stored_rows(i, length) != length for i in range(geometry.n_layers)):
+            if any(geometry.stored_rows(i, length) != length for i in layers):
                 raise KvasymError(f"memory_columns: a text of {length} tokens is longer than the model's sliding "
                                   f"window ({geometry.sliding_window}); its bits mix layers holding different rows")
             held = full_precision_rows(length, recent, chunk)
@@ -522,7 +526,8 @@ def memory_columns(summary: pd.DataFrame, frame: pd.DataFrame, geometry: Any, to
             for side in ("K", "V"):
                 total = float((p[f"{side.lower()}_bits_payload"] + p[f"{side.lower()}_bits_side"]).iloc[0])
                 b[side] = (total * length - FULL_PRECISION_BITS * held) / (length - held) if held < length else 0.0
-            memory.append(cache_memory(geometry, tokens, b, recent_tokens=recent, causal_chunk=chunk))
+            memory.append(cache_memory(geometry, tokens, b, quantized_layers=layers, recent_tokens=recent,
+                                       causal_chunk=chunk))
         rows.append({"memory_tokens": int(tokens),
                      "cache_bytes_per_token": float(np.mean([m.bytes_per_token for m in memory])),
                      "cache_mb": float(np.mean([m.bytes for m in memory])) / 1e6,

@@ -46,7 +46,7 @@ def run_e2e(slice_: dict[str, Any], out: str, query_bases: str | None = None, mo
     ``slice_``: ``text``, ``max_tokens``, ``schemes`` (list of scheme dicts), ``budgets``,
     ``base_seed``, ``norm_dtype`` and ``e2e`` (``draws``, ``rope`` (mode -> schemes),
     ``extra_budgets``, ``own``, ``sensitivity_layers``, ``sensitivity_schemes``, ``query_aware``,
-    ``recent_windows``, ``causal_chunks``); ``query_bases`` the calibrated bases' file when
+    ``recent_windows``, ``causal_chunks``, optionally ``global_only``); ``query_bases`` the calibrated bases' file when
     ``query_aware`` names variants.
     """
     import pandas as pd
@@ -74,7 +74,8 @@ def run_e2e(slice_: dict[str, Any], out: str, query_bases: str | None = None, mo
                             sensitivity_schemes=settings["sensitivity_schemes"], norm_dtype=slice_["norm_dtype"],
                             query_bases=bases, query_variants=variants,
                             recent_windows=settings.get("recent_windows") or None,
-                            causal_chunks=settings.get("causal_chunks") or None)
+                            causal_chunks=settings.get("causal_chunks") or None,
+                            global_only=list(settings.get("global_only", ())))
     write_frame_atomic(pd.DataFrame(columns), out, {**provenance(slice_), "model_sha256": model.model_sha256})
 
 
