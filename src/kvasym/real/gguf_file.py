@@ -21,9 +21,17 @@ type (uint32) and value (an array: item type uint32, count uint64, items), then 
 name, dimension count (uint32), dimensions (uint64), type (uint32) and offset (uint64) into the
 data section, which starts at the next multiple of ``general.alignment`` (default 32).
 
-A file this parser does not take (big-endian, another version, an array of arrays) is opened
-with ``gguf.GGUFReader`` instead, which reads it or raises; so is a file it finds malformed, so
-that the error is gguf's own. Tests compare every field and tensor with ``GGUFReader``'s on the
+A big-endian file, or one holding an array of arrays, is walked and checked here like any
+other, then opened with ``gguf.GGUFReader`` (which reads it into the same interface). A file
+that is not well formed raises :class:`MalformedGGUF`, in one line naming the key, tensor or
+value, and is never handed to ``GGUFReader``: its loops trust the file's counts (an array count
+past the end of the file made it spin for hours) and it reads a tensor at an offset past the end
+as one wrapped round to the start of the data (issue 51). Malformed: truncated (any count, string,
+array or tensor running past the end of the file), another GGUF version, an unknown value or
+tensor type, a key or tensor name that is not UTF-8 or appears twice, a ``general.alignment``
+that is not a uint32 power of two, a tensor of more than four dimensions, a row of a quantized
+tensor that is not whole blocks, a tensor offset that is not a multiple of the alignment, or two
+tensors whose data overlap. Tests compare every field and tensor with ``GGUFReader``'s on the
 shipped model and on the tiny models of every supported family.
 
 References
@@ -33,6 +41,7 @@ ggml ``docs/gguf.md`` (the file format); gguf-py ``gguf/gguf_reader.py`` (``GGUF
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,10 +56,15 @@ _STRING, _ARRAY = 8, 9
 _MAGIC = 0x46554747  # b"GGUF" read as a little-endian uint32
 _VERSIONS = (2, 3)
 _DEFAULT_ALIGNMENT = 32
+_MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
+
+
+class MalformedGGUF(ValueError):
+    """A file that is not a well-formed GGUF file; the message names what is wrong and where."""
 
 
 class _Unsupported(Exception):
-    """A file the fast path leaves to ``gguf.GGUFReader`` (which reads it or says why not)."""
+    """A well-formed file the fast path leaves to ``gguf.GGUFReader`` (big-endian, nested arrays)."""
 
 
 @dataclass(frozen=True)
@@ -91,14 +105,25 @@ class GGUFFile:
 
 
 class _Cursor:
-    """Little-endian reads at a moving offset of a bytes-like buffer."""
+    """Reads at a moving offset of a bytes-like buffer (little-endian unless ``order`` is ``>``);
+    a read past the end raises :class:`MalformedGGUF` naming ``where``, what is being read."""
 
     def __init__(self, buffer: memoryview) -> None:
         self.buffer = buffer
         self.offset = 0
+        self.order = "<"
+        self.where = "the header"
+        self.nested = False  # an array of arrays was read: gguf's reader returns the file
+
+    def past_end(self, what: str = "") -> MalformedGGUF:
+        return MalformedGGUF(f"{self.where}{what} runs past the end of the file ({len(self.buffer)} bytes): "
+                             "truncated or damaged?")
 
     def unpack(self, fmt: str) -> Any:
-        (value,) = struct.unpack_from("<" + fmt, self.buffer, self.offset)
+        try:
+            (value,) = struct.unpack_from(self.order + fmt, self.buffer, self.offset)
+        except struct.error:
+            raise self.past_end() from None
         self.offset += struct.calcsize(fmt)
         return value
 
@@ -112,98 +137,132 @@ class _Cursor:
             item, count = self.unpack("I"), self.unpack("Q")
             if item == _STRING:
                 return self.strings(count)
+            if item == _ARRAY:  # each item at least its own 12-byte header: bounded by the file
+                self.nested = True
+                return [self.value(_ARRAY) for _ in range(count)]
             fmt = _SCALAR_FORMATS.get(item)
-            if fmt is None:  # an array of arrays, or an unknown type: gguf's reader decides
-                raise _Unsupported(f"array of value type {item}")
+            if fmt is None:
+                raise MalformedGGUF(f"{self.where} is an array of unknown value type {item}")
             size = struct.calcsize(fmt) * count
             if self.offset + size > len(self.buffer):
-                raise _Unsupported("an array runs past the end of the file")
-            values = np.frombuffer(self.buffer, dtype="<" + fmt, count=count, offset=self.offset).tolist()
+                raise self.past_end(f" (an array of {count} items of type {item})")
+            values = np.frombuffer(self.buffer, dtype=self.order + fmt, count=count, offset=self.offset).tolist()
             self.offset += size
             return values
         fmt = _SCALAR_FORMATS.get(kind)
         if fmt is None:
-            raise _Unsupported(f"value type {kind}")
+            raise MalformedGGUF(f"{self.where} has unknown value type {kind}")
         return self.unpack(fmt)
 
     def strings(self, count: int) -> list[str]:
         # the vocabulary's loop: one length and one slice a string, no numpy view
         buffer, offset, out = self.buffer, self.offset, []
-        length_at = struct.Struct("<Q").unpack_from
+        length_at = struct.Struct(self.order + "Q").unpack_from
         size = len(buffer)
         for _ in range(count):
+            if offset + 8 > size:
+                raise self.past_end(f" (string {len(out)} of {count})")
             (length,) = length_at(buffer, offset)
             offset += 8
             if offset + length > size:
-                raise _Unsupported("a string runs past the end of the file")
-            out.append(str(buffer[offset:offset + length], encoding="utf-8"))
+                raise self.past_end(f" (a string of {length} bytes)")
+            try:
+                out.append(str(buffer[offset:offset + length], encoding="utf-8"))
+            except UnicodeDecodeError:
+                raise MalformedGGUF(f"{self.where} holds a string that is not UTF-8") from None
             offset += length
         self.offset = offset
         return out
 
 
 def _parse(path: Path) -> GGUFFile:
+    """The file's :class:`GGUFFile`; raises :class:`MalformedGGUF`, or :class:`_Unsupported` for a
+    well-formed file ``gguf.GGUFReader`` should read (checked in full first: its loops are then
+    bounded by the file)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+    if path.stat().st_size == 0:
+        raise MalformedGGUF("the file is empty")
     data = np.memmap(path, mode="r")
     cursor = _Cursor(memoryview(data))
-    try:
-        if cursor.unpack("I") != _MAGIC:
-            raise _Unsupported("GGUF magic invalid")
-        version = cursor.unpack("I")
-        if version not in _VERSIONS:  # big-endian files read as a version with zero low bits
-            raise _Unsupported(f"version {version}")
-        n_tensors, n_keys = cursor.unpack("Q"), cursor.unpack("Q")
-        fields: dict[str, GGUFField] = {}
-        for _ in range(n_keys):
-            key = cursor.string()
-            if key in fields:
-                raise _Unsupported(f"duplicate key {key!r}")
-            kind = cursor.unpack("I")
-            fields[key] = GGUFField(key, cursor.value(kind), kind)
-        infos = []
-        for _ in range(n_tensors):
-            name = cursor.string()
-            n_dims = cursor.unpack("I")
-            dims = np.frombuffer(cursor.buffer, dtype="<u8", count=n_dims, offset=cursor.offset).copy()
-            cursor.offset += 8 * n_dims
-            infos.append((name, dims, cursor.unpack("I"), cursor.unpack("Q")))
-    except struct.error as exc:  # read past the end
-        raise _Unsupported(str(exc)) from None
+    if cursor.unpack("I") != _MAGIC:
+        raise MalformedGGUF(f"no GGUF magic: the file starts with {bytes(data[:4])!r}, not b'GGUF'")
+    version = cursor.unpack("I")
+    if version & 0xFFFF == 0:  # written the other way round: a big-endian file (as gguf's reader tells)
+        cursor.order = ">"
+        version = int.from_bytes(version.to_bytes(4, "little"), "big")
+    if version not in _VERSIONS:
+        raise MalformedGGUF(f"GGUF version {version}; supported: {', '.join(map(str, _VERSIONS))}")
+    n_tensors, n_keys = cursor.unpack("Q"), cursor.unpack("Q")
+    fields: dict[str, GGUFField] = {}
+    for index in range(n_keys):
+        cursor.where = f"metadata key {index} of {n_keys}"
+        key = cursor.string()
+        if key in fields:
+            raise MalformedGGUF(f"metadata key {key!r} appears twice")
+        cursor.where = f"the value of {key!r}"
+        kind = cursor.unpack("I")
+        fields[key] = GGUFField(key, cursor.value(kind), kind)
+    infos = []
+    for index in range(n_tensors):
+        cursor.where = f"tensor-table entry {index} of {n_tensors}"
+        name = cursor.string()
+        cursor.where = f"the tensor-table entry of {name!r}"
+        n_dims = cursor.unpack("I")
+        if n_dims > _MAX_DIMS:
+            raise MalformedGGUF(f"tensor {name!r} has {n_dims} dimensions (at most {_MAX_DIMS})")
+        dims = [cursor.unpack("Q") for _ in range(n_dims)]
+        infos.append((name, dims, cursor.unpack("I"), cursor.unpack("Q")))
     alignment = _DEFAULT_ALIGNMENT
     if "general.alignment" in fields:  # a uint32 power of two, as gguf's reader requires
         found = fields["general.alignment"]
         alignment = found.value
         if found.value_type != 4 or alignment <= 0 or alignment & (alignment - 1):
-            raise _Unsupported("general.alignment")
+            raise MalformedGGUF(f"general.alignment = {alignment!r} (value type {found.value_type}) is not a "
+                                "uint32 power of two")
     start = -(-cursor.offset // alignment) * alignment
     element_types = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I8": np.int8, "I16": np.int16,
                      "I32": np.int32, "I64": np.int64}
-    tensors, names = [], set()
+    tensors, extents, names = [], [], set()
     for name, dims, raw_type, offset in infos:
         if name in names:
-            raise _Unsupported(f"duplicate tensor {name!r}")
+            raise MalformedGGUF(f"tensor {name!r} appears twice")
         names.add(name)
         try:
             kind = GGMLQuantizationType(raw_type)
             block, type_size = GGML_QUANT_SIZES[kind]
         except (ValueError, KeyError):
-            raise _Unsupported(f"tensor type {raw_type}") from None
-        n_elements = int(np.prod(dims))
-        n_bytes = n_elements * type_size // block
-        rows = tuple(int(n) for n in reversed(dims.tolist()))
+            raise MalformedGGUF(f"tensor {name!r} has unknown GGML type {raw_type}") from None
+        n_elements = math.prod(dims)  # Python integers: a product past 64 bits does not wrap round
+        if math.prod(n for n in dims if n) >= 2**63:
+            raise MalformedGGUF(f"tensor {name!r} has dimensions {dims}, whose product overflows int64")
+        rows = tuple(reversed(dims))
         item = element_types.get(kind.name)
         if item is None:  # block bytes of each row, as gguf's quant_shape_to_byte_shape
-            if rows[-1] % block:
-                raise _Unsupported(f"tensor {name!r}: a row is not whole blocks")
-            item, count, rows = np.uint8, n_bytes, (*rows[:-1], rows[-1] // block * type_size)
-        else:
-            count = n_elements
-        first = start + int(offset)
-        if first + count * np.dtype(item).itemsize > data.size:
-            raise _Unsupported(f"tensor {name!r} runs past the end of the file")
-        array = data[first:first + count * np.dtype(item).itemsize].view(item).reshape(rows)
-        tensors.append(GGUFTensor(name, kind, dims, n_elements, n_bytes, first, array))
+            if not rows or rows[-1] % block:
+                raise MalformedGGUF(f"tensor {name!r} of type {kind.name} has rows of {rows[-1] if rows else 1} "
+                                    f"values, not whole blocks of {block}")
+            item, rows = np.uint8, (*rows[:-1], rows[-1] // block * type_size)
+        n_bytes = n_elements * type_size // block
+        if offset % alignment:
+            raise MalformedGGUF(f"tensor {name!r} starts at offset {offset} of the data, not a multiple of the "
+                                f"alignment {alignment}")
+        first = start + offset
+        if first + n_bytes > data.size:
+            raise MalformedGGUF(f"tensor {name!r} ({n_bytes} bytes at offset {offset} of the data, which starts at "
+                                f"byte {start}) runs past the end of the file ({data.size} bytes): truncated or "
+                                "damaged?")
+        extents.append((first, first + n_bytes, name))
+        if not cursor.nested and cursor.order == "<":
+            array = data[first:first + n_bytes].view(item).reshape(rows)
+            tensors.append(GGUFTensor(name, kind, np.asarray(dims, dtype=np.uint64), n_elements, n_bytes, first,
+                                      array))
+    extents.sort()
+    for (_, end, before), (first, _, after) in zip(extents, extents[1:]):
+        if first < end:
+            raise MalformedGGUF(f"tensors {before!r} and {after!r} overlap in the data section")
+    if cursor.nested or cursor.order != "<":
+        raise _Unsupported("a big-endian file or an array of arrays")
     return GGUFFile(path, fields, tensors, alignment, start)
 
 
@@ -223,14 +282,18 @@ def open_gguf(path: str | Path) -> Any:
 
     Raises
     ------
-    Exception
-        Whatever ``gguf.GGUFReader`` raises for a file that neither reads (callers turn it into
-        one line naming the file).
+    MalformedGGUF
+        The file is not a well-formed GGUF file (see the module docstring); the message names
+        the key, tensor or value (callers add the file).
+    OSError
+        The file cannot be read.
     """
     path = Path(path)
     try:
         return _parse(path)
-    except (_Unsupported, UnicodeDecodeError, ValueError):
+    except _Unsupported:
         import gguf
 
         return gguf.GGUFReader(path)
+    except RecursionError:
+        raise MalformedGGUF("arrays of arrays nested too deep to read") from None

@@ -462,14 +462,16 @@ def _supported_tensor_types() -> frozenset[str]:
 
 def _scalar(reader: Any, key: str, path: Path, kind: type, default: Any = None) -> Any:
     """Metadata ``key`` converted by ``kind`` (int, float, str); ``default`` when absent
-    (None: the key is required). A list (per-layer values) or an unconvertible value is refused."""
+    (None: the key is required). A list (per-layer values), a bool, a string for a number or a
+    float for an int is refused."""
     found = reader.fields.get(key)
     if found is None:
         if default is None:
             raise KvasymError(f"{path}: GGUF metadata key {key!r} is missing")
         return default
     value = found.contents()
-    if isinstance(value, list) or (kind is not str and isinstance(value, str)):
+    if (isinstance(value, (list, bool)) or (kind is not str and isinstance(value, str))
+            or (kind is int and not isinstance(value, int))):
         raise KvasymError(f"{path}: GGUF metadata {key} = {value!r} is not a single {kind.__name__}; not supported")
     return kind(value)
 
@@ -488,6 +490,8 @@ def _rope_scaling(reader: Any, arch: str, half: int, tensors: dict[str, Any], pa
     keys.pop(prefix + "finetuned", None)
     for key, value in keys.items():
         raise KvasymError(f"{path}: {key} = {value!r} is set; this RoPE scaling parameter is not supported")
+    if factor is not None and (isinstance(factor, (bool, str, list)) or not math.isfinite(factor)):
+        raise KvasymError(f"{path}: {prefix}factor = {factor!r} is not a finite number")
     if kind is None:  # llama.cpp's default scaling type is linear (a factor alone scales)
         kind = "linear" if factor is not None else "none"
     if kind not in ("none", "linear"):
@@ -688,11 +692,17 @@ class GGUFLlama:
         Raises
         ------
         KvasymError
-            In one line naming the key, tensor or value: an unsupported architecture, RoPE
-            scaling, sliding window, partial RoPE or head layout; a missing key or tensor; a
-            tensor type gguf cannot dequantize (every tensor is checked before any is
-            dequantized); not enough memory (:func:`estimate_memory_bytes` against
-            :func:`available_memory_bytes`, also before dequantizing).
+            In one line naming the key, tensor or value: a file that is not well formed
+            (:class:`kvasym.real.gguf_file.MalformedGGUF`: truncated, overlapping tensors, ...);
+            an unsupported architecture, RoPE scaling, sliding window, partial RoPE or head
+            layout; a missing key or tensor, or a key of the wrong type; a size no tensor of the
+            file could have (checked before anything is sized by it), a non-positive context
+            length, a negative window, a non-finite or non-positive RoPE base or a non-finite or
+            negative RMS epsilon, a ``blk.N`` tensor beyond ``block_count``; a tensor type gguf
+            cannot dequantize (every tensor is checked before any is dequantized); not enough
+            memory (:func:`estimate_memory_bytes` against :func:`available_memory_bytes`, also
+            before dequantizing); a tensor of the wrong shape, or holding a NaN or an infinity
+            (which would make the logits NaN, silently).
         RealExtraMissing
             gguf or tokenizers is not installed.
 
@@ -721,7 +731,7 @@ class GGUFLlama:
         except Exception as exc:  # noqa: BLE001 - any parse failure is the file's fault
             raise KvasymError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from None
         arch = _field(reader, "general.architecture", path)
-        if arch not in QK_PERMUTED:
+        if not isinstance(arch, str) or arch not in QK_PERMUTED:
             raise KvasymError(f"{path}: general.architecture is {arch!r}; supported: "
                               f"{', '.join(repr(a) for a in SUPPORTED_ARCHITECTURES)}")
         tensors = {t.name: t for t in reader.tensors}
@@ -730,11 +740,24 @@ class GGUFLlama:
         d_model = _scalar(reader, f"{arch}.embedding_length", path, int)
         if n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads:
             raise KvasymError(f"{path}: {n_heads} heads and {n_kv_heads} KV heads do not form whole GQA groups")
+        # Sizes no tensor of the file could have are refused before anything is sized by them (a
+        # RoPE table of head_dim / 2, a tuple of block_count layers): the precise checks follow.
+        largest = max((int(t.n_elements) for t in reader.tensors), default=0)
+        if not 0 < d_model <= largest:
+            raise KvasymError(f"{path}: {arch}.embedding_length = {d_model} is out of range (1..{largest}: the "
+                              "elements of the file's largest tensor)")
         head_dim = _scalar(reader, f"{arch}.attention.key_length", path, int, default=d_model // n_heads)
         value_dim = _scalar(reader, f"{arch}.attention.value_length", path, int, default=head_dim)
         if value_dim != head_dim:
             raise KvasymError(f"{path}: {arch}.attention.value_length = {value_dim} differs from the key length "
                               f"{head_dim}; not supported")
+        source = (f"{arch}.attention.key_length" if f"{arch}.attention.key_length" in reader.fields
+                  else f"{arch}.embedding_length / {arch}.attention.head_count")
+        if head_dim < 2:
+            raise KvasymError(f"{path}: head_dim = {head_dim} ({source}) must be at least 2")
+        if n_heads * head_dim > largest:
+            raise KvasymError(f"{path}: {n_heads} heads ({arch}.attention.head_count) of head_dim {head_dim} "
+                              f"({source}) exceed the file's largest tensor ({largest} elements)")
         if head_dim % 2 or (f"{arch}.attention.key_length" not in reader.fields and d_model % n_heads):
             raise KvasymError(
                 f"{path}: d_model {d_model}, {n_heads} heads, {n_kv_heads} KV heads do not give "
@@ -745,8 +768,20 @@ class GGUFLlama:
             raise KvasymError(f"{path}: {arch}.rope.dimension_count = {rope_dims} != head_dim {head_dim}; "
                               "partial RoPE is not supported")
         context_length = _scalar(reader, f"{arch}.context_length", path, int)
+        if context_length < 1:
+            raise KvasymError(f"{path}: {arch}.context_length = {context_length} must be positive")
         n_layers = _scalar(reader, f"{arch}.block_count", path, int)
+        if not 0 < n_layers <= len(tensors):
+            raise KvasymError(f"{path}: {arch}.block_count = {n_layers} is out of range (1..{len(tensors)}: the "
+                              "file's tensors)")
+        beyond = [name for name in tensors if name.startswith("blk.") and name.split(".")[1].isdigit()
+                  and int(name.split(".")[1]) >= n_layers]
+        if beyond:
+            raise KvasymError(f"{path}: {arch}.block_count = {n_layers} but the file has tensor {beyond[0]!r}: its "
+                              "layers would be left out")
         window = _scalar(reader, f"{arch}.attention.sliding_window", path, int, default=0)
+        if window < 0:
+            raise KvasymError(f"{path}: {arch}.attention.sliding_window = {window} is negative")
         if arch == "gemma3":
             family = _gemma3_settings(reader, path, n_layers, window, d_model, n_heads, head_dim)
         else:
@@ -755,6 +790,13 @@ class GGUFLlama:
                                   f"{context_length}); sliding-window attention is not supported for {arch!r}")
             family = {}
         rope_scaling, freq_factors = _rope_scaling(reader, arch, head_dim // 2, tensors, path)
+        rope_base = _scalar(reader, f"{arch}.rope.freq_base", path, float, default=10000.0)
+        rms_eps = _scalar(reader, f"{arch}.attention.layer_norm_rms_epsilon", path, float)
+        if not (math.isfinite(rope_base) and rope_base > 0):
+            raise KvasymError(f"{path}: {arch}.rope.freq_base = {rope_base!r} must be a positive finite number")
+        if not (math.isfinite(rms_eps) and rms_eps >= 0):
+            raise KvasymError(f"{path}: {arch}.attention.layer_norm_rms_epsilon = {rms_eps!r} must be a finite "
+                              "number >= 0")
         config = ModelConfig(
             n_layers=n_layers,
             d_model=d_model,
@@ -764,8 +806,8 @@ class GGUFLlama:
             ffn_dim=_scalar(reader, f"{arch}.feed_forward_length", path, int),
             vocab_size=len(_field(reader, "tokenizer.ggml.tokens", path)),
             context_length=context_length,
-            rope_base=_scalar(reader, f"{arch}.rope.freq_base", path, float, default=10000.0),
-            rms_eps=_scalar(reader, f"{arch}.attention.layer_norm_rms_epsilon", path, float),
+            rope_base=rope_base,
+            rms_eps=rms_eps,
             architecture=arch,
             rope_scaling=rope_scaling,
             rope_freq_factors=freq_factors,
@@ -788,7 +830,13 @@ class GGUFLlama:
             array = dequantize(info.data, info.tensor_type).reshape(tuple(int(n) for n in reversed(info.shape)))
             if array.shape != shape:
                 raise KvasymError(f"{path}: tensor {name!r} has shape {array.shape}, expected {shape}")
-            return np.ascontiguousarray(array, dtype=dtype)
+            array = np.ascontiguousarray(array, dtype=dtype)
+            # NaN or infinity anywhere makes the sum so (float64 sums of float32 values never overflow)
+            with np.errstate(invalid="ignore"):
+                total = float(array.sum(dtype=np.float64))
+            if not math.isfinite(total):
+                raise KvasymError(f"{path}: tensor {name!r} holds non-finite values (NaN or infinity)")
+            return array
 
         c = config
         permuted = QK_PERMUTED[arch]

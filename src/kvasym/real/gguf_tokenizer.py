@@ -102,6 +102,30 @@ class _Fields:
             raise KvasymError(f"{self.path}: GGUF metadata key {key!r} is missing")
         return found.contents()
 
+    def need_list(self, key: str, kinds: tuple[type, ...], what: str) -> list:
+        """Array ``key`` (required), every item of one of ``kinds`` (a bool is not an int)."""
+        value = self.need(key)
+        if not isinstance(value, list) or not all(type(item) in kinds for item in value):
+            shown = value if not isinstance(value, list) else next(v for v in value if type(v) not in kinds)
+            raise KvasymError(f"{self.path}: {key} is not an array of {what} (holds {shown!r})")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        """Boolean ``key`` (``default`` when absent); another type is refused, as llama.cpp does."""
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise KvasymError(f"{self.path}: {key}={value!r} is not a boolean")
+        return value
+
+    def token_id(self, key: str, n_tokens: int) -> int | None:
+        """Token id ``key`` (None when absent), an integer inside the vocabulary."""
+        value = self.get(key)
+        if value is not None and type(value) is not int:
+            raise KvasymError(f"{self.path}: {key}={value!r} is not an integer token id")
+        if value is not None and not 0 <= value < n_tokens:
+            raise KvasymError(f"{self.path}: {key}={value} is outside the vocabulary of {n_tokens} tokens")
+        return value
+
 
 class GGUFTokenizer:
     """A GGUF file's tokenizer: :meth:`encode` / :meth:`decode` as llama.cpp would.
@@ -219,8 +243,8 @@ def build_tokenizer(reader: Any, path: Path) -> GGUFTokenizer:
     if kind not in SUPPORTED_MODELS:
         raise _refuse(path, "tokenizer.ggml.model", kind, SUPPORTED_MODELS)
     pre = f.get("tokenizer.ggml.pre")
-    tokens: list[str] = f.need("tokenizer.ggml.tokens")
-    token_types: list[int] = f.need("tokenizer.ggml.token_type")
+    tokens: list[str] = f.need_list("tokenizer.ggml.tokens", (str,), "strings")
+    token_types: list[int] = f.need_list("tokenizer.ggml.token_type", (int,), "integers")
     if len(token_types) != len(tokens):
         raise KvasymError(f"{path}: tokenizer.ggml.token_type has {len(token_types)} entries for "
                           f"{len(tokens)} tokens")
@@ -232,12 +256,16 @@ def build_tokenizer(reader: Any, path: Path) -> GGUFTokenizer:
         if pre is None:
             raise KvasymError(f"{path}: GGUF metadata key 'tokenizer.ggml.pre' is missing "
                               f"(supported: {', '.join(_BYTE_LEVEL_PRE)})")
-        if pre not in _BYTE_LEVEL_PRE:
+        if not isinstance(pre, str) or pre not in _BYTE_LEVEL_PRE:
             raise _refuse(path, "tokenizer.ggml.pre", pre, _BYTE_LEVEL_PRE)
         split, ignore_merges, default_bos = _BYTE_LEVEL_PRE[pre]
-        merges_text: list[str] = f.need("tokenizer.ggml.merges")
+        merges_text: list[str] = f.need_list("tokenizer.ggml.merges", (str,), "strings")
         # Byte-level tokens spell a space 'Ġ', so the single ASCII space separates the pair.
         merges = [tuple(m.split(" ", 1)) for m in merges_text]
+        for index, pair in enumerate(merges):  # what tokenizers' BPE requires, named
+            if len(pair) != 2 or pair[0] not in vocab or pair[1] not in vocab or pair[0] + pair[1] not in vocab:
+                raise KvasymError(f"{path}: tokenizer.ggml.merges entry {index}, {merges_text[index]!r}, is not two "
+                                  "tokens of tokenizer.ggml.tokens separated by a space whose join is a token")
         if ignore_merges:
             backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, ignore_merges=True))
         else:
@@ -263,7 +291,7 @@ def build_tokenizer(reader: Any, path: Path) -> GGUFTokenizer:
         if pre not in _SPM_PRE:
             raise _refuse(path, "tokenizer.ggml.pre", pre, ["default", "(absent) for tokenizer.ggml.model='llama'"])
         default_bos = True
-        scores: list[float] = f.need("tokenizer.ggml.scores")
+        scores: list[float] = f.need_list("tokenizer.ggml.scores", (float, int), "numbers")
         if len(scores) != len(tokens):
             raise KvasymError(f"{path}: tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens")
         missing_bytes = [b for b in range(256) if f"<0x{b:02X}>" not in vocab]
@@ -272,9 +300,9 @@ def build_tokenizer(reader: Any, path: Path) -> GGUFTokenizer:
                               f"(<0x{missing_bytes[0]:02X}>, ...)")
         merges = merges_from_scores(tokens, scores)
         unk_id = f.get("tokenizer.ggml.unknown_token_id")
-        unk = tokens[int(unk_id)] if unk_id is not None and 0 <= int(unk_id) < len(tokens) else None
+        unk = tokens[unk_id] if type(unk_id) is int and 0 <= unk_id < len(tokens) else None
         backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
-        add_space_prefix = bool(f.get("tokenizer.ggml.add_space_prefix", True))
+        add_space_prefix = f.flag("tokenizer.ggml.add_space_prefix", True)
         # A normalizer runs on each stretch of text between added tokens: the prefix lands at the
         # start and after every control token, whatever the stretch starts with (llama.cpp).
         steps = [normalizers.Prepend("\u2581")] if add_space_prefix else []
@@ -293,18 +321,16 @@ def build_tokenizer(reader: Any, path: Path) -> GGUFTokenizer:
     if user:
         backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
 
-    add_bos = bool(f.get("tokenizer.ggml.add_bos_token", default_bos))
-    add_eos = bool(f.get("tokenizer.ggml.add_eos_token", False))
+    add_bos = f.flag("tokenizer.ggml.add_bos_token", default_bos)
+    add_eos = f.flag("tokenizer.ggml.add_eos_token", False)
     ids = {}
     for name, needed in (("bos", add_bos), ("eos", add_eos)):
         key = f"tokenizer.ggml.{name}_token_id"
-        value = f.get(key)
-        if value is not None and not 0 <= int(value) < len(tokens):
-            raise KvasymError(f"{path}: {key}={int(value)} is outside the vocabulary of {len(tokens)} tokens")
+        value = f.token_id(key, len(tokens))
         if needed and value is None:
             said = "true" if f.get(f"tokenizer.ggml.add_{name}_token") else "absent (llama.cpp's default: true)"
             raise KvasymError(f"{path}: tokenizer.ggml.add_{name}_token is {said} but {key} is missing")
-        ids[name] = None if value is None else int(value)
+        ids[name] = value
     return GGUFTokenizer(
         backend, model=kind, pre=pre if pre is not None else "default", vocab_size=len(tokens),
         n_merges=n_merges, merges_from_scores=from_scores, add_bos=add_bos, add_eos=add_eos,
