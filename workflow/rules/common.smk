@@ -334,7 +334,10 @@ E2E_MODELS = [PRIMARY_MODEL] if E2E else []
 for _model, _section in (REAL["models"] if E2E else {}).items():
     _missing = model_missing_reason(_model)
     if _missing:
-        print(f"kvasym: the end-to-end passes of {_model} are skipped: {_missing}", file=sys.stderr)
+        print(
+            f"kvasym: the end-to-end passes of {_model} are skipped: {_missing}",
+            file=sys.stderr,
+        )
     else:
         E2E_MODELS.append(_model)
 MODEL_SECTIONS = {m: model_section(REAL, m) for m in E2E_MODELS}
