@@ -185,7 +185,9 @@ def _texts(tmp_path, model, shift):
     return paths
 
 
-def test_e2e_stats_summarizes_each_model_apart(tmp_path):
+def _two_model_stats(tmp_path):
+    """e2e_stats over three texts of each model (Gemma's RKV the worse): the text paths and the
+    output tables' paths."""
     from kvasym.stages.e2e_stats import run_e2e_stats
 
     paths = _texts(tmp_path, None, 0.0) + _texts(tmp_path, "gemma3-270m", 2.0)
@@ -198,19 +200,24 @@ def test_e2e_stats_summarizes_each_model_apart(tmp_path):
     gathered = tmp_path / "gathered.parquet"
     summary_rows.to_parquet(gathered)
     run_e2e_stats(slice_, paths, str(gathered), out)
+    return paths, out
+
+
+def test_e2e_stats_summarizes_each_model_apart(tmp_path):
+    paths, out = _two_model_stats(tmp_path)
     summary = pd.read_parquet(out["summary"])
+    comparisons = pd.read_parquet(out["comparisons"])
     assert list(summary.columns[:1]) == ["model"] and set(summary["model"]) == {PRIMARY, "gemma3-270m"}
     for model in (PRIMARY, "gemma3-270m"):
         frame = pd.concat([pd.read_parquet(p) for p in paths if p.split("/")[-1].startswith(model)])
         mine = summary[summary["model"] == model].drop(columns="model").reset_index(drop=True)
         assert mine["kl_mean"].to_numpy() == pytest.approx(summarize(frame)["kl_mean"].to_numpy())
-        comparisons = pd.read_parquet(out["comparisons"])
         got = comparisons[comparisons["model"] == model]["ppl_ratio"].to_numpy()
         assert got == pytest.approx(compare_schemes(frame, ["RKV", "KQV"])["ppl_ratio"].to_numpy())
     agreement = pd.read_parquet(out["agreement"])
     assert set(agreement["model"]) <= {PRIMARY}  # per-head rows exist for the primary only
     # the claims read one model's rows; the tables and figures the primary's
-    tables = Tables(*(pd.DataFrame(),) * 4, e2e_comparisons=pd.read_parquet(out["comparisons"]))
+    tables = Tables(*(pd.DataFrame(),) * 4, e2e_comparisons=comparisons)
     smol = stat_e2e_ratio(tables, {"a": "KQV", "b": "RKV", "budget": 4})
     gemma = stat_e2e_ratio(tables, {"a": "KQV", "b": "RKV", "budget": 4, "model": "gemma3-270m"})
     assert gemma.estimate < smol.estimate  # RKV is the worse scheme on the second model's texts
@@ -260,15 +267,8 @@ def test_twins_pair_by_statistic_and_where():
 def test_pareto_figure_draws_each_models_memory_and_kl(tmp_path):
     """One panel per model; a scheme's line passes through its (bytes per token, mean KL) points."""
     from kvasym.render.figures import e2e as fe
-    from kvasym.stages.e2e_stats import run_e2e_stats
 
-    paths = _texts(tmp_path, None, 0.0) + _texts(tmp_path, "gemma3-270m", 2.0)
-    slice_ = {"schemes": ["RKV", "KQV"], "study_schemes": ["RKV", "KQV"], "budgets": [2, 4], "base_seed": 1,
-              "n_boot": 20, "models": {"gemma3-270m": {"schemes": ["RKV", "KQV"], "study_schemes": ["RKV", "KQV"]}}}
-    out = {name: str(tmp_path / f"{name}.parquet") for name in
-           ("summary", "comparisons", "equal_bits", "sensitivity", "agreement")}
-    pd.DataFrame({"distribution": ["x"], "sharpness": [1.0]}).to_parquet(tmp_path / "g.parquet")
-    run_e2e_stats(slice_, paths, str(tmp_path / "g.parquet"), out)
+    _, out = _two_model_stats(tmp_path)
     summary = pd.read_parquet(out["summary"])
     fig = fe.e2e_pareto(summary, names={PRIMARY: "S", "gemma3-270m": "G"})
     panels = [ax for ax in fig.axes if ax.get_title() in ("S", "G")]
