@@ -398,6 +398,10 @@ def test_two_d_sketch_spends_two_bits_and_halves_the_sketch_error() -> None:
         ({"rotate": True, "sketch_m": "2d"}, r"sketch_m is set but qjl is false"),
         ({"rotate": True, "sketch_m": "2d", "qjl": True, "sketch": "hadamard"}, r"2d needs qjl: true and the gauss"),
         ({"scalar_bits": "n", "qjl": False}, r"schemes\.T\.K\.rotate is missing"),
+        ({"rotate": True, "normalize": "dual"}, r"schemes\.T\.K\.normalize applies only to scalar: minmax"),
+        ({"rotate": True, "scalar": "minmax", "axis": "token", "normalize": "dual"},
+         r"schemes\.T\.K: normalize dual needs scalar minmax with axis channel"),
+        ({"rotate": True, "scalar": "minmax", "normalize": "sinkhorn"}, r"schemes\.T\.K\.normalize must be one of"),
     ],
 )
 def test_bad_primitives_are_refused_naming_scheme_side_and_key(bad: dict, match: str) -> None:
@@ -425,6 +429,8 @@ ALL_PRIMITIVES = {
     "waterfill-wht": {"rotate": True, "allocation": "waterfill", "qjl": True, "scalar_bits": "n-1"},
     "kivi-channel": {"rotate": False, "scalar": "minmax", "axis": "channel", "group": 32},
     "kivi-token": {"rotate": False, "scalar": "minmax", "axis": "token", "group": 128},
+    "kvarn": {"rotate": True, "scalar": "minmax", "axis": "channel", "group": 32, "normalize": "dual"},
+    "dual-raw": {"rotate": False, "scalar": "minmax", "axis": "channel", "group": 128, "normalize": "dual"},
     "eden": {"rotate": True, "rescale": "eden"},
     "sketch-2d": {"rotate": True, "qjl": True, "sketch_m": "2d", "scalar_bits": "n-2", "center": True},
     "hadamard-centred": {"rotate": True, "qjl": True, "sketch": "hadamard", "scalar_bits": "n-1", "center": True},

@@ -59,6 +59,7 @@ PRIMITIVE_BUILTINS = {
                "V": {"scalar": "minmax", "axis": "token", "group": 32}},
     "KIVI128": {"K": {"scalar": "minmax", "axis": "channel", "group": 128},
                 "V": {"scalar": "minmax", "axis": "token", "group": 128}},
+    "KVarN": {side: {"scalar": "minmax", "axis": "channel", "group": 128, "normalize": "dual"} for side in SIDES},
     "RKV-EDEN": {"K": {"rescale": "eden"}, "V": {"rescale": "eden"}},
     "HRKV": {"K": {"transform": "haar"}, "V": {"transform": "haar"}},
     "HKQV": {"K": {"transform": "haar"}, "V": {"transform": "haar"}},

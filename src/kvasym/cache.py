@@ -295,7 +295,7 @@ class PackedCache:
 _DATA_ARRAYS = ("codes", "norms", "qjl_signs", "residual_norms")
 #: The side arrays of the scheme primitives (:mod:`kvasym.composed`), hashed after the data
 #: arrays in this order when present.
-EXTRA_ARRAYS = ("mean", "basis", "coord_std", "group_scale", "group_zero")
+EXTRA_ARRAYS = ("mean", "basis", "coord_std", "group_scale", "group_zero", "token_scale")
 
 
 def content_digest(header: Mapping[str, object], arrays: Mapping[str, np.ndarray]) -> str:
@@ -520,9 +520,11 @@ def _check_consistent(cache: PackedCache, where: str) -> None:
             raise KvasymError(
                 f"{where}: {name} has shape {array.shape} dtype {array.dtype}, expected {shape} {np.dtype(dtype)}"
             )
-    for name in ("mean", "coord_std", "group_scale", "group_zero", "basis"):
+    for name in ("mean", "coord_std", "group_scale", "group_zero", "token_scale", "basis"):
         if name in cache.extras and not np.all(np.isfinite(cache.extras[name].astype(np.float64))):
             raise KvasymError(f"{where}: {name} holds a non-finite value")
+    if "token_scale" in cache.extras and not np.all(cache.extras["token_scale"] > 0):
+        raise KvasymError(f"{where}: token_scale holds a value <= 0 (a dual scale divides the token)")
 
 
 def _plain_layout(cache: PackedCache, where: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

@@ -25,7 +25,9 @@ which the backends run with :func:`encode_composed`, calling back their row pass
      is the law the codebook should fit); the ``rescale`` factor ``s`` (:mod:`kvasym.rescale`)
      is folded into the stored norm (no extra side bits);
    - ``minmax``: group-wise asymmetric uniform codes of ``z`` (:mod:`kvasym.minmax`; arrays
-     ``group_scale`` and ``group_zero``, float16); no norms;
+     ``group_scale`` and ``group_zero``, float16); no norms; with ``normalize: dual`` the codes
+     are of ``z_i / r_i``, ``r_i`` the token's KVarN-style dual scale (:mod:`kvasym.dualscale`,
+     array ``token_scale``, float16), and the reconstruction is multiplied back by ``r_i``;
 
 4. ``qjl``: the residual (``u - c`` or ``z - c``) sketched with ``m = sketch_m * D`` sign bits
    (Gaussian; or the hadamard sketch at ``m = D``) and one float per row.
@@ -53,6 +55,7 @@ import numpy as np
 
 from .centering import add_mean, block_mean, subtract_mean
 from .codebook import lloyd_max_codebook
+from .dualscale import token_scales
 from .klt import klt_basis, orthonormalize, store_basis
 from .minmax import minmax_dequantize, minmax_quantize
 from .packing import pack_codes, unpack_codes, unpack_widths
@@ -177,9 +180,22 @@ def _transform(plan: QuantizePlan, z: np.ndarray, extras: dict, backend: RowPass
 def _minmax_stage(plan: QuantizePlan, z: np.ndarray, extras: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """KIVI's group-wise codes of ``z``, no norms, and the residual ``z - z_hat``."""
     spec = plan.spec
-    codes, extras["group_scale"], extras["group_zero"] = minmax_quantize(z, plan.scalar_bits, spec.axis, spec.group)
-    recon = minmax_dequantize(codes, extras["group_scale"], extras["group_zero"], spec.axis, spec.group)
+    scaled = z
+    if spec.normalize == "dual":
+        extras["token_scale"] = token_scales(z, spec.group)
+        scaled = z / extras["token_scale"].astype(np.float64)[:, None]
+    codes, extras["group_scale"], extras["group_zero"] = minmax_quantize(scaled, plan.scalar_bits, spec.axis,
+                                                                         spec.group)
+    recon = _minmax_reconstruct(codes, extras, spec)
     return pack_codes(codes, plan.scalar_bits), np.zeros(0, dtype=plan.norm_dtype), z - recon
+
+
+def _minmax_reconstruct(codes: np.ndarray, extras: dict, spec: SideSpec) -> np.ndarray:
+    """``z_s + q s_s`` of each entry, times the token's stored dual scale when ``normalize: dual``."""
+    recon = minmax_dequantize(codes, extras["group_scale"], extras["group_zero"], spec.axis, spec.group)
+    if spec.normalize == "dual":
+        recon = recon * extras["token_scale"].astype(np.float64)[:, None]
+    return recon
 
 
 def _lloyd_stage(plan: QuantizePlan, z: np.ndarray, fused: tuple | None, extras: dict, backend: RowPasses
@@ -294,8 +310,7 @@ def _decode_reference(cache: StoredSide, spec: SideSpec, r_hat: np.ndarray | Non
     through the inverse WHT when rotated: the rows before a Haar or KLT inverse and the mean."""
     work, b, extras = cache.work_dim, cache.scalar_bits, cache.extras
     if spec.scalar == "minmax":
-        codes = unpack_codes(cache.codes, b, work)
-        unit = minmax_dequantize(codes, extras["group_scale"], extras["group_zero"], spec.axis, spec.group)
+        unit = _minmax_reconstruct(unpack_codes(cache.codes, b, work), extras, spec)
     elif b == 0:
         unit = np.zeros((cache.rows, work))
     elif spec.allocation == "waterfill":

@@ -29,6 +29,7 @@ from typing import Protocol
 import numpy as np
 
 from .codebook import MAX_DIM, Codebook, lloyd_max_codebook
+from .dualscale import TOKEN_SCALE_DTYPE
 from .errors import KvasymError
 from .kernels import KERNELS, check_threads
 from .minmax import SCALE_DTYPE, group_shape
@@ -341,4 +342,6 @@ def expected_extras(rows: int, dim: int, spec: SideSpec, norm_dtype: str) -> dic
         shape = group_shape(rows, work, spec.axis, spec.group)
         out["group_scale"] = (shape, SCALE_DTYPE)
         out["group_zero"] = (shape, SCALE_DTYPE)
+    if spec.normalize == "dual":
+        out["token_scale"] = ((rows,), TOKEN_SCALE_DTYPE)
     return out

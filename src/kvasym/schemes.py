@@ -64,7 +64,7 @@ _RELATIVE = re.compile(r"^n(?:\s*-\s*(\d+))?$")
 
 #: Side keys beyond the original four, each naming one composable primitive (see :class:`SideSpec`).
 PRIMITIVE_KEYS = ("center", "transform", "transform_dtype", "allocation", "scalar", "axis", "group",
-                  "sketch_m", "rescale")
+                  "normalize", "sketch_m", "rescale")
 #: The one side key that lets a side spend fewer bits than the budget (an ablation), never more.
 SPEND_KEY = "spend"
 TRANSFORMS = ("none", "wht", "klt", "haar")
@@ -73,8 +73,10 @@ SEEDED_TRANSFORMS = ("wht", "haar")
 ALLOCATIONS = ("uniform", "waterfill")
 SCALARS = ("lloyd_max", "minmax")
 SKETCH_M = ("d", "2d")
+#: Per-token normalization before a minmax quantizer: none, or KVarN-style dual scaling (:mod:`kvasym.dualscale`).
+NORMALIZE = ("none", "dual")
 _DEFAULTS = {"center": False, "transform_dtype": "float32", "allocation": "uniform", "scalar": "lloyd_max",
-             "axis": "channel", "group": 32, "sketch_m": 1, "rescale": "none"}
+             "axis": "channel", "group": 32, "normalize": "none", "sketch_m": 1, "rescale": "none"}
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,11 @@ class SideSpec:
         Direction of minmax groups (default ``"channel"``).
     group : int, optional
         Entries per minmax group (default 32).
+    normalize : {"none", "dual"}, optional
+        ``dual``: before a ``minmax`` quantizer with ``axis: channel``, divide each token by its
+        KVarN-style dual scale (alternating row and column variance normalization over each
+        block of ``group`` tokens, :mod:`kvasym.dualscale`; one float16 per token stored, array
+        ``token_scale``). Default ``none``.
     sketch_m : {1, 2}, optional
         Sketch rows per coordinate: ``m = d`` (1 bit per coordinate) or ``m = 2d`` (2 bits,
         Gaussian sketch only).
@@ -142,6 +149,7 @@ class SideSpec:
     scalar: str = "lloyd_max"
     axis: str = "channel"
     group: int = 32
+    normalize: str = "none"
     sketch_m: int = 1
     rescale: str = "none"
     spend_offset: int = 0
@@ -240,6 +248,8 @@ class SideSpec:
         if self.scalar == "minmax":
             out["axis"] = self.axis
             out["group"] = self.group
+        if self.normalize != _DEFAULTS["normalize"]:
+            out["normalize"] = self.normalize
         return out
 
     def to_dict(self) -> dict:
@@ -302,7 +312,7 @@ def _check_side(spec: SideSpec, where: str) -> None:
     if spec.transform is None:
         object.__setattr__(spec, "transform", "wht" if spec.rotate else "none")
     checks = (("transform", TRANSFORMS), ("transform_dtype", KLT_DTYPES), ("allocation", ALLOCATIONS),
-              ("scalar", SCALARS), ("axis", MINMAX_AXES), ("rescale", RESCALE_KINDS))
+              ("scalar", SCALARS), ("axis", MINMAX_AXES), ("rescale", RESCALE_KINDS), ("normalize", NORMALIZE))
     for key, allowed in checks:
         if getattr(spec, key) not in allowed:
             raise KvasymError(f"{where}.{key} must be one of {', '.join(allowed)}, got {getattr(spec, key)!r}")
@@ -321,6 +331,9 @@ def _check_side(spec: SideSpec, where: str) -> None:
         raise KvasymError(f"{where}.sketch_m 2d needs qjl: true and the gaussian sketch")
     if spec.allocation == "waterfill" and spec.scalar != "lloyd_max":
         raise KvasymError(f"{where}: allocation waterfill needs scalar lloyd_max (minmax has its own scales)")
+    if spec.normalize == "dual" and (spec.scalar != "minmax" or spec.axis != "channel"):
+        raise KvasymError(f"{where}: normalize dual needs scalar minmax with axis channel (its per-channel "
+                          "groups absorb the column scales; module kvasym.dualscale)")
     if spec.rescale != "none" and (spec.scalar != "lloyd_max" or spec.qjl):
         raise KvasymError(f"{where}: rescale {spec.rescale} needs scalar lloyd_max and no sketch (qjl: false)")
 
@@ -460,10 +473,10 @@ def _parse_side(data: object, where: str) -> SideSpec:
     if "transform_dtype" in data and transform != "klt":
         raise KvasymError(f"{where}.transform_dtype applies only to transform: klt")
     scalar = data.get("scalar", "lloyd_max")
-    for key in ("axis", "group"):
+    for key in ("axis", "group", "normalize"):
         if key in data and scalar != "minmax":
             raise KvasymError(f"{where}.{key} applies only to scalar: minmax")
-    for key in ("transform_dtype", "allocation", "scalar", "axis", "rescale"):
+    for key in ("transform_dtype", "allocation", "scalar", "axis", "normalize", "rescale"):
         if key in data and not isinstance(data[key], str):
             raise KvasymError(f"{where}.{key} must be a string, got {data[key]!r}")
     sketch_m = data.get("sketch_m", "d")
@@ -487,7 +500,8 @@ def _side_spec(data: Mapping, rotate: bool, offset: int, sketch: str, transform:
         center=data.get("center", False), transform=transform if transform is not None else None,
         transform_dtype=data.get("transform_dtype", _DEFAULTS["transform_dtype"]),
         allocation=data.get("allocation", "uniform"), scalar=scalar, axis=data.get("axis", "channel"),
-        group=group, sketch_m=2 if sketch_m == "2d" else 1, rescale=data.get("rescale", "none"),
+        group=group, normalize=data.get("normalize", "none"), sketch_m=2 if sketch_m == "2d" else 1,
+        rescale=data.get("rescale", "none"),
         spend_offset=spend_offset,
     )
 
@@ -591,6 +605,16 @@ BUILTIN_SCHEMES: dict[str, dict] = {
         "K": {"rotate": False, "scalar_bits": "n", "qjl": False, "scalar": "minmax", "axis": "channel",
               "group": 128},
         "V": {"rotate": False, "scalar_bits": "n", "qjl": False, "scalar": "minmax", "axis": "token", "group": 128},
+    },
+    # Issue 47, point 5: KVarN (arXiv:2606.03458) as its authors' kernel lays out a tile: WHT,
+    # dual scaling over blocks of 128 tokens, per-channel min-max over the block; both sides.
+    "KVarN": {
+        "description": "KVarN-style: WHT, per-token dual scales (alternating row and column variance "
+                       "normalization over blocks of 128 tokens, float16), per-channel min-max over the block",
+        "K": {"rotate": True, "scalar_bits": "n", "qjl": False, "scalar": "minmax", "axis": "channel", "group": 128,
+              "normalize": "dual"},
+        "V": {"rotate": True, "scalar_bits": "n", "qjl": False, "scalar": "minmax", "axis": "channel", "group": 128,
+              "normalize": "dual"},
     },
     "RKV-EDEN": {
         "description": "RKV with EDEN's unbiased scale 1/<z, c> folded into the stored norm",

@@ -92,11 +92,15 @@ class Study:
     frontier_extra_budgets: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def scheme(self, name: str) -> Scheme:
-        """A scheme of the grid or of the frontier, by name."""
+        """A scheme of the grid or of the frontier, or a built-in one (``real.e2e.extra_schemes``), by name."""
         if name in self.schemes:
             return self.schemes[name]
         if name in self.frontier_schemes:
             return self.frontier_schemes[name]
+        from .schemes import BUILTIN_SCHEMES, get_scheme
+
+        if name in BUILTIN_SCHEMES:
+            return get_scheme(name)
         raise KvasymError(f"unknown scheme {name!r}")
 
     def frontier_schemes_on(self, distribution: str) -> list[str]:

@@ -234,6 +234,21 @@ def _subset(key: str, value: str | list[str], allowed: list[str], what: str) -> 
     return [v for v in allowed if v in value]
 
 
+def _extra_schemes(value: list[str], names: list[str] | None) -> list[str]:
+    """``real.e2e.extra_schemes``: built-in schemes run end to end besides ``schemes``, each a
+    registry name not already among the e2e schemes."""
+    from ..schemes import BUILTIN_SCHEMES
+
+    unknown = [v for v in value if v not in BUILTIN_SCHEMES]
+    if unknown:
+        raise KvasymError(f"config key real.e2e.extra_schemes: {unknown} not among the built-in schemes "
+                          f"{sorted(BUILTIN_SCHEMES)} (a user scheme enters through schemes or frontier.real_schemes)")
+    twice = [v for v in value if names is not None and v in names]
+    if twice:
+        raise KvasymError(f"config key real.e2e.extra_schemes: {twice} already among the e2e schemes {names}")
+    return list(value)
+
+
 def e2e_settings(value: object, texts: list[str] | None = None,
                  schemes: list[str] | None = None, frontier_schemes: list[str] | None = None,
                  n_layers: int = N_LAYERS) -> dict | None:
@@ -242,7 +257,8 @@ def e2e_settings(value: object, texts: list[str] | None = None,
 
     The config schema (key ``real.e2e``) owns its keys, types, ranges and defaults; what the
     schema cannot say is checked here, against the other keys: ``texts`` a subset of the real
-    rows' texts, ``schemes`` of the study's and the frontier's real schemes, ``rope`` and
+    rows' texts, ``schemes`` of the study's and the frontier's real schemes (``extra_schemes``
+    built-in schemes outside both, appended to them), ``rope`` and
     ``sensitivity_schemes`` name e2e schemes, ``extra_budgets`` e2e schemes or query-aware
     variants.
 
@@ -285,6 +301,11 @@ def e2e_settings(value: object, texts: list[str] | None = None,
     chosen = out["schemes"] if allowed is None else _subset("real.e2e.schemes", out["schemes"], allowed,
                                                             "study and frontier real schemes")
     names = allowed if chosen == "all" else list(chosen)
+    extra_schemes = _extra_schemes(out["extra_schemes"], names)
+    if extra_schemes:
+        if names is None:
+            raise KvasymError("config key real.e2e.extra_schemes needs the study's schemes to be known")
+        names = chosen = [*names, *extra_schemes]
     rope_value = out["rope"]
     if isinstance(rope_value, list):
         rope = {mode: list(names) if names is not None else "all" for mode in rope_value}

@@ -26,9 +26,10 @@ from typing import Any
 import pandas as pd
 
 #: The schemes the cost rows show, in order: the deployed rotation baseline, the paper's two
-#: QJL schemes, KIVI with its authors' group and float16 window, the query-aware QWF, and the
-#: global-layers-only scope of RKV and KIVI128 (a model with sliding-window layers only).
-SCHEMES = ("RKV", "KQV", "QKQV", "KIVI128", "KIVI32+R128", "QWF", "RKV+G", "KIVI128+G")
+#: QJL schemes, KIVI with its authors' group and float16 window, KVarN-style dual scaling, the
+#: query-aware QWF, and the global-layers-only scope of RKV and KIVI128 (a model with
+#: sliding-window layers only).
+SCHEMES = ("RKV", "KQV", "QKQV", "KIVI128", "KIVI32+R128", "KVarN", "QWF", "RKV+G", "KIVI128+G")
 
 
 def _float(value: Any) -> float:
