@@ -23,7 +23,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "CONTRIBUTING.md"
-RECIPES = ("scheme", "claim", "figure", "stage")
+RECIPES = ("scheme", "claim", "figure", "table", "stage")
 _BLOCK = re.compile(r"^```(?P<lang>\w+) (?P<tags>recipe=[^\n]*)\n(?P<body>.*?)^```[ \t]*$", re.S | re.M)
 _ACTIONS = ("create", "merge", "append", "after", "check")
 

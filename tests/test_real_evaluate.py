@@ -290,6 +290,23 @@ def test_real_e2e_subsets_follow_their_lists():
         real_settings({"e2e": {"schemes": ["QKQV"]}}, schemes=["KV", "KQV"])
 
 
+def test_real_e2e_extra_schemes_are_built_ins_appended_to_the_e2e_schemes():
+    """real.e2e.extra_schemes: built-in schemes outside schemes and frontier.real_schemes, run end
+    to end after them (rope post: all includes them); a user name or a scheme already there is
+    refused, naming the key."""
+    from kvasym.real import real_settings
+
+    settings = real_settings({"e2e": {"extra_schemes": ["KVarN"], "rope": {"post": "all", "pre": ["KV"]}}},
+                             schemes=["KV", "RKV"], frontier_schemes=["KIVI128"])
+    assert settings["e2e"]["schemes"] == ["KV", "RKV", "KIVI128", "KVarN"]
+    assert settings["e2e"]["rope"] == {"post": ["KV", "RKV", "KIVI128", "KVarN"], "pre": ["KV"]}
+    assert settings["e2e"]["sensitivity_schemes"] == ["KV", "RKV"]
+    with pytest.raises(KvasymError, match=r"real.e2e.extra_schemes: \['Mine'\] not among the built-in schemes"):
+        real_settings({"e2e": {"extra_schemes": ["Mine"]}}, schemes=["KV"])
+    with pytest.raises(KvasymError, match=r"real.e2e.extra_schemes: \['KIVI128'\] already among the e2e schemes"):
+        real_settings({"e2e": {"extra_schemes": ["KIVI128"]}}, schemes=["KV"], frontier_schemes=["KIVI128"])
+
+
 def test_real_e2e_schemes_all_adds_the_frontier_real_schemes_and_rope_and_budgets_name_them():
     from kvasym.real import real_settings
 

@@ -362,3 +362,18 @@ def test_duplicated_key_in_a_configfile_is_refused(tmp_path):
     out = proc.stdout + proc.stderr
     assert "dup.yaml" in out and "duplicate key 'budgets'" in out
     assert not (workdir / "results").exists()
+
+
+def test_a_paper_using_a_table_no_rule_makes_stops_before_any_job(tmp_path):
+    """Issue 48, point 4: the paper's inputs are read from its TeX; a \\kvtable or \\kvfigure
+    that names no table of kvasym.render.tables.TABLES (nor figure of the registry) is an error
+    at parse time, naming the name and the line, not a placeholder box in a PDF."""
+    workdir = make_workdir(tmp_path / "typo")
+    section = workdir / "paper/sections/endtoend.tex"
+    section.write_text(section.read_text() + "\n\\kvtable{modles}\n\\kvfigure{e2e_paretto}{x}\n")
+    proc = snakemake(workdir, "--cores", "1", "--dry-run")
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "table 'modles' (used at sections/endtoend.tex:" in out
+    assert "figure 'e2e_paretto'" in out
+    assert not (workdir / "results").exists()

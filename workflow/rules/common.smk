@@ -28,6 +28,7 @@ from kvasym.claims import load_claims
 from kvasym.config_io import read_yaml_mapping
 from kvasym.config_schema import validate_config
 from kvasym.errors import KvasymError
+from kvasym.render.figures.registry import FIGURES as ALL_FIGURES
 from kvasym.render.figures.registry import (
     FIGURE_CELL_INPUTS,
     FIGURE_FAMILIES as FIGURE_REGISTRY,
@@ -44,6 +45,8 @@ from kvasym.real import missing_extra_reason, model_section, real_settings
 from kvasym.real.model_registry import MODELS, PRIMARY as PRIMARY_MODEL
 from kvasym.real.models import missing_reason as model_missing_reason
 from kvasym.render.table_model import PUBLISHED_BANDS
+from kvasym.render.tables import TABLES as RENDERED_TABLES
+from kvasym.render.paper_inputs import check_paper_inputs
 from kvasym.real.evaluate import REAL_DISTRIBUTIONS
 from kvasym.render.numbers import numbers_slice
 from kvasym.render.crate import crate_slice
@@ -674,17 +677,14 @@ def display_inputs():
     }
 
 
-TABLES = [
-    "summary",
-    "results",
-    "tests",
-    "theory",
-    "claims",
-    "disagreements",
-    "real",
-    "e2e",
-    "frontier",
-]
+# every table the tables stage writes (kvasym.render.tables.TABLES), whatever the config: a
+# table whose part is off is written with its "not in this run" text
+TABLES = [name.removeprefix("table_") for name in RENDERED_TABLES]
+# a table or figure the paper's TeX uses that no rule can make is an error before the DAG runs
+try:
+    check_paper_inputs("paper", TABLES, ALL_FIGURES)
+except KvasymError as exc:
+    raise WorkflowError(str(exc)) from None
 
 
 def real_capture_files(wildcards=None):
