@@ -1524,3 +1524,93 @@ def test_a_stage_run_by_hand_from_config_checks_provenance_as_the_dag(tmp_path, 
             # inside results/, the refused table went aside to be rebuilt: put it back for the next case
             for aside in (tmp_path / "results").rglob(".*.damaged"):
                 aside.rename(aside.with_name(aside.name[1:-len(".damaged")]))
+
+
+def _hand_run_configs(tmp_path: Path, config: dict[str, Any]) -> tuple[Any, dict[str, Path]]:
+    """The study of ``config`` with its base seed + 1 (c8, the tables are made under it) and the
+    YAML files of both: ``c7`` (``config``, the grid read) and ``c8``."""
+    made = {**config, "base_seed": config["base_seed"] + 1}
+    files = {}
+    for name, data in (("c7", config), ("c8", made)):
+        files[name] = tmp_path / f"{name}.yaml"
+        files[name].write_text(yaml.safe_dump(json.loads(json.dumps(data))), encoding="utf-8")
+    return load_study(made), files
+
+
+def _check_hand_runs(tmp_path: Path, capsys, argv_of: Callable[[Path, Path], list[str]], refused: Path) -> None:
+    """Run ``kvasym stage`` (``argv_of(config, out folder)``) by hand under c7 (the tables were made
+    under c8): exit 2, one line naming ``refused`` and its base seed, no traceback, nothing
+    written; then under c8: exit 0. A refused table inside results/ went aside: it is put back."""
+    for name in ("c7", "c8"):
+        out = tmp_path / f"out-{name}"
+        code = main(argv_of(tmp_path / f"{name}.yaml", out))
+        err = capsys.readouterr().err.strip()
+        assert "Traceback" not in err, err
+        lines = err.splitlines()
+        if name == "c8":
+            assert code == 0, lines
+            continue
+        assert code == 2 and lines[-1].startswith(f"kvasym: error: {refused}: was made under another configuration"), \
+            lines
+        assert "base_seed = 8" in lines[-1] and len([x for x in lines if "error" in x]) == 1, lines
+        assert not out.exists() or not any(out.rglob("*.*")), sorted(out.rglob("*"))
+        for aside in (tmp_path / "results").rglob(".*.damaged"):
+            aside.rename(aside.with_name(aside.name[1:-len(".damaged")]))
+
+
+def test_the_frontier_run_by_hand_from_config_checks_provenance_as_the_dag(tmp_path, capsys) -> None:
+    """Issue 51, point 2: ``kvasym stage frontier`` took only ``--slice`` and checked provenance
+    only with the DAG's ``--cells``; by hand with ``--config`` it now builds both as the rule does
+    (Study.frontier_slice, each file's cell_table_slice digest) and refuses a per-query file of
+    base seed 8 in a base-seed-7 config; the config the files were made under passes."""
+    config = {**MINI, "base_seed": 7, "frontier": {"schemes": ["CRKV"], "distributions": ["gaussian"]}}
+    study, _ = _hand_run_configs(tmp_path, config)
+    folder = _unit_into(study, tmp_path)["per_query"]
+    files = [folder / s / f"n{b}.parquet" for s in study.unit_schemes("gaussian") for b in study.budgets]
+
+    def argv(config_file: Path, out: Path) -> list[str]:
+        return ["stage", "frontier", "--config", str(config_file), "--per-query", *map(str, files),
+                "--points", str(out / "points.parquet"), "--units", str(out / "units.parquet")]
+
+    _check_hand_runs(tmp_path, capsys, argv, files[0])
+    assert (tmp_path / "out-c8" / "points.parquet").is_file()
+
+
+@pytest.mark.parametrize("table", ["comparisons", "display"])
+def test_gather_run_by_hand_from_config_checks_provenance_as_the_dag(tmp_path, capsys, table) -> None:
+    """Issue 51, point 2: ``kvasym stage gather`` checked a stats part's provenance only with the
+    DAG's ``--comparisons-cells`` digests, and a display input's only with its ``--cell-digests``;
+    by hand with ``--config`` it builds both (and the display slice) as the rule does, and
+    refuses a part or per-query file of base seed 8 in a base-seed-7 config."""
+    study, _ = _hand_run_configs(tmp_path, {**MINI, "base_seed": 7})
+    folder = _unit_into(study, tmp_path)["per_query"]
+    files = [folder / s / f"n{b}.parquet" for s in study.schemes for b in study.budgets]
+    stats = {k: tmp_path / f"results/stats/{k}/gaussian/d16.parquet" for k in ("comparisons", "summary", "trials")}
+    run_stats(study.stats_slice("gaussian", 16), files, stats["comparisons"], stats["summary"], stats["trials"])
+
+    def argv(config_file: Path, out: Path) -> list[str]:
+        inputs = (["--comparisons", str(stats["comparisons"]), "--out-comparisons", str(out / "c.parquet")]
+                  if table == "comparisons" else
+                  ["--display-per-query", *map(str, files), "--out-phi-summary", str(out / "phi.parquet")])
+        return ["stage", "gather", "--config", str(config_file), *inputs]
+
+    _check_hand_runs(tmp_path, capsys, argv, stats["comparisons"] if table == "comparisons" else files[0])
+
+
+def test_the_figure_stage_run_by_hand_from_config_checks_provenance_as_the_dag(tmp_path, capsys) -> None:
+    """Issue 51, point 2: ``kvasym stage figure`` took only ``--slice`` and checked a per-query
+    file's provenance only with the DAG's ``--cell-digests``; by hand with ``--config`` it builds
+    both as the rule does (figures_slice, cell_table_slice digests) and refuses a per-query file
+    of base seed 8 in a base-seed-7 config; the config the files were made under passes."""
+    study, _ = _hand_run_configs(tmp_path, {**MINI, "base_seed": 7})
+    folder = _unit_into(study, tmp_path)["per_query"]
+    files = [folder / s / f"n{b}.parquet" for s in study.schemes for b in study.budgets]
+    stats = {k: tmp_path / f"elsewhere/{k}.parquet" for k in ("comparisons", "summary", "trials")}
+    run_stats(study.stats_slice("gaussian", 16), files, stats["comparisons"], stats["summary"], stats["trials"])
+
+    def argv(config_file: Path, out: Path) -> list[str]:
+        return ["stage", "figure", "--config", str(config_file), "--family", "kl_ecdf", "--per-query",
+                *map(str, files), "--summary", str(stats["summary"]), "--out-dir", str(out)]
+
+    _check_hand_runs(tmp_path, capsys, argv, files[0])
+    assert any((tmp_path / "out-c8").glob("*.pdf"))

@@ -8,7 +8,10 @@ hand, ``--config FILE`` with the cell's ``--distribution``/``--dim`` (and ``--sc
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import KvasymError
@@ -29,6 +32,7 @@ SLICE_KEYS: dict[str, set[str]] = {
     # the one budget of an extra cell; the layers always (the DAG's slice has them)
     "real_metrics_extra": {"distribution", "scheme", "budgets", "sharpness", "base_seed", "norm_dtype", "layers"},
     "e2e": {"text", "max_tokens", "schemes", "budgets", "base_seed", "norm_dtype", "e2e"},
+    "e2e_join": {"text", "max_tokens", "schemes", "budgets", "base_seed", "norm_dtype", "e2e"},
     "e2e_stats": {"schemes", "study_schemes", "budgets", "base_seed", "n_boot"},
     "calibrate": {"texts", "evaluation_texts", "max_tokens"},
     "e2e_long": {"length", "windows", "calibration_windows", "own", "schemes", "query_variants", "budgets",
@@ -101,34 +105,99 @@ def hand_run_cells(args: argparse.Namespace, paths: list, cells: list[dict[str, 
                    ) -> list[dict[str, Any]] | None:
     """The ``--cells`` of a stage run by hand from ``--config`` (stats, theory), each with the
     ``slice_sha256`` the DAG would give it: the digest of the slice its table is made from in
-    that config (:meth:`kvasym.study.Study.cell_table_slice`, real and file cells included), so
-    that a table made under another configuration is refused as the DAG refuses it (issue 51,
-    point 2: a per-query table of base seed 8 was read in a base-seed-7 grid, exit 0). Without
-    ``--cells`` the cells come from the files' places in the results layout
-    (:func:`kvasym.cells.cell_of_path`); a digest given is kept. With ``--slice`` (the DAG's
-    call) the cells are returned as given."""
+    that config (:func:`cell_digester`), so that a table made under another configuration is
+    refused as the DAG refuses it (issue 51, point 2: a per-query table of base seed 8 was read
+    in a base-seed-7 grid, exit 0). Without ``--cells`` the cells come from the files' places in
+    the results layout (:func:`kvasym.cells.cell_of_path`); a digest given is kept. With
+    ``--slice`` (the DAG's call) the cells are returned as given."""
     if getattr(args, "slice", None) is not None or getattr(args, "config", None) is None:
         return cells
+    from ..cells import cell_of_path
+
+    if cells is None:
+        cells = [{k: v for k, v in cell_of_path(p).items() if k in ("scheme", "budget")} for p in paths]
+    digest = cell_digester(args.config)
+    return [cell if "slice_sha256" in cell else
+            {**cell, "slice_sha256": digest({"distribution": args.distribution, "dim": args.dim, **cell})}
+            for cell in cells]
+
+
+def cell_digester(config: str | os.PathLike) -> Callable[[Mapping[str, Any]], str]:
+    """The digest the DAG gives a cell table's provenance check under ``config``, as a function.
+
+    Parameters
+    ----------
+    config : path-like
+        A config YAML (read once, as :func:`kvasym.study.load_study_file` reads it).
+
+    Returns
+    -------
+    callable
+        ``{distribution, dim, scheme, budget}`` -> :func:`kvasym.cells.slice_digest` of
+        :meth:`kvasym.study.Study.cell_table_slice` (what ``cell_table_slice`` in
+        ``workflow/rules/common.smk`` gives): the ``real`` section is read only for a real cell,
+        a file cell's cache hashed only once.
+    """
     from ..cachefile import file_content_sha256
-    from ..cells import cell_of_path, slice_digest
+    from ..cells import slice_digest
     from ..config_io import read_yaml_mapping
     from ..real import real_settings
     from ..study import load_study_file
 
-    if cells is None:
-        cells = [{k: v for k, v in cell_of_path(p).items() if k in ("scheme", "budget")} for p in paths]
-    study = load_study_file(args.config)
-    real = None  # the real section matters (and is checked) for a real cell only
-    if args.distribution not in study.distributions and args.distribution not in study.files:
-        real = real_settings(read_yaml_mapping(args.config).get("real"), list(study.schemes),
+    study = load_study_file(config)
+
+    @functools.cache
+    def real() -> dict[str, Any] | None:
+        return real_settings(read_yaml_mapping(config).get("real"), list(study.schemes),
                              list(study.frontier_real_schemes))
-    file_digests = {name: file_content_sha256(spec["params"]["path"]) for name, spec in study.files.items()
-                    if name == args.distribution}
-    return [cell if "slice_sha256" in cell else
-            {**cell, "slice_sha256": slice_digest(study.cell_table_slice(args.distribution, args.dim, cell["scheme"],
-                                                                         cell["budget"], real=real,
-                                                                         file_digests=file_digests))}
-            for cell in cells]
+
+    @functools.cache
+    def file_digest(name: str) -> str:
+        return file_content_sha256(study.files[name]["params"]["path"])
+
+    def digest(cell: Mapping[str, Any]) -> str:
+        name = cell["distribution"]
+        synthetic = name in study.distributions or name in study.files
+        files = {name: file_digest(name)} if name in study.files else {}
+        return slice_digest(study.cell_table_slice(name, cell["dim"], cell["scheme"], cell["budget"],
+                                                   real=None if synthetic else real(), file_digests=files))
+
+    return digest
+
+
+def config_cell_digests(config: str | os.PathLike, paths: Sequence[str | os.PathLike]) -> dict[str, str]:
+    """Each metrics file of ``paths`` -> the digest of its cell's slice under ``config``, the cell
+    from the file's place in the results layout (:func:`kvasym.cells.cell_of_path`): the
+    ``--cell-digests`` the DAG's rule gives, for a stage run by hand (keyed as
+    :func:`kvasym.cells.read_metrics_rows` looks them up). A folder (read whole, not cell by
+    cell) has none."""
+    from pathlib import Path
+
+    from ..cells import cell_of_path
+
+    digest = cell_digester(config)
+    return {str(Path(p)): digest(cell_of_path(p)) for p in paths if not os.path.isdir(p)}
+
+
+def config_slice(args: argparse.Namespace, build: Callable[[Any], dict[str, Any]], flag: str = "--slice"
+                 ) -> dict[str, Any]:
+    """A stage's slice: ``flag`` parsed when given (the DAG's call), else ``build`` of the study of
+    ``--config`` (the slice the DAG's rule gives, for a run by hand)."""
+    given = getattr(args, flag.lstrip("-").replace("-", "_"))
+    if given is not None:
+        return parse_slice(given, flag)
+    if getattr(args, "config", None) is None:
+        raise KvasymError(f"give {flag} JSON, or --config FILE")
+    from ..study import load_study_file
+
+    return build(load_study_file(args.config))
+
+
+def add_config_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--config`` of a stage whose slice and cell digests the DAG gives (frontier, gather, figure)."""
+    parser.add_argument("--config", default=None,
+                        help=f"by hand: a config YAML, from which {what} not given are built as the DAG's "
+                             "rule gives them (each input table's provenance is then checked against it)")
 
 
 def _scheme_of(spec: dict[str, Any]) -> Scheme:

@@ -163,7 +163,11 @@ LISTINGS = {"per_query": "cell_digests"}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``kvasym stage figure`` (what workflow/rules/figures.smk passes)."""
-    parser.add_argument("--slice", required=True, help="the figures slice as JSON (Snakemake passes it)")
+    from ._slice import add_config_argument
+
+    parser.add_argument("--slice", default=None,
+                        help="the figures slice as JSON (Snakemake passes it; by hand: or --config)")
+    add_config_argument(parser, "--slice and --cell-digests")
     parser.add_argument("--family", dest="families", action="append", choices=list(FIGURE_FAMILIES),
                         help="draw only this figure family (repeatable; default: every family)")
     add_input_arguments(parser, FIGURE_INPUTS, many=FIGURE_CELL_INPUTS,
@@ -176,13 +180,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_from_args(args: argparse.Namespace) -> list[Path]:
-    """Run the stage from parsed :func:`add_arguments` flags."""
-    from ._slice import parse_cell_digests, parse_slice
+    """Run the stage from parsed :func:`add_arguments` flags: by hand with ``--config``, the slice
+    and the ``--per-query`` files' digests not given are the DAG's (issue 51, point 2)."""
+    from ..render.figures.registry import figures_slice
+    from ._slice import config_cell_digests, config_slice, parse_cell_digests
 
-    slice_ = parse_slice(args.slice)
+    slice_ = config_slice(args, figures_slice)
     inputs: dict[str, Any] = {k: getattr(args, k) for k in FIGURE_INPUTS}
     if args.cell_digests is not None:
         inputs["cell_digests"] = parse_cell_digests(args.cell_digests)
+    elif args.config is not None:
+        inputs["cell_digests"] = config_cell_digests(args.config, _files(args.per_query))
     written = run_figures(slice_, inputs, args.out_dir, args.families)
     for path in written:
         print(path)

@@ -81,7 +81,11 @@ INPUTS = {"per_query": "per_query"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--slice", required=True, help="the frontier slice as JSON (Snakemake passes it)")
+    from ._slice import add_config_argument
+
+    parser.add_argument("--slice", default=None,
+                        help="the frontier slice as JSON (Snakemake passes it; by hand: or --config)")
+    add_config_argument(parser, "--slice and --cells")
     add_input_arguments(parser, INPUTS, required=INPUTS, many=INPUTS,
                         notes={"per_query": "every scheme and budget of the frontier's cells"})
     parser.add_argument("--points", required=True, help="the frontier points table to write")
@@ -91,17 +95,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "in order; each file's provenance must match")
 
 
+def cell_digests(args: argparse.Namespace) -> list[str] | None:
+    """The digest of each ``--per-query`` file's cell: ``--cells`` (the DAG's), else, by hand with
+    ``--config``, those the DAG's rule would give (:func:`kvasym.stages._slice.cell_digester` of
+    each file's cell, issue 51, point 2); None without either (no provenance check)."""
+    import json
+
+    from ..cells import cell_of_path
+    from ._slice import cell_digester
+
+    if args.cells is None:
+        if args.config is None:
+            return None
+        digest = cell_digester(args.config)
+        return [digest(cell_of_path(p)) for p in args.per_query]
+    try:
+        digests = json.loads(args.cells)
+    except ValueError as exc:
+        raise KvasymError(f"--cells is not valid JSON ({exc})") from None
+    if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
+        raise KvasymError("--cells must be a JSON list of slice digests (strings), one per --per-query file")
+    return digests
+
+
 def run(args: argparse.Namespace) -> None:
-    from ._slice import parse_slice
+    from ._slice import config_slice
 
-    digests = None
-    if args.cells is not None:
-        import json
-
-        try:
-            digests = json.loads(args.cells)
-        except ValueError as exc:
-            raise KvasymError(f"--cells is not valid JSON ({exc})") from None
-        if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
-            raise KvasymError("--cells must be a JSON list of slice digests (strings), one per --per-query file")
-    run_frontier(parse_slice(args.slice), args.per_query, args.points, args.units, digests)
+    slice_ = config_slice(args, lambda study: study.frontier_slice())
+    run_frontier(slice_, args.per_query, args.points, args.units, cell_digests(args))

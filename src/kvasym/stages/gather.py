@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -154,7 +155,10 @@ LISTINGS = {**{table: f"{table}_cells" for table in HOLM_FAMILIES}, "out_query_m
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ._slice import add_config_argument
+
     add_input_arguments(parser, INPUTS, many=INPUTS)
+    add_config_argument(parser, "--TABLE-cells, --cell-digests, --query-model-slice and --display-slice")
     for table in HOLM_FAMILIES:
         parser.add_argument(f"--out-{table}", dest=f"out_{table}", help=f"the gathered {table} table")
         parser.add_argument(f"--{table}-cells", dest=f"{table}_cells",
@@ -175,30 +179,96 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "cell's slice (kvasym.cells.slice_digest); the file's provenance must match")
 
 
+def part_cells(config: str | os.PathLike, table: str, parts: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
+    """The ``--TABLE-cells`` the DAG's rule gives (``part_cells`` in ``workflow/rules/common.smk``),
+    for a run by hand with ``--config``: each part's ``{distribution, dim}`` from its place in the
+    results layout and the digest of the slice of the job that writes it under ``config``.
+
+    Raises
+    ------
+    KvasymError
+        A part not in the results layout of its artifact (``results/stats/<table>/...``).
+    """
+    import re
+
+    from ..artifacts import artifact, template_regex
+    from ..cells import slice_digest
+    from ..errors import KvasymError
+    from ..study import load_study_file
+
+    name = INPUTS[table]
+    (writer,) = artifact(name).writers
+    regex = re.compile(rf"(?:^|/){template_regex(name).pattern}$")
+    study = load_study_file(config)
+    cells = []
+    for part in parts:
+        match = regex.search(Path(part).as_posix())
+        if match is None:
+            raise KvasymError(f"{part}: not a {table} part of the results layout ({artifact(name).template}); "
+                              f"give --{table}-cells")
+        cell = {"distribution": match["distribution"], "dim": int(match["dim"])}
+        cells.append({**cell, "slice_sha256": slice_digest(study.job_slice(writer, cell))})
+    return cells
+
+
+def _table_cells(args: argparse.Namespace, table: str) -> list | None:
+    """``--TABLE-cells``, else by hand with ``--config`` the DAG's (:func:`part_cells`)."""
+    given = getattr(args, f"{table}_cells")
+    if given is None and args.config is not None:
+        return part_cells(args.config, table, getattr(args, table))
+    return parse_cells(given, f"{table}-cells")
+
+
+def _display_digests(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``--cell-digests``, else by hand with ``--config`` the DAG's
+    (:func:`kvasym.stages._slice.config_cell_digests` of the display inputs)."""
+    from ._slice import config_cell_digests, parse_cell_digests
+
+    if args.cell_digests is None and args.config is not None:
+        return config_cell_digests(args.config, [*(args.display_per_query or []), *(args.display_per_key or [])])
+    return parse_cell_digests(args.cell_digests)
+
+
+def _display_slice(study: Any) -> dict[str, Any]:
+    """The ``--display-slice`` the DAG gives: :data:`DISPLAY_SLICE_KEYS` of the figures slice."""
+    from ..render.figures.registry import figures_slice
+
+    return {key: value for key, value in figures_slice(study).items() if key in DISPLAY_SLICE_KEYS}
+
+
+def _check_flags(args: argparse.Namespace, outs: Mapping[str, Any]) -> None:
+    """Refuse an output without what it is made from (a slice, or ``--config``), or the reverse."""
+    from ..errors import KvasymError
+
+    by_hand = args.config is not None
+    if (args.query_model_slice and not args.out_query_model) or (
+            args.out_query_model and not ((args.query_model_slice or by_hand) and args.out_trials)):
+        raise KvasymError("the query-model table needs --out-query-model, --query-model-slice (or --config) and the "
+                          "trials (--trials, --out-trials)")
+    if (args.display_slice and not any(outs.values())) or (any(outs.values()) and not (args.display_slice or by_hand)):
+        raise KvasymError("the display tables need --display-slice (or --config) and at least one of "
+                          + ", ".join("--" + d.replace("_", "-") for d in DISPLAY_OUTPUTS))
+
+
 def run(args: argparse.Namespace) -> None:
     from ..errors import KvasymError
-    from ._slice import parse_cell_digests, parse_slice
+    from ._slice import config_slice
 
-    if bool(args.out_query_model) != bool(args.query_model_slice) or (args.out_query_model and not args.out_trials):
-        raise KvasymError("the query-model table needs --out-query-model, --query-model-slice and the trials "
-                          "(--trials, --out-trials)")
     outs = {dest: getattr(args, dest) for dest in DISPLAY_OUTPUTS}
-    if any(outs.values()) != bool(args.display_slice):
-        raise KvasymError("the display tables need --display-slice and at least one of "
-                          + ", ".join("--" + d.replace("_", "-") for d in DISPLAY_OUTPUTS))
+    _check_flags(args, outs)
     done = 0
     if any(outs.values()):
-        write_display(args.display_per_query, args.display_per_key, parse_slice(args.display_slice, "--display-slice"),
-                      outs, parse_cell_digests(args.cell_digests))
+        write_display(args.display_per_query, args.display_per_key,
+                      config_slice(args, _display_slice, "--display-slice"), outs, _display_digests(args))
         done += 1
     for table, holm in HOLM_FAMILIES.items():
         parts, out = getattr(args, table), getattr(args, f"out_{table}")
         if bool(parts) != bool(out):
             raise KvasymError(f"give both --{table} and --out-{table}, or neither")
         if out:
-            frame = gather(parts, out, holm, parse_cells(getattr(args, f"{table}_cells"), f"{table}-cells"))
+            frame = gather(parts, out, holm, _table_cells(args, table))
             if table == "trials" and args.out_query_model:
-                qm_slice = parse_slice(args.query_model_slice, "--query-model-slice")
+                qm_slice = config_slice(args, lambda study: study.query_model_slice(), "--query-model-slice")
                 write_query_model(frame, qm_slice, args.out_query_model)
             done += 1
     if not done:
