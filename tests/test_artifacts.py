@@ -51,11 +51,11 @@ _NAME = st.from_regex(r"[A-Za-z0-9_.+-]{1,12}", fullmatch=True)
 
 
 @given(distribution=_NAME, scheme=_NAME, text=_NAME, name=_NAME, family=_NAME, model=_NAME, stem=_NAME,
-       dim=st.integers(1, 4096), budget=st.integers(1, 8), length=st.integers(2, 8192))
+       dim=st.integers(1, 4096), budget=st.integers(1, 8), length=st.integers(2, 8192), part=st.integers(0, 63))
 def test_a_path_filled_in_is_matched_back_to_its_wildcards(distribution, scheme, text, name, family, model, stem, dim,
-                                                            budget, length):
+                                                            budget, length, part):
     values = {"distribution": distribution, "scheme": scheme, "text": text, "name": name, "format": "pdf",
-              "dim": dim, "budget": budget, "length": length, "model": model, "stem": stem}
+              "dim": dim, "budget": budget, "length": length, "model": model, "stem": stem, "part": part}
     for key, item in ARTIFACTS.items():
         filled = artifacts.path(key, **values)
         match = template_regex(key).fullmatch(filled)

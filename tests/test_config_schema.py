@@ -254,7 +254,7 @@ def test_validate_key_checks_one_section_as_the_whole_config_does():
     assert validate_key("real.e2e", {"own": "quantized"}) == {
         "texts": "all", "schemes": "all", "draws": 1, "rope": ["post", "pre"], "extra_budgets": {}, "own": "quantized",
         "sensitivity_layers": "all", "sensitivity_schemes": "study", "query_aware": [], "calibration_texts": "auto",
-        "recent_windows": {}, "causal_chunks": {}, "global_only": []}
+        "recent_windows": {}, "causal_chunks": {}, "global_only": [], "extra_schemes": [], "parts": 1}
     assert validate_key("real", {}) == validate_config({**MINIMAL, "real": {}})["real"]
     for real in ({"max_tokens": 1}, {"layers": [0, 0]}, {"e2e": {"rope": []}}, {"e2e": {"blocks": 3}}, "on"):
         with pytest.raises(KvasymError) as whole:

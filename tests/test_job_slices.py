@@ -43,7 +43,8 @@ JOBS = {
     "file_metrics": {"distribution": "mycache", "dim": "64", "scheme": "KQV", "budget": "4"},
     "real_metrics": {"distribution": "smollm2", "scheme": "QKQV"},
     "real_metrics_extra": {"distribution": "smollm2-prerope", "scheme": "RKV", "budget": "5"},
-    "e2e": {"text": "bicycle_repair"},
+    "e2e": {"text": "bicycle_repair", "part": "0"},
+    "e2e_join": {"text": "bicycle_repair"},
     "e2e_stats": {},
     "calibrate": {},
     "e2e_long": {"length": "64"},
@@ -127,7 +128,8 @@ RELATED = {
     "cells": ("seq_len", 64), "metrics": ("per_key_trials", 2), "stats": ("stats.n_permutations", 7),
     "theory": ("theory.n_probes", 32), "file_metrics": ("n_queries", 8), "real_metrics": ("real.layers", [0]),
     "real_metrics_extra": ("real.layers", [0]),
-    "e2e": ("real.max_tokens", 40), "e2e_stats": ("stats.n_boot", 100), "calibrate": ("real.max_tokens", 40),
+    "e2e": ("real.max_tokens", 40), "e2e_join": ("real.max_tokens", 40),
+    "e2e_stats": ("stats.n_boot", 100), "calibrate": ("real.max_tokens", 40),
     "e2e_long": ("real.e2e.long_context.windows", 3), "passkey": ("real.e2e.passkey.trials", 3),
     "sensitivity": ("real.card.widths", [1, 2]), "card": ("real.card.budgets", [1]),
 }
@@ -191,7 +193,8 @@ def test_the_real_slices_are_those_the_dag_passed_before():
                     for d in ("smollm2", "smollm2-prerope") for s in schemes]
     assert len(set(real_metrics)) == 16
     assert _sha(real_metrics) == "74d5621f4a95703c912ed09cbcd7f140e4ef245e3499d6c284a024f4fa620e97"
-    e2e = study.job_slice("e2e", {"text": "bicycle_repair"}, real=real)
+    e2e = study.job_slice("e2e", {"text": "bicycle_repair", "part": "0"}, real=real)
+    assert study.job_slice("e2e_join", {"text": "bicycle_repair"}, real=real) == e2e  # one part: the text's slice
     e2e_schemes = ["KV", "KQV", "QKQV", "RKV", "KQV-H", "QKQV-H", "CRKV", "SKLT"]
     assert [s["name"] for s in e2e["schemes"]] == e2e_schemes
     assert e2e["schemes"][7] == {"name": "SKLT", **study.scheme("SKLT").to_dict()}
@@ -252,7 +255,7 @@ def test_a_cells_table_slice_is_its_writers_slice():
 def test_a_slice_without_its_settings_says_what_is_missing():
     study = load_study(_config())
     with pytest.raises(KvasymError, match="real-model rows"):
-        study.job_slice("e2e", {"text": "bicycle_repair"})
+        study.job_slice("e2e", {"text": "bicycle_repair", "part": "0"})
     with pytest.raises(KvasymError, match="no real-model rows"):
         study.cell_table_slice("smollm2", 64, "KQV", 4)
     with pytest.raises(KvasymError, match="mycache.*no content digest"):

@@ -93,9 +93,13 @@ def test_a_further_model_inherits_real_e2e_with_its_own_keys():
     for key in ("texts", "schemes", "rope", "query_aware", "recent_windows", "causal_chunks", "extra_budgets"):
         assert mine[key] == real["e2e"][key], key
     # the primary's slices carry no model key (unchanged by further models); the further model's do
-    primary = study.job_slice("e2e", {"model": PRIMARY, "text": "bakery_morning"}, real=real)
-    assert "model" not in primary and primary == study.e2e_slice("bakery_morning", real)
-    second = study.job_slice("e2e", {"model": "gemma3-270m", "text": "bakery_morning"}, real=real)
+    primary = study.job_slice("e2e", {"model": PRIMARY, "text": "bakery_morning", "part": "0"}, real=real)
+    # (the paper config runs each text as parts: the part's slice is the text's plus its part)
+    assert "model" not in primary and primary == {**study.e2e_slice("bakery_morning", real),
+                                                  "part": [0, real["e2e"]["parts"]]}
+    assert study.job_slice("e2e_join", {"model": PRIMARY, "text": "bakery_morning"}, real=real) == \
+        study.e2e_slice("bakery_morning", real)
+    second = study.job_slice("e2e", {"model": "gemma3-270m", "text": "bakery_morning", "part": "0"}, real=real)
     assert second["model"] == "gemma3-270m" and second["e2e"]["sensitivity_layers"] == [0, 17]
     assert study.job_slice("calibrate", {"model": "gemma3-270m"}, real=real)["model"] == "gemma3-270m"
     stats = study.job_slice("e2e_stats", {}, real=real)
@@ -337,9 +341,10 @@ def test_global_only_is_refused_where_every_layer_is_global():
     with pytest.raises(KvasymError, match="SmolLM2-135M has no sliding-window layer"):
         real_settings({"e2e": {"global_only": ["RKV"]}}, ["KV", "RKV"])
     study, real = _real({"gemma3-270m": {"e2e": {"global_only": ["RKV", "KIVI128"], "sensitivity_layers": [5]}}})
-    second = study.job_slice("e2e", {"model": "gemma3-270m", "text": "bakery_morning"}, real=real)
+    second = study.job_slice("e2e", {"model": "gemma3-270m", "text": "bakery_morning", "part": "0"}, real=real)
     assert second["e2e"]["global_only"] == ["RKV", "KIVI128"]
-    assert "global_only" not in study.job_slice("e2e", {"model": PRIMARY, "text": "bakery_morning"}, real=real)["e2e"]
+    primary = study.job_slice("e2e", {"model": PRIMARY, "text": "bakery_morning", "part": "0"}, real=real)
+    assert "global_only" not in primary["e2e"]
     stats = study.job_slice("e2e_stats", {}, real=real)
     assert stats["models"]["gemma3-270m"]["schemes"][-2:] == ["RKV+G", "KIVI128+G"]
     assert "RKV+G" not in stats["schemes"]

@@ -620,3 +620,36 @@ def test_window_bases_are_the_query_moments_of_the_last_windows(two_layers) -> N
     with pytest.raises(KvasymError, match="4 calibration and 2 evaluation windows of 12 tokens do not fit"):
         evaluate_windows(model, stream, [12], 2, [get_scheme("RKV")], [2], base_seed=BASE_SEED, context_length=64,
                          calibration_windows=4, query_bases=_identity_bases(model), query_variants=("QWF",))
+
+
+def test_parts_joined_are_the_whole_text_row_for_row(two_layers) -> None:
+    """Issue 49, point 2: one text's passes split into P round-robin parts (each its own job, with
+    its own reference pass) and joined again are the one-job frame bit for bit, for P = 1..4 and
+    every kind of pass (draws, a query-aware variant, a recent window, a causal chunk, a
+    sensitivity layer); a part count beyond the plan, or a part out of range, is refused."""
+    import pandas as pd
+
+    from kvasym.real.endtoend import join_parts
+
+    ids = two_layers.encode("The old clock in the hall struck nine, and the children ran upstairs.")[:12]
+    run = dict(text="t", base_seed=BASE_SEED, draws=2, sensitivity_budget=2, sensitivity_layers=[1],
+               query_bases=_identity_bases(two_layers), query_variants=("QRKV",), recent_windows={"RKV": [4]},
+               causal_chunks={"KIVI32": 4})
+    schemes = [get_scheme("RKV"), get_scheme("KIVI32"), get_scheme("KVarN")]
+    whole = pd.DataFrame(evaluate_text(two_layers, ids, schemes, [2, 3], **run))
+    n = len(ids) - 1
+    passes = len(whole) // n
+    # per RoPE mode: RKV (+R4) 2 draws x 2 budgets x 2 reads, KIVI32 (+C4: no random map, draw 0)
+    # 2 x 2, KVarN 2 x 2; QRKV after RoPE only 2 x 2; then 3 one-layer passes
+    assert passes == 2 * (8 + 4 + 4) + 4 + 3
+    for total in (1, 2, 3, 4):
+        parts = [pd.DataFrame(evaluate_text(two_layers, ids, schemes, [2, 3], **run, part=(p, total)))
+                 for p in range(total)]
+        assert sum(len(f) for f in parts) == len(whole)
+        pd.testing.assert_frame_equal(join_parts(parts, n), whole, check_exact=True)
+    with pytest.raises(KvasymError, match=r"the text has 39 passes, fewer than the 40 parts"):
+        evaluate_text(two_layers, ids, schemes, [2, 3], **run, part=(0, 40))
+    with pytest.raises(KvasymError, match=r"part must be \(p, P\) with 0 <= p < P, got \(2, 2\)"):
+        evaluate_text(two_layers, ids, schemes, [2, 3], **run, part=(2, 2))
+    with pytest.raises(KvasymError, match="not round-robin parts"):
+        join_parts([whole.iloc[:n], whole.iloc[: 3 * n]], n)

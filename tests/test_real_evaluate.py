@@ -265,7 +265,7 @@ def test_real_settings_defaults():
     assert real_settings(None) is None
     assert real_settings("off") is None and real_settings(False) is None  # --config real=off; YAML `off`
     settings = real_settings({})
-    e2e = {"texts": shipped_texts(), "schemes": "all", "draws": 1, "rope": {"post": "all", "pre": "all"},
+    e2e = {"texts": shipped_texts(), "schemes": "all", "draws": 1, "parts": 1, "rope": {"post": "all", "pre": "all"},
            "extra_budgets": {}, "own": "exact", "sensitivity_layers": list(range(N_LAYERS)),
            "sensitivity_schemes": "study", "query_aware": [], "calibration_texts": [], "recent_windows": {},
            "causal_chunks": {}, "global_only": [], "long_context": None, "passkey": None}

@@ -48,6 +48,7 @@ FIXED_RESOURCES: dict[str, tuple[int, int]] = {
     # text (T x vocab float32 each: 0.2 GB for SmolLM2 at 512 tokens, 1.1 GB for Gemma's 262,144
     # tokens) and one quantized pass; e2e_stats: the per-position tables of every text
     "e2e": (5000, 120),
+    "e2e_join": (2000, 10),
     "e2e_stats": (2000, 10),
     # calibrate: the model and one text's forward pass (15 texts of 512 tokens, ~30 CPU-s)
     "calibrate": (3000, 20),

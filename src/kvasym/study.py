@@ -391,6 +391,16 @@ class Study:
             **_model_key(real),
         }
 
+    def e2e_part_slice(self, text: str, part: int, real: Mapping[str, Any]) -> dict[str, Any]:
+        """What one job of rule ``e2e`` depends on: :meth:`e2e_slice`, and with ``real.e2e.parts``
+        ``P > 1`` its share ``"part": [part, P]`` of the text's passes (without it, the one job's
+        slice is the text's, as before parts existed)."""
+        parts = int(real["e2e"].get("parts", 1))
+        if not 0 <= int(part) < parts:
+            raise KvasymError(f"e2e part {part} of text {text}: real.e2e.parts is {parts} (parts 0..{parts - 1})")
+        whole = self.e2e_slice(text, real)
+        return whole if parts == 1 else {**whole, "part": [int(part), parts]}
+
     def calibrate_slice(self, real: Mapping[str, Any]) -> dict[str, Any]:
         """What the query-aware calibration (stage ``calibrate``) depends on: its texts (shipped
         texts disjoint from the end-to-end texts) and the tokens kept per text."""
@@ -528,8 +538,8 @@ class Study:
         if stage == "file_metrics":
             return self.cell_table_slice(w["distribution"], w["dim"], w["scheme"], w["budget"],
                                          file_digests=file_digests)
-        if stage not in ("real_metrics", "real_metrics_extra", "e2e", "e2e_stats", "calibrate", "e2e_long", "passkey",
-                         "sensitivity", "card"):
+        if stage not in ("real_metrics", "real_metrics_extra", "e2e", "e2e_join", "e2e_stats", "calibrate", "e2e_long",
+                         "passkey", "sensitivity", "card"):
             raise KvasymError(f"stage {stage!r} takes no grid slice")
         if real is None:
             raise KvasymError(f"stage {stage}: no real-model rows configured (config key real)")
@@ -541,12 +551,14 @@ class Study:
                 raise KvasymError(f"real cell {w['scheme']} n = {budget}: not an extra budget of {w['scheme']} "
                                   "(config key frontier.extra_budgets)")
             return {**self.real_slice(w["distribution"], w["scheme"], real["layers"]), "budgets": [budget]}
-        if stage in ("e2e", "calibrate") and "model" in w:
+        if stage in ("e2e", "e2e_join", "calibrate") and "model" in w:
             from .real import model_section
 
             real = model_section(real, str(w["model"]))
-        if stage == "e2e":
+        if stage == "e2e_join":
             return self.e2e_slice(w["text"], real)
+        if stage == "e2e":
+            return self.e2e_part_slice(w["text"], int(w["part"]), real)
         if stage == "calibrate":
             return self.calibrate_slice(real)
         if stage == "e2e_long":

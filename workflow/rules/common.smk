@@ -354,6 +354,15 @@ def assembled_model(wildcards):
     return next(m for m in E2E_MODELS if MODELS[m].stem == wildcards.stem)
 
 
+def e2e_parts(wildcards):
+    """The part files of one (model, text), part 0 first (real.e2e.parts; rule e2e)."""
+    parts = MODEL_SECTIONS[wildcards.model]["e2e"]["parts"]
+    return [
+        path("e2e_part", model=wildcards.model, text=wildcards.text, part=p)
+        for p in range(parts)
+    ]
+
+
 def e2e_texts(wildcards=None):
     return [
         path("e2e_text", model=m, text=text)

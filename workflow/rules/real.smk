@@ -145,12 +145,12 @@ rule calibrate:
 
 
 rule e2e:
-    # One job per model and text: the model loads once and its reference pass serves every
-    # quantized pass of the text (kvasym.real.endtoend.evaluate_text).
+    # One job per model, text and part (real.e2e.parts): the model loads once and its reference
+    # pass serves every quantized pass of the part (kvasym.real.endtoend.evaluate_text).
     input:
         unpack(model_inputs("e2e")),
     output:
-        pattern("e2e_text"),
+        pattern("e2e_part"),
     log:
         log_path("e2e"),
     benchmark:
@@ -166,6 +166,27 @@ rule e2e:
         inputs=flags_of("query_bases", "model_file"),
     shell:
         "kvasym stage e2e --slice {params.slice:q} {params.inputs} --out {output:q} > {log:q} 2>&1"
+
+
+rule e2e_join:
+    # The text's parts back in the passes' order (kvasym.real.endtoend.join_parts): a local job.
+    input:
+        parts=e2e_parts,
+    output:
+        pattern("e2e_text"),
+    log:
+        log_path("e2e_join"),
+    wildcard_constraints:
+        model=names_pattern(E2E_MODELS),
+    localrule: True
+    threads: 1
+    resources:
+        **resources_of("e2e_join"),
+    params:
+        code=STAGE_CODE["e2e_join"],  # reruns the job when the code it runs changes
+        slice=slice_param("e2e_join"),
+    shell:
+        "kvasym stage e2e_join --slice {params.slice:q} --parts {input.parts:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule e2e_long:

@@ -277,7 +277,8 @@ def e2e_settings(value: object, texts: list[str] | None = None,
     Returns
     -------
     dict or None
-        ``texts``, ``schemes``, ``draws``, ``rope`` (a mapping from each RoPE mode to its list of
+        ``texts``, ``schemes``, ``draws``, ``parts`` (jobs per text), ``rope`` (a mapping from each
+        RoPE mode to its list of
         e2e schemes), ``extra_budgets`` (scheme -> sorted budgets), ``own``,
         ``sensitivity_layers`` (sorted; "all" is every layer, [] none), ``sensitivity_schemes``
         (a list), ``query_aware`` (variants), ``calibration_texts`` (the shipped texts the
@@ -337,7 +338,8 @@ def e2e_settings(value: object, texts: list[str] | None = None,
             if names is not None and scheme not in names:
                 raise KvasymError(f"config key real.e2e.{key}.{scheme}: not among the e2e schemes {names}")
     model_schemes = None if names is None else [*names, *variants]
-    return {"texts": chosen_texts, "schemes": chosen, "draws": int(out["draws"]), "rope": rope,
+    return {"texts": chosen_texts, "schemes": chosen, "draws": int(out["draws"]), "parts": int(out["parts"]),
+            "rope": rope,
             "extra_budgets": extra, "own": out["own"],
             "sensitivity_layers": list(range(n_layers)) if layers == "all" else sorted(layers),
             "sensitivity_schemes": sens, "query_aware": variants,

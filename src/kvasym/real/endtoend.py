@@ -550,6 +550,7 @@ def evaluate_text(
     recent_windows: Mapping[str, Sequence[int]] | None = None,
     causal_chunks: Mapping[str, Sequence[int] | int] | None = None,
     global_only: Sequence[str] = (),
+    part: tuple[int, int] = (0, 1),
 ) -> dict[str, np.ndarray]:
     """Per-position next-token measures of every pass over one text.
 
@@ -586,6 +587,13 @@ def evaluate_text(
       passes come after the other all-layer passes and before the one-layer ones.
 
     Each follows its base pass (module docstring for both kinds of read and their bits).
+
+    The passes are planned first (:class:`PlannedPass`), then run after the reference pass
+    (:func:`execute_passes`); ``part = (p, P)`` runs part ``p`` of ``P`` of the plan
+    (:func:`select_part`, round robin), so that one text's passes can run as ``P`` jobs side by side,
+    each with its own reference pass; :func:`join_parts` puts their rows back in the plan's order,
+    row for row the frame of ``part = (0, 1)`` (each pass's seeds come from its identity, not from
+    its place in the plan).
     """
     if not schemes or not budgets:
         raise KvasymError("evaluate_text needs at least one scheme and one budget")
@@ -654,22 +662,7 @@ def evaluate_text(
     if global_only and len(global_layers) == len(model.layers):
         raise KvasymError(f"global_only {global_only}: the model has no sliding-window layer (every layer is "
                           "global), so the scope would be every layer")
-    ref = reference_pass(model, token_ids)
-    n = ref.nll.size
-    columns: dict[str, list[np.ndarray]] = {}
-
-    def add(quant: CacheQuantization, layer: int, hidden: np.ndarray, bits: list[dict[str, float]]) -> None:
-        measured = next_token_metrics(model, ref, hidden)
-        fixed: dict[str, Any] = {"text": text, "draw": int(quant.draw), "scheme": quant.name,
-                                 "budget": int(quant.budget), "rope": quant.rope, "own": quant.own, "layer": layer,
-                                 **_mean_bits(bits)}
-        for key, value in fixed.items():
-            columns.setdefault(key, []).append(np.full(n, value, dtype=object if isinstance(value, str) else None))
-        columns.setdefault("position", []).append(np.arange(n, dtype=np.int32))
-        columns.setdefault("nll_ref", []).append(ref.nll)
-        for key, value in measured.items():
-            columns.setdefault(key, []).append(value)
-
+    plan: list[PlannedPass] = []
     for rope in ropes:
         chosen = names if rope_schemes is None else list(rope_schemes.get(rope, ()))
         for draw in range(int(draws)):
@@ -678,24 +671,18 @@ def evaluate_text(
                     continue
                 for budget in budgets_of(scheme.name):
                     for recent, chunk in reads_of(scheme.name):
-                        quant = CacheQuantization(scheme, int(budget), base_seed, text, rope=rope, own=own,
-                                                  norm_dtype=norm_dtype, draw=draw, recent_tokens=recent,
-                                                  causal_chunk=chunk)
-                        bits: list[dict[str, float]] = []
-                        hidden = run_layers(model, ref.frame, ref.residuals[0], 0, quant, bits)
-                        add(quant, ALL_LAYERS, hidden, bits)
+                        plan.append(PlannedPass(CacheQuantization(
+                            scheme, int(budget), base_seed, text, rope=rope, own=own, norm_dtype=norm_dtype,
+                            draw=draw, recent_tokens=recent, causal_chunk=chunk)))
             # the query-aware variants draw RKV's value rotations: every draw
             for variant in query_variants if rope == "post" else ():
                 for tag, bases in bases_sets:
                     for budget in budgets_of(variant):
                         for recent, chunk in reads_of(variant):
-                            quant = CacheQuantization(variant_scheme(variant), int(budget), base_seed, text,
-                                                      rope=rope, own=own, norm_dtype=norm_dtype, draw=draw,
-                                                      recent_tokens=recent, causal_chunk=chunk,
-                                                      query_variant=variant, query_bases=bases, bases_tag=tag)
-                            bits = []
-                            hidden = run_layers(model, ref.frame, ref.residuals[0], 0, quant, bits)
-                            add(quant, ALL_LAYERS, hidden, bits)
+                            plan.append(PlannedPass(CacheQuantization(
+                                variant_scheme(variant), int(budget), base_seed, text, rope=rope, own=own,
+                                norm_dtype=norm_dtype, draw=draw, recent_tokens=recent, causal_chunk=chunk,
+                                query_variant=variant, query_bases=bases, bases_tag=tag)))
     for rope in ropes if global_only else ():
         chosen = names if rope_schemes is None else list(rope_schemes.get(rope, ()))
         for draw in range(int(draws)):
@@ -704,13 +691,9 @@ def evaluate_text(
                         or (draw > 0 and not draws_random_maps(scheme))):
                     continue
                 for budget in budgets_of(scheme.name):
-                    quant = CacheQuantization(scheme, int(budget), base_seed, text, rope=rope, own=own,
-                                              layers=frozenset(global_layers), norm_dtype=norm_dtype, draw=draw,
-                                              scope_tag=GLOBAL_TAG)
-                    bits = []
-                    first = global_layers[0]
-                    hidden = run_layers(model, ref.frame, ref.residuals[first], first, quant, bits)
-                    add(quant, ALL_LAYERS, hidden, bits)
+                    plan.append(PlannedPass(CacheQuantization(
+                        scheme, int(budget), base_seed, text, rope=rope, own=own, layers=frozenset(global_layers),
+                        norm_dtype=norm_dtype, draw=draw, scope_tag=GLOBAL_TAG), start=global_layers[0]))
     if sensitivity_budget is not None:
         for scheme in schemes:
             if sensitivity_schemes is not None and scheme.name not in sensitivity_schemes:
@@ -719,11 +702,101 @@ def evaluate_text(
                 layer = int(layer)
                 if not 0 <= layer < len(model.layers):
                     raise KvasymError(f"sensitivity layer {layer} out of range 0..{len(model.layers) - 1}")
-                quant = CacheQuantization(scheme, int(sensitivity_budget), base_seed, text, rope=sensitivity_rope,
-                                          own=own, layers=frozenset({layer}), norm_dtype=norm_dtype)
-                bits = []
-                hidden = run_layers(model, ref.frame, ref.residuals[layer], layer, quant, bits)
-                add(quant, layer, hidden, bits)
+                plan.append(PlannedPass(CacheQuantization(
+                    scheme, int(sensitivity_budget), base_seed, text, rope=sensitivity_rope, own=own,
+                    layers=frozenset({layer}), norm_dtype=norm_dtype), layer=layer, start=layer))
+    return execute_passes(model, token_ids, select_part(plan, part), text)
+
+
+def select_part(plan: Sequence[PlannedPass], part: tuple[int, int]) -> list[PlannedPass]:
+    """Part ``p`` of ``P`` of a text's planned passes: passes ``p, p + P, p + 2P, ...`` (round
+    robin, so that the parts' costs are about equal); :func:`join_parts` puts the parts' rows back
+    in the plan's order.
+
+    Parameters
+    ----------
+    plan : sequence of PlannedPass
+        Every pass of the text, in order.
+    part : tuple of int
+        ``(p, P)`` with ``0 <= p < P <= len(plan)``.
+
+    Returns
+    -------
+    list of PlannedPass
+    """
+    p, total = (int(v) for v in part)
+    if not 0 <= p < total:
+        raise KvasymError(f"part must be (p, P) with 0 <= p < P, got {tuple(part)}")
+    if total > len(plan):
+        raise KvasymError(f"part ({p}, {total}): the text has {len(plan)} passes, fewer than the {total} parts; "
+                          "give fewer parts (real.e2e.parts)")
+    return list(plan[p::total])
+
+
+def join_parts(frames: Sequence[Any], n_positions: int) -> Any:
+    """The per-position frame of a whole text from its ``P`` parts' frames (:func:`select_part`):
+    pass ``i`` is the ``i // P``-th block of ``n_positions`` rows of part ``i % P``.
+
+    Parameters
+    ----------
+    frames : sequence of pandas.DataFrame
+        Part ``0..P-1``'s frames, in order.
+    n_positions : int
+        Rows per pass (the text's scored positions).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Row for row the frame of one job running every pass (index reset).
+    """
+    import pandas as pd
+
+    total = len(frames)
+    blocks = []
+    counts = [len(frame) // n_positions for frame in frames]
+    if any(len(frame) != c * n_positions for frame, c in zip(frames, counts)) or \
+            any(counts[i] < counts[i + 1] or counts[0] - counts[i] > 1 for i in range(total - 1)):
+        raise KvasymError(f"the parts' row counts {[len(f) for f in frames]} are not round-robin parts of passes "
+                          f"of {n_positions} positions")
+    for i in range(sum(counts)):
+        frame = frames[i % total]
+        start = (i // total) * n_positions
+        blocks.append(frame.iloc[start:start + n_positions])
+    return pd.concat(blocks, ignore_index=True)
+
+
+@dataclass(frozen=True)
+class PlannedPass:
+    """One quantized pass of a text: its cache quantization, the ``layer`` column it is filed
+    under (:data:`ALL_LAYERS` or the one quantized layer) and the layer it restarts from (the
+    reference's residual stream before it)."""
+
+    quant: CacheQuantization
+    layer: int = ALL_LAYERS
+    start: int = 0
+
+
+def execute_passes(model: GGUFLlama, token_ids: np.ndarray, passes: Sequence[PlannedPass],
+                   text: str) -> dict[str, np.ndarray]:
+    """The reference pass of ``token_ids``, then each planned pass from its restart layer: the
+    columns :func:`evaluate_text` returns, one block of positions per pass, in ``passes``' order."""
+    ref = reference_pass(model, token_ids)
+    n = ref.nll.size
+    columns: dict[str, list[np.ndarray]] = {}
+    for planned in passes:
+        quant = planned.quant
+        bits: list[dict[str, float]] = []
+        hidden = run_layers(model, ref.frame, ref.residuals[planned.start], planned.start, quant, bits)
+        measured = next_token_metrics(model, ref, hidden)
+        fixed: dict[str, Any] = {"text": text, "draw": int(quant.draw), "scheme": quant.name,
+                                 "budget": int(quant.budget), "rope": quant.rope, "own": quant.own,
+                                 "layer": planned.layer, **_mean_bits(bits)}
+        for key, value in fixed.items():
+            columns.setdefault(key, []).append(np.full(n, value, dtype=object if isinstance(value, str) else None))
+        columns.setdefault("position", []).append(np.arange(n, dtype=np.int32))
+        columns.setdefault("nll_ref", []).append(ref.nll)
+        for key, value in measured.items():
+            columns.setdefault(key, []).append(value)
     out = {key: np.concatenate(parts) for key, parts in columns.items()}
     for key in ("layer", "budget", "draw"):
         out[key] = out[key].astype(np.int32)

@@ -46,7 +46,9 @@ STAGES: dict[str, str] = {
     "model_file": "a model's GGUF file assembled from the chunk packages pip installed, checked by size and SHA-256",
     "calibrate": "query-aware bases of one model: per layer and KV head, the eigenbasis of its queries on "
                  "calibration texts",
-    "e2e": "end-to-end passes of one model over one text with its KV cache quantized (needs the real extra)",
+    "e2e": "end-to-end passes of one model over one text with its KV cache quantized, or one part of them "
+           "(needs the real extra)",
+    "e2e_join": "one text's end-to-end passes from its parts (rule e2e), row for row in the passes' order",
     "e2e_long": "long-context passes of SmolLM2-135M over windows of one length of the long offline text",
     "passkey": "passkey retrieval trials of one length, full precision and with each quantized cache",
     "sensitivity": "the model card's calibration on one text: K/V sensitivity curves per layer and cache statistics",

@@ -46,8 +46,9 @@ def run_e2e(slice_: dict[str, Any], out: str, query_bases: str | None = None, mo
     ``slice_``: ``text``, ``max_tokens``, ``schemes`` (list of scheme dicts), ``budgets``,
     ``base_seed``, ``norm_dtype`` and ``e2e`` (``draws``, ``rope`` (mode -> schemes),
     ``extra_budgets``, ``own``, ``sensitivity_layers``, ``sensitivity_schemes``, ``query_aware``,
-    ``recent_windows``, ``causal_chunks``, optionally ``global_only``); ``query_bases`` the calibrated bases' file when
-    ``query_aware`` names variants.
+    ``recent_windows``, ``causal_chunks``, optionally ``global_only``), optionally ``part`` (``[p, P]``: only
+    part ``p`` of ``P`` of the passes, :func:`kvasym.real.endtoend.select_part`, joined by stage ``e2e_join``);
+    ``query_bases`` the calibrated bases' file when ``query_aware`` names variants.
     """
     import pandas as pd
 
@@ -75,7 +76,8 @@ def run_e2e(slice_: dict[str, Any], out: str, query_bases: str | None = None, mo
                             query_bases=bases, query_variants=variants,
                             recent_windows=settings.get("recent_windows") or None,
                             causal_chunks=settings.get("causal_chunks") or None,
-                            global_only=list(settings.get("global_only", ())))
+                            global_only=list(settings.get("global_only", ())),
+                            part=tuple(slice_.get("part", (0, 1))))
     write_frame_atomic(pd.DataFrame(columns), out, {**provenance(slice_), "model_sha256": model.model_sha256})
 
 
