@@ -47,15 +47,16 @@ JOBS = {
     "e2e_join": {"text": "bicycle_repair"},
     "e2e_stats": {},
     "calibrate": {},
-    "e2e_long": {"length": "64"},
-    "passkey": {"length": "96"},
+    "e2e_long": {"length": "64", "part": "0"},
+    "passkey": {"length": "96", "part": "0"},
     "sensitivity": {"text": "allotment_spring"},
     "card": {},
 }
 #: Keys a stage reads when present (slice_.get): the real rows' layers, the file's digest, a
-#: frontier unit's extra budgets (frontier.extra_budgets, in the tiny config: RKV at n = 5).
+#: frontier unit's extra budgets (frontier.extra_budgets, in the tiny config: RKV at n = 5), a
+#: job's part (kvasym.real.jobparts.part_of; the tiny config runs its windows and trials as parts).
 OPTIONAL_KEYS = {"real_metrics": {"layers"}, "file_metrics": {"content_sha256"},
-                 "cells": {"extra_budgets", "packed_extra"}}
+                 "cells": {"extra_budgets", "packed_extra"}, "e2e_long": {"part"}, "passkey": {"part"}}
 
 
 def _config(**changes):
@@ -210,10 +211,10 @@ def test_the_real_slices_are_those_the_dag_passed_before():
     calibrate = study.job_slice("calibrate", {}, real=real)
     assert calibrate["evaluation_texts"] == ["bicycle_repair"] and "bicycle_repair" not in calibrate["texts"]
     assert len(calibrate["texts"]) == 15 and calibrate["max_tokens"] == 48
-    long = study.job_slice("e2e_long", {"length": "128"}, real=real)
+    long = study.job_slice("e2e_long", {"length": "128", "part": "0"}, real=real)
     assert (long["length"], long["windows"], long["query_variants"], [s["name"] for s in long["schemes"]]) == (
         128, 2, ["QWF"], ["RKV"])
-    passkey = study.job_slice("passkey", {"length": "96"}, real=real)
+    passkey = study.job_slice("passkey", {"length": "96", "part": "0"}, real=real)
     assert (passkey["depths"], passkey["trials"], passkey["budgets"]) == ([0.0, 1.0], 2, [2])
 
 

@@ -76,17 +76,19 @@ def test_model_file_stage_refuses_what_it_cannot_assemble(tmp_path):
 # ------------------------------------------------------------------------------ the config
 
 
-def _real(models):
+def _real(models, parts=None):
     study = load_study_file("config/config.yaml")
     import yaml
 
     section = yaml.safe_load(open("config/config.yaml", encoding="utf-8"))["real"]
     section["models"] = models
+    if parts is not None:
+        section["e2e"]["parts"] = parts
     return study, real_settings(section, list(study.schemes), list(study.frontier_real_schemes))
 
 
 def test_a_further_model_inherits_real_e2e_with_its_own_keys():
-    study, real = _real({"gemma3-270m": {"e2e": {"sensitivity_layers": [0, 17], "draws": 1}}})
+    study, real = _real({"gemma3-270m": {"e2e": {"sensitivity_layers": [0, 17], "draws": 1}}}, parts=3)
     mine = real["models"]["gemma3-270m"]["e2e"]
     assert mine["sensitivity_layers"] == [0, 17] and mine["draws"] == 1
     assert mine["long_context"] is None and mine["passkey"] is None
@@ -94,9 +96,8 @@ def test_a_further_model_inherits_real_e2e_with_its_own_keys():
         assert mine[key] == real["e2e"][key], key
     # the primary's slices carry no model key (unchanged by further models); the further model's do
     primary = study.job_slice("e2e", {"model": PRIMARY, "text": "bakery_morning", "part": "0"}, real=real)
-    # (the paper config runs each text as parts: the part's slice is the text's plus its part)
-    assert "model" not in primary and primary == {**study.e2e_slice("bakery_morning", real),
-                                                  "part": [0, real["e2e"]["parts"]]}
+    # (a text run as parts: the part's slice is the text's plus its part)
+    assert "model" not in primary and primary == {**study.e2e_slice("bakery_morning", real), "part": [0, 3]}
     assert study.job_slice("e2e_join", {"model": PRIMARY, "text": "bakery_morning"}, real=real) == \
         study.e2e_slice("bakery_morning", real)
     second = study.job_slice("e2e", {"model": "gemma3-270m", "text": "bakery_morning", "part": "0"}, real=real)

@@ -653,3 +653,40 @@ def test_parts_joined_are_the_whole_text_row_for_row(two_layers) -> None:
         evaluate_text(two_layers, ids, schemes, [2, 3], **run, part=(2, 2))
     with pytest.raises(KvasymError, match="not round-robin parts"):
         join_parts([whole.iloc[:n], whole.iloc[: 3 * n]], n)
+
+
+def test_passkey_and_window_parts_joined_are_the_whole_job_row_for_row(two_layers) -> None:
+    """Issue 49, point 2: a passkey length's trials and a long-context length's windows split into
+    P round-robin parts (each its own job: the rows of its units only) and joined by the unit
+    columns are the one job's frame bit for bit, for every P up to the unit count; the windows'
+    parts each compute the length's calibration bases (QWF+W) themselves."""
+    import pandas as pd
+
+    from kvasym.real.endtoend import CacheQuantization
+    from kvasym.real.jobparts import join_by_units
+    from kvasym.real.longcontext import evaluate_windows
+    from kvasym.real.passkey_grid import FP_PASS, run_grid
+
+    model = two_layers
+    passes = {FP_PASS: None, "RKV@2": CacheQuantization(get_scheme("RKV"), 2, BASE_SEED, "passkey"),
+              "KIVI32@3": CacheQuantization(get_scheme("KIVI32"), 3, BASE_SEED, "passkey")}
+    grid = dict(lengths=[96], depths=[0.0, 0.5], trials=2, passes=passes, base_seed=BASE_SEED)
+    whole = run_grid(model, **grid).drop(columns="cpu_s")
+    assert len(whole) == 4 * 3
+    for total in (1, 2, 3, 4):
+        parts = [run_grid(model, **grid, part=(p, total)).drop(columns="cpu_s") for p in range(total)]
+        pd.testing.assert_frame_equal(join_by_units(parts, ["length", "depth", "trial"]), whole, check_exact=True)
+    with pytest.raises(KvasymError, match="the job has 4 passkey trials, fewer than its 5 parts"):
+        run_grid(model, **grid, part=(0, 5))
+
+    stream = np.concatenate([model.encode(SHORT_TEXT)] * 5)[:72]  # 6 windows of 12 tokens
+    windows = dict(ids=stream, lengths=[12], count_per_length=3, schemes=[get_scheme("RKV")], budgets=[2],
+                   base_seed=BASE_SEED, context_length=64, calibration_windows=2,
+                   query_bases=_identity_bases(model), query_variants=("QWF",))
+    whole = pd.DataFrame(evaluate_windows(model, **windows))
+    assert set(whole["scheme"]) == {"RKV", "QWF", "QWF+W"} and set(whole["window"]) == {0, 1, 2}
+    for total in (1, 2, 3):
+        parts = [pd.DataFrame(evaluate_windows(model, **windows, part=(p, total))) for p in range(total)]
+        pd.testing.assert_frame_equal(join_by_units(parts, ["context", "window"]), whole, check_exact=True)
+    with pytest.raises(KvasymError, match="the job has 3 long-context windows, fewer than its 4 parts"):
+        evaluate_windows(model, **windows, part=(3, 4))

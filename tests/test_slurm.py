@@ -77,7 +77,7 @@ def local_rule_names(families: list[str], real: bool, latex: bool) -> list[str]:
     """The rules that run on the submitting host: ``all`` (no action) and the summary rules
     (``localrule: True``); the Slurm run below checks this list against what ran locally."""
     names = ["all", "gather", "claims", "tables", "numbers", "reproduce", "crate"] + [f"figure_{f}" for f in families]
-    return names + (["e2e_stats", "card_page"] if real else []) + (["paper"] if latex else [])
+    return names + (["e2e_join", "e2e_stats", "card_page"] if real else []) + (["paper"] if latex else [])
 
 
 def predicted_slurm_jobs(workdir: Path, configfile: str, local_rules: list[str]) -> tuple[int, int]:
@@ -158,8 +158,9 @@ def test_tiny_config_through_slurm_matches_a_local_run(slurm, request, tmp_path)
     assert sorted(ran_locally) == sorted(local_rules), log[-3000:]
     # on the cluster: the frontier and the sequence-length sweep (minutes on the paper grid) and,
     # with the real extra, the end-to-end job of the tiny config's one text, the calibration, its
-    # two long-context lengths, its passkey length, and the model card's calibration text and card
-    cluster_rules = ["frontier", "seq_len_sweep"] + (["e2e", "calibrate", "e2e_long", "e2e_long", "passkey",
+    # two long-context lengths in two parts each, its passkey length in three parts, and the model
+    # card's calibration text and card
+    cluster_rules = ["frontier", "seq_len_sweep"] + (["e2e", "calibrate", *["e2e_long"] * 4, *["passkey"] * 3,
                                                       "sensitivity", "card"] if real else [])
     assert len(submitted) == len(groups) + len(cluster_rules), log[-3000:]
     # and the rule that counts the paper grid's submissions for the README predicts this run's

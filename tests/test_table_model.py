@@ -123,7 +123,8 @@ def test_a_model_stage_with_query_variants_and_no_bases_file_stops_before_loadin
     config = yaml.safe_load((ROOT / "config/test.yaml").read_text())
     study = load_study(copy.deepcopy(config))
     real = real_settings(config["real"], list(study.schemes), list(study.frontier_real_schemes))
-    wildcards = {"e2e": {"text": "bicycle_repair"}, "e2e_long": {"length": "64"}, "passkey": {"length": "96"}}
+    wildcards = {"e2e": {"text": "bicycle_repair", "part": "0"}, "e2e_long": {"length": "64", "part": "0"},
+                 "passkey": {"length": "96", "part": "0"}}
     slice_ = canonical_json(study.job_slice(stage, wildcards[stage], real=real))
     out = tmp_path / "out.parquet"
     proc = subprocess.run([sys.executable, "-m", "kvasym.cli", "stage", stage, "--slice", slice_, "--out", str(out)],

@@ -148,11 +148,13 @@ _ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("query_bases", f"{_R}/real/e2e/query_bases/{{model}}.npz", ("calibrate",),
              "the query-aware bases of one model: per layer and KV head, the eigenbasis of the queries' second "
              "moment on the calibration texts", when="query_aware"),
-    Artifact("e2e_long_window", f"{_R}/real/e2e/long/L{{length}}.parquet", ("e2e_long",),
-             "the long-context passes of one window length, per window, position, scheme and budget",
+    Artifact("e2e_long_window", f"{_R}/real/e2e/long/L{{length}}/part{{part}}.parquet", ("e2e_long",),
+             "one job's share of the long-context passes of one window length (real.e2e.long_context.parts), "
+             "per window, position, scheme and budget",
              when="long_context", schema="kvasym.real.endtoend_stats:REQUIRED_COLUMNS"),
-    Artifact("passkey_trials", f"{_R}/real/e2e/passkey/L{{length}}.parquet", ("passkey",),
-             "the passkey trials of one length: per pass, depth and trial, whether the key was retrieved",
+    Artifact("passkey_trials", f"{_R}/real/e2e/passkey/L{{length}}/part{{part}}.parquet", ("passkey",),
+             "one job's share of the passkey trials of one length (real.e2e.passkey.parts): per pass, depth and "
+             "trial, whether the key was retrieved",
              when="passkey", schema="kvasym.real.passkey_grid:GRID_COLUMNS"),
     Artifact("e2e_summary", f"{_R}/real/e2e/summary.parquet", ("e2e_stats",),
              "the end-to-end summary (llama.cpp's measures and the bits per value) per scheme and budget", when="e2e"),
@@ -264,8 +266,8 @@ JOB_KEYS: dict[str, str] = {
     "e2e": "real/e2e/{model}/{text}/part{part}",
     "e2e_join": "real/e2e_join/{model}/{text}",
     "calibrate": "real/calibrate/{model}",
-    "e2e_long": "real/e2e_long/L{length}",
-    "passkey": "real/passkey/L{length}",
+    "e2e_long": "real/e2e_long/L{length}/part{part}",
+    "passkey": "real/passkey/L{length}/part{part}",
     "e2e_stats": "real/e2e_stats",
     "sensitivity": "real/sensitivity/{text}",
     "card": "real/card",

@@ -421,18 +421,35 @@ class Study:
             "norm_dtype": self.norm_dtype,
         }
 
-    def e2e_long_slice(self, length: int, real: Mapping[str, Any]) -> dict[str, Any]:
-        """What the long-context job of one window length (stage ``e2e_long``) depends on."""
-        section = real["e2e"]["long_context"]
-        return {"length": int(length), "windows": int(section["windows"]),
-                "calibration_windows": int(section["calibration_windows"]), "own": real["e2e"]["own"],
-                **self._model_pass_slice(section, real)}
+    def e2e_long_slice(self, length: int, real: Mapping[str, Any], part: int = 0) -> dict[str, Any]:
+        """What one job of the long-context windows of one length (stage ``e2e_long``) depends on:
+        with ``long_context.parts`` ``P > 1``, its share ``"part": [part, P]`` of the windows
+        (:func:`kvasym.real.jobparts.part_slice`)."""
+        from .real.jobparts import part_slice
 
-    def passkey_slice(self, length: int, real: Mapping[str, Any]) -> dict[str, Any]:
-        """What the passkey job of one length (stage ``passkey``) depends on."""
+        section = real["e2e"]["long_context"]
+        whole = {"length": int(length), "windows": int(section["windows"]),
+                 "calibration_windows": int(section["calibration_windows"]), "own": real["e2e"]["own"],
+                 **self._model_pass_slice(section, real)}
+        return part_slice(whole, self._part(part, section, "long_context"))
+
+    def passkey_slice(self, length: int, real: Mapping[str, Any], part: int = 0) -> dict[str, Any]:
+        """What one job of the passkey trials of one length (stage ``passkey``) depends on: with
+        ``passkey.parts`` ``P > 1``, its share ``"part": [part, P]`` of the trials
+        (:func:`kvasym.real.jobparts.part_slice`)."""
+        from .real.jobparts import part_slice
+
         section = real["e2e"]["passkey"]
-        return {"length": int(length), "depths": list(section["depths"]), "trials": int(section["trials"]),
-                **self._model_pass_slice(section, real)}
+        whole = {"length": int(length), "depths": list(section["depths"]), "trials": int(section["trials"]),
+                 **self._model_pass_slice(section, real)}
+        return part_slice(whole, self._part(part, section, "passkey"))
+
+    @staticmethod
+    def _part(part: int, section: Mapping[str, Any], key: str) -> tuple[int, int]:
+        parts = int(section.get("parts", 1))
+        if not 0 <= int(part) < parts:
+            raise KvasymError(f"{key} part {part}: real.e2e.{key}.parts is {parts} (parts 0..{parts - 1})")
+        return int(part), parts
 
     def sensitivity_slice(self, text: str, real: Mapping[str, Any]) -> dict[str, Any]:
         """What the card's calibration on one text (stage ``sensitivity``) depends on."""
@@ -562,9 +579,9 @@ class Study:
         if stage == "calibrate":
             return self.calibrate_slice(real)
         if stage == "e2e_long":
-            return self.e2e_long_slice(int(w["length"]), real)
+            return self.e2e_long_slice(int(w["length"]), real, int(w["part"]))
         if stage == "passkey":
-            return self.passkey_slice(int(w["length"]), real)
+            return self.passkey_slice(int(w["length"]), real, int(w["part"]))
         if stage == "sensitivity":
             return self.sensitivity_slice(str(w["text"]), real)
         if stage == "card":

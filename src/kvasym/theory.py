@@ -424,7 +424,7 @@ def marginal_samples(slice_: Mapping[str, Any], manifests: Sequence[Any]) -> dic
     Parameters
     ----------
     slice_ : mapping
-        The figures slice (:func:`kvasym.render.figures.registry.figures_slice`): its
+        The figures slice (:func:`kvasym.render.figures.figure_slice.figures_slice`): its
         ``distributions``, ``headline``, ``facet_distributions``, ``seq_len``, ``n_queries``,
         ``trials``, ``base_seed`` and ``marginal_trials``.
     manifests : sequence of path-like

@@ -389,17 +389,27 @@ def model_inputs(stage):
 
 
 def e2e_long_windows(wildcards=None):
-    """The long-context tables, one per window length (none without long_context)."""
-    return [path("e2e_long_window", length=n) for n in LONG["lengths"]] if LONG else []
+    """The long-context tables, each length's parts (real.e2e.long_context.parts; none without
+    long_context)."""
+    if not LONG:
+        return []
+    return [
+        path("e2e_long_window", length=n, part=p)
+        for n in LONG["lengths"]
+        for p in range(LONG["parts"])
+    ]
 
 
 def passkey_tables(wildcards=None):
-    """The passkey trial tables, one per length (none without passkey)."""
-    return (
-        [path("passkey_trials", length=n) for n in PASSKEY["lengths"]]
-        if PASSKEY
-        else []
-    )
+    """The passkey trial tables, each length's parts (real.e2e.passkey.parts; none without
+    passkey)."""
+    if not PASSKEY:
+        return []
+    return [
+        path("passkey_trials", length=n, part=p)
+        for n in PASSKEY["lengths"]
+        for p in range(PASSKEY["parts"])
+    ]
 
 
 def card_sensitivity_parts(wildcards=None):

@@ -397,4 +397,11 @@ def _model_section(key: str, value: dict | None, schemes: list[str] | None, vari
                               f"long-context schemes {out['schemes']} is a query-aware variant {sorted(variants)}")
     if "depths" in out:
         out["depths"] = sorted(float(v) for v in out["depths"])
+    # a part of a job runs at least one unit (kvasym.real.jobparts.select_round_robin)
+    out["parts"] = int(out.get("parts", 1))
+    units = int(out["windows"]) if key == "long_context" else len(out["depths"]) * int(out["trials"])
+    if out["parts"] > units:
+        what = "windows per length" if key == "long_context" else "depths x trials per length"
+        raise KvasymError(f"config key real.e2e.{key}.parts: {out['parts']} parts, but a length has {units} "
+                          f"{what}: a part would run nothing")
     return out

@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import KvasymError
 from ..schemes import Scheme
 from .endtoend import evaluate_text
+from .jobparts import select_round_robin
 from .longtext import n_windows, windows
 
 __all__ = ["calibration_window_indices", "evaluate_windows", "window_bases", "window_text"]
@@ -94,7 +95,7 @@ def evaluate_windows(model: Any, ids: np.ndarray, lengths: Sequence[int], count_
                      schemes: Sequence[Scheme], budgets: Sequence[int], *, base_seed: int, rope: str = "post",
                      own: str = "exact", norm_dtype: str = "float32",
                      context_length: int | None = None, calibration_windows: int = 0,
-                     **pass_options: Any) -> dict[str, np.ndarray]:
+                     part: Sequence[int] = (0, 1), **pass_options: Any) -> dict[str, np.ndarray]:
     """Per-position next-token measures of every scheme and budget on long-text windows.
 
     Parameters
@@ -126,6 +127,13 @@ def evaluate_windows(model: Any, ids: np.ndarray, lengths: Sequence[int], count_
         With query-aware variants (``pass_options["query_variants"]``): ``N >= 1`` also runs
         every variant with bases calibrated on the last ``N`` windows of each length
         (:func:`window_bases`; scheme column ``f"{variant}+W"``); 0 (default): not.
+    part : pair of int
+        ``(p, P)``: run windows ``p, p + P, ...`` of the (length, window) order only
+        (:func:`kvasym.real.jobparts.select_round_robin`; a length none of whose windows the
+        part runs computes no calibration bases). A window's rows depend on its identity only
+        (its tokens, its seeds, the length's bases), so the parts' columns joined
+        (:func:`kvasym.real.jobparts.join_by_units` on ``context, window``) are the whole
+        job's row for row. Default ``(0, 1)``: every window.
     **pass_options
         Further keywords of :func:`~kvasym.real.endtoend.evaluate_text` (e.g. the query-aware
         variants and their bases), passed to every window's passes.
@@ -156,13 +164,18 @@ def evaluate_windows(model: Any, ids: np.ndarray, lengths: Sequence[int], count_
     if calibrating:  # refused before any pass too
         for length in lengths:
             calibration_window_indices(len(ids), int(length), int(count_per_length), calibration_windows)
+    units = select_round_robin([(length, index, window_ids) for length, tokens in cut
+                                for index, window_ids in enumerate(tokens)], part, "long-context windows")
     parts: list[dict[str, np.ndarray]] = []
-    for length, tokens in cut:
+    for length in [length for length, _ in cut]:
+        mine = [(index, window_ids) for at, index, window_ids in units if at == length]
+        if not mine:
+            continue
         options = dict(pass_options)
         if calibrating:
             options["window_query_bases"] = window_bases(model, ids, length, int(count_per_length),
                                                          calibration_windows, limit)
-        for index, window_ids in enumerate(tokens):
+        for index, window_ids in mine:
             columns = evaluate_text(model, window_ids, schemes, budgets, text=window_text(length, index),
                                     base_seed=base_seed, ropes=(rope,), own=own, norm_dtype=norm_dtype,
                                     **options)

@@ -127,7 +127,8 @@ def _build_trials(model: Any, lengths: Sequence[int], depths: Sequence[float], t
 
 
 def run_grid(model: Any, lengths: Sequence[int], depths: Sequence[float], trials: int,
-             passes: Mapping[str, CacheQuantization | None], *, base_seed: int) -> pd.DataFrame:
+             passes: Mapping[str, CacheQuantization | None], *, base_seed: int,
+             part: Sequence[int] = (0, 1)) -> pd.DataFrame:
     """Run every passkey trial of a grid under every pass.
 
     Parameters
@@ -148,6 +149,12 @@ def run_grid(model: Any, lengths: Sequence[int], depths: Sequence[float], trials
         included, are the pass's.
     base_seed : int
         The study's base seed (the pass keys, :func:`kvasym.real.passkey.passkey_number`).
+    part : pair of int
+        ``(p, P)``: run trials ``p, p + P, ...`` of the grid's (length, depth, trial) order only
+        (:func:`kvasym.real.jobparts.select_round_robin`); a trial's rows depend on its identity
+        only, so the parts' rows joined (:func:`kvasym.real.jobparts.join_by_units` on
+        ``length, depth, trial``) are the whole grid's row for row. Default ``(0, 1)``: every
+        trial.
 
     Returns
     -------
@@ -165,9 +172,12 @@ def run_grid(model: Any, lengths: Sequence[int], depths: Sequence[float], trials
         If the passes, lengths, depths or trial count are empty or invalid (the message names
         the value), before any pass runs.
     """
+    from .jobparts import select_round_robin
+
     _check_passes(passes)
     rows: list[dict[str, Any]] = []
-    for trial in _build_trials(model, lengths, depths, trials, base_seed):
+    grid = _build_trials(model, lengths, depths, trials, base_seed)
+    for trial in select_round_robin(grid, part, "passkey trials"):
         for name, quant in passes.items():
             if quant is not None:
                 quant = dataclasses.replace(quant, text=trial_text(trial.length, trial.depth, trial.trial))

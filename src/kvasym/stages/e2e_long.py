@@ -1,6 +1,8 @@
 """Stage ``e2e_long`` (rule ``e2e_long``): long-context passes of SmolLM2-135M at one window length.
 
-One job per window length ``L``: the model is loaded once, the long offline text (Python's
+One job per window length ``L`` (or, with ``real.e2e.long_context.parts`` ``P > 1``, ``P`` jobs,
+part ``p`` running windows ``p, p + P, ...``: :mod:`kvasym.real.jobparts`, joined by
+``e2e_stats``): the model is loaded once, the long offline text (Python's
 pydoc topics, :mod:`kvasym.real.longtext`; its source and SHA-256 go into the table's metadata)
 is cut into its first ``windows`` disjoint windows of ``L`` tokens, and every window runs the
 reference pass and one all-layer pass per scheme (and query-aware variant) and budget, keys
@@ -28,7 +30,8 @@ def run_e2e_long(slice_: dict[str, Any], out: str, query_bases: str | None = Non
     ``slice_``: ``length``, ``windows``, ``calibration_windows`` (the variants also run with
     bases calibrated on that many long-text windows of this length, scheme ``<variant>+W``),
     ``own``, ``schemes`` (scheme dicts), ``query_variants``, ``budgets``, ``base_seed``,
-    ``norm_dtype``; ``query_bases`` the calibrated bases' file when ``query_variants`` is not
+    ``norm_dtype``, with ``part`` ``[p, P]`` this job's share of the windows
+    (:func:`kvasym.real.jobparts.part_slice`); ``query_bases`` the calibrated bases' file when ``query_variants`` is not
     empty.
     """
     import json
@@ -50,7 +53,8 @@ def run_e2e_long(slice_: dict[str, Any], out: str, query_bases: str | None = Non
     columns = evaluate_windows(model, long_text_ids(model), [int(slice_["length"])], int(slice_["windows"]),
                                schemes, [int(b) for b in slice_["budgets"]], base_seed=int(slice_["base_seed"]),
                                own=slice_["own"], norm_dtype=slice_["norm_dtype"],
-                               calibration_windows=int(slice_["calibration_windows"]), **options)
+                               calibration_windows=int(slice_["calibration_windows"]), part=slice_.get("part", (0, 1)),
+                               **options)
     source = long_text_source()
     meta = {**provenance(slice_), "model_sha256": model.model_sha256,
             "long_text": json.dumps({key: str(value) for key, value in vars(source).items()}, sort_keys=True)}

@@ -182,7 +182,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_from_args(args: argparse.Namespace) -> list[Path]:
     """Run the stage from parsed :func:`add_arguments` flags: by hand with ``--config``, the slice
     and the ``--per-query`` files' digests not given are the DAG's (issue 51, point 2)."""
-    from ..render.figures.registry import figures_slice
+    from ..render.figures.figure_slice import figures_slice
     from ._slice import config_cell_digests, config_slice, parse_cell_digests
 
     slice_ = config_slice(args, figures_slice)

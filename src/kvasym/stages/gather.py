@@ -82,7 +82,7 @@ def write_query_model(trials: pd.DataFrame, slice_: Mapping[str, Any], out: str 
 
 
 #: The keys of ``--display-slice``: those of the figures slice
-#: (:func:`kvasym.render.figures.registry.figures_slice`) that select the rows summarised.
+#: (:func:`kvasym.render.figures.figure_slice.figures_slice`) that select the rows summarised.
 DISPLAY_SLICE_KEYS = ("headline", "facet_distributions", "jensen_bins")
 #: The display tables: output argument -> (artifact, the metrics table it summarises).
 DISPLAY_OUTPUTS = {"out_phi_summary": ("phi_summary", "per_query"), "out_phi_density": ("phi_density", "per_query"),
@@ -231,7 +231,7 @@ def _display_digests(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def _display_slice(study: Any) -> dict[str, Any]:
     """The ``--display-slice`` the DAG gives: :data:`DISPLAY_SLICE_KEYS` of the figures slice."""
-    from ..render.figures.registry import figures_slice
+    from ..render.figures.figure_slice import figures_slice
 
     return {key: value for key, value in figures_slice(study).items() if key in DISPLAY_SLICE_KEYS}
 

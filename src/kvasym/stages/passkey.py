@@ -1,6 +1,8 @@
 """Stage ``passkey`` (rule ``passkey``): passkey retrieval trials of SmolLM2-135M at one length.
 
-One job per length ``L``: the model is loaded once; every (depth, trial) prompt is built once
+One job per length ``L`` (or, with ``real.e2e.passkey.parts`` ``P > 1``, ``P`` jobs, part ``p``
+running trials ``p, p + P, ...``: :mod:`kvasym.real.jobparts`, joined by ``e2e_stats``): the
+model is loaded once; every (depth, trial) prompt is built once
 (:func:`kvasym.real.passkey.make_trial`) and scored by greedy decoding of the key's digits in
 one teacher-forced pass in full precision (pass ``fp``) and with each scheme's (and
 query-aware variant's) cache at each budget (pass ``<scheme>@<budget>``; every trial its own
@@ -27,7 +29,8 @@ def run_passkey(slice_: dict[str, Any], out: str, query_bases: str | None = None
     """Every passkey trial of length ``slice_["length"]`` under every pass.
 
     ``slice_``: ``length``, ``depths``, ``trials``, ``schemes`` (scheme dicts),
-    ``query_variants``, ``budgets``, ``base_seed``, ``norm_dtype``; ``query_bases`` the
+    ``query_variants``, ``budgets``, ``base_seed``, ``norm_dtype``, with ``part`` ``[p, P]``
+    this job's share of the trials (:func:`kvasym.real.jobparts.part_slice`); ``query_bases`` the
     calibrated bases' file when ``query_variants`` is not empty.
     """
     import pandas as pd
@@ -52,7 +55,7 @@ def run_passkey(slice_: dict[str, Any], out: str, query_bases: str | None = None
             passes[pass_name(variant, budget)] = query_aware_quantization(variant, int(budget), base_seed, bases,
                                                                           slice_["norm_dtype"])
     frame = run_grid(model, [int(slice_["length"])], [float(d) for d in slice_["depths"]], int(slice_["trials"]),
-                     passes, base_seed=base_seed)
+                     passes, base_seed=base_seed, part=slice_.get("part", (0, 1)))
     frame = frame.drop(columns=["cpu_s"])
     write_frame_atomic(pd.DataFrame(frame), out, {**provenance(slice_), "model_sha256": model.model_sha256})
 

@@ -5,7 +5,8 @@ Each family is one Snakemake rule (``figure_<family>``, one job) that runs ``kva
 ``<name>.caption.tex`` for each of its figures. :data:`FIGURE_FAMILIES` says, per family, which
 figures it draws, which inputs it reads (so a rule declares, and a rerun is triggered by, only
 those), under which heading the Snakemake report shows it, and its drawing callable
-(:attr:`FigureFamily.draw`). :func:`figures_slice` is the stage's config slice.
+(:attr:`FigureFamily.draw`). :func:`figures_slice` is the stage's config slice (defined in
+:mod:`~kvasym.render.figures.figure_slice`, which the gather stage reads without this module).
 
 The drawing callables live here, one per family, and import their family module
 (``kvasym.render.figures.<family>``) only when called: Snakemake imports this module when it
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import KvasymError
+from .figure_slice import MAX_FACETS, figures_slice  # noqa: F401 (the stage's slice, re-exported)
 
 __all__ = ["E2E_FAMILIES", "FAMILIES", "FIGURE_CELL_INPUTS", "FIGURE_INPUTS", "FRONTIER_FAMILIES", "FAMILY_INPUTS",
            "FIGURES", "FIGURE_FAMILIES", "FORMATS", "REAL_FAMILIES", "Drawn", "FigureFamily", "check_families",
@@ -276,7 +278,6 @@ FIGURES: tuple[str, ...] = tuple(name for names in FAMILIES.values() for name in
 #: The files of a figure ``<name>``: its drawing (PDF, PNG) and the factual part of its caption
 #: (``<name>.caption.tex``, :mod:`kvasym.render.figures.captions`).
 FORMATS: tuple[str, ...] = ("pdf", "png", "caption.tex")
-MAX_FACETS = 4
 
 
 def figure_files(out_dir: str | os.PathLike, families: Sequence[str] | None = None) -> list[str]:
@@ -333,59 +334,3 @@ def facet_cells(slice_: Mapping[str, Any], table: str) -> list[dict[str, Any]]:
     budget = int(head["budget"]) if table == "per_key" else None
     return [{"distribution": name, "dim": int(head["dim"]), "budget": budget}
             for name in slice_["facet_distributions"] if int(head["dim"]) in dims.get(name, [])]
-
-
-def _paper_kl_ratio(study: Any) -> float | None:
-    """The ``paper_value`` of the claims file's mean-KL ratio claim of QKQV over KQV (C2 in the
-    paper's ledger), or None when the claims file has none."""
-    from ...claims import load_claims
-
-    for claim in load_claims(study.claims_file, study.headline):
-        where = claim["where"]
-        if (claim["statistic"] == "kl_ratio" and where.get("a") == "QKQV" and where.get("b") == "KQV"
-                and where.get("which", "mean") == "mean" and claim.get("paper_value") is not None):
-            return float(claim["paper_value"])
-    return None
-
-
-def figures_slice(study: Any) -> dict[str, Any]:
-    """The figure stage's slice from a :class:`kvasym.study.Study`: the grid, the study's
-    headline cell (:attr:`~kvasym.study.Study.headline`), the facet distributions and the
-    rank-sweep references (:meth:`kvasym.study.Study.rank_references`)."""
-    from ...study import extreme_first  # not at import: the study module loads the config schema
-
-    variants = getattr(study, "query_variants", {})
-    distributions = [
-        {**study.distributions[name].to_dict(), "dims": list(study.distribution_dims[name])}
-        for name in study.distributions if name not in variants
-    ]
-    head = dict(study.headline)
-    dim = int(head["dim"])
-    at_dim = [d for d in distributions if dim in d["dims"]]
-    facets = [head["distribution"]]
-    for kind in ("student_t", "low_rank", "concentrated", "gaussian"):
-        for name in extreme_first(at_dim, kind)[:1]:
-            if name not in facets and len(facets) < MAX_FACETS:
-                facets.append(name)
-    return {
-        "schemes": list(study.schemes),
-        "budgets": list(study.budgets),
-        "sharpness": list(study.sharpness),
-        "distributions": distributions,
-        "base_seed": int(study.base_seed),
-        "seq_len": int(study.seq_len),
-        "n_queries": int(study.n_queries),
-        "trials": int(study.trials),
-        "headline": {"distribution": head["distribution"], "dim": dim, "sharpness": float(head["sharpness"]),
-                     "budget": int(head["budget"])},
-        "facet_distributions": facets,
-        # at each dim with low-rank data, its heaviest-tailed Student-t (the rank sweep's lines)
-        "rank_references": study.rank_references(),
-        "marginal_trials": int(min(study.trials, study.theory.get("trials", study.trials), 4)),
-        # the paper's QKQV/KQV mean-KL ratio, a reference line of the sharpness sweep
-        "paper_kl_ratio": _paper_kl_ratio(study),
-        "jensen_bins": 20,
-        "max_points": 300,
-    }
-
-
