@@ -49,14 +49,15 @@ JOBS = {
     "calibrate": {},
     "e2e_long": {"length": "64", "part": "0"},
     "passkey": {"length": "96", "part": "0"},
-    "sensitivity": {"text": "allotment_spring"},
+    "sensitivity": {"text": "allotment_spring", "part": "0"},
     "card": {},
 }
 #: Keys a stage reads when present (slice_.get): the real rows' layers, the file's digest, a
 #: frontier unit's extra budgets (frontier.extra_budgets, in the tiny config: RKV at n = 5), a
 #: job's part (kvasym.real.jobparts.part_of; the tiny config runs its windows and trials as parts).
 OPTIONAL_KEYS = {"real_metrics": {"layers"}, "file_metrics": {"content_sha256"},
-                 "cells": {"extra_budgets", "packed_extra"}, "e2e_long": {"part"}, "passkey": {"part"}}
+                 "cells": {"extra_budgets", "packed_extra"}, "e2e_long": {"part"}, "passkey": {"part"},
+                 "sensitivity": {"part"}}
 
 
 def _config(**changes):

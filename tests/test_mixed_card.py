@@ -140,6 +140,27 @@ def test_sensitivity_restarts_equal_the_whole_pass(two_layers):
     assert np.all(f16 < two) and np.all(table[table.width == FLOAT16_WIDTH]["bits"] == 16.0)
 
 
+def test_sensitivity_parts_joined_are_the_whole_table_row_for_row(two_layers):
+    """Issue 49, point 2: a text's (unit, width) rows split into P round-robin parts (each its own
+    job with its own reference pass) and joined by (layer, side, kv_head, width) are the one job's
+    table bit for bit, for every P up to the row count (granularity layer_side: 4 units x 3 widths)."""
+    from kvasym.real.endtoend import reference_pass
+    from kvasym.real.jobparts import join_by_units
+
+    model = two_layers
+    ids = model.encode("Bread rose slowly in the warm kitchen of the bakery.")[:10]
+    run = dict(scheme=get_scheme("RKV"), widths=[1, 3, 16], granularity="layer_side", text="t", base_seed=BASE_SEED)
+    whole = pd.DataFrame(sensitivity(model, reference_pass(model, ids), **run))
+    assert len(whole) == 12
+    for total in (1, 2, 5, 12):
+        parts = [pd.DataFrame(sensitivity(model, reference_pass(model, ids), **run, part=(p, total)))
+                 for p in range(total)]
+        joined = join_by_units(parts, ["layer", "side", "kv_head", "width"])
+        pd.testing.assert_frame_equal(joined, whole, check_exact=True)
+    with pytest.raises(KvasymError, match=r"the job has 12 sensitivity rows \(units x widths\), fewer than its 13"):
+        sensitivity(model, reference_pass(model, ids), **run, part=(0, 13))
+
+
 def test_unit_cells_cover_the_map_once():
     for granularity, count in (("layer", 4), ("layer_side", 8), ("layer_side_head", 24)):
         units = unit_cells(4, 3, granularity)
@@ -297,13 +318,12 @@ def test_card_config_refusals():
         real_settings({**base, "card": {"calibration_texts": ["nope"]}})
     card = real_settings({**base, "card": {}})["card"]
     assert card == {"calibration_texts": ["allotment_spring", "chess_club"], "scheme": "RKV", "budgets": [2, 3, 4],
-                    "widths": [1, 2, 3, 4, 5, 6], "granularity": "layer_side"}
+                    "widths": [1, 2, 3, 4, 5, 6], "granularity": "layer_side", "parts": 1}
 
 
 def test_sensitivity_stage_refuses_an_evaluation_text(tmp_path):
     from kvasym.stages.sensitivity import run_sensitivity
 
     with pytest.raises(KvasymError, match="calibration text 'bicycle_repair' is also an evaluation text"):
-        run_sensitivity({"text": "bicycle_repair", "evaluation_texts": ["bicycle_repair"]}, str(tmp_path / "s.parquet"),
-                        str(tmp_path / "h.parquet"))
+        run_sensitivity({"text": "bicycle_repair", "evaluation_texts": ["bicycle_repair"]}, str(tmp_path / "s.parquet"))
     assert not list(tmp_path.iterdir())

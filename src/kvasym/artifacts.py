@@ -178,11 +178,12 @@ _ARTIFACTS: tuple[Artifact, ...] = (
              "passkey accuracy per pass, length and depth, with McNemar's test against full precision",
              when="passkey"),
     # the model card and its measured allocation (issue 32)
-    Artifact("card_sensitivity", f"{_R}/real/card/sensitivity/{{text}}.parquet", ("sensitivity",),
-             "the sensitivity curves of one calibration text: per allocation unit and width, the next-token KL with "
-             "that unit alone quantized", when="card", schema="kvasym.real.mixed:SENSITIVITY_COLUMNS"),
-    Artifact("card_heads", f"{_R}/real/card/heads/{{text}}.parquet", ("sensitivity",),
-             "the per-layer and per-KV-head cache statistics of one calibration text", when="card",
+    Artifact("card_sensitivity", f"{_R}/real/card/sensitivity/{{text}}/part{{part}}.parquet", ("sensitivity",),
+             "one job's share of the sensitivity curves of one calibration text (real.card.parts): per allocation "
+             "unit and width, the next-token KL with that unit alone quantized", when="card",
+             schema="kvasym.real.mixed:SENSITIVITY_COLUMNS"),
+    Artifact("card_heads", f"{_R}/real/card/heads.parquet", ("card",),
+             "the per-layer and per-KV-head cache statistics of the calibration texts", when="card",
              schema="kvasym.real.card:HEAD_COLUMNS"),
     Artifact("card_json", f"{_R}/real/card/card.json", ("card",), "the model card (JSON)", when="card"),
     Artifact("card_html", f"{_R}/real/card/card.html", ("card_page",), "the model card as one HTML page", when="card"),
@@ -269,7 +270,7 @@ JOB_KEYS: dict[str, str] = {
     "e2e_long": "real/e2e_long/L{length}/part{part}",
     "passkey": "real/passkey/L{length}/part{part}",
     "e2e_stats": "real/e2e_stats",
-    "sensitivity": "real/sensitivity/{text}",
+    "sensitivity": "real/sensitivity/{text}/part{part}",
     "card": "real/card",
     "card_page": "real/card_page",
     "file_metrics": f"files/{_CELL}/{{scheme}}/n{{budget}}",

@@ -445,19 +445,26 @@ class Study:
         return part_slice(whole, self._part(part, section, "passkey"))
 
     @staticmethod
-    def _part(part: int, section: Mapping[str, Any], key: str) -> tuple[int, int]:
+    def _part(part: int, section: Mapping[str, Any], key: str, where: str = "") -> tuple[int, int]:
+        """``(part, P)`` with ``P`` the section's ``parts`` (config key ``where or real.e2e.<key>``)."""
         parts = int(section.get("parts", 1))
         if not 0 <= int(part) < parts:
-            raise KvasymError(f"{key} part {part}: real.e2e.{key}.parts is {parts} (parts 0..{parts - 1})")
+            raise KvasymError(f"{key} part {part}: {where or 'real.e2e.' + key}.parts is {parts} "
+                              f"(parts 0..{parts - 1})")
         return int(part), parts
 
-    def sensitivity_slice(self, text: str, real: Mapping[str, Any]) -> dict[str, Any]:
-        """What the card's calibration on one text (stage ``sensitivity``) depends on."""
+    def sensitivity_slice(self, text: str, real: Mapping[str, Any], part: int = 0) -> dict[str, Any]:
+        """What one job of the card's calibration on one text (stage ``sensitivity``) depends on:
+        with ``real.card.parts`` ``P > 1``, its share ``"part": [part, P]`` of the text's rows
+        (:func:`kvasym.real.jobparts.part_slice`)."""
+        from .real.jobparts import part_slice
+
         card = real["card"]
-        return {"text": text, "evaluation_texts": list(real["e2e"]["texts"]), "max_tokens": real["max_tokens"],
-                "scheme": {"name": card["scheme"], **self.scheme(card["scheme"]).to_dict()},
-                "widths": list(card["widths"]), "granularity": card["granularity"], "base_seed": self.base_seed,
-                "norm_dtype": self.norm_dtype}
+        whole = {"text": text, "evaluation_texts": list(real["e2e"]["texts"]), "max_tokens": real["max_tokens"],
+                 "scheme": {"name": card["scheme"], **self.scheme(card["scheme"]).to_dict()},
+                 "widths": list(card["widths"]), "granularity": card["granularity"], "base_seed": self.base_seed,
+                 "norm_dtype": self.norm_dtype}
+        return part_slice(whole, self._part(part, card, "card", "real.card"))
 
     def card_slice(self, real: Mapping[str, Any]) -> dict[str, Any]:
         """What the model card (stage ``card``) depends on besides its tables: the end-to-end texts
@@ -583,7 +590,7 @@ class Study:
         if stage == "passkey":
             return self.passkey_slice(int(w["length"]), real, int(w["part"]))
         if stage == "sensitivity":
-            return self.sensitivity_slice(str(w["text"]), real)
+            return self.sensitivity_slice(str(w["text"]), real, int(w["part"]))
         if stage == "card":
             return self.card_slice(real)
         return self.e2e_stats_slice(real)

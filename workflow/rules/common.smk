@@ -311,14 +311,7 @@ PASSKEY = E2E["passkey"] if E2E else None
 QUERY_AWARE = bool(E2E and E2E["query_aware"])
 # The model card and its measured allocation (kvasym.real.card): with real.card and the e2e passes.
 CARD = REAL["card"] if E2E else None
-CARD_OUTPUTS = (
-    "json",
-    "allocation",
-    "layers",
-    "passes",
-    "summary",
-    "comparisons",
-)
+CARD_OUTPUTS = stage_module("card").OUTPUTS  # the card stage declares what it writes
 # e2e_stats writes the long-context and passkey tables only with their passes.
 E2E_TABLES = (
     "summary",
@@ -413,13 +406,12 @@ def passkey_tables(wildcards=None):
 
 
 def card_sensitivity_parts(wildcards=None):
-    """The card's sensitivity tables, one per calibration text."""
-    return [path("card_sensitivity", text=t) for t in CARD["calibration_texts"]]
-
-
-def card_heads_parts(wildcards=None):
-    """The card's cache statistics, one per calibration text."""
-    return [path("card_heads", text=t) for t in CARD["calibration_texts"]]
+    """The card's sensitivity tables, each calibration text's parts (real.card.parts)."""
+    return [
+        path("card_sensitivity", text=t, part=p)
+        for t in CARD["calibration_texts"]
+        for p in range(CARD["parts"])
+    ]
 
 
 def card_targets():
@@ -863,7 +855,8 @@ def crate_parts():
     """What the run wrote beyond RUN_OUTPUTS that its crate lists: the stats and theory parts (a
     claim decided in one cell names its parts), the real and file cells' metrics files (written
     per cell, not as unit folders), the frontier's per-query files, the captures, the real
-    caches' statistics and the end-to-end passes' per-text tables."""
+    caches' statistics, the end-to-end passes' per-text tables and the parts the model jobs
+    wrote (end-to-end passes, long-context windows, passkey trials, sensitivity rows)."""
     parts = [stats_tables(kind) for kind in ("comparisons", "summary", "trials")]
     parts.append(theory_tables())
     parts.append(
@@ -880,7 +873,20 @@ def crate_parts():
         parts.append([path("capture_sidecar", text=text) for text in REAL["texts"]])
         parts.append(list(optional_inputs("tables")(None).values()))
     if E2E:
+        # the model jobs' parts, so that each job that computed is an action of the crate
         parts.append(e2e_texts())
+        parts.append(
+            [
+                path("e2e_part", model=m, text=text, part=p)
+                for m in E2E_MODELS
+                for text in MODEL_SECTIONS[m]["e2e"]["texts"]
+                for p in range(MODEL_SECTIONS[m]["e2e"]["parts"])
+            ]
+        )
+        parts.append(e2e_long_windows())
+        parts.append(passkey_tables())
+        if CARD:
+            parts.append(card_sensitivity_parts())
     return parts
 
 

@@ -262,10 +262,9 @@ rule e2e_stats:
 
 
 rule sensitivity:
-    # One job per calibration text: the card's sensitivity curves and cache statistics.
+    # real.card.parts jobs per calibration text: the card's sensitivity curves (rule card joins them).
     output:
         sensitivity=pattern("card_sensitivity"),
-        heads=pattern("card_heads"),
     log:
         log_path("sensitivity"),
     benchmark:
@@ -278,14 +277,13 @@ rule sensitivity:
         slice=slice_param("sensitivity"),
     shell:
         "kvasym stage sensitivity --slice {params.slice:q} --out {output.sensitivity:q}"
-        " --out-heads {output.heads:q} > {log:q} 2>&1"
+        " > {log:q} 2>&1"
 
 
 rule card:
     # One job: the measured allocation, its end-to-end passes against the uniform map, the card.
     input:
         sensitivity=card_sensitivity_parts,
-        heads=card_heads_parts,
         e2e_summary=pattern("e2e_summary"),  # rule e2e_stats
     output:
         **{name: pattern(f"card_{name}") for name in CARD_OUTPUTS},
@@ -299,7 +297,7 @@ rule card:
     params:
         code=STAGE_CODE["card"],  # reruns the job when the code it runs changes
         slice=slice_param("card"),
-        inputs=flags_of("sensitivity", "heads", "e2e_summary"),
+        inputs=flags_of("sensitivity", "e2e_summary"),
         outputs=output_flags(CARD_OUTPUTS),
     shell:
         "kvasym stage card --slice {params.slice:q} {params.inputs} {params.outputs} > {log:q} 2>&1"

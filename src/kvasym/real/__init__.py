@@ -220,7 +220,7 @@ def card_settings(value: object, e2e: dict | None, schemes: list[str] | None = N
                           "(the uniform map at each budget is the allocation's reference)")
     return {"calibration_texts": list(out["calibration_texts"]), "scheme": out["scheme"],
             "budgets": sorted(int(b) for b in out["budgets"]), "widths": sorted(int(w) for w in out["widths"]),
-            "granularity": out["granularity"]}
+            "granularity": out["granularity"], "parts": int(out.get("parts", 1))}
 
 
 def _subset(key: str, value: str | list[str], allowed: list[str], what: str) -> list[str]:

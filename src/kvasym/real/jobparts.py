@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from ..errors import KvasymError
 
-__all__ = ["check_parts", "join_by_units", "part_of", "part_slice", "select_round_robin"]
+__all__ = ["check_parts", "join_by_units", "part_of", "part_slice", "read_job_parts", "select_round_robin"]
 
 T = TypeVar("T")
 
@@ -80,6 +80,11 @@ def part_of(slice_: Mapping[str, Any]) -> tuple[int, int]:
     return _check_part(slice_.get("part", (0, 1)))
 
 
+def _job_identity(slice_: Mapping[str, Any]) -> str:
+    """What names a job whatever its part: its slice without ``part``, as a string."""
+    return repr(sorted((k, repr(v)) for k, v in slice_.items() if k != "part"))
+
+
 def check_parts(slices: Sequence[Mapping[str, Any]], names: Sequence[str]) -> None:
     """Refuse a set of part files that is not, for each job, its parts ``0..P-1`` exactly once.
 
@@ -100,7 +105,7 @@ def check_parts(slices: Sequence[Mapping[str, Any]], names: Sequence[str]) -> No
     totals: dict[str, set[int]] = {}
     for slice_, name in zip(slices, names):
         p, total = part_of(slice_)
-        job = repr(sorted((k, repr(v)) for k, v in slice_.items() if k != "part"))
+        job = _job_identity(slice_)
         if p in jobs.setdefault(job, {}):
             raise KvasymError(f"{name} and {jobs[job][p]} are both part {p} of one job")
         jobs[job][p] = name
@@ -150,3 +155,52 @@ def join_by_units(frames: Sequence[Any], unit_columns: Sequence[str]) -> Any:
                                   f"and {i}")
     joined = pd.concat(list(frames), ignore_index=True)
     return joined.sort_values(keys, kind="mergesort").reset_index(drop=True)
+
+
+def read_job_parts(paths: Sequence[str], unit_columns: Sequence[str]) -> Any:
+    """The rows of the jobs whose part files are ``paths``, as the jobs would write them whole.
+
+    Each file's provenance slice (its Parquet metadata ``config_slice``) names its job and part;
+    every job's parts ``0..P-1`` must be there once (:func:`check_parts`). Each job's parts are
+    joined by ``unit_columns`` (:func:`join_by_units`), and the jobs are concatenated in the order
+    their first file appears in ``paths`` (the order one file per job was read in before parts).
+
+    Parameters
+    ----------
+    paths : sequence of str
+        Part files (Parquet, written with their slice in the metadata).
+    unit_columns : sequence of str
+        The columns naming a unit within one job, in whose ascending order the job writes them.
+
+    Returns
+    -------
+    pandas.DataFrame
+
+    Raises
+    ------
+    KvasymError
+        If a file's provenance is missing or not JSON, or the parts are incomplete or repeated
+        (the message names the files).
+    """
+    import json
+
+    import pandas as pd
+
+    from ..dataset import read_metadata, read_parquet_checked
+
+    if not paths:
+        raise KvasymError("read_job_parts: no part files")
+    slices = []
+    for path in paths:
+        meta = read_metadata(path)
+        if "config_slice" not in meta:
+            raise KvasymError(f"{path}: no provenance (config_slice) to tell its job and part")
+        try:
+            slices.append(json.loads(meta["config_slice"]))
+        except ValueError:
+            raise KvasymError(f"{path}: its provenance (config_slice) is not JSON") from None
+    check_parts(slices, list(paths))
+    jobs: dict[str, list[Any]] = {}
+    for path, slice_ in zip(paths, slices):
+        jobs.setdefault(_job_identity(slice_), []).append(read_parquet_checked(path))
+    return pd.concat([join_by_units(frames, unit_columns) for frames in jobs.values()], ignore_index=True)

@@ -40,6 +40,7 @@ from ..evaluate import dequantize_with, quantize_pair
 from ..schemes import MAX_BUDGET, MIN_BUDGET, SIDES, Scheme
 from .endtoend import ALL_LAYERS, Reference, draw_seed_text, next_token_metrics
 from .gguf_model import GGUFLlama, SequenceFrame
+from .jobparts import select_round_robin
 
 #: The width of a unit kept in float16.
 FLOAT16_WIDTH = 16
@@ -183,12 +184,18 @@ def mixed_pass_rows(model: GGUFLlama, ref: Reference, widths: np.ndarray, scheme
 
 
 def sensitivity(model: GGUFLlama, ref: Reference, scheme: Scheme, widths: Sequence[int], granularity: str, *,
-                text: str, base_seed: int, norm_dtype: str = "float32") -> dict[str, np.ndarray]:
+                text: str, base_seed: int, norm_dtype: str = "float32",
+                part: Sequence[int] = (0, 1)) -> dict[str, np.ndarray]:
     """Each unit's sensitivity curve on one text (module docstring): one row per (unit, width)
     with :data:`SENSITIVITY_COLUMNS` — ``bits`` the unit's measured total bits per value,
     ``kl`` the mean next-token KL, ``dnll`` the mean change of the next token's NLL (nats;
     ``exp(dnll)`` is roughly the perplexity ratio), ``top1`` the share of positions whose argmax
     is kept. Cost: one pass from the unit's layer per (unit, width), ``O(U x W)`` partial passes.
+
+    ``part = (p, P)`` runs (unit, width) rows ``p, p + P, ...`` of the (layer, side, kv_head,
+    width) order only (:func:`kvasym.real.jobparts.select_round_robin`): a row depends on its
+    unit, width and the reference only, so the parts' rows joined by those columns
+    (:func:`kvasym.real.jobparts.join_by_units`) are the whole table row for row.
     """
     c = model.config
     chosen = [int(w) for w in widths]
@@ -196,21 +203,21 @@ def sensitivity(model: GGUFLlama, ref: Reference, scheme: Scheme, widths: Sequen
         raise KvasymError(f"sensitivity widths must be distinct values of {list(WIDTHS)}, got {list(widths)}")
     rows: dict[str, list[Any]] = {key: [] for key in SENSITIVITY_COLUMNS}
     shape = (len(model.layers), 2, c.n_kv_heads)
-    for unit in unit_cells(*shape[::2], granularity):
+    grid = [(unit, width) for unit in unit_cells(*shape[::2], granularity) for width in chosen]
+    for unit, width in select_round_robin(grid, part, "sensitivity rows (units x widths)"):
         layer = unit["layer"]
-        for width in chosen:
-            widths_map = np.where(unit["cells"], width, 0).astype(np.int64)
-            bits: list[dict[str, float]] = []
-            hidden = mixed_layers(model, ref.frame, ref.residuals[layer], layer, widths_map, scheme,
-                                  base_seed=base_seed, seed_text=text, norm_dtype=norm_dtype, bits=bits)
-            measured = next_token_metrics(model, ref, hidden)
-            total = [b["payload"] + b["side_bits"] for b in bits]
-            for key, value in (("text", text), ("layer", layer), ("side", unit["side"]),
-                               ("kv_head", unit["kv_head"]), ("width", width), ("bits", float(np.mean(total))),
-                               ("kl", float(np.mean(measured["kl"]))),
-                               ("dnll", float(np.mean(measured["nll"] - ref.nll))),
-                               ("top1", float(np.mean(measured["top1"]))), ("n_positions", int(ref.nll.size))):
-                rows[key].append(value)
+        widths_map = np.where(unit["cells"], width, 0).astype(np.int64)
+        bits: list[dict[str, float]] = []
+        hidden = mixed_layers(model, ref.frame, ref.residuals[layer], layer, widths_map, scheme,
+                              base_seed=base_seed, seed_text=text, norm_dtype=norm_dtype, bits=bits)
+        measured = next_token_metrics(model, ref, hidden)
+        total = [b["payload"] + b["side_bits"] for b in bits]
+        for key, value in (("text", text), ("layer", layer), ("side", unit["side"]),
+                           ("kv_head", unit["kv_head"]), ("width", width), ("bits", float(np.mean(total))),
+                           ("kl", float(np.mean(measured["kl"]))),
+                           ("dnll", float(np.mean(measured["nll"] - ref.nll))),
+                           ("top1", float(np.mean(measured["top1"]))), ("n_positions", int(ref.nll.size))):
+            rows[key].append(value)
     return {key: np.asarray(value, dtype=object if key in ("text", "side") else None) for key, value in rows.items()}
 
 

@@ -1,13 +1,14 @@
 """Stage ``card`` (rule ``card``): the KV-cache card of SmolLM2-135M and its measured allocation.
 
-One job: reads every calibration text's sensitivity table and head statistics (stage
-``sensitivity``), chooses at each budget's uniform rate the widths of least predicted KL
-(:func:`kvasym.real.mixed.measured_allocation`), runs on every end-to-end text and draw the
-uniform map (the ``e2e`` stage's pass of the scheme, bit for bit) and the allocation's map
-(:func:`kvasym.real.card.evaluation_rows`; 2 passes x budgets x texts x draws, ~3 CPU-s each at
-512 tokens), and writes the per-position rows, their summary and paired comparisons
-(:mod:`kvasym.real.endtoend_stats`), the allocation table, and the card as JSON with
-the end-to-end summary (stage ``e2e_stats``) as its frontier (stage ``card_page`` renders its page).
+One job: reads every calibration text's sensitivity table (stage ``sensitivity``: its parts
+joined), measures the calibration texts' per-head cache statistics, chooses at each budget's
+uniform rate the widths of least predicted KL (:func:`kvasym.real.mixed.measured_allocation`),
+runs on every end-to-end text and draw the uniform map (the ``e2e`` stage's pass of the scheme,
+bit for bit) and the allocation's map (:func:`kvasym.real.card.evaluation_rows`; 2 passes x
+budgets x texts x draws, ~3 CPU-s each at 512 tokens), and writes the per-position rows, their
+summary and paired comparisons (:mod:`kvasym.real.endtoend_stats`), the allocation table, the
+head statistics, and the card as JSON with the end-to-end summary (stage ``e2e_stats``) as its
+frontier (stage ``card_page`` renders its page).
 """
 
 from __future__ import annotations
@@ -22,14 +23,20 @@ from ._slice import add_slice_arguments, stage_slice
 #: Columns of the per-layer sensitivity table (the calibration texts' means per layer, side, width).
 LAYER_COLUMNS = ("layer", "side", "width", "bits", "kl", "dnll", "top1")
 
-OUTPUTS = ("json", "allocation", "layers", "passes", "summary", "comparisons")
+OUTPUTS = ("json", "allocation", "layers", "passes", "summary", "comparisons", "heads")
 
 
-def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], heads_paths: Sequence[str],
-             e2e_summary: str, out: dict[str, str]) -> None:
+def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], e2e_summary: str,
+             out: dict[str, str]) -> None:
     """The card's tables and pages (``out``: output name -> path); ``slice_`` holds ``texts``
     (evaluation), ``calibration_texts``, ``max_tokens``, ``scheme`` (a scheme dict), ``budgets``,
-    ``widths``, ``granularity``, ``draws``, ``base_seed``, ``norm_dtype``."""
+    ``widths``, ``granularity``, ``draws``, ``base_seed``, ``norm_dtype``.
+
+    ``sensitivity_paths``: the calibration texts' sensitivity tables (stage ``sensitivity``), each
+    text's parts joined row for row (:func:`kvasym.real.jobparts.read_job_parts`). The per-head
+    cache statistics of the calibration texts (:func:`kvasym.real.card.head_statistics`, one
+    full-precision pass a text) are computed here, where the model is loaded anyway, so that a
+    sensitivity job can be cut into parts."""
     import json
 
     import pandas as pd
@@ -41,11 +48,13 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], heads_pat
         allocated_label,
         build_card,
         evaluation_rows,
+        head_statistics,
         model_description,
     )
     from ..real.endtoend_stats import compare_schemes, summarize
     from ..real.models import primary_rows
     from ..real.gguf_model import GGUFLlama
+    from ..real.jobparts import read_job_parts
     from ..real.mixed import measured_allocation
     from ..real.querybases import check_disjoint, text_token_ids
     from ..schemes import scheme_from_dict
@@ -57,9 +66,11 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], heads_pat
     reference = str(spec["name"])
     scheme = scheme_from_dict(spec.pop("name"), spec)
     budgets = [int(b) for b in slice_["budgets"]]
-    sensitivity = pd.concat([read_parquet_checked(p) for p in sensitivity_paths], ignore_index=True)
-    heads = pd.concat([read_parquet_checked(p) for p in heads_paths], ignore_index=True)
+    sensitivity = read_job_parts(sensitivity_paths, ["layer", "side", "kv_head", "width"])  # per text
     model = GGUFLlama.load()
+    calibration_ids = text_token_ids(model, calibration, int(slice_["max_tokens"]))
+    heads = pd.concat([head_statistics(model, calibration_ids[text], text) for text in calibration],
+                      ignore_index=True)
     c = model.config
     allocation = measured_allocation(sensitivity, len(model.layers), c.n_kv_heads, str(slice_["granularity"]), budgets)
     passes = evaluation_rows(model, text_token_ids(model, texts, int(slice_["max_tokens"])), allocation, scheme,
@@ -81,22 +92,22 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], heads_pat
     meta = {**provenance(slice_), "model_sha256": model.model_sha256}
     layers = pd.DataFrame(card["layer_sensitivity"], columns=list(LAYER_COLUMNS))
     for name, frame in (("allocation", allocation), ("layers", layers), ("passes", passes), ("summary", summary),
-                        ("comparisons", comparisons)):
+                        ("comparisons", comparisons), ("heads", heads)):
         write_frame_atomic(frame, out[name], meta)
     write_text_atomic(json.dumps(card, indent=1, sort_keys=True) + "\n", out["json"])
 
 
 #: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
-INPUTS = {"sensitivity": "card_sensitivity", "heads": "card_heads", "e2e_summary": "e2e_summary"}
+INPUTS = {"sensitivity": "card_sensitivity", "e2e_summary": "e2e_summary"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "card")
-    add_input_arguments(parser, INPUTS, required=tuple(INPUTS), many=("sensitivity", "heads"))
+    add_input_arguments(parser, INPUTS, required=tuple(INPUTS), many=("sensitivity",))
     for name in OUTPUTS:
         parser.add_argument(f"--out-{name}", required=True, help=f"the card's {name} output")
 
 
 def run(args: argparse.Namespace) -> None:
-    run_card(stage_slice(args, "card"), args.sensitivity, args.heads, args.e2e_summary,
+    run_card(stage_slice(args, "card"), args.sensitivity, args.e2e_summary,
              {name: getattr(args, f"out_{name}") for name in OUTPUTS})

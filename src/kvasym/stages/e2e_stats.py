@@ -102,6 +102,7 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
     import pandas as pd
 
     from ..dataset import provenance, read_parquet_checked, write_frame_atomic
+    from ..real.jobparts import read_job_parts
     from ..real.model_registry import MEMORY_TOKENS, PRIMARY
 
     if not text_paths:
@@ -130,38 +131,18 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
     if long_paths:
         from ..real.endtoend_stats import compare_long, damage_by_position, summarize_long
 
-        long = read_job_parts(long_paths, ["context", "window"])
+        long = read_job_parts(long_paths, ["window"])  # one job (or its parts) per length
         tables["long_summary"] = summarize_long(long)
         tables["long_positions"] = damage_by_position(long)
         tables["long_comparisons"] = compare_long(long)
     if passkey_paths:
         from ..real.passkey_grid import summarize_grid
 
-        trials = read_job_parts(passkey_paths, ["length", "depth", "trial"])
+        trials = read_job_parts(passkey_paths, ["depth", "trial"])  # one job (or its parts) per length
         tables["passkey_summary"] = summarize_grid(trials)
     meta = provenance(slice_)
     for name in tables:
         write_frame_atomic(tables[name], out[name], meta)
-
-
-def read_job_parts(paths: Sequence[str], unit_columns: Sequence[str]) -> Any:
-    """The rows of the jobs whose parts are ``paths`` (stages ``e2e_long``, ``passkey``), in the
-    order one job per length writes them: every job's parts ``0..P-1`` present once (read from
-    each file's provenance slice, :func:`kvasym.real.jobparts.check_parts`), joined by
-    ``unit_columns`` (:func:`kvasym.real.jobparts.join_by_units`)."""
-    import json
-
-    from ..dataset import read_metadata, read_parquet_checked
-    from ..real.jobparts import check_parts, join_by_units
-
-    slices = []
-    for path in paths:
-        try:
-            slices.append(json.loads(read_metadata(path).get("config_slice", "{}")) or {})
-        except ValueError:
-            raise KvasymError(f"{path}: its provenance (config_slice) is not JSON") from None
-    check_parts(slices, list(paths))
-    return join_by_units([read_parquet_checked(p) for p in paths], unit_columns)
 
 
 #: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.

@@ -1,12 +1,13 @@
 """Stage ``sensitivity`` (rule ``sensitivity``): the model card's calibration on one text.
 
-One job per calibration text (shipped texts disjoint from the end-to-end texts): the model is
-loaded once, its reference pass serves, per unit of the allocation (each layer's K and V at
-granularity ``layer_side``) and per width, one pass with that unit alone quantized, restarted
-from the reference's residual stream at the unit's layer (:func:`kvasym.real.mixed.sensitivity`;
-about 0.8 CPU-s a pass at 512 tokens, 360 passes for 30 layers x 2 sides x 6 widths); then the
-per-head cache statistics of the same text (:func:`kvasym.real.card.head_statistics`). Writes
-both tables atomically as Parquet with the slice in their metadata.
+``real.card.parts`` jobs per calibration text (shipped texts disjoint from the end-to-end
+texts; one by default): the model is loaded once, its reference pass serves, per unit of the
+allocation (each layer's K and V at granularity ``layer_side``) and per width, one pass with that
+unit alone quantized, restarted from the reference's residual stream at the unit's layer
+(:func:`kvasym.real.mixed.sensitivity`; about 0.8 CPU-s a pass at 512 tokens, 360 passes for 30
+layers x 2 sides x 6 widths); part ``p`` of ``P`` runs (unit, width) rows ``p, p + P, ...``
+(:mod:`kvasym.real.jobparts`), and stage ``card`` joins the parts row for row. Writes the table
+atomically as Parquet with the slice (``"part": [p, P]`` with ``P > 1``) in its metadata.
 """
 
 from __future__ import annotations
@@ -18,15 +19,14 @@ from ..errors import KvasymError
 from ._slice import add_slice_arguments, stage_slice
 
 
-def run_sensitivity(slice_: dict[str, Any], out: str, out_heads: str) -> None:
-    """The sensitivity curves and the head statistics of ``slice_["text"]`` (its first
-    ``max_tokens`` tokens): ``slice_`` holds ``text``, ``evaluation_texts`` (refused as a
-    calibration text), ``max_tokens``, ``scheme`` (a scheme dict), ``widths``, ``granularity``,
-    ``base_seed``, ``norm_dtype``."""
+def run_sensitivity(slice_: dict[str, Any], out: str) -> None:
+    """The sensitivity curves of ``slice_["text"]`` (its first ``max_tokens`` tokens), or this
+    job's part of them: ``slice_`` holds ``text``, ``evaluation_texts`` (refused as a calibration
+    text), ``max_tokens``, ``scheme`` (a scheme dict), ``widths``, ``granularity``, ``base_seed``,
+    ``norm_dtype`` and, with parts, ``part`` ``[p, P]``."""
     import pandas as pd
 
     from ..dataset import provenance, write_frame_atomic
-    from ..real.card import head_statistics
     from ..real.endtoend import reference_pass
     from ..real.gguf_model import GGUFLlama
     from ..real.mixed import sensitivity
@@ -42,10 +42,8 @@ def run_sensitivity(slice_: dict[str, Any], out: str, out_heads: str) -> None:
     ids = text_token_ids(model, [text], int(slice_["max_tokens"]))[text]
     table = sensitivity(model, reference_pass(model, ids), scheme, [int(w) for w in slice_["widths"]],
                         str(slice_["granularity"]), text=text, base_seed=int(slice_["base_seed"]),
-                        norm_dtype=str(slice_["norm_dtype"]))
-    meta = {**provenance(slice_), "model_sha256": model.model_sha256}
-    write_frame_atomic(pd.DataFrame(table), out, meta)
-    write_frame_atomic(head_statistics(model, ids, text), out_heads, meta)
+                        norm_dtype=str(slice_["norm_dtype"]), part=slice_.get("part", (0, 1)))
+    write_frame_atomic(pd.DataFrame(table), out, {**provenance(slice_), "model_sha256": model.model_sha256})
 
 
 INPUTS: dict[str, str] = {}
@@ -53,9 +51,8 @@ INPUTS: dict[str, str] = {}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "sensitivity")
-    parser.add_argument("--out", required=True, help="the text's sensitivity table (Parquet)")
-    parser.add_argument("--out-heads", required=True, help="the text's per-head cache statistics (Parquet)")
+    parser.add_argument("--out", required=True, help="the text's sensitivity table, or this part of it (Parquet)")
 
 
 def run(args: argparse.Namespace) -> None:
-    run_sensitivity(stage_slice(args, "sensitivity"), args.out, args.out_heads)
+    run_sensitivity(stage_slice(args, "sensitivity"), args.out)
