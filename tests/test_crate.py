@@ -95,9 +95,16 @@ def check_crate(root: Path) -> dict:
 
 
 def _write(root: Path, rel: str, text: str) -> str:
+    """Write ``text`` at ``rel``: as a one-cell Parquet table for a .parquet name (the crate
+    refuses a file that is not whole of its format, kvasym.render.crate.check_complete)."""
     p = root / rel
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text)
+    if p.suffix == ".parquet":
+        import pandas as pd
+
+        pd.DataFrame({"text": [text]}).to_parquet(p, index=False)
+    else:
+        p.write_text(text)
     return rel
 
 

@@ -6,13 +6,17 @@ budget, and on the evaluation texts the uniform reference, the allocation and th
 schemes end to end. Writes into ``DIR`` (created if needed): ``card.json``, ``card.html`` and
 the tables ``heads``, ``sensitivity``, ``allocation``, ``summary``, ``comparisons`` and
 ``passes`` (per position) as Parquet. An existing card in ``DIR`` is never overwritten unless
-``--overwrite`` is given; every file appears complete or not at all.
+``--overwrite`` is given, and no other file in ``DIR`` is touched. The card is written as one set
+(:func:`kvasym.atomic.atomic_file_set`): ``card.json`` stands in ``DIR`` only beside the tables
+and the page of the same run, whatever stops the run (a kill, a full disk); an ``--out`` the card
+cannot be written to is refused before the model is loaded.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,6 +29,8 @@ DEFAULT_EVALUATION = ("bicycle_repair", "chess_club")
 DEFAULT_FRONTIER = ("KV", "KQV", "QKQV")
 OUTPUT_FILES = ("card.json", "card.html", "heads.parquet", "sensitivity.parquet", "allocation.parquet",
                 "summary.parquet", "comparisons.parquet", "passes.parquet")
+#: The order the files are put in place: card.json, the card's index, last (atomic_file_set).
+COMMIT_ORDER = (*OUTPUT_FILES[2:], "card.html", "card.json")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,15 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing card in --out")
 
 
-def _write_parquet(frame, path: Path) -> None:
-    from ..atomic import atomic_target
-
-    with atomic_target(path) as tmp:
-        frame.to_parquet(tmp, index=False)
-
-
 def run(args: argparse.Namespace) -> int:
-    from ..atomic import write_text_atomic
+    from ..atomic import atomic_file_set
     from ..schemes import get_scheme
     from . import shipped_texts
     from ..render.card_page import render_card_html
@@ -69,10 +68,16 @@ def run(args: argparse.Namespace) -> int:
     from .gguf_model import GGUFLlama, estimate_memory_bytes, find_model_file
     from .querybases import text_token_ids
 
+    if not str(args.out).strip():
+        # Path("") is ".": an unset shell variable would put the card in the working folder
+        raise KvasymError(f"--out {args.out!r} is empty; give the folder for the card")
     out = Path(args.out)
+    if out.is_symlink() and not out.exists():
+        raise KvasymError(f"--out {out} is a symbolic link that leads to no folder")
     if out.exists() and not out.is_dir():
         raise KvasymError(f"--out {out} exists and is not a folder")
-    existing = [name for name in OUTPUT_FILES if (out / name).exists()]
+    # lexists: a dangling link named card.json is the user's file too, never replaced unasked
+    existing = [name for name in OUTPUT_FILES if os.path.lexists(out / name)]
     if existing and not args.overwrite:
         raise KvasymError(f"--out {out} already holds {', '.join(existing)}; pass --overwrite to replace them")
     known = shipped_texts()
@@ -97,21 +102,26 @@ def run(args: argparse.Namespace) -> int:
     path = find_model_file() if args.model is None else Path(args.model)
     if not path.is_file():
         raise KvasymError(f"{path}: no such GGUF file")
-    say(f"loading {path.name}: about {estimate_memory_bytes(path) / 2**30:.2f} GiB for the float32 weights "
-        "(checked against the memory available)")
-    model = GGUFLlama.load(path)
-    say(f"loaded {model.model_path.name}: {len(model.layers)} layers, {model.config.n_kv_heads} KV heads")
-    calibration = text_token_ids(model, args.calibration_texts, args.tokens)
-    evaluation = text_token_ids(model, args.evaluation_texts, args.tokens)
-    card, tables = measure_card(model, calibration=calibration, evaluation=evaluation, scheme=scheme,
-                                reference=scheme.name, budgets=args.budgets, widths=args.widths,
-                                granularity=args.granularity, draws=args.draws, base_seed=args.seed,
-                                frontier_schemes=frontier, tokens=args.tokens, log=say)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, frame in tables.items():
-        _write_parquet(frame, out / f"{name}.parquet")
-    write_text_atomic(json.dumps(card, indent=1, sort_keys=True) + "\n", out / "card.json")
-    write_text_atomic(render_card_html(card), out / "card.html")
+    # entered before the model loads: a folder the card cannot be written to (read-only, a file
+    # in the way of its parents) is refused before minutes of measurement, not after
+    with atomic_file_set(out, COMMIT_ORDER) as files:
+        say(f"loading {path.name}: about {estimate_memory_bytes(path) / 2**30:.2f} GiB for the float32 weights "
+            "(checked against the memory available)")
+        model = GGUFLlama.load(path)
+        say(f"loaded {model.model_path.name}: {len(model.layers)} layers, {model.config.n_kv_heads} KV heads")
+        calibration = text_token_ids(model, args.calibration_texts, args.tokens)
+        evaluation = text_token_ids(model, args.evaluation_texts, args.tokens)
+        card, tables = measure_card(model, calibration=calibration, evaluation=evaluation, scheme=scheme,
+                                    reference=scheme.name, budgets=args.budgets, widths=args.widths,
+                                    granularity=args.granularity, draws=args.draws, base_seed=args.seed,
+                                    frontier_schemes=frontier, tokens=args.tokens, log=say)
+        for name, frame in tables.items():
+            with files.target(f"{name}.parquet") as tmp:
+                frame.to_parquet(tmp, index=False)
+        with files.target("card.json") as tmp:
+            tmp.write_text(json.dumps(card, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        with files.target("card.html") as tmp:
+            tmp.write_text(render_card_html(card), encoding="utf-8")
     say(f"wrote {out / 'card.html'} and {out / 'card.json'}")
     for rec in card["recommendations"]:
         print(f"n={rec['budget']} (rate {rec['rate']:.4g} bits/value): {rec['scheme']} n={rec['scheme_budget']}, "

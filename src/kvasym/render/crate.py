@@ -51,8 +51,8 @@ from typing import Any
 from ..artifacts import ARTIFACTS, JOB_KEYS, pattern, template_regex
 from ..errors import KvasymError
 
-__all__ = ["CONTEXT", "METADATA_FILE", "PROFILES", "build_crate", "collect_files", "crate_slice", "match_artifact",
-           "write_crate"]
+__all__ = ["CONTEXT", "METADATA_FILE", "PROFILES", "build_crate", "check_complete", "collect_files", "crate_slice",
+           "match_artifact", "read_ledger", "write_crate"]
 
 #: The JSON-LD context and the specification the crate conforms to.
 CONTEXT = "https://w3id.org/ro/crate/1.3/context"
@@ -76,6 +76,96 @@ def _file_digest(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
+def _tail(path: Path, size: int, n: int) -> bytes:
+    with open(path, "rb") as handle:
+        handle.seek(max(0, size - n))
+        return handle.read()
+
+
+def check_complete(path: str | os.PathLike) -> None:
+    """A :class:`~kvasym.errors.DamagedFile` when ``path`` is not a whole file of its format.
+
+    The crate calls every file it lists the result of a completed job; a file cut short or
+    emptied after its job ended (jobs write atomically) is refused, naming it, instead of being
+    hashed as that result. The checks read a file's ends only (a JSON file is parsed): Parquet
+    starts and ends with ``PAR1`` around a footer that fits in the file, an ``.npz`` is a zip
+    archive with its central directory, a PNG starts with its signature and ends with its
+    ``IEND`` chunk, a PDF starts with ``%PDF-`` and has ``%%EOF`` in its last KiB, a JSON file
+    parses. Other formats (text, LaTeX, YAML) have no structure to check.
+    """
+    import struct
+    import zipfile
+
+    from ..errors import DamagedFile
+
+    p = Path(path)
+    suffix, size = p.suffix.lower(), p.stat().st_size
+    if suffix not in (".parquet", ".npz", ".png", ".pdf", ".json"):
+        return
+    if size == 0:
+        raise DamagedFile(p, f"is empty, not a whole {suffix} file")
+    with open(p, "rb") as handle:
+        head = handle.read(8)
+    if suffix == ".parquet":
+        tail = _tail(p, size, 8)
+        whole = (size >= 12 and head[:4] == b"PAR1" and tail[4:] == b"PAR1"
+                 and struct.unpack("<I", tail[:4])[0] + 12 <= size)
+        reason = "not a whole Parquet table (no PAR1 footer that fits in the file)"
+    elif suffix == ".npz":
+        whole, reason = zipfile.is_zipfile(p), "not a whole .npz archive (no zip central directory)"
+    elif suffix == ".png":
+        whole = head == b"\x89PNG\r\n\x1a\n" and _tail(p, size, 12)[4:8] == b"IEND"
+        reason = "not a whole PNG image (no signature or IEND chunk)"
+    elif suffix == ".pdf":
+        whole, reason = head[:5] == b"%PDF-" and b"%%EOF" in _tail(p, size, 1024), "not a whole PDF (no %%EOF)"
+    else:
+        try:
+            json.loads(p.read_bytes())
+            whole, reason = True, ""
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+            whole, reason = False, f"not valid JSON ({exc})"
+    if not whole:
+        raise DamagedFile(p, reason)
+
+
+def read_ledger(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The claims ledger at ``path`` (stage ``claims``' ``claims.json``): a JSON list of claims,
+    each an object with an ``id`` and, when given, a ``where`` object; anything else is a
+    :class:`~kvasym.errors.DamagedFile` naming the file and the first entry that is wrong (a
+    ledger ``{}`` gave a crate of no claims, silently; an entry without an id, a traceback)."""
+    from ..errors import DamagedFile
+
+    p = Path(path)
+    try:
+        ledger = json.loads(p.read_bytes())
+    except ValueError as exc:
+        raise DamagedFile(p, f"not a readable claims ledger (not valid JSON: {exc})") from None
+    if not isinstance(ledger, list):
+        raise DamagedFile(p, f"not a claims ledger: a JSON {type(ledger).__name__}, not a list of claims")
+    for i, row in enumerate(ledger):
+        cid = row.get("id") if isinstance(row, dict) else None
+        if not isinstance(cid, (str, int)) or isinstance(cid, bool):
+            raise DamagedFile(p, f"not a claims ledger: entry {i} is not a claim object with an id ({row!r:.60})")
+        if not isinstance(row.get("where") or {}, dict):
+            raise DamagedFile(p, f"not a claims ledger: claim {cid!r} (entry {i}) has a 'where' that is not an "
+                                 f"object ({row['where']!r:.60})")
+    return ledger
+
+
+def _inside(root: Path, target: str | os.PathLike, what: str) -> tuple[Path, str]:
+    """``target`` (relative to ``root``, or absolute) as an absolute path and as a path relative
+    to ``root`` with ``/``, both lexical: symbolic links are not resolved, so a results folder
+    that is a link to a scratch disk keeps its name in the crate (resolving it gave a
+    traceback). A path outside ``root`` is a KvasymError naming it: a crate's files lie inside
+    its root."""
+    p = Path(os.path.normpath(root / target))
+    try:
+        return p, p.relative_to(root).as_posix()
+    except ValueError:
+        raise KvasymError(f"{target}: {what} lies outside the crate's root {root}; a crate lists only files "
+                          "inside its root (move or copy it into the checkout)") from None
+
+
 def match_artifact(relpath: str) -> tuple[str, dict[str, str]] | None:
     """The catalogue artifact whose template ``relpath`` (relative to the crate's root, with
     ``/``) is an instance of, and its wildcard values; None when no file artifact matches."""
@@ -91,19 +181,27 @@ def match_artifact(relpath: str) -> tuple[str, dict[str, str]] | None:
 def collect_files(root: str | os.PathLike, targets: Iterable[str | os.PathLike]) -> list[str]:
     """The run's files, relative to ``root``: each target file, and every file inside each target
     folder (a ``directory()`` output), hidden names (a job's temporary or moved-aside files) left
-    out; sorted. A target that does not exist is a :class:`KvasymError` naming it."""
-    root = Path(root).resolve()
+    out; sorted, as given (symbolic links are not resolved). A target that does not exist, lies
+    outside ``root`` or is neither a file nor a folder (a fifo), and a file in a target folder that
+    is a symbolic link to no file, are a :class:`KvasymError` naming it."""
+    root = Path(os.path.abspath(root))
     found: set[str] = set()
     for target in targets:
-        p = Path(target)
-        p = p if p.is_absolute() else root / p
+        p, rel = _inside(root, target, "an output of the run")
         if p.is_dir():
             for folder, dirs, files in os.walk(p):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                found.update(Path(folder, f).resolve().relative_to(root).as_posix()
-                             for f in files if not f.startswith("."))
+                for name in (f for f in files if not f.startswith(".")):
+                    f = Path(folder, name)
+                    if not f.is_file():
+                        raise KvasymError(f"{f}: a symbolic link to no file, or not a regular file, in output "
+                                          f"folder {target}")
+                    found.add(_inside(root, f, "a file of the run")[1])
         elif p.is_file():
-            found.add(p.resolve().relative_to(root).as_posix())
+            found.add(rel)
+        elif os.path.lexists(p):
+            kind = "a symbolic link that leads to no file" if p.is_symlink() else "not a regular file or folder"
+            raise KvasymError(f"{target}: {kind} (an output of the run the crate describes)")
         else:
             raise KvasymError(f"{target}: no such file or folder (an output of the run the crate describes)")
     return sorted(found)
@@ -174,16 +272,17 @@ def build_crate(root: str | os.PathLike, files: Sequence[str], *, ledger: Sequen
     end_time : datetime, optional
         When the run ended (default: the newest file's modification time).
     """
-    root = Path(root).resolve()
+    root = Path(os.path.abspath(root))
     entities, instances, mtimes = _data_entities(root, files)
     end = end_time or (datetime.fromtimestamp(max(mtimes), tz=timezone.utc) if mtimes
                        else datetime.now(tz=timezone.utc))
     end_text = end.replace(microsecond=0).isoformat()
     input_ids = []
     for role, rel in inputs.items():  # what the run read: the config files and the claims file
-        if not (root / rel).is_file():
+        path, inside = _inside(root, rel, f"the run's {role}")
+        if not path.is_file():
             raise KvasymError(f"{rel}: no such file (the run's {role})")
-        entity = _file_entity(root, (root / rel).resolve().relative_to(root).as_posix(), f"#input-{role}")
+        entity = _file_entity(root, inside, f"#input-{role}")
         entity["description"] = f"the run's {role.replace('_', ' ')}"
         entities[entity["@id"]] = entity
         input_ids.append(entity["@id"])
@@ -218,8 +317,10 @@ def build_crate(root: str | os.PathLike, files: Sequence[str], *, ledger: Sequen
 
 
 def _file_entity(root: Path, rel: str, example_of: str | None) -> dict[str, Any]:
-    """A ``File``: size, SHA-256, format, and the formal parameter it is an instance of."""
+    """A ``File``: size, SHA-256, format, and the formal parameter it is an instance of; a file
+    that is not whole (:func:`check_complete`) is refused."""
     p = root / rel
+    check_complete(p)
     entity: dict[str, Any] = {"@id": rel, "@type": "File", "name": p.name, "contentSize": str(p.stat().st_size),
                               "sha256": _file_digest(p),
                               "encodingFormat": _FORMATS.get(p.suffix) or mimetypes.guess_type(p.name)[0]

@@ -14,6 +14,10 @@ from ..artifacts import add_input_arguments
 
 #: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
 INPUTS = {"claims": "claims_json"}
+#: The run's outputs it lists are the DAG's files too: one cut short after its job ended (refused by
+#: kvasym.render.crate.check_complete) is moved aside when it lies in results/, so that the next
+#: run rebuilds it instead of failing on it again (a file elsewhere, as the paper's, is left alone).
+INTERMEDIATE_INPUTS = ("files",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,15 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    import json
-
-    from ..render.crate import build_crate, collect_files, write_crate
+    from ..render.crate import build_crate, collect_files, read_ledger, write_crate
     from ..render.reproduce import git_state, package_versions
     from ._slice import parse_slice
 
     slice_ = parse_slice(args.slice)
-    with open(args.claims, encoding="utf-8") as handle:
-        ledger = json.load(handle)
+    ledger = read_ledger(args.claims)
     git = git_state(args.root)
     crate = build_crate(args.root, collect_files(args.root, [*args.files, args.claims]), ledger=ledger,
                         unit_writers=slice_["unit_writers"], inputs=slice_["inputs"],
