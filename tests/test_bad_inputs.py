@@ -446,7 +446,13 @@ CLAIMS_CASES = [
     ("statistic_does_not_exist", _ledger(_set(0, "statistic", "kl_ratioo")),
      f"claim C1a: key claims[0].statistic: must be one of {', '.join(sorted(STATISTICS))}, got 'kl_ratioo'"),
     ("claim_key_typo", _ledger(lambda d: d["claims"][0].update(wher=d["claims"][0].pop("where"))),
-     "claim C1a: unknown key(s): claims[0].wher; allowed: construction, holds_if, id"),
+     "claim C1a: unknown key(s): claims[0].wher; allowed: construction, decided_by, holds_if, id"),
+    # issue 50, point 6b: the deciding test is one of the library's, and the statistic's own
+    ("decided_by_unknown", _ledger(_set(0, "decided_by", "welch")),
+     "claim C1a: key claims[0].decided_by: must be one of fieller, t, bootstrap, fisher_z, agresti_min, "
+     "wilcoxon_holm, ratio_cis, estimate, got 'welch'"),
+    ("decided_by_not_the_statistics", _ledger(_set(0, "decided_by", "t")),
+     "claim C1a: key decided_by: theory decides on fieller (Fieller CI) here, not t"),
     ("holds_if_key_typo", _ledger(_set(2, "holds_if", {"op": ">", "value": 1.0, "max_log_p": -23})),
      "unknown key(s): claims[2].holds_if.max_log_p; allowed: max_log10_p, op, target, value"),
     ("holds_if_value_not_number", _ledger(_set(0, "holds_if", {"op": ">=", "value": "big"})),

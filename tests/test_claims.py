@@ -576,7 +576,7 @@ def test_every_statistic_record_is_complete():
     rule and file in TABLE_SOURCES), ledger words every claim's words fill, and a rows kind."""
     import dataclasses
 
-    from kvasym.claims import STATISTICS
+    from kvasym.claims import DECIDING_TESTS, P_TESTS, STATISTICS
     from kvasym.render.claims import TABLE_SOURCES
     from kvasym.render.ledger import test_and_unit
 
@@ -589,6 +589,10 @@ def test_every_statistic_record_is_complete():
             text = str(test_and_unit({"statistic": name, "where": where}))
             assert text and "{" not in text, (name, text)
         assert record.per_cell == (record.rows in ("cell", "cells"))
+        # the test its verdicts rest on and the difference test its rows show (issue 50, point 6b)
+        for where in ({"check": "qjl_vs_nbit"}, {"check": "ks_beta", "which": "p99"}):
+            assert record.deciding(where) in DECIDING_TESTS, name
+        assert record.p_test is None or record.p_test in P_TESTS, name
 
 
 def test_the_claims_schema_names_no_statistic_and_gets_them_from_the_registry():
@@ -597,13 +601,15 @@ def test_the_claims_schema_names_no_statistic_and_gets_them_from_the_registry():
     import yaml
     from jsonschema import Draft202012Validator
 
-    from kvasym.claims import CLAIMS_SCHEMA_RELPATH, STATISTICS, claims_schema
+    from kvasym.claims import CLAIMS_SCHEMA_RELPATH, DECIDING_TESTS, STATISTICS, claims_schema
 
     raw = yaml.safe_load((Path(__file__).resolve().parents[1] / CLAIMS_SCHEMA_RELPATH).read_text())
     assert "enum" not in raw["$defs"]["statistic"] and "enum" not in raw["$defs"]["closed_form_statistic"]
+    assert "enum" not in raw["$defs"]["deciding_test"]
     schema = claims_schema()
     Draft202012Validator.check_schema(schema)
     assert schema["$defs"]["statistic"]["enum"] == sorted(STATISTICS)
+    assert schema["$defs"]["deciding_test"]["enum"] == list(DECIDING_TESTS)
     assert schema["$defs"]["closed_form_statistic"]["enum"] == ["kl_ratio", "theory"]
 
 
@@ -654,10 +660,160 @@ def test_a_new_statistic_is_one_record(tmp_path, monkeypatch):
                                                theory=pd.DataFrame()))
     assert result["estimate"] == pytest.approx(0.3) and result["verdict"] == HOLDS
     assert str(test_and_unit(result)) == "mean KL over trials"
-    assert "| N1 | `mean_kl` | `stats` -> `results/stats/summary.parquet` |" in claims_map_markdown(claims)
+    # its verdict rests on the estimate alone (the record's default decided_by), and the map says so
+    assert result["decided_by"] == "estimate"
+    assert "| N1 | `mean_kl` | estimate alone | `stats` -> `results/stats/summary.parquet` |" in \
+        claims_map_markdown(claims)
 
 
 def test_a_claim_in_code_naming_no_statistic_is_an_error():
     claim = {"id": "X", "statement": "s", "statistic": "no_such", "where": {}, "holds_if": {"op": ">", "value": 1}}
     with pytest.raises(KvasymError, match="claim X: statistic 'no_such' does not exist; known: catastrophic_share"):
         evaluate_claims([claim], _tables(_comparisons(2.0, -30.0, -5.0)))
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 50, point 6: statistics as printed (unbounded intervals, the deciding test)
+
+
+def _theory_tables(low: float, high: float, estimate: float = 0.331) -> Tables:
+    """A theory table with C16f's row (t1.05, d = 128, n = 2, qjl_vs_nbit, 8 trials)."""
+    theory = pd.DataFrame([{"distribution": "t1.05", "kind": "student_t", "dim": 128, "check": "qjl_vs_nbit",
+                            "scheme": "", "budget": 2, "sharpness": math.nan, "estimate": estimate, "low": low,
+                            "high": high, "theory": 4.8626, "statistic": math.nan, "p": math.nan, "n": 8.0}])
+    return Tables(comparisons=pd.DataFrame(), summary=pd.DataFrame(), trials=pd.DataFrame(), theory=theory)
+
+
+_C16F = {"id": "C16f", "statement": "ratio below 1", "statistic": "theory",
+         "where": {"check": "qjl_vs_nbit", "distribution": "t1.05", "dim": 128, "budget": 2},
+         "holds_if": {"op": "<", "value": 1.0}}
+
+
+def test_an_unbounded_interval_is_inconclusive_and_printed_unbounded():
+    """Issue 50, point 6a: C16f's Fieller set (the paper grid: 0.331, both ends infinite, see
+    tests/test_stats.py) is inconclusive, as the comparison of its ends with the rule gives, and
+    every rendering of the ledger says "unbounded" and why, never [-inf, inf]."""
+    from kvasym.render.claims import render_markdown
+    from kvasym.render.format import render_template
+    from kvasym.render.tables import claims_context
+
+    (result,) = evaluate_claims([_C16F], _theory_tables(-math.inf, math.inf))
+    assert result["verdict"] == INCONCLUSIVE and result["decided_by"] == "fieller"
+    assert result["reason"].startswith("Fieller CI unbounded") and "over its 8 units" in result["reason"]
+    assert "inf" not in result["reason"].replace("informative", "")
+    # the same verdict the ends give (the explicit branch changes no verdict), for every rule
+    for rule in ({"op": "<", "value": 1.0}, {"op": ">=", "value": 0.0}, {"op": "within", "value": 0.1}):
+        m = Measurement(0.331, -math.inf, math.inf, details={"theory": 4.86, "n": 8.0}, interval=True)
+        assert verdict(m, rule)[0] == INCONCLUSIVE
+    md = render_markdown([result])
+    row = md.splitlines()[-1]
+    assert "| unbounded |" in row and "inf" not in row.replace("informative", "")
+    assert "unbounded" in render_html([result]) and "-inf" not in render_html([result])
+    tex = render_latex([result])
+    assert r"\csname claim:C16f:CI\endcsname{(interval unbounded)}" in tex
+    table = render_template("table_claims.tex.j2", **claims_context([result]))
+    assert "(CI unbounded)" in table and r"\infty" not in table
+    # a bounded interval reads as before; one infinite end is open and named
+    (bounded,) = evaluate_claims([_C16F], _theory_tables(0.2, 0.5))
+    assert bounded["verdict"] == HOLDS and bounded["reason"] == "CI [0.2, 0.5] vs < 1"
+    assert r"\csname claim:C16f:CI\endcsname{[\ensuremath{0.200}, \ensuremath{0.500}]}" in render_latex([bounded])
+    half = Measurement(2.0, 1.5, math.inf, interval=True)
+    assert verdict(half, {"op": ">", "value": 1.0}) == (HOLDS, "CI [1.5, unbounded) vs > 1")
+
+
+def _equal_bits_tables(low: float, high: float, log10_p: float) -> Tables:
+    """C22b's end-to-end row: QWF against RKV at QWF's n = 4 rate, a KL ratio with its t interval
+    over the (text, draw) units and the Wilcoxon p of the same units."""
+    row = {"model": "smollm2-135m", "rope": "post", "scheme_a": "QWF", "scheme_b": "RKV", "budget_a": 4,
+           "evaluated": True, "kl_ratio": (low + high) / 2, "kl_ratio_low": low, "kl_ratio_high": high,
+           "ppl_ratio": 1.0, "ppl_ratio_low": 0.9, "ppl_ratio_high": 1.1, "log10_p": log10_p,
+           "rank_biserial": 0.7, "n_units": 8, "rate": 4.56, "b_budget_low": 4, "b_budget_high": 5}
+    empty = pd.DataFrame()
+    return Tables(empty, empty, empty, empty, e2e_equal_bits=pd.DataFrame([row]))
+
+
+_C22B = {"id": "C22b", "statement": "QWF below RKV", "statistic": "e2e_equal_bits",
+         "where": {"a": "QWF", "b": "RKV", "budget": 4, "measure": "kl", "rope": "post"},
+         "holds_if": {"op": "<", "value": 1.0}}
+
+
+def test_the_ledger_names_the_test_each_verdict_rests_on():
+    """Issue 50, point 6b: C22b holds on its t interval while its row's Wilcoxon p is 0.078 (the
+    paper grid); the ledger says the t interval decided and the p is not in the rule. The same
+    claim with a p bound in its rule would rest on both, and says so."""
+    from kvasym.claims import decided_by_words
+    from kvasym.render.claims import claims_map_markdown, render_markdown
+    from kvasym.render.format import render_template
+    from kvasym.render.tables import claims_context
+
+    p = math.log10(0.078)
+    (result,) = evaluate_claims([_C22B], _equal_bits_tables(0.85, 0.95, p))
+    assert result["verdict"] == HOLDS and result["decided_by"] == "t"
+    assert decided_by_words(result) == "t CI; Wilcoxon p not in the rule"
+    assert "| **holds** | t CI; Wilcoxon p not in the rule |" in render_markdown([result])
+    assert "<td>t CI; Wilcoxon p not in the rule</td>" in render_html([result])
+    assert r"\csname claim:C22b:DecidedBy\endcsname{t CI; Wilcoxon $p$ not in the rule}" in render_latex([result])
+    table = render_template("table_claims.tex.j2", **claims_context([result]))
+    assert r"\kvverdict{holds} {\scriptsize(on t CI; Wilcoxon $p$ not in the rule)}" in table
+    assert "| C22b | `e2e_equal_bits` | t CI; Wilcoxon p not in the rule |" in claims_map_markdown([_C22B])
+    # a declared decided_by equal to the default decides as before, to the verdict and reason
+    (declared,) = evaluate_claims([{**_C22B, "decided_by": "t"}], _equal_bits_tables(0.85, 0.95, p))
+    assert (declared["verdict"], declared["reason"]) == (result["verdict"], result["reason"])
+    # with max_log10_p in the rule the p decides too: 0.078 is not <= 0.01
+    bounded = {**_C22B, "holds_if": {"op": "<", "value": 1.0, "max_log10_p": -2}}
+    (both,) = evaluate_claims([bounded], _equal_bits_tables(0.85, 0.95, p))
+    assert both["verdict"] == FAILS and decided_by_words(both) == "t CI and Wilcoxon p"
+    # every statistic's words, for a row of each kind
+    assert decided_by_words({"statistic": "cells_better", "where": {}, "holds_if": {"op": "all"}}) == \
+        "Wilcoxon per cell, Holm"
+    assert decided_by_words({"statistic": "kl_ratio", "where": {"which": "p99"}, "holds_if": {}}) == \
+        "percentile bootstrap CI; Wilcoxon p not in the rule"
+    assert decided_by_words({"statistic": "theory", "where": {"check": "ks_beta"}, "holds_if": {}}) == \
+        "percentile bootstrap CI"
+    assert decided_by_words({"statistic": "e2e_rank_agreement", "where": {}, "holds_if": {}}) == \
+        "Fisher-z CI over cells"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("decided_by: welch", r"^\S+: claim C1: key claims\[0\]\.decided_by: must be one of fieller, t, bootstrap, "
+                              r"fisher_z, agresti_min, wilcoxon_holm, ratio_cis, estimate, got 'welch'$"),
+        ("decided_by: fieller", r"^\S+: claim C1: key decided_by: e2e_ratio decides on t \(t CI\) here, not fieller: "
+                                r"decided_by declares the test that decides, it cannot choose another$"),
+    ],
+)
+def test_decided_by_is_validated_in_one_line_naming_the_claim_and_key(tmp_path, extra, message):
+    path = tmp_path / "claims.yaml"
+    path.write_text("claims:\n  - {id: C1, statement: s, statistic: e2e_ratio, where: {a: A, b: B, budget: 4}, "
+                    f"holds_if: {{op: '<', value: 1}}, {extra}}}\n")
+    with pytest.raises(KvasymError) as info:
+        load_claims(path)
+    assert "\n" not in str(info.value)
+    import re
+
+    assert re.match(message, str(info.value)), str(info.value)
+    path.write_text("claims:\n  - {id: C1, statement: s, statistic: e2e_ratio, where: {a: A, b: B, budget: 4}, "
+                    "holds_if: {op: '<', value: 1}, decided_by: t}\n")
+    assert load_claims(path)[0]["decided_by"] == "t"
+
+
+def test_every_shipped_claim_declares_its_statistics_deciding_test():
+    """The defaults are the tests that decided before (a declaration, not a rule change): every
+    shipped claim resolves to a known test, whose kind (interval or not) is its statistic's;
+    C22b writes its default, t."""
+    from pathlib import Path
+
+    from kvasym.claims import DECIDING_TESTS, STATISTICS, deciding_test
+
+    root = Path(__file__).resolve().parents[1]
+    expected = {"theory": {"fieller", "bootstrap"}, "kl_ratio": {"fieller"}, "e2e_equal_bits": {"t"},
+                "e2e_ratio": {"t"}, "cells_better": {"wilcoxon_holm"}, "e2e_rank_agreement": {"fisher_z"},
+                "equal_rate_ratio": {"fieller"}, "distribution_ratio": {"fieller"}}
+    for name in ("claims.yaml", "claims.test.yaml"):
+        for claim in load_claims(root / "config" / name, {"distribution": "gaussian", "dim": 64, "sharpness": 1.0}):
+            test = deciding_test(claim)
+            assert test in DECIDING_TESTS and STATISTICS[claim["statistic"]].deciding(claim["where"]) == test
+            assert test in expected.get(claim["statistic"], {test}), (claim["id"], test)
+            if claim["id"] == "C22b" and name == "claims.yaml":
+                assert claim["decided_by"] == "t"

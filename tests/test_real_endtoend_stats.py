@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from scipy.stats import spearmanr, wilcoxon
+from scipy.stats import norm, spearmanr, wilcoxon
 from scipy.stats import t as student_t
 
 from kvasym.claims import (
@@ -210,6 +210,31 @@ def test_rank_agreement_against_scipy() -> None:
         rank_agreement(frame, attention, "post", n_boot=10, base_seed=1, measure="nll")
 
 
+def test_rank_agreement_interval_is_a_percentile_bootstrap_of_whole_units() -> None:
+    """Issue 50, point 6c: the agreement table's interval, recomputed here from the unit means
+    (plain pandas) and scipy's Spearman rho of each replicate, with the function's generator:
+    the units are resampled whole (never the cells, so no cell is duplicated and no tie made)
+    and the estimate is the statistic of the identity resample (every unit once), so an
+    estimate at the interval's end is no mismatch between the two."""
+    from kvasym.seeds import rng
+
+    frame = _frame(budgets=(2, 3, 4), seed=3)
+    full = frame.groupby(["scheme", "budget"]).apply(lambda g: _unit_values(g, "d"), include_groups=False)
+    gen = np.random.default_rng(9)
+    attention = pd.DataFrame({"scheme": [s for s, _ in full.index], "budget": [b for _, b in full.index],
+                              "kl_mean": [v.mean() for v in full] + gen.normal(0, 0.05, len(full))})
+    out = rank_agreement(frame, attention, "post", n_boot=300, base_seed=4)
+    values = np.stack(list(full))  # (cells, units), cells in (scheme, budget) order as the function's
+    n_units = values.shape[1]
+    assert out["spearman"] == pytest.approx(spearmanr(attention.kl_mean, values.mean(axis=1)).statistic, rel=1e-12)
+    draws = rng(4, "e2e", "rank-agreement", "post", "ppl", "all")
+    rhos = []
+    for _ in range(300):
+        picked = draws.integers(0, n_units, n_units)
+        rhos.append(spearmanr(attention.kl_mean, values[:, picked].mean(axis=1)).statistic)
+    assert (out["low"], out["high"]) == pytest.approx(tuple(np.nanquantile(rhos, [0.025, 0.975])), rel=1e-12)
+
+
 def test_claim_statistics_orient_and_report_missing() -> None:
     frame = _frame()
     comparisons = compare_schemes(frame, SCHEMES)
@@ -233,7 +258,13 @@ def test_claim_statistics_orient_and_report_missing() -> None:
         stat_e2e_rank_agreement(Tables(empty, empty, empty, empty, e2e_agreement=agreement), {})
     got = stat_e2e_rank_agreement(Tables(empty, empty, empty, empty, e2e_agreement=agreement),
                                   {"measure": "kl", "scope": "all"})
-    assert (got.estimate, got.low, got.high) == (0.7, 0.5, 0.9)
+    # the claim's interval is Fisher's z over the 9 cells (issue 50, point 6c), by hand:
+    # tanh(atanh(0.7) -+ 1.96 sqrt((1 + 0.7^2 / 2) / (9 - 3))); the table's bootstrap in the details
+    half = norm.ppf(0.975) * math.sqrt((1 + 0.49 / 2) / 6)
+    assert got.estimate == 0.7 and got.interval
+    assert (got.low, got.high) == pytest.approx((math.tanh(math.atanh(0.7) - half), math.tanh(math.atanh(0.7) + half)),
+                                                rel=1e-12)
+    assert (got.details["bootstrap_low"], got.details["bootstrap_high"]) == (0.5, 0.9)
 
 
 def test_e2e_figures_draw_the_tables_values() -> None:

@@ -1042,3 +1042,133 @@ def test_compare_with_units_tests_the_per_unit_means() -> None:
         S.compare(a, b, units=units[:-1])
     with pytest.raises(KvasymError, match="str or int"):
         S.compare(a, b, units=[1.5] * 14)
+
+
+# ------------------------------------------- issue 50, point 6: statistics as printed
+
+#: The paper grid's theory rows of claims C16f (WHT) and C16h (Haar rotation): per trial, the
+#: mean squared inner-product error of t1.05 keys (d = 128, 1024 keys, 256 probes, n = 2) under
+#: the (n-1)-bit + QJL side and under the n-bit side, for the 8 theory trials (base seed
+#: 20261130; kvasym.theory.inner_product_errors, 6 significant digits). Their Fieller
+#: intervals were printed [-inf, inf]; the estimates 0.331 and 4.71.
+C16_TRIALS = {
+    "wht": ([1049600.0, 1845290.0, 208259000.0, 1167250.0, 125213.0, 758485.0, 212549.0, 977279.0],
+            [3683900.0, 8840860.0, 622960000.0, 4674500.0, 434398.0, 2560530.0, 839142.0, 3794140.0]),
+    "haar": ([8046580.0, 19931000.0, 1592430000.0, 12674200.0, 1157810.0, 5586410.0, 1724830.0, 9489060.0],
+             [2463420.0, 4001660.0, 338630000.0, 2426850.0, 218949.0, 1147110.0, 341384.0, 1666350.0]),
+}
+
+
+@pytest.mark.parametrize("rotation, estimate", [("wht", 0.331), ("haar", 4.71)])
+def test_the_heavy_tail_variance_ratio_has_a_genuinely_unbounded_fieller_set(rotation: str, estimate: float) -> None:
+    """Issue 50, point 6a: why C16f's and C16h's intervals are infinite, against an independent
+    reference (scipy's one-sample t test: Fieller's 95% set is {r: |t(x - r y)| <= t_{0.975, G-1}}).
+
+    One trial holds 96% of the denominator (t1.05 keys' squared norms have no finite mean), so
+    the denominator's mean over the 8 trials is not significantly above 0 and every r far out on
+    either side is in the set: unbounded, not a computation error. Without that trial the set
+    is bounded and its ends are where scipy's t test rejects."""
+    x, y = (np.array(v) for v in C16_TRIALS[rotation])
+    ci = S.fieller_ratio_ci(x, y)
+    assert ci["estimate"] == pytest.approx(x.mean() / y.mean(), rel=1e-12)
+    assert ci["estimate"] == pytest.approx(estimate, abs=0.005)
+    assert (ci["low"], ci["high"]) == (-math.inf, math.inf)
+    crit = ss.t.ppf(0.975, x.size - 1)
+    assert y.max() / y.sum() > 0.95
+    assert abs(ss.ttest_1samp(y, 0.0).statistic) < crit  # t = 1.05 against 2.36
+    for r in (-1e12, -1e3, -10.0, 10.0, 1e3, 1e12):
+        assert abs(ss.ttest_1samp(x - r * y, 0.0).statistic) <= crit, r
+    # the trials agree with each other: below 1 under the WHT, above under Haar
+    assert ((x / y < 1) if rotation == "wht" else (x / y > 1)).all()
+    keep = y < y.max()
+    bounded = S.fieller_ratio_ci(x[keep], y[keep])
+    assert math.isfinite(bounded["low"]) and math.isfinite(bounded["high"])
+    for end in (bounded["low"], bounded["high"]):
+        assert abs(ss.ttest_1samp(x[keep] - end * y[keep], 0.0).statistic) == pytest.approx(
+            ss.t.ppf(0.975, keep.sum() - 1), rel=1e-9)
+
+
+def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Spearman's rho of each row of ``y`` (..., n) with ``x`` (n,): Pearson's r of average ranks."""
+    rx = ss.rankdata(np.broadcast_to(x, y.shape), axis=-1)
+    ry = ss.rankdata(y, axis=-1)
+    rx -= rx.mean(axis=-1, keepdims=True)
+    ry -= ry.mean(axis=-1, keepdims=True)
+    return (rx * ry).sum(axis=-1) / np.sqrt((rx * rx).sum(axis=-1) * (ry * ry).sum(axis=-1))
+
+
+def test_spearman_fisher_interval_closed_form_and_edges() -> None:
+    """The interval by hand: tanh(atanh(rho) -+ z_0.975 sqrt((1 + rho^2/2) / (n - 3)))."""
+    for rho, n in ((0.932, 13), (0.3, 40), (-0.6, 9)):
+        h = ss.norm.ppf(0.975) * math.sqrt((1 + rho * rho / 2) / (n - 3))
+        got = S.spearman_fisher_ci(rho, n)
+        assert (got["low"], got["high"]) == pytest.approx((math.tanh(math.atanh(rho) - h),
+                                                            math.tanh(math.atanh(rho) + h)), rel=1e-12)
+        assert got["low"] < rho < got["high"]
+    # the paper grid's C12e: 0.932 over 13 cells
+    assert (S.spearman_fisher_ci(0.932, 13)["low"], S.spearman_fisher_ci(0.932, 13)["high"]) == pytest.approx(
+        (0.7311, 0.9842), abs=1e-4)
+    # a perfect agreement: the inner end from one adjacent swap, 1 - 12 / (n (n^2 - 1)); the outer end 1
+    perfect = S.spearman_fisher_ci(1.0, 13)
+    swap = 1 - 12 / (13 * 168)
+    assert swap == pytest.approx(ss.spearmanr(np.arange(13), [0, 1, 2, 3, 4, 5, 7, 6, 8, 9, 10, 11, 12]).statistic)
+    assert perfect["high"] == 1.0 and perfect["low"] == pytest.approx(S.spearman_fisher_ci(swap, 13)["low"])
+    assert S.spearman_fisher_ci(-1.0, 13)["low"] == -1.0
+    assert math.isnan(S.spearman_fisher_ci(0.9, 3)["low"]) and math.isnan(S.spearman_fisher_ci(math.nan, 9)["high"])
+    with pytest.raises(KvasymError, match="rho must be in"):
+        S.spearman_fisher_ci(1.2, 9)
+    with pytest.raises(KvasymError, match="n must be an integer"):
+        S.spearman_fisher_ci(0.5, 0)
+
+
+@pytest.mark.parametrize("r", [0.5, 0.8, 0.95])
+def test_spearman_fisher_interval_covers_the_bivariate_normal_rho(r: float) -> None:
+    """Known answer: pairs from a bivariate normal law of correlation r have Spearman's rho
+    (6/pi) asin(r/2) (Kruskal 1958). 4000 samples of 13 pairs: coverage within 0.91-0.975
+    (measured 0.925 at r = 0.95, 0.96 below) and the lower end above the truth at most 3.5%
+    (measured 1.3-2.4%)."""
+    truth = 6 / math.pi * math.asin(r / 2)
+    g = np.random.default_rng(int(100 * r))
+    xy = g.multivariate_normal([0.0, 0.0], [[1.0, r], [r, 1.0]], size=(4000, 13))
+    rhos = np.array([ss.spearmanr(sample[:, 0], sample[:, 1]).statistic for sample in xy])
+    ends = np.array([[S.spearman_fisher_ci(rho, 13)[k] for k in ("low", "high")] for rho in rhos])
+    below, above = np.mean(ends[:, 0] > truth), np.mean(ends[:, 1] < truth)
+    assert 0.91 <= 1 - below - above <= 0.975, (below, above)
+    assert below <= 0.035, below
+
+
+def _fixed_cells_sample(g: np.random.Generator, mu: np.ndarray, n_texts: int, noise: float) -> np.ndarray:
+    """Per-(text, draw) unit values of fixed cells (cells, units): the cells' means ``mu``, a
+    text effect shared by the text's two draws and growing with the cell, and unit noise."""
+    text = np.repeat(g.normal(0.0, 1.0, n_texts), 2)
+    scale = 1 + 0.5 * np.arange(mu.size)[:, None] / mu.size
+    return mu[:, None] + text[None, :] * scale + g.normal(0.0, noise, (mu.size, 2 * n_texts))
+
+
+def test_rank_agreement_interval_a_percentile_bootstrap_over_units_misses_where_fisher_z_does_not() -> None:
+    """Issue 50, point 6c, by simulation with a known answer: 13 fixed cells whose true rho with
+    the attention ranking is known (spearman of x with the cells' true means), 8 (text, draw)
+    units, two cells' means nearly tied. The percentile bootstrap over the units (the agreement
+    table's interval, kvasym.real.endtoend_stats.rank_agreement: tests/test_real_endtoend_stats.py
+    checks it is this computation) puts its lower end above the true rho in far more than 2.5%
+    of the samples (measured 20.8%): rho is a step function of the cell means, the bootstrap is
+    not consistent there. The claims' Fisher-z interval over the cells stays below it (measured:
+    never above)."""
+    cells = 13
+    x = np.arange(cells, dtype=np.float64)
+    mu = np.linspace(0.0, 3.0, cells) + np.random.default_rng(2).normal(0.0, 0.4, cells)
+    truth = float(_spearman_rows(x, mu[None, :])[0])
+    assert truth == pytest.approx(ss.spearmanr(x, mu).statistic)
+    g = np.random.default_rng(7)
+    reps, n_boot, units = 400, 1000, 8
+    percentile_above = fisher_above = 0
+    for _ in range(reps):
+        y = _fixed_cells_sample(g, mu, units // 2, 0.2)
+        rho = float(_spearman_rows(x, y.mean(axis=1)[None, :])[0])
+        counts = g.multinomial(units, np.full(units, 1 / units), size=n_boot).astype(np.float64)
+        low = np.quantile(_spearman_rows(x, counts @ y.T / units), 0.025)
+        percentile_above += low > truth + 1e-12
+        fisher_above += S.spearman_fisher_ci(rho, cells)["low"] > truth + 1e-12
+    # nominal 2.5%; the Monte Carlo s.e. at 400 samples is 0.8%
+    assert percentile_above / reps > 0.08, percentile_above / reps
+    assert fisher_above / reps <= 0.025, fisher_above / reps

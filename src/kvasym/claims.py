@@ -31,6 +31,21 @@ the paper's number (``paper_value``, optional), which registered ``statistic`` d
   *determined by construction*, distinct from support or refutation by data; otherwise the
   measured verdict stands and its reason says it contradicts the construction argument.
 
+- An interval that is unbounded (Fieller's confidence set for a ratio of means is the whole line,
+  or two rays, when the denominator's mean is not significantly different from 0 over the units)
+  cannot decide: the verdict is *inconclusive*, its reason says the interval is unbounded and
+  why, and the ledger prints "unbounded", never ``[-inf, inf]`` as if it were a measurement.
+  (With a one-sided rule such a set never lies wholly on either side of the threshold, so this
+  states the verdict the comparison gives; it changes none.)
+- ``decided_by`` (optional): the test the verdict rests on, one of :data:`DECIDING_TESTS`
+  (``fieller``, ``t``, ``bootstrap``, ``fisher_z``, ``agresti_min``, ``wilcoxon_holm``,
+  ``ratio_cis``, ``estimate``). Each statistic has its default (:attr:`Statistic.decided_by`, for ``theory``
+  the check's interval method); the key declares what already decides and cannot choose
+  another test: a value other than the default is an error naming the claim and the key. The
+  ledger prints it beside every verdict (:func:`decided_by_words`), with the statistic's
+  difference test (:attr:`Statistic.p_test`: a Wilcoxon or McNemar p shown in the row) named as
+  deciding only where the rule bounds it (``max_log10_p``) and as "not in the rule" otherwise.
+
 A claim whose cells are not in the grid is *not evaluated* (with the reason); a claim naming a
 statistic that does not exist, or a malformed rule, is an error: the stage fails. The file's
 shape is the JSON Schema ``workflow/schemas/claims.schema.yaml`` (:func:`load_claims`).
@@ -704,8 +719,22 @@ def stat_e2e_rank_agreement(t: Tables, where: Mapping[str, Any]) -> Measurement:
     """Spearman's rho over (scheme, budget) between an end-to-end measure (``measure``: ``ppl``,
     the perplexity increase, default; or ``kl``, the mean next-token KL) and the per-head mean
     attention KL, over the study's schemes (``scope: study``, default) or every end-to-end
-    scheme (``scope: all``), keys quantized ``rope`` (default post), with its interval from
-    resampling the (text, draw) units (:func:`kvasym.real.endtoend_stats.rank_agreement`)."""
+    scheme (``scope: all``), keys quantized ``rope`` (default post)
+    (:func:`kvasym.real.endtoend_stats.rank_agreement`), with the Fisher-z interval over its
+    cells (:func:`kvasym.stats.spearman_fisher_ci`, Bonett and Wright's variance).
+
+    Amendment of 2026-12-06 (issue 50, point 6c; ``config/claims.yaml`` at C12e): the interval
+    was the agreement table's percentile bootstrap over the (text, draw) units, which is kept
+    in the details (``bootstrap_low``, ``bootstrap_high``). With the cells fixed and a few units
+    that bootstrap is not consistent for a rank statistic, a step function of the cells' means:
+    where two cells' means nearly tie its lower end lay above the true rho in 21% of simulated
+    samples (nominal 2.5%), and its distribution has an atom at the estimate (most
+    resamples keep every cell's order), which put the paper grid's C12e estimate on its
+    interval's end (0.932 in [0.932, 0.954]). The Fisher-z interval treats the cells as the
+    units of the correlation; its lower end was never above the true rho in that simulation
+    (tests/test_stats.py)."""
+    from . import stats
+
     table = _e2e_table(t.e2e_agreement, "agreement", where)
     rope = where.get("rope", "post")
     measure, scope = where.get("measure", "ppl"), where.get("scope", "study")
@@ -713,9 +742,11 @@ def stat_e2e_rank_agreement(t: Tables, where: Mapping[str, Any]) -> Measurement:
     if rows.empty:
         raise MissingCell(f"no end-to-end rank agreement for rope {rope}, measure {measure}, scope {scope}")
     row = rows.iloc[0]
-    return Measurement(float(row["spearman"]), float(row["low"]), float(row["high"]),
+    ci = stats.spearman_fisher_ci(float(row["spearman"]), int(row["n_cells"]))
+    return Measurement(float(row["spearman"]), ci["low"], ci["high"],
                        details={"n_cells": int(row["n_cells"]), "n_units": int(row["n_units"]),
-                                "n_trials": int(row["n_units"])},
+                                "n_trials": int(row["n_units"]), "interval": "fisher-z over cells",
+                                "bootstrap_low": float(row["low"]), "bootstrap_high": float(row["high"])},
                        interval=True)
 
 
@@ -909,6 +940,56 @@ def stat_seq_len_slope(t: Tables, where: Mapping[str, Any]) -> Measurement:
 
 
 @dataclass(frozen=True)
+class DecidingTest:
+    """A test a claim's verdict can rest on (a claim's ``decided_by``; :data:`DECIDING_TESTS`).
+
+    Attributes
+    ----------
+    name : str
+        What a claim's ``decided_by`` says.
+    words : str
+        The ledger's words for it, beside the verdict (LaTeX-safe plain text).
+    interval : bool
+        It is an interval (the verdict compares the interval with the rule, ``Measurement.interval``);
+        False: counts of significant cells or the estimate itself decide.
+    meaning : str
+        What it is, for the schema's and the docs' readers.
+    """
+
+    name: str
+    words: str
+    interval: bool
+    meaning: str
+
+
+#: Every test a verdict can rest on, by name: the values a claim's ``decided_by`` may take and
+#: the defaults of the statistics (:attr:`Statistic.decided_by`).
+DECIDING_TESTS: dict[str, DecidingTest] = {d.name: d for d in (
+    DecidingTest("fieller", "Fieller CI", True,
+                 "Fieller's interval of a ratio of means over the units (kvasym.stats.fieller_ratio_ci), paired or "
+                 "Welch-type; unbounded when the denominator's mean is not significantly different from 0"),
+    DecidingTest("t", "t CI", True, "Student's t interval of a mean over the units"),
+    DecidingTest("bootstrap", "percentile bootstrap CI", True,
+                 "percentile bootstrap interval, resampling the units (trials, texts, (text, draw) pairs) whole"),
+    DecidingTest("fisher_z", "Fisher-z CI over cells", True,
+                 "Fisher's z interval of a rank correlation with Bonett and Wright's variance, the cells as the "
+                 "units (kvasym.stats.spearman_fisher_ci)"),
+    DecidingTest("agresti_min", "Agresti-Min CI", True,
+                 "Agresti and Min's interval of a difference of matched proportions"),
+    DecidingTest("wilcoxon_holm", "Wilcoxon per cell, Holm", False,
+                 "the paired Wilcoxon signed-rank test over the units in each cell, Holm-adjusted over the claim's "
+                 "own cells; the verdict counts the significant cells"),
+    DecidingTest("ratio_cis", "paired ratio CIs per group", False,
+                 "a group counts when both paired ratio intervals (mean: Fieller; p99: percentile bootstrap) "
+                 "exclude 1; the verdict compares the count"),
+    DecidingTest("estimate", "estimate alone", False, "the estimate itself, without an interval"),
+)}
+#: The difference tests whose p a statistic's rows show (:attr:`Statistic.p_test`), by name: the
+#: ledger's words. Such a p decides only where the rule bounds it (``max_log10_p``).
+P_TESTS: dict[str, str] = {"wilcoxon": "Wilcoxon", "mcnemar": "McNemar"}
+
+
+@dataclass(frozen=True)
 class Statistic:
     """One statistic a claim can name: everything the pipeline knows about it, in one record.
 
@@ -944,6 +1025,13 @@ class Statistic:
     measured_by : str or None
         The README claims map's "measured by" cell (Markdown) when its data do not come from
         the metrics rules of the rows it reads (``cells``, ``real_metrics``).
+    decided_by : str or callable
+        The test its verdicts rest on, a key of :data:`DECIDING_TESTS` (default ``estimate``),
+        or ``(where) -> key`` when it depends on the claim (``theory``: the check's interval
+        method). The default of a claim's ``decided_by`` (:meth:`deciding`).
+    p_test : str or None
+        The difference test whose p its rows carry (``Measurement.log10_p``), a key of
+        :data:`P_TESTS`, or None; that p decides only under a rule's ``max_log10_p``.
     """
 
     name: str
@@ -953,12 +1041,40 @@ class Statistic:
     rows: str = ""
     closed_form: bool = False
     measured_by: str | None = None
+    decided_by: str | Callable[[Mapping[str, Any]], str] = "estimate"
+    p_test: str | None = None
 
     @property
     def per_cell(self) -> bool:
         """It reads cells of the comparisons or summary tables, whose low-rank cells all follow
         the subspace rule (query-model variants have per-trial rows only)."""
         return self.rows in ("cell", "cells")
+
+    def deciding(self, where: Mapping[str, Any]) -> str:
+        """The key of :data:`DECIDING_TESTS` that decides this statistic's claims at ``where``.
+
+        Raises
+        ------
+        KvasymError
+            If the record names no known test (a registry error).
+        """
+        name = self.decided_by(where) if callable(self.decided_by) else self.decided_by
+        if name not in DECIDING_TESTS:
+            raise KvasymError(f"statistic {self.name}: decided_by {name!r} is not a test; known: "
+                              f"{', '.join(DECIDING_TESTS)}")
+        return name
+
+
+def _theory_decided_by(where: Mapping[str, Any]) -> str:
+    """A theory row's interval method (:data:`kvasym.theory.THEORY_CHECK_WORDS`, the one source
+    of the theory table's and the ledger's words): Fieller for the variance ratios, the percentile
+    cluster bootstrap for the KS distances and the Jensen slopes."""
+    from .theory import THEORY_CHECK_WORDS
+
+    check = str(where.get("check", ""))
+    if check not in THEORY_CHECK_WORDS:
+        raise KvasymError(f"theory check {check!r} does not exist; known: {', '.join(THEORY_CHECK_WORDS)}")
+    return THEORY_CHECK_WORDS[check][1].lower()
 
 
 _ON_CELLS = "paired Wilcoxon per cell over {unit}; Holm over the claim's cells"
@@ -968,48 +1084,96 @@ _E2E = "`e2e` (per model and text, the model with its KV cache quantized)"
 STATISTICS: dict[str, Statistic] = {s.name: s for s in (
     Statistic("seq_len_slope", stat_seq_len_slope, ("seq_len_slopes",),
               "slope of log mean KL on log sequence length, bootstrap CI over trials",
-              measured_by="`seq_len_sweep` (its own data, one job)"),
+              measured_by="`seq_len_sweep` (its own data, one job)", decided_by="bootstrap"),
     Statistic("equal_rate_ratio", stat_equal_rate_ratio, ("frontier_units",),
-              "{metric} ratio at equal total bits (interpolated), Fieller CI over {unit}"),
+              "{metric} ratio at equal total bits (interpolated), Fieller CI over {unit}", decided_by="fieller"),
     Statistic("equal_rate_cells", stat_equal_rate_cells, ("frontier_units",),
-              "paired Wilcoxon per cell at equal total bits (interpolated) over {unit}; Holm over the claim's cells"),
+              "paired Wilcoxon per cell at equal total bits (interpolated) over {unit}; Holm over the claim's cells",
+              decided_by="wilcoxon_holm"),
     Statistic("kl_ratio", stat_kl_ratio, ("comparisons",),
-              "mean-KL ratio, Fieller CI; paired Wilcoxon over {unit}", rows="cell", closed_form=True),
-    Statistic("cells_better", stat_cells_better, ("comparisons",), _ON_CELLS, rows="cells"),
-    Statistic("crossover", stat_crossover, ("comparisons",), _ON_CELLS, rows="cells"),
+              "mean-KL ratio, Fieller CI; paired Wilcoxon over {unit}", rows="cell", closed_form=True,
+              # the comparisons table's mean ratio has Fieller's interval, its p99 ratio a
+              # percentile bootstrap one (kvasym.stats.bootstrap_ratio_ci, method auto)
+              decided_by=lambda where: "bootstrap" if where.get("which", "mean") == "p99" else "fieller",
+              p_test="wilcoxon"),
+    Statistic("cells_better", stat_cells_better, ("comparisons",), _ON_CELLS, rows="cells",
+              decided_by="wilcoxon_holm"),
+    Statistic("crossover", stat_crossover, ("comparisons",), _ON_CELLS, rows="cells", decided_by="wilcoxon_holm"),
     Statistic("distribution_ratio", stat_distribution_ratio, ("trials", "theory"),
-              "ratio of means, {paired} Fieller CI over {unit}", rows="num_den"),
+              "ratio of means, {paired} Fieller CI over {unit}", rows="num_den", decided_by="fieller"),
     Statistic("theory", stat_theory, ("theory",), "{check}; {check_interval} CI over trials", closed_form=True,
-              measured_by="`theory` (data manifests, per-key metrics)"),
+              measured_by="`theory` (data manifests, per-key metrics)", decided_by=_theory_decided_by),
     Statistic("ranking_disagreement", stat_ranking_disagreement, ("summary", "comparisons"),
-              "count of groups; paired ratio CIs (mean, p99) over trials", rows="cells"),
+              "count of groups; paired ratio CIs (mean, p99) over trials", rows="cells", decided_by="ratio_cis"),
     Statistic("catastrophic_share", stat_catastrophic_share, ("trials", "summary"),
-              "share of catastrophic queries, t CI over {unit}"),
+              "share of catastrophic queries, t CI over {unit}", decided_by="t"),
     Statistic("e2e_ratio", stat_e2e_ratio, ("e2e_comparisons",),
-              "perplexity ratio at equal n, t CI over (text, draw) units; Wilcoxon over units", measured_by=_E2E),
+              "perplexity ratio at equal n, t CI over (text, draw) units; Wilcoxon over units", measured_by=_E2E,
+              decided_by="t", p_test="wilcoxon"),
     Statistic("e2e_equal_bits", stat_e2e_equal_bits, ("e2e_equal_bits",),
               "perplexity (or KL) ratio at equal total bits (interpolated), t CI over (text, draw) units; "
               "Wilcoxon over units",
-              measured_by=_E2E),
+              measured_by=_E2E, decided_by="t", p_test="wilcoxon"),
     Statistic("e2e_context_growth", stat_e2e_context_growth, ("e2e_long_summary",),
               "late-over-early damage ratio in long windows, t CI over windows",
-              measured_by="`e2e_long` (windows of the pydoc topics), `e2e_stats`"),
+              measured_by="`e2e_long` (windows of the pydoc topics), `e2e_stats`", decided_by="t"),
     Statistic("passkey_difference", stat_passkey_difference, ("passkey_summary",),
               "accuracy difference against full precision, Agresti-Min CI; McNemar's exact test over trials",
-              measured_by="`passkey` (SmolLM2 retrieval trials), `e2e_stats`"),
+              measured_by="`passkey` (SmolLM2 retrieval trials), `e2e_stats`", decided_by="agresti_min",
+              p_test="mcnemar"),
     Statistic("e2e_allocation", stat_e2e_allocation, ("card_comparisons",),
               "KL (or perplexity) ratio of the measured allocation over the uniform map at its rate, t CI over "
               "(text, draw) units; Wilcoxon over units",
-              measured_by="`sensitivity` (calibration texts), `card` (the allocation end to end)"),
+              measured_by="`sensitivity` (calibration texts), `card` (the allocation end to end)", decided_by="t",
+              p_test="wilcoxon"),
     Statistic("e2e_rank_agreement", stat_e2e_rank_agreement, ("e2e_agreement",),
-              "Spearman rank correlation; bootstrap CI over (text, draw) units",
-              measured_by=f"{_E2E}; `real_metrics` via `gather`"),
+              "Spearman rank correlation over the (scheme, budget) cells; Fisher-z CI over cells",
+              measured_by=f"{_E2E}; `real_metrics` via `gather`", decided_by="fisher_z"),
 )}
 OPS = {">=": np.greater_equal, ">": np.greater, "<=": np.less_equal, "<": np.less}
 
 
-def verdict(m: Measurement, rule: Mapping[str, Any]) -> tuple[str, str]:
-    """(verdict, reason) of a measurement under a ``holds_if`` rule."""
+def interval_words(low: float, high: float) -> str:
+    """An interval as a verdict's reason prints it: ``[0.5, 0.9]`` to 4 significant figures,
+    ``unbounded`` when both ends are infinite (never ``[-inf, inf]``), ``[0.5, unbounded)`` or
+    ``(unbounded, 0.9]`` when one is."""
+    if math.isinf(low) and math.isinf(high):
+        return "unbounded"
+    left = "(unbounded" if math.isinf(low) else f"[{low:.4g}"
+    right = "unbounded)" if math.isinf(high) else f"{high:.4g}]"
+    return f"{left}, {right}"
+
+
+def _unbounded_reason(m: Measurement, decided_by: str | None) -> str:
+    """Why an interval that is unbounded on both sides cannot decide, and what it rests on."""
+    units = m.details.get("n_units", m.details.get("n_trials", m.details.get("n")))
+    over = f" over its {int(units)} units" if isinstance(units, (int, float)) and math.isfinite(units) else ""
+    if decided_by in (None, "fieller"):
+        return ("Fieller CI unbounded (its 95% confidence set is the whole line or two rays: the denominator's mean "
+                f"is not significantly different from 0{over}): it cannot decide")
+    words = DECIDING_TESTS[decided_by].words if decided_by in DECIDING_TESTS else str(decided_by)
+    return f"{words} unbounded (both ends infinite{over}): it cannot decide"
+
+
+def verdict(m: Measurement, rule: Mapping[str, Any], decided_by: str | None = None) -> tuple[str, str]:
+    """(verdict, reason) of a measurement under a ``holds_if`` rule.
+
+    Parameters
+    ----------
+    m : Measurement
+        The statistic's estimate, interval and p.
+    rule : Mapping
+        The claim's ``holds_if``.
+    decided_by : str, optional
+        The test the interval comes from (a key of :data:`DECIDING_TESTS`), for the reason's
+        words when the interval cannot decide (e.g. Fieller's unbounded set); it changes no
+        verdict.
+
+    Returns
+    -------
+    tuple of str
+        The verdict (one of :data:`VERDICTS` but *not evaluated*) and its reason.
+    """
     op = rule["op"]
     if op == "all":
         n, a, b = m.details["n_cells"], m.details["n_a_significantly_better"], m.details["n_b_significantly_better"]
@@ -1037,13 +1201,17 @@ def verdict(m: Measurement, rule: Mapping[str, Any]) -> tuple[str, str]:
         return INCONCLUSIVE, (f"zero-width interval [{m.low:.4g}, {m.high:.4g}] (every bootstrap replicate equal, "
                               f"e.g. one trial: n = {m.details.get('n_trials', m.details.get('n', '?'))}): it cannot "
                               "decide")
+    if m.interval and math.isinf(m.low) and math.isinf(m.high):
+        # an unbounded set lies wholly on neither side of any threshold nor inside any margin:
+        # the comparisons below would say inconclusive too; this says so, and why, in words
+        return INCONCLUSIVE, _unbounded_reason(m, decided_by)
     if op == "within":
         return _within_closed_form(m, value, has_ci, rule.get("target"))
     if has_ci:
         inside = compare(m.low, value) and compare(m.high, value)
         outside = not compare(m.low, value) and not compare(m.high, value)
         result = HOLDS if inside else FAILS if outside else INCONCLUSIVE
-        reason = f"CI [{m.low:.4g}, {m.high:.4g}] vs {op} {value:g}"
+        reason = f"CI {interval_words(m.low, m.high)} vs {op} {value:g}"
     else:
         result = HOLDS if compare(m.estimate, value) else FAILS
         reason = f"estimate {m.estimate:.4g} vs {op} {value:g}"
@@ -1085,7 +1253,7 @@ def _within_closed_form(m: Measurement, margin: float, has_ci: bool, target: Any
         result = FAILS
     else:
         result = INCONCLUSIVE
-    return result, f"CI [{m.low:.4g}, {m.high:.4g}] vs {band}"
+    return result, f"CI {interval_words(m.low, m.high)} vs {band}"
 
 
 #: The claims file's schema in the repository (:func:`claims_schema`).
@@ -1103,14 +1271,90 @@ def claims_schema() -> dict[str, Any]:
     Returns
     -------
     dict
-        The schema (a copy), its ``$defs.statistic.enum`` every registered statistic and its
-        ``$defs.closed_form_statistic.enum`` those with a closed form.
+        The schema (a copy), its ``$defs.statistic.enum`` every registered statistic, its
+        ``$defs.closed_form_statistic.enum`` those with a closed form and its
+        ``$defs.deciding_test.enum`` the tests of :data:`DECIDING_TESTS`.
     """
     schema = load_schema(CLAIMS_SCHEMA_RELPATH)
     defs = schema["$defs"]
     defs["statistic"]["enum"] = sorted(STATISTICS)
     defs["closed_form_statistic"]["enum"] = sorted(name for name, s in STATISTICS.items() if s.closed_form)
+    defs["deciding_test"]["enum"] = list(DECIDING_TESTS)
     return schema
+
+
+def deciding_test(claim: Mapping[str, Any]) -> str:
+    """The test that decides ``claim``: its ``decided_by`` if it declares one, else its
+    statistic's default at its ``where`` (:meth:`Statistic.deciding`).
+
+    Parameters
+    ----------
+    claim : Mapping
+        A claim (``statistic``, ``where``, optional ``decided_by``), as loaded or evaluated.
+
+    Returns
+    -------
+    str
+        A key of :data:`DECIDING_TESTS`.
+
+    Raises
+    ------
+    KvasymError
+        One line naming the claim and the key: an unknown test, a statistic that does not
+        exist, or a declared test other than the one the statistic decides on (``decided_by``
+        declares what decides; it cannot choose another test).
+    """
+    cid, name = claim.get("id", "?"), claim.get("statistic")
+    statistic = STATISTICS.get(str(name))
+    if statistic is None:
+        raise KvasymError(f"claim {cid}: key statistic: {name!r} does not exist; known: "
+                          f"{', '.join(sorted(STATISTICS))}")
+    declared = claim.get("decided_by")
+    if declared is not None and declared not in DECIDING_TESTS:
+        raise KvasymError(f"claim {cid}: key decided_by: must be one of {', '.join(DECIDING_TESTS)}, got {declared!r}")
+    try:
+        default = statistic.deciding(claim.get("where") or {})
+    except KvasymError as exc:
+        raise KvasymError(f"claim {cid}: key decided_by: {exc}") from None
+    if declared is not None and declared != default:
+        raise KvasymError(f"claim {cid}: key decided_by: {name} decides on {default} "
+                          f"({DECIDING_TESTS[default].words}) here, not {declared}: decided_by declares the test "
+                          "that decides, it cannot choose another")
+    return default
+
+
+def decided_by_words(claim: Mapping[str, Any], latex: bool = False) -> str:
+    """What the ledger prints beside a verdict: the test it rests on, and the row's difference
+    test named as deciding or not, the same words for every row of a statistic.
+
+    ``t CI; Wilcoxon p not in the rule`` (an end-to-end ratio: its row shows a Wilcoxon p, the
+    t interval alone decides), ``Fieller CI and Wilcoxon p`` (a rule with ``max_log10_p``),
+    ``Wilcoxon per cell, Holm`` (a claim over cells), ``percentile bootstrap CI``.
+
+    Parameters
+    ----------
+    claim : Mapping
+        An evaluated claim (its ``decided_by``) or a loaded one (the statistic's default).
+    latex : bool, optional
+        Typeset ``p`` in math mode (the LaTeX ledger); the rest is LaTeX-safe as it is.
+
+    Returns
+    -------
+    str
+        The words; "" for a claim naming no registered statistic.
+    """
+    statistic = STATISTICS.get(str(claim.get("statistic")))
+    if statistic is None:
+        return ""
+    name = claim.get("decided_by") or deciding_test(claim)
+    words = DECIDING_TESTS[name].words
+    p_test = P_TESTS.get(statistic.p_test or "")
+    if p_test is None:
+        return words
+    p = "$p$" if latex else "p"
+    if "max_log10_p" in (claim.get("holds_if") or {}):
+        return f"{words} and {p_test} {p}"
+    return f"{words}; {p_test} {p} not in the rule"
 
 
 def load_claims(path: str | os.PathLike, headline: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -1151,7 +1395,15 @@ def load_claims(path: str | os.PathLike, headline: Mapping[str, Any] | None = No
         first[claim["id"]] = i
     base = {key: headline[key] for key in HEADLINE_WHERE_KEYS if headline and key in headline}
     defaults = data.get("defaults") or {}
-    return [{**claim, "where": {**base, **defaults, **(claim.get("where") or {})}} for claim in data["claims"]]
+    claims = [{**claim, "where": {**base, **defaults, **(claim.get("where") or {})}} for claim in data["claims"]]
+    for claim in claims:
+        if claim.get("decided_by") is not None:
+            # a declared test must be the one its statistic decides on (deciding_test)
+            try:
+                deciding_test(claim)
+            except KvasymError as exc:
+                raise KvasymError(f"{path}: {exc}") from None
+    return claims
 
 
 def query_model_note(claim: Mapping[str, Any], tables: Tables) -> str:
@@ -1202,7 +1454,7 @@ def evaluate_claims(claims: list[dict[str, Any]], tables: Tables) -> list[dict[s
         try:
             m = statistic.function(tables, claim["where"])
         except MissingCell as exc:
-            record.update(verdict=NOT_EVALUATED, reason=f"not in this grid: {exc}")
+            record.update(decided_by=deciding_test(claim), verdict=NOT_EVALUATED, reason=f"not in this grid: {exc}")
             results.append(record)
             continue
         except KeyError as exc:
@@ -1210,7 +1462,14 @@ def evaluate_claims(claims: list[dict[str, Any]], tables: Tables) -> list[dict[s
                               f"{claim['statistic']} needs") from None
         except KvasymError as exc:
             raise KvasymError(f"claim {claim['id']} ({claim['statistic']}): {exc}") from None
-        result, reason = verdict(m, claim["holds_if"])
+        decided_by = deciding_test(claim)
+        if DECIDING_TESTS[decided_by].interval != m.interval:
+            # the declaration must say what the verdict below reads: an interval, or counts / the estimate
+            raise KvasymError(f"claim {claim['id']}: key decided_by: {decided_by} "
+                              f"({DECIDING_TESTS[decided_by].words}) but statistic {claim['statistic']} returned "
+                              f"{'an interval' if m.interval else 'no interval'} (a registry error)")
+        record["decided_by"] = decided_by
+        result, reason = verdict(m, claim["holds_if"], decided_by)
         construction = claim.get("construction")
         if construction:
             # the outcome theory predicts, met by the data: not evidence about the paper's claim

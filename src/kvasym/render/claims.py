@@ -16,14 +16,17 @@ from typing import Any
 
 from ..artifacts import pattern
 from .format import escape_latex
-from .format import sig, sig_text
+from .format import ci_text, sig, sig_text
 
 __all__ = ["CLAIM_FIELDS", "claim_macro", "claim_macro_definition", "render_html", "render_latex",
            "render_markdown"]
 
 #: The fields of every evaluated claim that ``claims.tex`` defines (``\claim{<id>}{<field>}``).
-CLAIM_FIELDS = ("Estimate", "Low", "High", "LogP", "Verdict", "Paper", "Theory", "MinLogP", "Trials", "NCells",
-                "NBetter", "NWorse")
+#: ``CI`` is the interval as the paper prints it (``\claimci``): ``[low, high]``, or
+#: "(interval unbounded)" where both ends are infinite; ``DecidedBy`` the test the verdict rests
+#: on (:func:`kvasym.claims.decided_by_words`).
+CLAIM_FIELDS = ("Estimate", "Low", "High", "CI", "LogP", "Verdict", "DecidedBy", "Paper", "Theory", "MinLogP",
+                "Trials", "NCells", "NBetter", "NWorse")
 _VERDICT_COLORS = {"holds": "#1b7837", "does not hold": "#b2182b", "inconclusive": "#8c6d1f",
                    "determined by construction": "#4d4d4d"}
 
@@ -53,25 +56,34 @@ def _paper_text(r: Mapping[str, Any]) -> str:
 
 
 def _ci_text(r: Mapping[str, Any]) -> str:
-    if r.get("low") is None or r.get("high") is None:
-        return ""
-    return f"[{sig_text(r['low'])}, {sig_text(r['high'])}]"
+    """The interval of a ledger row as text: ``[a, b]``, ``unbounded`` (never ``[-inf, inf]``)."""
+    return ci_text(r.get("low"), r.get("high"))
+
+
+def _decided_by(r: Mapping[str, Any], latex: bool = False) -> str:
+    """The test a row's verdict rests on (:func:`kvasym.claims.decided_by_words`)."""
+    from ..claims import decided_by_words
+
+    return decided_by_words(r, latex=latex)
 
 
 def render_markdown(results: Sequence[Mapping[str, Any]]) -> str:
-    """The ledger as a Markdown table (``results/claims/claims.md``)."""
+    """The ledger as a Markdown table (``results/claims/claims.md``): beside each verdict the test
+    it rests on (:func:`kvasym.claims.decided_by_words`), an unbounded interval as "unbounded"."""
     lines = [
         "# Claims ledger",
         "",
         "Every number below is computed by the pipeline from its own data (`results/stats`, `results/theory`).",
         "",
-        "| id | claim | paper | measured | 95% CI | log10 p | verdict | why |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "The column *decided by* names the test each verdict rests on; a row's p decides only where it says so.",
+        "",
+        "| id | claim | paper | measured | 95% CI | log10 p | verdict | decided by | why |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         logp = "" if r.get("log10_p") is None else _log10_p_text(r["log10_p"])
         lines.append(f"| {r['id']} | {r['statement']} | {_paper_text(r)} | {sig_text(r.get('estimate'))} | "
-                     f"{_ci_text(r)} | {logp} | **{r['verdict']}** | {r['reason']} |")
+                     f"{_ci_text(r)} | {logp} | **{r['verdict']}** | {_decided_by(r)} | {r['reason']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -90,7 +102,7 @@ def render_html(results: Sequence[Mapping[str, Any]]) -> str:
             "<tr>" + cell(r["id"]) + cell(r["statement"]) + cell(_paper_text(r)) + cell(sig_text(r.get("estimate")))
             + cell(_ci_text(r)) + cell(logp)
             + f'<td style="color:{color};font-weight:bold">{html.escape(str(r["verdict"]))}</td>'
-            + cell(r["reason"]) + "</tr>"
+            + cell(_decided_by(r)) + cell(r["reason"]) + "</tr>"
         )
     verdicts = list(dict.fromkeys([*_VERDICT_COLORS, *(r["verdict"] for r in results)]))
     counts = {v: sum(r["verdict"] == v for r in results) for v in verdicts}
@@ -102,7 +114,8 @@ def render_html(results: Sequence[Mapping[str, Any]]) -> str:
         "</head><body>\n<h1>Claims ledger</h1>\n"
         f"<p>{len(results)} claims: {summary}. Every number is computed by the pipeline from its own data "
         "(results/stats, results/theory).</p>\n<table>\n<thead><tr><th>id</th><th>claim</th><th>paper</th>"
-        "<th>measured</th><th>95% CI</th><th>log10 p</th><th>verdict</th><th>why</th></tr></thead>\n<tbody>\n"
+        "<th>measured</th><th>95% CI</th><th>log10 p</th><th>verdict</th><th>decided by</th><th>why</th></tr></thead>\n"
+        "<tbody>\n"
         + "\n".join(rows) + "\n</tbody></table>\n</body></html>\n"
     )
 
@@ -117,6 +130,22 @@ def _count_text(x: Any) -> str:
     return str(int(x)) if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
 
 
+def _interval_macro(low: Any, high: Any) -> str:
+    """``\\claimci``'s interval: ``[\\ensuremath{a}, \\ensuremath{b}]``, ``(interval unbounded)``
+    when both ends are infinite (an unbounded set is no measurement), an open end at one
+    infinite end, ``[n/a, n/a]`` when an end is missing."""
+    try:
+        ends = (float(low), float(high))
+    except (TypeError, ValueError):
+        ends = (math.nan, math.nan)
+    if any(math.isnan(x) for x in ends):
+        return f"[{_number_macro(low)}, {_number_macro(high)}]"
+    if all(math.isinf(x) for x in ends):
+        return "(interval unbounded)"
+    left, right = ("(" if math.isinf(ends[0]) else "["), (")" if math.isinf(ends[1]) else "]")
+    return f"{left}{_number_macro(low)}, {_number_macro(high)}{right}"
+
+
 def render_latex(results: Sequence[Mapping[str, Any]]) -> str:
     """``claims.tex``: one macro per field of :data:`CLAIM_FIELDS` of every claim."""
     lines = ["% Generated by the kvasym claims stage (kvasym.render.claims): do not edit.", ""]
@@ -126,8 +155,11 @@ def render_latex(results: Sequence[Mapping[str, Any]]) -> str:
             "Estimate": _number_macro(r.get("estimate")),
             "Low": _number_macro(r.get("low")),
             "High": _number_macro(r.get("high")),
+            "CI": _interval_macro(r.get("low"), r.get("high")),
             "LogP": escape_latex(_log10_p_text(r.get("log10_p"))),
             "Verdict": escape_latex(str(r["verdict"])),
+            # the test the verdict rests on (LaTeX-safe words, p in math mode)
+            "DecidedBy": _decided_by(r, latex=True) or "n/a",
             "Paper": escape_latex(str(paper)) if paper else _number_macro(r.get("paper_value")),
             # the closed form beside a measured theory ratio (n/a for other statistics)
             "Theory": _number_macro((r.get("details") or {}).get("theory")),
@@ -171,8 +203,9 @@ def claims_map_markdown(claims: Sequence[Mapping[str, Any]]) -> str:
     ``claims``: the claims file's list (:func:`kvasym.claims.load_claims`). Every claim is
     decided by rule and stage ``claims`` (``results/claims/claims.json``, macros
     ``claim:<id>:<field>`` of ``paper/generated/claims.tex``); the table names the statistic,
-    the gathered tables it reads and the stages that compute them (its record in
-    :data:`kvasym.claims.STATISTICS`).
+    the test its verdict rests on (:func:`kvasym.claims.decided_by_words`: the claim's
+    ``decided_by`` or its statistic's default), the gathered tables it reads and the stages that
+    compute them (its record in :data:`kvasym.claims.STATISTICS`).
 
     Parameters
     ----------
@@ -186,8 +219,8 @@ def claims_map_markdown(claims: Sequence[Mapping[str, Any]]) -> str:
     """
     from ..claims import STATISTICS
 
-    lines = ["| claim | statistic | reads (rule = stage -> file) | measured by | ledger | paper macro |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| claim | statistic | decided by | reads (rule = stage -> file) | measured by | ledger | paper macro |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for claim in claims:
         cid, statistic = str(claim["id"]), STATISTICS[str(claim["statistic"])]
         reads = "; ".join(f"`{TABLE_SOURCES[t][0]}` -> `{TABLE_SOURCES[t][1]}`" for t in statistic.tables)
@@ -198,7 +231,8 @@ def claims_map_markdown(claims: Sequence[Mapping[str, Any]]) -> str:
             if real and "frontier_units" in statistic.tables:  # the real cells at extra budgets too
                 upstream += ", `real_metrics_extra`"
             upstream += " (SmolLM2 captures)" if real else " (per distribution and d)"
-        lines.append(f"| {cid} | `{statistic.name}` | {reads} | {upstream} | `claims` -> `{pattern('claims_json')}` "
+        lines.append(f"| {cid} | `{statistic.name}` | {_decided_by(claim)} | {reads} | {upstream} | "
+                     f"`claims` -> `{pattern('claims_json')}` "
                      f"| `\\claim{{{cid}}}{{Estimate}}` (`claim:{cid}:Estimate`) |")
     return "\n".join(lines) + "\n"
 

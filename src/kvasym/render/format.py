@@ -37,9 +37,9 @@ import pandas as pd
 
 from ..errors import KvasymError
 
-__all__ = ["BREAK_AFTER", "DIGITS", "FILTERS", "Latex", "P_DECIMAL_MIN", "best_flags", "bits", "ci", "ci_wrap", "count",
-           "environment", "escape", "escape_breakable", "escape_latex", "escape_latex_breakable", "mediqr", "num",
-           "plain", "pvalue", "pvalue_raw", "pvalue_text", "render_template", "sig", "sig_text"]
+__all__ = ["BREAK_AFTER", "DIGITS", "FILTERS", "Latex", "P_DECIMAL_MIN", "best_flags", "bits", "ci", "ci_text",
+           "ci_wrap", "count", "environment", "escape", "escape_breakable", "escape_latex", "escape_latex_breakable",
+           "mediqr", "num", "plain", "pvalue", "pvalue_raw", "pvalue_text", "render_template", "sig", "sig_text"]
 
 #: LaTeX's special characters and what typesets each literally.
 _SPECIALS = {
@@ -242,27 +242,64 @@ def pvalue_text(log10_p: Any, digits: int = 1) -> str:
     return _as_text(str(pvalue(log10_p, digits)).strip("$"))
 
 
+def _unbounded(low: Any, high: Any) -> bool:
+    """Both ends of an interval infinite: an unbounded set (e.g. Fieller's when the denominator's
+    mean is not significantly different from 0), which is printed as a word, not as bounds."""
+    return math.isinf(float(low)) and math.isinf(float(high))
+
+
+def _bounds(low: Any, high: Any, digits: int, sep: str = ", ") -> str:
+    """Math-mode content of an interval: ``[5.32, 6.03]``; an infinite end is open,
+    ``[5.32, \\infty)``, ``(-\\infty, 6.03]``."""
+    left = "(" if math.isinf(float(low)) else "["
+    right = ")" if math.isinf(float(high)) else "]"
+    return f"{left}{sig(low, digits)}{sep}{sig(high, digits)}{right}"
+
+
 def ci(estimate: Any, low: Any = None, high: Any = None, digits: int = DIGITS, bold: bool = False) -> Latex:
-    """``$5.60\\ [5.32, 6.03]$``; the interval is left out when missing."""
+    """``$5.60\\ [5.32, 6.03]$``; the interval is left out when missing, ``$5.60$ (CI unbounded)``
+    when both its ends are infinite (never ``[-\\infty, \\infty]`` as if it were a measurement)."""
     if _missing(estimate):
         return Latex("--")
     est = sig(estimate, digits)
     est = Latex(f"\\mathbf{{{est}}}") if bold else est
     if _missing(low) or _missing(high):
         return Latex(f"${est}$")
-    return Latex(f"${est}\\ [{sig(low, digits)}, {sig(high, digits)}]$")
+    if _unbounded(low, high):
+        return Latex(f"${est}$ (CI unbounded)")
+    return Latex(f"${est}\\ {_bounds(low, high, digits)}$")
+
+
+#: The separator of :func:`ci_wrap`'s bounds: a permitted line break after the comma.
+_WRAP_SEP = ",\\allowbreak "
 
 
 def ci_wrap(estimate: Any, low: Any = None, high: Any = None, digits: int = DIGITS) -> Latex:
     """:func:`ci` for a narrow column: ``$5.60$ $[5.32,\\allowbreak 6.03]$``, the estimate and the
     interval as two math groups, so the line may break between them, and inside the interval
-    after its comma (two negative bounds of three digits are wider than a narrow column)."""
+    after its comma (two negative bounds of three digits are wider than a narrow column);
+    ``$5.60$ (CI unbounded)`` when both ends are infinite."""
     if _missing(estimate):
         return Latex("--")
     est = sig(estimate, digits)
     if _missing(low) or _missing(high):
         return Latex(f"${est}$")
-    return Latex(f"${est}$ $[{sig(low, digits)},\\allowbreak {sig(high, digits)}]$")
+    if _unbounded(low, high):
+        return Latex(f"${est}$ (CI unbounded)")
+    return Latex(f"${est}$ ${_bounds(low, high, digits, sep=_WRAP_SEP)}$")
+
+
+def ci_text(low: Any, high: Any, digits: int = DIGITS) -> str:
+    """An interval as plain text (Markdown, HTML): ``[5.32, 6.03]`` with :func:`sig_text`'s
+    digits, ``unbounded`` when both ends are infinite, ``[5.32, inf)`` when one is, "" when
+    missing."""
+    if _missing(low) or _missing(high):
+        return ""
+    if _unbounded(low, high):
+        return "unbounded"
+    left = "(" if math.isinf(float(low)) else "["
+    right = ")" if math.isinf(float(high)) else "]"
+    return f"{left}{sig_text(low, digits)}, {sig_text(high, digits)}{right}"
 
 
 def bits(payload: Any, side: Any) -> Latex:

@@ -1,7 +1,9 @@
 """The ledger's words for people: each claim's test and unit, its rule in mathematics, its order.
 
-A ledger row (``table_claims``) reads: id, claim, test and unit, rule, paper, ours [CI], verdict,
-note. This module writes the three columns the claims file does not hold as text:
+A ledger row (``table_claims``) reads: id, claim, test and unit, rule, paper, ours [CI] ("CI
+unbounded" for an interval with two infinite ends), verdict with the test it rests on
+(:func:`kvasym.claims.decided_by_words`), note. This module writes the three columns the claims
+file does not hold as text:
 
 - :func:`test_and_unit`: which estimate and interval the statistic computes, over which
   independent unit (trials of a synthetic distribution, texts of the real model, blocks of

@@ -39,7 +39,7 @@ from ..real.models import primary_rows
 from ..cells import MissingCell, cell_of, pair_ratio, select_cells
 from ..display import median_iqr
 from ..manifest import read_manifest
-from .format import best_flags, render_template
+from .format import Latex, best_flags, render_template
 from .numbers import TAIL_PERCENTILE
 
 #: Table name -> (template, the ``inputs`` key it reads). ``render_tables`` writes
@@ -374,6 +374,7 @@ def _note(reason: str) -> str:
 
 
 def _claim_row(r: Mapping[str, Any]) -> dict[str, Any]:
+    from ..claims import decided_by_words
     from .ledger import rule_math, statement_math, test_and_unit
 
     details = r.get("details") or {}
@@ -401,6 +402,8 @@ def _claim_row(r: Mapping[str, Any]) -> dict[str, Any]:
         # second-order prediction), beside the estimate; NaN where there is none
         "theory": _finite_or_nan(details.get("theory")),
         "verdict": str(r["verdict"]),
+        # the test the verdict rests on, beside it (kvasym.claims.decided_by_words: LaTeX-safe words)
+        "decided_by": Latex(decided_by_words(r, latex=True)),
         "reason": str(r.get("reason", "")),
         "note": _note(str(r.get("reason", ""))),
         "cells": cells,
