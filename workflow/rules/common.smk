@@ -856,7 +856,8 @@ def crate_parts():
     claim decided in one cell names its parts), the real and file cells' metrics files (written
     per cell, not as unit folders), the frontier's per-query files, the captures, the real
     caches' statistics, the end-to-end passes' per-text tables and the parts the model jobs
-    wrote (end-to-end passes, long-context windows, passkey trials, sensitivity rows)."""
+    wrote (end-to-end passes, long-context windows, passkey trials, sensitivity rows).
+    """
     parts = [stats_tables(kind) for kind in ("comparisons", "summary", "trials")]
     parts.append(theory_tables())
     parts.append(
