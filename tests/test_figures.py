@@ -858,7 +858,7 @@ def test_real_family_inputs_flags_and_dag_presence(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(figure_stage, "run_figures",
                         lambda s, inputs, out, families: seen.update(inputs=inputs, families=families) or [])
-    monkeypatch.setattr("kvasym.stages._slice.parse_slice", lambda text: {})
+    monkeypatch.setattr("kvasym.stages._slice.parse_slice", lambda text, flag="--slice": {})
     figure_stage.run_from_args(args)
     assert seen["families"] == ["real_heatmap"]
     assert seen["inputs"]["real_per_query"] == ["a b.parquet", "c.parquet"]
