@@ -398,8 +398,9 @@ class Study:
         parts = int(real["e2e"].get("parts", 1))
         if not 0 <= int(part) < parts:
             raise KvasymError(f"e2e part {part} of text {text}: real.e2e.parts is {parts} (parts 0..{parts - 1})")
-        whole = self.e2e_slice(text, real)
-        return whole if parts == 1 else {**whole, "part": [int(part), parts]}
+        from .real.jobparts import part_slice
+
+        return part_slice(self.e2e_slice(text, real), (int(part), parts))
 
     def calibrate_slice(self, real: Mapping[str, Any]) -> dict[str, Any]:
         """What the query-aware calibration (stage ``calibrate``) depends on: its texts (shipped

@@ -20,8 +20,11 @@ from ._slice import add_slice_arguments, stage_slice
 
 
 def part_slice(slice_: dict[str, Any], part: int, parts: int) -> dict[str, Any]:
-    """The provenance slice of part ``part`` of ``parts`` of the text whose slice is ``slice_``."""
-    return dict(slice_) if parts == 1 else {**slice_, "part": [part, parts]}
+    """The provenance slice of part ``part`` of ``parts`` of the text whose slice is ``slice_``
+    (:func:`kvasym.real.jobparts.part_slice`, the one rule of every model job's parts)."""
+    from ..real.jobparts import part_slice as job_part_slice
+
+    return job_part_slice(slice_, (part, parts))
 
 
 def join_text(slice_: dict[str, Any], part_paths: list[str], out: str) -> None:
