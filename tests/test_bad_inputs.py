@@ -468,7 +468,7 @@ CLAIMS_CASES = [
      "key claims[0].where.dim: must be an integer, got 64.0"),
     ("defaults_not_mapping", _ledger(lambda d: d.update(defaults=[1])), "key defaults: must be a mapping, got [1]"),
     ("top_level_typo", _ledger(lambda d: d.update(claim=d.pop("claims"))),
-     "unknown key(s): claim; allowed: claims, defaults"),
+     "unknown key(s): claim; allowed: claims, defaults, extends"),
     ("claims_empty", _ledger(lambda d: d.update(claims=[])), "key claims: must be a non-empty list, got []"),
     ("claim_missing_statistic", _ledger(lambda d: d["claims"][0].pop("statistic")),
      "claim C1a: key claims[0]: missing required key(s): statistic"),
@@ -485,7 +485,46 @@ CLAIMS_CASES = [
      "found duplicate key 'holds_if'"),
     ("yaml_syntax_error", _ledger(text="claims: [\n"), "is not valid YAML (line"),
     ("file_missing", lambda folder: folder / "nope.yaml", "nope.yaml: no such file"),
+    # a claims file that extends another (config/claims.long.yaml extends config/claims.yaml)
+    ("extends_missing", _ledger(lambda d: d.update(extends="base.yaml")), "key extends: "),
+    ("extends_itself", _ledger(lambda d: d.update(extends="claims.yaml")), "key extends: "),
+    ("extends_not_a_string", _ledger(lambda d: d.update(extends=["a.yaml"])), "key extends: must be"),
+    ("extends_duplicates_an_id", lambda folder: _extending(folder, {"id": "C1a", **_C}),
+     "duplicated claim id C1a"),
+    ("extends_a_bad_file", lambda folder: _extending(folder, {"id": "X9", **_C}, base_text="claims: []\n"),
+     "key claims: must be a non-empty list, got []"),
 ]
+
+
+def _extending(folder: Path, claim: dict, base_text: str | None = None) -> Path:
+    """A claims file ``claims.yaml`` with one claim that extends ``sub/base.yaml`` (the test
+    ledger, or ``base_text``)."""
+    (folder / "sub").mkdir()
+    base = folder / "sub" / "base.yaml"
+    base.write_text(base_text if base_text is not None else (ROOT / "config/claims.test.yaml").read_text())
+    path = folder / "claims.yaml"
+    path.write_text(yaml.safe_dump({"extends": "sub/base.yaml", "claims": [claim]}, sort_keys=False))
+    return path
+
+
+def test_a_claims_file_extends_another(tmp_path) -> None:
+    """The extended file's claims first, each with its own file's defaults; the files read in
+    that order (the DAG's claims and numbers jobs depend on both)."""
+    from kvasym.claims import claims_files
+
+    base = yaml.safe_load((ROOT / "config/claims.test.yaml").read_text())
+    path = _extending(tmp_path, {"id": "X9", **_C, "where": {"budget": 2}})
+    data = yaml.safe_load(path.read_text())
+    data["defaults"] = {"alpha": 0.01}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    claims = load_claims(path)
+    assert [c["id"] for c in claims] == [c["id"] for c in base["claims"]] + ["X9"]
+    assert claims[-1]["where"] == {"alpha": 0.01, "budget": 2}
+    assert claims[0]["where"]["alpha"] == base["defaults"]["alpha"]
+    assert claims_files(path) == [str(tmp_path / "sub" / "base.yaml"), str(path)]
+    # the repository's long-context claims extend the paper's, which come first, unchanged
+    paper, long = load_claims(ROOT / "config/claims.yaml"), load_claims(ROOT / "config/claims.long.yaml")
+    assert long[:len(paper)] == paper and len(long) > len(paper)
 
 
 @pytest.mark.parametrize("case_id, write, message", CLAIMS_CASES, ids=[c[0] for c in CLAIMS_CASES])

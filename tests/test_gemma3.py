@@ -461,3 +461,53 @@ def test_card_cli_on_the_tiny_gemma3(tmp_path) -> None:
     assert card["model"]["architecture"] == "gemma3" and card["model"]["sliding_layers"] == [0, 1, 2, 3, 4]
     allocation = pd.read_parquet(out / "allocation.parquet")
     assert len(allocation) == 6 * 2 and allocation["mean_bits"].iloc[0] <= allocation["target_bits"].iloc[0] + 1e-12
+
+
+# --------------------------------------------------------------------------- BOS in built sequences
+
+
+@pytest.fixture
+def tiny_with_bos(tiny, monkeypatch) -> GGUFLlama:
+    """The tiny fixture with its tokenizer told to start every sequence with BOS (Gemma 3's policy,
+    GGUF key tokenizer.ggml.add_bos_token = true)."""
+    monkeypatch.setattr(tiny.tokenizer, "add_bos", True)
+    return tiny
+
+
+def test_a_passkey_prompt_has_one_bos_at_its_start(tiny, tiny_with_bos) -> None:
+    """Each piece of the prompt is tokenized alone: BOS only before the first, none before the
+    answer's digits (a BOS model's key was refused as six tokens, BOS among them, before)."""
+    from kvasym.real.passkey import ANSWER_DIGITS, make_trial
+
+    bos = tiny_with_bos.tokenizer.bos_token_id
+    trial = make_trial(tiny_with_bos, 250, 0.5, 3, base_seed=7)
+    assert trial.prompt_ids[0] == bos and int((trial.prompt_ids == bos).sum()) == 1
+    assert trial.prompt_ids.size == 250 - ANSWER_DIGITS and bos not in trial.answer_ids
+    assert tiny_with_bos.decode(trial.answer_ids) == str(trial.key)
+    # the same trial without BOS is the BOS model's with its first token dropped and one more filler token
+    tiny_with_bos.tokenizer.add_bos = False
+    plain = make_trial(tiny, 250, 0.5, 3, base_seed=7)
+    assert plain.key == trial.key and np.array_equal(plain.answer_ids, trial.answer_ids)
+    assert plain.filler_tokens == trial.filler_tokens + 1
+
+
+def test_long_context_windows_start_with_bos_on_a_bos_model(tiny, tiny_with_bos) -> None:
+    from kvasym.real.longcontext import bos_id, sequence_windows
+
+    tokens = np.arange(12, dtype=np.int64).reshape(3, 4) + 10
+    with_bos = sequence_windows(tiny_with_bos, tokens)
+    assert bos_id(tiny_with_bos) == tiny_with_bos.tokenizer.bos_token_id
+    assert (with_bos[:, 0] == bos_id(tiny_with_bos)).all() and np.array_equal(with_bos[:, 1:], tokens[:, 1:])
+    assert tokens[0, 0] == 10  # the caller's array is not changed
+    tiny_with_bos.tokenizer.add_bos = False
+    assert bos_id(tiny) is None and sequence_windows(tiny, tokens) is tokens
+
+
+def test_real_gemma_passkey_prompt(gemma) -> None:
+    """On the real file (BOS required): one BOS, the key's five digits one token each."""
+    from kvasym.real.passkey import make_trial
+
+    trial = make_trial(gemma, 1024, 0.5, 0, base_seed=20261130)
+    bos = gemma.tokenizer.bos_token_id
+    assert gemma.tokenizer.add_bos and trial.prompt_ids[0] == bos and int((trial.prompt_ids == bos).sum()) == 1
+    assert trial.prompt_ids.size == 1019 and gemma.decode(trial.answer_ids) == str(trial.key)

@@ -297,7 +297,7 @@ def test_card_page_stage_refuses_a_file_that_is_not_a_card(tmp_path, capsys):
     assert f"{bad}: not a readable model card" in capsys.readouterr().err
     assert not (tmp_path / "card.html").exists() and bad.read_text() == "{not json"
     # the DAG's own card.json, damaged, goes aside so that the next run rebuilds it
-    ours = tmp_path / "results/real/card/card.json"
+    ours = tmp_path / "results/real/card/smollm2-135m/card.json"
     ours.parent.mkdir(parents=True)
     ours.write_text("{not json")
     assert main(["stage", "card_page", "--card", str(ours), "--out", str(ours.with_suffix(".html"))]) != 0

@@ -108,10 +108,63 @@ def test_a_further_model_inherits_real_e2e_with_its_own_keys():
     assert model_section(real, PRIMARY) is real
 
 
+def test_a_further_models_long_context_passkey_and_card_are_its_own():
+    """Not inherited from the primary (off unless set); set, they are the model's, its slices carry
+    the model key and its parts, and the primary's slices are what they were."""
+    long = {"lengths": [4096, 1024], "windows": 4, "schemes": ["RKV", "QWF"], "budgets": [4], "parts": 2}
+    passkey = {"lengths": [1024], "depths": [0.5, 0.0], "trials": 6, "schemes": ["RKV"], "budgets": [3, 2],
+               "parts": 3}
+    card = {"calibration_texts": ["chess_club"], "scheme": "RKV", "budgets": [2], "widths": [1, 2, 3],
+            "granularity": "layer_side", "parts": 2}
+    study, real = _real({"gemma3-270m": {"e2e": {"sensitivity_layers": [0, 17], "long_context": long,
+                                                 "passkey": passkey}, "card": card}})
+    mine = model_section(real, "gemma3-270m")
+    assert mine["e2e"]["long_context"]["lengths"] == [1024, 4096] and mine["e2e"]["long_context"]["parts"] == 2
+    assert mine["e2e"]["passkey"]["depths"] == [0.0, 0.5] and mine["e2e"]["passkey"]["budgets"] == [2, 3]
+    assert mine["card"]["calibration_texts"] == ["chess_club"] and mine["card"]["widths"] == [1, 2, 3]
+    assert real["e2e"]["long_context"]["lengths"] == [1024, 4096] and real["e2e"]["long_context"]["parts"] == 4
+    w = {"model": "gemma3-270m", "length": "4096", "part": "1"}
+    slice_long = study.job_slice("e2e_long", w, real=real)
+    assert slice_long["model"] == "gemma3-270m" and slice_long["part"] == [1, 2]
+    assert [s["name"] for s in slice_long["schemes"]] == ["RKV"] and slice_long["query_variants"] == ["QWF"]
+    slice_passkey = study.job_slice("passkey", {**w, "length": "1024", "part": "2"}, real=real)
+    assert slice_passkey["model"] == "gemma3-270m" and slice_passkey["part"] == [2, 3]
+    assert slice_passkey["trials"] == 6
+    slice_sens = study.job_slice("sensitivity", {"model": "gemma3-270m", "text": "chess_club", "part": "0"},
+                                 real=real)
+    assert slice_sens["model"] == "gemma3-270m" and slice_sens["part"] == [0, 2] and slice_sens["widths"] == [1, 2, 3]
+    assert study.job_slice("card", {"model": "gemma3-270m"}, real=real)["calibration_texts"] == ["chess_club"]
+    # the primary's slices carry no model key: the same with or without the further model
+    _, alone = _real({})
+    for stage, wildcards in (("e2e_long", {"length": "4096", "part": "3"}),
+                             ("passkey", {"length": "1024", "part": "0"}),
+                             ("sensitivity", {"text": "chess_club", "part": "1"}), ("card", {})):
+        assert study.job_slice(stage, {"model": PRIMARY, **wildcards}, real=real) == \
+            study.job_slice(stage, {"model": PRIMARY, **wildcards}, real=alone), stage
+    # a part outside the model's own parts names the model's key
+    with pytest.raises(KvasymError, match=r"real.models.gemma3-270m.e2e.passkey.parts is 3"):
+        study.job_slice("passkey", {**w, "length": "1024", "part": "3"}, real=real)
+    with pytest.raises(KvasymError, match=r"real.models.gemma3-270m.card.parts is 2"):
+        study.job_slice("sensitivity", {"model": "gemma3-270m", "text": "chess_club", "part": "2"}, real=real)
+    # without them, off: the primary's are not inherited
+    _, inherited = _real({"gemma3-270m": {"e2e": {"sensitivity_layers": [0]}}})
+    assert model_section(inherited, "gemma3-270m")["card"] is None
+    assert inherited["models"]["gemma3-270m"]["e2e"]["passkey"] is None
+
+
 @pytest.mark.parametrize("models, message", [
     ({"llama": {}}, r"real.models.llama: unknown model 'llama'"),
     ({PRIMARY: {}}, "the primary model's passes are real.e2e's"),
-    ({"gemma3-270m": {"e2e": {"passkey": {"lengths": [1024]}}}}, r"real.models.gemma3-270m.e2e.passkey"),
+    ({"gemma3-270m": {"e2e": {"sensitivity_layers": [0], "passkey": {
+        "lengths": [1024], "depths": [0.5], "trials": 2, "schemes": ["XYZ"], "budgets": [2]}}}},
+     r"config key real.models.gemma3-270m.e2e.passkey.schemes: \['XYZ'\] not among"),
+    ({"gemma3-270m": {"e2e": {"sensitivity_layers": [0], "long_context": {"lengths": [1024], "windows": 2,
+                                                                           "parts": 3}}}},
+     r"config key real.models.gemma3-270m.e2e.long_context.parts: 3 parts, but a length has 2 windows"),
+    ({"gemma3-270m": {"e2e": {"sensitivity_layers": [0]}, "card": {"calibration_texts": ["bakery_morning"]}}},
+     r"config key real.models.gemma3-270m.card.calibration_texts: \['bakery_morning'\] are also end-to-end"),
+    ({"gemma3-270m": {"e2e": {"sensitivity_layers": [0]}, "card": {"budgets": [7]}}},
+     r"config key real.models.gemma3-270m.card.budgets: \[7\] are not among"),
     ({"gemma3-270m": {"e2e": {"sensitivity_layers": [0, 20]}}}, r"\[20\] outside Gemma 3 270M's layers 0..17"),
 ])
 def test_bad_further_models_are_one_line_naming_the_key(models, message):
@@ -349,3 +402,63 @@ def test_global_only_is_refused_where_every_layer_is_global():
     stats = study.job_slice("e2e_stats", {}, real=real)
     assert stats["models"]["gemma3-270m"]["schemes"][-2:] == ["RKV+G", "KIVI128+G"]
     assert "RKV+G" not in stats["schemes"]
+
+
+def _passkey_parts(tmp_path, model, accuracy, parts=2):
+    """Passkey trials of one model (RKV@2 right with probability ``accuracy``, full precision
+    always), written as ``parts`` round-robin job parts with their provenance slices."""
+    from kvasym.real.jobparts import select_round_robin
+    from kvasym.real.passkey_grid import FP_PASS, NO_BUDGET
+
+    gen = np.random.default_rng(11 if model is None else 12)
+    units = [(depth, trial) for depth in (0.0, 0.5) for trial in range(10)]
+    correct = {unit: int(gen.random() < accuracy) for unit in units}
+    paths, whole = [], []
+    for p in range(parts):
+        rows = [{"pass": name, "scheme": FP_PASS if name == FP_PASS else "RKV",
+                 "budget": NO_BUDGET if name == FP_PASS else 2, "length": 96, "depth": depth, "trial": trial,
+                 "key": 12345, "correct": 1 if name == FP_PASS else correct[(depth, trial)], "n_correct_prefix": 5,
+                 "key_position": 40}
+                for depth, trial in select_round_robin(units, (p, parts), "trials") for name in (FP_PASS, "RKV@2")]
+        frame = pd.DataFrame(rows)
+        whole.append(frame)
+        slice_ = {"length": 96, "part": [p, parts], **({"model": model} if model else {})}
+        path = tmp_path / f"passkey-{model or PRIMARY}-part{p}.parquet"
+        write_frame_atomic(frame, path, provenance(slice_))
+        paths.append(str(path))
+    return paths, pd.concat(whole, ignore_index=True)
+
+
+def test_e2e_stats_summarizes_each_models_passkey_trials_apart(tmp_path):
+    """Each model's parts are joined and summarized apart (a model column first); the claims read
+    one model's rows, the tables the primary's."""
+    from kvasym.real.passkey_grid import summarize_grid
+    from kvasym.stages.e2e_stats import run_e2e_stats
+
+    smol_paths, smol = _passkey_parts(tmp_path, None, 0.9)
+    gemma_paths, gemma = _passkey_parts(tmp_path, "gemma3-270m", 0.3)
+    texts = _texts(tmp_path, None, 0.0) + _texts(tmp_path, "gemma3-270m", 2.0)
+    slice_ = {"schemes": ["RKV", "KQV"], "study_schemes": ["RKV", "KQV"], "budgets": [2, 4], "base_seed": 1,
+              "n_boot": 20, "models": {"gemma3-270m": {"schemes": ["RKV", "KQV"], "study_schemes": ["RKV", "KQV"]}}}
+    out = {name: str(tmp_path / f"{name}.parquet") for name in
+           ("summary", "comparisons", "equal_bits", "sensitivity", "agreement", "passkey_summary")}
+    # the parts in any order: each model's are joined by its own provenance
+    gathered = tmp_path / "gathered.parquet"
+    pd.DataFrame([{"distribution": "smollm2", "sharpness": 1.0, "scheme": s, "budget": b, "kl_mean": 0.1 * b}
+                  for s in ("RKV", "KQV") for b in (2, 4)]).to_parquet(gathered)
+    run_e2e_stats(slice_, texts, str(gathered), out,
+                  passkey_paths=[gemma_paths[1], smol_paths[0], gemma_paths[0], smol_paths[1]])
+    table = pd.read_parquet(out["passkey_summary"])
+    assert list(table.columns[:1]) == ["model"] and list(table["model"].unique()) == [PRIMARY, "gemma3-270m"]
+    for model, frame in ((PRIMARY, smol), ("gemma3-270m", gemma)):
+        mine = table[table["model"] == model].drop(columns="model").reset_index(drop=True)
+        pd.testing.assert_frame_equal(mine, summarize_grid(frame), check_exact=True)
+    from kvasym.claims import stat_passkey_difference
+
+    tables = Tables(*(pd.DataFrame(),) * 4, passkey_summary=table)
+    where = {"scheme": "RKV", "budget": 2, "length": 96}
+    assert stat_passkey_difference(tables, where).estimate == pytest.approx(smol.query("scheme == 'RKV'")
+                                                                             ["correct"].mean() - 1.0)
+    assert stat_passkey_difference(tables, {**where, "model": "gemma3-270m"}).estimate == pytest.approx(
+        gemma.query("scheme == 'RKV'")["correct"].mean() - 1.0)
+    assert "model" not in primary_rows(table).columns

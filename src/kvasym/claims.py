@@ -699,7 +699,8 @@ def stat_e2e_allocation(t: Tables, where: Mapping[str, Any]) -> Measurement:
     measure = where.get("measure", "kl")
     if measure not in ("ppl", "kl"):
         raise KvasymError(f"e2e_allocation: where.measure must be ppl or kl, got {measure!r}")
-    table = t.card_comparisons
+    # the card table read is the primary model's (a further model's card is its own file)
+    table = _e2e_table(t.card_comparisons, "model-card", where)
     rows = table[(table["budget"] == where["budget"]) & table["scheme_a"].str.endswith("-MA")]
     if "scheme" in where:
         rows = rows[rows["scheme_b"] == where["scheme"]]
@@ -757,7 +758,7 @@ def stat_e2e_context_growth(t: Tables, where: Mapping[str, Any]) -> Measurement:
     that over its first 512 positions, ``ppl`` the ratio of the two spans' perplexity ratios;
     t interval over the windows (each its own draw)
     (:func:`kvasym.real.endtoend_stats.context_growth`)."""
-    table = _e2e_table(t.e2e_long_summary, "long-context")
+    table = _e2e_table(t.e2e_long_summary, "long-context", where)
     measure = where.get("measure", "kl")
     if measure not in ("ppl", "kl"):
         raise KvasymError(f"e2e_context_growth: where.measure must be ppl or kl, got {measure!r}")
@@ -779,7 +780,7 @@ def stat_passkey_difference(t: Tables, where: Mapping[str, Any]) -> Measurement:
     on the same trials of ``length`` tokens (every depth), with Agresti and Min's interval for
     matched proportions; p from McNemar's exact test
     (:func:`kvasym.real.passkey_grid.summarize_grid`)."""
-    table = _e2e_table(t.passkey_summary, "passkey")
+    table = _e2e_table(t.passkey_summary, "passkey", where)
     name = f"{where['scheme']}@{int(where['budget'])}"
     rows = table[(table["pass"] == name) & (table["scope"] == "length") & (table["length"] == where["length"])]
     if rows.empty:
@@ -1378,32 +1379,66 @@ def load_claims(path: str | os.PathLike, headline: Mapping[str, Any] | None = No
         distribution, dim and sharpness, then the file's ``defaults``, then the claim's own
         ``where``: later ones win.
     """
+    base = {key: headline[key] for key in HEADLINE_WHERE_KEYS if headline and key in headline}
+    claims: list[dict[str, Any]] = []
+    first: dict[str, str] = {}  # claim id -> where it was declared
+    for file, data in _claims_chain(path):
+        for i, claim in enumerate(data["claims"]):
+            if claim["id"] in first:
+                raise KvasymError(f"{file}: claims[{i}]: duplicated claim id {claim['id']} ({first[claim['id']]} "
+                                  "has it: the two would define the same LaTeX macros)")
+            first[claim["id"]] = f"{file}: claims[{i}]" if file != path else f"claims[{i}]"
+        defaults = data.get("defaults") or {}
+        mine = [{**claim, "where": {**base, **defaults, **(claim.get("where") or {})}} for claim in data["claims"]]
+        for claim in mine:
+            if claim.get("decided_by") is not None:
+                # a declared test must be the one its statistic decides on (deciding_test)
+                try:
+                    deciding_test(claim)
+                except KvasymError as exc:
+                    raise KvasymError(f"{file}: {exc}") from None
+        claims.extend(mine)
+    return claims
+
+
+def claims_files(path: str | os.PathLike) -> list[str]:
+    """The claims files ``path`` reads, the one it extends first (key ``extends``, followed to the
+    first file that extends none), ``path`` last; each checked as :func:`load_claims` checks it."""
+    return [str(file) for file, _ in _claims_chain(path)]
+
+
+def _claims_chain(path: str | os.PathLike) -> list[tuple[str | os.PathLike, dict[str, Any]]]:
+    """``(file, data)`` of ``path`` and the files it extends, the first-extended first; each file
+    checked against :func:`claims_schema` (one line naming the file, the claim and the key), a
+    missing or circular ``extends`` refused naming the key."""
     from .config_io import read_yaml_mapping
 
-    data = read_yaml_mapping(path)
-    error = first_error(data, claims_schema())
-    if error is not None:
-        parts = list(error.absolute_path)
-        claim = data["claims"][parts[1]] if len(parts) > 1 and parts[0] == "claims" else None
-        named = f"claim {claim['id']}: " if isinstance(claim, Mapping) and "id" in claim else ""
-        raise KvasymError(f"{path}: {named}{format_error(error, noun='key', whole='the claims file')}")
-    first: dict[str, int] = {}
-    for i, claim in enumerate(data["claims"]):
-        if claim["id"] in first:
-            raise KvasymError(f"{path}: claims[{i}]: duplicated claim id {claim['id']} (claims[{first[claim['id']]}] "
-                              "has it: the two would define the same LaTeX macros)")
-        first[claim["id"]] = i
-    base = {key: headline[key] for key in HEADLINE_WHERE_KEYS if headline and key in headline}
-    defaults = data.get("defaults") or {}
-    claims = [{**claim, "where": {**base, **defaults, **(claim.get("where") or {})}} for claim in data["claims"]]
-    for claim in claims:
-        if claim.get("decided_by") is not None:
-            # a declared test must be the one its statistic decides on (deciding_test)
-            try:
-                deciding_test(claim)
-            except KvasymError as exc:
-                raise KvasymError(f"{path}: {exc}") from None
-    return claims
+    chain: list[tuple[str | os.PathLike, dict[str, Any]]] = []
+    seen: list[str] = []
+    file: str | os.PathLike | None = path
+    while file is not None:
+        resolved = os.path.realpath(file)
+        if resolved in seen:
+            raise KvasymError(f"{chain[-1][0]}: key extends: {file} is already in the chain (a claims file cannot "
+                              "extend itself through others)")
+        seen.append(resolved)
+        if chain and not os.path.isfile(file):
+            raise KvasymError(f"{chain[-1][0]}: key extends: {file}: no such file")
+        try:
+            data = read_yaml_mapping(file)
+        except KvasymError as exc:
+            raise KvasymError(f"{exc} (extended by {chain[-1][0]})" if chain else str(exc)) from None
+        error = first_error(data, claims_schema())
+        if error is not None:
+            parts = list(error.absolute_path)
+            claim = data["claims"][parts[1]] if len(parts) > 1 and parts[0] == "claims" else None
+            named = f"claim {claim['id']}: " if isinstance(claim, Mapping) and "id" in claim else ""
+            by = f" (extended by {chain[-1][0]})" if chain else ""
+            raise KvasymError(f"{file}{by}: {named}{format_error(error, noun='key', whole='the claims file')}")
+        chain.append((file, data))
+        extends = data.get("extends")
+        file = os.path.join(os.path.dirname(str(file)), extends) if extends is not None else None
+    return chain[::-1]
 
 
 def query_model_note(claim: Mapping[str, Any], tables: Tables) -> str:

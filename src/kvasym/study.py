@@ -431,8 +431,8 @@ class Study:
         section = real["e2e"]["long_context"]
         whole = {"length": int(length), "windows": int(section["windows"]),
                  "calibration_windows": int(section["calibration_windows"]), "own": real["e2e"]["own"],
-                 **self._model_pass_slice(section, real)}
-        return part_slice(whole, self._part(part, section, "long_context"))
+                 **self._model_pass_slice(section, real), **_model_key(real)}
+        return part_slice(whole, self._part(part, section, "long_context", _where(real, "e2e.long_context")))
 
     def passkey_slice(self, length: int, real: Mapping[str, Any], part: int = 0) -> dict[str, Any]:
         """What one job of the passkey trials of one length (stage ``passkey``) depends on: with
@@ -442,8 +442,8 @@ class Study:
 
         section = real["e2e"]["passkey"]
         whole = {"length": int(length), "depths": list(section["depths"]), "trials": int(section["trials"]),
-                 **self._model_pass_slice(section, real)}
-        return part_slice(whole, self._part(part, section, "passkey"))
+                 **self._model_pass_slice(section, real), **_model_key(real)}
+        return part_slice(whole, self._part(part, section, "passkey", _where(real, "e2e.passkey")))
 
     @staticmethod
     def _part(part: int, section: Mapping[str, Any], key: str, where: str = "") -> tuple[int, int]:
@@ -464,8 +464,8 @@ class Study:
         whole = {"text": text, "evaluation_texts": list(real["e2e"]["texts"]), "max_tokens": real["max_tokens"],
                  "scheme": {"name": card["scheme"], **self.scheme(card["scheme"]).to_dict()},
                  "widths": list(card["widths"]), "granularity": card["granularity"], "base_seed": self.base_seed,
-                 "norm_dtype": self.norm_dtype}
-        return part_slice(whole, self._part(part, card, "card", "real.card"))
+                 "norm_dtype": self.norm_dtype, **_model_key(real)}
+        return part_slice(whole, self._part(part, card, "card", _where(real, "card")))
 
     def card_slice(self, real: Mapping[str, Any]) -> dict[str, Any]:
         """What the model card (stage ``card``) depends on besides its tables: the end-to-end texts
@@ -475,7 +475,8 @@ class Study:
                 "max_tokens": real["max_tokens"],
                 "scheme": {"name": card["scheme"], **self.scheme(card["scheme"]).to_dict()},
                 "budgets": list(card["budgets"]), "widths": list(card["widths"]), "granularity": card["granularity"],
-                "draws": int(real["e2e"]["draws"]), "base_seed": self.base_seed, "norm_dtype": self.norm_dtype}
+                "draws": int(real["e2e"]["draws"]), "base_seed": self.base_seed, "norm_dtype": self.norm_dtype,
+                **_model_key(real)}
 
     def e2e_stats_slice(self, real: Mapping[str, Any]) -> dict[str, Any]:
         """What the end-to-end statistics job (stage ``e2e_stats``) depends on besides its tables:
@@ -576,7 +577,7 @@ class Study:
                 raise KvasymError(f"real cell {w['scheme']} n = {budget}: not an extra budget of {w['scheme']} "
                                   "(config key frontier.extra_budgets)")
             return {**self.real_slice(w["distribution"], w["scheme"], real["layers"]), "budgets": [budget]}
-        if stage in ("e2e", "e2e_join", "calibrate") and "model" in w:
+        if stage in ("e2e", "e2e_join", "calibrate", "e2e_long", "passkey", "sensitivity", "card") and "model" in w:
             from .real import model_section
 
             real = model_section(real, str(w["model"]))
@@ -595,6 +596,12 @@ class Study:
         if stage == "card":
             return self.card_slice(real)
         return self.e2e_stats_slice(real)
+
+
+def _where(real: Mapping[str, Any], key: str) -> str:
+    """The config key ``real.<key>`` of the model whose section ``real`` is
+    (``real.models.<model>.<key>`` for a further model)."""
+    return f"real.models.{real['model']}.{key}" if real.get("model") else f"real.{key}"
 
 
 def _model_key(real: Mapping[str, Any]) -> dict[str, str]:

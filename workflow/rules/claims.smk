@@ -6,6 +6,7 @@ rule claims:
         # the end-to-end, frontier and sweep tables, when configured
         unpack(optional_inputs("claims")),
         claims=STUDY.claims_file,
+        extended=CLAIMS_FILES[:-1],  # the claims files it extends (its key extends)
         comparisons=rules.gather.output.comparisons,
         summary=rules.gather.output.summary,
         trials=rules.gather.output.trials,

@@ -24,7 +24,7 @@ from kvasym.artifacts import (
 )
 from kvasym.cachefile import file_content_sha256, inspect_cache_file
 from kvasym.cells import cell_of_path, slice_digest
-from kvasym.claims import load_claims
+from kvasym.claims import claims_files, load_claims
 from kvasym.config_io import read_yaml_mapping
 from kvasym.config_schema import validate_config
 from kvasym.errors import KvasymError
@@ -90,6 +90,8 @@ except KvasymError as exc:
 # result is up to date, a silent "Nothing to be done" that keeps the old ledger.
 try:
     CLAIMS = load_claims(STUDY.claims_file, STUDY.headline)
+    # the claims file and those it extends (key extends), which the claims and numbers jobs read
+    CLAIMS_FILES = claims_files(STUDY.claims_file)
 except KvasymError as exc:
     raise WorkflowError(f"invalid config: claims_file: {exc}")
 # What this run uses, defaults filled in: the files it came from and the whole config.
@@ -306,22 +308,8 @@ def stats_tables(kind):
 
 # End-to-end passes (kvasym.real.endtoend): with the real rows, unless real.e2e is off.
 E2E = REAL["e2e"] if REAL_CELLS else None
-LONG = E2E["long_context"] if E2E else None
-PASSKEY = E2E["passkey"] if E2E else None
 QUERY_AWARE = bool(E2E and E2E["query_aware"])
-# The model card and its measured allocation (kvasym.real.card): with real.card and the e2e passes.
-CARD = REAL["card"] if E2E else None
 CARD_OUTPUTS = stage_module("card").OUTPUTS  # the card stage declares what it writes
-# e2e_stats writes the long-context and passkey tables only with their passes.
-E2E_TABLES = (
-    "summary",
-    "comparisons",
-    "equal_bits",
-    "sensitivity",
-    "agreement",
-    *(("long_summary", "long_positions", "long_comparisons") if LONG else ()),
-    *(("passkey_summary",) if PASSKEY else ()),
-)
 
 
 # The models of the end-to-end passes: the primary (SmolLM2-135M), then real.models whose files
@@ -339,6 +327,26 @@ for _model, _section in (REAL["models"] if E2E else {}).items():
 MODEL_SECTIONS = {m: model_section(REAL, m) for m in E2E_MODELS}
 ASSEMBLED_STEMS = sorted(
     MODELS[m].stem for m in E2E_MODELS if MODELS[m].chunked is not None
+)
+# Each model's long-context windows, passkey trials and card (None when off; a further model's
+# are its own, off unless its real.models entry sets them).
+LONG_OF = {m: MODEL_SECTIONS[m]["e2e"]["long_context"] for m in E2E_MODELS}
+PASSKEY_OF = {m: MODEL_SECTIONS[m]["e2e"]["passkey"] for m in E2E_MODELS}
+CARD_OF = {m: MODEL_SECTIONS[m]["card"] for m in E2E_MODELS}
+LONG_MODELS = [m for m in E2E_MODELS if LONG_OF[m]]
+PASSKEY_MODELS = [m for m in E2E_MODELS if PASSKEY_OF[m]]
+CARD_MODELS = [m for m in E2E_MODELS if CARD_OF[m]]
+# the primary's: what the tables, figures and claims read (the cross-model table reads the rest)
+CARD = CARD_OF.get(PRIMARY_MODEL)
+# e2e_stats writes the long-context and passkey tables when any model has their passes.
+E2E_TABLES = (
+    "summary",
+    "comparisons",
+    "equal_bits",
+    "sensitivity",
+    "agreement",
+    *(("long_summary", "long_positions", "long_comparisons") if LONG_MODELS else ()),
+    *(("passkey_summary",) if PASSKEY_MODELS else ()),
 )
 
 
@@ -382,42 +390,53 @@ def model_inputs(stage):
 
 
 def e2e_long_windows(wildcards=None):
-    """The long-context tables, each length's parts (real.e2e.long_context.parts; none without
-    long_context)."""
-    if not LONG:
-        return []
+    """The long-context tables of every model with long-context passes, each length's parts
+    (its long_context.parts)."""
     return [
-        path("e2e_long_window", length=n, part=p)
-        for n in LONG["lengths"]
-        for p in range(LONG["parts"])
+        path("e2e_long_window", model=m, length=n, part=p)
+        for m in LONG_MODELS
+        for n in LONG_OF[m]["lengths"]
+        for p in range(LONG_OF[m]["parts"])
     ]
 
 
 def passkey_tables(wildcards=None):
-    """The passkey trial tables, each length's parts (real.e2e.passkey.parts; none without
-    passkey)."""
-    if not PASSKEY:
-        return []
+    """The passkey trial tables of every model with passkey trials, each length's parts (its
+    passkey.parts)."""
     return [
-        path("passkey_trials", length=n, part=p)
-        for n in PASSKEY["lengths"]
-        for p in range(PASSKEY["parts"])
+        path("passkey_trials", model=m, length=n, part=p)
+        for m in PASSKEY_MODELS
+        for n in PASSKEY_OF[m]["lengths"]
+        for p in range(PASSKEY_OF[m]["parts"])
     ]
 
 
-def card_sensitivity_parts(wildcards=None):
-    """The card's sensitivity tables, each calibration text's parts (real.card.parts)."""
+def card_sensitivity_parts(wildcards):
+    """One model's card sensitivity tables, each calibration text's parts (its card.parts)."""
+    card = CARD_OF[wildcards.model]
     return [
-        path("card_sensitivity", text=t, part=p)
-        for t in CARD["calibration_texts"]
-        for p in range(CARD["parts"])
+        path("card_sensitivity", model=wildcards.model, text=t, part=p)
+        for t in card["calibration_texts"]
+        for p in range(card["parts"])
     ]
 
 
 def card_targets():
-    """The card's outputs, when configured (empty otherwise)."""
+    """Every model's card outputs (none without a card)."""
     names = [*CARD_OUTPUTS, "html"]  # the page: rule card_page
-    return [pattern(f"card_{name}") for name in names] if CARD else []
+    return [path(f"card_{name}", model=m) for m in CARD_MODELS for name in names]
+
+
+def primary_pattern(name):
+    """The pattern of artifact ``name``, its model wildcard (if any) the primary model: the
+    tables, figures and claims read the primary model's card."""
+    if "model" in ARTIFACTS[name].wildcards:
+        return path(
+            name,
+            model=PRIMARY_MODEL,
+            **{w: f"{{{w}}}" for w in ARTIFACTS[name].wildcards if w != "model"},
+        )
+    return pattern(name)
 
 
 def e2e_stats_table_name(name):
@@ -435,8 +454,8 @@ OPTIONAL_PARTS = {
     "real": bool(REAL_CELLS),
     "e2e": bool(E2E),
     "query_aware": QUERY_AWARE,
-    "long_context": bool(LONG),
-    "passkey": bool(PASSKEY),
+    "long_context": bool(LONG_MODELS),
+    "passkey": bool(PASSKEY_MODELS),
     "card": bool(CARD),
     "frontier": FRONTIER,
     "seq_len": SEQ_LEN,
@@ -449,16 +468,28 @@ def optional_of(stage):
     return tuple(name for name in inputs if ARTIFACTS[inputs[name]].when != "always")
 
 
+# The models each per-model artifact exists for (the card's: the models with a card).
+MODELS_OF_PART = {"card": CARD_MODELS}
+
+
 def optional_inputs(stage):
-    """An input function: the optional inputs of ``stage`` that this DAG has, by name."""
+    """An input function: the optional inputs of ``stage`` that this DAG has, by name; a
+    per-model artifact the primary model's, or every model's for an input the stage reads per
+    model (its module's PER_MODEL)."""
     inputs = stage_module(stage).INPUTS
+    per_model = getattr(stage_module(stage), "PER_MODEL", ())
 
     def present(wildcards):
-        return {
-            name: pattern(inputs[name])
-            for name in optional_of(stage)
-            if OPTIONAL_PARTS[ARTIFACTS[inputs[name]].when]
-        }
+        out = {}
+        for name in optional_of(stage):
+            item = ARTIFACTS[inputs[name]]
+            if name in per_model:
+                models = MODELS_OF_PART[item.when]
+                if models:
+                    out[name] = [path(inputs[name], model=m) for m in models]
+            elif OPTIONAL_PARTS[item.when]:
+                out[name] = primary_pattern(inputs[name])
+        return out
 
     return present
 
@@ -576,7 +607,7 @@ def cell_paths(table, w):
 # the figures: what each family draws, reads and is shown as in the report
 # the figure families of this DAG: the real-model heat map only with real-model rows
 FIGURE_FAMILIES = dag_families(
-    bool(REAL_CELLS), bool(E2E), FRONTIER, bool(LONG), bool(CARD)
+    bool(REAL_CELLS), bool(E2E), FRONTIER, bool(LONG_OF.get(PRIMARY_MODEL)), bool(CARD)
 )
 
 
@@ -645,7 +676,7 @@ def figure_inputs(family):
                 )
             ]
         else:  # a gathered table
-            inputs[key] = pattern(name)
+            inputs[key] = primary_pattern(name)
     return inputs
 
 
@@ -886,8 +917,14 @@ def crate_parts():
         )
         parts.append(e2e_long_windows())
         parts.append(passkey_tables())
-        if CARD:
-            parts.append(card_sensitivity_parts())
+        parts.append(
+            [
+                path("card_sensitivity", model=m, text=t, part=p)
+                for m in CARD_MODELS
+                for t in CARD_OF[m]["calibration_texts"]
+                for p in range(CARD_OF[m]["parts"])
+            ]
+        )
     return parts
 
 

@@ -36,7 +36,7 @@ rule tables:
 
 rule numbers:
     input:
-        STUDY.claims_file,
+        CLAIMS_FILES,
     output:
         pattern("numbers"),
     log:

@@ -190,8 +190,8 @@ rule e2e_join:
 
 
 rule e2e_long:
-    # One job per window length: the model loads once; every window's reference pass serves its
-    # quantized passes (kvasym.real.longcontext.evaluate_windows).
+    # real.e2e.long_context.parts jobs per model and window length: the model loads once; every
+    # window's reference pass serves its quantized passes (kvasym.real.longcontext.evaluate_windows).
     input:
         unpack(model_inputs("e2e_long")),
     output:
@@ -200,20 +200,22 @@ rule e2e_long:
         log_path("e2e_long"),
     benchmark:
         benchmark_path("e2e_long")
+    wildcard_constraints:
+        model=names_pattern(LONG_MODELS),
     threads: 1
     resources:
         **resources_of("e2e_long"),
     params:
         code=STAGE_CODE["e2e_long"],  # reruns the job when the code it runs changes
         slice=slice_param("e2e_long"),
-        inputs=flags_of("query_bases"),
+        inputs=flags_of("query_bases", "model_file"),
     shell:
         "kvasym stage e2e_long --slice {params.slice:q} {params.inputs} --out {output:q} > {log:q} 2>&1"
 
 
 rule passkey:
-    # One job per length: every (depth, trial) prompt built once, scored in full precision and
-    # with each pass's cache (kvasym.real.passkey_grid.run_grid).
+    # real.e2e.passkey.parts jobs per model and length: every (depth, trial) prompt built once,
+    # scored in full precision and with each pass's cache (kvasym.real.passkey_grid.run_grid).
     input:
         unpack(model_inputs("passkey")),
     output:
@@ -222,13 +224,15 @@ rule passkey:
         log_path("passkey"),
     benchmark:
         benchmark_path("passkey")
+    wildcard_constraints:
+        model=names_pattern(PASSKEY_MODELS),
     threads: 1
     resources:
         **resources_of("passkey"),
     params:
         code=STAGE_CODE["passkey"],  # reruns the job when the code it runs changes
         slice=slice_param("passkey"),
-        inputs=flags_of("query_bases"),
+        inputs=flags_of("query_bases", "model_file"),
     shell:
         "kvasym stage passkey --slice {params.slice:q} {params.inputs} --out {output:q} > {log:q} 2>&1"
 
@@ -262,27 +266,35 @@ rule e2e_stats:
 
 
 rule sensitivity:
-    # real.card.parts jobs per calibration text: the card's sensitivity curves (rule card joins them).
+    # The card's parts jobs per model and calibration text: its sensitivity curves (rule card
+    # joins them).
+    input:
+        unpack(model_inputs("sensitivity")),
     output:
         sensitivity=pattern("card_sensitivity"),
     log:
         log_path("sensitivity"),
     benchmark:
         benchmark_path("sensitivity")
+    wildcard_constraints:
+        model=names_pattern(CARD_MODELS),
     threads: 1
     resources:
         **resources_of("sensitivity"),
     params:
         code=STAGE_CODE["sensitivity"],  # reruns the job when the code it runs changes
         slice=slice_param("sensitivity"),
+        inputs=flags_of("model_file"),
     shell:
-        "kvasym stage sensitivity --slice {params.slice:q} --out {output.sensitivity:q}"
+        "kvasym stage sensitivity --slice {params.slice:q} {params.inputs} --out {output.sensitivity:q}"
         " > {log:q} 2>&1"
 
 
 rule card:
-    # One job: the measured allocation, its end-to-end passes against the uniform map, the card.
+    # One job per model: the measured allocation, its end-to-end passes against the uniform map,
+    # the card.
     input:
+        unpack(model_inputs("card")),
         sensitivity=card_sensitivity_parts,
         e2e_summary=pattern("e2e_summary"),  # rule e2e_stats
     output:
@@ -291,13 +303,15 @@ rule card:
         log_path("card"),
     benchmark:
         benchmark_path("card")
+    wildcard_constraints:
+        model=names_pattern(CARD_MODELS),
     threads: 1
     resources:
         **resources_of("card"),
     params:
         code=STAGE_CODE["card"],  # reruns the job when the code it runs changes
         slice=slice_param("card"),
-        inputs=flags_of("sensitivity", "e2e_summary"),
+        inputs=flags_of("sensitivity", "e2e_summary", "model_file"),
         outputs=output_flags(CARD_OUTPUTS),
     shell:
         "kvasym stage card --slice {params.slice:q} {params.inputs} {params.outputs} > {log:q} 2>&1"
@@ -314,6 +328,8 @@ rule card_page:
         log_path("card_page"),
     benchmark:
         benchmark_path("card_page")
+    wildcard_constraints:
+        model=names_pattern(CARD_MODELS),
     localrule: True
     threads: 1
     resources:

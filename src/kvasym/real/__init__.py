@@ -131,20 +131,28 @@ def real_settings(value: object, schemes: list[str] | None = None,
                                      frontier_schemes)}
 
 
-#: Keys of ``real.e2e`` that a further model (``real.models``) cannot turn on yet: its long-context
-#: and passkey passes are not in the DAG.
-PRIMARY_ONLY_E2E_KEYS = ("long_context", "passkey")
+#: Keys of ``real.e2e`` that a further model (``real.models``) does not inherit from the primary:
+#: its long-context and passkey passes are off unless its own ``e2e`` section sets them (they cost
+#: more than its end-to-end passes; the paper config runs them in ``config/long.yaml`` only).
+NOT_INHERITED_E2E_KEYS = ("long_context", "passkey")
+
+
+def _renamed(exc: KvasymError, primary_key: str, key: str) -> KvasymError:
+    """``exc`` with the primary's config key ``primary_key`` named as the further model's ``key``."""
+    return KvasymError(str(exc).replace(f"config key {primary_key}", f"config key {key}"))
 
 
 def further_models(value: dict, primary_e2e_value: object, primary_e2e: dict | None, texts: list[str],
                    schemes: list[str] | None = None, frontier_schemes: list[str] | None = None) -> dict:
     """``real.models``: the models the end-to-end passes also run on besides the primary
-    (:data:`kvasym.real.models.PRIMARY`), each ``{"e2e": settings}``.
+    (:data:`kvasym.real.models.PRIMARY`), each ``{"e2e": settings, "card": settings or None}``.
 
     A further model's ``e2e`` is the primary's ``real.e2e`` with the entry's own ``e2e`` keys in
     place of the primary's (its sensitivity layers, typically: layer numbers are the model's),
     checked as :func:`e2e_settings` checks the primary's, with its layer numbers in the model's
-    range; its long-context and passkey passes are off (:data:`PRIMARY_ONLY_E2E_KEYS`).
+    range; its long-context and passkey passes are its own (:data:`NOT_INHERITED_E2E_KEYS`: off
+    unless set). Its ``card`` (the model card and measured allocation, :func:`card_settings`) is
+    off unless the entry sets it. Errors name the model's key (``real.models.<model>.e2e.<key>``).
     """
     from .model_registry import PRIMARY, model_entry
 
@@ -157,13 +165,12 @@ def further_models(value: dict, primary_e2e_value: object, primary_e2e: dict | N
         if key == PRIMARY:
             raise KvasymError(f"config key real.models.{key}: the primary model's passes are real.e2e's")
         override = dict((section or {}).get("e2e") or {})
-        for name in PRIMARY_ONLY_E2E_KEYS:
-            if not _off(override.get(name)):
-                raise KvasymError(f"config key real.models.{key}.e2e.{name}: a further model's {name} passes are "
-                                  "not in the DAG yet (they run on the primary model only); remove the key")
         base = dict(primary_e2e_value) if isinstance(primary_e2e_value, dict) else {}
-        merged = {**base, **override, **{name: "off" for name in PRIMARY_ONLY_E2E_KEYS}}
-        e2e = e2e_settings(merged, texts, schemes, frontier_schemes, n_layers=entry.n_layers)
+        merged = {**base, **{name: "off" for name in NOT_INHERITED_E2E_KEYS}, **override}
+        try:
+            e2e = e2e_settings(merged, texts, schemes, frontier_schemes, n_layers=entry.n_layers)
+        except KvasymError as exc:
+            raise _renamed(exc, "real.e2e", f"real.models.{key}.e2e") from None
         if e2e["global_only"] and not entry.sliding_layers:
             raise KvasymError(f"config key real.models.{key}.e2e.global_only: {entry.name} has no sliding-window "
                               "layer (every layer is global)")
@@ -171,7 +178,11 @@ def further_models(value: dict, primary_e2e_value: object, primary_e2e: dict | N
         if outside:
             raise KvasymError(f"config key real.models.{key}.e2e.sensitivity_layers: {outside} outside "
                               f"{entry.name}'s layers 0..{entry.n_layers - 1}")
-        out[str(key)] = {"e2e": e2e}
+        try:
+            card = card_settings((section or {}).get("card"), e2e, schemes, frontier_schemes)
+        except KvasymError as exc:
+            raise _renamed(exc, "real.card", f"real.models.{key}.card") from None
+        out[str(key)] = {"e2e": e2e, "card": card}
     return out
 
 
@@ -184,7 +195,8 @@ def model_section(real: dict, model: str) -> dict:
         return real
     if model not in real.get("models", {}):
         raise KvasymError(f"model {model!r} is not among real.models {sorted(real.get('models', {}))}")
-    return {**real, "e2e": real["models"][model]["e2e"], "card": None, "model": model}
+    section = real["models"][model]
+    return {**real, "e2e": section["e2e"], "card": section.get("card"), "model": model}
 
 
 def card_settings(value: object, e2e: dict | None, schemes: list[str] | None = None,

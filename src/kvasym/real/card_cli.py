@@ -21,14 +21,19 @@ import sys
 import time
 from pathlib import Path
 
+from ..artifacts import artifact
 from ..errors import KvasymError
 
 #: Default texts (shipped, :func:`kvasym.real.shipped_texts`): calibration and evaluation disjoint.
 DEFAULT_CALIBRATION = ("allotment_spring", "bakery_morning")
 DEFAULT_EVALUATION = ("bicycle_repair", "chess_club")
 DEFAULT_FRONTIER = ("KV", "KQV", "QKQV")
-OUTPUT_FILES = ("card.json", "card.html", "heads.parquet", "sensitivity.parquet", "allocation.parquet",
-                "summary.parquet", "comparisons.parquet", "passes.parquet")
+#: The card's files: the DAG's card folder's names (kvasym.artifacts, results/real/card/<model>/),
+#: and the whole sensitivity table (the DAG keeps it in parts).
+OUTPUT_FILES = (*(Path(artifact(f"card_{name}").template).name for name in ("json", "html", "heads")),
+                "sensitivity.parquet",
+                *(Path(artifact(f"card_{name}").template).name for name in ("allocation", "summary", "comparisons",
+                                                                             "passes")))
 #: The order the files are put in place: card.json, the card's index, last (atomic_file_set).
 COMMIT_ORDER = (*OUTPUT_FILES[2:], "card.html", "card.json")
 

@@ -16,6 +16,11 @@ far less of the late queries' energy (``benchmarks/bench_queryaware_positions.py
 windows of the same length of the long text (disjoint from the evaluated windows, which are the
 first ones), scheme column ``f"{variant}+W"`` (:data:`~kvasym.real.endtoend.WINDOW_BASES_TAG`),
 on the same seeds as the variant's own passes, so the two are paired by window.
+
+A model whose tokenizer begins every sequence with BOS (Gemma 3: BOS required) reads each window
+as a fresh sequence: the window's first token is replaced by BOS (:func:`sequence_windows`),
+so window ``i`` reads BOS and stream tokens ``i L + 1 .. (i + 1) L - 1``. A model without BOS
+(SmolLM2) reads the stream's tokens as they are.
 """
 
 from __future__ import annotations
@@ -31,7 +36,29 @@ from .endtoend import evaluate_text
 from .jobparts import select_round_robin
 from .longtext import n_windows, windows
 
-__all__ = ["calibration_window_indices", "evaluate_windows", "window_bases", "window_text"]
+__all__ = ["bos_id", "calibration_window_indices", "evaluate_windows", "sequence_windows", "window_bases",
+           "window_text"]
+
+
+def bos_id(model: Any) -> int | None:
+    """The BOS id the model's tokenizer starts every sequence with, or None when it adds none
+    (GGUF key ``tokenizer.ggml.add_bos_token``; :class:`kvasym.real.gguf_tokenizer` policy)."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None or not getattr(tokenizer, "add_bos", False):
+        return None
+    return int(tokenizer.bos_token_id)
+
+
+def sequence_windows(model: Any, tokens: np.ndarray) -> np.ndarray:
+    """``tokens`` (count, L) as the sequences the model reads: with a BOS model, each window's
+    first token replaced by BOS (a window is a fresh sequence, and Gemma 3 needs BOS at its
+    start); without one, ``tokens`` itself."""
+    bos = bos_id(model)
+    if bos is None:
+        return tokens
+    out = np.array(tokens, dtype=np.int64, copy=True)
+    out[:, 0] = bos
+    return out
 
 
 def window_text(length: int, index: int) -> str:
@@ -87,7 +114,7 @@ def window_bases(model: Any, ids: np.ndarray, length: int, evaluated: int, count
 
     limit = int(model.config.context_length) if context_length is None else int(context_length)
     indices = calibration_window_indices(len(ids), length, int(evaluated), count)
-    tokens, _ = windows(ids, length, limit, len(indices), first=indices[0])
+    tokens = sequence_windows(model, windows(ids, length, limit, len(indices), first=indices[0])[0])
     return calibrate(model, {window_text(length, i): row for i, row in zip(indices, tokens)})
 
 
@@ -159,7 +186,8 @@ def evaluate_windows(model: Any, ids: np.ndarray, lengths: Sequence[int], count_
         raise KvasymError(f"evaluate_windows: count_per_length must be an integer >= 1, got {count_per_length!r}")
     limit = int(model.config.context_length) if context_length is None else int(context_length)
     # every window cut before the first pass, so a bad length is refused before any cost
-    cut = [(int(length), windows(ids, length, limit, int(count_per_length))[0]) for length in lengths]
+    cut = [(int(length), sequence_windows(model, windows(ids, length, limit, int(count_per_length))[0]))
+           for length in lengths]
     calibrating = bool(calibration_windows) and bool(pass_options.get("query_variants"))
     if calibrating:  # refused before any pass too
         for length in lengths:

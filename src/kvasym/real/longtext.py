@@ -151,7 +151,9 @@ def long_text_source(topics: Mapping[str, str] | None = None) -> LongTextSource:
 
 
 def long_text_ids(model: Any, topics: Mapping[str, str] | None = None) -> np.ndarray:
-    """The long text's token ids under ``model``'s tokenizer (no BOS).
+    """The long text's token ids under ``model``'s tokenizer (with its BOS first when the
+    tokenizer adds one; :func:`kvasym.real.longcontext.sequence_windows` starts every window with
+    it).
 
     Parameters
     ----------

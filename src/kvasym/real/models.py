@@ -28,7 +28,7 @@ from .model_files import assemble, chunk_paths
 from .model_registry import MODELS, PRIMARY, ModelEntry, model_entry
 
 __all__ = ["MODELS", "PRIMARY", "ModelEntry", "check_geometry", "load_model", "missing_reason", "model_entry",
-           "model_file", "primary_rows", "slice_model"]
+           "model_file", "model_rows", "primary_rows", "slice_model"]
 
 
 def missing_reason(key: str) -> str | None:
@@ -108,6 +108,16 @@ def slice_model(slice_: dict, path: str | Path | None = None):  # -> GGUFLlama
 def primary_rows(frame):  # pandas DataFrame -> DataFrame
     """The primary model's rows of a table of stage ``e2e_stats`` (every model's rows, column
     ``model``), without that column; a table without it (made before further models) as it is."""
+    return model_rows(frame, PRIMARY)
+
+
+def model_rows(frame, model: str):  # pandas DataFrame -> DataFrame
+    """Model ``model``'s rows of a table of stage ``e2e_stats`` (every model's rows, column
+    ``model``), without that column; a table without it holds the primary's rows only (made
+    before further models), so it is returned as it is for the primary and refused for another."""
     if "model" not in frame.columns:
+        if model != PRIMARY:
+            raise KvasymError(f"the end-to-end table has no model column: it holds {PRIMARY}'s rows only, "
+                              f"not {model}'s")
         return frame
-    return frame[frame["model"] == PRIMARY].drop(columns="model").reset_index(drop=True)
+    return frame[frame["model"] == model].drop(columns="model").reset_index(drop=True)

@@ -149,8 +149,17 @@ class PasskeyTrial:
         return np.concatenate([self.prompt_ids, self.answer_ids[:-1]])
 
 
-def _encode(model: Any, text: str) -> list[int]:
-    return [int(t) for t in model.encode(text)]
+def _encode(model: Any, text: str, *, first: bool = False) -> list[int]:
+    """Token ids of one piece of the prompt: a tokenizer's BOS (Gemma 3's) only on the ``first``
+    piece, where the sequence starts, and no EOS (the pieces are concatenated)."""
+    ids = [int(t) for t in model.encode(text)]
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None and getattr(tokenizer, "add_eos", False) and ids and ids[-1] == tokenizer.eos_token_id:
+        ids = ids[:-1]
+    if (not first and tokenizer is not None and getattr(tokenizer, "add_bos", False) and ids
+            and ids[0] == tokenizer.bos_token_id):
+        ids = ids[1:]
+    return ids
 
 
 def make_trial(model: Any, length: int, depth: float, trial: int, *, base_seed: int,
@@ -197,7 +206,7 @@ def make_trial(model: Any, length: int, depth: float, trial: int, *, base_seed: 
     answer = _encode(model, str(key))
     if len(answer) != ANSWER_DIGITS:
         raise KvasymError(f"pass key {key} tokenizes to {len(answer)} tokens, expected one per digit")
-    intro = _encode(model, INTRO)
+    intro = _encode(model, INTRO, first=True)
     key_ids = _encode(model, KEY_SENTENCE.format(key=key))
     question = _encode(model, QUESTION)
     n_filler = int(length) - ANSWER_DIGITS - len(intro) - len(key_ids) - len(question)

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..artifacts import pattern
+from ..real.model_registry import PRIMARY
 from .format import escape_latex
 from .format import ci_text, sig, sig_text
 
@@ -184,8 +185,10 @@ _COMPUTED_BY: dict[str, str] = {"comparisons": "stats", "summary": "stats", "tri
                                 "passkey_summary": "e2e_stats", "card_comparisons": "card",
                                 "frontier_units": "frontier", "seq_len_slopes": "seq_len_sweep"}
 #: Where each table a claim reads comes from: rule and stage (the same word), and its file
-#: (:mod:`kvasym.artifacts`).
-TABLE_SOURCES: dict[str, tuple[str, str]] = {name: (stage, pattern(name)) for name, stage in _COMPUTED_BY.items()}
+#: (:mod:`kvasym.artifacts`; a per-model file, the card's, is the primary model's: the one the
+#: claims read).
+TABLE_SOURCES: dict[str, tuple[str, str]] = {name: (stage, pattern(name).replace("{model}", PRIMARY))
+                                             for name, stage in _COMPUTED_BY.items()}
 #: Metrics rules feeding the stats of a distribution, by its kind of rows.
 _METRICS_RULES = {"real": "real_metrics", "synthetic": "cells"}
 

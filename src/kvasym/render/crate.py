@@ -481,13 +481,18 @@ def _languages(packages: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]:
 
 def crate_slice(config: Mapping[str, Any], configfiles: Sequence[str], claims_file: str,
                 unit_writers: Mapping[str, str]) -> dict[str, Any]:
-    """The rule's param: the files the run read (``config``, ``config_2``, ... and
-    ``claims_file``), the SHA-256 of the effective config and who wrote each distribution's
-    metrics (:func:`build_crate`'s ``unit_writers``)."""
+    """The rule's param: the files the run read (``config``, ``config_2``, ..., ``claims_file``
+    and the claims files it extends, ``claims_file_extends_1``, ...), the SHA-256 of the
+    effective config and who wrote each distribution's metrics (:func:`build_crate`'s
+    ``unit_writers``)."""
+    from ..claims import claims_files
     from .reproduce import effective_config_sha256
 
     inputs = {("config" if i == 0 else f"config_{i + 1}"): str(f) for i, f in enumerate(configfiles)}
     inputs["claims_file"] = str(claims_file)
+    # the claims files it extends (key extends), the first-extended first
+    for i, extended in enumerate(claims_files(claims_file)[:-1]):
+        inputs[f"claims_file_extends_{i + 1}"] = str(extended)
     return {"inputs": inputs, "config_sha256": effective_config_sha256(config),
             "unit_writers": dict(sorted(unit_writers.items()))}
 

@@ -61,7 +61,8 @@ TABLES: dict[str, tuple[str, str]] = {
 }
 INPUT_KEYS = ("summary", "comparisons", "theory", "claims")
 #: Inputs that are tables of stage e2e_stats, with every model's rows (column ``model``).
-E2E_TABLE_KEYS = ("e2e_summary", "e2e_sensitivity", "e2e_equal_bits")
+E2E_TABLE_KEYS = ("e2e_summary", "e2e_sensitivity", "e2e_equal_bits", "e2e_long_summary", "e2e_long_comparisons",
+                  "passkey_summary")
 #: Optional inputs of ``table_real`` (given only when the DAG has real-model rows): the real
 #: caches' statistics (``results/real/cachestats.parquet``, :mod:`kvasym.real.cachestats`) and
 #: the data manifests of the synthetic distributions at the headline dim (their statistics).

@@ -1,6 +1,6 @@
-"""Stage ``card`` (rule ``card``): the KV-cache card of SmolLM2-135M and its measured allocation.
+"""Stage ``card`` (rule ``card``): the KV-cache card of one model and its measured allocation.
 
-One job: reads every calibration text's sensitivity table (stage ``sensitivity``: its parts
+One job per model: reads every calibration text's sensitivity table (stage ``sensitivity``: its parts
 joined), measures the calibration texts' per-head cache statistics, chooses at each budget's
 uniform rate the widths of least predicted KL (:func:`kvasym.real.mixed.measured_allocation`),
 runs on every end-to-end text and draw the uniform map (the ``e2e`` stage's pass of the scheme,
@@ -27,7 +27,7 @@ OUTPUTS = ("json", "allocation", "layers", "passes", "summary", "comparisons", "
 
 
 def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], e2e_summary: str,
-             out: dict[str, str]) -> None:
+             out: dict[str, str], model_file: str | None = None) -> None:
     """The card's tables and pages (``out``: output name -> path); ``slice_`` holds ``texts``
     (evaluation), ``calibration_texts``, ``max_tokens``, ``scheme`` (a scheme dict), ``budgets``,
     ``widths``, ``granularity``, ``draws``, ``base_seed``, ``norm_dtype``.
@@ -36,7 +36,9 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], e2e_summa
     text's parts joined row for row (:func:`kvasym.real.jobparts.read_job_parts`). The per-head
     cache statistics of the calibration texts (:func:`kvasym.real.card.head_statistics`, one
     full-precision pass a text) are computed here, where the model is loaded anyway, so that a
-    sensitivity job can be cut into parts."""
+    sensitivity job can be cut into parts. The model is ``slice_["model"]`` (absent: the primary),
+    read from ``model_file`` when assembled from chunk packages; its frontier is its own rows of
+    the end-to-end summary."""
     import json
 
     import pandas as pd
@@ -52,8 +54,7 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], e2e_summa
         model_description,
     )
     from ..real.endtoend_stats import compare_schemes, summarize
-    from ..real.models import primary_rows
-    from ..real.gguf_model import GGUFLlama
+    from ..real.models import PRIMARY, model_rows, slice_model
     from ..real.jobparts import read_job_parts
     from ..real.mixed import measured_allocation
     from ..real.querybases import check_disjoint, text_token_ids
@@ -67,7 +68,7 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], e2e_summa
     scheme = scheme_from_dict(spec.pop("name"), spec)
     budgets = [int(b) for b in slice_["budgets"]]
     sensitivity = read_job_parts(sensitivity_paths, ["layer", "side", "kv_head", "width"])  # per text
-    model = GGUFLlama.load()
+    model = slice_model(slice_, model_file)
     calibration_ids = text_token_ids(model, calibration, int(slice_["max_tokens"]))
     heads = pd.concat([head_statistics(model, calibration_ids[text], text) for text in calibration],
                       ignore_index=True)
@@ -79,7 +80,7 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], e2e_summa
     summary = summarize(passes)
     label = allocated_label(reference)
     comparisons = compare_schemes(passes, [label, reference])
-    frontier = primary_rows(read_parquet_checked(e2e_summary))  # the card is the primary model's
+    frontier = model_rows(read_parquet_checked(e2e_summary), str(slice_.get("model", PRIMARY)))
     frontier = pd.concat([frontier[frontier["scheme"] != reference], summary], ignore_index=True)
     settings = {"calibration_texts": calibration, "evaluation_texts": texts, "tokens": int(slice_["max_tokens"]),
                 "budgets": budgets, "widths": [int(w) for w in slice_["widths"]],
@@ -98,16 +99,16 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], e2e_summa
 
 
 #: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
-INPUTS = {"sensitivity": "card_sensitivity", "e2e_summary": "e2e_summary"}
+INPUTS = {"sensitivity": "card_sensitivity", "e2e_summary": "e2e_summary", "model_file": "model_file"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "card")
-    add_input_arguments(parser, INPUTS, required=tuple(INPUTS), many=("sensitivity",))
+    add_input_arguments(parser, INPUTS, required=("sensitivity", "e2e_summary"), many=("sensitivity",))
     for name in OUTPUTS:
         parser.add_argument(f"--out-{name}", required=True, help=f"the card's {name} output")
 
 
 def run(args: argparse.Namespace) -> None:
     run_card(stage_slice(args, "card"), args.sensitivity, args.e2e_summary,
-             {name: getattr(args, f"out_{name}") for name in OUTPUTS})
+             {name: getattr(args, f"out_{name}") for name in OUTPUTS}, args.model_file)

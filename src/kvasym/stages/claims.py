@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..artifacts import add_input_arguments
@@ -23,13 +23,36 @@ TABLES = ("comparisons", "summary", "trials", "theory")
 #: per-unit values, stage frontier; the sequence-length sweep's slopes, stage seq_len_sweep).
 OPTIONAL_TABLES = ("e2e_comparisons", "e2e_equal_bits", "e2e_agreement", "e2e_long_summary", "passkey_summary",
                    "card_comparisons", "frontier_units", "seq_len_slopes")
-#: The stage's inputs: argument -> artifact (kvasym.artifacts), one each.
+#: The stage's inputs: argument -> artifact (kvasym.artifacts), one each but the card's
+#: comparisons: one per model with a card (:data:`PER_MODEL`).
 INPUTS = {name: name for name in TABLES + OPTIONAL_TABLES}
+#: Tables given once per model (each model's own file), stacked with a ``model`` column.
+PER_MODEL = ("card_comparisons",)
+
+
+def read_per_model(paths: Sequence[str | os.PathLike]) -> Any:
+    """The tables at ``paths``, one per model (its provenance slice's ``model``, absent: the
+    primary), stacked with a ``model`` column first; a model given twice is refused."""
+    import pandas as pd
+
+    from ..dataset import read_parquet_checked
+    from ..errors import KvasymError
+    from .e2e_stats import text_model
+
+    frames, models = [], {}
+    for path in paths:
+        model = text_model(str(path))
+        if model in models:
+            raise KvasymError(f"{path}: a second table of model {model!r} (the first: {models[model]})")
+        models[model] = path
+        frame = read_parquet_checked(path)
+        frames.append(frame.assign(model=model)[["model", *frame.columns]])
+    return pd.concat(frames, ignore_index=True)
 
 
 def run_claims(
     claims_path: str | os.PathLike,
-    tables: Mapping[str, str | os.PathLike],
+    tables: Mapping[str, str | os.PathLike | Sequence[str | os.PathLike]],
     out_json: str | os.PathLike,
     out_md: str | os.PathLike,
     out_tex: str | os.PathLike,
@@ -42,11 +65,14 @@ def run_claims(
 ) -> list[dict[str, Any]]:
     """Evaluate the claims of ``claims_path`` on the gathered ``tables`` and write the ledger;
     ``query_variants`` (:attr:`kvasym.study.Study.query_variants`) names the query model of each
-    low-rank distribution in the reasons."""
+    low-rank distribution in the reasons. A :data:`PER_MODEL` table is given as its models'
+    paths (:func:`read_per_model`)."""
     from ..dataset import read_parquet_checked
 
     claims = load_claims(claims_path, headline=headline)
-    frames = {name: read_parquet_checked(path) for name, path in tables.items() if path is not None}
+    frames = {name: read_per_model([path] if isinstance(path, (str, os.PathLike)) else path)
+              if name in PER_MODEL else read_parquet_checked(path)
+              for name, path in tables.items() if path}
     results = evaluate_claims(claims, Tables(**frames, base_seed=base_seed, n_boot=n_boot,
                                              query_variants=dict(query_variants or {})))
     safe = json_safe(results)
@@ -60,7 +86,7 @@ def run_claims(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--claims", required=True, help="the claims file (config/claims.yaml)")
-    add_input_arguments(parser, INPUTS, required=TABLES)
+    add_input_arguments(parser, INPUTS, required=TABLES, many=PER_MODEL)
     parser.add_argument("--headline", help="the study's headline cell as JSON (fills each claim's where)")
     for name in ("json", "md", "tex"):
         parser.add_argument(f"--{name}", required=True, help=f"the ledger as {name}")

@@ -1,6 +1,6 @@
-"""Stage ``e2e_long`` (rule ``e2e_long``): long-context passes of SmolLM2-135M at one window length.
+"""Stage ``e2e_long`` (rule ``e2e_long``): long-context passes of one model at one window length.
 
-One job per window length ``L`` (or, with ``real.e2e.long_context.parts`` ``P > 1``, ``P`` jobs,
+One job per model and window length ``L`` (or, with ``real.e2e.long_context.parts`` ``P > 1``, ``P`` jobs,
 part ``p`` running windows ``p, p + P, ...``: :mod:`kvasym.real.jobparts`, joined by
 ``e2e_stats``): the model is loaded once, the long offline text (Python's
 pydoc topics, :mod:`kvasym.real.longtext`; its source and SHA-256 go into the table's metadata)
@@ -24,7 +24,8 @@ from ..artifacts import add_input_arguments
 from ._slice import add_slice_arguments, slice_schemes, stage_slice
 
 
-def run_e2e_long(slice_: dict[str, Any], out: str, query_bases: str | None = None) -> None:
+def run_e2e_long(slice_: dict[str, Any], out: str, query_bases: str | None = None,
+                 model_file: str | None = None) -> None:
     """Every long-context pass of the windows of length ``slice_["length"]``.
 
     ``slice_``: ``length``, ``windows``, ``calibration_windows`` (the variants also run with
@@ -32,21 +33,22 @@ def run_e2e_long(slice_: dict[str, Any], out: str, query_bases: str | None = Non
     ``own``, ``schemes`` (scheme dicts), ``query_variants``, ``budgets``, ``base_seed``,
     ``norm_dtype``, with ``part`` ``[p, P]`` this job's share of the windows
     (:func:`kvasym.real.jobparts.part_slice`); ``query_bases`` the calibrated bases' file when ``query_variants`` is not
-    empty.
+    empty; the model is ``slice_["model"]`` (absent: the primary), read from ``model_file`` when
+    assembled from chunk packages (:func:`kvasym.real.models.slice_model`).
     """
     import json
 
     import pandas as pd
 
     from ..dataset import provenance, write_frame_atomic
-    from ..real.gguf_model import GGUFLlama
     from ..real.longcontext import evaluate_windows
     from ..real.longtext import long_text_ids, long_text_source
+    from ..real.models import slice_model
     from .e2e import check_bases_given, load_bases
 
     variants = list(slice_["query_variants"])
     check_bases_given(query_bases, variants)
-    model = GGUFLlama.load()
+    model = slice_model(slice_, model_file)
     bases = load_bases(model, query_bases, variants)
     options: dict[str, Any] = {"query_bases": bases, "query_variants": variants} if variants else {}
     schemes = slice_schemes(slice_)
@@ -61,8 +63,9 @@ def run_e2e_long(slice_: dict[str, Any], out: str, query_bases: str | None = Non
     write_frame_atomic(pd.DataFrame(columns), out, meta)
 
 
-#: The stage's inputs: argument -> artifact (kvasym.artifacts); only with query-aware variants.
-INPUTS = {"query_bases": "query_bases"}
+#: The stage's inputs: argument -> artifact (kvasym.artifacts); the bases only with query-aware
+#: variants, the model file only for a model assembled from chunk packages.
+INPUTS = {"query_bases": "query_bases", "model_file": "model_file"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,4 +75,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    run_e2e_long(stage_slice(args, "e2e_long"), args.out, args.query_bases)
+    run_e2e_long(stage_slice(args, "e2e_long"), args.out, args.query_bases, args.model_file)

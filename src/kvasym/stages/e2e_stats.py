@@ -93,9 +93,9 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
     """The five end-to-end tables of ``text_paths`` (``out``: table name -> path), and the
     long-context and passkey tables of ``long_paths`` and ``passkey_paths`` when given.
 
-    The texts of every model (:func:`text_model`: the primary's, then those of
-    ``slice_["models"]``) are summarized apart and their tables stacked with a ``model`` column
-    first. The per-head mean attention KL of the rank agreement (the primary model only: its
+    The texts, windows and trials of every model (:func:`text_model`: the primary's, then those
+    of ``slice_["models"]``) are summarized apart and their tables stacked with a ``model``
+    column first. The per-head mean attention KL of the rank agreement (the primary model only: its
     captures give the per-head rows) comes from ``frontier_points`` when given (stage
     ``frontier``: every scheme measured on the real rows, the frontier's and the query-aware
     variants' too), else from ``gathered_summary`` (the grid's schemes only)."""
@@ -109,17 +109,11 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
         raise KvasymError("e2e_stats needs at least one per-text table (--texts)")
     models = {PRIMARY: {"schemes": slice_["schemes"], "study_schemes": slice_["study_schemes"]},
               **dict(slice_.get("models") or {})}
-    paths_of: dict[str, list[str]] = {}
-    for p in text_paths:
-        model = text_model(p)
-        if model not in models:
-            raise KvasymError(f"{p}: passes of model {model!r}, which the slice's models {sorted(models)} do not "
-                              "name (slice key models)")
-        paths_of.setdefault(model, []).append(p)
+    paths_of = _by_model(text_paths, list(models))
     settings = {key: int(slice_[key]) for key in ("n_boot", "base_seed")}
     memory_tokens = int(slice_.get("memory_tokens", MEMORY_TOKENS))
     parts: dict[str, list[Any]] = {}
-    for model in [m for m in models if m in paths_of]:
+    for model in paths_of:
         frame = pd.concat([read_parquet_checked(p) for p in paths_of[model]], ignore_index=True)
         attention = (read_parquet_checked(frontier_points if frontier_points else gathered_summary)
                      if model == PRIMARY else None)
@@ -127,22 +121,37 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
                               memory_tokens, model)
         for name, table in tables.items():
             parts.setdefault(name, []).append(table.assign(model=model)[["model", *table.columns]])
-    tables = {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
     if long_paths:
         from ..real.endtoend_stats import compare_long, damage_by_position, summarize_long
 
-        long = read_job_parts(long_paths, ["window"])  # one job (or its parts) per length
-        tables["long_summary"] = summarize_long(long)
-        tables["long_positions"] = damage_by_position(long)
-        tables["long_comparisons"] = compare_long(long)
+        for model, paths in _by_model(long_paths, list(models)).items():
+            long = read_job_parts(paths, ["window"])  # one job (or its parts) per length
+            for name, table in (("long_summary", summarize_long(long)), ("long_positions", damage_by_position(long)),
+                                ("long_comparisons", compare_long(long))):
+                parts.setdefault(name, []).append(table.assign(model=model)[["model", *table.columns]])
     if passkey_paths:
         from ..real.passkey_grid import summarize_grid
 
-        trials = read_job_parts(passkey_paths, ["depth", "trial"])  # one job (or its parts) per length
-        tables["passkey_summary"] = summarize_grid(trials)
+        for model, paths in _by_model(passkey_paths, list(models)).items():
+            table = summarize_grid(read_job_parts(paths, ["depth", "trial"]))  # one job (or its parts) per length
+            parts.setdefault("passkey_summary", []).append(table.assign(model=model)[["model", *table.columns]])
+    tables = {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
     meta = provenance(slice_)
     for name in tables:
         write_frame_atomic(tables[name], out[name], meta)
+
+
+def _by_model(paths: Sequence[str], models: Sequence[str]) -> dict[str, list[str]]:
+    """``paths`` grouped by their model (:func:`text_model`), in ``models``' order, each group in
+    the paths' order; a model the slice does not name is refused, naming the file."""
+    paths_of: dict[str, list[str]] = {}
+    for p in paths:
+        model = text_model(p)
+        if model not in models:
+            raise KvasymError(f"{p}: passes of model {model!r}, which the slice's models {sorted(models)} do not "
+                              "name (slice key models)")
+        paths_of.setdefault(model, []).append(p)
+    return {model: paths_of[model] for model in models if model in paths_of}
 
 
 #: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.

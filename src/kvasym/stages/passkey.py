@@ -1,6 +1,6 @@
-"""Stage ``passkey`` (rule ``passkey``): passkey retrieval trials of SmolLM2-135M at one length.
+"""Stage ``passkey`` (rule ``passkey``): passkey retrieval trials of one model at one length.
 
-One job per length ``L`` (or, with ``real.e2e.passkey.parts`` ``P > 1``, ``P`` jobs, part ``p``
+One job per model and length ``L`` (or, with ``real.e2e.passkey.parts`` ``P > 1``, ``P`` jobs, part ``p``
 running trials ``p, p + P, ...``: :mod:`kvasym.real.jobparts`, joined by ``e2e_stats``): the
 model is loaded once; every (depth, trial) prompt is built once
 (:func:`kvasym.real.passkey.make_trial`) and scored by greedy decoding of the key's digits in
@@ -25,25 +25,27 @@ def pass_name(scheme: str, budget: int) -> str:
     return f"{scheme}@{int(budget)}"
 
 
-def run_passkey(slice_: dict[str, Any], out: str, query_bases: str | None = None) -> None:
+def run_passkey(slice_: dict[str, Any], out: str, query_bases: str | None = None,
+                model_file: str | None = None) -> None:
     """Every passkey trial of length ``slice_["length"]`` under every pass.
 
     ``slice_``: ``length``, ``depths``, ``trials``, ``schemes`` (scheme dicts),
     ``query_variants``, ``budgets``, ``base_seed``, ``norm_dtype``, with ``part`` ``[p, P]``
     this job's share of the trials (:func:`kvasym.real.jobparts.part_slice`); ``query_bases`` the
-    calibrated bases' file when ``query_variants`` is not empty.
+    calibrated bases' file when ``query_variants`` is not empty; the model is ``slice_["model"]``
+    (absent: the primary), read from ``model_file`` when assembled from chunk packages.
     """
     import pandas as pd
 
     from ..dataset import provenance, write_frame_atomic
     from ..real.endtoend import CacheQuantization
-    from ..real.gguf_model import GGUFLlama
+    from ..real.models import slice_model
     from ..real.passkey_grid import FP_PASS, run_grid
     from .e2e import check_bases_given, load_bases
 
     variants = list(slice_["query_variants"])
     check_bases_given(query_bases, variants)
-    model = GGUFLlama.load()
+    model = slice_model(slice_, model_file)
     bases = load_bases(model, query_bases, variants)
     base_seed = int(slice_["base_seed"])
     passes: dict[str, Any] = {FP_PASS: None}
@@ -69,8 +71,9 @@ def query_aware_quantization(variant: str, budget: int, base_seed: int, bases: A
                              query_variant=variant, query_bases=bases)
 
 
-#: The stage's inputs: argument -> artifact (kvasym.artifacts); only with query-aware variants.
-INPUTS = {"query_bases": "query_bases"}
+#: The stage's inputs: argument -> artifact (kvasym.artifacts); the bases only with query-aware
+#: variants, the model file only for a model assembled from chunk packages.
+INPUTS = {"query_bases": "query_bases", "model_file": "model_file"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,4 +83,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    run_passkey(stage_slice(args, "passkey"), args.out, args.query_bases)
+    run_passkey(stage_slice(args, "passkey"), args.out, args.query_bases, args.model_file)

@@ -15,21 +15,23 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..artifacts import add_input_arguments
 from ..errors import KvasymError
 from ._slice import add_slice_arguments, stage_slice
 
 
-def run_sensitivity(slice_: dict[str, Any], out: str) -> None:
+def run_sensitivity(slice_: dict[str, Any], out: str, model_file: str | None = None) -> None:
     """The sensitivity curves of ``slice_["text"]`` (its first ``max_tokens`` tokens), or this
     job's part of them: ``slice_`` holds ``text``, ``evaluation_texts`` (refused as a calibration
     text), ``max_tokens``, ``scheme`` (a scheme dict), ``widths``, ``granularity``, ``base_seed``,
-    ``norm_dtype`` and, with parts, ``part`` ``[p, P]``."""
+    ``norm_dtype`` and, with parts, ``part`` ``[p, P]``; the model is ``slice_["model"]`` (absent:
+    the primary), read from ``model_file`` when assembled from chunk packages."""
     import pandas as pd
 
     from ..dataset import provenance, write_frame_atomic
     from ..real.endtoend import reference_pass
-    from ..real.gguf_model import GGUFLlama
     from ..real.mixed import sensitivity
+    from ..real.models import slice_model
     from ..real.querybases import text_token_ids
     from ..schemes import scheme_from_dict
 
@@ -38,7 +40,7 @@ def run_sensitivity(slice_: dict[str, Any], out: str) -> None:
         raise KvasymError(f"calibration text {text!r} is also an evaluation text (slice key evaluation_texts)")
     spec = dict(slice_["scheme"])
     scheme = scheme_from_dict(spec.pop("name"), spec)
-    model = GGUFLlama.load()
+    model = slice_model(slice_, model_file)
     ids = text_token_ids(model, [text], int(slice_["max_tokens"]))[text]
     table = sensitivity(model, reference_pass(model, ids), scheme, [int(w) for w in slice_["widths"]],
                         str(slice_["granularity"]), text=text, base_seed=int(slice_["base_seed"]),
@@ -46,13 +48,15 @@ def run_sensitivity(slice_: dict[str, Any], out: str) -> None:
     write_frame_atomic(pd.DataFrame(table), out, {**provenance(slice_), "model_sha256": model.model_sha256})
 
 
-INPUTS: dict[str, str] = {}
+#: The stage's inputs: the model file only for a model assembled from chunk packages.
+INPUTS = {"model_file": "model_file"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "sensitivity")
+    add_input_arguments(parser, INPUTS)
     parser.add_argument("--out", required=True, help="the text's sensitivity table, or this part of it (Parquet)")
 
 
 def run(args: argparse.Namespace) -> None:
-    run_sensitivity(stage_slice(args, "sensitivity"), args.out)
+    run_sensitivity(stage_slice(args, "sensitivity"), args.out, args.model_file)

@@ -199,9 +199,12 @@ def _draw_e2e(slice_: Mapping[str, Any], inputs: Mapping[str, Any]) -> Drawn:
 
 def _draw_e2e_context(slice_: Mapping[str, Any], inputs: Mapping[str, Any]) -> Drawn:
     from ...real import REAL_MODEL_NAME
+    from ...real.models import primary_rows
     from .e2e import e2e_context
 
-    yield "e2e_context", e2e_context(inputs.get("e2e_long_positions"), colors=_colors(slice_), model=REAL_MODEL_NAME)
+    positions = inputs.get("e2e_long_positions")  # every model's rows: the primary's figure
+    yield "e2e_context", e2e_context(None if positions is None else primary_rows(positions), colors=_colors(slice_),
+                                     model=REAL_MODEL_NAME)
 
 
 def _draw_card(slice_: Mapping[str, Any], inputs: Mapping[str, Any]) -> Drawn:
