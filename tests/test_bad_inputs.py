@@ -462,7 +462,7 @@ CLAIMS_CASES = [
     ("holds_if_op_unknown", _ledger(_set(0, "holds_if", {"op": "=>", "value": 1})),
      "key claims[0].holds_if.op: must be one of >=, >, <=, <, all, within, got '=>'"),
     ("where_key_typo", _ledger(_set(0, "where", {"check": "qjl_vs_residual", "budgt": 4})),
-     "unknown key(s): claims[0].where.budgt; allowed: a, all_sharpness"),
+     "unknown key(s): claims[0].where.budgt; allowed: a, against, all_sharpness"),
     ("where_not_mapping", _ledger(_set(0, "where", [1, 2])), "key claims[0].where: must be a mapping, got [1, 2]"),
     ("where_dim_not_integer", _ledger(_set(0, "where", {"check": "qjl_vs_residual", "dim": 64.0})),
      "key claims[0].where.dim: must be an integer, got 64.0"),

@@ -204,6 +204,32 @@ def test_measured_allocation_known_optimum():
     assert allocation["mean_bits"].iloc[0] <= allocation["target_bits"].iloc[0] + 1e-12
 
 
+def test_tied_allocation_is_the_best_map_with_one_width_per_layer():
+    """tie_sides: K and V of a layer share one width. Brute force over the 4^2 tied maps at the
+    same target (2.5 bits a value): layer 0 (K sensitive, s = 50) gets 3, layer 1 gets 1
+    (total 4 x 2 = 8 whole bits as before), predicted (50 + 1)/64 + 2/4 = 1.297; the free map
+    (4, 2, 1, 1), 0.758, is better, since a free map may give the sensitive K alone the bits."""
+    import itertools
+
+    table = _synthetic_table()
+    tied = measured_allocation(table, 2, 1, "layer_side", [2], tie_sides=True)
+    free = measured_allocation(table, 2, 1, "layer_side", [2])
+    widths = allocation_map(tied, 2, 2, 1)
+    assert (widths[:, 0] == widths[:, 1]).all() and widths[:, 0, 0].tolist() == [3, 1]
+    scales = {0: 51.0, 1: 2.0}  # per layer, the sum of its sides' scales
+    best = min(sum(scales[layer] * 4.0 ** -w for layer, w in enumerate(combo))
+               for combo in itertools.product(range(1, 5), repeat=2) if 2 * sum(combo) <= 8)
+    assert tied["predicted_kl"].iloc[0] == pytest.approx(best) == pytest.approx(51 / 64 + 2 / 4)
+    assert free["predicted_kl"].iloc[0] < tied["predicted_kl"].iloc[0]
+    assert tied["target_bits"].iloc[0] == free["target_bits"].iloc[0] == pytest.approx(2.5)
+    assert tied["uniform_predicted_kl"].iloc[0] == free["uniform_predicted_kl"].iloc[0]
+    assert tied["mean_bits"].iloc[0] <= tied["target_bits"].iloc[0] + 1e-12
+    assert tied["k_mean_width"].iloc[0] == tied["v_mean_width"].iloc[0] == 2.0
+    with pytest.raises(KvasymError, match="tie_sides needs granularity layer_side"):
+        measured_allocation(table.assign(side="KV").drop_duplicates(["text", "layer", "width"]), 2, 1, "layer", [2],
+                            tie_sides=True)
+
+
 def test_measured_allocation_refusals():
     table = _synthetic_table()
     with pytest.raises(KvasymError, match="not a measured width"):
@@ -327,3 +353,65 @@ def test_sensitivity_stage_refuses_an_evaluation_text(tmp_path):
     with pytest.raises(KvasymError, match="calibration text 'bicycle_repair' is also an evaluation text"):
         run_sensitivity({"text": "bicycle_repair", "evaluation_texts": ["bicycle_repair"]}, str(tmp_path / "s.parquet"))
     assert not list(tmp_path.iterdir())
+
+
+def test_card_stage_runs_the_tied_allocation_beside_the_free_one(two_layers, tmp_path, monkeypatch):
+    """Issue 47, point 6: the card stage (granularity layer_side) also runs the allocation with one
+    width per layer (K and V tied): its rows are mixed_pass_rows of the tied map, paired with the
+    free allocation's (same texts, draws and seeds), compared after the uniform map, and its
+    allocation table ties K and V; the uniform and free maps' rows are the same as without it."""
+    from kvasym.dataset import provenance, write_frame_atomic
+    from kvasym.real import models as models_module
+    from kvasym.real.card import allocated_label, evaluation_rows, tied_label
+    from kvasym.real.endtoend import evaluate_text, reference_pass
+    from kvasym.real.endtoend_stats import summarize
+    from kvasym.real.querybases import text_token_ids
+    from kvasym.stages.card import OUTPUTS, run_card
+
+    model = two_layers
+    monkeypatch.setattr(models_module, "slice_model", lambda slice_, path=None: model)
+    tokens, widths, budgets = 24, [1, 2, 3, 4], [2, 3]
+    calibration = text_token_ids(model, ["allotment_spring"], tokens)["allotment_spring"]
+    table = pd.DataFrame(sensitivity(model, reference_pass(model, calibration), get_scheme("RKV"), widths,
+                                     "layer_side", text="allotment_spring", base_seed=BASE_SEED))
+    sens_path = tmp_path / "sens.parquet"
+    write_frame_atomic(table, sens_path, provenance({"text": "allotment_spring"}))
+    evaluation = text_token_ids(model, ["bicycle_repair"], tokens)
+    e2e = pd.DataFrame(evaluate_text(model, evaluation["bicycle_repair"], [get_scheme("RKV")], budgets,
+                                     text="bicycle_repair", base_seed=BASE_SEED, ropes=["post"], draws=2))
+    summary_path = tmp_path / "e2e_summary.parquet"
+    summarize(e2e).to_parquet(summary_path)
+    slice_ = {"texts": ["bicycle_repair"], "calibration_texts": ["allotment_spring"], "max_tokens": tokens,
+              "scheme": {"name": "RKV", **get_scheme("RKV").to_dict()}, "budgets": budgets, "widths": widths,
+              "granularity": "layer_side", "draws": 2, "base_seed": BASE_SEED, "norm_dtype": "float32"}
+    out = {name: str(tmp_path / f"{name}.out") for name in OUTPUTS}
+    run_card(slice_, [str(sens_path)], str(summary_path), out)
+
+    free = measured_allocation(table, 2, 3, "layer_side", budgets)
+    tied = measured_allocation(table, 2, 3, "layer_side", budgets, tie_sides=True)
+    pd.testing.assert_frame_equal(pd.read_parquet(out["allocation_tied"]), tied, check_exact=True)
+    for budget in budgets:
+        tied_map = allocation_map(tied, budget, 2, 3)
+        assert (tied_map[:, 0] == tied_map[:, 1]).all()
+    passes = pd.read_parquet(out["passes"])
+    assert set(passes["scheme"]) == {"RKV", allocated_label("RKV"), tied_label("RKV")}
+    direct = evaluation_rows(model, evaluation, free, get_scheme("RKV"), reference="RKV", budgets=budgets, draws=2,
+                             base_seed=BASE_SEED, tied=tied)
+    pd.testing.assert_frame_equal(passes.reset_index(drop=True), direct, check_exact=True)
+    without = evaluation_rows(model, evaluation, free, get_scheme("RKV"), reference="RKV", budgets=budgets, draws=2,
+                              base_seed=BASE_SEED)
+    pd.testing.assert_frame_equal(direct[direct["scheme"] != tied_label("RKV")].reset_index(drop=True), without,
+                                  check_exact=True)
+    comparisons = pd.read_parquet(out["comparisons"])
+    assert [tuple(r) for r in comparisons[["scheme_a", "scheme_b"]].drop_duplicates().to_numpy()] == \
+        [("RKV-MA", "RKV"), ("RKV-MA", "RKV-MAT")]
+    from kvasym.claims import Tables, stat_e2e_allocation
+
+    tables = Tables(*(pd.DataFrame(),) * 4, card_comparisons=comparisons)
+    for budget in budgets:
+        against_tied = comparisons[(comparisons["scheme_b"] == "RKV-MAT") & (comparisons["budget"] == budget)]
+        assert stat_e2e_allocation(tables, {"budget": budget, "against": "tied"}).estimate == \
+            pytest.approx(float(against_tied["kl_ratio"].iloc[0]))
+        uniform = comparisons[(comparisons["scheme_b"] == "RKV") & (comparisons["budget"] == budget)]
+        assert stat_e2e_allocation(tables, {"budget": budget}).estimate == \
+            pytest.approx(float(uniform["kl_ratio"].iloc[0]))

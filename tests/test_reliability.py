@@ -353,7 +353,7 @@ def test_a_bad_or_missing_claims_file_stops_the_workflow_when_it_loads(tmp_path,
         (workdir / "config/claims.typo.yaml").write_text(
             text.replace("check: qjl_vs_residual, budget: 4", "check: qjl_vs_residual, budgte: 4"))
         claims, targets = "config/claims.typo.yaml", ()  # the default target: the numbers rule too
-        problem = "claim C1a: unknown key(s): claims[0].where.budgte; allowed: a, all_sharpness"
+        problem = "claim C1a: unknown key(s): claims[0].where.budgte; allowed: a, against, all_sharpness"
     else:
         claims, targets = "config/nope.yaml", ("results/data/gaussian/d64.json",)  # needs no ledger
         problem = "no such file"

@@ -192,6 +192,10 @@ _ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("card_allocation", f"{_R}/real/card/{{model}}/allocation.parquet", ("card",),
              "the measured allocation: the width of every unit at every budget", when="card",
              schema="kvasym.real.mixed:ALLOCATION_COLUMNS"),
+    Artifact("card_allocation_tied", f"{_R}/real/card/{{model}}/allocation_tied.parquet", ("card",),
+             "the measured allocation with one width per layer (K and V tied), from the same sensitivities: "
+             "what K != V widths add (empty at granularity layer)", when="card",
+             schema="kvasym.real.mixed:ALLOCATION_COLUMNS"),
     Artifact("card_layers", f"{_R}/real/card/{{model}}/layers.parquet", ("card",),
              "the calibration texts' mean sensitivity per layer, K/V side and width", when="card"),
     Artifact("card_passes", f"{_R}/real/card/{{model}}/passes.parquet", ("card",),

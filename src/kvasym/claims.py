@@ -693,7 +693,11 @@ def stat_e2e_allocation(t: Tables, where: Mapping[str, Any]) -> Measurement:
     on the evaluation texts: ``measure`` ``kl`` (default) the geometric-mean ratio of the mean
     next-token KL (allocation over uniform), ``ppl`` the perplexity ratio; t interval over the
     (text, draw) units, p from the paired Wilcoxon test of the units' NLL
-    (:func:`kvasym.real.endtoend_stats.compare_schemes` in stage ``card``)."""
+    (:func:`kvasym.real.endtoend_stats.compare_schemes` in stage ``card``). ``against``:
+    ``uniform`` (default) the uniform map, ``tied`` the measured allocation with one width per
+    layer (K and V tied, :func:`kvasym.real.card.tied_label`) at the same rate."""
+    from .real.card import TIED_SUFFIX
+
     if t.card_comparisons is None:
         raise MissingCell("no model-card table (real.card is off)")
     measure = where.get("measure", "kl")
@@ -701,11 +705,14 @@ def stat_e2e_allocation(t: Tables, where: Mapping[str, Any]) -> Measurement:
         raise KvasymError(f"e2e_allocation: where.measure must be ppl or kl, got {measure!r}")
     # the card table read is the primary model's (a further model's card is its own file)
     table = _e2e_table(t.card_comparisons, "model-card", where)
+    against = where.get("against", "uniform")
     rows = table[(table["budget"] == where["budget"]) & table["scheme_a"].str.endswith("-MA")]
+    tied = rows["scheme_b"].str.endswith(TIED_SUFFIX)
+    rows = rows[tied] if against == "tied" else rows[~tied]
     if "scheme" in where:
         rows = rows[rows["scheme_b"] == where["scheme"]]
     if rows.empty:
-        raise MissingCell(f"no measured allocation at n = {where['budget']}")
+        raise MissingCell(f"no measured allocation against the {against} map at n = {where['budget']}")
     row = rows.iloc[0]
     prefix = "ppl_ratio" if measure == "ppl" else "kl_ratio"
     return Measurement(float(row[prefix]), float(row[f"{prefix}_low"]), float(row[f"{prefix}_high"]),

@@ -214,6 +214,16 @@ def allocated_label(reference: str) -> str:
     return f"{reference}-MA"
 
 
+#: The suffix of the tied allocation's scheme column (:func:`tied_label`).
+TIED_SUFFIX = "-MAT"
+
+
+def tied_label(reference: str) -> str:
+    """The scheme column of the measured allocation with one width per layer (K and V tied,
+    :func:`kvasym.real.mixed.measured_allocation` with ``tie_sides``): ``<reference>-MAT``."""
+    return f"{reference}{TIED_SUFFIX}"
+
+
 def model_description(model: GGUFLlama) -> dict[str, Any]:
     """The card's ``model`` entry: name, architecture, file, SHA-256 and shape."""
     c = model.config
@@ -231,11 +241,13 @@ def model_description(model: GGUFLlama) -> dict[str, Any]:
 def evaluation_rows(model: GGUFLlama, token_ids: Mapping[str, np.ndarray], allocation: pd.DataFrame,
                     scheme: Any, *, reference: str, budgets: Sequence[int], draws: int, base_seed: int,
                     frontier_schemes: Sequence[Any] = (), norm_dtype: str = "float32",
-                    log: Any = None) -> pd.DataFrame:
+                    log: Any = None, tied: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per-position rows (the end-to-end passes' columns) of the evaluation texts: per text and
     draw, the uniform map of ``scheme`` at every budget (scheme column ``reference``: the same
     pass as the end-to-end stage's) and the allocation's map (column :func:`allocated_label`),
-    plus, with ``frontier_schemes``, their all-layer passes (:func:`kvasym.real.endtoend.evaluate_text`)."""
+    with ``tied`` (an allocation with one width per layer) its map too (column
+    :func:`tied_label`), plus, with ``frontier_schemes``, their all-layer passes
+    (:func:`kvasym.real.endtoend.evaluate_text`)."""
     from .endtoend import evaluate_text, reference_pass
     from .mixed import allocation_map, mixed_pass_rows
 
@@ -246,8 +258,11 @@ def evaluation_rows(model: GGUFLlama, token_ids: Mapping[str, np.ndarray], alloc
         ref = reference_pass(model, ids)
         for draw in range(int(draws)):
             for budget in budgets:
-                for label, widths in ((reference, np.full(shape, int(budget), dtype=np.int64)),
-                                      (allocated_label(reference), allocation_map(allocation, budget, *shape[::2]))):
+                maps = [(reference, np.full(shape, int(budget), dtype=np.int64)),
+                        (allocated_label(reference), allocation_map(allocation, budget, *shape[::2]))]
+                if tied is not None:
+                    maps.append((tied_label(reference), allocation_map(tied, budget, *shape[::2])))
+                for label, widths in maps:
                     frames.append(pd.DataFrame(mixed_pass_rows(model, ref, widths, scheme, text=text, draw=draw,
                                                                label=label, budget=int(budget), base_seed=base_seed,
                                                                norm_dtype=norm_dtype)))

@@ -227,7 +227,7 @@ ALLOCATION_COLUMNS = ("budget", "target_bits", "mean_bits", "predicted_kl", "uni
 
 
 def measured_allocation(table: Any, n_layers: int, n_kv_heads: int, granularity: str,
-                        budgets: Sequence[int]) -> Any:
+                        budgets: Sequence[int], *, tie_sides: bool = False) -> Any:
     """The widths that minimise the predicted KL at each uniform budget's measured rate.
 
     ``table`` holds :data:`SENSITIVITY_COLUMNS` rows of calibration texts at ``granularity``
@@ -238,6 +238,12 @@ def measured_allocation(table: Any, n_layers: int, n_kv_heads: int, granularity:
     of least predicted KL (the sum over units) at no more bits. Returns a DataFrame with
     :data:`ALLOCATION_COLUMNS`: one row per (budget, unit), ``predicted_kl`` and
     ``uniform_predicted_kl`` the sums over units for the chosen and the uniform map.
+
+    ``tie_sides=True`` (granularity ``layer_side`` or ``layer_side_head``): the K and V units of a
+    layer (and head) take one width, chosen from the same sensitivities: the tied unit's
+    predicted KL is the sum of its sides', its cost their mean (so the uniform map's rate, the
+    target, is the same). It is the allocation with one width per layer that the free one
+    (K and V apart) is compared with, at the same rate and under the same additive model.
     """
     import pandas as pd
 
@@ -262,13 +268,28 @@ def measured_allocation(table: Any, n_layers: int, n_kv_heads: int, granularity:
                 raise KvasymError(f"sensitivity table: unit (layer, side, kv_head) = {key} at width {width} is not "
                                   f"measured in every text {texts} (granularity {granularity!r})")
             cost[i, j], distortion[i, j] = means.loc[index, "bits"], means.loc[index, "kl"]
+    # the units solved for: each unit, or with tie_sides each (layer, kv_head)'s K and V units as one
+    groups = [[i] for i in range(len(keys))]
+    if tie_sides:
+        if granularity == "layer":
+            raise KvasymError("tie_sides needs granularity layer_side or layer_side_head (a layer unit holds both "
+                              "sides already)")
+        by_cell: dict[tuple[int, int], list[int]] = {}
+        for i, (layer, _, head) in enumerate(keys):
+            by_cell.setdefault((layer, head), []).append(i)
+        groups = list(by_cell.values())
+    group_cost = np.array([cost[g].mean(axis=0) for g in groups])
+    group_distortion = np.array([distortion[g].sum(axis=0) for g in groups])
     rows = []
     for budget in budgets:
         if int(budget) not in widths:
             raise KvasymError(f"budget {budget} is not a measured width {widths}: the uniform map is the reference")
         j = widths.index(int(budget))
         target = float(cost[:, j].mean())
-        choices, predicted, mean_cost = solve_allocation(cost, distortion, target)
+        group_choices, predicted, mean_cost = solve_allocation(group_cost, group_distortion, target)
+        choices = np.empty(len(keys), dtype=np.int64)
+        for g, choice in zip(groups, group_choices):
+            choices[g] = int(choice)
         uniform = float(distortion[:, j].sum())
         chosen = np.asarray([widths[int(c)] for c in choices], dtype=float)
         sides = np.asarray([side for _, side, _ in keys])

@@ -4,9 +4,11 @@ One job per model: reads every calibration text's sensitivity table (stage ``sen
 joined), measures the calibration texts' per-head cache statistics, chooses at each budget's
 uniform rate the widths of least predicted KL (:func:`kvasym.real.mixed.measured_allocation`),
 runs on every end-to-end text and draw the uniform map (the ``e2e`` stage's pass of the scheme,
-bit for bit) and the allocation's map (:func:`kvasym.real.card.evaluation_rows`; 2 passes x
-budgets x texts x draws, ~3 CPU-s each at 512 tokens), and writes the per-position rows, their
-summary and paired comparisons (:mod:`kvasym.real.endtoend_stats`), the allocation table, the
+bit for bit), the allocation's map and the map of the allocation with one width per layer (K and
+V tied, at granularity ``layer_side``: what K != V widths add) (:func:`kvasym.real.card.evaluation_rows`;
+3 passes x budgets x texts x draws, ~3 CPU-s each at 512 tokens on SmolLM2), and writes the
+per-position rows, their summary and paired comparisons (:mod:`kvasym.real.endtoend_stats`: the
+allocation against the uniform map, then against the tied one), the allocation tables, the
 head statistics, and the card as JSON with the end-to-end summary (stage ``e2e_stats``) as its
 frontier (stage ``card_page`` renders its page).
 """
@@ -23,7 +25,7 @@ from ._slice import add_slice_arguments, stage_slice
 #: Columns of the per-layer sensitivity table (the calibration texts' means per layer, side, width).
 LAYER_COLUMNS = ("layer", "side", "width", "bits", "kl", "dnll", "top1")
 
-OUTPUTS = ("json", "allocation", "layers", "passes", "summary", "comparisons", "heads")
+OUTPUTS = ("json", "allocation", "allocation_tied", "layers", "passes", "summary", "comparisons", "heads")
 
 
 def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], e2e_summary: str,
@@ -52,6 +54,7 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], e2e_summa
         evaluation_rows,
         head_statistics,
         model_description,
+        tied_label,
     )
     from ..real.endtoend_stats import compare_schemes, summarize
     from ..real.models import PRIMARY, model_rows, slice_model
@@ -73,13 +76,20 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], e2e_summa
     heads = pd.concat([head_statistics(model, calibration_ids[text], text) for text in calibration],
                       ignore_index=True)
     c = model.config
-    allocation = measured_allocation(sensitivity, len(model.layers), c.n_kv_heads, str(slice_["granularity"]), budgets)
+    granularity = str(slice_["granularity"])
+    allocation = measured_allocation(sensitivity, len(model.layers), c.n_kv_heads, granularity, budgets)
+    # one width per layer (K and V tied), from the same sensitivities: what K != V widths add
+    tied = (measured_allocation(sensitivity, len(model.layers), c.n_kv_heads, granularity, budgets, tie_sides=True)
+            if granularity != "layer" else None)
     passes = evaluation_rows(model, text_token_ids(model, texts, int(slice_["max_tokens"])), allocation, scheme,
                              reference=reference, budgets=budgets, draws=int(slice_["draws"]),
-                             base_seed=int(slice_["base_seed"]), norm_dtype=str(slice_["norm_dtype"]))
+                             base_seed=int(slice_["base_seed"]), norm_dtype=str(slice_["norm_dtype"]), tied=tied)
     summary = summarize(passes)
     label = allocated_label(reference)
-    comparisons = compare_schemes(passes, [label, reference])
+    # the allocation against the uniform map, then (with K and V apart) against the tied allocation
+    comparisons = pd.concat([compare_schemes(passes, [label, reference]),
+                             *([compare_schemes(passes, [label, tied_label(reference)])] if tied is not None else [])],
+                            ignore_index=True)
     frontier = model_rows(read_parquet_checked(e2e_summary), str(slice_.get("model", PRIMARY)))
     frontier = pd.concat([frontier[frontier["scheme"] != reference], summary], ignore_index=True)
     settings = {"calibration_texts": calibration, "evaluation_texts": texts, "tokens": int(slice_["max_tokens"]),
@@ -92,8 +102,10 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], e2e_summa
                       allocated=label, budgets=budgets)
     meta = {**provenance(slice_), "model_sha256": model.model_sha256}
     layers = pd.DataFrame(card["layer_sensitivity"], columns=list(LAYER_COLUMNS))
-    for name, frame in (("allocation", allocation), ("layers", layers), ("passes", passes), ("summary", summary),
-                        ("comparisons", comparisons), ("heads", heads)):
+    no_tied = allocation.iloc[:0]  # granularity "layer": nothing to tie (the columns and dtypes kept)
+    for name, frame in (("allocation", allocation), ("allocation_tied", no_tied if tied is None else tied),
+                        ("layers", layers), ("passes", passes), ("summary", summary), ("comparisons", comparisons),
+                        ("heads", heads)):
         write_frame_atomic(frame, out[name], meta)
     write_text_atomic(json.dumps(card, indent=1, sort_keys=True) + "\n", out["json"])
 
@@ -106,7 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "card")
     add_input_arguments(parser, INPUTS, required=("sensitivity", "e2e_summary"), many=("sensitivity",))
     for name in OUTPUTS:
-        parser.add_argument(f"--out-{name}", required=True, help=f"the card's {name} output")
+        parser.add_argument(f"--out-{name.replace('_', '-')}", required=True, help=f"the card's {name} output")
 
 
 def run(args: argparse.Namespace) -> None:
