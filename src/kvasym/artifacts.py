@@ -308,6 +308,12 @@ def pattern(name: str) -> str:
     return artifact(name).template
 
 
+def model_pattern(name: str, model: str) -> str:
+    """The pattern of artifact ``name`` with its ``model`` wildcard filled in (the others left
+    open); the pattern itself when it has none (a file shared by every model)."""
+    return pattern(name).replace("{model}", model)
+
+
 def path(name: str, /, **wildcards: Any) -> str:
     """The path of one instance of artifact ``name`` (a wildcard may itself be called name)."""
     return artifact(name).path(**wildcards)

@@ -17,6 +17,7 @@ from kvasym.artifacts import (
     benchmark_path,
     input_flags,
     log_path,
+    model_pattern,
     path,
     pattern,
     stage_flags,
@@ -411,11 +412,13 @@ def passkey_tables(wildcards=None):
     ]
 
 
-def card_sensitivity_parts(wildcards):
-    """One model's card sensitivity tables, each calibration text's parts (its card.parts)."""
-    card = CARD_OF[wildcards.model]
+def card_sensitivity_parts(wildcards=None, model=None):
+    """One model's card sensitivity tables, each calibration text's parts (its card.parts): the
+    input of rule card (the job's wildcards), or of the crate (``model``)."""
+    model = model or wildcards.model
+    card = CARD_OF[model]
     return [
-        path("card_sensitivity", model=wildcards.model, text=t, part=p)
+        path("card_sensitivity", model=model, text=t, part=p)
         for t in card["calibration_texts"]
         for p in range(card["parts"])
     ]
@@ -430,13 +433,7 @@ def card_targets():
 def primary_pattern(name):
     """The pattern of artifact ``name``, its model wildcard (if any) the primary model: the
     tables, figures and claims read the primary model's card."""
-    if "model" in ARTIFACTS[name].wildcards:
-        return path(
-            name,
-            model=PRIMARY_MODEL,
-            **{w: f"{{{w}}}" for w in ARTIFACTS[name].wildcards if w != "model"},
-        )
-    return pattern(name)
+    return model_pattern(name, PRIMARY_MODEL)
 
 
 def e2e_stats_table_name(name):
@@ -917,14 +914,7 @@ def crate_parts():
         )
         parts.append(e2e_long_windows())
         parts.append(passkey_tables())
-        parts.append(
-            [
-                path("card_sensitivity", model=m, text=t, part=p)
-                for m in CARD_MODELS
-                for t in CARD_OF[m]["calibration_texts"]
-                for p in range(CARD_OF[m]["parts"])
-            ]
-        )
+        parts.append([f for m in CARD_MODELS for f in card_sensitivity_parts(model=m)])
     return parts
 
 

@@ -28,7 +28,7 @@ from .model_files import assemble, chunk_paths
 from .model_registry import MODELS, PRIMARY, ModelEntry, model_entry
 
 __all__ = ["MODELS", "PRIMARY", "ModelEntry", "check_geometry", "load_model", "missing_reason", "model_entry",
-           "model_file", "model_rows", "primary_rows", "slice_model"]
+           "model_file", "model_rows", "primary_rows", "slice_model", "with_model"]
 
 
 def missing_reason(key: str) -> str | None:
@@ -109,6 +109,12 @@ def primary_rows(frame):  # pandas DataFrame -> DataFrame
     """The primary model's rows of a table of stage ``e2e_stats`` (every model's rows, column
     ``model``), without that column; a table without it (made before further models) as it is."""
     return model_rows(frame, PRIMARY)
+
+
+def with_model(frame, model: str):  # pandas DataFrame -> DataFrame
+    """``frame`` with a ``model`` column first, every row ``model``'s: how stage ``e2e_stats``
+    (and the claims, for the cards) stack each model's table; :func:`model_rows` undoes it."""
+    return frame.assign(model=model)[["model", *frame.columns]]
 
 
 def model_rows(frame, model: str):  # pandas DataFrame -> DataFrame

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..artifacts import pattern
+from ..artifacts import model_pattern, pattern
 from ..real.model_registry import PRIMARY
 from .format import escape_latex
 from .format import ci_text, sig, sig_text
@@ -187,7 +187,7 @@ _COMPUTED_BY: dict[str, str] = {"comparisons": "stats", "summary": "stats", "tri
 #: Where each table a claim reads comes from: rule and stage (the same word), and its file
 #: (:mod:`kvasym.artifacts`; a per-model file, the card's, is the primary model's: the one the
 #: claims read).
-TABLE_SOURCES: dict[str, tuple[str, str]] = {name: (stage, pattern(name).replace("{model}", PRIMARY))
+TABLE_SOURCES: dict[str, tuple[str, str]] = {name: (stage, model_pattern(name, PRIMARY))
                                              for name, stage in _COMPUTED_BY.items()}
 #: Metrics rules feeding the stats of a distribution, by its kind of rows.
 _METRICS_RULES = {"real": "real_metrics", "synthetic": "cells"}

@@ -37,6 +37,7 @@ def read_per_model(paths: Sequence[str | os.PathLike]) -> Any:
 
     from ..dataset import read_parquet_checked
     from ..errors import KvasymError
+    from ..real.models import with_model
     from .e2e_stats import text_model
 
     frames, models = [], {}
@@ -46,7 +47,7 @@ def read_per_model(paths: Sequence[str | os.PathLike]) -> Any:
             raise KvasymError(f"{path}: a second table of model {model!r} (the first: {models[model]})")
         models[model] = path
         frame = read_parquet_checked(path)
-        frames.append(frame.assign(model=model)[["model", *frame.columns]])
+        frames.append(with_model(frame, model))
     return pd.concat(frames, ignore_index=True)
 
 

@@ -104,6 +104,7 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
     from ..dataset import provenance, read_parquet_checked, write_frame_atomic
     from ..real.jobparts import read_job_parts
     from ..real.model_registry import MEMORY_TOKENS, PRIMARY
+    from ..real.models import with_model
 
     if not text_paths:
         raise KvasymError("e2e_stats needs at least one per-text table (--texts)")
@@ -120,7 +121,7 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
         tables = model_tables(frame, models[model]["schemes"], models[model]["study_schemes"], attention, settings,
                               memory_tokens, model)
         for name, table in tables.items():
-            parts.setdefault(name, []).append(table.assign(model=model)[["model", *table.columns]])
+            parts.setdefault(name, []).append(with_model(table, model))
     if long_paths:
         from ..real.endtoend_stats import compare_long, damage_by_position, summarize_long
 
@@ -128,13 +129,13 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
             long = read_job_parts(paths, ["window"])  # one job (or its parts) per length
             for name, table in (("long_summary", summarize_long(long)), ("long_positions", damage_by_position(long)),
                                 ("long_comparisons", compare_long(long))):
-                parts.setdefault(name, []).append(table.assign(model=model)[["model", *table.columns]])
+                parts.setdefault(name, []).append(with_model(table, model))
     if passkey_paths:
         from ..real.passkey_grid import summarize_grid
 
         for model, paths in _by_model(passkey_paths, list(models)).items():
             table = summarize_grid(read_job_parts(paths, ["depth", "trial"]))  # one job (or its parts) per length
-            parts.setdefault("passkey_summary", []).append(table.assign(model=model)[["model", *table.columns]])
+            parts.setdefault("passkey_summary", []).append(with_model(table, model))
     tables = {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
     meta = provenance(slice_)
     for name in tables:
