@@ -48,6 +48,7 @@ RUN_OUTPUTS = [
     seq_len_targets(),
     e2e_targets(),
     card_targets(),
+    greedy_targets(),
     list(figure_outputs().values()),
     paper_targets(),
 ]

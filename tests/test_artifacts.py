@@ -115,11 +115,12 @@ def test_every_stage_input_is_a_catalogued_artifact():
     for family in FIGURE_FAMILIES.values():
         assert set(family.inputs) <= set(FIGURE_INPUTS)
     from kvasym.render.tables import (CARD_INPUT_KEYS, E2E_INPUT_KEYS, FRONTIER_INPUT_KEYS, INPUT_KEYS,
-                                      MODEL_INPUT_KEYS, REAL_INPUT_KEYS, SEQ_LEN_INPUT_KEYS)
+                                      MODEL_INPUT_KEYS, PER_MODEL_INPUT_KEYS, REAL_INPUT_KEYS, SEQ_LEN_INPUT_KEYS)
 
     # the published bands are a config file given beside the artifacts (--published-bands)
     assert set(tables.INPUTS) == {*INPUT_KEYS, *REAL_INPUT_KEYS, *E2E_INPUT_KEYS, *FRONTIER_INPUT_KEYS,
-                                  *SEQ_LEN_INPUT_KEYS, *MODEL_INPUT_KEYS, *CARD_INPUT_KEYS} - {"published_bands"}
+                                  *SEQ_LEN_INPUT_KEYS, *MODEL_INPUT_KEYS, *CARD_INPUT_KEYS,
+                                  *PER_MODEL_INPUT_KEYS} - {"published_bands"}
 
 
 def _fragment(template: str) -> str:

@@ -377,7 +377,7 @@ def test_chunked_next_token_measures_equal_the_whole_matrix(tiny, monkeypatch, b
     log_q = log_softmax(tiny.logits(noisy[:-1]).astype(np.float64), axis=1)
     kl = (np.exp(log_p) * (log_p - log_q)).sum(axis=1)
     assert np.median(kl) > 1e-3  # the perturbation moves most positions (some are peaked at one token)
-    # lse comes from float32 exponentials summed in float64 (endtoend._log_partition): absolute
+    # lse comes from float32 exponentials summed in float64 (endtoend.log_partition): absolute
     # error ~1e-7 of the logit scale (70 here), which KL's "- lse + lse_hat" carries.
     np.testing.assert_allclose(got["kl"], kl, rtol=1e-6, atol=1e-5)
     np.testing.assert_allclose(got["nll"], -log_q[np.arange(ids.size - 1), ids[1:]], rtol=1e-6)

@@ -51,6 +51,7 @@ JOBS = {
     "passkey": {"length": "96", "part": "0"},
     "sensitivity": {"text": "allotment_spring", "part": "0"},
     "card": {},
+    "greedy": {},
 }
 #: Keys a stage reads when present (slice_.get): the real rows' layers, the file's digest, a
 #: frontier unit's extra budgets (frontier.extra_budgets, in the tiny config: RKV at n = 5), a
@@ -134,6 +135,7 @@ RELATED = {
     "e2e_stats": ("stats.n_boot", 100), "calibrate": ("real.max_tokens", 40),
     "e2e_long": ("real.e2e.long_context.windows", 3), "passkey": ("real.e2e.passkey.trials", 3),
     "sensitivity": ("real.card.widths", [1, 2]), "card": ("real.card.budgets", [1]),
+    "greedy": ("real.e2e.greedy.new_tokens", 3),
 }
 
 
@@ -365,3 +367,14 @@ def test_stage_flags_refuse_what_the_stage_does_not_declare():
         stage_flags(module, outputs={"claims_json": "x"})
     with pytest.raises(KeyError, match="listing 'summary'"):
         stage_flags(module, listings={"summary": []})
+
+
+def test_greedy_slice_refuses_block_statistics_without_a_chunk():
+    """A scheme with statistics over blocks of rows (SKLT) scored greedy without a causal chunk
+    would be scored on rows a streaming engine never stores: refused, naming the key."""
+    config = _config(**{"real.e2e.greedy": {"schemes": ["RKV", "SKLT"], "budgets": [2]}})
+    with pytest.raises(KvasymError, match=r"config key real.e2e.greedy.schemes: SKLT keeps statistics over blocks "
+                                          r"of rows; give it a chunk in real.e2e.greedy.causal_chunks"):
+        _slices(config)
+    chunked = _config(**{"real.e2e.greedy": {"schemes": ["RKV", "SKLT"], "budgets": [2], "causal_chunks": {"SKLT": 8}}})
+    assert _slices(chunked)["greedy"]["causal_chunks"] == {"SKLT": 8}

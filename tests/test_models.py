@@ -462,3 +462,35 @@ def test_e2e_stats_summarizes_each_models_passkey_trials_apart(tmp_path):
     assert stat_passkey_difference(tables, {**where, "model": "gemma3-270m"}).estimate == pytest.approx(
         gemma.query("scheme == 'RKV'")["correct"].mean() - 1.0)
     assert "model" not in primary_rows(table).columns
+
+
+def test_greedy_rows_render_every_model_with_its_name(tmp_path):
+    """The greedy part of table_models: each model's summary file read by its provenance model
+    (read_per_model), one row per (model, scheme, budget) with the file's numbers, shown even
+    when only one model has end-to-end rows; a model given twice is refused."""
+    from kvasym.dataset import provenance, write_frame_atomic
+    from kvasym.errors import KvasymError
+    from kvasym.real.greedy import SUMMARY_COLUMNS
+    from kvasym.real.models import read_per_model
+    from kvasym.render.format import render_template
+
+    row = {"scheme": "RKV", "budget": 3, "n_texts": 4, "n_prompts": 4, "n_new": 32, "agree": 7.25,
+           "agree_low": 2.5, "agree_high": 12.0, "agree_median": 6.0, "full_share": 0.25, "kl_mean": 0.0625,
+           "top1_flip": 0.125}
+    paths = []
+    for model, agree in ((PRIMARY, 7.25), ("gemma3-270m", 3.5)):
+        path = tmp_path / f"{model}.parquet"
+        slice_ = {} if model == PRIMARY else {"model": model}
+        write_frame_atomic(pd.DataFrame([{**row, "agree": agree}], columns=list(SUMMARY_COLUMNS)), path,
+                           provenance(slice_))
+        paths.append(path)
+    greedy = read_per_model(paths)
+    context = models_context(None, [], greedy)
+    assert context["rows"] == [] and [r["model"] for r in context["greedy"]] == [PRIMARY, "gemma3-270m"]
+    assert [r["agree"] for r in context["greedy"]] == [7.25, 3.5]
+    assert context["greedy_names"] == {PRIMARY: "SmolLM2-135M", "gemma3-270m": "Gemma 3 270M"}
+    text = render_template("table_models.tex.j2", **context)
+    assert "SmolLM2-135M & RKV & 3 & $7.25\\ [2.50, 12.0]$ & $6.00$ & $25.0$ & $0.0625$ & $12.5$ \\\\" in text
+    assert "Gemma 3 270M & RKV & 3 & " in text and "\\label{tab:greedy}" in text and "tab:models_cost" in text
+    with pytest.raises(KvasymError, match="a second table of model"):
+        read_per_model([paths[0], paths[0]])

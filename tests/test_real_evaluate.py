@@ -268,7 +268,8 @@ def test_real_settings_defaults():
     e2e = {"texts": shipped_texts(), "schemes": "all", "draws": 1, "parts": 1, "rope": {"post": "all", "pre": "all"},
            "extra_budgets": {}, "own": "exact", "sensitivity_layers": list(range(N_LAYERS)),
            "sensitivity_schemes": "study", "query_aware": [], "calibration_texts": [], "recent_windows": {},
-           "causal_chunks": {}, "global_only": [], "long_context": None, "passkey": None}
+           "causal_chunks": {}, "global_only": [], "long_context": None, "passkey": None,
+           "greedy": None}
     assert settings == {"texts": shipped_texts(), "max_tokens": 512, "layers": list(range(N_LAYERS)), "e2e": e2e,
                         "card": None, "models": {}}
     assert real_settings({"e2e": "off"})["e2e"] is None
@@ -361,6 +362,33 @@ def test_real_e2e_calibration_texts_are_disjoint_from_the_evaluated_and_model_se
         real_settings({"e2e": {"passkey": {"schemes": ["QWF"]}}}, schemes=["KV", "RKV"])
     with pytest.raises(KvasymError, match="real.e2e.long_context"):
         real_settings({"e2e": {"long_context": {"lengths": [9000]}}}, schemes=["KV"])
+
+
+def test_greedy_section_names_known_schemes_and_chunks():
+    from kvasym.real import real_settings
+
+    from kvasym.real import shipped_texts
+
+    greedy = real_settings({"e2e": {"texts": ["river_walk"], "greedy": {"schemes": ["RKV", "KV"], "budgets": [4, 2]}}},
+                           schemes=["KV", "RKV"])["e2e"]["greedy"]
+    assert greedy == {"texts": ["river_walk"], "prompt_tokens": 128, "prompts_per_text": 2, "new_tokens": 32,
+                      "schemes": ["RKV", "KV"], "budgets": [2, 4], "causal_chunks": {}}
+    every = real_settings({"e2e": {"texts": ["river_walk"], "greedy": {"texts": "all"}}}, schemes=["RKV"])
+    assert every["e2e"]["greedy"]["texts"] == shipped_texts()
+    listed = real_settings({"e2e": {"greedy": {"texts": ["river_walk", "chess_club"]}}}, schemes=["RKV"])
+    assert listed["e2e"]["greedy"]["texts"] == ["chess_club", "river_walk"]
+    with pytest.raises(KvasymError, match=r"real.e2e.greedy.texts: \['nope'\] not among the shipped texts"):
+        real_settings({"e2e": {"greedy": {"texts": ["nope"]}}}, schemes=["RKV"])
+    assert real_settings({"e2e": {}}, schemes=["KV"])["e2e"]["greedy"] is None  # off by default
+    with pytest.raises(KvasymError, match=r"real.e2e.greedy.schemes: \['QKQV'\] not among the e2e schemes"):
+        real_settings({"e2e": {"greedy": {"schemes": ["QKQV"]}}}, schemes=["KV", "RKV"])
+    with pytest.raises(KvasymError, match=r"real.e2e.greedy.schemes: \['QWF'\] are query-aware variants"):
+        real_settings({"e2e": {"texts": ["bakery_morning"], "query_aware": ["QWF"], "greedy": {"schemes": ["QWF"]}}},
+                      schemes=["KV", "RKV"])
+    with pytest.raises(KvasymError, match=r"real.e2e.greedy.causal_chunks.KV: not among the greedy schemes"):
+        real_settings({"e2e": {"greedy": {"schemes": ["RKV"], "causal_chunks": {"KV": 8}}}}, schemes=["KV", "RKV"])
+    with pytest.raises(KvasymError, match="real.e2e.greedy"):
+        real_settings({"e2e": {"greedy": {"new_tokens": 0}}}, schemes=["KV"])
 
 
 # --------------------------------------------------------------------------- query-aware rows, cross-fitted

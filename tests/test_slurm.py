@@ -158,10 +158,10 @@ def test_tiny_config_through_slurm_matches_a_local_run(slurm, request, tmp_path)
     assert sorted(ran_locally) == sorted(local_rules), log[-3000:]
     # on the cluster: the frontier and the sequence-length sweep (minutes on the paper grid) and,
     # with the real extra, the end-to-end job of the tiny config's one text, the calibration, its
-    # two long-context lengths in two parts each, its passkey length in three parts, and the model
-    # card's calibration text in two parts and card
+    # two long-context lengths in two parts each, its passkey length in three parts, the greedy
+    # agreement, and the model card's calibration text in two parts and card
     cluster_rules = ["frontier", "seq_len_sweep"] + (["e2e", "calibrate", *["e2e_long"] * 4, *["passkey"] * 3,
-                                                      *["sensitivity"] * 2, "card"] if real else [])
+                                                      "greedy", *["sensitivity"] * 2, "card"] if real else [])
     assert len(submitted) == len(groups) + len(cluster_rules), log[-3000:]
     # and the rule that counts the paper grid's submissions for the README predicts this run's
     assert predicted_slurm_jobs(workdir, "config/test.yaml", local_rules)[0] == len(submitted)

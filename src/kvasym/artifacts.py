@@ -44,7 +44,8 @@ DAG_FOLDER = "results"
 GENERATED_FOLDER = "paper/generated"
 
 #: Parts of the study an artifact exists for; "always" is every DAG.
-WHEN = ("always", "real", "e2e", "query_aware", "long_context", "passkey", "card", "frontier", "seq_len", "latex")
+WHEN = ("always", "real", "e2e", "query_aware", "long_context", "passkey", "greedy", "card", "frontier", "seq_len",
+        "latex")
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,12 @@ _ARTIFACTS: tuple[Artifact, ...] = (
              "one job's share of the passkey trials of one length (real.e2e.passkey.parts): per pass, depth and "
              "trial, whether the key was retrieved",
              when="passkey", schema="kvasym.real.passkey_grid:GRID_COLUMNS"),
+    Artifact("e2e_greedy", f"{_R}/real/e2e/greedy/{{model}}/prompts.parquet", ("greedy",),
+             "greedy-decode agreement per text, prompt, scheme and budget, beside the teacher-forced KL and top-1 "
+             "flips on the same positions", when="greedy"),
+    Artifact("e2e_greedy_summary", f"{_R}/real/e2e/greedy/{{model}}/summary.parquet", ("greedy",),
+             "greedy-decode agreement per scheme and budget (texts as units), beside the teacher-forced measures",
+             when="greedy", schema="kvasym.real.greedy:SUMMARY_COLUMNS"),
     Artifact("e2e_summary", f"{_R}/real/e2e/summary.parquet", ("e2e_stats",),
              "the end-to-end summary (llama.cpp's measures and the bits per value) per scheme and budget", when="e2e"),
     Artifact("e2e_comparisons", f"{_R}/real/e2e/comparisons.parquet", ("e2e_stats",),
@@ -275,6 +282,7 @@ JOB_KEYS: dict[str, str] = {
     "calibrate": "real/calibrate/{model}",
     "e2e_long": "real/e2e_long/{model}/L{length}/part{part}",
     "passkey": "real/passkey/{model}/L{length}/part{part}",
+    "greedy": "real/greedy/{model}",
     "e2e_stats": "real/e2e_stats",
     "sensitivity": "real/sensitivity/{model}/{text}/part{part}",
     "card": "real/card/{model}",
@@ -398,7 +406,8 @@ def add_input_arguments(parser: argparse.ArgumentParser, inputs: Mapping[str, st
 _WHEN_WORDS = {
     "real": "real-model rows",
     "e2e": "the end-to-end passes", "query_aware": "real.e2e.query_aware",
-    "long_context": "real.e2e.long_context", "passkey": "real.e2e.passkey", "card": "real.card",
+    "long_context": "real.e2e.long_context", "passkey": "real.e2e.passkey", "greedy": "real.e2e.greedy",
+    "card": "real.card",
     "frontier": "frontier.schemes", "seq_len": "seq_len_sweep.seq_lens",
     "latex": "a LaTeX engine",
 }

@@ -59,6 +59,8 @@ FIXED_RESOURCES: dict[str, tuple[int, int]] = {
     "e2e_long": (8000, 240),
     # passkey: the model and one pass (only the answer's five rows meet the output matrix)
     "passkey": (3000, 240),
+    # greedy: the model, one prompt's full-precision steps and one pass at a time (short sequences)
+    "greedy": (3000, 60),
     # sensitivity: the model, one text's reference pass and one partial pass (~0.8 CPU-s each, 360
     # at the paper's settings); card: the model and one pass at a time (~3 CPU-s, 48 passes)
     "sensitivity": (3000, 60),

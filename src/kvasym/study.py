@@ -445,6 +445,33 @@ class Study:
                  **self._model_pass_slice(section, real), **_model_key(real)}
         return part_slice(whole, self._part(part, section, "passkey", _where(real, "e2e.passkey")))
 
+    def greedy_slice(self, real: Mapping[str, Any]) -> dict[str, Any]:
+        """What one model's greedy-agreement job (stage ``greedy``) depends on: the section's
+        texts, prompt sizes, schemes (as dicts), budgets and causal chunks.
+
+        Raises
+        ------
+        KvasymError
+            When a scheme that keeps statistics over blocks of rows has no causal chunk (its
+            teacher-forced pass would not be what greedy decoding stores), naming the key.
+        """
+        from .real.endtoend import uses_block_statistics
+
+        where = _where(real, "e2e.greedy")
+        section = real["e2e"]["greedy"]
+        if section is None:
+            raise KvasymError(f"stage greedy: config key {where} is off")
+        chunks = dict(section["causal_chunks"])
+        for name in section["schemes"]:
+            if uses_block_statistics(self.scheme(name)) and name not in chunks:
+                raise KvasymError(f"config key {where}.schemes: {name} keeps statistics over blocks of rows; give it "
+                                  f"a chunk in {where}.causal_chunks (a streaming engine's storage)")
+        return {"texts": list(section["texts"]), "prompt_tokens": int(section["prompt_tokens"]),
+                "prompts_per_text": int(section["prompts_per_text"]), "new_tokens": int(section["new_tokens"]),
+                "schemes": [{"name": name, **self.scheme(name).to_dict()} for name in section["schemes"]],
+                "budgets": list(section["budgets"]), "causal_chunks": chunks, "base_seed": self.base_seed,
+                "norm_dtype": self.norm_dtype, **_model_key(real)}
+
     @staticmethod
     def _part(part: int, section: Mapping[str, Any], key: str, where: str = "") -> tuple[int, int]:
         """``(part, P)`` with ``P`` the section's ``parts`` (config key ``where or real.e2e.<key>``)."""
@@ -546,7 +573,7 @@ class Study:
             ``cells``, ``metrics``, ``stats``, ``theory``, ``file_metrics``, ``real_metrics``,
             ``real_metrics_extra`` (a real cell at one of its scheme's ``frontier.extra_budgets``:
             the ``real_metrics`` slice with that one budget), ``e2e``, ``calibrate``,
-            ``e2e_long``, ``passkey``, ``sensitivity``, ``card`` or ``e2e_stats``.
+            ``e2e_long``, ``passkey``, ``sensitivity``, ``card``, ``greedy`` or ``e2e_stats``.
         wildcards : mapping
             The job's wildcards (``distribution``, ``dim``, ``scheme``, ``budget``, ``text``, as
             the stage's rule has them; strings or ints).
@@ -565,7 +592,7 @@ class Study:
             return self.cell_table_slice(w["distribution"], w["dim"], w["scheme"], w["budget"],
                                          file_digests=file_digests)
         if stage not in ("real_metrics", "real_metrics_extra", "e2e", "e2e_join", "e2e_stats", "calibrate", "e2e_long",
-                         "passkey", "sensitivity", "card"):
+                         "passkey", "sensitivity", "card", "greedy"):
             raise KvasymError(f"stage {stage!r} takes no grid slice")
         if real is None:
             raise KvasymError(f"stage {stage}: no real-model rows configured (config key real)")
@@ -577,7 +604,8 @@ class Study:
                 raise KvasymError(f"real cell {w['scheme']} n = {budget}: not an extra budget of {w['scheme']} "
                                   "(config key frontier.extra_budgets)")
             return {**self.real_slice(w["distribution"], w["scheme"], real["layers"]), "budgets": [budget]}
-        if stage in ("e2e", "e2e_join", "calibrate", "e2e_long", "passkey", "sensitivity", "card") and "model" in w:
+        if stage in ("e2e", "e2e_join", "calibrate", "e2e_long", "passkey", "sensitivity", "card",
+                     "greedy") and "model" in w:
             from .real import model_section
 
             real = model_section(real, str(w["model"]))
@@ -595,6 +623,8 @@ class Study:
             return self.sensitivity_slice(str(w["text"]), real, int(w["part"]))
         if stage == "card":
             return self.card_slice(real)
+        if stage == "greedy":
+            return self.greedy_slice(real)
         return self.e2e_stats_slice(real)
 
 

@@ -334,9 +334,12 @@ ASSEMBLED_STEMS = sorted(
 LONG_OF = {m: MODEL_SECTIONS[m]["e2e"]["long_context"] for m in E2E_MODELS}
 PASSKEY_OF = {m: MODEL_SECTIONS[m]["e2e"]["passkey"] for m in E2E_MODELS}
 CARD_OF = {m: MODEL_SECTIONS[m]["card"] for m in E2E_MODELS}
+# each model's greedy-decode agreement (real.e2e.greedy: inherited by a further model)
+GREEDY_OF = {m: MODEL_SECTIONS[m]["e2e"]["greedy"] for m in E2E_MODELS}
 LONG_MODELS = [m for m in E2E_MODELS if LONG_OF[m]]
 PASSKEY_MODELS = [m for m in E2E_MODELS if PASSKEY_OF[m]]
 CARD_MODELS = [m for m in E2E_MODELS if CARD_OF[m]]
+GREEDY_MODELS = [m for m in E2E_MODELS if GREEDY_OF[m]]
 # the primary's: what the tables, figures and claims read (the cross-model table reads the rest)
 CARD = CARD_OF.get(PRIMARY_MODEL)
 # e2e_stats writes the long-context and passkey tables when any model has their passes.
@@ -424,6 +427,15 @@ def card_sensitivity_parts(wildcards=None, model=None):
     ]
 
 
+def greedy_targets():
+    """Every model's greedy-agreement tables (none when real.e2e.greedy is off)."""
+    return [
+        path(name, model=m)
+        for m in GREEDY_MODELS
+        for name in ("e2e_greedy", "e2e_greedy_summary")
+    ]
+
+
 def card_targets():
     """Every model's card outputs (none without a card)."""
     names = [*CARD_OUTPUTS, "html"]  # the page: rule card_page
@@ -453,6 +465,7 @@ OPTIONAL_PARTS = {
     "query_aware": QUERY_AWARE,
     "long_context": bool(LONG_MODELS),
     "passkey": bool(PASSKEY_MODELS),
+    "greedy": bool(GREEDY_MODELS),
     "card": bool(CARD),
     "frontier": FRONTIER,
     "seq_len": SEQ_LEN,
@@ -466,7 +479,7 @@ def optional_of(stage):
 
 
 # The models each per-model artifact exists for (the card's: the models with a card).
-MODELS_OF_PART = {"card": CARD_MODELS}
+MODELS_OF_PART = {"card": CARD_MODELS, "greedy": GREEDY_MODELS}
 
 
 def optional_inputs(stage):

@@ -237,6 +237,32 @@ rule passkey:
         "kvasym stage passkey --slice {params.slice:q} {params.inputs} --out {output:q} > {log:q} 2>&1"
 
 
+rule greedy:
+    # one job per model: each e2e text's prompts continued greedily in full precision, each
+    # scheme's agreement read from one teacher-forced pass (kvasym.real.greedy.greedy_grid)
+    input:
+        unpack(model_inputs("greedy")),
+    output:
+        prompts=pattern("e2e_greedy"),
+        summary=pattern("e2e_greedy_summary"),
+    log:
+        log_path("greedy"),
+    benchmark:
+        benchmark_path("greedy")
+    wildcard_constraints:
+        model=names_pattern(GREEDY_MODELS),
+    threads: 1
+    resources:
+        **resources_of("greedy"),
+    params:
+        code=STAGE_CODE["greedy"],  # reruns the job when the code it runs changes
+        slice=slice_param("greedy"),
+        inputs=flags_of("model_file"),
+        outputs=output_flags(["prompts", "summary"]),
+    shell:
+        "kvasym stage greedy --slice {params.slice:q} {params.inputs} {params.outputs} > {log:q} 2>&1"
+
+
 rule e2e_stats:
     input:
         texts=e2e_texts,

@@ -298,7 +298,8 @@ def e2e_settings(value: object, texts: list[str] | None = None,
         variants), ``recent_windows`` (scheme -> sorted window sizes), ``causal_chunks``
         (scheme -> chunk size), ``global_only`` (schemes also run on the global layers alone),
         ``long_context`` and ``passkey`` (their sections with sorted
-        lengths and depths, or None when off); None when off.
+        lengths and depths, or None when off), ``greedy`` (its section, or None when off); None
+        when off.
     """
     from ..config_schema import validate_key
 
@@ -360,7 +361,44 @@ def e2e_settings(value: object, texts: list[str] | None = None,
             "causal_chunks": dict(sorted(out["causal_chunks"].items())),
             "global_only": list(out["global_only"]),
             "long_context": _model_section("long_context", out.get("long_context"), model_schemes, variants),
-            "passkey": _model_section("passkey", out.get("passkey"), model_schemes, variants)}
+            "passkey": _model_section("passkey", out.get("passkey"), model_schemes, variants),
+            "greedy": _greedy_section(out.get("greedy"), names, variants, chosen_texts)}
+
+
+def _greedy_section(value: dict | None, schemes: list[str] | None, variants: list[str],
+                    e2e_texts: str | list[str]) -> dict | None:
+    """``real.e2e.greedy`` (None when off), its texts resolved (``e2e``: ``e2e_texts``; ``all``:
+    every shipped text; a list: shipped texts, sorted), its schemes checked against the e2e
+    schemes (a query-aware variant is refused: its bases are not run greedy) and its causal
+    chunks against its schemes; budgets sorted."""
+    if _off(value):
+        return None
+    out = dict(value)
+    known = shipped_texts()
+    if out["texts"] == "e2e":
+        out["texts"] = known if e2e_texts == "all" else list(e2e_texts)
+    elif out["texts"] == "all":
+        out["texts"] = known
+    else:
+        unknown = [t for t in out["texts"] if t not in known]
+        if unknown:
+            raise KvasymError(f"config key real.e2e.greedy.texts: {unknown} not among the shipped texts {known}")
+        out["texts"] = sorted(out["texts"])
+    asked = [s for s in out["schemes"] if s in variants]
+    if asked:
+        raise KvasymError(f"config key real.e2e.greedy.schemes: {asked} are query-aware variants, which the greedy "
+                          "agreement does not run; list e2e schemes")
+    if schemes is not None:
+        foreign = [s for s in out["schemes"] if s not in schemes]
+        if foreign:
+            raise KvasymError(f"config key real.e2e.greedy.schemes: {foreign} not among the e2e schemes {schemes}")
+    for scheme in out["causal_chunks"]:
+        if scheme not in out["schemes"]:
+            raise KvasymError(f"config key real.e2e.greedy.causal_chunks.{scheme}: not among the greedy schemes "
+                              f"{list(out['schemes'])}")
+    out["budgets"] = sorted(int(v) for v in out["budgets"])
+    out["causal_chunks"] = {k: int(v) for k, v in sorted(out["causal_chunks"].items())}
+    return out
 
 
 def _calibration_texts(value: str | list[str], variants: list[str], e2e_texts: str | list[str]) -> list[str]:

@@ -477,7 +477,7 @@ def _probabilities(logits: np.ndarray, lse: np.ndarray) -> np.ndarray:
     return probs
 
 
-def _log_partition(logits: np.ndarray) -> np.ndarray:
+def log_partition(logits: np.ndarray) -> np.ndarray:
     """``log sum_v exp z_v`` per row: float32 exponentials of ``z - max z``, summed in float64."""
     top = logits.max(axis=-1)
     total = np.exp(logits - top[:, None]).sum(axis=-1, dtype=np.float64)
@@ -493,7 +493,7 @@ def reference_pass(model: GGUFLlama, token_ids: np.ndarray) -> Reference:
     residuals: list[np.ndarray] = []
     hidden = run_layers(model, frame, model.embed(frame.ids), 0, None, residuals=residuals)
     logits = model.logits(hidden[:-1])
-    lse = _log_partition(logits)
+    lse = log_partition(logits)
     targets = frame.ids[1:]
     nll = lse - logits[np.arange(targets.size), targets].astype(np.float64)
     held = logits.size * 8 <= PROBS_HELD_BYTES  # formed once per text when they fit
@@ -514,7 +514,7 @@ def next_token_metrics(model: GGUFLlama, ref: Reference, hidden: np.ndarray) -> 
         stop = min(start + METRIC_BLOCK_ROWS, n)
         rows = np.arange(stop - start)
         z_hat = model.logits(hidden[start:stop])
-        lse_hat = _log_partition(z_hat)
+        lse_hat = log_partition(z_hat)
         diff = np.subtract(ref.logits[start:stop], z_hat, dtype=np.float64)  # exact: float32 inputs
         kl[start:stop] = np.einsum("rv,rv->r", ref.probabilities(start, stop), diff) - ref.lse[start:stop] + lse_hat
         nll[start:stop] = lse_hat - z_hat[rows, targets[start:stop]].astype(np.float64)

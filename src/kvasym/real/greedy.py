@@ -24,8 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from ..errors import KvasymError
 from .endtoend import CacheQuantization, run_layers, uses_block_statistics
@@ -112,3 +114,219 @@ def greedy_agreement(model: GGUFLlama, prompt_ids: np.ndarray, n_new: int, quant
         raise KvasymError(f"full_precision holds {np.asarray(full_precision).size} tokens, expected {n_new}")
     return GreedyAgreement(np.asarray(full_precision, dtype=np.int64),
                            greedy_continuation(model, prompt_ids, n_new, quant))
+
+
+# --- Greedy agreement from one teacher-forced pass per arm --------------------------------------
+#
+# If the quantized greedy continuation agrees with the full-precision one on its first j tokens,
+# its step j + 1 reads exactly the context "prompt + the full-precision tokens 1..j", so it emits
+# the full-precision token j + 1 iff that token is the argmax of the quantized model at that
+# position when teacher-forced on the full-precision continuation. By induction the agreement
+# length is the first position of the continuation whose teacher-forced quantized argmax differs
+# from the full-precision token (the passkey scorer's argument, kvasym.real.passkey). One
+# quantized pass over "prompt + continuation" therefore gives the agreement of step-by-step
+# decoding (exactly, up to the float rounding of a batched against a one-row matrix product), and
+# on the same positions the teacher-forced measures the rest of the paper reports: the two are
+# compared on the same tokens.
+
+#: Columns of :func:`prompt_agreements`' rows (one per prompt and pass).
+AGREEMENT_COLUMNS = ("scheme", "budget", "n_new", "agree", "kl_mean", "kl_max", "top1_flip")
+
+
+def agreement_length(argmax: np.ndarray, continuation: np.ndarray) -> int:
+    """Greedy agreement from teacher-forced argmaxes: the first ``t`` with
+    ``argmax[t] != continuation[t]`` (``len(continuation)`` when none; module comment above).
+
+    ``argmax[t]`` is the quantized model's argmax at the position that predicts
+    ``continuation[t]``, teacher-forced on the prompt and ``continuation[:t]``.
+    """
+    a = np.asarray(argmax).ravel()
+    c = np.asarray(continuation).ravel()
+    if a.shape != c.shape:
+        raise KvasymError(f"argmax has {a.size} positions, the continuation {c.size} tokens")
+    return common_prefix_length(a, c)
+
+
+def prompt_agreements(model: GGUFLlama, prompt_ids: np.ndarray, n_new: int,
+                      passes: dict[str, CacheQuantization]) -> tuple[np.ndarray, list[dict[str, float]]]:
+    """The full-precision greedy continuation of one prompt and, per pass, its greedy agreement
+    with the teacher-forced measures on the same positions.
+
+    Parameters
+    ----------
+    model : GGUFLlama
+        The model.
+    prompt_ids : ndarray of int
+        The prompt (BOS first when the model wants one).
+    n_new : int
+        Tokens the full-precision model generates greedily (step by step,
+        :func:`greedy_continuation`).
+    passes : dict of str to CacheQuantization
+        The quantized passes by name.
+
+    Returns
+    -------
+    continuation : ndarray of int
+        The ``n_new`` full-precision tokens.
+    rows : list of dict
+        Per pass: ``pass`` (its name), ``n_new``, ``agree`` (:func:`agreement_length`: the tokens
+        its greedy continuation shares with the full-precision one), and over the ``n_new``
+        positions that predict the continuation, teacher-forced on it: ``kl_mean`` and ``kl_max``
+        (nats, KL(full precision || quantized) of the next-token distributions) and ``top1_flip``
+        (share of positions whose argmax differs from the full-precision pass's).
+
+    Notes
+    -----
+    One full-precision pass and one quantized pass over ``prompt + continuation`` per pass; the
+    logits are formed for the ``n_new`` predicting positions only (a full vocabulary is 1 MB per
+    position on Gemma 3).
+    """
+    from .endtoend import Reference, log_partition, next_token_metrics
+
+    prompt = np.asarray(prompt_ids, dtype=np.int64).ravel()
+    if prompt.size < 1:
+        raise KvasymError("the prompt has no tokens")
+    continuation = greedy_continuation(model, prompt, n_new)
+    frame = model.sequence_frame(np.concatenate([prompt, continuation]))
+    first = prompt.size - 1  # the position that predicts the continuation's first token
+    hidden = run_layers(model, frame, model.embed(frame.ids), 0, None)
+    logits = model.logits(hidden[first:-1])
+    lse = log_partition(logits)
+    targets = frame.ids[first + 1:]
+    ref = Reference(ids=frame.ids[first:], frame=frame, residuals=[], logits=logits, lse=lse,
+                    top1=np.argmax(logits, axis=-1),
+                    nll=lse - logits[np.arange(targets.size), targets].astype(np.float64))
+    rows = []
+    for name, quant in passes.items():
+        if quant.query_variant is None and uses_block_statistics(quant.scheme) and not quant.causal_chunk:
+            raise KvasymError(f"pass {name}: scheme {quant.scheme.name} keeps statistics over blocks of rows, so a "
+                              "teacher-forced pass is not what greedy decoding stores; give it a causal chunk")
+        q_hidden = run_layers(model, frame, model.embed(frame.ids), 0, quant)
+        measures = next_token_metrics(model, ref, q_hidden[first:-1])
+        argmax = _argmax_rows(model, q_hidden[first:-1])
+        rows.append({"pass": name, "n_new": int(n_new), "agree": agreement_length(argmax, continuation),
+                     "kl_mean": float(measures["kl"].mean()), "kl_max": float(measures["kl"].max()),
+                     "top1_flip": float(1.0 - measures["top1"].mean())})
+    return continuation, rows
+
+
+def _argmax_rows(model: GGUFLlama, hidden: np.ndarray) -> np.ndarray:
+    """The argmax token of each row's logits, in blocks of rows (full vocabulary)."""
+    from .gguf_model import logit_block_rows
+
+    out = np.empty(hidden.shape[0], dtype=np.int64)
+    step = logit_block_rows(model.config.vocab_size)
+    for start in range(0, hidden.shape[0], step):
+        out[start:start + step] = np.argmax(model.logits(hidden[start:start + step]), axis=-1)
+    return out
+
+
+def prompt_windows(model: GGUFLlama, token_ids: np.ndarray, prompt_tokens: int, count: int) -> np.ndarray:
+    """(count, prompt_tokens) prompts from one text: its consecutive non-overlapping windows from
+    the start, each a fresh sequence (BOS first for a model that wants one,
+    :func:`kvasym.real.longcontext.sequence_windows`).
+
+    Raises
+    ------
+    KvasymError
+        When the text holds fewer than ``count * prompt_tokens`` tokens.
+    """
+    from .longcontext import sequence_windows
+
+    ids = np.asarray(token_ids, dtype=np.int64).ravel()
+    if prompt_tokens < 1 or count < 1:
+        raise KvasymError(f"prompts need prompt_tokens >= 1 and count >= 1, got {prompt_tokens} and {count}")
+    if ids.size < prompt_tokens * count:
+        raise KvasymError(f"the text has {ids.size} tokens, fewer than {count} prompts of {prompt_tokens}")
+    return sequence_windows(model, ids[: prompt_tokens * count].reshape(count, prompt_tokens))
+
+
+def prompt_text(text: str, index: int) -> str:
+    """The seed identity of prompt ``index`` of ``text``: ``f"greedy/{text}/{index}"`` (its own
+    draw of rotations and sketches, apart from the teacher-forced passes over the same text)."""
+    return f"greedy/{text}/{int(index)}"
+
+
+def greedy_grid(model: GGUFLlama, texts: dict[str, np.ndarray], *, prompt_tokens: int, prompts_per_text: int,
+                n_new: int, schemes: Sequence[Any], budgets: Sequence[int], base_seed: int,
+                norm_dtype: str = "float32", causal_chunks: dict[str, int] | None = None) -> pd.DataFrame:
+    """Greedy agreement and teacher-forced measures of every prompt under every scheme and budget.
+
+    Parameters
+    ----------
+    model : GGUFLlama
+        The model.
+    texts : dict of str to ndarray of int
+        Each text's token ids, by name.
+    prompt_tokens, prompts_per_text : int
+        Each text gives ``prompts_per_text`` prompts of ``prompt_tokens`` tokens
+        (:func:`prompt_windows`).
+    n_new : int
+        Tokens generated after each prompt.
+    schemes : sequence of Scheme
+        The schemes; one whose quantizer keeps statistics over blocks of rows needs its entry in
+        ``causal_chunks``.
+    budgets : sequence of int
+        Bits per coordinate.
+    base_seed : int
+        The study's base seed; each prompt draws its own maps (:func:`prompt_text`), the same for
+        every scheme and budget (paired).
+    norm_dtype : str
+        Storage dtype of the norms.
+    causal_chunks : dict of str to int, optional
+        Scheme name -> chunk of rows quantized at once (streaming storage).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per (text, prompt, scheme, budget): ``text, prompt, scheme, budget,
+        causal_chunk`` and :func:`prompt_agreements`' measures (``n_new, agree, kl_mean,
+        kl_max, top1_flip``).
+    """
+    from .endtoend import CacheQuantization
+
+    chunks = dict(causal_chunks or {})
+    rows = []
+    for text, ids in texts.items():
+        for index, prompt in enumerate(prompt_windows(model, ids, prompt_tokens, prompts_per_text)):
+            passes = {}
+            for scheme in schemes:
+                for budget in budgets:
+                    passes[f"{scheme.name}@{int(budget)}"] = CacheQuantization(
+                        scheme, int(budget), int(base_seed), prompt_text(text, index), norm_dtype=norm_dtype,
+                        causal_chunk=int(chunks.get(scheme.name, 0)))
+            _, measured = prompt_agreements(model, prompt, n_new, passes)
+            for row in measured:
+                scheme_name, budget = row.pop("pass").rsplit("@", 1)
+                rows.append({"text": text, "prompt": index, "scheme": scheme_name, "budget": int(budget),
+                             "causal_chunk": int(chunks.get(scheme_name, 0)), **row})
+    return pd.DataFrame(rows, columns=["text", "prompt", "scheme", "budget", "causal_chunk", *AGREEMENT_COLUMNS[2:]])
+
+
+#: Columns of :func:`greedy_summary`.
+SUMMARY_COLUMNS = ("scheme", "budget", "n_texts", "n_prompts", "n_new", "agree", "agree_low", "agree_high",
+                   "agree_median", "full_share", "kl_mean", "top1_flip")
+
+
+def greedy_summary(frame: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """Per (scheme, budget): the mean greedy agreement (tokens) with Student's t interval over
+    texts (the prompts of one text averaged first: prompts of one text are not independent
+    units), its median over prompts, the share of prompts agreeing on all ``n_new`` tokens, and
+    the teacher-forced mean KL (nats) and top-1 flip share over the same positions.
+    """
+    from .endtoend_stats import t_interval
+
+    need = {"text", "prompt", "scheme", "budget", "n_new", "agree", "kl_mean", "top1_flip"}
+    if missing := sorted(need - set(frame.columns)):
+        raise KvasymError(f"the greedy table lacks column(s) {missing}")
+    rows = []
+    for (scheme, budget), group in frame.groupby(["scheme", "budget"], sort=True):
+        per_text = group.groupby("text")["agree"].mean().to_numpy(np.float64)
+        interval = t_interval(per_text, level)
+        rows.append({"scheme": scheme, "budget": int(budget), "n_texts": int(per_text.size),
+                     "n_prompts": int(len(group)), "n_new": int(group["n_new"].max()),
+                     "agree": interval["estimate"], "agree_low": interval["low"], "agree_high": interval["high"],
+                     "agree_median": float(group["agree"].median()),
+                     "full_share": float((group["agree"] == group["n_new"]).mean()),
+                     "kl_mean": float(group["kl_mean"].mean()), "top1_flip": float(group["top1_flip"].mean())})
+    return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))

@@ -127,3 +127,34 @@ def model_rows(frame, model: str):  # pandas DataFrame -> DataFrame
                               f"not {model}'s")
         return frame
     return frame[frame["model"] == model].drop(columns="model").reset_index(drop=True)
+
+
+def text_model(path: str | Path) -> str:
+    """The model of a model-level table: its provenance slice's ``model`` (absent: the primary)."""
+    import json
+
+    from ..dataset import read_metadata
+
+    meta = read_metadata(path)
+    try:
+        slice_ = json.loads(meta.get("config_slice", "{}"))
+    except ValueError:
+        raise KvasymError(f"{path}: its provenance (config_slice) is not JSON") from None
+    return str(slice_.get("model", PRIMARY))
+
+
+def read_per_model(paths):  # sequence of paths -> pandas DataFrame
+    """The tables at ``paths``, one per model (:func:`text_model`), stacked with a ``model``
+    column first (:func:`with_model`); a model given twice is refused."""
+    import pandas as pd
+
+    from ..dataset import read_parquet_checked
+
+    frames, models = [], {}
+    for path in paths:
+        model = text_model(str(path))
+        if model in models:
+            raise KvasymError(f"{path}: a second table of model {model!r} (the first: {models[model]})")
+        models[model] = path
+        frames.append(with_model(read_parquet_checked(path), model))
+    return pd.concat(frames, ignore_index=True)

@@ -86,12 +86,38 @@ def cost_rows(summary: pd.DataFrame, schemes: Sequence[str] = SCHEMES) -> list[d
     return rows
 
 
-def models_context(summary: pd.DataFrame | None, claims: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+def greedy_rows(greedy: pd.DataFrame | None) -> list[dict[str, Any]]:
+    """Per model, scheme and budget of the greedy-agreement summaries (stage ``greedy``, every
+    model's rows, column ``model``): the agreement in tokens with its interval (texts as units),
+    its median, the share of prompts agreeing on every generated token, and the teacher-forced KL
+    and top-1 flip share on the same positions."""
+    if greedy is None or greedy.empty:
+        return []
+    rows = []
+    for r in greedy.itertuples():
+        rows.append({"model": str(r.model), "scheme": str(r.scheme), "budget": int(r.budget),
+                     "n_texts": int(r.n_texts), "n_prompts": int(r.n_prompts), "n_new": int(r.n_new),
+                     "agree": float(r.agree), "agree_low": float(r.agree_low), "agree_high": float(r.agree_high),
+                     "agree_median": float(r.agree_median), "full_share": float(r.full_share),
+                     "kl": float(r.kl_mean), "flip": float(r.top1_flip)})
+    return rows
+
+
+def models_context(summary: pd.DataFrame | None, claims: Sequence[Mapping[str, Any]] | None,
+                   greedy: pd.DataFrame | None = None) -> dict[str, Any]:
     """The template context of ``table_models``; ``rows`` and ``pairs`` empty when the DAG has no
-    further model (a summary without a ``model`` column or with one model only)."""
+    further model (a summary without a ``model`` column or with one model only); ``greedy`` the
+    greedy-agreement rows of every model that has them (:func:`greedy_rows`), whatever the number
+    of models."""
     from ..real.models import MODELS
 
+    def name_of(key: str) -> str:
+        return MODELS[key].name if key in MODELS else key
+
+    greedy_part = greedy_rows(greedy)
+    greedy_names = {key: name_of(key) for key in dict.fromkeys(r["model"] for r in greedy_part)}
     if summary is None or "model" not in summary.columns or summary["model"].nunique() < 2:
-        return {"rows": [], "pairs": [], "names": {}}
-    names = {key: MODELS[key].name if key in MODELS else key for key in dict.fromkeys(summary["model"])}
-    return {"rows": cost_rows(summary), "pairs": twin_pairs(list(claims or [])), "names": names}
+        return {"rows": [], "pairs": [], "names": {}, "greedy": greedy_part, "greedy_names": greedy_names}
+    names = {key: name_of(key) for key in dict.fromkeys(summary["model"])}
+    return {"rows": cost_rows(summary), "pairs": twin_pairs(list(claims or [])), "names": names,
+            "greedy": greedy_part, "greedy_names": greedy_names}

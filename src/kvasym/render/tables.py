@@ -665,9 +665,18 @@ def read_data_manifests(paths: Sequence[str | os.PathLike]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+#: Inputs given as one file per model, stacked with a ``model`` column
+#: (:func:`kvasym.real.models.read_per_model`).
+PER_MODEL_INPUT_KEYS = ("e2e_greedy_summary",)
+
+
 def _read_input(key: str, path: Any) -> Any:
     if key == "data_manifests":
         return read_data_manifests([path] if isinstance(path, (str, os.PathLike)) else list(path))
+    if key in PER_MODEL_INPUT_KEYS:
+        from ..real.models import read_per_model
+
+        return read_per_model([path] if isinstance(path, (str, os.PathLike)) else list(path))
     p = Path(path)
     if not p.exists():
         raise KvasymError(f"table input {key!r}: {p}: no such file")
@@ -729,7 +738,8 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
             from .table_models import models_context
 
             out[name] = render_template(template, **models_context(frames.get("e2e_summary_models"),
-                                                                   frames.get("claims")))
+                                                                   frames.get("claims"),
+                                                                   frames.get("e2e_greedy_summary")))
             continue
         if name == "table_card":
             from .table_card import card_context
@@ -806,7 +816,7 @@ def render_tables(
     if "table_seq_len" in names:
         needed |= {key for key in SEQ_LEN_INPUT_KEYS if inputs.get(key)}
     if "table_models" in names:
-        needed |= {key for key in ("e2e_summary", "claims") if inputs.get(key)}
+        needed |= {key for key in ("e2e_summary", "claims", "e2e_greedy_summary") if inputs.get(key)}
     frames = {key: _read_input(key, inputs[key]) for key in sorted(needed)}
     # The end-to-end tables hold every model's rows (column model); each table but the cross-model
     # one shows the primary model's, as before further models existed.

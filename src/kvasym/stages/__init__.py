@@ -51,6 +51,7 @@ STAGES: dict[str, str] = {
     "e2e_join": "one text's end-to-end passes from its parts (rule e2e), row for row in the passes' order",
     "e2e_long": "long-context passes of SmolLM2-135M over windows of one length of the long offline text",
     "passkey": "passkey retrieval trials of one length, full precision and with each quantized cache",
+    "greedy": "greedy-decode agreement of one model's quantized caches with full precision, on a few prompts",
     "sensitivity": "the model card's calibration on one text: K/V sensitivity curves per layer and cache statistics",
     "card": "the model card of SmolLM2-135M: measured bit allocation against uniform end to end (JSON and tables)",
     "card_page": "the model card's HTML page from its JSON (figures inlined)",

@@ -38,6 +38,8 @@ SLICE_KEYS: dict[str, set[str]] = {
     "e2e_long": {"length", "windows", "calibration_windows", "own", "schemes", "query_variants", "budgets",
                  "base_seed", "norm_dtype"},
     "passkey": {"length", "depths", "trials", "schemes", "query_variants", "budgets", "base_seed", "norm_dtype"},
+    "greedy": {"texts", "prompt_tokens", "prompts_per_text", "new_tokens", "schemes", "budgets", "causal_chunks",
+               "base_seed", "norm_dtype"},
     "sensitivity": {"text", "evaluation_texts", "max_tokens", "scheme", "widths", "granularity", "base_seed",
                     "norm_dtype"},
     "card": {"texts", "calibration_texts", "max_tokens", "scheme", "budgets", "widths", "granularity", "draws",

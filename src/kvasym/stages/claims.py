@@ -30,27 +30,6 @@ INPUTS = {name: name for name in TABLES + OPTIONAL_TABLES}
 PER_MODEL = ("card_comparisons",)
 
 
-def read_per_model(paths: Sequence[str | os.PathLike]) -> Any:
-    """The tables at ``paths``, one per model (its provenance slice's ``model``, absent: the
-    primary), stacked with a ``model`` column first; a model given twice is refused."""
-    import pandas as pd
-
-    from ..dataset import read_parquet_checked
-    from ..errors import KvasymError
-    from ..real.models import with_model
-    from .e2e_stats import text_model
-
-    frames, models = [], {}
-    for path in paths:
-        model = text_model(str(path))
-        if model in models:
-            raise KvasymError(f"{path}: a second table of model {model!r} (the first: {models[model]})")
-        models[model] = path
-        frame = read_parquet_checked(path)
-        frames.append(with_model(frame, model))
-    return pd.concat(frames, ignore_index=True)
-
-
 def run_claims(
     claims_path: str | os.PathLike,
     tables: Mapping[str, str | os.PathLike | Sequence[str | os.PathLike]],
@@ -71,6 +50,8 @@ def run_claims(
     from ..dataset import read_parquet_checked
 
     claims = load_claims(claims_path, headline=headline)
+    from ..real.models import read_per_model
+
     frames = {name: read_per_model([path] if isinstance(path, (str, os.PathLike)) else path)
               if name in PER_MODEL else read_parquet_checked(path)
               for name, path in tables.items() if path}

@@ -34,21 +34,6 @@ OPTIONAL_OUTPUTS = {"long_summary": "long", "long_positions": "long", "long_comp
                     "passkey_summary": "passkey"}
 
 
-def text_model(path: str) -> str:
-    """The model of an e2e table: its provenance slice's ``model`` (absent: the primary)."""
-    import json
-
-    from ..dataset import read_metadata
-    from ..real.models import PRIMARY
-
-    meta = read_metadata(path)
-    try:
-        slice_ = json.loads(meta.get("config_slice", "{}"))
-    except ValueError:
-        raise KvasymError(f"{path}: its provenance (config_slice) is not JSON") from None
-    return str(slice_.get("model", PRIMARY))
-
-
 def model_tables(frame: Any, schemes: Sequence[str], study_schemes: Sequence[str], attention: Any,
                  settings: dict[str, int], memory_tokens: int, model: str) -> dict[str, Any]:
     """The summary (with the cache's memory at ``memory_tokens`` tokens), comparisons, equal-bits,
@@ -93,7 +78,7 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
     """The five end-to-end tables of ``text_paths`` (``out``: table name -> path), and the
     long-context and passkey tables of ``long_paths`` and ``passkey_paths`` when given.
 
-    The texts, windows and trials of every model (:func:`text_model`: the primary's, then those
+    The texts, windows and trials of every model (:func:`kvasym.real.models.text_model`: the primary's, then those
     of ``slice_["models"]``) are summarized apart and their tables stacked with a ``model``
     column first. The per-head mean attention KL of the rank agreement (the primary model only: its
     captures give the per-head rows) comes from ``frontier_points`` when given (stage
@@ -143,8 +128,11 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
 
 
 def _by_model(paths: Sequence[str], models: Sequence[str]) -> dict[str, list[str]]:
-    """``paths`` grouped by their model (:func:`text_model`), in ``models``' order, each group in
-    the paths' order; a model the slice does not name is refused, naming the file."""
+    """``paths`` grouped by their model (:func:`kvasym.real.models.text_model`), in ``models``'
+    order, each group in the paths' order; a model the slice does not name is refused, naming the
+    file."""
+    from ..real.models import text_model
+
     paths_of: dict[str, list[str]] = {}
     for p in paths:
         model = text_model(p)

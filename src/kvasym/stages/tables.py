@@ -23,11 +23,14 @@ INPUTS = {"summary": "summary", "comparisons": "comparisons", "theory": "theory"
           "seq_len_summary": "seq_len_summary", "seq_len_slopes": "seq_len_slopes",
           "e2e_equal_bits": "e2e_equal_bits", "e2e_long_summary": "e2e_long_summary",
           "e2e_long_comparisons": "e2e_long_comparisons", "passkey_summary": "passkey_summary",
-          "card_summary": "card_summary", "card_comparisons": "card_comparisons", "card_allocation": "card_allocation"}
+          "card_summary": "card_summary", "card_comparisons": "card_comparisons", "card_allocation": "card_allocation",
+          "e2e_greedy_summary": "e2e_greedy_summary"}
+#: Inputs given once per model (each model's own file), stacked with a ``model`` column.
+PER_MODEL = ("e2e_greedy_summary",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_input_arguments(parser, INPUTS, many=("data_manifests",),
+    add_input_arguments(parser, INPUTS, many=("data_manifests", *PER_MODEL),
                         notes={"real_cachestats": "table_real", "data_manifests": "table_real, the synthetic "
                                "distributions at the headline dim", "e2e_summary": "table_e2e",
                                "e2e_sensitivity": "table_e2e", "frontier_points": "table_frontier",
@@ -35,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                "e2e_equal_bits": "table_model", "e2e_long_summary": "table_model",
                                "e2e_long_comparisons": "table_model",
                                "passkey_summary": "table_model", "card_summary": "table_card",
-                               "card_comparisons": "table_card", "card_allocation": "table_card"})
+                               "card_comparisons": "table_card", "card_allocation": "table_card",
+                               "e2e_greedy_summary": "table_models, one per model"})
     parser.add_argument("--published-bands", dest="published_bands",
                         help="the published small-model bands (config/published_bands.yaml; table_model)")
     parser.add_argument("--headline", required=True,
