@@ -144,3 +144,29 @@ def test_forward_validation_reads_the_committed_fixture(tmp_path):
     (tmp_path / "bad.json").write_text("{}", encoding="utf-8")
     with pytest.raises(KvasymError, match="bad.json: not a forward-pass reference"):
         rp.forward_validation(tmp_path / "bad.json")
+
+
+def test_an_extended_claims_file_prints_its_hash_and_amendments(repo):
+    """A claims file with ``extends`` (config/claims.long.yaml over the paper's): the section
+    prints the extended file's SHA-256 and its own amendment log beside the main file's."""
+    long = repo / "config" / "claims.long.yaml"
+    long.write_text('extends: claims.yaml\nclaims: [{"id": "L1", "statement": "s", "statistic": "theory", '
+                    '"where": {"check": "qjl_vs_residual"}, "holds_if": {"op": ">", "value": 1.0}}]\n',
+                    encoding="utf-8")
+    (repo / "config" / "claims.yaml").write_text(_claims({"id": "C1", "statement": "s", "statistic": "theory",
+                                                          "where": {"check": "qjl_vs_residual"},
+                                                          "holds_if": {"op": ">=", "value": 1.5}}), encoding="utf-8")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "the long claims, and C1 given its statement")
+    extended = rp.extended_claims(repo, long)
+    assert [x["file"] for x in extended] == [str(repo / "config" / "claims.yaml")]
+    assert extended[0]["sha256"] == rp.file_sha256(repo / "config" / "claims.yaml")
+    entries = extended[0]["amendments"]["entries"]
+    assert [e["subject"] for e in entries] == ["declare C1 and C2", "C1: a stricter rule", "drop C2", "merge side",
+                                               "the long claims, and C1 given its statement"]
+    assert rp.extended_claims(repo, repo / "config" / "claims.yaml") == []
+    slice_ = {"commands": ["snakemake"], "configfiles": [], "config_sha256": "ab" * 32, "claims_file": str(long),
+              "outputs": {}, "commit": "c0ffee"}
+    text = render_template("reproduce.tex.j2", **rp.reproduce_context(slice_, bench_dir=repo / "bench", repo=repo))
+    assert "These claims extend those of" in text and rp.tt(extended[0]["sha256"][:16]) in text
+    assert "merge side" not in text and "+C3" in text and "$-$C2" in text and "C1 (holds_if" not in text

@@ -58,6 +58,7 @@ rule reproduce:
         # after every job whose benchmark: file it sums (the ledger, the tables, the figures)
         claims=rules.claims.output.json,
         claims_file=STUDY.claims_file,
+        extended=CLAIMS_FILES[:-1],  # the claims files it extends: their hashes and amendments
         tables=rules.tables.output,
         figures=[path for path in figure_outputs().values() if path.endswith(".pdf")],
         captures=reproduce_captures,

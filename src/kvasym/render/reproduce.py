@@ -36,7 +36,8 @@ from ..errors import KvasymError
 from .format import escape_latex
 from .format import Latex
 
-__all__ = ["PACKAGES", "amendment_log", "benchmark_costs", "effective_config_sha256", "file_sha256", "git_state",
+__all__ = ["PACKAGES", "amendment_log", "benchmark_costs", "effective_config_sha256", "extended_claims",
+           "file_sha256", "git_state",
            "hardware", "package_versions", "real_provenance", "reproduce_context", "reproduce_slice"]
 
 #: Distributions whose versions the section prints (those that compute or draw a number).
@@ -294,9 +295,24 @@ def reproduce_context(slice_: Mapping[str, Any], *, bench_dir: str | os.PathLike
         "real": real_provenance(captures),
         "forward": forward_validation(slice_.get("forward_reference")),
         "amendments": amendment_log(repo, claims_file),
+        "extended": extended_claims(repo, claims_file),
         "python": sys.version.split()[0],
         "tt": tt,
     }
+
+
+def extended_claims(repo: str | os.PathLike, claims_path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The claims files ``claims_path`` extends (key ``extends``, :func:`kvasym.claims.claims_files`),
+    the first-extended first, each ``{file, sha256, amendments}`` (:func:`amendment_log`): their
+    claims come first in the ledger, so their hashes and amendments belong beside the main file's."""
+    from ..claims import claims_files
+
+    try:
+        chain = claims_files(claims_path)
+    except KvasymError:  # a file the claims stage refuses (it runs first in the DAG and says why)
+        return []
+    return [{"file": file, "sha256": file_sha256(file), "amendments": amendment_log(repo, file)}
+            for file in chain[:-1]]
 
 
 def effective_config_sha256(config: Mapping[str, Any]) -> str:
