@@ -407,3 +407,42 @@ def test_compare_long_pairs_every_scheme_with_rkv_window_by_window() -> None:
     assert (row.kl_ratio_low, row.kl_ratio_high) == pytest.approx((math.exp(low), math.exp(high)), rel=1e-12)
     assert row.n_units == 3 and row.budget == 4
     assert compare_long(short).empty  # the reference absent everywhere
+
+
+def test_pareto_front_by_brute_force():
+    """pareto_front against a direct double loop on random costs and damages with ties: a post
+    row is on the front iff no other post row is no worse in both and better in one; pre rows
+    never are; and a practitioner's table lists the front in increasing cost."""
+    from kvasym.real.endtoend_stats import pareto_front
+    from kvasym.render.table_practice import practice_context
+
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        n = 12
+        frame = pd.DataFrame({"rope": rng.choice(["post", "pre"], n), "scheme": [f"S{i}" for i in range(n)],
+                              "budget": 2, "cache_bytes_per_token": rng.integers(1, 6, n).astype(float),
+                              "kl_mean": rng.integers(1, 6, n) / 10.0})
+        got = pareto_front(frame)["pareto"].tolist()
+        expected = []
+        for i, a in frame.iterrows():
+            dominated = any(b.rope == "post" and b.cache_bytes_per_token <= a.cache_bytes_per_token
+                            and b.kl_mean <= a.kl_mean and (b.cache_bytes_per_token < a.cache_bytes_per_token
+                                                            or b.kl_mean < a.kl_mean)
+                            for j, b in frame.iterrows() if j != i)
+            expected.append(a.rope == "post" and not dominated)
+        assert got == expected
+    marked = pareto_front(pd.DataFrame({"rope": "post", "scheme": ["A", "B", "C"], "budget": [2, 3, 4],
+                                        "cache_bytes_per_token": [3.0, 1.0, 2.0], "kl_mean": [0.1, 0.5, 0.6]}))
+    assert marked["pareto"].tolist() == [True, True, False]  # C: B is smaller, A less damaging, neither both
+    with pytest.raises(KvasymError, match=r"lacks column\(s\) \['kl_mean'\]"):
+        pareto_front(marked.drop(columns="kl_mean"))
+    columns = {"memory_tokens": 4096, "cache_bits_per_value": 3.0, "cache_mb": 1.0, "fp16_bytes_per_token": 9.0,
+               "kl_mean_low": 0.0, "kl_mean_high": 1.0, "kl_p999": 1.0, "top1_flip": 0.1, "ppl_ratio": 1.1,
+               "ppl_ratio_low": 1.0, "ppl_ratio_high": 1.2}
+    rows = practice_context(marked.assign(**columns))["rows"]
+    assert [(r["scheme"], r["bytes"]) for r in rows] == [("B", 1.0), ("A", 3.0)]
+    from kvasym.render.format import render_template
+
+    text = render_template("table_practice.tex.j2", **practice_context(marked.assign(**columns)))
+    lines = [line for line in text.splitlines() if line.startswith("SmolLM2-135M & ")]
+    assert [line.split(" & ")[1] for line in lines] == ["B", "A"] and "\\label{tab:practice}" in text

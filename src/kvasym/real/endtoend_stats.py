@@ -535,3 +535,36 @@ def memory_columns(summary: pd.DataFrame, frame: pd.DataFrame, geometry: Any, to
                      "fp16_bytes_per_token": fp16.bytes_per_token,
                      "top1_flip": 1.0 - float(r.top1)})
     return pd.concat([summary.reset_index(drop=True), pd.DataFrame(rows)], axis=1)
+
+
+def pareto_front(summary: pd.DataFrame, cost: str = "cache_bytes_per_token", damage: str = "kl_mean",
+                 rope: str = "post") -> pd.DataFrame:
+    """``summary`` with a boolean column ``pareto``: whether the row (a scheme at a budget, keys
+    quantized ``rope``) is on the front of ``cost`` against ``damage``.
+
+    A row is on the front when no other row of the same RoPE mode has ``cost <= `` and
+    ``damage <=`` its own with at least one strict (Pareto dominance; a tie in both keeps both).
+    Rows of the other RoPE mode are False. The rows of the front, by increasing cost, are the
+    configurations a practitioner chooses among: at every memory, the least damaging measured.
+
+    Raises
+    ------
+    KvasymError
+        When a column is missing or a value is not finite.
+    """
+    need = {"rope", cost, damage}
+    if missing := sorted(need - set(summary.columns)):
+        raise KvasymError(f"pareto_front: the summary lacks column(s) {missing}")
+    out = summary.copy()
+    out["pareto"] = False
+    mine = out.index[out["rope"] == rope]
+    c = out.loc[mine, cost].to_numpy(np.float64)
+    d = out.loc[mine, damage].to_numpy(np.float64)
+    if not (np.all(np.isfinite(c)) and np.all(np.isfinite(d))):
+        raise KvasymError(f"pareto_front: {cost} and {damage} must be finite")
+    # dominated[i]: some j is no worse in both and better in one
+    no_worse = (c[None, :] <= c[:, None]) & (d[None, :] <= d[:, None])
+    better = (c[None, :] < c[:, None]) | (d[None, :] < d[:, None])
+    dominated = (no_worse & better).any(axis=1)
+    out.loc[mine, "pareto"] = ~dominated
+    return out

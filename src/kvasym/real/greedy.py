@@ -129,7 +129,8 @@ def greedy_agreement(model: GGUFLlama, prompt_ids: np.ndarray, n_new: int, quant
 # on the same positions the teacher-forced measures the rest of the paper reports: the two are
 # compared on the same tokens.
 
-#: Columns of :func:`prompt_agreements`' rows (one per prompt and pass).
+#: The measures of one (prompt, scheme, budget): :func:`prompt_agreements`' row of a pass (there
+#: named by ``pass``), the scheme and budget of :func:`greedy_grid`'s row.
 AGREEMENT_COLUMNS = ("scheme", "budget", "n_new", "agree", "kl_mean", "kl_max", "top1_flip")
 
 
@@ -173,7 +174,8 @@ def prompt_agreements(model: GGUFLlama, prompt_ids: np.ndarray, n_new: int,
         its greedy continuation shares with the full-precision one), and over the ``n_new``
         positions that predict the continuation, teacher-forced on it: ``kl_mean`` and ``kl_max``
         (nats, KL(full precision || quantized) of the next-token distributions) and ``top1_flip``
-        (share of positions whose argmax differs from the full-precision pass's).
+        (share of positions whose argmax differs from the full-precision teacher-forced pass's,
+        which is the continuation itself up to float rounding: the harness's ``top1``).
 
     Notes
     -----

@@ -58,6 +58,7 @@ TABLES: dict[str, tuple[str, str]] = {
     "table_seq_len": ("table_seq_len.tex.j2", "summary"),
     "table_card": ("table_card.tex.j2", "summary"),
     "table_models": ("table_models.tex.j2", "summary"),
+    "table_practice": ("table_practice.tex.j2", "summary"),
 }
 INPUT_KEYS = ("summary", "comparisons", "theory", "claims")
 #: Inputs that are tables of stage e2e_stats, with every model's rows (column ``model``).
@@ -741,6 +742,11 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
                                                                    frames.get("claims"),
                                                                    frames.get("e2e_greedy_summary")))
             continue
+        if name == "table_practice":
+            from .table_practice import practice_context
+
+            out[name] = render_template(template, **practice_context(frames.get("e2e_summary_models")))
+            continue
         if name == "table_card":
             from .table_card import card_context
 
@@ -817,6 +823,8 @@ def render_tables(
         needed |= {key for key in SEQ_LEN_INPUT_KEYS if inputs.get(key)}
     if "table_models" in names:
         needed |= {key for key in ("e2e_summary", "claims", "e2e_greedy_summary") if inputs.get(key)}
+    if "table_practice" in names:
+        needed |= {key for key in ("e2e_summary",) if inputs.get(key)}
     frames = {key: _read_input(key, inputs[key]) for key in sorted(needed)}
     # The end-to-end tables hold every model's rows (column model); each table but the cross-model
     # one shows the primary model's, as before further models existed.

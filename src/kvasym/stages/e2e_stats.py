@@ -46,6 +46,7 @@ def model_tables(frame: Any, schemes: Sequence[str], study_schemes: Sequence[str
         compare_equal_bits,
         compare_schemes,
         memory_columns,
+        pareto_front,
         rank_agreement,
         sensitivity,
         summarize,
@@ -53,7 +54,7 @@ def model_tables(frame: Any, schemes: Sequence[str], study_schemes: Sequence[str
     from ..real.models import model_entry
 
     tables = {
-        "summary": memory_columns(summarize(frame), frame, model_entry(model), memory_tokens),
+        "summary": pareto_front(memory_columns(summarize(frame), frame, model_entry(model), memory_tokens)),
         "comparisons": compare_schemes(frame, schemes),
         "equal_bits": compare_equal_bits(frame, schemes),
         "sensitivity": sensitivity(frame),
