@@ -177,6 +177,7 @@ def test_grid_pairs_every_arm_on_each_prompts_draw() -> None:
                         schemes=[get_scheme("KV"), get_scheme("KIVI32")], budgets=[1, 2], base_seed=7,
                         causal_chunks={"KIVI32": 4})
     assert len(frame) == 2 * 2 * 2 * 2 and set(frame["causal_chunk"]) == {0, 4}
+    assert set(frame["scheme"]) == {"KV", "KIVI32+C4"}  # a streaming pass named as the e2e tables name it
     row = frame[(frame.text == "b") & (frame.prompt == 1) & (frame.scheme == "KV") & (frame.budget == 1)].iloc[0]
     quant = CacheQuantization(scheme=get_scheme("KV"), budget=1, base_seed=7, text=prompt_text("b", 1))
     _, direct = prompt_agreements(llama, texts["b"][5:10], 3, {"x": quant})

@@ -281,9 +281,10 @@ def greedy_grid(model: GGUFLlama, texts: dict[str, np.ndarray], *, prompt_tokens
     Returns
     -------
     pandas.DataFrame
-        One row per (text, prompt, scheme, budget): ``text, prompt, scheme, budget,
-        causal_chunk`` and :func:`prompt_agreements`' measures (``n_new, agree, kl_mean,
-        kl_max, top1_flip``).
+        One row per (text, prompt, scheme, budget): ``text, prompt, scheme`` (the pass's name,
+        :attr:`~kvasym.real.endtoend.CacheQuantization.name`: ``KIVI32+C32`` for KIVI32 in chunks
+        of 32, as in the end-to-end tables), ``budget, causal_chunk`` and
+        :func:`prompt_agreements`' measures (``n_new, agree, kl_mean, kl_max, top1_flip``).
     """
     from .endtoend import CacheQuantization
 
@@ -294,14 +295,15 @@ def greedy_grid(model: GGUFLlama, texts: dict[str, np.ndarray], *, prompt_tokens
             passes = {}
             for scheme in schemes:
                 for budget in budgets:
-                    passes[f"{scheme.name}@{int(budget)}"] = CacheQuantization(
-                        scheme, int(budget), int(base_seed), prompt_text(text, index), norm_dtype=norm_dtype,
-                        causal_chunk=int(chunks.get(scheme.name, 0)))
+                    quant = CacheQuantization(scheme, int(budget), int(base_seed), prompt_text(text, index),
+                                              norm_dtype=norm_dtype, causal_chunk=int(chunks.get(scheme.name, 0)))
+                    passes[f"{quant.name}@{int(budget)}"] = quant
             _, measured = prompt_agreements(model, prompt, n_new, passes)
             for row in measured:
-                scheme_name, budget = row.pop("pass").rsplit("@", 1)
-                rows.append({"text": text, "prompt": index, "scheme": scheme_name, "budget": int(budget),
-                             "causal_chunk": int(chunks.get(scheme_name, 0)), **row})
+                quant = passes[row["pass"]]
+                del row["pass"]
+                rows.append({"text": text, "prompt": index, "scheme": quant.name, "budget": quant.budget,
+                             "causal_chunk": int(quant.causal_chunk), **row})
     return pd.DataFrame(rows, columns=["text", "prompt", "scheme", "budget", "causal_chunk", *AGREEMENT_COLUMNS[2:]])
 
 
