@@ -378,3 +378,32 @@ def test_greedy_slice_refuses_block_statistics_without_a_chunk():
         _slices(config)
     chunked = _config(**{"real.e2e.greedy": {"schemes": ["RKV", "SKLT"], "budgets": [2], "causal_chunks": {"SKLT": 8}}})
     assert _slices(chunked)["greedy"]["causal_chunks"] == {"SKLT": 8}
+
+
+def test_scheme_definitions_list_every_scheme_the_dag_runs_once():
+    """The paper's scheme table: the grid's, the frontier's and the end-to-end schemes, each once
+    with its registry description, then the query-aware variants with theirs."""
+    from kvasym.real.queryaware import VARIANT_DESCRIPTIONS
+
+    config = _config()
+    study = load_study(config)
+    real = real_settings(config.get("real"), list(study.schemes), list(study.frontier_real_schemes))
+    rows = study.scheme_definitions(real)
+    names = [r["name"] for r in rows]
+    assert len(names) == len(set(names))
+    assert names[:4] == list(study.schemes) and set(study.frontier_schemes) <= set(names)
+    assert set(real["e2e"]["schemes"]) <= set(names)
+    for row in rows:
+        expected = VARIANT_DESCRIPTIONS.get(row["name"]) or study.scheme(row["name"]).description
+        assert row["description"] == expected and row["description"], row
+    assert "QWF" in names and study.scheme_definitions(None)[:4] == rows[:4]
+
+
+@pytest.mark.parametrize("text,match", [("[1", "not valid JSON"), ('{"a": 1}', "must be a JSON list"),
+                                        ('[{"name": "KV"}]', "entry 0: expected")])
+def test_the_tables_stage_refuses_a_bad_scheme_list(text, match):
+    from kvasym.stages.tables import parse_schemes
+
+    with pytest.raises(KvasymError, match=f"--schemes.*{match}|{match}"):
+        parse_schemes(text)
+    assert parse_schemes('[{"name": "KV", "description": "d"}]') == [{"name": "KV", "description": "d"}]

@@ -103,6 +103,23 @@ class Study:
             return get_scheme(name)
         raise KvasymError(f"unknown scheme {name!r}")
 
+    def scheme_definitions(self, real: Mapping[str, Any] | None = None) -> list[dict[str, str]]:
+        """Every scheme the DAG runs, once, with its one-line description (the paper's scheme
+        table): the grid's, the frontier's, the end-to-end passes' (``real.e2e.schemes``, its
+        extra schemes among them), then the query-aware variants the frontier or the end-to-end
+        passes run (:data:`kvasym.real.queryaware.VARIANT_DESCRIPTIONS`)."""
+        names = [*self.schemes, *self.frontier_schemes]
+        e2e = (real or {}).get("e2e") or {}
+        if isinstance(e2e.get("schemes"), list):
+            names += [n for n in e2e["schemes"] if n not in names]
+        out = [{"name": n, "description": self.scheme(n).description} for n in dict.fromkeys(names)]
+        variants = [*self.frontier_real_query_aware, *e2e.get("query_aware", [])]
+        if variants:
+            from .real.queryaware import VARIANT_DESCRIPTIONS
+
+            out += [{"name": v, "description": VARIANT_DESCRIPTIONS[v]} for v in dict.fromkeys(variants)]
+        return out
+
     def frontier_schemes_on(self, distribution: str) -> list[str]:
         """The frontier's schemes that run on the synthetic ``distribution``, in config order."""
         return [s for s in self.frontier_schemes

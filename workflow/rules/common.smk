@@ -888,6 +888,11 @@ def headline_param(wildcards):
     return canonical_json(HEADLINE)
 
 
+def schemes_param(wildcards):
+    """Every scheme the DAG runs with its description (the paper's scheme table)."""
+    return canonical_json(STUDY.scheme_definitions(REAL))
+
+
 def figures_param(wildcards):
     return canonical_json(FIGURES_SLICE)
 

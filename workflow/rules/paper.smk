@@ -26,12 +26,13 @@ rule tables:
     params:
         code=STAGE_CODE["tables"],  # reruns the job when the code it runs changes
         headline=headline_param,
+        schemes=schemes_param,
         optional=flags_of(*optional_of("tables"), "data_manifests", "published_bands"),
         out_dir=out_dir,
     shell:
         "kvasym stage tables --summary {input.summary:q} --comparisons {input.comparisons:q}"
         " --theory {input.theory:q} --claims {input.claims:q} {params.optional} --headline {params.headline:q}"
-        " --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        " --schemes {params.schemes:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule numbers:

@@ -84,6 +84,13 @@ __all__ = ["VARIANTS", "SCALE_FLOOR", "QWF_KEY_SIDE", "variant_scheme", "query_s
            "check_disjoint", "default_calibration_texts", "text_token_ids"]
 
 VARIANTS = ("QRKV", "QWF")
+#: What each variant stores, in one line (the paper's scheme table).
+VARIANT_DESCRIPTIONS = {
+    "QRKV": "keys in the eigenbasis of their queries' second moment (calibrated on other texts), then RKV; "
+            "RKV values",
+    "QWF": "keys in their queries' eigenbasis scaled by the query spectrum, centred, then reverse water-filling "
+           "with Gaussian codebooks; RKV values",
+}
 #: ``eps`` of :func:`query_scales`: eigenvalues below ``eps lam_1`` are raised to it (module docstring).
 SCALE_FLOOR = 1e-6
 #: QWF's key side: SKLT's (centre, water-filling, Gaussian codebooks, no sketch) without its KLT.

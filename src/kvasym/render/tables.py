@@ -59,6 +59,7 @@ TABLES: dict[str, tuple[str, str]] = {
     "table_card": ("table_card.tex.j2", "summary"),
     "table_models": ("table_models.tex.j2", "summary"),
     "table_practice": ("table_practice.tex.j2", "summary"),
+    "table_schemes": ("table_schemes.tex.j2", "summary"),
 }
 INPUT_KEYS = ("summary", "comparisons", "theory", "claims")
 #: Inputs that are tables of stage e2e_stats, with every model's rows (column ``model``).
@@ -742,6 +743,9 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
                                                                    frames.get("claims"),
                                                                    frames.get("e2e_greedy_summary")))
             continue
+        if name == "table_schemes":
+            out[name] = render_template(template, schemes=list(frames.get("schemes") or []))
+            continue
         if name == "table_practice":
             from .table_practice import practice_context
 
@@ -791,6 +795,7 @@ def render_tables(
     headline: Mapping[str, Any],
     out_dir: str | os.PathLike,
     tables: Sequence[str] | None = None,
+    schemes: Sequence[Mapping[str, str]] | None = None,
 ) -> list[Path]:
     """Write ``<out_dir>/<table>.tex`` (atomically) for each table of :data:`TABLES`.
 
@@ -800,7 +805,9 @@ def render_tables(
     ``table_real`` only: ``real_cachestats`` (``results/real/cachestats.parquet``) and
     ``data_manifests`` (a list of ``results/data/<dist>/d<dim>.json``).
     ``headline``: ``dim`` and ``sharpness`` (the main-results and tests tables), optional
-    ``budget`` (the tests table; default the largest budget). Returns the written paths.
+    ``budget`` (the tests table; default the largest budget). ``schemes``: every scheme the
+    DAG runs, ``{name, description}`` (:meth:`kvasym.study.Study.scheme_definitions`; the
+    schemes table). Returns the written paths.
     """
     from ..atomic import write_text_atomic
 
@@ -833,6 +840,8 @@ def render_tables(
     for key in E2E_TABLE_KEYS:
         if frames.get(key) is not None:
             frames[key] = primary_rows(frames[key])
+    if schemes is not None:
+        frames["schemes"] = list(schemes)
     texts = table_texts(frames, headline, names)
     out = Path(out_dir)
     written = []

@@ -45,13 +45,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--headline", required=True,
                         help='the headline cell as JSON, e.g. {"distribution": "gaussian", "dim": 128, '
                         '"sharpness": 2.0, "budget": 4}')
+    parser.add_argument("--schemes", help='every scheme the DAG runs as JSON, [{"name": ..., "description": ...}] '
+                        "(the schemes table; kvasym.study.Study.scheme_definitions)")
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--table", action="append", choices=list(TABLES), help="only this table (repeatable)")
+
+
+def parse_schemes(text: str) -> list[dict[str, str]]:
+    """``--schemes``: a JSON list of ``{"name": str, "description": str}``, or a KvasymError naming
+    the flag and the offending entry."""
+    import json
+
+    from ..errors import KvasymError
+
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise KvasymError(f"--schemes is not valid JSON ({exc})") from None
+    if not isinstance(data, list):
+        raise KvasymError("--schemes must be a JSON list of {name, description}")
+    for i, entry in enumerate(data):
+        if (not isinstance(entry, dict) or set(entry) != {"name", "description"}
+                or not all(isinstance(v, str) for v in entry.values())):
+            raise KvasymError(f"--schemes entry {i}: expected {{name, description}} strings, got {entry!r}")
+    return data
 
 
 def run(args: argparse.Namespace) -> None:
     from ._slice import parse_slice
 
     inputs = {k: getattr(args, k) for k in (*INPUTS, "published_bands") if getattr(args, k)}
-    for path in render_tables(inputs, parse_slice(args.headline), args.out_dir, args.table):
+    schemes = parse_schemes(args.schemes) if args.schemes else None
+    for path in render_tables(inputs, parse_slice(args.headline), args.out_dir, args.table, schemes=schemes):
         print(path)
