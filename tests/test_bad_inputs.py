@@ -379,6 +379,11 @@ SNAKEMAKE_CASES = [
     ("file_reserved_name", _dists({"name": "gaussian", "kind": "gaussian"},
                                   {"name": "smollm2", "kind": "file", "params": {"path": "q_heads.npz"}}),
      "reserved for the real-model rows"),
+    ("greedy_block_statistics_without_chunk",
+     {"real": {**TINY["real"], "e2e": {**TINY["real"]["e2e"], "extra_schemes": ["KIVI32"],
+                                       "greedy": {"schemes": ["RKV", "KIVI32"], "budgets": [2]}}}},
+     "invalid config: config key real.e2e.greedy.schemes: KIVI32 keeps statistics over blocks of rows; give it a "
+     "chunk in real.e2e.greedy.causal_chunks"),
 ]
 
 

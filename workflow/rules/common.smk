@@ -340,6 +340,14 @@ LONG_MODELS = [m for m in E2E_MODELS if LONG_OF[m]]
 PASSKEY_MODELS = [m for m in E2E_MODELS if PASSKEY_OF[m]]
 CARD_MODELS = [m for m in E2E_MODELS if CARD_OF[m]]
 GREEDY_MODELS = [m for m in E2E_MODELS if GREEDY_OF[m]]
+# a greedy scheme with statistics over blocks of rows needs its chunk: checked now for every
+# configured model (installed or not), one line naming the key, not a params-function traceback
+for _model in [PRIMARY_MODEL, *REAL["models"]] if REAL and REAL["e2e"] else []:
+    try:
+        if model_section(REAL, _model)["e2e"]["greedy"]:
+            STUDY.greedy_slice(model_section(REAL, _model))
+    except KvasymError as exc:
+        raise WorkflowError(f"invalid config: {exc}")
 # the primary's: what the tables, figures and claims read (the cross-model table reads the rest)
 CARD = CARD_OF.get(PRIMARY_MODEL)
 # e2e_stats writes the long-context and passkey tables when any model has their passes.
