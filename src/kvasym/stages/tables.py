@@ -10,6 +10,7 @@ import argparse
 
 from ..artifacts import add_input_arguments
 from ..render.tables import (
+    PER_MODEL_INPUT_KEYS,
     TABLES,
     render_tables,
 )
@@ -25,8 +26,9 @@ INPUTS = {"summary": "summary", "comparisons": "comparisons", "theory": "theory"
           "e2e_long_comparisons": "e2e_long_comparisons", "passkey_summary": "passkey_summary",
           "card_summary": "card_summary", "card_comparisons": "card_comparisons", "card_allocation": "card_allocation",
           "e2e_greedy_summary": "e2e_greedy_summary"}
-#: Inputs given once per model (each model's own file), stacked with a ``model`` column.
-PER_MODEL = ("e2e_greedy_summary",)
+#: Inputs given once per model (each model's own file), stacked with a ``model`` column: the
+#: renderer's list, so that the flag's nargs and the reading agree.
+PER_MODEL = PER_MODEL_INPUT_KEYS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
