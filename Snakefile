@@ -40,17 +40,17 @@ include: "workflow/rules/paper.smk"
 
 # What a run leaves: its RO-Crate (rule crate, last) lists every file of these.
 RUN_OUTPUTS = [
-    data_manifests(),
-    metrics_tables(),
+    wiring.data_manifests(),
+    wiring.metrics_tables(),
     list(rules.gather.output),
     list(rules.claims.output),
-    frontier_targets(),
-    seq_len_targets(),
-    e2e_targets(),
-    card_targets(),
-    greedy_targets(),
-    list(figure_outputs().values()),
-    paper_targets(),
+    wiring.frontier_targets(),
+    wiring.seq_len_targets(),
+    wiring.e2e_targets(),
+    wiring.card_targets(),
+    wiring.greedy_targets(),
+    list(wiring.figure_outputs().values()),
+    wiring.paper_targets(),
 ]
 
 

@@ -20,7 +20,7 @@ rule cells:
     benchmark:
         benchmark_path("cells")
     wildcard_constraints:
-        distribution=names_pattern(CELL_UNITS),
+        distribution=names_pattern(wiring.cell_units),
     threads: 1
     resources:
         **resources_of("cells"),
@@ -33,11 +33,11 @@ rule cells:
         " --per-key {output.per_key:q} > {log:q} 2>&1"
 
 
-if VARIANT_UNITS:
+if wiring.variant_units:
 
     rule metrics:
         input:
-            packed=variant_packed,
+            packed=wiring.variant_packed,
         output:
             manifest=pattern("data"),
             per_query=directory(pattern("per_query_unit")),
@@ -47,7 +47,7 @@ if VARIANT_UNITS:
         benchmark:
             benchmark_path("metrics")
         wildcard_constraints:
-            distribution=names_pattern(VARIANT_UNITS),
+            distribution=names_pattern(wiring.variant_units),
         threads: 1
         resources:
             **resources_of("metrics"),

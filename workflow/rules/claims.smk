@@ -4,9 +4,9 @@
 rule claims:
     input:
         # the end-to-end, frontier and sweep tables, when configured
-        unpack(optional_inputs("claims")),
+        unpack(wiring.optional_inputs("claims")),
         claims=STUDY.claims_file,
-        extended=CLAIMS_FILES[:-1],  # the claims files it extends (its key extends)
+        extended=wiring.claims_files[:-1],  # the claims files it extends (its key extends)
         comparisons=rules.gather.output.comparisons,
         summary=rules.gather.output.summary,
         trials=rules.gather.output.trials,
@@ -31,10 +31,10 @@ rule claims:
         code=STAGE_CODE["claims"],  # reruns the job when the code it runs changes
         base_seed=STUDY.base_seed,
         n_boot=STUDY.stats["n_boot"],
-        headline=headline_param,
+        headline=wiring.param("headline"),
         # the query model of each low-rank distribution, named in the ledger's reasons
         query_variants=canonical_json(STUDY.query_variants),
-        optional=flags_of(*optional_of("claims")),
+        optional=flags_of(*wiring.optional_of("claims")),
     shell:
         "kvasym stage claims --claims {input.claims:q} --comparisons {input.comparisons:q}"
         " --summary {input.summary:q} --trials {input.trials:q} --theory {input.theory:q}"

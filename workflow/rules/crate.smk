@@ -9,7 +9,7 @@ rule crate:
         outputs=RUN_OUTPUTS,
         # the statistics' per-cell parts (what a claim decided in one cell was computed from)
         # and the other files the run wrote beyond its targets
-        parts=crate_parts(),
+        parts=wiring.crate_parts(),
     output:
         pattern("crate"),
     log:
@@ -20,7 +20,7 @@ rule crate:
         **resources_of("crate"),
     params:
         code=STAGE_CODE["crate"],  # reruns the job when the code it runs changes
-        slice=crate_param,
+        slice=wiring.param("crate"),
     shell:
         "kvasym stage crate --slice {params.slice:q} --claims {input.claims:q}"
         " --files {input.outputs:q} {input.parts:q} --out {output:q} > {log:q} 2>&1"

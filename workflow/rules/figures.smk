@@ -1,20 +1,17 @@
 # Stage 6: the figures of the paper, one rule (one job) per figure family of
-# kvasym.render.figures.registry.FIGURE_FAMILIES (FIGURE_FAMILIES: the real-model heat map only
+# kvasym.render.figures.registry.FIGURE_FAMILIES (wiring.figure_families: the real-model heat map only
 # when the DAG has real-model rows). Each reads only its inputs (gathered tables, or the metrics
 # files and data manifests of its facet cells, or the real rows' per-query files) and writes
 # results/figures/<name>.{pdf,png}; the PNGs go into the Snakemake report with the captions of
 # workflow/report/figures/.
 
-for _family, _names in FIGURE_FAMILIES.items():
+for _family, _names in wiring.figure_families.items():
 
     rule:
         name:
             f"figure_{_family}"
         input:
-            **{
-                key: as_inputs(paths) if key in ("per_query", "per_key") else paths
-                for key, paths in figure_inputs(_family).items()
-            },
+            **wiring.figure_rule_inputs(_family),
         output:
             **{
                 f"{name}_pdf": path("figure", name=name, format="pdf")
@@ -30,7 +27,7 @@ for _family, _names in FIGURE_FAMILIES.items():
                     caption=f"../report/figures/{_family}.rst",
                     category="6. Figures",
                     subcategory=FIGURE_REGISTRY[_family].report_group,
-                    labels={"figure": name, "cell": figure_label(_family)},
+                    labels={"figure": name, "cell": wiring.figure_label(_family)},
                 )
                 for name in _names
             },
@@ -44,9 +41,9 @@ for _family, _names in FIGURE_FAMILIES.items():
             **resources_of("figure"),
         params:
             code=STAGE_CODE["figure"],  # reruns the job when the code it runs changes
-            slice=figures_param,
+            slice=wiring.param("figures"),
             family=_family,
-            inputs=figure_flags(figure_inputs(_family)),
+            inputs=wiring.figure_flags(_family),
             out_dir=out_dir,
         shell:
             "kvasym stage figure --family {params.family} --slice {params.slice:q}"

@@ -3,11 +3,11 @@
 # study's per-query schema, so stats, gather, claims and tables read them like any distribution.
 # The file itself is the job's input: replacing it reruns its cells.
 
-if FILE_CELLS:
+if wiring.file_cells:
 
     rule file_metrics:
         input:
-            cache=file_cache,
+            cache=wiring.file_cache,
         output:
             pattern("per_query"),
         log:
@@ -15,7 +15,7 @@ if FILE_CELLS:
         benchmark:
             benchmark_path("file_metrics")
         wildcard_constraints:
-            distribution="|".join(re.escape(name) for name in STUDY.files),
+            distribution=names_pattern(STUDY.files),
         threads: 1
         resources:
             **resources_of("file_metrics"),

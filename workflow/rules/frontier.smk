@@ -5,7 +5,7 @@
 
 rule frontier:
     input:
-        as_inputs(frontier_per_query()),
+        as_inputs(wiring.frontier_per_query()),
     output:
         points=pattern("frontier_points"),
         units=pattern("frontier_units"),
@@ -18,9 +18,9 @@ rule frontier:
         **resources_of("frontier"),
     params:
         code=STAGE_CODE["frontier"],  # reruns the job when the code it runs changes
-        slice=frontier_param,
-        per_query=frontier_per_query(),
-        cells=frontier_cells(),
+        slice=wiring.param("frontier"),
+        per_query=wiring.frontier_per_query(),
+        cells=wiring.frontier_cells(),
     shell:
         "kvasym stage frontier --slice {params.slice:q} --per-query {params.per_query:q}"
         " --cells {params.cells:q} --points {output.points:q} --units {output.units:q} > {log:q} 2>&1"

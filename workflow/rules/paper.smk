@@ -6,17 +6,17 @@
 rule tables:
     input:
         # each optional part's inputs, when the DAG has that part (kvasym.artifacts)
-        unpack(optional_inputs("tables")),
+        unpack(wiring.optional_inputs("tables")),
         # with real-model rows: the synthetic distributions' data manifests at the headline dim
-        unpack(manifests_input),
+        unpack(wiring.manifests_input),
         # with end-to-end passes: the published small-model bands our rows are placed against
-        unpack(published_bands_input),
+        unpack(wiring.published_bands_input),
         summary=rules.gather.output.summary,
         comparisons=rules.gather.output.comparisons,
         theory=rules.gather.output.theory,
         claims=rules.claims.output.json,
     output:
-        [path("table", name=name) for name in TABLES],
+        [path("table", name=name) for name in wiring.tables],
     log:
         log_path("tables"),
     localrule: True
@@ -25,9 +25,11 @@ rule tables:
         **resources_of("tables"),
     params:
         code=STAGE_CODE["tables"],  # reruns the job when the code it runs changes
-        headline=headline_param,
-        schemes=schemes_param,
-        optional=flags_of(*optional_of("tables"), "data_manifests", "published_bands"),
+        headline=wiring.param("headline"),
+        schemes=wiring.param("schemes"),
+        optional=flags_of(
+            *wiring.optional_of("tables"), "data_manifests", "published_bands"
+        ),
         out_dir=out_dir,
     shell:
         "kvasym stage tables --summary {input.summary:q} --comparisons {input.comparisons:q}"
@@ -37,7 +39,7 @@ rule tables:
 
 rule numbers:
     input:
-        CLAIMS_FILES,
+        wiring.claims_files,
     output:
         pattern("numbers"),
     log:
@@ -48,7 +50,7 @@ rule numbers:
         **resources_of("numbers"),
     params:
         code=STAGE_CODE["numbers"],  # reruns the job when the code it runs changes
-        slice=numbers_param,
+        slice=wiring.param("numbers"),
         out_dir=out_dir,
     shell:
         "kvasym stage numbers --slice {params.slice:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
@@ -59,11 +61,13 @@ rule reproduce:
         # after every job whose benchmark: file it sums (the ledger, the tables, the figures)
         claims=rules.claims.output.json,
         claims_file=STUDY.claims_file,
-        extended=CLAIMS_FILES[:-1],  # the claims files it extends: their hashes and amendments
+        extended=wiring.claims_files[:-1],  # the claims files it extends: their hashes and amendments
         tables=rules.tables.output,
-        figures=[path for path in figure_outputs().values() if path.endswith(".pdf")],
-        captures=reproduce_captures,
-        forward=reproduce_forward,
+        figures=[
+            path for path in wiring.figure_outputs().values() if path.endswith(".pdf")
+        ],
+        captures=wiring.reproduce_captures,
+        forward=wiring.reproduce_forward,
     output:
         pattern("reproduce"),
     log:
@@ -74,7 +78,7 @@ rule reproduce:
         **resources_of("reproduce"),
     params:
         code=STAGE_CODE["reproduce"],  # reruns the job when the code it runs changes
-        slice=reproduce_param,
+        slice=wiring.param("reproduce"),
         captures=flags_of("captures"),
         benchmarks=BENCHMARKS_FOLDER,
     shell:
@@ -94,7 +98,7 @@ rule paper:
         reproduce=rules.reproduce.output,
         figures=[
             path
-            for path in figure_outputs().values()
+            for path in wiring.figure_outputs().values()
             if path.endswith((".pdf", ".caption.tex"))
         ],
     output:

@@ -10,8 +10,13 @@ rule capture:
     # adding or changing a text reruns it (54 CPU-s for the 16 shipped texts, where 16 jobs took
     # 102, both measured with the slower parser).
     output:
-        npz=expand(pattern("captures"), text=REAL["texts"] if REAL else []),
-        json=expand(pattern("capture_sidecar"), text=REAL["texts"] if REAL else []),
+        npz=expand(
+            pattern("captures"), text=wiring.real["texts"] if wiring.real else []
+        ),
+        json=expand(
+            pattern("capture_sidecar"),
+            text=wiring.real["texts"] if wiring.real else [],
+        ),
     log:
         log_path("capture"),
     benchmark:
@@ -21,9 +26,9 @@ rule capture:
         **resources_of("capture"),
     params:
         code=STAGE_CODE["capture"],  # reruns the job when the code it runs changes
-        texts=real_text_names,
-        max_tokens=REAL["max_tokens"] if REAL else None,
-        layers=real_layers,
+        texts=wiring.real_text_names,
+        max_tokens=wiring.real["max_tokens"] if wiring.real else None,
+        layers=wiring.real_layers,
         out_dir=out_dir,
     shell:
         "kvasym stage capture --shipped {params.texts} --out {params.out_dir:q}"
@@ -32,7 +37,7 @@ rule capture:
 
 rule real_metrics:
     input:
-        captures=real_capture_files,
+        captures=wiring.real_capture_files,
     output:
         expand(pattern("per_query"), budget=STUDY.budgets, allow_missing=True),
     log:
@@ -40,14 +45,14 @@ rule real_metrics:
     benchmark:
         benchmark_path("real_metrics")
     wildcard_constraints:
-        distribution="|".join(REAL_DISTRIBUTIONS),
+        distribution=wiring.real_distributions_pattern,
     threads: 1
     resources:
         **resources_of("real_metrics"),
     params:
         code=STAGE_CODE["real_metrics"],  # reruns the job when the code it runs changes
         slice=slice_param("real_metrics"),
-        out=real_outputs,
+        out=wiring.real_outputs,
     shell:
         "kvasym stage real_metrics --slice {params.slice:q} --captures {input.captures:q}"
         " --out {params.out} > {log:q} 2>&1"
@@ -58,7 +63,7 @@ rule real_metrics_extra:
     # at n = 5): a job of its own, since real_metrics writes a fixed set of files per scheme. The
     # cells enter the frontier only, like the synthetic cells' extra budgets.
     input:
-        captures=real_capture_files,
+        captures=wiring.real_capture_files,
     output:
         pattern("per_query"),
     log:
@@ -66,9 +71,9 @@ rule real_metrics_extra:
     benchmark:
         benchmark_path("real_metrics_extra")
     wildcard_constraints:
-        distribution="|".join(REAL_DISTRIBUTIONS),
-        scheme=REAL_EXTRA_SCHEMES_PATTERN,
-        budget=REAL_EXTRA_BUDGETS_PATTERN,
+        distribution=wiring.real_distributions_pattern,
+        scheme=wiring.real_extra_schemes_pattern,
+        budget=wiring.real_extra_budgets_pattern,
     threads: 1
     resources:
         **resources_of("real_metrics_extra"),
@@ -84,7 +89,7 @@ rule real_cachestats:
     # Statistics of the real caches (kurtosis, participation ratio, outlier channels, mean
     # energy) per text, layer and head, for the real-vs-synthetic table (kvasym.real.cachestats).
     input:
-        captures=real_capture_files,
+        captures=wiring.real_capture_files,
     output:
         pattern("real_cachestats"),
     log:
@@ -110,13 +115,13 @@ rule model_file:
     benchmark:
         benchmark_path("model_file")
     wildcard_constraints:
-        stem=names_pattern(ASSEMBLED_STEMS),
+        stem=names_pattern(wiring.assembled_stems),
     threads: 1
     resources:
         **resources_of("model_file"),
     params:
         code=STAGE_CODE["model_file"],  # reruns the job when the code it runs changes
-        model=assembled_model,
+        model=wiring.assembled_model,
     shell:
         "kvasym stage model_file --model {params.model} --out {output:q} > {log:q} 2>&1"
 
@@ -124,7 +129,7 @@ rule model_file:
 rule calibrate:
     # One job per model: the query-aware bases (kvasym.real.querybases) on the calibration texts.
     input:
-        unpack(model_inputs("calibrate")),
+        unpack(wiring.model_inputs("calibrate")),
     output:
         pattern("query_bases"),
     log:
@@ -132,7 +137,7 @@ rule calibrate:
     benchmark:
         benchmark_path("calibrate")
     wildcard_constraints:
-        model=names_pattern(E2E_MODELS),
+        model=names_pattern(wiring.e2e_models),
     threads: 1
     resources:
         **resources_of("calibrate"),
@@ -148,7 +153,7 @@ rule e2e:
     # One job per model, text and part (real.e2e.parts): the model loads once and its reference
     # pass serves every quantized pass of the part (kvasym.real.endtoend.evaluate_text).
     input:
-        unpack(model_inputs("e2e")),
+        unpack(wiring.model_inputs("e2e")),
     output:
         pattern("e2e_part"),
     log:
@@ -156,7 +161,7 @@ rule e2e:
     benchmark:
         benchmark_path("e2e")
     wildcard_constraints:
-        model=names_pattern(E2E_MODELS),
+        model=names_pattern(wiring.e2e_models),
     threads: 1
     resources:
         **resources_of("e2e"),
@@ -171,13 +176,13 @@ rule e2e:
 rule e2e_join:
     # The text's parts back in the passes' order (kvasym.real.endtoend.join_parts): a local job.
     input:
-        parts=e2e_parts,
+        parts=wiring.e2e_parts,
     output:
         pattern("e2e_text"),
     log:
         log_path("e2e_join"),
     wildcard_constraints:
-        model=names_pattern(E2E_MODELS),
+        model=names_pattern(wiring.e2e_models),
     localrule: True
     threads: 1
     resources:
@@ -193,7 +198,7 @@ rule e2e_long:
     # real.e2e.long_context.parts jobs per model and window length: the model loads once; every
     # window's reference pass serves its quantized passes (kvasym.real.longcontext.evaluate_windows).
     input:
-        unpack(model_inputs("e2e_long")),
+        unpack(wiring.model_inputs("e2e_long")),
     output:
         pattern("e2e_long_window"),
     log:
@@ -201,7 +206,7 @@ rule e2e_long:
     benchmark:
         benchmark_path("e2e_long")
     wildcard_constraints:
-        model=names_pattern(LONG_MODELS),
+        model=names_pattern(wiring.long_models),
     threads: 1
     resources:
         **resources_of("e2e_long"),
@@ -217,7 +222,7 @@ rule passkey:
     # real.e2e.passkey.parts jobs per model and length: every (depth, trial) prompt built once,
     # scored in full precision and with each pass's cache (kvasym.real.passkey_grid.run_grid).
     input:
-        unpack(model_inputs("passkey")),
+        unpack(wiring.model_inputs("passkey")),
     output:
         pattern("passkey_trials"),
     log:
@@ -225,7 +230,7 @@ rule passkey:
     benchmark:
         benchmark_path("passkey")
     wildcard_constraints:
-        model=names_pattern(PASSKEY_MODELS),
+        model=names_pattern(wiring.passkey_models),
     threads: 1
     resources:
         **resources_of("passkey"),
@@ -241,7 +246,7 @@ rule greedy:
     # one job per model: each e2e text's prompts continued greedily in full precision, each
     # scheme's agreement read from one teacher-forced pass (kvasym.real.greedy.greedy_grid)
     input:
-        unpack(model_inputs("greedy")),
+        unpack(wiring.model_inputs("greedy")),
     output:
         prompts=pattern("e2e_greedy"),
         summary=pattern("e2e_greedy_summary"),
@@ -250,7 +255,7 @@ rule greedy:
     benchmark:
         benchmark_path("greedy")
     wildcard_constraints:
-        model=names_pattern(GREEDY_MODELS),
+        model=names_pattern(wiring.greedy_models),
     threads: 1
     resources:
         **resources_of("greedy"),
@@ -265,14 +270,17 @@ rule greedy:
 
 rule e2e_stats:
     input:
-        texts=e2e_texts,
+        texts=wiring.e2e_texts,
         summary=pattern("summary"),  # rule gather
-        long=e2e_long_windows,
-        passkey=passkey_tables,
+        long=wiring.e2e_long_windows,
+        passkey=wiring.passkey_tables,
         # every real scheme's per-head attention KL (the summary holds the grid's only)
-        frontier=frontier_targets()[:1],
+        frontier=wiring.frontier_targets()[:1],
     output:
-        **{name: pattern(e2e_stats_table_name(name)) for name in E2E_TABLES},
+        **{
+            name: pattern(wiring.e2e_stats_table_name(name))
+            for name in wiring.e2e_tables
+        },
     log:
         log_path("e2e_stats"),
     benchmark:
@@ -285,7 +293,7 @@ rule e2e_stats:
         code=STAGE_CODE["e2e_stats"],  # reruns the job when the code it runs changes
         slice=slice_param("e2e_stats"),
         inputs=flags_of("texts", "summary", "long", "passkey", "frontier"),
-        outputs=output_flags(E2E_TABLES),
+        outputs=output_flags(wiring.e2e_tables),
     shell:
         "kvasym stage e2e_stats --slice {params.slice:q} {params.inputs} {params.outputs}"
         " > {log:q} 2>&1"
@@ -295,7 +303,7 @@ rule sensitivity:
     # The card's parts jobs per model and calibration text: its sensitivity curves (rule card
     # joins them).
     input:
-        unpack(model_inputs("sensitivity")),
+        unpack(wiring.model_inputs("sensitivity")),
     output:
         sensitivity=pattern("card_sensitivity"),
     log:
@@ -303,7 +311,7 @@ rule sensitivity:
     benchmark:
         benchmark_path("sensitivity")
     wildcard_constraints:
-        model=names_pattern(CARD_MODELS),
+        model=names_pattern(wiring.card_models),
     threads: 1
     resources:
         **resources_of("sensitivity"),
@@ -320,17 +328,17 @@ rule card:
     # One job per model: the measured allocation, its end-to-end passes against the uniform map,
     # the card.
     input:
-        unpack(model_inputs("card")),
-        sensitivity=card_sensitivity_parts,
+        unpack(wiring.model_inputs("card")),
+        sensitivity=wiring.card_sensitivity_parts,
         e2e_summary=pattern("e2e_summary"),  # rule e2e_stats
     output:
-        **{name: pattern(f"card_{name}") for name in CARD_OUTPUTS},
+        **{name: pattern(f"card_{name}") for name in wiring.card_outputs},
     log:
         log_path("card"),
     benchmark:
         benchmark_path("card")
     wildcard_constraints:
-        model=names_pattern(CARD_MODELS),
+        model=names_pattern(wiring.card_models),
     threads: 1
     resources:
         **resources_of("card"),
@@ -338,7 +346,7 @@ rule card:
         code=STAGE_CODE["card"],  # reruns the job when the code it runs changes
         slice=slice_param("card"),
         inputs=flags_of("sensitivity", "e2e_summary", "model_file"),
-        outputs=output_flags(CARD_OUTPUTS),
+        outputs=output_flags(wiring.card_outputs),
     shell:
         "kvasym stage card --slice {params.slice:q} {params.inputs} {params.outputs} > {log:q} 2>&1"
 
@@ -355,7 +363,7 @@ rule card_page:
     benchmark:
         benchmark_path("card_page")
     wildcard_constraints:
-        model=names_pattern(CARD_MODELS),
+        model=names_pattern(wiring.card_models),
     localrule: True
     threads: 1
     resources:

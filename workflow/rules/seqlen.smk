@@ -14,7 +14,7 @@ rule seq_len_sweep:
         **resources_of("seq_len_sweep"),
     params:
         code=STAGE_CODE["seq_len_sweep"],  # reruns the job when the code it runs changes
-        slice=seq_len_sweep_param,
+        slice=wiring.param("seq_len_sweep"),
     shell:
         "kvasym stage seq_len_sweep --slice {params.slice:q} --rows {output.rows:q}"
         " --summary {output.summary:q} --slopes {output.slopes:q} > {log:q} 2>&1"

@@ -4,7 +4,7 @@
 
 rule stats:
     input:
-        per_query_folders,
+        wiring.per_query_folders,
     output:
         comparisons=pattern("comparisons_part"),
         summary=pattern("summary_part"),
@@ -19,8 +19,8 @@ rule stats:
     params:
         code=STAGE_CODE["stats"],  # reruns the job when the code it runs changes
         slice=slice_param("stats"),
-        cells=metrics_cells,
-        per_query=per_query_inputs,
+        cells=wiring.metrics_cells,
+        per_query=wiring.per_query_inputs,
     shell:
         "kvasym stage stats --slice {params.slice:q} --per-query {params.per_query:q} --cells {params.cells:q}"
         " --comparisons {output.comparisons:q} --summary {output.summary:q}"
@@ -30,7 +30,7 @@ rule stats:
 rule theory:
     input:
         data=pattern("data"),
-        per_key=per_key_folders,
+        per_key=wiring.per_key_folders,
     output:
         pattern("theory_part"),
     log:
@@ -43,8 +43,8 @@ rule theory:
     params:
         code=STAGE_CODE["theory"],  # reruns the job when the code it runs changes
         slice=slice_param("theory"),
-        cells=metrics_cells,
-        per_key=per_key_inputs,
+        cells=wiring.metrics_cells,
+        per_key=wiring.per_key_inputs,
     shell:
         "kvasym stage theory --slice {params.slice:q} --data {input.data:q}"
         " --per-key {params.per_key:q} --cells {params.cells:q} --out {output:q} > {log:q} 2>&1"
@@ -52,11 +52,11 @@ rule theory:
 
 rule gather:
     input:
-        **{key: as_inputs(files) for key, files in display_inputs().items()},
-        comparisons=stats_tables("comparisons"),
-        summary=stats_tables("summary"),
-        trials=stats_tables("trials"),
-        theory=theory_tables(),
+        **{key: as_inputs(files) for key, files in wiring.display_inputs().items()},
+        comparisons=wiring.stats_tables("comparisons"),
+        summary=wiring.stats_tables("summary"),
+        trials=wiring.stats_tables("trials"),
+        theory=wiring.theory_tables(),
         # the facet cells' metrics, summarised into the figures' display tables
     output:
         # the stage's declared outputs (kvasym.stages.gather.OUTPUTS)
@@ -69,7 +69,7 @@ rule gather:
         **resources_of("gather"),
     params:
         code=STAGE_CODE["gather"],  # reruns the job when the code it runs changes
-        tables=gather_flags,
+        tables=wiring.gather_flags,
     shell:
         # the Holm families are the library's (kvasym.stages.gather.HOLM_FAMILIES)
         "kvasym stage gather {params.tables} > {log:q} 2>&1"
