@@ -432,8 +432,8 @@ def test_gather_writes_the_query_model_table_of_the_gathered_trials(tmp_path, ca
 @pytest.mark.parametrize("stage, outputs", [("card", "OUTPUTS"), ("e2e_stats", "OUTPUTS"),
                                             ("e2e_stats", "OPTIONAL_OUTPUTS")])
 def test_a_stages_output_flags_are_the_ones_its_rule_passes(stage, outputs):
-    """The rules pass each declared output as --out-<name, underscores as dashes> (common.smk's
-    output_flags); the stage's parser must take exactly that flag (the card's allocation_tied was
+    """The rules pass each declared output as --out-<name, underscores as dashes> (the wiring's
+    stage_params); the stage's parser must take exactly that flag (the card's allocation_tied was
     declared as --out-allocation_tied, and every card job failed until the tiny DAG ran)."""
     from kvasym.cli import build_parser
 
@@ -444,4 +444,4 @@ def test_a_stages_output_flags_are_the_ones_its_rule_passes(stage, outputs):
         assert f"--out-{name.replace('_', '-')}" in flags, (stage, name)
     rules = _rules()
     body = rules["card" if stage == "card" else "e2e_stats"]
-    assert "output_flags(" in body
+    assert "stage_params(" in body  # the flags derived from the stage's parser (kvasym.wiring)

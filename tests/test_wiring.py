@@ -5,6 +5,7 @@ catalogue and against a brute-force listing of what the config asks for."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 from pathlib import Path
 
@@ -164,3 +165,115 @@ def test_real_captures_without_real_rows_are_refused_with_the_reason():
     assert wiring.real_cells == [] and wiring.e2e_targets() == []
     with pytest.raises(KvasymError, match="real-model rows are not configured"):
         wiring.real_capture_files()
+
+
+# ---------------------------------------------------------------------------------------------
+# the jobs' command lines, derived from the stages' parsers (Wiring.stage_params)
+
+
+class _Files(list):
+    """A job's input or output files as Snakemake's params functions see them: a list whose named
+    items are also keys."""
+
+    def __init__(self, *unnamed: str, **named: str | list[str]) -> None:
+        super().__init__([*unnamed, *[f for v in named.values() for f in ([v] if isinstance(v, str) else v)]])
+        self._named = named
+
+    def keys(self):
+        return self._named.keys()
+
+    def __getitem__(self, key):
+        return self._named[key] if isinstance(key, str) else super().__getitem__(key)
+
+
+def _parsed(stage: str, args: str) -> dict:
+    import argparse
+    import shlex
+
+    from kvasym.stages import stage_module
+
+    parser = argparse.ArgumentParser()
+    stage_module(stage).add_arguments(parser)
+    return vars(parser.parse_args(shlex.split(args)))
+
+
+def test_a_jobs_arguments_are_what_its_stage_parses(tiny):
+    """The e2e_join job: its slice, named input (parts) and single unnamed output (--out), as
+    the stage's own parser reads them back."""
+    model = tiny.e2e_models[0]
+    w = wildcards(model=model, text="bicycle_repair")
+    params = tiny.stage_params("e2e_join")
+    parts = tiny.e2e_parts(w)
+    args = params["args"](w, _Files(parts=parts), _Files("results/x.parquet"))
+    parsed = _parsed("e2e_join", args)
+    assert parsed["parts"] == parts and parsed["out"] == "results/x.parquet"
+    assert json.loads(parsed["slice"]) == tiny.job_slice("e2e_join", w)
+
+
+def test_named_outputs_take_the_out_flag_the_stage_has(tiny):
+    outputs = {name: f"results/{name}.parquet" for name in tiny.card_outputs}
+    model = tiny.card_models[0]
+    w = wildcards(model=model)
+    sensitivity = tiny.card_sensitivity_parts(w)
+    args = tiny.stage_params("card")["args"](w, _Files(sensitivity=sensitivity, e2e_summary="s.parquet"),
+                                              _Files(**outputs))
+    parsed = _parsed("card", args)
+    assert all(parsed[f"out_{name}"] == path for name, path in outputs.items())
+    assert parsed["sensitivity"] == sensitivity and parsed["e2e_summary"] == "s.parquet"
+
+
+def test_a_given_value_replaces_the_input_of_its_name_and_is_recorded(tiny):
+    """Theory: the job depends on its unit's folder, the stage is given the files inside it and
+    their cells; the config param (what Snakemake records and compares) holds the slice and the
+    cells, not the files' folder."""
+    import inspect
+
+    w = wildcards(distribution="gaussian", dim=64)
+    params = tiny.stage_params("theory", per_key=tiny.per_key_inputs, cells=tiny.metrics_cells)
+    args = params["args"](w, _Files(*tiny.per_key_folders(w), data="results/data/gaussian/d64.json"),
+                          _Files("results/theory/part.parquet"))
+    parsed = _parsed("theory", args)
+    assert parsed["per_key"] == tiny.per_key_inputs(w)
+    assert json.loads(parsed["cells"]) == json.loads(tiny.metrics_cells(w))
+    # Snakemake records a param only when its function names neither input nor output
+    assert set(inspect.signature(params["config"]).parameters) == {"wildcards"}
+    recorded = json.loads(params["config"](w))
+    assert recorded["slice"] == tiny.job_slice("theory", w)
+    assert recorded["cells"] == tiny.metrics_cells(w) and recorded["per_key"] == tiny.per_key_inputs(w)
+
+
+def test_the_recorded_config_follows_the_slice():
+    """A changed setting changes the recorded param (Snakemake's rerun trigger)."""
+    one = Wiring(_config(), [TEST_CONFIG], paper_dir=ROOT / "paper")
+    other = Wiring(_config(trials=4), [TEST_CONFIG], paper_dir=ROOT / "paper")
+    w = wildcards(distribution="gaussian", dim=64)
+    assert one.stage_params("cells")["config"](w) != other.stage_params("cells")["config"](w)
+
+
+def test_a_name_without_a_flag_and_a_missing_required_flag_are_refused(tiny):
+    w = wildcards(distribution="gaussian", dim=64)
+    with pytest.raises(KvasymError, match=r"rule theory: input per_keys has no flag .*--per-keys"):
+        tiny.stage_params("theory")["args"](w, _Files(per_keys=["a"], data="d.json"), _Files("o.parquet"))
+    with pytest.raises(KvasymError, match=r"rule theory: `kvasym stage theory` requires --per-key,"):
+        tiny.stage_params("theory")["args"](w, _Files(data="d.json"), _Files("o.parquet"))
+
+
+def test_every_dry_run_command_is_one_its_stage_parses(tmp_path):
+    """Each job of the tiny config's dry run: its shell command parses with its stage's parser, and
+    the rules spell no flag (every one comes from stage_params or a stage's own declarations)."""
+    import shlex
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "-F", "--configfile", "config/test.yaml"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    commands = [line.removeprefix("Shell command: ") for line in (proc.stdout + proc.stderr).splitlines()
+                if line.startswith("Shell command: kvasym stage")]
+    assert len(commands) >= 60
+    for command in commands:
+        words = shlex.split(re.sub(r" > \S+ 2>&1$", "", command))
+        _parsed(words[2], " ".join(map(shlex.quote, words[3:])))
+    for rules in (ROOT / "workflow/rules").glob("*.smk"):
+        shells = re.findall(r'shell:\s*\n\s*((?:"[^"\n]*"\s*)+)', rules.read_text())
+        assert not any(re.search(r"--[a-z]", s) for s in shells), rules.name

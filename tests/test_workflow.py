@@ -242,6 +242,27 @@ def test_report_opens_in_a_headless_browser(complete_run, tmp_path):
         assert any(w > 500 and h > 300 for w, h in images), (name, images)
 
 
+def test_every_file_the_run_wrote_is_an_output_its_rules_declare(complete_run):
+    """Issue 48, point 1: a stage writes only what its rule declares (the rules' outputs come from
+    the catalogue and the stages' flags from those outputs, kvasym.wiring.Wiring.stage_params): every
+    file of results/ and paper/generated is a declared output, inside a declared folder output, or
+    a job's declared log or benchmark file."""
+    from kvasym.artifacts import BENCHMARKS_FOLDER, GENERATED_FOLDER, LOGS_FOLDER
+
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--configfile", "config/test.yaml", "--summary"],
+                          cwd=complete_run, capture_output=True, text=True, timeout=RUN_BOUND_S, env=run_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    declared = {line.split("\t")[0] for line in proc.stdout.splitlines()[1:] if line.strip()}
+    folders = [d for d in declared if (complete_run / d).is_dir()]
+    assert len(declared) > 100 and folders
+    written = [p.relative_to(complete_run).as_posix() for top in ("results", GENERATED_FOLDER)
+               for p in (complete_run / top).rglob("*") if p.is_file()]
+    undeclared = [f for f in written
+                  if f not in declared and not any(f.startswith(d.rstrip("/") + "/") for d in folders)
+                  and not f.startswith((LOGS_FOLDER + "/", BENCHMARKS_FOLDER + "/"))]
+    assert len(written) > 100 and undeclared == [], undeclared[:20]
+
+
 def test_second_run_does_nothing(complete_run):
     proc = snakemake(complete_run, "--cores", "2", "--dry-run")
     assert proc.returncode == 0

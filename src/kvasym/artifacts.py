@@ -9,7 +9,7 @@ sequence-length sweep).
 
 Who reads the table:
 
-- ``workflow/rules/common.smk`` and the rules ask it for their paths (:func:`path`,
+- the DAG's wiring (:mod:`kvasym.wiring`) and the rules ask it for their paths (:func:`path`,
   :func:`pattern`) and for a consumer's input flags (:func:`input_flags`);
 - the stages declare their inputs by artifact name (:func:`add_input_arguments`): their flags,
   help texts and which of their arguments are DAG intermediates (moved aside when damaged,

@@ -2,7 +2,7 @@
 
 ``workflow/schemas/config.schema.yaml`` (JSON Schema, draft 2020-12) is read three ways:
 
-- Snakemake validates the config with it (``workflow/rules/common.smk``) and fills its defaults;
+- the DAG's wiring (:class:`kvasym.wiring.Wiring`) validates the config with it and fills its defaults;
 - :func:`validate_config` does the same for the library (:func:`kvasym.study.load_study` calls it
   first, so ``kvasym stage --config``, ``load_study_file`` and Snakemake apply the same checks and
   defaults), with one-line errors naming the key, e.g.
@@ -42,7 +42,7 @@ import yaml
 
 from .errors import KvasymError
 
-#: Where the schema lives in the repository (Snakemake's common.smk reads it from there too).
+#: Where the schema lives in the repository.
 SCHEMA_RELPATH = Path("workflow/schemas/config.schema.yaml")
 #: The generated blocks of config/README.md: (name, what renders it).
 DOC_BLOCKS = ("keys", "kinds")

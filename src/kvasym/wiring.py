@@ -19,6 +19,9 @@ value or file; ``common.smk`` turns it into a ``WorkflowError``.
 
 from __future__ import annotations
 
+import argparse
+import functools
+import inspect
 import os
 import re
 import shlex
@@ -27,7 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from .artifacts import ARTIFACTS, input_flags, model_pattern, path, pattern, stage_flags, template_regex
+from .artifacts import ARTIFACTS, model_pattern, path, pattern, stage_flags, template_regex
 from .cachefile import file_content_sha256, inspect_cache_file
 from .cells import cell_of_path, slice_digest
 from .claims import claims_files, load_claims
@@ -57,6 +60,10 @@ from .study import canonical_json, load_study
 
 __all__ = ["Wiring", "names_pattern", "wildcards"]
 
+#: The stages whose ``--slice`` is the job's config slice (:meth:`kvasym.study.Study.job_slice`).
+JOB_SLICE_STAGES = ("cells", "metrics", "stats", "theory", "file_metrics", "real_metrics", "real_metrics_extra",
+                    "e2e", "e2e_join", "e2e_stats", "calibrate", "e2e_long", "passkey", "sensitivity", "card",
+                    "greedy")
 #: A cell file of a synthetic unit -> the unit folder artifact it lives in (rules cells, metrics).
 _UNIT_OF = {"per_query": "per_query_unit", "per_key": "per_key_unit", "packed": "packed_unit"}
 #: The e2e_stats tables of every DAG with end-to-end passes, then those of its optional parts.
@@ -158,6 +165,8 @@ class Wiring:
         if self.real and self.real_missing:
             self.notices.append(f"kvasym: the real-model rows are skipped: {self.real_missing}")
         self.real_distributions_pattern = names_pattern(REAL_DISTRIBUTIONS)
+        #: the shipped texts the real rows capture (rule capture)
+        self.real_texts = list(self.real["texts"]) if self.real else []
         self.real_cells = ([(name, REAL_HEAD_DIM) for name in REAL_DISTRIBUTIONS]
                            if self.real and not self.real_missing else [])
         # the real rows' extra budgets (a real_metrics_extra job per cell)
@@ -250,10 +259,6 @@ class Wiring:
         return self.study.cell_table_slice(distribution, dim, scheme, budget, real=self.real,
                                            file_digests=self.file_digests)
 
-    def slice_param(self, stage: str) -> Callable[[Any], str]:
-        """The ``--slice`` param of ``stage``: its config slice of the job's wildcards, as JSON."""
-        return lambda w: canonical_json(self.job_slice(stage, w))
-
     def resources_of(self, stage: str) -> dict[str, Callable[..., int]]:
         """A rule's resources (:func:`kvasym.resources.job_resources`): from the job's slice for
         grid stages, from the input size for file_metrics, fixed otherwise."""
@@ -266,26 +271,6 @@ class Wiring:
             return of
 
         return {"mem_mb": request("mem_mb"), "runtime": request("runtime")}
-
-    @staticmethod
-    def output_flags(names: Iterable[str]) -> Callable[[Any, Any], str]:
-        """A params function: a job's ``--out-<name>`` flags (underscores as dashes) for its named
-        outputs, quoted."""
-        names = list(names)
-
-        def flags(wildcards: Any, output: Any) -> str:
-            return " ".join(f"--out-{name.replace('_', '-')} {shlex.quote(str(output[name]))}" for name in names)
-
-        return flags
-
-    @staticmethod
-    def flags_of(*names: str) -> Callable[[Any, Any], str]:
-        """A params function: the ``kvasym stage`` flags of the named inputs the job has (quoted)."""
-
-        def flags(wildcards: Any, input: Any) -> str:  # noqa: A002 - Snakemake passes it by this name
-            return input_flags({name: input[name] for name in names if name in input.keys()})
-
-        return flags
 
     @staticmethod
     def out_dir(wildcards: Any, output: Any) -> str:
@@ -309,6 +294,81 @@ class Wiring:
         }
         make = makers[name]
         return lambda wildcards: canonical_json(make())
+
+    # -----------------------------------------------------------------------------------------
+    # a job's command line, derived from its stage's parser
+
+    def stage_params(self, stage: str, raw: Callable[..., str] | str | None = None,
+                     **given: Any) -> dict[str, Callable[..., str]]:
+        """A rule's params ``config`` and ``args``: the arguments of a job's ``kvasym stage <stage>``
+        command, derived from what its rule declares and what the stage's parser takes (no flag is
+        spelled in a rule), and what of them is not a file path.
+
+        ``args``: each named input ``x`` of the job becomes ``--x`` (underscores as dashes); each
+        named output ``x`` becomes ``--out-x`` where the stage has that flag, else ``--x``; one
+        unnamed output becomes ``--out`` where the stage has it (a rule's unnamed inputs and
+        outputs are what the job depends on and makes, not flags). ``given`` adds arguments that
+        are neither (a constant, or a function of the job called as Snakemake calls params
+        functions: ``wildcards`` first, then ``input``/``output`` when it names them) and replaces
+        an input of the same name (a job given the files inside the folders it depends on); a
+        slice stage's ``--slice`` is the job's config slice (:meth:`job_slice`) unless given.
+        ``raw`` is appended as it stands: flags a stage derives from its own declarations
+        (:func:`kvasym.artifacts.stage_flags`).
+
+        ``config``: the JSON of every given value that is not derived from the job's files (the
+        slice, cells, settings; ``raw`` when it is a constant). Snakemake records only such
+        params and reruns a job when one changes; a function of ``input`` or ``output`` (as
+        ``args`` is) it neither records nor compares.
+
+        Raises
+        ------
+        KvasymError
+            When the job is built (a dry run shows it): a name the stage has no flag for, or a
+            flag the stage requires that nothing gives.
+        """
+        options = _stage_options(stage)
+        auto_slice = "--slice" in options and "slice" not in given and stage in JOB_SLICE_STAGES
+
+        def config(wildcards: Any) -> str:
+            values = {name: _call(value, wildcards, None, None) for name, value in given.items()
+                      if not _derives(value)}
+            if auto_slice:
+                values["slice"] = self.job_slice(stage, wildcards)
+            if raw is not None and not _derives(raw):
+                values["raw"] = _call(raw, wildcards, None, None)
+            return canonical_json(values)
+
+        def args(wildcards: Any, input: Any, output: Any) -> str:  # noqa: A002 - Snakemake's names
+            values: dict[str, Any] = {}  # flag -> value
+
+            def add(candidates: Sequence[str], what: str, value: Any) -> None:
+                flag = next((c for c in candidates if c in options), None)
+                if flag is None:
+                    raise KvasymError(f"rule {stage}: {what} has no flag of `kvasym stage {stage}` "
+                                      f"(tried {', '.join(candidates)})")
+                values.setdefault(flag, value)
+
+            for name, value in given.items():
+                add([_flag(name)], f"param {name}", _call(value, wildcards, input, output))
+            if auto_slice:
+                add(["--slice"], "its config slice", canonical_json(self.job_slice(stage, wildcards)))
+            for name in input.keys():
+                add([_flag(name)], f"input {name}", input[name])
+            names = list(output.keys())
+            for name in names:
+                add([_flag(f"out_{name}"), _flag(name)], f"output {name}", output[name])
+            if not names and len(output) == 1 and "--out" in options:  # else a param names its folder
+                add(["--out"], "its output", output[0])
+            extra = _call(raw, wildcards, input, output) if raw is not None else ""
+            missing = [flag for flag, required in sorted(options.items())
+                       if required and flag not in values and f"{flag} " not in f"{extra} "]
+            if missing:
+                raise KvasymError(f"rule {stage}: `kvasym stage {stage}` requires {', '.join(missing)}, "
+                                  "which no input, output or param of the rule gives")
+            words = [_quoted(flag, value) for flag, value in values.items()]
+            return " ".join(word for word in [*words, extra] if word)
+
+        return {"config": config, "args": args}
 
     # -----------------------------------------------------------------------------------------
     # the synthetic grid and the cells
@@ -468,13 +528,9 @@ class Wiring:
                               f"{self.real_missing or 'add a real: section to the config'}")
         return [path("captures", text=text) for text in self.real["texts"]]
 
-    def real_outputs(self, wildcards: Any, output: Any) -> str:
-        """The real_metrics job's --out flags: BUDGET=FILE for each budget's per-query file."""
-        return " ".join(shlex.quote(f"{budget}={out}") for budget, out in zip(self.study.budgets, output))
-
-    def real_text_names(self, wildcards: Any) -> str:
-        """The configured shipped texts' names for ``kvasym stage capture --shipped`` (quoted)."""
-        return " ".join(shlex.quote(text) for text in self.real["texts"])
+    def real_outputs(self, wildcards: Any, output: Any) -> list[str]:
+        """The real_metrics job's ``--out``: BUDGET=FILE for each budget's per-query file."""
+        return [f"{budget}={out}" for budget, out in zip(self.study.budgets, output)]
 
     def real_layers(self, wildcards: Any) -> str:
         return ",".join(map(str, self.real["layers"]))
@@ -694,3 +750,38 @@ class Wiring:
         writers.update({name: "file_metrics" for name, _ in self.file_cells})
         writers.update({name: "real_metrics" for name, _ in self.real_cells})
         return crate_slice(self.config, self.configfiles, self.study.claims_file, writers)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@functools.lru_cache(maxsize=None)
+def _stage_options(stage: str) -> dict[str, bool]:
+    """Every option string of ``kvasym stage <stage>`` -> whether the stage requires it."""
+    parser = argparse.ArgumentParser(prog=f"kvasym stage {stage}")
+    stage_module(stage).add_arguments(parser)
+    return {option: bool(action.required) for action in parser._actions for option in action.option_strings}
+
+
+def _call(value: Any, wildcards: Any, input: Any, output: Any) -> Any:  # noqa: A002
+    """``value``, or what it returns for the job when it is a function (given the job's wildcards,
+    and its input and output when it names them, as Snakemake's params functions are)."""
+    if not callable(value):
+        return value
+    names = inspect.signature(value).parameters
+    return value(wildcards, **{k: v for k, v in (("input", input), ("output", output)) if k in names})
+
+
+def _derives(value: Any) -> bool:
+    """Whether a params value is a function of the job's files (Snakemake neither records nor
+    compares such a param)."""
+    return callable(value) and bool({"input", "output"} & set(inspect.signature(value).parameters))
+
+
+def _quoted(flag: str, value: Any) -> str:
+    """``flag`` and its value(s), shell-quoted; an empty list or None gives nothing."""
+    items = [value] if isinstance(value, (str, int, float, os.PathLike)) else list(value or ())
+    if not items:
+        return ""
+    return " ".join([flag, *(shlex.quote(str(item)) for item in items)])

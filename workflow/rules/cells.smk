@@ -25,12 +25,10 @@ rule cells:
     resources:
         **resources_of("cells"),
     params:
+        **stage_params("cells"),
         code=STAGE_CODE["cells"],  # reruns the job when the code it runs changes
-        slice=slice_param("cells"),
     shell:
-        "kvasym stage cells --slice {params.slice:q} --manifest {output.manifest:q}"
-        " --packed {output.packed:q} --per-query {output.per_query:q}"
-        " --per-key {output.per_key:q} > {log:q} 2>&1"
+        "kvasym stage cells {params.args} > {log:q} 2>&1"
 
 
 if wiring.variant_units:
@@ -52,9 +50,7 @@ if wiring.variant_units:
         resources:
             **resources_of("metrics"),
         params:
+            **stage_params("metrics"),
             code=STAGE_CODE["metrics"],  # reruns the job when the code it runs changes
-            slice=slice_param("metrics"),
         shell:
-            "kvasym stage metrics --slice {params.slice:q} --packed {input.packed:q}"
-            " --manifest {output.manifest:q} --per-query {output.per_query:q}"
-            " --per-key {output.per_key:q} > {log:q} 2>&1"
+            "kvasym stage metrics {params.args} > {log:q} 2>&1"

@@ -3,10 +3,10 @@
 
 rule claims:
     input:
+        wiring.claims_files[:-1],  # the claims files it extends (its key extends)
         # the end-to-end, frontier and sweep tables, when configured
         unpack(wiring.optional_inputs("claims")),
         claims=STUDY.claims_file,
-        extended=wiring.claims_files[:-1],  # the claims files it extends (its key extends)
         comparisons=rules.gather.output.comparisons,
         summary=rules.gather.output.summary,
         trials=rules.gather.output.trials,
@@ -28,17 +28,14 @@ rule claims:
     resources:
         **resources_of("claims"),
     params:
+        **stage_params(
+            "claims",
+            base_seed=STUDY.base_seed,
+            n_boot=STUDY.stats["n_boot"],
+            headline=wiring.param("headline"),
+            # the query model of each low-rank distribution, named in the ledger's reasons
+            query_variants=wiring.param("query_variants"),
+        ),
         code=STAGE_CODE["claims"],  # reruns the job when the code it runs changes
-        base_seed=STUDY.base_seed,
-        n_boot=STUDY.stats["n_boot"],
-        headline=wiring.param("headline"),
-        # the query model of each low-rank distribution, named in the ledger's reasons
-        query_variants=canonical_json(STUDY.query_variants),
-        optional=flags_of(*wiring.optional_of("claims")),
     shell:
-        "kvasym stage claims --claims {input.claims:q} --comparisons {input.comparisons:q}"
-        " --summary {input.summary:q} --trials {input.trials:q} --theory {input.theory:q}"
-        " --base-seed {params.base_seed} --n-boot {params.n_boot} --headline {params.headline:q}"
-        " --query-variants {params.query_variants:q} {params.optional}"
-        " --json {output.json:q} --md {output.md:q} --tex {output.tex:q} --html {output.html:q}"
-        " > {log:q} 2>&1"
+        "kvasym stage claims {params.args} > {log:q} 2>&1"

@@ -42,10 +42,8 @@ for _notice in wiring.notices:
 STUDY = wiring.study
 STAGE_CODE = wiring.stage_code
 NAME = "[A-Za-z0-9_.+-]+"
-# what the rules call: the wiring's input, param and resource functions
+# what every rule calls: its resources, and its `kvasym stage` arguments derived from its
+# inputs, outputs and params and the stage's own flags (no flag is spelled in a rule)
 resources_of = wiring.resources_of
-slice_param = wiring.slice_param
-flags_of = wiring.flags_of
-output_flags = wiring.output_flags
+stage_params = wiring.stage_params
 out_dir = wiring.out_dir
-as_inputs = wiring.as_inputs

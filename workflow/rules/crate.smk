@@ -6,10 +6,9 @@
 rule crate:
     input:
         claims=rules.claims.output.json,
-        outputs=RUN_OUTPUTS,
-        # the statistics' per-cell parts (what a claim decided in one cell was computed from)
-        # and the other files the run wrote beyond its targets
-        parts=wiring.crate_parts(),
+        # what the run leaves, the statistics' per-cell parts (what a claim decided in one cell
+        # was computed from) and the other files the run wrote beyond its targets
+        files=[RUN_OUTPUTS, wiring.crate_parts()],
     output:
         pattern("crate"),
     log:
@@ -19,8 +18,7 @@ rule crate:
     resources:
         **resources_of("crate"),
     params:
+        **stage_params("crate", slice=wiring.param("crate")),
         code=STAGE_CODE["crate"],  # reruns the job when the code it runs changes
-        slice=wiring.param("crate"),
     shell:
-        "kvasym stage crate --slice {params.slice:q} --claims {input.claims:q}"
-        " --files {input.outputs:q} {input.parts:q} --out {output:q} > {log:q} 2>&1"
+        "kvasym stage crate {params.args} > {log:q} 2>&1"

@@ -11,18 +11,13 @@ for _family, _names in wiring.figure_families.items():
         name:
             f"figure_{_family}"
         input:
-            **wiring.figure_rule_inputs(_family),
+            # what the family reads (the stage is given the files inside unit folders: raw below)
+            list(wiring.figure_rule_inputs(_family).values()),
         output:
-            **{
-                f"{name}_pdf": path("figure", name=name, format="pdf")
-                for name in _names
-            },
-            **{
-                f"{name}_caption": path("figure", name=name, format="caption.tex")
-                for name in _names
-            },
-            **{
-                f"{name}_png": report(
+            [path("figure", name=name, format="pdf") for name in _names],
+            [path("figure", name=name, format="caption.tex") for name in _names],
+            [
+                report(
                     path("figure", name=name, format="png"),
                     caption=f"../report/figures/{_family}.rst",
                     category="6. Figures",
@@ -30,7 +25,7 @@ for _family, _names in wiring.figure_families.items():
                     labels={"figure": name, "cell": wiring.figure_label(_family)},
                 )
                 for name in _names
-            },
+            ],
         log:
             log_path("figure", family=_family),
         benchmark:
@@ -40,11 +35,14 @@ for _family, _names in wiring.figure_families.items():
         resources:
             **resources_of("figure"),
         params:
+            **stage_params(
+                "figure",
+                raw=wiring.figure_flags(_family),
+                family=_family,
+                slice=wiring.param("figures"),
+                out_dir=out_dir,
+            ),
             code=STAGE_CODE["figure"],  # reruns the job when the code it runs changes
-            slice=wiring.param("figures"),
-            family=_family,
-            inputs=wiring.figure_flags(_family),
-            out_dir=out_dir,
+            # its input flags with each metrics file's cell digest (kvasym.stages.figure.LISTINGS)
         shell:
-            "kvasym stage figure --family {params.family} --slice {params.slice:q}"
-            " {params.inputs} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+            "kvasym stage figure {params.args} > {log:q} 2>&1"

@@ -20,8 +20,7 @@ if wiring.file_cells:
         resources:
             **resources_of("file_metrics"),
         params:
+            **stage_params("file_metrics"),
             code=STAGE_CODE["file_metrics"],  # reruns the job when the code it runs changes
-            slice=slice_param("file_metrics"),
         shell:
-            "kvasym stage file_metrics --slice {params.slice:q} --cache {input.cache:q}"
-            " --out {output:q} > {log:q} 2>&1"
+            "kvasym stage file_metrics {params.args} > {log:q} 2>&1"

@@ -5,7 +5,7 @@
 
 rule frontier:
     input:
-        as_inputs(wiring.frontier_per_query()),
+        wiring.as_inputs(wiring.frontier_per_query()),
     output:
         points=pattern("frontier_points"),
         units=pattern("frontier_units"),
@@ -17,10 +17,12 @@ rule frontier:
     resources:
         **resources_of("frontier"),
     params:
+        **stage_params(
+            "frontier",
+            slice=wiring.param("frontier"),
+            per_query=wiring.frontier_per_query(),
+            cells=wiring.frontier_cells(),
+        ),
         code=STAGE_CODE["frontier"],  # reruns the job when the code it runs changes
-        slice=wiring.param("frontier"),
-        per_query=wiring.frontier_per_query(),
-        cells=wiring.frontier_cells(),
     shell:
-        "kvasym stage frontier --slice {params.slice:q} --per-query {params.per_query:q}"
-        " --cells {params.cells:q} --points {output.points:q} --units {output.units:q} > {log:q} 2>&1"
+        "kvasym stage frontier {params.args} > {log:q} 2>&1"

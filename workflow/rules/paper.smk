@@ -24,17 +24,15 @@ rule tables:
     resources:
         **resources_of("tables"),
     params:
-        code=STAGE_CODE["tables"],  # reruns the job when the code it runs changes
-        headline=wiring.param("headline"),
-        schemes=wiring.param("schemes"),
-        optional=flags_of(
-            *wiring.optional_of("tables"), "data_manifests", "published_bands"
+        **stage_params(
+            "tables",
+            headline=wiring.param("headline"),
+            schemes=wiring.param("schemes"),
+            out_dir=out_dir,
         ),
-        out_dir=out_dir,
+        code=STAGE_CODE["tables"],  # reruns the job when the code it runs changes
     shell:
-        "kvasym stage tables --summary {input.summary:q} --comparisons {input.comparisons:q}"
-        " --theory {input.theory:q} --claims {input.claims:q} {params.optional} --headline {params.headline:q}"
-        " --schemes {params.schemes:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        "kvasym stage tables {params.args} > {log:q} 2>&1"
 
 
 rule numbers:
@@ -49,25 +47,22 @@ rule numbers:
     resources:
         **resources_of("numbers"),
     params:
+        **stage_params("numbers", slice=wiring.param("numbers"), out_dir=out_dir),
         code=STAGE_CODE["numbers"],  # reruns the job when the code it runs changes
-        slice=wiring.param("numbers"),
-        out_dir=out_dir,
     shell:
-        "kvasym stage numbers --slice {params.slice:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        "kvasym stage numbers {params.args} > {log:q} 2>&1"
 
 
 rule reproduce:
     input:
         # after every job whose benchmark: file it sums (the ledger, the tables, the figures)
-        claims=rules.claims.output.json,
-        claims_file=STUDY.claims_file,
-        extended=wiring.claims_files[:-1],  # the claims files it extends: their hashes and amendments
-        tables=rules.tables.output,
-        figures=[
-            path for path in wiring.figure_outputs().values() if path.endswith(".pdf")
-        ],
+        rules.claims.output.json,
+        rules.tables.output,
+        [path for path in wiring.figure_outputs().values() if path.endswith(".pdf")],
+        # the claims files (their hashes and amendments) and the forward-pass check it prints
+        wiring.claims_files,
+        wiring.reproduce_forward,
         captures=wiring.reproduce_captures,
-        forward=wiring.reproduce_forward,
     output:
         pattern("reproduce"),
     log:
@@ -77,30 +72,30 @@ rule reproduce:
     resources:
         **resources_of("reproduce"),
     params:
+        **stage_params(
+            "reproduce", slice=wiring.param("reproduce"), benchmarks=BENCHMARKS_FOLDER
+        ),
         code=STAGE_CODE["reproduce"],  # reruns the job when the code it runs changes
-        slice=wiring.param("reproduce"),
-        captures=flags_of("captures"),
-        benchmarks=BENCHMARKS_FOLDER,
     shell:
-        "kvasym stage reproduce --slice {params.slice:q} --benchmarks {params.benchmarks:q}"
-        " {params.captures} --out {output:q} > {log:q} 2>&1"
+        "kvasym stage reproduce {params.args} > {log:q} 2>&1"
 
 
 rule paper:
     input:
-        main="paper/main.tex",
-        layout="paper/layout.tex",
-        sections=sorted(str(p) for p in Path("paper/sections").glob("*.tex")),
-        bibliography="paper/references.bib",
-        tables=rules.tables.output,
-        numbers=rules.numbers.output,
-        claims=rules.claims.output.tex,
-        reproduce=rules.reproduce.output,
-        figures=[
+        # the paper's sources and generated parts; the stage is given its main file
+        "paper/layout.tex",
+        sorted(str(p) for p in Path("paper/sections").glob("*.tex")),
+        "paper/references.bib",
+        rules.tables.output,
+        rules.numbers.output,
+        rules.claims.output.tex,
+        rules.reproduce.output,
+        [
             path
             for path in wiring.figure_outputs().values()
             if path.endswith((".pdf", ".caption.tex"))
         ],
+        main="paper/main.tex",
     output:
         pattern("paper_pdf"),
     log:
@@ -110,6 +105,7 @@ rule paper:
     resources:
         **resources_of("paper"),
     params:
+        **stage_params("paper"),
         code=STAGE_CODE["paper"],  # reruns the job when the code it runs changes
     shell:
-        "kvasym stage paper --main {input.main:q} > {log:q} 2>&1"
+        "kvasym stage paper {params.args} > {log:q} 2>&1"

@@ -10,13 +10,8 @@ rule capture:
     # adding or changing a text reruns it (54 CPU-s for the 16 shipped texts, where 16 jobs took
     # 102, both measured with the slower parser).
     output:
-        npz=expand(
-            pattern("captures"), text=wiring.real["texts"] if wiring.real else []
-        ),
-        json=expand(
-            pattern("capture_sidecar"),
-            text=wiring.real["texts"] if wiring.real else [],
-        ),
+        expand(pattern("captures"), text=wiring.real_texts),
+        expand(pattern("capture_sidecar"), text=wiring.real_texts),
     log:
         log_path("capture"),
     benchmark:
@@ -25,14 +20,16 @@ rule capture:
     resources:
         **resources_of("capture"),
     params:
+        **stage_params(
+            "capture",
+            shipped=wiring.real_texts,
+            max_tokens=wiring.real["max_tokens"] if wiring.real else None,
+            layers=wiring.real_layers,
+            out=out_dir,
+        ),
         code=STAGE_CODE["capture"],  # reruns the job when the code it runs changes
-        texts=wiring.real_text_names,
-        max_tokens=wiring.real["max_tokens"] if wiring.real else None,
-        layers=wiring.real_layers,
-        out_dir=out_dir,
     shell:
-        "kvasym stage capture --shipped {params.texts} --out {params.out_dir:q}"
-        " --max-tokens {params.max_tokens} --layers {params.layers} > {log:q} 2>&1"
+        "kvasym stage capture {params.args} > {log:q} 2>&1"
 
 
 rule real_metrics:
@@ -50,12 +47,10 @@ rule real_metrics:
     resources:
         **resources_of("real_metrics"),
     params:
+        **stage_params("real_metrics", out=wiring.real_outputs),
         code=STAGE_CODE["real_metrics"],  # reruns the job when the code it runs changes
-        slice=slice_param("real_metrics"),
-        out=wiring.real_outputs,
     shell:
-        "kvasym stage real_metrics --slice {params.slice:q} --captures {input.captures:q}"
-        " --out {params.out} > {log:q} 2>&1"
+        "kvasym stage real_metrics {params.args} > {log:q} 2>&1"
 
 
 rule real_metrics_extra:
@@ -78,11 +73,10 @@ rule real_metrics_extra:
     resources:
         **resources_of("real_metrics_extra"),
     params:
+        **stage_params("real_metrics_extra"),
         code=STAGE_CODE["real_metrics_extra"],  # reruns the job when the code it runs changes
-        slice=slice_param("real_metrics_extra"),
     shell:
-        "kvasym stage real_metrics_extra --slice {params.slice:q} --captures {input.captures:q}"
-        " --out {output:q} > {log:q} 2>&1"
+        "kvasym stage real_metrics_extra {params.args} > {log:q} 2>&1"
 
 
 rule real_cachestats:
@@ -101,9 +95,10 @@ rule real_cachestats:
         # one capture in memory at a time, one layer of it in float64
         **resources_of("real_cachestats"),
     params:
+        **stage_params("real_cachestats"),
         code=STAGE_CODE["real_cachestats"],  # reruns the job when the code it runs changes
     shell:
-        "kvasym stage real_cachestats --captures {input.captures:q} --out {output:q} > {log:q} 2>&1"
+        "kvasym stage real_cachestats {params.args} > {log:q} 2>&1"
 
 
 rule model_file:
@@ -120,10 +115,10 @@ rule model_file:
     resources:
         **resources_of("model_file"),
     params:
+        **stage_params("model_file", model=wiring.assembled_model),
         code=STAGE_CODE["model_file"],  # reruns the job when the code it runs changes
-        model=wiring.assembled_model,
     shell:
-        "kvasym stage model_file --model {params.model} --out {output:q} > {log:q} 2>&1"
+        "kvasym stage model_file {params.args} > {log:q} 2>&1"
 
 
 rule calibrate:
@@ -142,11 +137,10 @@ rule calibrate:
     resources:
         **resources_of("calibrate"),
     params:
+        **stage_params("calibrate"),
         code=STAGE_CODE["calibrate"],  # reruns the job when the code it runs changes
-        slice=slice_param("calibrate"),
-        inputs=flags_of("model_file"),
     shell:
-        "kvasym stage calibrate --slice {params.slice:q} {params.inputs} --out {output:q} > {log:q} 2>&1"
+        "kvasym stage calibrate {params.args} > {log:q} 2>&1"
 
 
 rule e2e:
@@ -166,11 +160,10 @@ rule e2e:
     resources:
         **resources_of("e2e"),
     params:
+        **stage_params("e2e"),
         code=STAGE_CODE["e2e"],  # reruns the job when the code it runs changes
-        slice=slice_param("e2e"),
-        inputs=flags_of("query_bases", "model_file"),
     shell:
-        "kvasym stage e2e --slice {params.slice:q} {params.inputs} --out {output:q} > {log:q} 2>&1"
+        "kvasym stage e2e {params.args} > {log:q} 2>&1"
 
 
 rule e2e_join:
@@ -188,10 +181,10 @@ rule e2e_join:
     resources:
         **resources_of("e2e_join"),
     params:
+        **stage_params("e2e_join"),
         code=STAGE_CODE["e2e_join"],  # reruns the job when the code it runs changes
-        slice=slice_param("e2e_join"),
     shell:
-        "kvasym stage e2e_join --slice {params.slice:q} --parts {input.parts:q} --out {output:q} > {log:q} 2>&1"
+        "kvasym stage e2e_join {params.args} > {log:q} 2>&1"
 
 
 rule e2e_long:
@@ -211,11 +204,10 @@ rule e2e_long:
     resources:
         **resources_of("e2e_long"),
     params:
+        **stage_params("e2e_long"),
         code=STAGE_CODE["e2e_long"],  # reruns the job when the code it runs changes
-        slice=slice_param("e2e_long"),
-        inputs=flags_of("query_bases", "model_file"),
     shell:
-        "kvasym stage e2e_long --slice {params.slice:q} {params.inputs} --out {output:q} > {log:q} 2>&1"
+        "kvasym stage e2e_long {params.args} > {log:q} 2>&1"
 
 
 rule passkey:
@@ -235,11 +227,10 @@ rule passkey:
     resources:
         **resources_of("passkey"),
     params:
+        **stage_params("passkey"),
         code=STAGE_CODE["passkey"],  # reruns the job when the code it runs changes
-        slice=slice_param("passkey"),
-        inputs=flags_of("query_bases", "model_file"),
     shell:
-        "kvasym stage passkey --slice {params.slice:q} {params.inputs} --out {output:q} > {log:q} 2>&1"
+        "kvasym stage passkey {params.args} > {log:q} 2>&1"
 
 
 rule greedy:
@@ -260,12 +251,10 @@ rule greedy:
     resources:
         **resources_of("greedy"),
     params:
+        **stage_params("greedy"),
         code=STAGE_CODE["greedy"],  # reruns the job when the code it runs changes
-        slice=slice_param("greedy"),
-        inputs=flags_of("model_file"),
-        outputs=output_flags(["prompts", "summary"]),
     shell:
-        "kvasym stage greedy --slice {params.slice:q} {params.inputs} {params.outputs} > {log:q} 2>&1"
+        "kvasym stage greedy {params.args} > {log:q} 2>&1"
 
 
 rule e2e_stats:
@@ -290,13 +279,10 @@ rule e2e_stats:
     resources:
         **resources_of("e2e_stats"),
     params:
+        **stage_params("e2e_stats"),
         code=STAGE_CODE["e2e_stats"],  # reruns the job when the code it runs changes
-        slice=slice_param("e2e_stats"),
-        inputs=flags_of("texts", "summary", "long", "passkey", "frontier"),
-        outputs=output_flags(wiring.e2e_tables),
     shell:
-        "kvasym stage e2e_stats --slice {params.slice:q} {params.inputs} {params.outputs}"
-        " > {log:q} 2>&1"
+        "kvasym stage e2e_stats {params.args} > {log:q} 2>&1"
 
 
 rule sensitivity:
@@ -305,7 +291,7 @@ rule sensitivity:
     input:
         unpack(wiring.model_inputs("sensitivity")),
     output:
-        sensitivity=pattern("card_sensitivity"),
+        pattern("card_sensitivity"),
     log:
         log_path("sensitivity"),
     benchmark:
@@ -316,12 +302,10 @@ rule sensitivity:
     resources:
         **resources_of("sensitivity"),
     params:
+        **stage_params("sensitivity"),
         code=STAGE_CODE["sensitivity"],  # reruns the job when the code it runs changes
-        slice=slice_param("sensitivity"),
-        inputs=flags_of("model_file"),
     shell:
-        "kvasym stage sensitivity --slice {params.slice:q} {params.inputs} --out {output.sensitivity:q}"
-        " > {log:q} 2>&1"
+        "kvasym stage sensitivity {params.args} > {log:q} 2>&1"
 
 
 rule card:
@@ -343,12 +327,10 @@ rule card:
     resources:
         **resources_of("card"),
     params:
+        **stage_params("card"),
         code=STAGE_CODE["card"],  # reruns the job when the code it runs changes
-        slice=slice_param("card"),
-        inputs=flags_of("sensitivity", "e2e_summary", "model_file"),
-        outputs=output_flags(wiring.card_outputs),
     shell:
-        "kvasym stage card --slice {params.slice:q} {params.inputs} {params.outputs} > {log:q} 2>&1"
+        "kvasym stage card {params.args} > {log:q} 2>&1"
 
 
 rule card_page:
@@ -357,7 +339,7 @@ rule card_page:
     input:
         card=pattern("card_json"),  # rule card
     output:
-        html=pattern("card_html"),
+        pattern("card_html"),
     log:
         log_path("card_page"),
     benchmark:
@@ -369,7 +351,7 @@ rule card_page:
     resources:
         **resources_of("card_page"),
     params:
+        **stage_params("card_page"),
         code=STAGE_CODE["card_page"],  # reruns the job when the code it runs changes
-        inputs=flags_of("card"),
     shell:
-        "kvasym stage card_page {params.inputs} --out {output.html:q} > {log:q} 2>&1"
+        "kvasym stage card_page {params.args} > {log:q} 2>&1"

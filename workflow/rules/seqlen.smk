@@ -13,8 +13,7 @@ rule seq_len_sweep:
     resources:
         **resources_of("seq_len_sweep"),
     params:
+        **stage_params("seq_len_sweep", slice=wiring.param("seq_len_sweep")),
         code=STAGE_CODE["seq_len_sweep"],  # reruns the job when the code it runs changes
-        slice=wiring.param("seq_len_sweep"),
     shell:
-        "kvasym stage seq_len_sweep --slice {params.slice:q} --rows {output.rows:q}"
-        " --summary {output.summary:q} --slopes {output.slopes:q} > {log:q} 2>&1"
+        "kvasym stage seq_len_sweep {params.args} > {log:q} 2>&1"

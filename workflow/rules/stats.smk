@@ -17,20 +17,19 @@ rule stats:
     resources:
         **resources_of("stats"),
     params:
+        **stage_params(
+            "stats", per_query=wiring.per_query_inputs, cells=wiring.metrics_cells
+        ),
         code=STAGE_CODE["stats"],  # reruns the job when the code it runs changes
-        slice=slice_param("stats"),
-        cells=wiring.metrics_cells,
-        per_query=wiring.per_query_inputs,
+        # the cell files inside the unit folder the job depends on, and their cells
     shell:
-        "kvasym stage stats --slice {params.slice:q} --per-query {params.per_query:q} --cells {params.cells:q}"
-        " --comparisons {output.comparisons:q} --summary {output.summary:q}"
-        " --trials {output.trials:q} > {log:q} 2>&1"
+        "kvasym stage stats {params.args} > {log:q} 2>&1"
 
 
 rule theory:
     input:
+        wiring.per_key_folders,
         data=pattern("data"),
-        per_key=wiring.per_key_folders,
     output:
         pattern("theory_part"),
     log:
@@ -41,18 +40,20 @@ rule theory:
     resources:
         **resources_of("theory"),
     params:
+        **stage_params(
+            "theory", per_key=wiring.per_key_inputs, cells=wiring.metrics_cells
+        ),
         code=STAGE_CODE["theory"],  # reruns the job when the code it runs changes
-        slice=slice_param("theory"),
-        cells=wiring.metrics_cells,
-        per_key=wiring.per_key_inputs,
     shell:
-        "kvasym stage theory --slice {params.slice:q} --data {input.data:q}"
-        " --per-key {params.per_key:q} --cells {params.cells:q} --out {output:q} > {log:q} 2>&1"
+        "kvasym stage theory {params.args} > {log:q} 2>&1"
 
 
 rule gather:
     input:
-        **{key: as_inputs(files) for key, files in wiring.display_inputs().items()},
+        **{
+            key: wiring.as_inputs(files)
+            for key, files in wiring.display_inputs().items()
+        },
         comparisons=wiring.stats_tables("comparisons"),
         summary=wiring.stats_tables("summary"),
         trials=wiring.stats_tables("trials"),
@@ -69,7 +70,7 @@ rule gather:
         **resources_of("gather"),
     params:
         code=STAGE_CODE["gather"],  # reruns the job when the code it runs changes
-        tables=wiring.gather_flags,
+        # the flags the gather stage derives from its declarations (INPUTS, OUTPUTS, LISTINGS)
+        args=wiring.gather_flags,
     shell:
-        # the Holm families are the library's (kvasym.stages.gather.HOLM_FAMILIES)
-        "kvasym stage gather {params.tables} > {log:q} 2>&1"
+        "kvasym stage gather {params.args} > {log:q} 2>&1"

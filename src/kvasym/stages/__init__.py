@@ -118,8 +118,8 @@ def move_aside_damaged(args: argparse.Namespace, path: str) -> str:
     # Where it lies decides, not the flag it came by (issue 33, point 1: a stage run by hand may be
     # given the user's own packed caches or tables) and not a marker it carries (issue 51, point 1:
     # a `cp -r` copy of a folder a stage wrote carries FOLDER_MARKER along, and such a copy outside
-    # results/ was renamed): only a file under a results/ folder (where the DAG writes, RESULTS in
-    # workflow/rules/common.smk) is the DAG's to move; anything else is left where it is.
+    # results/ was renamed): only a file under a results/ folder (where the DAG writes,
+    # kvasym.artifacts.DAG_FOLDER) is the DAG's to move; anything else is left where it is.
     if DAG_FOLDER not in target.parent.parts:
         return "it is not in a results/ folder, so it is yours: fix or replace it and rerun"
     whole = next((p for p in list(target.parents)[:3]

@@ -136,8 +136,8 @@ def cell_digester(config: str | os.PathLike) -> Callable[[Mapping[str, Any]], st
     -------
     callable
         ``{distribution, dim, scheme, budget}`` -> :func:`kvasym.cells.slice_digest` of
-        :meth:`kvasym.study.Study.cell_table_slice` (what ``cell_table_slice`` in
-        ``workflow/rules/common.smk`` gives): the ``real`` section is read only for a real cell,
+        :meth:`kvasym.study.Study.cell_table_slice` (what
+        :meth:`kvasym.wiring.Wiring.cell_table_slice` gives): the ``real`` section is read only for a real cell,
         a file cell's cache hashed only once.
     """
     from ..cachefile import file_content_sha256

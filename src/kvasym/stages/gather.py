@@ -180,7 +180,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def part_cells(config: str | os.PathLike, table: str, parts: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
-    """The ``--TABLE-cells`` the DAG's rule gives (``part_cells`` in ``workflow/rules/common.smk``),
+    """The ``--TABLE-cells`` the DAG's rule gives (:meth:`kvasym.wiring.Wiring.part_cells`),
     for a run by hand with ``--config``: each part's ``{distribution, dim}`` from its place in the
     results layout and the digest of the slice of the job that writes it under ``config``.
 
