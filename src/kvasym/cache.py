@@ -47,7 +47,7 @@ from .plan import check_kernel, expected_extras, resolve_plan
 from .rotation import RandomizedHadamard, next_power_of_two
 from .rows import (NORM_DTYPES, SIDE_PRECISION, check_finite, check_matrix, check_stored_precision, row_norms,
                    store_norms)
-from .schemes import SideSpec, spec_of
+from .schemes import GROUPED_SCALARS, SideSpec, spec_of
 from .sketch import SKETCH_KINDS, HadamardSketch, QJLSketch, residual_sketch
 
 __all__ = [
@@ -544,7 +544,7 @@ def _composed_layout(cache: PackedCache, where: str) -> dict[str, tuple[tuple[in
     """Name -> (shape, dtype) of the arrays of a composed cache, from its header's primitives."""
     spec = cache.spec()
     work = cache.work_dim
-    norms_rows = 0 if spec.scalar == "minmax" else cache.rows
+    norms_rows = 0 if spec.scalar in GROUPED_SCALARS else cache.rows
     expected = {
         "codes": ((cache.rows, packed_row_bytes(work, cache.scalar_bits)), np.uint8),
         "norms": ((norms_rows,), np.dtype(cache.norm_dtype)),

@@ -57,6 +57,7 @@ from .centering import add_mean, block_mean, subtract_mean
 from .codebook import lloyd_max_codebook
 from .dualscale import token_scales
 from .klt import klt_basis, orthonormalize, store_basis
+from .blockq import BLOCK_RULES, block_dequantize, block_quantize
 from .minmax import minmax_dequantize, minmax_quantize
 from .packing import pack_codes, unpack_codes, unpack_widths
 from .plan import EncodedSide, QuantizePlan, RowPasses, side_sketch
@@ -64,7 +65,7 @@ from .rescale import rescale_factors
 from .rotation import HaarRotation, RandomizedHadamard
 from .rows import row_norms, store_norms
 from .scalar import ThresholdEncoder
-from .schemes import SideSpec
+from .schemes import GROUPED_SCALARS, SideSpec
 
 __all__ = ["encode_composed", "dequantize_composed", "waterfill_allocation", "waterfill_reconstruct"]
 
@@ -149,8 +150,8 @@ def encode_composed(plan: QuantizePlan, x: np.ndarray, backend: RowPasses) -> En
         extras["mean"] = block_mean(z, plan.norm_dtype)
         z = subtract_mean(z, extras["mean"])
     z, fused = _transform(plan, z, extras, backend)
-    if plan.spec.scalar == "minmax":
-        packed_codes, norms, residual = _minmax_stage(plan, z, extras)
+    if plan.spec.scalar in GROUPED_SCALARS:
+        packed_codes, norms, residual = _grouped_stage(plan, z, extras)
     else:
         packed_codes, norms, residual = _lloyd_stage(plan, z, fused, extras, backend)
     if plan.spec.qjl:
@@ -177,21 +178,28 @@ def _transform(plan: QuantizePlan, z: np.ndarray, extras: dict, backend: RowPass
     return z, backend.fused_rows(plan, z, centroids=plan.wants_residual)
 
 
-def _minmax_stage(plan: QuantizePlan, z: np.ndarray, extras: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """KIVI's group-wise codes of ``z``, no norms, and the residual ``z - z_hat``."""
+def _grouped_stage(plan: QuantizePlan, z: np.ndarray, extras: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The group-wise codes of ``z`` (KIVI's minmax, or llama.cpp's block types), no norms, and
+    the residual ``z - z_hat``."""
     spec = plan.spec
-    scaled = z
-    if spec.normalize == "dual":
-        extras["token_scale"] = token_scales(z, spec.group)
-        scaled = z / extras["token_scale"].astype(np.float64)[:, None]
-    codes, extras["group_scale"], extras["group_zero"] = minmax_quantize(scaled, plan.scalar_bits, spec.axis,
-                                                                         spec.group)
-    recon = _minmax_reconstruct(codes, extras, spec)
+    if spec.scalar in BLOCK_RULES:
+        codes, extras["group_scale"] = block_quantize(z, plan.scalar_bits, spec.scalar, spec.axis, spec.group)
+    else:
+        scaled = z
+        if spec.normalize == "dual":
+            extras["token_scale"] = token_scales(z, spec.group)
+            scaled = z / extras["token_scale"].astype(np.float64)[:, None]
+        codes, extras["group_scale"], extras["group_zero"] = minmax_quantize(scaled, plan.scalar_bits, spec.axis,
+                                                                             spec.group)
+    recon = _grouped_reconstruct(codes, extras, spec, plan.scalar_bits)
     return pack_codes(codes, plan.scalar_bits), np.zeros(0, dtype=plan.norm_dtype), z - recon
 
 
-def _minmax_reconstruct(codes: np.ndarray, extras: dict, spec: SideSpec) -> np.ndarray:
-    """``z_s + q s_s`` of each entry, times the token's stored dual scale when ``normalize: dual``."""
+def _grouped_reconstruct(codes: np.ndarray, extras: dict, spec: SideSpec, bits: int) -> np.ndarray:
+    """Each entry from its group's stored parameters: ``(q - 2^(b-1)) d_s`` for llama.cpp's block
+    types; ``z_s + q s_s`` for minmax, times the token's stored dual scale when ``normalize: dual``."""
+    if spec.scalar in BLOCK_RULES:
+        return block_dequantize(codes, extras["group_scale"], bits, spec.axis, spec.group)
     recon = minmax_dequantize(codes, extras["group_scale"], extras["group_zero"], spec.axis, spec.group)
     if spec.normalize == "dual":
         recon = recon * extras["token_scale"].astype(np.float64)[:, None]
@@ -309,8 +317,8 @@ def _decode_reference(cache: StoredSide, spec: SideSpec, r_hat: np.ndarray | Non
     """The scalar reconstruction plus the sketch term, times the norms (not for ``minmax``),
     through the inverse WHT when rotated: the rows before a Haar or KLT inverse and the mean."""
     work, b, extras = cache.work_dim, cache.scalar_bits, cache.extras
-    if spec.scalar == "minmax":
-        unit = _minmax_reconstruct(unpack_codes(cache.codes, b, work), extras, spec)
+    if spec.scalar in GROUPED_SCALARS:
+        unit = _grouped_reconstruct(unpack_codes(cache.codes, b, work), extras, spec, b)
     elif b == 0:
         unit = np.zeros((cache.rows, work))
     elif spec.allocation == "waterfill":
@@ -320,7 +328,7 @@ def _decode_reference(cache: StoredSide, spec: SideSpec, r_hat: np.ndarray | Non
         unit = lloyd_max_codebook(work, b).centroids[unpack_codes(cache.codes, b, work)]
     if r_hat is not None:
         unit = unit + r_hat
-    if spec.scalar != "minmax":
+    if spec.scalar not in GROUPED_SCALARS:
         unit = unit * cache.norms.astype(np.float64)[:, None]
     if spec.transform == "wht":
         unit = RandomizedHadamard(cache.dim, cache.rotation_seed).inverse(unit)

@@ -32,7 +32,8 @@ import numpy as np
 from .errors import KvasymError
 from .rows import check_stored_precision
 
-__all__ = ["MINMAX_AXES", "SCALE_DTYPE", "group_shape", "minmax_quantize", "minmax_dequantize"]
+__all__ = ["MINMAX_AXES", "SCALE_DTYPE", "as_groups", "from_groups", "group_shape", "minmax_quantize",
+           "minmax_dequantize"]
 
 #: Axes a group runs along.
 MINMAX_AXES = ("channel", "token")
@@ -64,7 +65,7 @@ def group_shape(rows: int, dim: int, axis: str, group: int) -> tuple[int, int]:
     raise KvasymError(f"minmax axis must be one of {', '.join(MINMAX_AXES)}, got {axis!r}")
 
 
-def _grouped(x: np.ndarray, axis: str, group: int) -> np.ndarray:
+def as_groups(x: np.ndarray, axis: str, group: int) -> np.ndarray:
     """``x`` as ``(*group_shape, group)``, the last group padded by repeating its last entry."""
     m = x.T if axis == "channel" else x  # groups run along the last axis of m
     lead, length = m.shape
@@ -75,7 +76,9 @@ def _grouped(x: np.ndarray, axis: str, group: int) -> np.ndarray:
     return np.swapaxes(g, 0, 1) if axis == "channel" else g
 
 
-def _ungrouped(g: np.ndarray, rows: int, dim: int, axis: str) -> np.ndarray:
+def from_groups(g: np.ndarray, rows: int, dim: int, axis: str) -> np.ndarray:
+    """The ``(rows, dim)`` matrix of per-group entries ``g`` (:func:`as_groups`'s layout), the
+    padding of the last group dropped."""
     if axis == "channel":
         m = np.swapaxes(g, 0, 1).reshape(dim, -1)[:, :rows]
         return m.T
@@ -120,7 +123,7 @@ def minmax_quantize(x: np.ndarray, bits: int, axis: str, group: int) -> tuple[np
     x = np.asarray(x, dtype=np.float64)
     rows, dim = x.shape
     levels = (1 << int(bits)) - 1
-    g = _grouped(x, axis, int(group))
+    g = as_groups(x, axis, int(group))
     lo, hi = g.min(axis=-1), g.max(axis=-1)
     limit = float(np.finfo(SCALE_DTYPE).max)
     if np.any(np.abs(lo) > limit) or np.any(np.abs(hi) > limit):
@@ -140,7 +143,7 @@ def minmax_quantize(x: np.ndarray, bits: int, axis: str, group: int) -> tuple[np
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.where(s[..., None] > 0, (g - z[..., None]) / np.where(s > 0, s, 1.0)[..., None], 0.0)
     codes = np.clip(np.rint(t), 0, levels).astype(np.uint8)
-    return _ungrouped(codes, rows, dim, axis), scale, zero
+    return from_groups(codes, rows, dim, axis), scale, zero
 
 
 def minmax_dequantize(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, axis: str, group: int) -> np.ndarray:

@@ -35,7 +35,7 @@ from .kernels import KERNELS, check_threads
 from .minmax import SCALE_DTYPE, group_shape
 from .rows import NORM_DTYPES
 from .rotation import RandomizedHadamard, next_power_of_two
-from .schemes import MAX_SCALAR_BITS, SideSpec
+from .schemes import GROUPED_SCALARS, MAX_SCALAR_BITS, SideSpec
 from .sketch import HadamardSketch, QJLSketch, residual_sketch
 
 __all__ = ["PATHS", "MIN_WORK_DIM", "QuantizePlan", "EncodedSide", "RowPasses", "resolve_plan", "check_kernel",
@@ -250,8 +250,8 @@ def _check_range(spec: SideSpec, budget: int, dim: int, scalar_bits: int) -> int
 
 def _check_composed(spec: SideSpec, budget: int, dim: int, scalar_bits: int) -> None:
     """Combinations of primitives the composed pipeline cannot run at this budget and width."""
-    if scalar_bits == 0 and (spec.scalar == "minmax" or spec.allocation == "waterfill"):
-        key = "scalar minmax" if spec.scalar == "minmax" else "allocation waterfill"
+    if scalar_bits == 0 and (spec.scalar in GROUPED_SCALARS or spec.allocation == "waterfill"):
+        key = f"scalar {spec.scalar}" if spec.scalar in GROUPED_SCALARS else "allocation waterfill"
         raise KvasymError(f"side spec {spec.to_dict()} is impossible at budget {budget}: no scalar bits "
                           f"({key} needs at least one)")
     if spec.qjl and spec.sketch == "hadamard" and dim & (dim - 1) and spec.transform != "wht":
@@ -338,10 +338,11 @@ def expected_extras(rows: int, dim: int, spec: SideSpec, norm_dtype: str) -> dic
         out["basis"] = ((dim, dim), spec.transform_dtype)
     if spec.allocation == "waterfill":
         out["coord_std"] = ((work,), norm_dtype)
-    if spec.scalar == "minmax":
+    if spec.scalar in GROUPED_SCALARS:
         shape = group_shape(rows, work, spec.axis, spec.group)
         out["group_scale"] = (shape, SCALE_DTYPE)
-        out["group_zero"] = (shape, SCALE_DTYPE)
+        if spec.scalar == "minmax":  # llama.cpp's block types store the scale only
+            out["group_zero"] = (shape, SCALE_DTYPE)
     if spec.normalize == "dual":
         out["token_scale"] = ((rows,), TOKEN_SCALE_DTYPE)
     return out

@@ -71,7 +71,10 @@ TRANSFORMS = ("none", "wht", "klt", "haar")
 #: Transforms drawn from the side's rotation seed (stored in the packed cache, counted as side bits).
 SEEDED_TRANSFORMS = ("wht", "haar")
 ALLOCATIONS = ("uniform", "waterfill")
-SCALARS = ("lloyd_max", "minmax")
+SCALARS = ("lloyd_max", "minmax", "q_0", "q8_0")
+#: The scalars that code groups of entries against stored per-group scales (no row norms):
+#: KIVI's minmax and llama.cpp's block types (:mod:`kvasym.blockq`).
+GROUPED_SCALARS = ("minmax", "q_0", "q8_0")
 SKETCH_M = ("d", "2d")
 #: Per-token normalization before a minmax quantizer: none, or KVarN-style dual scaling (:mod:`kvasym.dualscale`).
 NORMALIZE = ("none", "dual")
@@ -88,8 +91,9 @@ class SideSpec:
     ``center`` (subtract the block's stored mean), ``transform`` (``none``, ``wht`` = the
     randomized Walsh-Hadamard rotation, or ``klt`` = the block's own principal basis), the
     ``scalar`` quantizer (``lloyd_max``: per-row norm, then Beta codebooks with ``uniform``
-    allocation or Gaussian codebooks scaled per coordinate with ``waterfill``; or ``minmax``:
-    KIVI's group-wise asymmetric uniform quantizer), ``rescale`` (EDEN / least squares scale of
+    allocation or Gaussian codebooks scaled per coordinate with ``waterfill``; ``minmax``:
+    KIVI's group-wise asymmetric uniform quantizer; or ``q_0``/``q8_0``: llama.cpp's block
+    types q4_0/q5_0 and q8_0, :mod:`kvasym.blockq`), ``rescale`` (EDEN / least squares scale of
     the lloyd_max reconstruction) and the residual ``sketch`` (``m = d`` or ``2d`` sign bits).
 
     Parameters
@@ -114,12 +118,13 @@ class SideSpec:
     allocation : {"uniform", "waterfill"}, optional
         Bits per transform coordinate: the same for all, or reverse water-filling over the
         coordinate variances (:mod:`kvasym.waterfill`; lloyd_max only).
-    scalar : {"lloyd_max", "minmax"}, optional
-        The scalar quantizer (:mod:`kvasym.minmax` for ``"minmax"``).
+    scalar : {"lloyd_max", "minmax", "q_0", "q8_0"}, optional
+        The scalar quantizer (:mod:`kvasym.minmax` for ``"minmax"``, :mod:`kvasym.blockq` for
+        llama.cpp's ``"q_0"`` and ``"q8_0"``).
     axis : {"channel", "token"}, optional
-        Direction of minmax groups (default ``"channel"``).
+        Direction of the groups of a grouped scalar (default ``"channel"``).
     group : int, optional
-        Entries per minmax group (default 32).
+        Entries per group (default 32).
     normalize : {"none", "dual"}, optional
         ``dual``: before a ``minmax`` quantizer with ``axis: channel``, divide each token by its
         KVarN-style dual scale (alternating row and column variance normalization over each
@@ -183,9 +188,11 @@ class SideSpec:
         Returns
         -------
         bool
-            ``scalar_bits(budget) == 0 and not qjl``.
+            ``scalar_bits(budget) == 0 and not qjl``; or llama.cpp's symmetric ``q8_0`` rule at
+            1 bit (its one level is 0) without a sketch.
         """
-        return self.scalar_bits(budget) == 0 and not self.qjl
+        bits = self.scalar_bits(budget)
+        return (bits == 0 or (bits == 1 and self.scalar == "q8_0")) and not self.qjl
 
     def spent_at(self, budget: int) -> tuple[SideSpec, int]:
         """The spec and budget this side is quantized with at the scheme's ``budget``: itself
@@ -245,7 +252,7 @@ class SideSpec:
         for key in ("allocation", "scalar", "sketch_m", "rescale"):
             if getattr(self, key) != _DEFAULTS[key]:
                 out[key] = getattr(self, key)
-        if self.scalar == "minmax":
+        if self.scalar in GROUPED_SCALARS:
             out["axis"] = self.axis
             out["group"] = self.group
         if self.normalize != _DEFAULTS["normalize"]:
@@ -416,8 +423,9 @@ class Scheme:
                     f"not {declared}; every side must spend exactly n (or its declared spend n-k, never more)"
                 )
             if spec.stores_nothing_at(budget):
-                raise KvasymError(f"{where}: no scalar bits and no QJL stores nothing")
-            if scalar == 0 and (spec.scalar == "minmax" or spec.allocation == "waterfill"):
+                what = "no scalar bits" if scalar == 0 else f"a {scalar}-bit {spec.scalar} scalar (its one level is 0)"
+                raise KvasymError(f"{where}: {what} and no QJL stores nothing")
+            if scalar == 0 and (spec.scalar in GROUPED_SCALARS or spec.allocation == "waterfill"):
                 raise KvasymError(f"{where}: scalar {spec.scalar} with allocation {spec.allocation} needs at "
                                   "least 1 scalar bit")
 
@@ -473,9 +481,11 @@ def _parse_side(data: object, where: str) -> SideSpec:
     if "transform_dtype" in data and transform != "klt":
         raise KvasymError(f"{where}.transform_dtype applies only to transform: klt")
     scalar = data.get("scalar", "lloyd_max")
-    for key in ("axis", "group", "normalize"):
-        if key in data and scalar != "minmax":
-            raise KvasymError(f"{where}.{key} applies only to scalar: minmax")
+    for key in ("axis", "group"):
+        if key in data and scalar not in GROUPED_SCALARS:
+            raise KvasymError(f"{where}.{key} applies only to scalar: {', '.join(GROUPED_SCALARS)}")
+    if "normalize" in data and scalar != "minmax":
+        raise KvasymError(f"{where}.normalize applies only to scalar: minmax")
     for key in ("transform_dtype", "allocation", "scalar", "axis", "normalize", "rescale"):
         if key in data and not isinstance(data[key], str):
             raise KvasymError(f"{where}.{key} must be a string, got {data[key]!r}")
@@ -605,6 +615,18 @@ BUILTIN_SCHEMES: dict[str, dict] = {
         "K": {"rotate": False, "scalar_bits": "n", "qjl": False, "scalar": "minmax", "axis": "channel",
               "group": 128},
         "V": {"rotate": False, "scalar_bits": "n", "qjl": False, "scalar": "minmax", "axis": "token", "group": 128},
+    },
+    "GGML-Q0": {
+        "description": "llama.cpp's q4_0 cache type at n = 4 (q5_0 at n = 5): blocks of 32 channels of a token, "
+                       "one float16 scale from the block's extreme value, n-bit codes, no rotation",
+        "K": {"rotate": False, "scalar_bits": "n", "qjl": False, "scalar": "q_0", "axis": "token", "group": 32},
+        "V": {"rotate": False, "scalar_bits": "n", "qjl": False, "scalar": "q_0", "axis": "token", "group": 32},
+    },
+    "GGML-Q8": {
+        "description": "llama.cpp's q8_0 cache type at n = 8: blocks of 32 channels of a token, one float16 "
+                       "absmax scale, symmetric n-bit codes, no rotation",
+        "K": {"rotate": False, "scalar_bits": "n", "qjl": False, "scalar": "q8_0", "axis": "token", "group": 32},
+        "V": {"rotate": False, "scalar_bits": "n", "qjl": False, "scalar": "q8_0", "axis": "token", "group": 32},
     },
     # Issue 47, point 5: KVarN (arXiv:2606.03458) as its authors' kernel lays out a tile: WHT,
     # dual scaling over blocks of 128 tokens, per-channel min-max over the block; both sides.

@@ -119,7 +119,7 @@ import numpy as np
 
 from ..errors import KvasymError
 from ..evaluate import dequantize_with, quantize_pair
-from ..schemes import SIDES, Scheme
+from ..schemes import GROUPED_SCALARS, SIDES, Scheme
 from .gguf_model import GGUFLlama, SequenceFrame, apply_rope
 from .queryaware import VARIANTS, QueryBases, quantize_pair_query_aware, variant_scheme
 
@@ -287,7 +287,7 @@ def uses_block_statistics(scheme: Scheme) -> bool:
     early queries read rows quantized with statistics of later tokens; a row-wise scheme's
     rows depend on their own vector only (module docstring, "Causal (streaming) chunks")."""
     return any(spec.center or spec.transform == "klt" or spec.allocation == "waterfill"
-               or (spec.scalar == "minmax" and spec.axis == "channel")
+               or (spec.scalar in GROUPED_SCALARS and spec.axis == "channel")
                for spec in (scheme.side(side) for side in SIDES))
 
 
