@@ -445,3 +445,45 @@ def test_a_stages_output_flags_are_the_ones_its_rule_passes(stage, outputs):
     rules = _rules()
     body = rules["card" if stage == "card" else "e2e_stats"]
     assert "stage_params(" in body  # the flags derived from the stage's parser (kvasym.wiring)
+
+
+def test_a_modules_code_is_its_parse_tree_without_docstrings():
+    """Issue 48, point 3: comments, docstrings and layout are not code (kvasym.stages.normalized_code);
+    a changed statement, constant or name is."""
+    from kvasym.stages import normalized_code
+
+    base = b'"""Module."""\nX = 1\n\n\ndef f(a):\n    """Doc."""\n    return a + X  # why\n'
+    same = [b'"""Reworded module docstring."""\nX = 1\n\ndef f(a):\n    return a + X\n',
+            b'X = 1\n\n\ndef f(a):\n    """Other doc."""\n\n    # a comment\n    return (a + X)\n']
+    other = [b'"""Module."""\nX = 2\n\n\ndef f(a):\n    return a + X\n',
+             b'"""Module."""\nX = 1\n\n\ndef f(a):\n    return a - X\n',
+             b'"""Module."""\nX = 1\n\n\ndef f(b):\n    return b + X\n',
+             b'"""Module."""\nX = 1\n\n\ndef f(a):\n    "Doc."\n    return "Doc."\n']
+    assert all(normalized_code(s) == normalized_code(base) for s in same)
+    assert all(normalized_code(s) != normalized_code(base) for s in other)
+    # a string that is not the first statement of a body is code
+    assert normalized_code(b'def f():\n    x = 1\n    "kept"\n') != normalized_code(b'def f():\n    x = 1\n')
+
+
+def test_the_code_digest_cache_is_keyed_by_content_and_survives_damage(tmp_path, monkeypatch):
+    import hashlib
+
+    from kvasym import stages
+
+    monkeypatch.setenv("KVASYM_CACHE_DIR", str(tmp_path / "cache"))
+    module = tmp_path / "m.py"
+    module.write_text('"""Doc."""\nX = 1\n')
+    stages.code_digest.cache_clear()
+    stages._file_bytes.cache_clear()
+    first = stages.code_digest(module)
+    assert first == hashlib.sha256(stages.normalized_code(module.read_bytes()).encode()).hexdigest()
+    (entry,) = (tmp_path / "cache" / "code").iterdir()
+    assert entry.name == hashlib.sha256(module.read_bytes()).hexdigest() and entry.read_text() == first
+    entry.write_text("not a digest")  # a damaged entry is computed again, not trusted
+    stages.code_digest.cache_clear()
+    assert stages.code_digest(module) == first
+    monkeypatch.setenv("KVASYM_CACHE_DIR", str(module))  # a cache under a file: unwritable, still a digest
+    stages.code_digest.cache_clear()
+    assert stages.code_digest(module) == first
+    stages.code_digest.cache_clear()
+    stages._file_bytes.cache_clear()

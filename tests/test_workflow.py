@@ -330,15 +330,23 @@ def _rules_to_run(out: str) -> dict[str, int]:
         ("kvasym/render/figures/_style.py", {"figure_"}),
         ("kvasym/render/claims.py", {"claims", "tables", "numbers", "reproduce", "paper", "crate"}),
         ("kvasym/render/crate.py", {"crate"}),
+        # issue 48, point 3: a comment and a docstring are not code (kvasym.stages.normalized_code)
+        ("kvasym/metrics.py#comment", set()),
     ],
 )
 def test_editing_code_reruns_the_stages_that_run_it_and_only_them(complete_run, tmp_path, edited, expected):
     """Issue 18, class 5: the code a stage runs decides whether it reruns (before, editing the
-    library, a figure or a template left every result stale)."""
+    library, a figure or a template left every result stale); an edit of a module's comments or
+    docstrings reruns nothing."""
     src = tmp_path / "src"
     shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    with open(src / edited, "a", encoding="utf-8") as fh:
-        fh.write("\n" if edited.endswith(".j2") else "\n# an edit\n")
+    edited, _, kind = edited.partition("#")
+    text = (src / edited).read_text(encoding="utf-8")
+    if kind == "comment":  # the module docstring reworded, a comment and blank lines added
+        text = text.replace('"""', '"""Reworded. ', 1) + "\n\n# an edit\n"
+    else:
+        text += "\n" if edited.endswith(".j2") else "\n_EDITED_FOR_A_TEST = 1\n"
+    (src / edited).write_text(text, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(src)}
     cmd = [sys.executable, "-m", "snakemake", "--configfile", "config/test.yaml", "--dry-run", "--quiet", "rules"]
     proc = subprocess.run(cmd, cwd=complete_run, capture_output=True, text=True, timeout=RUN_BOUND_S, env=env)

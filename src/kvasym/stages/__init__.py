@@ -251,15 +251,68 @@ def stage_code_digest(name: str) -> str:
 
     The rules pass it as a param, so Snakemake's params trigger reruns a stage, and only that
     stage and what follows, when its code changes (a template edit rebuilds the tables; an edit
-    of the figures module redraws the figures but recomputes no metric).
+    of the figures module redraws the figures but recomputes no metric). A Python module counts
+    as its code, not its text (:func:`code_digest`): an edit of its comments, docstrings or
+    layout reruns nothing.
     """
     import hashlib
 
     root = Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
     for path in stage_code_files(name):
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + _file_bytes(path) + b"\0")
+        content = code_digest(path).encode() if path.suffix == ".py" else _file_bytes(path)
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + content + b"\0")
     return digest.hexdigest()
+
+
+def normalized_code(source: bytes) -> str:
+    """A module's code without its comments, docstrings and layout: :func:`ast.dump` of its parse
+    tree with the leading string constant of the module and of each class and function body
+    removed. Two sources give the same string exactly when they differ only in those."""
+    import ast
+
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+@functools.lru_cache(maxsize=None)
+def code_digest(path: Path) -> str:
+    """SHA-256 of :func:`normalized_code` of the module at ``path``.
+
+    Parsing the package's modules takes about a second, which every Snakemake process (one per
+    job of a Slurm group job) would pay: the digest is kept in ``$KVASYM_CACHE_DIR/code`` (else
+    ``~/.cache/kvasym/code``) under the SHA-256 of the file's bytes, so a module is parsed once per
+    machine and version of its text. The cache is an optimisation only: an entry that cannot be
+    read or written is computed again.
+    """
+    import hashlib
+    import os
+
+    raw = _file_bytes(path)
+    key = hashlib.sha256(raw).hexdigest()
+    root = os.environ.get("KVASYM_CACHE_DIR")
+    entry = (Path(root) if root else Path.home() / ".cache" / "kvasym") / "code" / key
+    try:
+        cached = entry.read_text(encoding="ascii")
+        if re.fullmatch(r"[0-9a-f]{64}", cached):
+            return cached
+    except (OSError, UnicodeDecodeError):
+        pass
+    value = hashlib.sha256(normalized_code(raw).encode()).hexdigest()
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        temporary = entry.with_name(f".{key}.{os.getpid()}")
+        temporary.write_text(value, encoding="ascii")
+        temporary.replace(entry)
+    except OSError:
+        pass
+    return value
 
 
 @functools.lru_cache(maxsize=None)
