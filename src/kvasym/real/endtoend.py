@@ -595,6 +595,50 @@ def evaluate_text(
     row for row the frame of ``part = (0, 1)`` (each pass's seeds come from its identity, not from
     its place in the plan).
     """
+    plan = plan_text_passes(
+        model, schemes, budgets, text=text, base_seed=base_seed, ropes=ropes, own=own, draws=draws,
+        rope_schemes=rope_schemes, extra_budgets=extra_budgets, sensitivity_budget=sensitivity_budget,
+        sensitivity_layers=sensitivity_layers, sensitivity_rope=sensitivity_rope,
+        sensitivity_schemes=sensitivity_schemes, norm_dtype=norm_dtype, query_bases=query_bases,
+        query_variants=query_variants, window_query_bases=window_query_bases, recent_windows=recent_windows,
+        causal_chunks=causal_chunks, global_only=global_only)
+    return execute_passes(model, token_ids, select_part(plan, part), text)
+
+
+def plan_text_passes(
+    model: GGUFLlama,
+    schemes: Sequence[Scheme],
+    budgets: Sequence[int],
+    *,
+    text: str,
+    base_seed: int,
+    ropes: Iterable[str] = ROPE_MODES,
+    own: str = "exact",
+    draws: int = 1,
+    rope_schemes: Mapping[str, Sequence[str]] | None = None,
+    extra_budgets: Mapping[str, Sequence[int]] | None = None,
+    sensitivity_budget: int | None = None,
+    sensitivity_layers: Sequence[int] | None = None,
+    sensitivity_rope: str = "post",
+    sensitivity_schemes: Sequence[str] | None = None,
+    norm_dtype: str = "float32",
+    query_bases: QueryBases | None = None,
+    query_variants: Sequence[str] = (),
+    window_query_bases: QueryBases | None = None,
+    recent_windows: Mapping[str, Sequence[int]] | None = None,
+    causal_chunks: Mapping[str, Sequence[int] | int] | None = None,
+    global_only: Sequence[str] = (),
+) -> list[PlannedPass]:
+    """Every pass :func:`evaluate_text` runs over one text, in its order, the options checked first
+    (its parameters, but ``token_ids`` and ``part``): the all-layer passes, then the global-only
+    ones, then the one-layer ones. The plan depends on the model's shape only (its layers, KV heads,
+    head width and sliding layers), not on the text's tokens.
+
+    Raises
+    ------
+    KvasymError
+        Naming the option and the value, for every inconsistency :func:`evaluate_text` refuses.
+    """
     if not schemes or not budgets:
         raise KvasymError("evaluate_text needs at least one scheme and one budget")
     if isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1:
@@ -602,47 +646,103 @@ def evaluate_text(
     names = [scheme.name for scheme in schemes]
     ropes = list(ropes)
     query_variants = list(query_variants)
-    bad_variants = sorted(set(query_variants) - set(VARIANTS))
-    if bad_variants or len(set(query_variants)) != len(query_variants):
-        raise KvasymError(f"query_variants must be distinct names of {VARIANTS}, got {query_variants}")
-    if query_variants:
-        expected = (len(model.layers), model.config.n_kv_heads, model.config.head_dim)
-        if query_bases is None:
-            raise KvasymError(f"query_variants {query_variants} need query_bases (kvasym.real.querybases.calibrate)")
-        if tuple(query_bases.shape) != expected:
-            raise KvasymError(f"query_bases have shape (layers, kv_heads, head_dim) = {tuple(query_bases.shape)}, "
-                              f"the model's is {expected}")
-        if "post" not in ropes:
-            raise KvasymError(f"query_variants {query_variants} run with rope 'post' only (their bases are of "
-                              f"post-RoPE queries), and ropes is {ropes}")
-        if window_query_bases is not None and tuple(window_query_bases.shape) != expected:
-            raise KvasymError(f"window_query_bases have shape (layers, kv_heads, head_dim) = "
-                              f"{tuple(window_query_bases.shape)}, the model's is {expected}")
-    elif window_query_bases is not None:
-        raise KvasymError("window_query_bases given without query_variants")
+    _check_query_options(model, ropes, query_variants, query_bases, window_query_bases)
     bases_sets = [("", query_bases)]  # (scheme-column tag, bases) of the variants' passes
     if window_query_bases is not None:
         bases_sets.append((WINDOW_BASES_TAG, window_query_bases))
-    windows = {key: [int(r) for r in value] for key, value in (recent_windows or {}).items()}
-    chunks = {key: [int(value)] if isinstance(value, (int, np.integer)) else [int(c) for c in value]
-              for key, value in (causal_chunks or {}).items()}
-    for what, settings in (("recent_windows", windows), ("causal_chunks", chunks)):
-        unknown = sorted(set(settings) - set(names) - set(query_variants))
-        if unknown:
-            raise KvasymError(f"{what} names schemes {unknown} that are not among the passes' schemes "
-                              f"{names + query_variants}")
-        for key, sizes in settings.items():
-            if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
-                raise KvasymError(f"{what}[{key!r}] must be distinct integers >= 1, got {sizes}")
-
-    def reads_of(name: str) -> list[tuple[int, int]]:
-        """``(recent_tokens, causal_chunk)`` of the passes of scheme ``name``: plain first."""
-        return [(0, 0), *((r, 0) for r in windows.get(name, ())), *((0, c) for c in chunks.get(name, ()))]
+    reads = _read_settings(names + query_variants, recent_windows, causal_chunks)
+    _check_named_schemes(names, query_variants, rope_schemes, sensitivity_schemes, extra_budgets)
+    global_layers = _global_only_layers(model, names, list(global_only))
 
     def budgets_of(name: str) -> list[int]:
         """The all-layer budgets of scheme or variant ``name``: ``budgets``, then its extra ones."""
         return [*budgets, *(extra_budgets or {}).get(name, ())]
 
+    def pass_of(scheme: Scheme, budget: int, rope: str, draw: int, **options: Any) -> PlannedPass:
+        start = options.pop("start", 0)
+        layer = options.pop("layer", ALL_LAYERS)
+        return PlannedPass(CacheQuantization(scheme, int(budget), base_seed, text, rope=rope, own=own,
+                                             norm_dtype=norm_dtype, draw=draw, **options), layer=layer, start=start)
+
+    def drawn(rope: str) -> Iterable[tuple[int, Scheme]]:
+        """(draw, scheme) of the all-layer passes of RoPE mode ``rope``, draws outermost."""
+        chosen = names if rope_schemes is None else list(rope_schemes.get(rope, ()))
+        for draw in range(int(draws)):
+            yield from ((draw, scheme) for scheme in schemes
+                        if scheme.name in chosen and (draw == 0 or draws_random_maps(scheme)))
+
+    plan: list[PlannedPass] = []
+    for rope in ropes:
+        for draw in range(int(draws)):
+            for scheme in (s for d, s in drawn(rope) if d == draw):
+                plan.extend(pass_of(scheme, budget, rope, draw, recent_tokens=recent, causal_chunk=chunk)
+                            for budget in budgets_of(scheme.name) for recent, chunk in reads[scheme.name])
+            # the query-aware variants draw RKV's value rotations: every draw
+            for variant in query_variants if rope == "post" else ():
+                plan.extend(pass_of(variant_scheme(variant), budget, rope, draw, recent_tokens=recent,
+                                    causal_chunk=chunk, query_variant=variant, query_bases=bases, bases_tag=tag)
+                            for tag, bases in bases_sets for budget in budgets_of(variant)
+                            for recent, chunk in reads[variant])
+    for rope in ropes if global_layers else ():
+        plan.extend(pass_of(scheme, budget, rope, draw, layers=frozenset(global_layers), scope_tag=GLOBAL_TAG,
+                            start=global_layers[0])
+                    for draw, scheme in drawn(rope) if scheme.name in global_only
+                    for budget in budgets_of(scheme.name))
+    if sensitivity_budget is not None:
+        plan.extend(pass_of(scheme, sensitivity_budget, sensitivity_rope, 0, layers=frozenset({layer}),
+                            layer=layer, start=layer)
+                    for scheme in schemes if sensitivity_schemes is None or scheme.name in sensitivity_schemes
+                    for layer in _sensitivity_layers(model, sensitivity_layers))
+    return plan
+
+
+def _check_query_options(model: GGUFLlama, ropes: list[str], query_variants: list[str],
+                         query_bases: QueryBases | None, window_query_bases: QueryBases | None) -> None:
+    """The query-aware variants' names, bases and RoPE mode (:func:`plan_text_passes`)."""
+    bad_variants = sorted(set(query_variants) - set(VARIANTS))
+    if bad_variants or len(set(query_variants)) != len(query_variants):
+        raise KvasymError(f"query_variants must be distinct names of {VARIANTS}, got {query_variants}")
+    if not query_variants:
+        if window_query_bases is not None:
+            raise KvasymError("window_query_bases given without query_variants")
+        return
+    expected = (len(model.layers), model.config.n_kv_heads, model.config.head_dim)
+    if query_bases is None:
+        raise KvasymError(f"query_variants {query_variants} need query_bases (kvasym.real.querybases.calibrate)")
+    if tuple(query_bases.shape) != expected:
+        raise KvasymError(f"query_bases have shape (layers, kv_heads, head_dim) = {tuple(query_bases.shape)}, "
+                          f"the model's is {expected}")
+    if "post" not in ropes:
+        raise KvasymError(f"query_variants {query_variants} run with rope 'post' only (their bases are of "
+                          f"post-RoPE queries), and ropes is {ropes}")
+    if window_query_bases is not None and tuple(window_query_bases.shape) != expected:
+        raise KvasymError(f"window_query_bases have shape (layers, kv_heads, head_dim) = "
+                          f"{tuple(window_query_bases.shape)}, the model's is {expected}")
+
+
+def _read_settings(names: list[str], recent_windows: Mapping[str, Sequence[int]] | None,
+                   causal_chunks: Mapping[str, Sequence[int] | int] | None) -> dict[str, list[tuple[int, int]]]:
+    """``(recent_tokens, causal_chunk)`` of the passes of each scheme or variant: plain first, then
+    its recent windows, then its causal chunks (each list checked: distinct sizes >= 1)."""
+    windows = {key: [int(r) for r in value] for key, value in (recent_windows or {}).items()}
+    chunks = {key: [int(value)] if isinstance(value, (int, np.integer)) else [int(c) for c in value]
+              for key, value in (causal_chunks or {}).items()}
+    for what, settings in (("recent_windows", windows), ("causal_chunks", chunks)):
+        unknown = sorted(set(settings) - set(names))
+        if unknown:
+            raise KvasymError(f"{what} names schemes {unknown} that are not among the passes' schemes {names}")
+        for key, sizes in settings.items():
+            if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
+                raise KvasymError(f"{what}[{key!r}] must be distinct integers >= 1, got {sizes}")
+    return {name: [(0, 0), *((r, 0) for r in windows.get(name, ())), *((0, c) for c in chunks.get(name, ()))]
+            for name in names}
+
+
+def _check_named_schemes(names: list[str], query_variants: list[str],
+                         rope_schemes: Mapping[str, Sequence[str]] | None,
+                         sensitivity_schemes: Sequence[str] | None,
+                         extra_budgets: Mapping[str, Sequence[int]] | None) -> None:
+    """Every scheme the per-RoPE lists, the one-layer list and the extra budgets name is a pass's."""
     named = {"rope_schemes": [n for v in (rope_schemes or {}).values() for n in v],
              "sensitivity_schemes": list(sensitivity_schemes or [])}
     for what, chosen in named.items():
@@ -653,59 +753,33 @@ def evaluate_text(
     if unknown:
         raise KvasymError(f"extra_budgets names schemes {unknown} that are not among the passes' schemes "
                           f"{names + query_variants}")
-    global_only = list(global_only)
+
+
+def _global_only_layers(model: GGUFLlama, names: list[str], global_only: list[str]) -> tuple[int, ...]:
+    """The model's global (not sliding-window) layers when ``global_only`` names schemes, else ()."""
     unknown = sorted(set(global_only) - set(names))
     if unknown or len(set(global_only)) != len(global_only):
         raise KvasymError(f"global_only must name distinct schemes among the passes' schemes {names}, got "
                           f"{global_only}")
+    if not global_only:
+        return ()
     global_layers = tuple(i for i in range(len(model.layers)) if not model.config.is_sliding(i))
-    if global_only and len(global_layers) == len(model.layers):
+    if len(global_layers) == len(model.layers):
         raise KvasymError(f"global_only {global_only}: the model has no sliding-window layer (every layer is "
                           "global), so the scope would be every layer")
-    plan: list[PlannedPass] = []
-    for rope in ropes:
-        chosen = names if rope_schemes is None else list(rope_schemes.get(rope, ()))
-        for draw in range(int(draws)):
-            for scheme in schemes:
-                if scheme.name not in chosen or (draw > 0 and not draws_random_maps(scheme)):
-                    continue
-                for budget in budgets_of(scheme.name):
-                    for recent, chunk in reads_of(scheme.name):
-                        plan.append(PlannedPass(CacheQuantization(
-                            scheme, int(budget), base_seed, text, rope=rope, own=own, norm_dtype=norm_dtype,
-                            draw=draw, recent_tokens=recent, causal_chunk=chunk)))
-            # the query-aware variants draw RKV's value rotations: every draw
-            for variant in query_variants if rope == "post" else ():
-                for tag, bases in bases_sets:
-                    for budget in budgets_of(variant):
-                        for recent, chunk in reads_of(variant):
-                            plan.append(PlannedPass(CacheQuantization(
-                                variant_scheme(variant), int(budget), base_seed, text, rope=rope, own=own,
-                                norm_dtype=norm_dtype, draw=draw, recent_tokens=recent, causal_chunk=chunk,
-                                query_variant=variant, query_bases=bases, bases_tag=tag)))
-    for rope in ropes if global_only else ():
-        chosen = names if rope_schemes is None else list(rope_schemes.get(rope, ()))
-        for draw in range(int(draws)):
-            for scheme in schemes:
-                if (scheme.name not in global_only or scheme.name not in chosen
-                        or (draw > 0 and not draws_random_maps(scheme))):
-                    continue
-                for budget in budgets_of(scheme.name):
-                    plan.append(PlannedPass(CacheQuantization(
-                        scheme, int(budget), base_seed, text, rope=rope, own=own, layers=frozenset(global_layers),
-                        norm_dtype=norm_dtype, draw=draw, scope_tag=GLOBAL_TAG), start=global_layers[0]))
-    if sensitivity_budget is not None:
-        for scheme in schemes:
-            if sensitivity_schemes is not None and scheme.name not in sensitivity_schemes:
-                continue
-            for layer in (range(len(model.layers)) if sensitivity_layers is None else sensitivity_layers):
-                layer = int(layer)
-                if not 0 <= layer < len(model.layers):
-                    raise KvasymError(f"sensitivity layer {layer} out of range 0..{len(model.layers) - 1}")
-                plan.append(PlannedPass(CacheQuantization(
-                    scheme, int(sensitivity_budget), base_seed, text, rope=sensitivity_rope, own=own,
-                    layers=frozenset({layer}), norm_dtype=norm_dtype), layer=layer, start=layer))
-    return execute_passes(model, token_ids, select_part(plan, part), text)
+    if not global_layers:
+        raise KvasymError(f"global_only {global_only}: every layer of the model is a sliding-window layer, so "
+                          "the scope would be no layer")
+    return global_layers
+
+
+def _sensitivity_layers(model: GGUFLlama, layers: Sequence[int] | None) -> list[int]:
+    """The one-layer passes' layers: ``layers`` checked against the model, or every layer."""
+    chosen = [int(layer) for layer in (range(len(model.layers)) if layers is None else layers)]
+    for layer in chosen:
+        if not 0 <= layer < len(model.layers):
+            raise KvasymError(f"sensitivity layer {layer} out of range 0..{len(model.layers) - 1}")
+    return chosen
 
 
 def select_part(plan: Sequence[PlannedPass], part: tuple[int, int]) -> list[PlannedPass]:
