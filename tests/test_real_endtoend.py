@@ -21,6 +21,7 @@ from kvasym.real.endtoend import (
     ALL_LAYERS,
     BITS_COLUMNS,
     CacheQuantization,
+    draws_random_maps,
     evaluate_text,
     next_token_metrics,
     quantized_forward,
@@ -690,3 +691,37 @@ def test_passkey_and_window_parts_joined_are_the_whole_job_row_for_row(two_layer
         pd.testing.assert_frame_equal(join_by_units(parts, ["context", "window"]), whole, check_exact=True)
     with pytest.raises(KvasymError, match="the job has 3 long-context windows, fewer than its 4 parts"):
         evaluate_windows(model, **windows, part=(3, 4))
+
+
+def test_the_text_plan_is_the_brute_force_listing_of_its_options():
+    """plan_text_passes (issue 48, point 5) on a model shape alone: every (rope, draw, scheme,
+    budget, read) of the all-layer passes in order, then the global-only scope, then the one-layer
+    passes, counted by hand; a global-only scope on a model whose layers all slide is refused."""
+    from types import SimpleNamespace
+
+    from kvasym.real.endtoend import GLOBAL_TAG, plan_text_passes
+
+    config = SimpleNamespace(n_kv_heads=1, head_dim=64, is_sliding=lambda i: i % 3 != 2)
+    model = SimpleNamespace(layers=list(range(6)), config=config)
+    schemes = [get_scheme(name) for name in ("KV", "RKV", "KIVI32")]
+    plan = plan_text_passes(model, schemes, [2, 4], text="t", base_seed=5, draws=2,
+                            rope_schemes={"post": ["KV", "RKV", "KIVI32"], "pre": ["RKV"]},
+                            extra_budgets={"RKV": [5]}, recent_windows={"KIVI32": [8]},
+                            causal_chunks={"KIVI32": 16}, global_only=["RKV"],
+                            sensitivity_budget=4, sensitivity_layers=[0, 3])
+    # a scheme without random maps (KV, KIVI32) runs in draw 0 only
+    drawn = {name: (2 if draws_random_maps(get_scheme(name)) else 1) for name in ("KV", "RKV", "KIVI32")}
+    post = drawn["KV"] * 2 + drawn["RKV"] * 3 + drawn["KIVI32"] * 2 * 3  # budgets x reads
+    pre = drawn["RKV"] * 3
+    glob = (drawn["RKV"] * 3) * 2  # both RoPE modes
+    one_layer = 3 * 2  # every scheme, two layers
+    assert len(plan) == post + pre + glob + one_layer
+    names = [p.quant.name for p in plan]
+    assert names[:2] == ["KV", "KV"] and names[post] == "RKV"
+    scoped = plan[post + pre: post + pre + glob]
+    assert all(p.quant.name.endswith(GLOBAL_TAG) and p.start == 2 and p.layer == ALL_LAYERS for p in scoped)
+    assert [(p.layer, p.start) for p in plan[-one_layer:]] == [(0, 0), (3, 3)] * 3
+    every_slides = SimpleNamespace(layers=list(range(3)), config=SimpleNamespace(
+        n_kv_heads=1, head_dim=64, is_sliding=lambda i: True))
+    with pytest.raises(KvasymError, match="every layer of the model is a sliding-window layer"):
+        plan_text_passes(every_slides, schemes, [2], text="t", base_seed=5, global_only=["RKV"])
