@@ -199,7 +199,7 @@ def test_the_real_slices_are_those_the_dag_passed_before():
     assert _sha(real_metrics) == "74d5621f4a95703c912ed09cbcd7f140e4ef245e3499d6c284a024f4fa620e97"
     e2e = study.job_slice("e2e", {"text": "bicycle_repair", "part": "0"}, real=real)
     assert study.job_slice("e2e_join", {"text": "bicycle_repair"}, real=real) == e2e  # one part: the text's slice
-    e2e_schemes = ["KV", "KQV", "QKQV", "RKV", "KQV-H", "QKQV-H", "CRKV", "SKLT"]
+    e2e_schemes = ["KV", "KQV", "QKQV", "RKV", "KQV-H", "QKQV-H", "CRKV", "SKLT", "GGML-Q0"]  # + extra_schemes
     assert [s["name"] for s in e2e["schemes"]] == e2e_schemes
     assert e2e["schemes"][7] == {"name": "SKLT", **study.scheme("SKLT").to_dict()}
     assert {k: v for k, v in e2e.items() if k != "schemes"} == {

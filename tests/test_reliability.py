@@ -145,7 +145,7 @@ def test_capture_names_shipped_texts_independent_of_the_install_path(tmp_path, c
     err = capsys.readouterr().err
     assert "--shipped: no shipped text 'no_such_text'; shipped: " in err and "bicycle_repair" in err
     rule = (ROOT / "workflow/rules/real.smk").read_text()
-    assert "--shipped {params.texts}" in rule and "TEXTS_DIR" not in rule
+    assert "shipped=wiring.real_texts" in rule and "TEXTS_DIR" not in rule  # names: --shipped NAME...
 
 
 @pytest.mark.parametrize("dim, bits", [(3, 2), (4, 8), (64, 4), (128, 3), (1024, 8), (16384, 4)])

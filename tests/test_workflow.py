@@ -169,9 +169,10 @@ def test_real_model_rows_when_the_extra_is_installed(complete_run):
         assert (complete_run / f"results/figures/{name}.pdf").is_file(), name
     e2e = pd.read_parquet(complete_run / "results/real/e2e/summary.parquet")
     assert set(e2e["model"]) == {"smollm2-135m"}  # the tiny config runs the primary model only
-    # every study and frontier real scheme, the query-aware QWF, a recent window and a causal variant
-    assert set(e2e["scheme"]) == {"KV", "KQV", "QKQV", "RKV", "KQV-H", "QKQV-H", "CRKV", "SKLT", "QWF", "RKV+R8",
-                                  "KQV+C16"}
+    # every study and frontier real scheme, an extra scheme (llama.cpp's q4_0 type), the query-aware
+    # QWF, a recent window and a causal variant
+    assert set(e2e["scheme"]) == {"KV", "KQV", "QKQV", "RKV", "KQV-H", "QKQV-H", "CRKV", "SKLT", "GGML-Q0", "QWF",
+                                  "RKV+R8", "KQV+C16"}
     assert set(e2e.loc[e2e["rope"] == "pre", "scheme"]) == {"KQV", "RKV", "RKV+R8", "KQV+C16"}  # every mode
     assert set(e2e.loc[e2e["scheme"] == "RKV", "budget"]) == {2, 4, 5}  # real.e2e.extra_budgets
     assert set(e2e.loc[e2e["scheme"] == "QWF", "budget"]) == {2, 4, 5}  # a query-aware variant's too

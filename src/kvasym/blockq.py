@@ -38,10 +38,12 @@ from .errors import KvasymError
 from .minmax import SCALE_DTYPE, as_groups, from_groups
 from .rows import check_stored_precision
 
-__all__ = ["BLOCK_RULES", "block_dequantize", "block_quantize"]
+__all__ = ["BLOCK_RULES", "LLAMA_CPP_TYPES", "block_dequantize", "block_quantize"]
 
 #: The rules: ggml's q4_0/q5_0 (``q_0``) and q8_0 (``q8_0``).
 BLOCK_RULES = ("q_0", "q8_0")
+#: llama.cpp's cache types this module is: type name -> (rule, bits per value before the scale).
+LLAMA_CPP_TYPES = {"q4_0": ("q_0", 4), "q5_0": ("q_0", 5), "q8_0": ("q8_0", 8)}
 
 
 def _check(bits: int, rule: str, group: int) -> None:

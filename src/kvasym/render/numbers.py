@@ -16,7 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..blockq import LLAMA_CPP_TYPES
 from ..errors import KvasymError
+from ..schemes import get_scheme
 from .format import escape_latex
 from ..real import HEAD_DIM as REAL_HEAD_DIM
 from ..real import REAL_MODEL_NAME
@@ -239,6 +241,12 @@ def numbers_macros(slice_: Mapping[str, Any]) -> dict[str, str]:
         # the second model (kvasym.real.model_registry) and the context the cache memory is counted at
         "SecondModel": escape_latex(MODELS["gemma3-270m"].name),
         "MemoryTokens": str(MEMORY_TOKENS),
+        # llama.cpp's cache types (kvasym.blockq): their names and widths, the registry's block
+        "LlamaQFour": r"\texttt{q4\_0}",
+        "LlamaQFourBits": str(LLAMA_CPP_TYPES["q4_0"][1]),
+        "LlamaQEight": r"\texttt{q8\_0}",
+        "LlamaQEightBits": str(LLAMA_CPP_TYPES["q8_0"][1]),
+        "GgmlBlock": str(get_scheme("GGML-Q0").K.group),
     }
     m.update(FORMULAS)
     for claim in slice_.get("claims", []):
