@@ -487,3 +487,21 @@ def test_the_code_digest_cache_is_keyed_by_content_and_survives_damage(tmp_path,
     assert stages.code_digest(module) == first
     stages.code_digest.cache_clear()
     stages._file_bytes.cache_clear()
+
+
+def test_a_further_models_and_a_longer_windows_jobs_ask_for_what_they_were_measured_to_need():
+    """Gemma 3 270M's long-study jobs peaked above the primary model's requests (4K windows 11.6 GB
+    against 8 GB, the card 5.5 against 3, its calibration 3.9 against 3): their model's requests
+    cover those peaks; a window longer than 4K asks for proportionally more memory; the primary
+    model's jobs, and a job without its slice, keep the fixed requests."""
+    from kvasym.resources import MODEL_RESOURCES
+
+    measured_peak_mb = {"e2e_long": 11620, "card": 5516, "sensitivity": 3860}
+    for stage, peak in measured_peak_mb.items():
+        request = job_resources(stage, {"model": "gemma3-270m", "length": 4096})
+        assert request["mem_mb"] >= peak * 1.25 and request == dict(zip(("mem_mb", "runtime"),
+                                                                        MODEL_RESOURCES["gemma3-270m"][stage]))
+    assert job_resources("e2e_long", {"length": 4096}) == job_resources("e2e_long")
+    assert job_resources("e2e_long", {"length": 8192})["mem_mb"] == 2 * FIXED_RESOURCES["e2e_long"][0]
+    assert job_resources("e2e_long", {"model": "gemma3-270m", "length": 8192})["mem_mb"] == 32000
+    assert job_resources("passkey", {"model": "gemma3-270m"}) == job_resources("passkey")  # 2.2 GB < 3

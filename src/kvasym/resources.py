@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["FIXED_RESOURCES", "SLICE_STAGES", "job_resources"]
+__all__ = ["FIXED_RESOURCES", "MODEL_RESOURCES", "MODEL_STAGES", "SLICE_STAGES", "job_resources"]
 
 #: Stages whose request follows the size of their config slice.
 SLICE_STAGES = ("cells", "metrics", "theory")
@@ -71,6 +71,20 @@ FIXED_RESOURCES: dict[str, tuple[int, int]] = {
 }
 #: file_metrics holds the cache in float64 beside its reconstruction: MB per MB of file.
 FILE_MEMORY_FACTOR = 3
+#: The model-level stages whose request depends on the job's model (its slice's ``model``, absent
+#: for the primary model) and, for ``e2e_long``, the window length (its slice's ``length``).
+MODEL_STAGES = ("e2e", "e2e_long", "passkey", "greedy", "sensitivity", "card", "calibrate")
+#: Per further model: (mem_mb, runtime) of the stages whose measured peak exceeds the primary
+#: model's request. Gemma 3 270M's vocabulary is 5.3 times SmolLM2's (262,144 logits a row) and
+#: its jobs of config/long.yaml peaked above them (benchmark files of the run of 2026-12-06, on a
+#: shared 2-core machine): 4K windows 7.2-11.6 GB against 8 GB, the card 5.5 GB against 3 GB,
+#: its calibration 3.9 GB against 3 GB. Requests here are those peaks plus about a third.
+MODEL_RESOURCES: dict[str, dict[str, tuple[int, int]]] = {
+    "gemma3-270m": {"e2e_long": (16000, 240), "card": (8000, 60), "sensitivity": (6000, 60)},
+}
+#: Window length the e2e_long requests are for; a longer window asks for proportionally more
+#: memory (its logits and probabilities grow with it: SmolLM2's 4K windows peaked at 4.9 GB).
+E2E_LONG_REFERENCE_LENGTH = 4096
 
 
 def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb: float = 0.0) -> dict[str, int]:
@@ -82,7 +96,10 @@ def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb:
         A stage of :data:`kvasym.stages.STAGES`.
     slice_
         The job's config slice (needed by :data:`SLICE_STAGES`): ``dim``, ``seq_len``,
-        ``n_queries``, ``trials`` and optionally ``sharpness``.
+        ``n_queries``, ``trials`` and optionally ``sharpness``. For :data:`MODEL_STAGES`
+        (optional): its ``model`` (a further model's requests, :data:`MODEL_RESOURCES`) and, for
+        ``e2e_long``, its window ``length`` (memory grows with it beyond
+        :data:`E2E_LONG_REFERENCE_LENGTH`).
     input_mb
         The size of the job's input files (``file_metrics``: the cache file).
 
@@ -117,4 +134,9 @@ def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb:
     mem_mb, runtime = FIXED_RESOURCES[stage]
     if stage == "file_metrics":
         mem_mb += int(FILE_MEMORY_FACTOR * input_mb)
+    if stage in MODEL_STAGES and slice_ is not None:
+        mem_mb, runtime = MODEL_RESOURCES.get(str(slice_.get("model", "")), {}).get(stage, (mem_mb, runtime))
+        length = int(slice_.get("length", 0) or 0)
+        if stage == "e2e_long" and length > E2E_LONG_REFERENCE_LENGTH:
+            mem_mb = -(-mem_mb * length // E2E_LONG_REFERENCE_LENGTH)
     return {"mem_mb": int(mem_mb), "runtime": int(runtime)}

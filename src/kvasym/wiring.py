@@ -53,7 +53,7 @@ from .render.paper_inputs import check_paper_inputs
 from .render.reproduce import reproduce_slice
 from .render.table_model import PUBLISHED_BANDS
 from .render.tables import TABLES as RENDERED_TABLES
-from .resources import SLICE_STAGES, job_resources
+from .resources import MODEL_STAGES, SLICE_STAGES, job_resources
 from .stages import STAGES, stage_code_digest, stage_module
 from .stages.paper import LATEX_PACKAGES, have_latex
 from .study import canonical_json, load_study
@@ -261,11 +261,12 @@ class Wiring:
 
     def resources_of(self, stage: str) -> dict[str, Callable[..., int]]:
         """A rule's resources (:func:`kvasym.resources.job_resources`): from the job's slice for
-        grid stages, from the input size for file_metrics, fixed otherwise."""
+        grid stages and the model-level ones (its model, a window's length), from the input size
+        for file_metrics, fixed otherwise."""
 
         def request(key: str) -> Callable[..., int]:
             def of(w: Any, input: Any) -> int:  # noqa: A002 - Snakemake passes it by this name
-                sliced = self.job_slice(stage, w) if stage in SLICE_STAGES else None
+                sliced = self.job_slice(stage, w) if stage in (*SLICE_STAGES, *MODEL_STAGES) else None
                 return job_resources(stage, sliced, input.size_mb if stage == "file_metrics" else 0)[key]
 
             return of
