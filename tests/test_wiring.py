@@ -47,7 +47,7 @@ def _artifact_of(file: str) -> str:
     return names[0]
 
 
-def test_the_config_is_validated_once_by_the_schema(monkeypatch):
+def test_the_config_gets_two_schema_passes_not_four(monkeypatch):
     """Two passes of the schema over the whole config: the wiring's, then the Study's own over the
     filled-in copy, which leaves it as it is (before, a parse ran four and the reproduce and crate
     params one more each); the real section's sub-schema passes are not counted."""

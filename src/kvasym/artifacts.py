@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["ARTIFACTS", "BENCHMARKS_FOLDER", "DAG_FOLDER", "GENERATED_FOLDER", "JOB_KEYS", "LOGS_FOLDER",
-           "Artifact", "add_input_arguments", "artifact", "benchmark_path", "folder_of", "input_flags",
+           "Artifact", "add_input_arguments", "artifact", "benchmark_path", "flag_of", "folder_of", "input_flags",
            "log_path", "path", "pattern", "stage_flags", "template_regex", "under_results"]
 
 #: The folder the DAG writes its intermediates under (a damaged one is moved aside only here).
@@ -365,7 +365,8 @@ def benchmark_path(stage: str, **fixed: Any) -> str:
     return f"{BENCHMARKS_FOLDER}/{_job_key(stage, fixed)}.tsv"
 
 
-def _flag_of(dest: str) -> str:
+def flag_of(dest: str) -> str:
+    """The command-line flag of argument ``dest``: ``--`` and its name, underscores as dashes."""
     return "--" + dest.replace("_", "-")
 
 
@@ -398,7 +399,7 @@ def add_input_arguments(parser: argparse.ArgumentParser, inputs: Mapping[str, st
         item = artifact(name)
         when = "" if item.when == "always" or dest in required else f"; only with {_WHEN_WORDS[item.when]}"
         note = f" ({notes[dest]})" if dest in notes else ""
-        parser.add_argument(_flag_of(dest), dest=dest, required=dest in required,
+        parser.add_argument(flag_of(dest), dest=dest, required=dest in required,
                             nargs="+" if dest in many else None, default=[] if dest in many else None,
                             help=f"{item.description}{note}: {item.template} (stage {'/'.join(item.writers)}){when}")
 
@@ -424,7 +425,7 @@ def input_flags(named: Mapping[str, str | Sequence[str]]) -> str:
         paths = [paths] if isinstance(paths, str) else list(paths)
         if not paths:
             continue
-        flags.append(" ".join([_flag_of(dest), *(shlex.quote(str(p)) for p in paths)]))
+        flags.append(" ".join([flag_of(dest), *(shlex.quote(str(p)) for p in paths)]))
     return " ".join(flags)
 
 

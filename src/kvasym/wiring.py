@@ -24,13 +24,12 @@ import functools
 import inspect
 import os
 import re
-import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from .artifacts import ARTIFACTS, model_pattern, path, pattern, stage_flags, template_regex
+from .artifacts import ARTIFACTS, flag_of, input_flags, model_pattern, path, pattern, stage_flags, template_regex
 from .cachefile import file_content_sha256, inspect_cache_file
 from .cells import cell_of_path, slice_digest
 from .claims import claims_files, load_claims
@@ -340,34 +339,37 @@ class Wiring:
             return canonical_json(values)
 
         def args(wildcards: Any, input: Any, output: Any) -> str:  # noqa: A002 - Snakemake's names
-            values: dict[str, Any] = {}  # flag -> value
+            values: dict[str, Any] = {}  # argument (dest) -> its value or paths
 
             def add(candidates: Sequence[str], what: str, value: Any) -> None:
-                flag = next((c for c in candidates if c in options), None)
-                if flag is None:
+                dest = next((c for c in candidates if flag_of(c) in options), None)
+                if dest is None:
                     raise KvasymError(f"rule {stage}: {what} has no flag of `kvasym stage {stage}` "
-                                      f"(tried {', '.join(candidates)})")
-                values.setdefault(flag, value)
+                                      f"(tried {', '.join(map(flag_of, candidates))})")
+                values.setdefault(dest, value)
 
             for name, value in given.items():
-                add([_flag(name)], f"param {name}", _call(value, wildcards, input, output))
+                add([name], f"param {name}", _call(value, wildcards, input, output))
             if auto_slice:
-                add(["--slice"], "its config slice", canonical_json(self.job_slice(stage, wildcards)))
+                add(["slice"], "its config slice", canonical_json(self.job_slice(stage, wildcards)))
             for name in input.keys():
-                add([_flag(name)], f"input {name}", input[name])
+                add([name], f"input {name}", input[name])
             names = list(output.keys())
             for name in names:
-                add([_flag(f"out_{name}"), _flag(name)], f"output {name}", output[name])
+                add([f"out_{name}", name], f"output {name}", output[name])
             if not names and len(output) == 1 and "--out" in options:  # else a param names its folder
-                add(["--out"], "its output", output[0])
+                add(["out"], "its output", output[0])
             extra = _call(raw, wildcards, input, output) if raw is not None else ""
+            given_flags = {flag_of(dest) for dest in values}
             missing = [flag for flag, required in sorted(options.items())
-                       if required and flag not in values and f"{flag} " not in f"{extra} "]
+                       if required and flag not in given_flags and f"{flag} " not in f"{extra} "]
             if missing:
                 raise KvasymError(f"rule {stage}: `kvasym stage {stage}` requires {', '.join(missing)}, "
                                   "which no input, output or param of the rule gives")
-            words = [_quoted(flag, value) for flag, value in values.items()]
-            return " ".join(word for word in [*words, extra] if word)
+            # a number is one word, None none (the shared quoting of kvasym.artifacts.input_flags)
+            words = {dest: [] if value is None else str(value) if isinstance(value, (int, float)) else value
+                     for dest, value in values.items()}
+            return " ".join(word for word in [input_flags(words), extra] if word)
 
         return {"config": config, "args": args}
 
@@ -753,9 +755,6 @@ class Wiring:
         return crate_slice(self.config, self.configfiles, self.study.claims_file, writers)
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
 
 @functools.lru_cache(maxsize=None)
 def _stage_options(stage: str) -> dict[str, bool]:
@@ -778,11 +777,3 @@ def _derives(value: Any) -> bool:
     """Whether a params value is a function of the job's files (Snakemake neither records nor
     compares such a param)."""
     return callable(value) and bool({"input", "output"} & set(inspect.signature(value).parameters))
-
-
-def _quoted(flag: str, value: Any) -> str:
-    """``flag`` and its value(s), shell-quoted; an empty list or None gives nothing."""
-    items = [value] if isinstance(value, (str, int, float, os.PathLike)) else list(value or ())
-    if not items:
-        return ""
-    return " ".join([flag, *(shlex.quote(str(item)) for item in items)])

@@ -534,23 +534,8 @@ def evaluate_text(
     *,
     text: str,
     base_seed: int,
-    ropes: Iterable[str] = ROPE_MODES,
-    own: str = "exact",
-    draws: int = 1,
-    rope_schemes: Mapping[str, Sequence[str]] | None = None,
-    extra_budgets: Mapping[str, Sequence[int]] | None = None,
-    sensitivity_budget: int | None = None,
-    sensitivity_layers: Sequence[int] | None = None,
-    sensitivity_rope: str = "post",
-    sensitivity_schemes: Sequence[str] | None = None,
-    norm_dtype: str = "float32",
-    query_bases: QueryBases | None = None,
-    query_variants: Sequence[str] = (),
-    window_query_bases: QueryBases | None = None,
-    recent_windows: Mapping[str, Sequence[int]] | None = None,
-    causal_chunks: Mapping[str, Sequence[int] | int] | None = None,
-    global_only: Sequence[str] = (),
     part: tuple[int, int] = (0, 1),
+    **options: Any,
 ) -> dict[str, np.ndarray]:
     """Per-position next-token measures of every pass over one text.
 
@@ -588,6 +573,11 @@ def evaluate_text(
 
     Each follows its base pass (module docstring for both kinds of read and their bits).
 
+    ``options`` are :func:`plan_text_passes`'s keywords (``ropes``, ``own``, ``draws``,
+    ``rope_schemes``, ``extra_budgets``, the ``sensitivity_*`` ones, ``norm_dtype``, the
+    query-aware ``query_bases``, ``query_variants`` and ``window_query_bases``,
+    ``recent_windows``, ``causal_chunks``, ``global_only``), an unknown one refused.
+
     The passes are planned first (:class:`PlannedPass`), then run after the reference pass
     (:func:`execute_passes`); ``part = (p, P)`` runs part ``p`` of ``P`` of the plan
     (:func:`select_part`, round robin), so that one text's passes can run as ``P`` jobs side by side,
@@ -595,13 +585,7 @@ def evaluate_text(
     row for row the frame of ``part = (0, 1)`` (each pass's seeds come from its identity, not from
     its place in the plan).
     """
-    plan = plan_text_passes(
-        model, schemes, budgets, text=text, base_seed=base_seed, ropes=ropes, own=own, draws=draws,
-        rope_schemes=rope_schemes, extra_budgets=extra_budgets, sensitivity_budget=sensitivity_budget,
-        sensitivity_layers=sensitivity_layers, sensitivity_rope=sensitivity_rope,
-        sensitivity_schemes=sensitivity_schemes, norm_dtype=norm_dtype, query_bases=query_bases,
-        query_variants=query_variants, window_query_bases=window_query_bases, recent_windows=recent_windows,
-        causal_chunks=causal_chunks, global_only=global_only)
+    plan = plan_text_passes(model, schemes, budgets, text=text, base_seed=base_seed, **options)
     return execute_passes(model, token_ids, select_part(plan, part), text)
 
 
