@@ -275,6 +275,11 @@ def test_user_scheme_colours_follow_sorted_names():
     assert style.scheme_colors(["alpha", "zeta"]) == {"alpha": style.EXTRA_COLORS[0], "zeta": style.EXTRA_COLORS[1]}
     assert not set(style.EXTRA_COLORS) & set(style.SCHEME_COLORS.values())
     assert style.scheme_order(["zeta", "RKV", "alpha", "KV"]) == ["KV", "RKV", "alpha", "zeta"]
+    # twenty extra schemes (the paper's end-to-end set is larger than the palette): colours cycle,
+    # but no two share both colour and marker
+    names = [f"S{i:02d}" for i in range(20)]
+    looks = list(zip(style.scheme_colors(names).values(), style.scheme_markers(names).values()))
+    assert len(set(style.scheme_colors(names).values())) == len(style.EXTRA_COLORS) and len(set(looks)) == 20
 
 
 def test_given_colours_are_used_everywhere(tables):

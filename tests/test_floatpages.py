@@ -110,3 +110,22 @@ def test_the_paper_stage_has_the_escape_flag():
     args = parser.parse_args(["--main", "paper/main.tex", "--allow-single-float-pages"])
     assert args.allow_single_float_pages and not args.allow_overfull
     assert not parser.parse_args(["--main", "paper/main.tex"]).allow_single_float_pages
+
+
+def test_label_page_reads_the_printed_page_and_the_report_counts_the_pages_before_it(tmp_path):
+    from kvasym.render.floatpages import label_page
+    from kvasym.stages.paper import APPENDIX_LABEL, main_text_report
+
+    # the lines pdflatex with hyperref writes: {number}{page}{title}{anchor}{}; a title with braces
+    aux = ("\\newlabel{sec:e2e}{{7}{9}{What a {quantized} cache does}{section.7}{}}\n"
+           f"\\newlabel{{{APPENDIX_LABEL}}}{{{{9}}{{21}}{{Closed forms}}{{section*.51}}{{}}}}\n"
+           "\\newlabel{app:roman}{{A}{iv}{Roman}{appendix.A}{}}\n")
+    assert label_page(aux, "sec:e2e") == "9"
+    assert label_page(aux, APPENDIX_LABEL) == "21"
+    assert label_page(aux, "app:roman") == "iv" and label_page(aux, "missing") is None
+    path = tmp_path / "main.aux"
+    path.write_text(aux, encoding="utf-8")
+    assert main_text_report(path) == "main text: 20 pages before the appendix (page 21)"
+    path.write_text(aux.replace(APPENDIX_LABEL, "other"), encoding="utf-8")
+    assert "unknown length" in main_text_report(path) and APPENDIX_LABEL in main_text_report(path)
+    assert "unknown length" in main_text_report(tmp_path / "absent.aux")

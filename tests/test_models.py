@@ -494,3 +494,72 @@ def test_greedy_rows_render_every_model_with_its_name(tmp_path):
     assert "Gemma 3 270M & RKV & 3 & " in text and "\\label{tab:greedy}" in text and "tab:models_cost" in text
     with pytest.raises(KvasymError, match="a second table of model"):
         read_per_model([paths[0], paths[0]])
+
+
+def test_kl_table_gives_each_models_kl_distribution_as_llama_cpp_reports_it(tmp_path):
+    from kvasym.render import tables
+    from kvasym.render.table_kl import QUANTILE_COLUMNS, kl_context
+
+    paths, out = _two_model_stats(tmp_path)
+    summary = pd.read_parquet(out["summary"])
+    context = kl_context(summary)
+    assert context["names"] == {PRIMARY: MODELS[PRIMARY].name, "gemma3-270m": MODELS["gemma3-270m"].name}
+    assert [(r["model"], r["budget"], r["scheme"]) for r in context["rows"]] == [
+        (m, b, s) for m in (PRIMARY, "gemma3-270m") for b in (2, 4) for s in ("KQV", "RKV")]
+    for model in (PRIMARY, "gemma3-270m"):
+        # each row's quantiles are those of its pooled positions (the passes of its model)
+        frame = pd.concat([pd.read_parquet(p) for p in paths if p.split("/")[-1].startswith(model)])
+        for r in (r for r in context["rows"] if r["model"] == model):
+            kl = frame[(frame.scheme == r["scheme"]) & (frame.budget == r["budget"]) & (frame.rope == "post")
+                       & (frame.layer == ALL_LAYERS)]["kl"].to_numpy()
+            assert kl.size == 3 * 40
+            assert r["kl_p90"] == pytest.approx(np.quantile(kl, 0.9)) and r["kl_max"] == kl.max()
+            assert r["kl_median"] == pytest.approx(np.median(kl)) and r["kl_p999"] == pytest.approx(
+                np.quantile(kl, 0.999))
+            assert r["kl_median"] <= r["kl_p90"] <= r["kl_p99"] <= r["kl_p999"] <= r["kl_max"]
+    text = tables.table_texts({"summary": pd.DataFrame(), "e2e_summary_models": summary}, {}, ["table_kl"])["table_kl"]
+    assert "\\label{tab:kl}" in text and text.count("\\midrule") == 2 + 3  # header twice, between groups
+    assert MODELS["gemma3-270m"].name in text and "nan" not in text.lower()
+    # a summary made before the 90th percentile was stored prints no half-empty column
+    assert kl_context(summary.drop(columns=list(QUANTILE_COLUMNS[1:2])))["rows"] == []
+    empty = tables.table_texts({"summary": pd.DataFrame()}, {}, ["table_kl"])["table_kl"]
+    assert "\\begin{longtable}" not in empty and "\\label{tab:kl}" in empty
+
+
+def test_pareto_figure_draws_one_row_per_kind_of_side_information_with_distinct_styles(tmp_path):
+    """Schemes are grouped by what their side information buys (read from their specification):
+    each row's schemes have distinct colour-marker pairs and RKV is the grey reference elsewhere."""
+    from kvasym.render.figures import e2e as fe
+
+    assert fe.pareto_group("RKV") == fe.pareto_group("KQV-H") == fe.pareto_group("RKV+G") == "rotation and codebook"
+    assert fe.pareto_group("KIVI32+R128") == fe.pareto_group("KVarN") == fe.pareto_group("GGML-Q0") == (
+        "per-group scales")
+    assert fe.pareto_group("QWF+W") == fe.pareto_group("QRKV") == fe.pareto_group("SKLT+C128") == (
+        "bases and allocations")
+    assert fe.pareto_group("MyScheme") == "rotation and codebook"  # not in the registry
+    _, out = _two_model_stats(tmp_path)
+    base = pd.read_parquet(out["summary"])
+    extra = ["KIVI32", "KIVI128", "KVarN", "GGML-Q0", "GGML-Q8", "KIVI32+R128", "KIVI32+C32", "KIVI128+G", "QWF",
+             "SKLT"]
+    summary = pd.concat([base, *(base[base.scheme == "KQV"].assign(scheme=s) for s in extra)], ignore_index=True)
+    fig = fe.e2e_pareto(summary, names={PRIMARY: "S", "gemma3-270m": "G"})
+    # each scheme's line is in its own group's row (the row's label names the group)
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            if (line.get_gid() or "").startswith("scheme="):
+                scheme = line.get_gid().split("=", 1)[1]
+                row_label = next(a.get_ylabel() for a in fig.axes if a.get_subplotspec().rowspan == (
+                    ax.get_subplotspec().rowspan) and a.get_ylabel())
+                assert row_label.startswith(fe.pareto_group(scheme)), (scheme, row_label)
+    legends = {ax.get_legend().get_gid(): ax.get_legend() for ax in fig.axes if ax.get_legend() is not None}
+    assert set(legends) == {f"legend={g}" for g in fe.PARETO_GROUPS}
+    for gid, legend in legends.items():
+        styles = [(h.get_color(), h.get_marker()) for h in legend.legend_handles]
+        assert len(set(styles)) == len(styles), gid  # no two entries of a row look alike
+    assert [t.get_text() for t in legends["legend=bases and allocations"].get_texts()] == ["QWF", "SKLT",
+                                                                                         "RKV (reference)"]
+    # the reference is drawn in the rows it does not belong to, at RKV's points
+    references = [line for ax in fig.axes for line in ax.get_lines() if line.get_gid() == "reference=RKV"]
+    assert len(references) == 2 * 2
+    rkv = summary[(summary.model == PRIMARY) & (summary.scheme == "RKV")].sort_values("cache_bytes_per_token")
+    np.testing.assert_allclose(references[0].get_xdata(), rkv.cache_bytes_per_token.to_numpy())

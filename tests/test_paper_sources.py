@@ -336,8 +336,8 @@ def test_tables_render_from_synthetic_frames():
     for name, text in texts.items():
         assert "\\begin{longtable}" in text or name in ("table_disagreements", "table_real", "table_e2e",
                                                           "table_summary", "table_frontier", "table_seq_len",
-                                                          "table_model", "table_card", "table_models",
-                                                          "table_practice", "table_schemes"), name
+                                                          "table_model", "table_bands", "table_card", "table_models",
+                                                          "table_kl", "table_practice", "table_schemes"), name
         assert "\\VAR{" not in text and "\\BLOCK{" not in text and "\\#{" not in text
         assert "nan" not in text.lower().replace("nonan", ""), name
     assert "$4\\times10^{-31}$" in texts["table_tests"]  # q_log10_p = -30.4
@@ -843,3 +843,21 @@ def test_the_abstract_states_every_sections_headline_and_is_not_build_conditiona
     # one text for every build: no conditional, no "optional" part of the study
     for word in ("\\if", "\\IfFileExists", "\\ifcsname", "optional"):
         assert word not in prose, word
+
+
+def test_the_ledger_is_in_the_appendix_once_and_the_main_text_answers_the_readers_questions():
+    main = (PAPER / "main.tex").read_text(encoding="utf-8")
+    body = main[main.index("\\begin{document}"):]
+    inputs = re.findall(r"^\\input\{\\kvpaperdir sections/([a-z0-9_]+)\}", body, flags=re.M)
+    appendix_at = body.index("\\appendix")
+    after = set(re.findall(r"^\\input\{\\kvpaperdir sections/([a-z0-9_]+)\}", body[appendix_at:], flags=re.M))
+    assert "\\label{app:start}" in body[appendix_at:]  # the paper stage counts the main text's pages by it
+    # the main text, in the reader's order; the ledger, the claims one by one, the disagreements
+    # and the frontier after the appendix starts
+    main_text = [name for name in inputs if name not in after]
+    assert main_text == ["abstract", "introduction", "study", "definitions", "setup", "perhead", "baseline",
+                         "endtoend", "card", "limitations"]
+    assert {"ledger", "claims", "disagreements", "frontier", "reproduce"} <= after
+    # the ledger float once, in the appendix's ledger section
+    uses = {path.stem: path.read_text(encoding="utf-8").count("\\kvtable{claims}") for path in HAND_WRITTEN}
+    assert {k: v for k, v in uses.items() if v} == {"ledger": 1}

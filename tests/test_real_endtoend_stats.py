@@ -115,6 +115,11 @@ def test_summarize_against_direct_formulas() -> None:
             _t_bounds(kl))
         assert row.kl_p999 == pytest.approx(np.quantile(g.kl, 0.999)) and row.kl_max == g.kl.max()
         assert row.kl_p99 == pytest.approx(np.quantile(g.kl, 0.99)) and row.kl_median == pytest.approx(g.kl.median())
+        # the 90th percentile by hand: linear interpolation between order statistics (Hyndman and
+        # Fan's type 7, numpy's default), h = 0.9 (N - 1)
+        ordered, h = np.sort(g.kl.to_numpy()), 0.9 * (len(g) - 1)
+        lo = int(math.floor(h))
+        assert row.kl_p90 == pytest.approx(ordered[lo] + (h - lo) * (ordered[lo + 1] - ordered[lo]))
         assert row.top1 == pytest.approx(g.top1.mean())
         dp = np.exp(-g.nll.to_numpy()) - np.exp(-g.nll_ref.to_numpy())
         assert row.rms_dp == pytest.approx(math.sqrt(np.mean(dp * dp)), rel=1e-9)
@@ -139,6 +144,16 @@ def test_compare_schemes_ratio_and_unit_test() -> None:
     assert row.log10_p == pytest.approx(math.log10(expected.pvalue)) and row.n_units == 6
     assert row.kl_ratio == pytest.approx(math.exp(np.mean(np.log(_unit_values(a, "kl") / _unit_values(b, "kl")))))
     assert (row.bits_a, row.bits_b) == pytest.approx((4 + SIDE["KQV"], 4 + SIDE["QKQV"]))
+    # the text-clustered intervals: scipy's t interval over the 3 texts' means of the 2 draws'
+    # values (units are sorted by text, then draw)
+    per_text = diff.reshape(3, 2).mean(axis=1)
+    low_t, high_t = _t_bounds(per_text)
+    assert row.n_texts == 3
+    assert (row.ppl_ratio_low_text, row.ppl_ratio_high_text) == pytest.approx((math.exp(low_t), math.exp(high_t)))
+    log_kl = np.log(_unit_values(a, "kl") / _unit_values(b, "kl")).reshape(3, 2).mean(axis=1)
+    low_k, high_k = _t_bounds(log_kl)
+    assert (row.kl_ratio_low_text, row.kl_ratio_high_text) == pytest.approx((math.exp(low_k), math.exp(high_k)))
+    assert row.ppl_ratio_low_text < row.ppl_ratio_low  # 2 degrees of freedom instead of 5: wider here
 
 
 def test_compare_equal_bits_interpolates_in_rate_and_never_extrapolates() -> None:
@@ -248,6 +263,9 @@ def test_claim_statistics_orient_and_report_missing() -> None:
     assert (forward.details["bits_a"], forward.details["bits_b"]) == pytest.approx((4.5, 4.75))
     assert (backward.details["bits_a"], backward.details["bits_b"]) == pytest.approx((4.75, 4.5))
     assert forward.details["n_units"] == 6
+    # the smallest p six units allow (every sign alike: 2 / 2^6), and the text-clustered interval, oriented
+    assert forward.details["min_attainable_log10_p"] == pytest.approx(math.log10(2 / 2**6))
+    assert forward.details["interval_text"] == pytest.approx([1.0 / x for x in backward.details["interval_text"][::-1]])
     with pytest.raises(MissingCell):
         stat_e2e_ratio(Tables(empty, empty, empty, empty), {"a": "KQV", "b": "QKQV", "budget": 4})
     with pytest.raises(MissingCell):

@@ -46,6 +46,35 @@ def test_benchmark_costs_sum_times_and_keep_the_largest_peak(tmp_path):
         rp.benchmark_costs(tmp_path)
 
 
+def test_benchmark_costs_take_cpu_and_memory_from_the_jobs_own_cost_lines(tmp_path):
+    from kvasym.cli import _cost_line
+
+    bench, logs = tmp_path / "benchmarks", tmp_path / "logs"
+    _bench(bench / "metrics" / "g" / "d64.tsv", 1.5, 80.0, 1.0)  # its log has the cost line
+    _bench(bench / "metrics" / "g" / "d128.tsv", 2.0, 90.0, 0.5)  # its log does not (a failed job)
+    _bench(bench / "data" / "g.tsv", 0.5, 30.0, 0.25)  # no log at all
+    (logs / "metrics" / "g").mkdir(parents=True)
+    # an earlier attempt's line, then the last one: the last counts
+    (logs / "metrics" / "g" / "d64.log").write_text(
+        "kvasym: stage metrics done: cpu_s=1.00 max_rss_mib=10\nwrote x\n"
+        "kvasym: stage metrics done: cpu_s=7.25 max_rss_mib=1000\n", encoding="utf-8")
+    (logs / "metrics" / "g" / "d128.log").write_text("Traceback ...\n", encoding="utf-8")
+    costs = rp.benchmark_costs(bench, logs)
+    by = {s["stage"]: s for s in costs["stages"]}
+    assert by["metrics"]["cpu_s"] == pytest.approx(7.25 + 0.5) and by["metrics"]["wall_s"] == 3.5
+    assert by["metrics"]["peak_rss_mb"] == pytest.approx(1000 * 1.048576)  # MiB -> MB
+    assert by["data"] == {"stage": "data", "jobs": 1, "wall_s": 0.5, "cpu_s": 0.25, "peak_rss_mb": 30.0}
+    assert costs["from_logs"] == 1 and costs["total"]["cpu_s"] == pytest.approx(8.0)
+    # the line the CLI writes is the line the reader parses
+    line = _cost_line()
+    (logs / "data").mkdir()
+    (logs / "data" / "g.log").write_text(f"kvasym: stage data done: {line}\n", encoding="utf-8")
+    cpu = float(line.split()[0].split("=")[1])
+    assert rp.job_log_cost(logs / "data" / "g.log")[0] == pytest.approx(cpu)
+    assert rp.benchmark_costs(bench, logs)["from_logs"] == 2
+    assert rp.benchmark_costs(bench)["from_logs"] == 0  # without the folder: the benchmark files' CPU
+
+
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
                           env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",

@@ -627,10 +627,13 @@ def _oriented(row: pd.Series, forward: bool, log10_p: float, n_units: int) -> Me
     sign = 1.0
     if not forward:
         estimate, low, high, sign = 1.0 / estimate, 1.0 / high, 1.0 / low, -1.0
-    return Measurement(estimate, low, high, log10_p,
-                       {"rank_biserial": sign * float(row["rank_biserial"]), "n_units": n_units,
-                        "n_trials": n_units},
-                       interval=True)
+    details = {"rank_biserial": sign * float(row["rank_biserial"]), "n_units": n_units, "n_trials": n_units,
+               "min_attainable_log10_p": min_attainable_log10_p(n_units)}
+    if "ppl_ratio_low_text" in row.index:
+        # the text-clustered interval beside the units' (the draws of one text are not independent)
+        text_low, text_high = float(row["ppl_ratio_low_text"]), float(row["ppl_ratio_high_text"])
+        details["interval_text"] = [text_low, text_high] if forward else [1.0 / text_high, 1.0 / text_low]
+    return Measurement(estimate, low, high, log10_p, details, interval=True)
 
 
 def stat_e2e_ratio(t: Tables, where: Mapping[str, Any]) -> Measurement:
@@ -679,12 +682,15 @@ def stat_e2e_equal_bits(t: Tables, where: Mapping[str, Any]) -> Measurement:
         raise MissingCell(f"{where['a']}'s rate at n = {where['budget']} ({float(row['rate']):.3f} bits per value) "
                           f"is outside {where['b']}'s measured range: not evaluated (never extrapolated)")
     prefix = "ppl_ratio" if measure == "ppl" else "kl_ratio"
+    details = {"rank_biserial": float(row["rank_biserial"]), "n_units": int(row["n_units"]),
+               "n_trials": int(row["n_units"]), "rate": float(row["rate"]),
+               "b_budgets": [int(row["b_budget_low"]), int(row["b_budget_high"])],
+               "min_attainable_log10_p": min_attainable_log10_p(int(row["n_units"]))}
+    if f"{prefix}_low_text" in row.index:
+        # the text-clustered interval beside the units' (the draws of one text are not independent)
+        details["interval_text"] = [float(row[f"{prefix}_low_text"]), float(row[f"{prefix}_high_text"])]
     return Measurement(float(row[prefix]), float(row[f"{prefix}_low"]), float(row[f"{prefix}_high"]),
-                       float(row["log10_p"]),
-                       {"rank_biserial": float(row["rank_biserial"]), "n_units": int(row["n_units"]),
-                        "n_trials": int(row["n_units"]), "rate": float(row["rate"]),
-                        "b_budgets": [int(row["b_budget_low"]), int(row["b_budget_high"])]},
-                       interval=True)
+                       float(row["log10_p"]), details, interval=True)
 
 
 def stat_e2e_allocation(t: Tables, where: Mapping[str, Any]) -> Measurement:
@@ -715,12 +721,13 @@ def stat_e2e_allocation(t: Tables, where: Mapping[str, Any]) -> Measurement:
         raise MissingCell(f"no measured allocation against the {against} map at n = {where['budget']}")
     row = rows.iloc[0]
     prefix = "ppl_ratio" if measure == "ppl" else "kl_ratio"
+    details = {"rank_biserial": float(row["rank_biserial"]), "n_units": int(row["n_units"]),
+               "n_trials": int(row["n_units"]), "bits_a": float(row["bits_a"]), "bits_b": float(row["bits_b"]),
+               "min_attainable_log10_p": min_attainable_log10_p(int(row["n_units"]))}
+    if f"{prefix}_low_text" in row.index:
+        details["interval_text"] = [float(row[f"{prefix}_low_text"]), float(row[f"{prefix}_high_text"])]
     return Measurement(float(row[prefix]), float(row[f"{prefix}_low"]), float(row[f"{prefix}_high"]),
-                       float(row["log10_p"]),
-                       {"rank_biserial": float(row["rank_biserial"]), "n_units": int(row["n_units"]),
-                        "n_trials": int(row["n_units"]), "bits_a": float(row["bits_a"]),
-                        "bits_b": float(row["bits_b"])},
-                       interval=True)
+                       float(row["log10_p"]), details, interval=True)
 
 
 def stat_e2e_rank_agreement(t: Tables, where: Mapping[str, Any]) -> Measurement:

@@ -7,7 +7,14 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from kvasym.artifacts import BENCHMARKS_FOLDER, benchmark_path, log_path, path, pattern
+from kvasym.artifacts import (
+    BENCHMARKS_FOLDER,
+    LOGS_FOLDER,
+    benchmark_path,
+    log_path,
+    path,
+    pattern,
+)
 from kvasym.errors import KvasymError
 from kvasym.render.figures.registry import FIGURE_FAMILIES as FIGURE_REGISTRY
 from kvasym.stages import stage_module

@@ -73,7 +73,10 @@ rule reproduce:
         **resources_of("reproduce"),
     params:
         **stage_params(
-            "reproduce", slice=wiring.param("reproduce"), benchmarks=BENCHMARKS_FOLDER
+            "reproduce",
+            slice=wiring.param("reproduce"),
+            benchmarks=BENCHMARKS_FOLDER,
+            logs=LOGS_FOLDER,
         ),
         code=STAGE_CODE["reproduce"],  # reruns the job when the code it runs changes
     shell:

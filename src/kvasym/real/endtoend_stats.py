@@ -28,8 +28,8 @@ nll_ref_i``), laid out as llama.cpp's ``--kl-divergence`` report
     - ``ppl_ratio = exp(mean d)`` = PPL(Q)/PPL(base), its interval ``exp`` of that of ``mean d``
       and its standard error by the delta method, ``exp(mean d) se(mean d)``;
       ``ppl = exp(mean nll)``, ``ppl_ref = exp(mean nll_ref)`` (so ``ppl / ppl_ref = ppl_ratio``);
-    - next-token KL: mean (interval, standard error), median, 99th and 99.9th percentiles and
-      maximum over the pooled positions;
+    - next-token KL: mean (interval, standard error), median, 90th, 99th and 99.9th percentiles
+      and maximum over the pooled positions (``numpy.quantile``, linear method);
     - top-1 agreement (llama.cpp's "same top p"): mean with interval;
     - ``Δp_i = exp(-nll_i) - exp(-nll_ref_i)``, the change of the probability of the observed
       token: ``dp_mean`` and ``rms_dp = sqrt(mean Δp^2)``, whose interval is the square root of
@@ -167,7 +167,8 @@ def summarize(frame: pd.DataFrame, *, level: float = LEVEL) -> pd.DataFrame:
             "nll_diff_mean": d["estimate"],
             "kl_mean": kl["estimate"], "kl_mean_low": kl["low"], "kl_mean_high": kl["high"], "kl_mean_se": kl["se"],
             "kl_mean_low_text": kl_text["low"], "kl_mean_high_text": kl_text["high"],
-            "kl_median": float(np.median(kl_all)), "kl_p99": float(np.quantile(kl_all, 0.99)),
+            "kl_median": float(np.median(kl_all)), "kl_p90": float(np.quantile(kl_all, 0.90)),
+            "kl_p99": float(np.quantile(kl_all, 0.99)),
             "kl_p999": float(np.quantile(kl_all, 0.999)), "kl_max": float(kl_all.max()),
             "top1": top1["estimate"], "top1_low": top1["low"], "top1_high": top1["high"],
             "dp_mean": float(units["dp"].mean()), "rms_dp": math.sqrt(max(dp2["estimate"], 0.0)),
@@ -204,17 +205,25 @@ def align_units(cells: Sequence[pd.DataFrame], what: str) -> list[pd.DataFrame]:
 
 
 def _difference_row(diff: np.ndarray, log_kl_ratio: np.ndarray, x: np.ndarray, y: np.ndarray,
-                    level: float) -> dict[str, Any]:
+                    level: float, texts: np.ndarray) -> dict[str, Any]:
     """The perplexity ratio ``exp(mean diff)`` with its interval and the Wilcoxon test of ``x``
-    against ``y`` over the units, and the geometric-mean KL ratio ``exp(mean log_kl_ratio)``."""
+    against ``y`` over the units, and the geometric-mean KL ratio ``exp(mean log_kl_ratio)``.
+    ``texts`` names each unit's text: beside the interval over the units, the text-clustered one
+    (``*_low_text``/``*_high_text``: the t interval over the per-text means of the units'
+    values, ``T - 1`` degrees of freedom, :func:`text_clustered`), since the draws of one text
+    share its tokens; NaN with one text."""
     ci = t_interval(diff, level)
     test = stats.wilcoxon_paired(x, y)
     kl = t_interval(log_kl_ratio, level)
+    units = pd.DataFrame({"text": np.asarray(texts), "d": diff, "kl": log_kl_ratio})
+    ci_text, kl_text = text_clustered(units, "d", level), text_clustered(units, "kl", level)
     return {"ppl_ratio": math.exp(ci["estimate"]), "ppl_ratio_low": math.exp(ci["low"]),
             "ppl_ratio_high": math.exp(ci["high"]), "n_units": ci["n"], "log10_p": float(test["log10_p"]),
             "rank_biserial": float(test["rank_biserial"]), "frac_units_a_worse": float(np.mean(diff > 0)),
             "kl_ratio": math.exp(kl["estimate"]), "kl_ratio_low": math.exp(kl["low"]),
-            "kl_ratio_high": math.exp(kl["high"])}
+            "kl_ratio_high": math.exp(kl["high"]), "n_texts": int(units["text"].nunique()),
+            "ppl_ratio_low_text": math.exp(ci_text["low"]), "ppl_ratio_high_text": math.exp(ci_text["high"]),
+            "kl_ratio_low_text": math.exp(kl_text["low"]), "kl_ratio_high_text": math.exp(kl_text["high"])}
 
 
 def compare_schemes(frame: pd.DataFrame, schemes: Sequence[str], *, level: float = LEVEL) -> pd.DataFrame:
@@ -233,7 +242,7 @@ def compare_schemes(frame: pd.DataFrame, schemes: Sequence[str], *, level: float
                 continue
             ua, ub = align_units([unit_means(ga), unit_means(gb)], f"compare_schemes {a}/{b} at n = {budget} ({rope})")
             row = _difference_row((ua["d"] - ub["d"]).to_numpy(), np.log(ua["kl"] / ub["kl"]).to_numpy(),
-                                  ua["nll"].to_numpy(), ub["nll"].to_numpy(), level)
+                                  ua["nll"].to_numpy(), ub["nll"].to_numpy(), level, ua["text"].to_numpy())
             rows.append({"rope": str(rope), "budget": int(budget), "scheme_a": a, "scheme_b": b,
                          "bits_a": float(ua["bits"].mean()), "bits_b": float(ub["bits"].mean()), **row})
     return pd.DataFrame(rows)
@@ -241,7 +250,9 @@ def compare_schemes(frame: pd.DataFrame, schemes: Sequence[str], *, level: float
 
 EQUAL_BITS_COLUMNS = ("rope", "scheme_a", "budget_a", "scheme_b", "rate", "b_budget_low", "b_budget_high",
                       "evaluated", "ppl_ratio", "ppl_ratio_low", "ppl_ratio_high", "n_units", "log10_p",
-                      "rank_biserial", "frac_units_a_worse", "kl_ratio", "kl_ratio_low", "kl_ratio_high")
+                      "rank_biserial", "frac_units_a_worse", "kl_ratio", "kl_ratio_low", "kl_ratio_high",
+                      "n_texts", "ppl_ratio_low_text", "ppl_ratio_high_text", "kl_ratio_low_text",
+                      "kl_ratio_high_text")
 
 
 def compare_equal_bits(frame: pd.DataFrame, schemes: Sequence[str], *, level: float = LEVEL) -> pd.DataFrame:
@@ -284,7 +295,8 @@ def compare_equal_bits(frame: pd.DataFrame, schemes: Sequence[str], *, level: fl
                     rows.append({**base, "evaluated": False, "n_units": int(rate.size)})
                     continue
                 d_a = ua["d"].to_numpy()
-                row = _difference_row(d_a - d_at, np.log(ua["kl"].to_numpy() / kl_at), d_a, d_at, level)
+                row = _difference_row(d_a - d_at, np.log(ua["kl"].to_numpy() / kl_at), d_a, d_at, level,
+                                      ua["text"].to_numpy())
                 rows.append({**base, "evaluated": True, **row})
     return pd.DataFrame(rows, columns=list(EQUAL_BITS_COLUMNS))
 

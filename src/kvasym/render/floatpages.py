@@ -142,6 +142,18 @@ def float_labels(aux: str) -> dict[str, list[str]]:
     return out
 
 
+def label_page(aux: str, name: str) -> str | None:
+    """The printed page of label ``name`` in an ``.aux`` file's ``\\newlabel`` lines (the second
+    field of ``\\newlabel{name}{{number}{page}...}``), or None when the file does not define it."""
+    for hit in re.finditer(r"\\newlabel\{([^{}]*)\}", aux):
+        if hit[1] != name:
+            continue
+        outer, _ = _groups(aux, hit.end(), 1)
+        fields, _ = _groups(outer[0], 0, 2) if outer else ([], 0)
+        return fields[1] if len(fields) > 1 else None
+    return None
+
+
 def float_pages(record: str, aux: str = "") -> list[FloatPage]:
     """Every float-only page of a build, in page order, from the hook's record (the text of
     ``<jobname>.fpg``) and, for the floats' names, the ``.aux`` file's text."""

@@ -289,6 +289,16 @@ def ci_wrap(estimate: Any, low: Any = None, high: Any = None, digits: int = DIGI
     return Latex(f"${est}$ ${_bounds(low, high, digits, sep=_WRAP_SEP)}$")
 
 
+def interval(low: Any, high: Any, digits: int = DIGITS) -> Latex:
+    """An interval alone, for a column beside an estimate that already has one: ``$[5.32, 6.03]$``;
+    ``--`` when missing, ``unbounded`` when both ends are infinite."""
+    if _missing(low) or _missing(high):
+        return Latex("--")
+    if _unbounded(low, high):
+        return Latex("unbounded")
+    return Latex(f"${_bounds(low, high, digits)}$")
+
+
 def ci_text(low: Any, high: Any, digits: int = DIGITS) -> str:
     """An interval as plain text (Markdown, HTML): ``[5.32, 6.03]`` with :func:`sig_text`'s
     digits, ``unbounded`` when both ends are infinite, ``[5.32, inf)`` when one is, "" when
@@ -355,6 +365,7 @@ FILTERS = {
     "sig": sig,
     "num": num,
     "ci_wrap": ci_wrap,
+    "interval": interval,
     "plain": plain,
     "count": count,
     "pvalue": pvalue,

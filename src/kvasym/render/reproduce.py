@@ -19,6 +19,7 @@ existed. Without git (or outside a repository) the log is one line saying so.
 from __future__ import annotations
 
 import csv
+import re
 import hashlib
 import importlib.metadata
 import json
@@ -140,16 +141,44 @@ def hardware() -> dict[str, Any]:
     }
 
 
-def benchmark_costs(bench_dir: str | os.PathLike) -> dict[str, Any]:
+#: The line ``kvasym stage`` ends each job's log with (:func:`kvasym.cli._cost_line`): the CPU
+#: seconds of the process and of the children it waited for, from ``getrusage``, and the peak
+#: resident set in MiB.
+COST_LINE = re.compile(r"kvasym: stage \S+ done: cpu_s=(?P<cpu>[0-9.]+) max_rss_mib=(?P<rss>[0-9]+)")
+
+
+def job_log_cost(log: str | os.PathLike) -> tuple[float, float] | None:
+    """The CPU seconds and peak resident set (MB) of a job's log's last cost line
+    (:data:`COST_LINE`), or None when the log is missing or has none (a job that failed, or a
+    command that is not ``kvasym stage``)."""
+    try:
+        text = Path(log).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    hits = list(COST_LINE.finditer(text))
+    if not hits:
+        return None
+    return float(hits[-1]["cpu"]), float(hits[-1]["rss"]) * 1.048576  # MiB -> MB
+
+
+def benchmark_costs(bench_dir: str | os.PathLike, log_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """Wall time, CPU time and peak memory of every job with a Snakemake ``benchmark:`` file
     under ``bench_dir`` (``results/benchmarks/<stage>/...tsv``; one row per job, columns ``s``,
     ``cpu_time``, ``max_rss`` in MB).
 
-    Returns ``{stages: [{stage, jobs, wall_s, cpu_s, peak_rss_mb}], total: {...}}``: times are
-    summed (the cost on one core), memory is the largest peak of one job. A file that is not a
+    Snakemake samples a job's process tree now and then, so its ``cpu_time`` misses what a short
+    job or a short-lived child spends. Where ``log_dir`` holds the job's log (the same key,
+    ``<log_dir>/<stage>/....log``) with ``kvasym stage``'s closing cost line (:func:`job_log_cost`,
+    ``getrusage`` of the process and its children: exact), the job's CPU time and peak memory
+    are the log's; its wall time is always the benchmark file's.
+
+    Returns ``{stages: [{stage, jobs, wall_s, cpu_s, peak_rss_mb}], total: {...}, from_logs}``:
+    times are summed (the cost on one core), memory is the largest peak of one job,
+    ``from_logs`` the number of jobs whose CPU came from their log. A file that is not a
     benchmark table raises a :class:`KvasymError` naming it."""
     root = Path(bench_dir)
     per: dict[str, dict[str, float]] = {}
+    from_logs = 0
     for path in sorted(root.rglob("*.tsv")) if root.is_dir() else []:
         stage = path.relative_to(root).parts[0]
         if stage == "real" and len(path.relative_to(root).parts) > 2:
@@ -158,17 +187,24 @@ def benchmark_costs(bench_dir: str | os.PathLike) -> dict[str, Any]:
             rows = list(csv.DictReader(handle, delimiter="\t"))
         if not rows or not {"s", "max_rss"} <= set(rows[0]):
             raise KvasymError(f"{path}: not a Snakemake benchmark table (columns s, max_rss)")
+        logged = (job_log_cost(Path(log_dir) / path.relative_to(root).with_suffix(".log"))
+                  if log_dir is not None and len(rows) == 1 else None)
         acc = per.setdefault(stage, {"jobs": 0, "wall_s": 0.0, "cpu_s": 0.0, "peak_rss_mb": 0.0})
         for row in rows:
             acc["jobs"] += 1
             acc["wall_s"] += _float(row.get("s"))
-            acc["cpu_s"] += _float(row.get("cpu_time"))
-            acc["peak_rss_mb"] = max(acc["peak_rss_mb"], _float(row.get("max_rss")))
+            if logged is not None:
+                acc["cpu_s"] += logged[0]
+                acc["peak_rss_mb"] = max(acc["peak_rss_mb"], logged[1])
+                from_logs += 1
+            else:
+                acc["cpu_s"] += _float(row.get("cpu_time"))
+                acc["peak_rss_mb"] = max(acc["peak_rss_mb"], _float(row.get("max_rss")))
     stages = [{"stage": name, **values} for name, values in per.items()]
     total = {"jobs": sum(s["jobs"] for s in stages), "wall_s": sum(s["wall_s"] for s in stages),
              "cpu_s": sum(s["cpu_s"] for s in stages),
              "peak_rss_mb": max((s["peak_rss_mb"] for s in stages), default=0.0)}
-    return {"stages": stages, "total": total}
+    return {"stages": stages, "total": total, "from_logs": from_logs}
 
 
 def _float(value: Any) -> float:
@@ -275,9 +311,11 @@ def amendment_log(repo: str | os.PathLike, claims_path: str | os.PathLike) -> di
 
 
 def reproduce_context(slice_: Mapping[str, Any], *, bench_dir: str | os.PathLike, repo: str | os.PathLike,
-                      captures: Sequence[str | os.PathLike] = ()) -> dict[str, Any]:
+                      captures: Sequence[str | os.PathLike] = (),
+                      log_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """Everything the template ``reproduce.tex.j2`` prints (see the module doc). ``slice_``:
-    the rule's param (:func:`reproduce_slice`)."""
+    the rule's param (:func:`reproduce_slice`); ``log_dir``: the jobs' logs, whose cost lines
+    give their CPU time (:func:`benchmark_costs`)."""
     claims_file = str(slice_["claims_file"])
     git = git_state(repo)
     return {
@@ -290,7 +328,7 @@ def reproduce_context(slice_: Mapping[str, Any], *, bench_dir: str | os.PathLike
         "dag_commit": str(slice_.get("commit", "")),
         "packages": package_versions(),
         "hardware": hardware(),
-        "costs": benchmark_costs(bench_dir),
+        "costs": benchmark_costs(bench_dir, log_dir),
         "outputs": [{"what": k, "where": v} for k, v in dict(slice_["outputs"]).items()],
         "real": real_provenance(captures),
         "forward": forward_validation(slice_.get("forward_reference")),

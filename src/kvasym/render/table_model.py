@@ -7,8 +7,8 @@ passkey retrieval, and our rows beside the published small-model bands.
 
 - equal total bits: per budget ``n`` and scheme ``a``, RKV evaluated at ``a``'s measured bits per
   value (interpolated in rate, never extrapolated): the ratio of ``a``'s mean next-token KL to
-  RKV's and of the perplexities, with their intervals (rows of ``equal_bits`` with ``scheme_b =
-  RKV``);
+  RKV's and of the perplexities, with their intervals over the (text, draw) units, and the KL
+  ratio's text-clustered interval beside them (rows of ``equal_bits`` with ``scheme_b = RKV``);
 - long context: per window length and scheme, the measures of ``long_summary``, the growth
   of the damage from the first 512 positions to the window's second half, and the KL ratio to
   RKV's at the same budget, paired by window (``long_comparisons``);
@@ -81,6 +81,9 @@ def _equal_bits_rows(equal_bits: pd.DataFrame | None) -> list[dict[str, Any]]:
         out.append({"budget": int(budget), "rows": [
             {"scheme": str(r.scheme_a), "rate": float(r.rate), "evaluated": bool(r.evaluated),
              "kl_ratio": float(r.kl_ratio), "kl_low": float(r.kl_ratio_low), "kl_high": float(r.kl_ratio_high),
+             # the text-clustered interval (a table made before it was stored: none)
+             "kl_low_text": float(getattr(r, "kl_ratio_low_text", math.nan)),
+             "kl_high_text": float(getattr(r, "kl_ratio_high_text", math.nan)),
              "ppl_ratio": float(r.ppl_ratio), "ppl_low": float(r.ppl_ratio_low), "ppl_high": float(r.ppl_ratio_high),
              "log10_p": float(r.log10_p) if bool(r.evaluated) else math.nan,
              "better": bool(r.evaluated) and float(r.kl_ratio_high) < 1.0,

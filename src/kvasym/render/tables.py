@@ -54,11 +54,13 @@ TABLES: dict[str, tuple[str, str]] = {
     "table_real": ("table_real.tex.j2", "summary"),
     "table_e2e": ("table_e2e.tex.j2", "summary"),
     "table_model": ("table_model.tex.j2", "summary"),
+    "table_bands": ("table_bands.tex.j2", "summary"),
     "table_frontier": ("table_frontier.tex.j2", "summary"),
     "table_seq_len": ("table_seq_len.tex.j2", "summary"),
     "table_card": ("table_card.tex.j2", "summary"),
     "table_models": ("table_models.tex.j2", "summary"),
     "table_practice": ("table_practice.tex.j2", "summary"),
+    "table_kl": ("table_kl.tex.j2", "summary"),
     "table_schemes": ("table_schemes.tex.j2", "summary"),
 }
 INPUT_KEYS = ("summary", "comparisons", "theory", "claims")
@@ -72,7 +74,7 @@ REAL_INPUT_KEYS = ("real_cachestats", "data_manifests")
 #: Optional inputs of ``table_e2e`` (given only when the DAG has end-to-end passes): the
 #: summary and layer sensitivity of stage e2e_stats (:mod:`kvasym.render.table_e2e`).
 E2E_INPUT_KEYS = ("e2e_summary", "e2e_sensitivity")
-#: Optional inputs of ``table_model`` (:mod:`kvasym.render.table_model`): the equal-bits,
+#: Optional inputs of ``table_model`` and ``table_bands`` (:mod:`kvasym.render.table_model`): the equal-bits,
 #: long-context and passkey tables of stage e2e_stats, the end-to-end summary, and the
 #: published bands (``config/published_bands.yaml``).
 MODEL_INPUT_KEYS = ("e2e_equal_bits", "e2e_long_summary", "passkey_summary", "e2e_summary", "published_bands",
@@ -728,13 +730,17 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
             out[name] = render_template(template, **e2e_context(frames.get("e2e_summary"),
                                                                 frames.get("e2e_sensitivity")))
             continue
-        if name == "table_model":
+        if name in ("table_model", "table_bands"):
+            # one context, two floats: the bands table goes to the appendix, the rest stays in
+            # the main text
             from .table_model import model_context
 
-            out[name] = render_template(template, **model_context(
-                frames.get("e2e_equal_bits"), frames.get("e2e_long_summary"), frames.get("passkey_summary"),
-                frames.get("e2e_summary"), frames.get("published_bands"),
-                long_comparisons=frames.get("e2e_long_comparisons")))
+            if "model" not in contexts:
+                contexts["model"] = model_context(
+                    frames.get("e2e_equal_bits"), frames.get("e2e_long_summary"), frames.get("passkey_summary"),
+                    frames.get("e2e_summary"), frames.get("published_bands"),
+                    long_comparisons=frames.get("e2e_long_comparisons"))
+            out[name] = render_template(template, **contexts["model"])
             continue
         if name == "table_models":
             from .table_models import models_context
@@ -745,6 +751,11 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
             continue
         if name == "table_schemes":
             out[name] = render_template(template, schemes=list(frames.get("schemes") or []))
+            continue
+        if name == "table_kl":
+            from .table_kl import kl_context
+
+            out[name] = render_template(template, **kl_context(frames.get("e2e_summary_models")))
             continue
         if name == "table_practice":
             from .table_practice import practice_context
@@ -820,7 +831,7 @@ def render_tables(
         needed |= {key for key in REAL_INPUT_KEYS if inputs.get(key)}
     if "table_e2e" in names:
         needed |= {key for key in E2E_INPUT_KEYS if inputs.get(key)}
-    if "table_model" in names:
+    if {"table_model", "table_bands"} & set(names):
         needed |= {key for key in MODEL_INPUT_KEYS if inputs.get(key)}
     if "table_frontier" in names:
         needed |= {key for key in FRONTIER_INPUT_KEYS if inputs.get(key)}
@@ -830,7 +841,7 @@ def render_tables(
         needed |= {key for key in SEQ_LEN_INPUT_KEYS if inputs.get(key)}
     if "table_models" in names:
         needed |= {key for key in ("e2e_summary", "claims", "e2e_greedy_summary") if inputs.get(key)}
-    if "table_practice" in names:
+    if {"table_practice", "table_kl"} & set(names):
         needed |= {key for key in ("e2e_summary",) if inputs.get(key)}
     frames = {key: _read_input(key, inputs[key]) for key in sorted(needed)}
     # The end-to-end tables hold every model's rows (column model); each table but the cross-model

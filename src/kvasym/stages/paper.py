@@ -22,9 +22,11 @@ import subprocess
 from pathlib import Path
 
 from ..errors import KvasymError
-from ..render.floatpages import check_float_pages, write_hook
+from ..render.floatpages import check_float_pages, label_page, write_hook
 from ..render.latexlog import UNWRAPPED_LINE, check_no_overfull
 
+#: The label ``paper/main.tex`` sets where the appendix starts: the main text is the pages before it.
+APPENDIX_LABEL = "app:start"
 #: What a Debian or Ubuntu machine needs for the PDF.
 LATEX_PACKAGES = "latexmk texlive-latex-recommended texlive-latex-extra texlive-fonts-recommended"
 LATEX_TOOLS = ("latexmk", "pdflatex")
@@ -78,7 +80,18 @@ def build_pdf(main_tex: str | Path, out_dir: str = "build", *, allow_overfull: b
         check_no_overfull(log)
     if not allow_single_float_pages:
         check_float_pages(folder / f"{main.stem}.fpg", folder / f"{main.stem}.aux")
+    print(main_text_report(folder / f"{main.stem}.aux"), flush=True)
     return pdf
+
+
+def main_text_report(aux_path: str | Path) -> str:
+    """One line for the job's log: how many pages come before the appendix (the page of label
+    :data:`APPENDIX_LABEL` minus one, references included), the length a reader finishes."""
+    aux = Path(aux_path)
+    page = label_page(aux.read_text(encoding="utf-8", errors="replace"), APPENDIX_LABEL) if aux.is_file() else None
+    if page is None or not page.isdigit():
+        return f"main text: unknown length (no label {APPENDIX_LABEL} with an arabic page in {aux})"
+    return f"main text: {int(page) - 1} pages before the appendix (page {page})"
 
 
 def clean_auxiliary_files(folder: Path, stem: str) -> list[Path]:

@@ -2,7 +2,8 @@
 
 It runs after every job whose cost it reports (the rule's inputs are the claims ledger, the
 tables and the figures) and reads, at build time, the git state, the package versions, the
-machine, the ``benchmark:`` files, the capture files' metadata and the claims file's history
+machine, the ``benchmark:`` files and the jobs' logs' cost lines, the capture files' metadata
+and the claims file's history
 (:mod:`kvasym.render.reproduce`). Without git the amendment log is one line saying so.
 """
 
@@ -19,6 +20,8 @@ INPUTS = {"captures": "captures"}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slice", required=True, help="reproduce_slice JSON (what the DAG passes as params)")
     parser.add_argument("--benchmarks", required=True, help="the folder of the benchmark: files (results/benchmarks)")
+    parser.add_argument("--logs", help="the folder of the jobs' logs (results/logs), whose closing cost lines give "
+                        "each job's CPU time; without it the benchmark files' sampled CPU time is printed")
     add_input_arguments(parser, INPUTS, many=INPUTS, notes={"captures": "their metadata"})
     parser.add_argument("--repo", default=".", help="the repository whose git state and history are printed")
     parser.add_argument("--out", required=True, help="the .tex file to write (paper/generated/reproduce.tex)")
@@ -31,6 +34,6 @@ def run(args: argparse.Namespace) -> None:
     from ._slice import parse_slice
 
     context = reproduce_context(parse_slice(args.slice), bench_dir=args.benchmarks, repo=args.repo,
-                                captures=args.captures)
+                                captures=args.captures, log_dir=args.logs)
     write_text_atomic(render_template("reproduce.tex.j2", **context), args.out)
     print(args.out)

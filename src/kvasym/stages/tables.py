@@ -34,7 +34,7 @@ PER_MODEL = PER_MODEL_INPUT_KEYS
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_input_arguments(parser, INPUTS, many=("data_manifests", *PER_MODEL),
                         notes={"real_cachestats": "table_real", "data_manifests": "table_real, the synthetic "
-                               "distributions at the headline dim", "e2e_summary": "table_e2e",
+                               "distributions at the headline dim", "e2e_summary": "table_e2e, table_bands, table_kl",
                                "e2e_sensitivity": "table_e2e", "frontier_points": "table_frontier",
                                "seq_len_summary": "table_seq_len", "seq_len_slopes": "table_seq_len",
                                "e2e_equal_bits": "table_model", "e2e_long_summary": "table_model",
@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                "card_comparisons": "table_card", "card_allocation": "table_card",
                                "e2e_greedy_summary": "table_models, one per model"})
     parser.add_argument("--published-bands", dest="published_bands",
-                        help="the published small-model bands (config/published_bands.yaml; table_model)")
+                        help="the published small-model bands (config/published_bands.yaml; table_bands)")
     parser.add_argument("--headline", required=True,
                         help='the headline cell as JSON, e.g. {"distribution": "gaussian", "dim": 128, '
                         '"sharpness": 2.0, "budget": 4}')

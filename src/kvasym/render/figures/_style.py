@@ -104,7 +104,9 @@ EXTRA_COLORS: tuple[str, ...] = (
     "#9467BD",  # purple
     "#17BECF",  # cyan
 )
-EXTRA_MARKERS: tuple[str, ...] = ("v", "P", "X", "*", "h", "<", ">", "p")
+#: One more marker than colours: the pair (colour, marker) of the i-th extra scheme repeats only
+#: after 8 x 9 = 72 schemes, where equal lengths would give the 1st and the 9th the same look.
+EXTRA_MARKERS: tuple[str, ...] = ("v", "P", "X", "*", "h", "<", ">", "p", "d")
 #: Distributions (theory and marginal figures, where colour is not a scheme).
 DISTRIBUTION_COLORS: tuple[str, ...] = (
     "#333333", "#1B9E77", "#7570B3", "#E7298A", "#66A61E", "#A6761D", "#E6AB02", "#666666", "#D95F02", "#1F78B4",

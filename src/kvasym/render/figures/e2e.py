@@ -14,6 +14,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from ._style import (
     HEATMAP_CMAP,
@@ -89,15 +90,52 @@ def e2e_ppl_bits(summary: pd.DataFrame | None, *, colors: Mapping[str, str] | No
     return fig
 
 
+#: The rows of the memory figure: what a scheme spends its side information on. A scheme's group
+#: is read from its specification (:func:`pareto_group`); run suffixes (``+R128``, ``+C32``,
+#: ``+G``, ``+W``) keep their scheme's group.
+PARETO_GROUPS = ("rotation and codebook", "per-group scales", "bases and allocations")
+#: Drawn thin and grey in every row it does not belong to, so the rows can be read against it.
+PARETO_REFERENCE = "RKV"
+
+
+def pareto_group(name: str) -> str:
+    """The row of :func:`e2e_pareto` that scheme ``name`` is drawn in (one of
+    :data:`PARETO_GROUPS`): ``per-group scales`` when a side stores scales per group or block
+    (a grouped scalar quantizer, KIVI's and llama.cpp's, or dual scaling), ``bases and
+    allocations`` when it fits a basis or spends bits unevenly (a KLT, water-filling, or a
+    query-aware variant), ``rotation and codebook`` otherwise, the study's schemes and a name
+    the registry does not know."""
+    from ...real.queryaware import VARIANTS
+    from ...schemes import GROUPED_SCALARS, get_scheme
+
+    base = str(name).split("+")[0]
+    if base in VARIANTS:
+        return PARETO_GROUPS[2]
+    try:
+        scheme = get_scheme(base)
+    except Exception:  # a user's scheme the built-in registry does not hold
+        return PARETO_GROUPS[0]
+    sides = (scheme.K, scheme.V)
+    if any(s.scalar in GROUPED_SCALARS or getattr(s, "normalize", "none") != "none" for s in sides):
+        return PARETO_GROUPS[1]
+    if any(s.transform == "klt" or s.allocation == "waterfill" for s in sides):
+        return PARETO_GROUPS[2]
+    return PARETO_GROUPS[0]
+
+
 @styled
 def e2e_pareto(summary: pd.DataFrame | None, *, colors: Mapping[str, str] | None = None,
                names: Mapping[str, str] | None = None) -> Figure:
     """Mean next-token KL against the whole cache's bytes per token at the summary's context
     (``cache_bytes_per_token``: payload, side information and float16 rows, sliding windows
-    holding their window; :func:`kvasym.real.endtoend_stats.memory_columns`), keys after RoPE,
-    one panel per model (``model`` column; ``names`` its display names), one line per scheme
-    through its budgets; bars: the 95% t interval over (text, draw) units; log axes. The float16
-    cache's bytes per token are a dotted vertical line."""
+    holding their window; :func:`kvasym.real.endtoend_stats.memory_columns`), keys after RoPE:
+    one column of panels per model (``model`` column; ``names`` its display names), one row per
+    group of schemes (:func:`pareto_group`), one line per scheme through its budgets; bars: the
+    95% t interval over (text, draw) units; log axes shared within a model's column, so the rows
+    compare. Colours and markers are distinct within a row (a row's own palette; ``colors`` is
+    accepted for the registry's uniform call and not used), each row has its own legend, and
+    :data:`PARETO_REFERENCE` is drawn thin and grey in the rows it does not belong to. The
+    float16 cache's bytes per token are a dotted vertical line."""
     title = "Damage against memory"
     needed = {"model", "rope", "scheme", "budget", "cache_bytes_per_token", "fp16_bytes_per_token", "kl_mean",
               "kl_mean_low", "kl_mean_high"}
@@ -105,41 +143,70 @@ def e2e_pareto(summary: pd.DataFrame | None, *, colors: Mapping[str, str] | None
         return nothing_to_show(title, "no end-to-end summary with cache memory (real rows or real.e2e off)")
     post = summary[summary["rope"] == "post"]
     models = list(dict.fromkeys(post["model"]))
-    colors, markers = palette(post["scheme"].unique(), colors)
-    schemes = scheme_order(post["scheme"].unique())
-    fig, axes = new_figure(1, len(models), width=TEXT_WIDTH, height=2.6, sharey=True)
+    present = scheme_order(post["scheme"].unique())
+    groups = [(g, [s for s in present if pareto_group(s) == g]) for g in PARETO_GROUPS]
+    groups = [(g, members) for g, members in groups if members]
+    fig, axes = new_figure(len(groups), len(models), width=TEXT_WIDTH, height=0.5 + 1.75 * len(groups),
+                           sharex="col", sharey=True)
     shown_y: list[float] = []
-    for ax, model in zip(axes[0], models):
-        frame = post[post["model"] == model]
-        xs: list[float] = [float(frame["fp16_bytes_per_token"].iloc[0])]
-        for scheme in schemes:
-            g = frame[frame["scheme"] == scheme].sort_values("cache_bytes_per_token")
-            x = g["cache_bytes_per_token"].to_numpy(dtype=float)
-            y = g["kl_mean"].to_numpy(dtype=float)
-            ok = np.isfinite(x) & np.isfinite(y) & (y > 0) & (x > 0)
-            if not ok.any():
-                continue
-            low = np.maximum(g["kl_mean_low"].to_numpy(dtype=float), y * 1e-3)
-            high = g["kl_mean_high"].to_numpy(dtype=float)
-            tag_scheme(ax.errorbar(x[ok], y[ok], yerr=[y[ok] - low[ok], high[ok] - y[ok]], color=colors[scheme],
-                                   marker=markers[scheme], markersize=nested_size(schemes, scheme, 5.0, 0.7, 2.5),
-                                   lw=nested_size(schemes, scheme, 1.8, 0.4, 0.6), capsize=2,
-                                   zorder=3 + 0.1 * schemes.index(scheme)), scheme)
-            shown_y.extend(y[ok])
-            shown_y.extend(high[ok][np.isfinite(high[ok])])
-            xs.extend(x[ok])
-        ax.axvline(xs[0], color="0.4", lw=0.8, ls=":")
-        log_axis(ax, "x", xs)
-        ax.set_title(safe_text(str((names or {}).get(model, model))))
-        ax.set_xlabel(f"cache bytes per token at {int(frame['memory_tokens'].iloc[0])} tokens"
-                      if "memory_tokens" in frame.columns else "cache bytes per token")
+    shown_x: dict[str, list[float]] = {m: [] for m in models}
+
+    def draw(ax: object, frame: pd.DataFrame, scheme: str, color: str, marker: str, size: float, width: float,
+             zorder: float, reference: bool = False) -> None:
+        g = frame[frame["scheme"] == scheme].sort_values("cache_bytes_per_token")
+        x = g["cache_bytes_per_token"].to_numpy(dtype=float)
+        y = g["kl_mean"].to_numpy(dtype=float)
+        ok = np.isfinite(x) & np.isfinite(y) & (y > 0) & (x > 0)
+        if not ok.any():
+            return
+        if reference:
+            line = ax.plot(x[ok], y[ok], color="0.55", lw=0.8, ls="--", marker=marker, markersize=2.5,
+                           zorder=2)[0]
+            line.set_gid(f"reference={scheme}")
+            return
+        low = np.maximum(g["kl_mean_low"].to_numpy(dtype=float), y * 1e-3)
+        high = g["kl_mean_high"].to_numpy(dtype=float)
+        tag_scheme(ax.errorbar(x[ok], y[ok], yerr=[y[ok] - low[ok], high[ok] - y[ok]], color=color,
+                               marker=marker, markersize=size, lw=width, capsize=2, zorder=zorder), scheme)
+        shown_y.extend(y[ok])
+        shown_y.extend(high[ok][np.isfinite(high[ok])])
+
+    for row, (group, members) in enumerate(groups):
+        row_colors, row_markers = palette(members, None)
+        for col, model in enumerate(models):
+            ax = axes[row, col]
+            frame = post[post["model"] == model]
+            fp16 = float(frame["fp16_bytes_per_token"].iloc[0])
+            shown_x[model].append(fp16)
+            if PARETO_REFERENCE not in members and PARETO_REFERENCE in present:
+                draw(ax, frame, PARETO_REFERENCE, "0.55", "D", 2.5, 0.8, 2, reference=True)
+            for scheme in members:
+                draw(ax, frame, scheme, row_colors[scheme], row_markers[scheme],
+                     nested_size(members, scheme, 5.0, 0.5, 2.5), nested_size(members, scheme, 1.8, 0.2, 0.6),
+                     3 + 0.1 * members.index(scheme))
+                shown_x[model].extend(frame.loc[frame["scheme"] == scheme, "cache_bytes_per_token"].dropna())
+            ax.axvline(fp16, color="0.4", lw=0.8, ls=":")
+            if row == 0:
+                ax.set_title(safe_text(str((names or {}).get(model, model))))
+        axes[row, 0].set_ylabel(f"{group}\nmean next-token KL")
+        handles = scheme_handles(members, row_colors, row_markers)
+        labels = list(members)
+        if PARETO_REFERENCE not in members and PARETO_REFERENCE in present:
+            handles.append(Line2D([], [], color="0.55", lw=0.8, ls="--", marker="D", markersize=2.5))
+            labels.append(f"{PARETO_REFERENCE} (reference)")
+        legend = axes[row, -1].legend(handles, [safe_text(s) for s in labels], loc="center left",
+                                      bbox_to_anchor=(1.02, 0.5), ncol=1 if len(labels) <= 6 else 2,
+                                      handlelength=1.4, columnspacing=0.6)
+        legend.set_gid(f"legend={group}")
+    # one label under both columns (the legends are at the right; per-panel labels would collide)
+    fig.supxlabel(f"cache bytes per token at {int(post['memory_tokens'].iloc[0])} tokens"
+                  if "memory_tokens" in post.columns else "cache bytes per token")
+    for col, model in enumerate(models):
+        log_axis(axes[0, col], "x", shown_x[model])
     if shown_y:
-        for ax in axes[0]:
-            log_axis(ax, "y", shown_y)
-    axes[0, 0].set_ylabel("mean next-token KL")
-    suptitle(fig, f"{title}: every layer's KV cache quantized, keys after RoPE, 95% t intervals over (text, draw) "
-             "units; dotted: the float16 cache")
-    figure_legend(fig, scheme_handles(schemes, colors, markers), schemes)
+        log_axis(axes[0, 0], "y", shown_y)
+    suptitle(fig, f"{title}: every layer's KV cache quantized, keys after RoPE, one row per kind of side information; "
+             "95% t intervals over (text, draw) units; dotted: the float16 cache")
     return fig
 
 
