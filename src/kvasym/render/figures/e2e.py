@@ -42,51 +42,27 @@ ROPE_TITLES = {"post": "keys quantized after RoPE", "pre": "keys quantized befor
 def e2e_ppl_bits(summary: pd.DataFrame | None, *, colors: Mapping[str, str] | None = None,
                  model: str = "real model") -> Figure:
     """Relative perplexity increase ``ppl / ppl_ref - 1`` against the measured bits per
-    coordinate (payload and side information, mean of K and V), one line per scheme (its
-    budgets), one panel per RoPE mode; bars: the 95% t interval over (text, draw) units; log y (points
-    whose increase is not positive are left out, and the title says how many)."""
+    coordinate (payload and side information, mean of K and V): one column of panels per RoPE
+    mode, one row per group of schemes (:func:`pareto_group`, as the memory figure), one line
+    per scheme (its budgets); bars: the 95% t interval over (text, draw) units; log y (points
+    whose increase is not positive are left out, and the title says how many). Colours and
+    markers are distinct within a row (``colors`` is accepted for the registry's uniform call and
+    not used); each row has its own legend, with :data:`PARETO_REFERENCE` grey in the rows it does
+    not belong to."""
     title = f"End-to-end perplexity increase ({model})"
     needed = {"rope", "scheme", "budget", "bits_per_coordinate", "ppl_ratio", "ppl_ratio_low", "ppl_ratio_high"}
     if summary is None or summary.empty or not needed <= set(summary.columns):
         return nothing_to_show(title, "no end-to-end summary (real rows or real.e2e off)")
     ropes = [r for r in ROPE_TITLES if r in set(summary["rope"])]
-    colors, markers = palette(summary["scheme"].unique(), colors)
-    schemes = scheme_order(summary["scheme"].unique())
-    fig, axes = new_figure(1, len(ropes), width=TEXT_WIDTH, height=2.4,
-                           sharey=True)
-    hidden = 0
-    shown: list[float] = []
-    for ax, rope in zip(axes[0], ropes):
-        frame = summary[summary["rope"] == rope]
-        for scheme in schemes:
-            g = frame[frame["scheme"] == scheme].sort_values("bits_per_coordinate")
-            x = g["bits_per_coordinate"].to_numpy(dtype=float)
-            y = g["ppl_ratio"].to_numpy(dtype=float) - 1.0
-            ok = np.isfinite(x) & np.isfinite(y) & (y > 0)
-            hidden += int((~ok).sum())
-            if not ok.any():
-                continue
-            low = np.maximum(g["ppl_ratio_low"].to_numpy(dtype=float) - 1.0, y * 1e-3)
-            high = g["ppl_ratio_high"].to_numpy(dtype=float) - 1.0
-            tag_scheme(ax.errorbar(x[ok], y[ok], yerr=[y[ok] - low[ok], high[ok] - y[ok]], color=colors[scheme],
-                                   marker=markers[scheme], markersize=nested_size(schemes, scheme, 5.0, 0.7, 2.5),
-                                   lw=nested_size(schemes, scheme, 1.8, 0.4, 0.6), capsize=2,
-                                   zorder=3 + 0.1 * schemes.index(scheme)), scheme)
-            shown.extend(y[ok])
-            # the axis holds the intervals too (log_axis sets its limits from these values);
-            # a non-positive lower bound is left to the clipping of the log axis
-            raw_low = g["ppl_ratio_low"].to_numpy(dtype=float)[ok] - 1.0
-            shown.extend(raw_low[np.isfinite(raw_low) & (raw_low > 0)])
-            shown.extend(high[ok][np.isfinite(high[ok])])
-        ax.set_title(safe_text(ROPE_TITLES[rope]))
-        ax.set_xlabel("measured bits per coordinate (K and V mean)")
-    if shown:
-        for ax in axes[0]:
-            log_axis(ax, "y", shown)
-    axes[0, 0].set_ylabel("perplexity increase\n(ppl / ppl_ref - 1)")  # one line ran into the title
+    frame = summary.assign(increase=summary["ppl_ratio"] - 1.0, increase_low=summary["ppl_ratio_low"] - 1.0,
+                           increase_high=summary["ppl_ratio_high"] - 1.0)
+    hidden = int((~(np.isfinite(frame["increase"]) & (frame["increase"] > 0))).sum())
+    fig = _grouped_lines({ROPE_TITLES[r]: frame[frame["rope"] == r] for r in ropes}, "bits_per_coordinate",
+                         "increase", ylabel="perplexity increase\n(ppl / ppl_ref - 1)",
+                         xlabel="measured bits per coordinate (K and V mean)", log_x=False)
     note = f"; {hidden} point(s) with no increase not shown" if hidden else ""
-    suptitle(fig, f"{title}: every layer's KV cache quantized, 95% t intervals over (text, draw) units{note}")
-    figure_legend(fig, scheme_handles(schemes, colors, markers), schemes)
+    suptitle(fig, f"{title}: every layer's KV cache quantized, one row per kind of side information, 95% t "
+             f"intervals over (text, draw) units{note}")
     return fig
 
 
@@ -143,70 +119,86 @@ def e2e_pareto(summary: pd.DataFrame | None, *, colors: Mapping[str, str] | None
         return nothing_to_show(title, "no end-to-end summary with cache memory (real rows or real.e2e off)")
     post = summary[summary["rope"] == "post"]
     models = list(dict.fromkeys(post["model"]))
-    present = scheme_order(post["scheme"].unique())
+    columns = {str((names or {}).get(model, model)): post[post["model"] == model].rename(columns={
+        "kl_mean_low": "kl_low", "kl_mean_high": "kl_high"}) for model in models}
+    tokens = int(post["memory_tokens"].iloc[0]) if "memory_tokens" in post.columns else None
+    fig = _grouped_lines(columns, "cache_bytes_per_token", "kl_mean", low="kl_low", high="kl_high",
+                         ylabel="mean next-token KL",
+                         xlabel=f"cache bytes per token at {tokens} tokens" if tokens else "cache bytes per token",
+                         log_x=True, vline="fp16_bytes_per_token")
+    suptitle(fig, f"{title}: every layer's KV cache quantized, keys after RoPE, one row per kind of side information; "
+             "95% t intervals over (text, draw) units; dotted: the float16 cache")
+    return fig
+
+
+def _grouped_lines(columns: Mapping[str, pd.DataFrame], x: str, y: str, *, ylabel: str, xlabel: str,
+                   low: str | None = None, high: str | None = None, log_x: bool = False,
+                   vline: str | None = None) -> Figure:
+    """Panels of scheme lines: one column per entry of ``columns`` (title -> frame with columns
+    ``scheme``, ``x``, ``y`` and the interval's ``low``/``high``, default ``<y>_low``/``<y>_high``),
+    one row per group of schemes present (:func:`pareto_group`); y on a log axis shared by every
+    panel, x shared within a column (log when ``log_x``); a row's colours and markers its own
+    palette, a legend per row at its right, :data:`PARETO_REFERENCE` thin and grey in the rows it
+    does not belong to; ``vline`` a column whose first value is drawn as a dotted vertical line.
+    Points whose ``x`` or ``y`` is not finite and positive are left out."""
+    low, high = low or f"{y}_low", high or f"{y}_high"
+    present = scheme_order(pd.concat([f["scheme"] for f in columns.values()]).unique())
     groups = [(g, [s for s in present if pareto_group(s) == g]) for g in PARETO_GROUPS]
     groups = [(g, members) for g, members in groups if members]
-    fig, axes = new_figure(len(groups), len(models), width=TEXT_WIDTH, height=0.5 + 1.75 * len(groups),
+    fig, axes = new_figure(len(groups), len(columns), width=TEXT_WIDTH, height=0.5 + 1.75 * len(groups),
                            sharex="col", sharey=True)
     shown_y: list[float] = []
-    shown_x: dict[str, list[float]] = {m: [] for m in models}
-
-    def draw(ax: object, frame: pd.DataFrame, scheme: str, color: str, marker: str, size: float, width: float,
-             zorder: float, reference: bool = False) -> None:
-        g = frame[frame["scheme"] == scheme].sort_values("cache_bytes_per_token")
-        x = g["cache_bytes_per_token"].to_numpy(dtype=float)
-        y = g["kl_mean"].to_numpy(dtype=float)
-        ok = np.isfinite(x) & np.isfinite(y) & (y > 0) & (x > 0)
-        if not ok.any():
-            return
-        if reference:
-            line = ax.plot(x[ok], y[ok], color="0.55", lw=0.8, ls="--", marker=marker, markersize=2.5,
-                           zorder=2)[0]
-            line.set_gid(f"reference={scheme}")
-            return
-        low = np.maximum(g["kl_mean_low"].to_numpy(dtype=float), y * 1e-3)
-        high = g["kl_mean_high"].to_numpy(dtype=float)
-        tag_scheme(ax.errorbar(x[ok], y[ok], yerr=[y[ok] - low[ok], high[ok] - y[ok]], color=color,
-                               marker=marker, markersize=size, lw=width, capsize=2, zorder=zorder), scheme)
-        shown_y.extend(y[ok])
-        shown_y.extend(high[ok][np.isfinite(high[ok])])
-
+    shown_x: list[list[float]] = [[] for _ in columns]
+    reference = PARETO_REFERENCE in present
     for row, (group, members) in enumerate(groups):
         row_colors, row_markers = palette(members, None)
-        for col, model in enumerate(models):
+        for col, (name, frame) in enumerate(columns.items()):
             ax = axes[row, col]
-            frame = post[post["model"] == model]
-            fp16 = float(frame["fp16_bytes_per_token"].iloc[0])
-            shown_x[model].append(fp16)
-            if PARETO_REFERENCE not in members and PARETO_REFERENCE in present:
-                draw(ax, frame, PARETO_REFERENCE, "0.55", "D", 2.5, 0.8, 2, reference=True)
-            for scheme in members:
-                draw(ax, frame, scheme, row_colors[scheme], row_markers[scheme],
-                     nested_size(members, scheme, 5.0, 0.5, 2.5), nested_size(members, scheme, 1.8, 0.2, 0.6),
-                     3 + 0.1 * members.index(scheme))
-                shown_x[model].extend(frame.loc[frame["scheme"] == scheme, "cache_bytes_per_token"].dropna())
-            ax.axvline(fp16, color="0.4", lw=0.8, ls=":")
+            if vline is not None and vline in frame.columns and len(frame):
+                ax.axvline(float(frame[vline].iloc[0]), color="0.4", lw=0.8, ls=":")
+                shown_x[col].append(float(frame[vline].iloc[0]))
+            drawn = ([PARETO_REFERENCE] if reference and PARETO_REFERENCE not in members else []) + members
+            for scheme in drawn:
+                g = frame[frame["scheme"] == scheme].sort_values(x)
+                xs, ys = g[x].to_numpy(dtype=float), g[y].to_numpy(dtype=float)
+                ok = np.isfinite(xs) & np.isfinite(ys) & (ys > 0) & (xs > 0)
+                if not ok.any():
+                    continue
+                shown_x[col].extend(xs[ok])
+                if scheme not in members:  # the reference
+                    line = ax.plot(xs[ok], ys[ok], color="0.55", lw=0.8, ls="--", marker="D", markersize=2.5,
+                                   zorder=2)[0]
+                    line.set_gid(f"reference={scheme}")
+                    continue
+                lo = np.maximum(g[low].to_numpy(dtype=float), ys * 1e-3)
+                hi = g[high].to_numpy(dtype=float)
+                tag_scheme(ax.errorbar(xs[ok], ys[ok], yerr=[ys[ok] - lo[ok], hi[ok] - ys[ok]],
+                                       color=row_colors[scheme], marker=row_markers[scheme],
+                                       markersize=nested_size(members, scheme, 5.0, 0.5, 2.5),
+                                       lw=nested_size(members, scheme, 1.8, 0.2, 0.6), capsize=2,
+                                       zorder=3 + 0.1 * members.index(scheme)), scheme)
+                shown_y.extend(ys[ok])
+                # the axis holds the points and their upper bounds; a lower bound far below (an
+                # interval reaching 0) is clipped by the axis rather than stretching every row
+                shown_y.extend(hi[ok][np.isfinite(hi[ok]) & (hi[ok] > 0)])
             if row == 0:
-                ax.set_title(safe_text(str((names or {}).get(model, model))))
-        axes[row, 0].set_ylabel(f"{group}\nmean next-token KL")
-        handles = scheme_handles(members, row_colors, row_markers)
-        labels = list(members)
-        if PARETO_REFERENCE not in members and PARETO_REFERENCE in present:
+                ax.set_title(safe_text(name))
+        axes[row, 0].set_ylabel(f"{group}\n{ylabel}")
+        handles, labels = scheme_handles(members, row_colors, row_markers), list(members)
+        if reference and PARETO_REFERENCE not in members:
             handles.append(Line2D([], [], color="0.55", lw=0.8, ls="--", marker="D", markersize=2.5))
             labels.append(f"{PARETO_REFERENCE} (reference)")
         legend = axes[row, -1].legend(handles, [safe_text(s) for s in labels], loc="center left",
                                       bbox_to_anchor=(1.02, 0.5), ncol=1 if len(labels) <= 6 else 2,
                                       handlelength=1.4, columnspacing=0.6)
         legend.set_gid(f"legend={group}")
-    # one label under both columns (the legends are at the right; per-panel labels would collide)
-    fig.supxlabel(f"cache bytes per token at {int(post['memory_tokens'].iloc[0])} tokens"
-                  if "memory_tokens" in post.columns else "cache bytes per token")
-    for col, model in enumerate(models):
-        log_axis(axes[0, col], "x", shown_x[model])
+    # one label under every column (the legends are at the right; per-panel labels would collide)
+    fig.supxlabel(xlabel)
+    if log_x:
+        for col in range(len(columns)):
+            log_axis(axes[0, col], "x", shown_x[col])
     if shown_y:
         log_axis(axes[0, 0], "y", shown_y)
-    suptitle(fig, f"{title}: every layer's KV cache quantized, keys after RoPE, one row per kind of side information; "
-             "95% t intervals over (text, draw) units; dotted: the float16 cache")
     return fig
 
 

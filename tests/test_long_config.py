@@ -1,0 +1,70 @@
+"""config/long.yaml, the long-context study the paper config leaves out, as the DAG plans it.
+
+A dry run of ``--configfile config/config.yaml config/long.yaml`` (Snakemake merges the overlay
+into the paper config key by key, a list replacing a list): the jobs it adds are the ones its
+comments promise, counted from the two files by hand here, and each model-level job asks for the
+memory its window needs (kvasym.resources), so that no job of the study is killed under the
+Slurm profile for want of it.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from snakemake_workdir import ROOT, make_workdir, run_env, snakemake_cmd
+
+from kvasym.real import missing_extra_reason
+from kvasym.real.model_registry import PRIMARY
+
+_JOB = re.compile(r"^rule (\w+):\n(?:    .*\n)*?    wildcards: (.*)\n    resources: (.*)$", re.M)
+
+
+def _merged() -> dict:
+    """config.yaml with long.yaml merged in as Snakemake does (mappings recursively, other values
+    replaced)."""
+    def merge(base: dict, over: dict) -> dict:
+        out = dict(base)
+        for key, value in over.items():
+            out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        return out
+
+    return merge(yaml.safe_load((ROOT / "config/config.yaml").read_text()),
+                 yaml.safe_load((ROOT / "config/long.yaml").read_text()))
+
+
+def test_long_config_plans_every_window_and_trial_with_the_memory_it_needs(tmp_path: Path) -> None:
+    if missing_extra_reason() is not None:
+        pytest.skip(f"the long study's model jobs need the real extra ({missing_extra_reason()})")
+    workdir = make_workdir(tmp_path / "long")
+    out = subprocess.run(snakemake_cmd("-n", "--forceall", configfile="config/config.yaml") + [
+        "--configfile", "config/config.yaml", "config/long.yaml"], cwd=workdir, capture_output=True, text=True,
+        timeout=300, env=run_env())
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    jobs = []
+    for rule, wildcards, resources in _JOB.findall(out.stdout):
+        fields = dict(item.split("=", 1) for item in wildcards.split(", "))
+        mem = int(re.search(r"mem_mb=(\d+)", resources)[1])
+        jobs.append((rule, fields.get("model"), int(fields.get("length", 0) or 0), mem))
+    config = _merged()
+    e2e = config["real"]["e2e"]
+    expected = Counter()
+    for model, section in [(PRIMARY, e2e), *((m, s["e2e"]) for m, s in config["real"]["models"].items())]:
+        # a further model's section names its own parts; lengths it does not name are the primary's
+        for kind, rule in (("long_context", "e2e_long"), ("passkey", "passkey")):
+            if kind not in section:
+                continue
+            block = section[kind]
+            for length in block["lengths"]:
+                expected[(rule, model, int(length))] += int(block.get("parts", e2e[kind].get("parts", 1)))
+    planned = Counter((rule, model, length) for rule, model, length, _ in jobs if rule in ("e2e_long", "passkey"))
+    assert planned == expected
+    assert expected[("e2e_long", PRIMARY, 8192)] and expected[("passkey", PRIMARY, 8192)]
+    # memory follows the window: twice the tokens, twice the request, for both kinds of job
+    mem = {(rule, model, length): m for rule, model, length, m in jobs}
+    for rule in ("e2e_long", "passkey"):
+        assert mem[(rule, PRIMARY, 8192)] >= 2 * mem[(rule, PRIMARY, 4096)] > 0, (rule, mem)
