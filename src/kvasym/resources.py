@@ -57,7 +57,10 @@ FIXED_RESOURCES: dict[str, tuple[int, int]] = {
     # e2e_long: the reference's float32 logits and float64 probabilities of one window, T x 49152
     # each (2.4 GB at 4K tokens, 4.8 GB at 8K), the model and one pass; up to ~95 CPU-s a pass at 8K
     "e2e_long": (8000, 240),
-    # passkey: the model and one pass (only the answer's five rows meet the output matrix)
+    # passkey: the model and one pass (only the answer's five rows meet the output matrix): one
+    # trial's two passes on SmolLM2 peaked at 956, 1,004 and 1,115 MiB at 1K, 2K and 4K tokens
+    # (about 55 MiB more per 1K tokens, so about 1.3 GB at 8K), Gemma 3 270M's at 2,258 MiB at 1K;
+    # one request covers every length of config/long.yaml
     "passkey": (3000, 240),
     # greedy: the model, one prompt's full-precision steps and one pass at a time (short sequences)
     "greedy": (3000, 60),
