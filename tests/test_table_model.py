@@ -8,6 +8,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -48,6 +49,12 @@ def test_band_placement_by_hand():
     # KIVI is compared with its windowed variant when the build has it: +40% below 55.3
     assert rows["d"]["ours_scheme"] == "KIVI32+R128" and rows["d"]["place"] == "below"
     assert band_rows(bands, None)[0]["place"] == "none"
+    # a row that spends more than a bit per value above the entry's nominal bits is not the same
+    # budget (KIVI32+R128 at n = 4 on short texts: 7.75): neither inside, below nor above
+    wide = summary.assign(bits_per_coordinate=np.where(summary.scheme == "KIVI32+R128", 3.01, 2.5))
+    assert {r["id"]: r["place"] for r in band_rows(bands, wide)}["d"] == "more bits"
+    at_edge = summary.assign(bits_per_coordinate=np.where(summary.scheme == "KIVI32+R128", 3.0, 2.5))
+    assert {r["id"]: r["place"] for r in band_rows(bands, at_edge)}["d"] == "below"
 
 
 def test_the_shipped_bands_load_and_every_entry_names_its_source():
