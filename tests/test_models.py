@@ -489,9 +489,11 @@ def test_greedy_rows_render_every_model_with_its_name(tmp_path):
     assert context["rows"] == [] and [r["model"] for r in context["greedy"]] == [PRIMARY, "gemma3-270m"]
     assert [r["agree"] for r in context["greedy"]] == [7.25, 3.5]
     assert context["greedy_names"] == {PRIMARY: "SmolLM2-135M", "gemma3-270m": "Gemma 3 270M"}
-    text = render_template("table_models.tex.j2", **context)
+    # the greedy table is its own file (the appendix), from the cross-model table's context
+    text = render_template("table_greedy.tex.j2", **context)
     assert "SmolLM2-135M & RKV & 3 & $7.25\\ [2.50, 12.0]$ & $6.00$ & $25.0$ & $0.0625$ & $12.5$ \\\\" in text
-    assert "Gemma 3 270M & RKV & 3 & " in text and "\\label{tab:greedy}" in text and "tab:models_cost" in text
+    assert "Gemma 3 270M & RKV & 3 & " in text and "\\label{tab:greedy}" in text and "tab:models_cost" not in text
+    assert "tab:greedy" not in render_template("table_models.tex.j2", **context)
     with pytest.raises(KvasymError, match="a second table of model"):
         read_per_model([paths[0], paths[0]])
 

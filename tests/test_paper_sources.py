@@ -337,7 +337,8 @@ def test_tables_render_from_synthetic_frames():
         assert "\\begin{longtable}" in text or name in ("table_disagreements", "table_real", "table_e2e",
                                                           "table_summary", "table_frontier", "table_seq_len",
                                                           "table_model", "table_bands", "table_card", "table_models",
-                                                          "table_kl", "table_practice", "table_schemes"), name
+                                                          "table_greedy", "table_kl", "table_practice",
+                                                          "table_schemes"), name
         assert "\\VAR{" not in text and "\\BLOCK{" not in text and "\\#{" not in text
         assert "nan" not in text.lower().replace("nonan", ""), name
     assert "$4\\times10^{-31}$" in texts["table_tests"]  # q_log10_p = -30.4

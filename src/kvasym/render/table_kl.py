@@ -5,8 +5,9 @@ end-to-end configuration on every model, laid out as llama.cpp's ``--kl-divergen
 column ``model``; :func:`kvasym.real.endtoend_stats.summarize`), per model, budget and scheme
 (keys after RoPE, every all-layer pass): the mean next-token KL with its interval over the
 (text, draw) units, and the median, 90th, 99th and 99.9th percentiles and maximum over the pooled
-positions, beside the top-1 agreement ("same top p") and the perplexity ratio. Teacher-forced
-throughout: each position reads the full-precision prefix's quantized cache.
+positions, beside the top-1 agreement ("same top p"; the perplexity ratios are in
+``table_models``). Teacher-forced throughout: each position reads the full-precision prefix's
+quantized cache.
 
 Nothing is computed here beyond selecting and ordering the numbers the DAG computed.
 
@@ -44,7 +45,7 @@ def kl_rows(summary: pd.DataFrame) -> list[dict[str, Any]]:
             rows.append({"model": str(model), "scheme": str(r.scheme), "budget": int(r.budget),
                          "kl": float(r.kl_mean), "kl_low": float(r.kl_mean_low), "kl_high": float(r.kl_mean_high),
                          **{c: float(getattr(r, c)) for c in QUANTILE_COLUMNS},
-                         "top1": 100.0 * float(r.top1), "ppl_ratio": float(r.ppl_ratio)})
+                         "top1": 100.0 * float(r.top1)})
     return rows
 
 

@@ -59,6 +59,7 @@ TABLES: dict[str, tuple[str, str]] = {
     "table_seq_len": ("table_seq_len.tex.j2", "summary"),
     "table_card": ("table_card.tex.j2", "summary"),
     "table_models": ("table_models.tex.j2", "summary"),
+    "table_greedy": ("table_greedy.tex.j2", "summary"),
     "table_practice": ("table_practice.tex.j2", "summary"),
     "table_kl": ("table_kl.tex.j2", "summary"),
     "table_schemes": ("table_schemes.tex.j2", "summary"),
@@ -742,12 +743,14 @@ def table_texts(frames: Mapping[str, Any], headline: Mapping[str, Any],
                     long_comparisons=frames.get("e2e_long_comparisons"))
             out[name] = render_template(template, **contexts["model"])
             continue
-        if name == "table_models":
+        if name in ("table_models", "table_greedy"):
+            # one context, two floats: the greedy table goes to the appendix
             from .table_models import models_context
 
-            out[name] = render_template(template, **models_context(frames.get("e2e_summary_models"),
-                                                                   frames.get("claims"),
-                                                                   frames.get("e2e_greedy_summary")))
+            if "models" not in contexts:
+                contexts["models"] = models_context(frames.get("e2e_summary_models"), frames.get("claims"),
+                                                    frames.get("e2e_greedy_summary"))
+            out[name] = render_template(template, **contexts["models"])
             continue
         if name == "table_schemes":
             out[name] = render_template(template, schemes=list(frames.get("schemes") or []))
@@ -839,7 +842,7 @@ def render_tables(
         needed |= {key for key in CARD_INPUT_KEYS if inputs.get(key)}
     if "table_seq_len" in names:
         needed |= {key for key in SEQ_LEN_INPUT_KEYS if inputs.get(key)}
-    if "table_models" in names:
+    if {"table_models", "table_greedy"} & set(names):
         needed |= {key for key in ("e2e_summary", "claims", "e2e_greedy_summary") if inputs.get(key)}
     if {"table_practice", "table_kl"} & set(names):
         needed |= {key for key in ("e2e_summary",) if inputs.get(key)}

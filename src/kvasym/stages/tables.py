@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                "e2e_long_comparisons": "table_model",
                                "passkey_summary": "table_model", "card_summary": "table_card",
                                "card_comparisons": "table_card", "card_allocation": "table_card",
-                               "e2e_greedy_summary": "table_models, one per model"})
+                               "e2e_greedy_summary": "table_greedy, one per model"})
     parser.add_argument("--published-bands", dest="published_bands",
                         help="the published small-model bands (config/published_bands.yaml; table_bands)")
     parser.add_argument("--headline", required=True,
