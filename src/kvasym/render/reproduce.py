@@ -19,12 +19,12 @@ existed. Without git (or outside a repository) the log is one line saying so.
 from __future__ import annotations
 
 import csv
-import re
 import hashlib
 import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
