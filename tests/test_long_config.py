@@ -73,3 +73,40 @@ def test_long_config_plans_every_window_and_trial_with_the_memory_it_needs(tmp_p
     passkey = {length: m for (rule, model, length), m in mem.items() if rule == "passkey" and model == PRIMARY}
     peak_8k_mb = (1115 + 4 * 55) * 1.048576  # MiB -> MB
     assert set(passkey) == {1024, 2048, 4096, 8192} and min(passkey.values()) >= peak_8k_mb, passkey
+
+
+#: Rules that summarise the whole DAG: the overlay's further jobs change what they read.
+SUMMARY_RULES = {"gather", "e2e_join", "e2e_stats", "claims", "tables", "numbers", "reproduce", "crate", "paper",
+                 "card_page"}
+
+
+def _shell_commands(workdir: Path, *configfiles: str) -> dict[str, set[str]]:
+    """Rule -> the shell commands of its jobs in a forced dry run of ``configfiles``."""
+    out = subprocess.run(snakemake_cmd("-n", "-p", "--forceall", configfile=configfiles[0])
+                         + ["--configfile", *configfiles], cwd=workdir, capture_output=True, text=True, timeout=300,
+                         env=run_env())
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    commands: dict[str, set[str]] = {}
+    rule = None
+    for line in out.stdout.splitlines():
+        started = re.match(r"^(?:local)?rule (\w+):", line)
+        if started:
+            rule = started[1]
+        elif line.startswith("Shell command: ") and rule is not None:
+            commands.setdefault(rule, set()).add(line.removeprefix("Shell command: "))
+            rule = None
+    return commands
+
+
+def test_long_config_reruns_no_job_of_the_paper_config(tmp_path: Path) -> None:
+    """long.yaml's promise: every job the paper config runs is the same job under the overlay
+    (the same command, so the same slice and parameters), and results already built are reused;
+    only the rules that summarise the DAG read more."""
+    if missing_extra_reason() is not None:
+        pytest.skip(f"the long study's model jobs need the real extra ({missing_extra_reason()})")
+    workdir = make_workdir(tmp_path / "long")
+    base = _shell_commands(workdir, "config/config.yaml")
+    overlay = _shell_commands(workdir, "config/config.yaml", "config/long.yaml")
+    changed = {rule for rule, commands in base.items() if not commands <= overlay.get(rule, set())}
+    assert changed <= SUMMARY_RULES | {r for r in changed if r.startswith("figure_")}, sorted(changed)
+    assert {"e2e", "e2e_long", "passkey", "calibrate", "cells", "metrics"} <= set(base) - changed
