@@ -61,7 +61,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 #: The last line of every successful ``kvasym stage`` job's log (``kvasym.cli``).
-DONE = re.compile(r"^kvasym: stage (\S+) done: cpu_s=([0-9.]+) max_rss_mib=([0-9]+)$")
+from kvasym.cli import COST_LINE
+
+DONE = COST_LINE  # the line kvasym.cli writes, matched as it defines it
 #: The core counts of the printed table unless ``--cores`` says otherwise.
 DEFAULT_CORES = (2, 4, 8, 16, 64)
 #: Where a job's cost came from (:class:`Cost`), in order of preference.

@@ -18,12 +18,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-DONE = re.compile(r"^kvasym: stage (\S+) done: cpu_s=([0-9.]+) max_rss_mib=([0-9]+)$")
+from kvasym.cli import COST_LINE
+
+DONE = COST_LINE  # the line kvasym.cli writes, matched as it defines it
 
 
 def job_costs(results: Path) -> list[tuple[str, Path, float, int]]:

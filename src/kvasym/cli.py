@@ -12,6 +12,7 @@ import argparse
 import errno
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -401,6 +402,13 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
     except OSError:
         pass
+
+
+#: The job log's closing line that :func:`_cost_line` writes after ``kvasym: stage <stage> done: ``;
+#: its readers (the reproduce section's cost table, ``benchmarks/makespan.py``,
+#: ``benchmarks/run_cost.py``) match it with this pattern: stage, CPU seconds, peak RSS in MiB.
+COST_LINE = re.compile(r"^kvasym: stage (?P<stage>\S+) done: cpu_s=(?P<cpu>[0-9.]+) max_rss_mib=(?P<rss>[0-9]+)$",
+                       re.MULTILINE)
 
 
 def _cost_line() -> str:

@@ -24,7 +24,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -141,16 +140,13 @@ def hardware() -> dict[str, Any]:
     }
 
 
-#: The line ``kvasym stage`` ends each job's log with (:func:`kvasym.cli._cost_line`): the CPU
-#: seconds of the process and of the children it waited for, from ``getrusage``, and the peak
-#: resident set in MiB.
-COST_LINE = re.compile(r"kvasym: stage \S+ done: cpu_s=(?P<cpu>[0-9.]+) max_rss_mib=(?P<rss>[0-9]+)")
-
-
 def job_log_cost(log: str | os.PathLike) -> tuple[float, float] | None:
     """The CPU seconds and peak resident set (MB) of a job's log's last cost line
-    (:data:`COST_LINE`), or None when the log is missing or has none (a job that failed, or a
-    command that is not ``kvasym stage``)."""
+    (:data:`kvasym.cli.COST_LINE`: ``getrusage`` of the process and the children it waited for),
+    or None when the log is missing or has none (a job that failed, or a command that is not
+    ``kvasym stage``)."""
+    from ..cli import COST_LINE
+
     try:
         text = Path(log).read_text(encoding="utf-8", errors="replace")
     except OSError:
