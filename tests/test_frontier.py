@@ -259,6 +259,27 @@ def test_frontier_figure_draws_every_scheme_and_rings_the_pareto_points() -> Non
     assert any("beyond the axis: FAR at" in t.get_text() for t in ax.texts)
 
 
+def test_frontier_figure_draws_each_kind_of_side_information_in_its_line_style() -> None:
+    """Issue 50, point 7: the 18 schemes of a frontier panel are told apart by kind in greyscale
+    too: the rotation-and-codebook schemes solid, per-group scales dashed, bases and allocations
+    dotted (e2e.pareto_group), in the panel and in the legend, listed group by group."""
+    from kvasym.render.figures.frontier import frontier_figure
+
+    points = frontier_points(_per_query(np.random.default_rng(8)))
+    named = {"A": "RKV", "B": "KIVI128", "C": "SKLT"}
+    points = points.assign(scheme=points["scheme"].map(named))
+    fig = frontier_figure(points, "frontier_kl", sharpness=1.0)
+    [ax] = [a for a in fig.axes if a.get_visible()]
+    style = {line.get_gid(): line.get_linestyle() for line in ax.get_lines() if line.get_gid()}
+    assert style == {"scheme=RKV": "-", "scheme=KIVI128": "--", "scheme=SKLT": ":"}
+    [legend] = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["RKV", "KIVI128", "SKLT"]
+    assert [h.get_linestyle() for h in legend.legend_handles] == ["-", "--", ":"]
+    assert "dashed: per-group scales" in fig._suptitle.get_text()
+    one_kind = frontier_figure(points[points["scheme"] == "RKV"], "frontier_kl", sharpness=1.0)
+    assert "dashed" not in one_kind._suptitle.get_text()
+
+
 def test_frontier_stage_reads_files_and_pools_real_trials_by_text(tmp_path) -> None:
     import json
 
