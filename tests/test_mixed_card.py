@@ -311,23 +311,47 @@ def test_card_cli_on_a_tiny_qwen2_gguf(tmp_path, capsys):
     page = (out / "card.html").read_text()
     assert page.count("data:image/png;base64,") == 4 and "qwen2" in page
     assert "n=2 (rate" in capsys.readouterr().out
-    # the DAG's page (stage card_page) renders the same JSON into the same bytes
-    assert main(["stage", "card_page", "--card", str(out / "card.json"), "--out", str(tmp_path / "page.html")]) == 0
-    assert (tmp_path / "page.html").read_text() == page
+    # the DAG's path: stage card_page completes the card's measurements with the model's rows of
+    # the end-to-end summary (the other schemes) and writes the CLI's card and page, byte for byte
+    dag = tmp_path / "dag"
+    dag.mkdir()
+    measured = {key: value for key, value in card.items() if key not in ("frontier", "recommendations")}
+    (dag / "measurements.json").write_text(json.dumps(measured))
+    own = summary[summary["scheme"].isin(["RKV", "RKV-MA"])]
+    own.to_parquet(dag / "summary.parquet")
+    others = summary[~summary["scheme"].isin(["RKV", "RKV-MA"])]
+    pd.concat([others.assign(model="qwen-tiny"), summary.assign(model="other")]).to_parquet(dag / "e2e.parquet")
+    args = ["stage", "card_page", "--measurements", str(dag / "measurements.json"),
+            "--summary", str(dag / "summary.parquet"), "--comparisons", str(out / "comparisons.parquet"),
+            "--e2e-summary", str(dag / "e2e.parquet"), "--model", "qwen-tiny",
+            "--out-json", str(dag / "card.json"), "--out-html", str(dag / "card.html")]
+    assert main(args) == 0
+    assert (dag / "card.json").read_text() == (out / "card.json").read_text()
+    assert (dag / "card.html").read_text() == page
+    # without the other schemes' rows, the frontier and the recommendations are the card's own
+    pd.concat([others.assign(model="other")]).to_parquet(dag / "e2e.parquet")
+    assert main(args) == 0
+    alone = json.loads((dag / "card.json").read_text())
+    assert {row["scheme"] for row in alone["frontier"]} == {"RKV", "RKV-MA"}
+    assert alone["settings"] == card["settings"]  # frontier_schemes as the measurements give them
 
 
 def test_card_page_stage_refuses_a_file_that_is_not_a_card(tmp_path, capsys):
-    bad = tmp_path / "card.json"
+    bad = tmp_path / "measurements.json"
     bad.write_text("{not json")
-    assert main(["stage", "card_page", "--card", str(bad), "--out", str(tmp_path / "card.html")]) != 0
-    assert f"{bad}: not a readable model card" in capsys.readouterr().err
+    args = ["--summary", "s.parquet", "--comparisons", "c.parquet", "--e2e-summary", "e.parquet", "--model", "m"]
+    assert main(["stage", "card_page", "--measurements", str(bad), *args, "--out-json", str(tmp_path / "card.json"),
+                 "--out-html", str(tmp_path / "card.html")]) != 0
+    assert f"{bad}: not a readable card measurement" in capsys.readouterr().err
     assert not (tmp_path / "card.html").exists() and bad.read_text() == "{not json"
-    # the DAG's own card.json, damaged, goes aside so that the next run rebuilds it
-    ours = tmp_path / "results/real/card/smollm2-135m/card.json"
+    # the DAG's own measurements, damaged, go aside so that the next run rebuilds them
+    ours = tmp_path / "results/real/card/smollm2-135m/measurements.json"
     ours.parent.mkdir(parents=True)
     ours.write_text("{not json")
-    assert main(["stage", "card_page", "--card", str(ours), "--out", str(ours.with_suffix(".html"))]) != 0
-    assert not ours.exists() and (ours.parent / ".card.json.damaged").read_text() == "{not json"
+    assert main(["stage", "card_page", "--measurements", str(ours), *args, "--out-json", str(ours.parent / "card.json"),
+                 "--out-html", str(ours.parent / "card.html")]) != 0
+    assert not ours.exists() and (ours.parent / ".measurements.json.damaged").read_text() == "{not json"
+    assert not (ours.parent / "card.json").exists()
 
 
 def test_card_config_refusals():
@@ -363,8 +387,7 @@ def test_card_stage_runs_the_tied_allocation_beside_the_free_one(two_layers, tmp
     from kvasym.dataset import provenance, write_frame_atomic
     from kvasym.real import models as models_module
     from kvasym.real.card import allocated_label, evaluation_rows, tied_label
-    from kvasym.real.endtoend import evaluate_text, reference_pass
-    from kvasym.real.endtoend_stats import summarize
+    from kvasym.real.endtoend import reference_pass
     from kvasym.real.querybases import text_token_ids
     from kvasym.stages.card import OUTPUTS, run_card
 
@@ -377,15 +400,11 @@ def test_card_stage_runs_the_tied_allocation_beside_the_free_one(two_layers, tmp
     sens_path = tmp_path / "sens.parquet"
     write_frame_atomic(table, sens_path, provenance({"text": "allotment_spring"}))
     evaluation = text_token_ids(model, ["bicycle_repair"], tokens)
-    e2e = pd.DataFrame(evaluate_text(model, evaluation["bicycle_repair"], [get_scheme("RKV")], budgets,
-                                     text="bicycle_repair", base_seed=BASE_SEED, ropes=["post"], draws=2))
-    summary_path = tmp_path / "e2e_summary.parquet"
-    summarize(e2e).to_parquet(summary_path)
     slice_ = {"texts": ["bicycle_repair"], "calibration_texts": ["allotment_spring"], "max_tokens": tokens,
               "scheme": {"name": "RKV", **get_scheme("RKV").to_dict()}, "budgets": budgets, "widths": widths,
               "granularity": "layer_side", "draws": 2, "base_seed": BASE_SEED, "norm_dtype": "float32"}
     out = {name: str(tmp_path / f"{name}.out") for name in OUTPUTS}
-    run_card(slice_, [str(sens_path)], str(summary_path), out)
+    run_card(slice_, [str(sens_path)], out)
 
     free = measured_allocation(table, 2, 3, "layer_side", budgets)
     tied = measured_allocation(table, 2, 3, "layer_side", budgets, tie_sides=True)

@@ -215,11 +215,10 @@ def test_named_outputs_take_the_out_flag_the_stage_has(tiny):
     model = tiny.card_models[0]
     w = wildcards(model=model)
     sensitivity = tiny.card_sensitivity_parts(w)
-    args = tiny.stage_params("card")["args"](w, _Files(sensitivity=sensitivity, e2e_summary="s.parquet"),
-                                              _Files(**outputs))
+    args = tiny.stage_params("card")["args"](w, _Files(sensitivity=sensitivity), _Files(**outputs))
     parsed = _parsed("card", args)
     assert all(parsed[f"out_{name}"] == path for name, path in outputs.items())
-    assert parsed["sensitivity"] == sensitivity and parsed["e2e_summary"] == "s.parquet"
+    assert parsed["sensitivity"] == sensitivity
 
 
 def test_a_given_value_replaces_the_input_of_its_name_and_is_recorded(tiny):

@@ -310,11 +310,10 @@ rule sensitivity:
 
 rule card:
     # One job per model: the measured allocation, its end-to-end passes against the uniform map,
-    # the card.
+    # the card's measurements (rule card_page completes the card with the end-to-end summary).
     input:
         unpack(wiring.model_inputs("card")),
         sensitivity=wiring.card_sensitivity_parts,
-        e2e_summary=pattern("e2e_summary"),  # rule e2e_stats
     output:
         **{name: pattern(f"card_{name}") for name in wiring.card_outputs},
     log:
@@ -334,12 +333,17 @@ rule card:
 
 
 rule card_page:
-    # The card's HTML page from its JSON (a local job: an edit of the figures' style reruns
-    # only this and the figure rules).
+    # The card as JSON and HTML: the card's measurements and the model's end-to-end rows (a
+    # local job, so that the card's passes run beside the end-to-end jobs and an edit of the
+    # figures' style reruns only this and the figure rules).
     input:
-        card=pattern("card_json"),  # rule card
+        measurements=pattern("card_measurements"),  # rule card
+        summary=pattern("card_summary"),  # rule card
+        comparisons=pattern("card_comparisons"),  # rule card
+        e2e_summary=pattern("e2e_summary"),  # rule e2e_stats
     output:
-        pattern("card_html"),
+        json=pattern("card_json"),
+        html=pattern("card_html"),
     log:
         log_path("card_page"),
     benchmark:
@@ -351,7 +355,7 @@ rule card_page:
     resources:
         **resources_of("card_page"),
     params:
-        **stage_params("card_page"),
+        **stage_params("card_page", model=wiring.job_model),
         code=STAGE_CODE["card_page"],  # reruns the job when the code it runs changes
     shell:
         "kvasym stage card_page {params.args} > {log:q} 2>&1"

@@ -185,25 +185,58 @@ def build_card(*, model: Mapping[str, Any], settings: Mapping[str, Any], heads: 
     """The card as a JSON-ready mapping (module docstring): ``model``, ``settings`` (texts,
     tokens, widths, granularity, seeds), ``heads`` (per layer and KV head, means over the
     calibration texts), ``layer_sensitivity`` (per layer, side and width), ``frontier``,
-    ``allocation``, ``allocation_vs_uniform``, ``recommendations``."""
+    ``allocation``, ``allocation_vs_uniform``, ``recommendations``: :func:`card_measurements`
+    completed by :func:`complete_card`."""
+    core = card_measurements(model=model, settings=settings, heads=heads, sensitivity=sensitivity,
+                             allocation=allocation, comparisons=comparisons, reference=reference, allocated=allocated)
+    return complete_card(core, summary, comparisons, budgets)
+
+
+def card_measurements(*, model: Mapping[str, Any], settings: Mapping[str, Any], heads: pd.DataFrame,
+                      sensitivity: pd.DataFrame, allocation: pd.DataFrame, comparisons: pd.DataFrame,
+                      reference: str, allocated: str) -> dict[str, Any]:
+    """The part of the card its own passes measure (the DAG's ``card`` stage): ``format``,
+    ``model``, ``settings`` (with ``reference``), ``heads``,
+    ``layer_sensitivity``, ``allocation`` and ``allocation_vs_uniform``; the frontier and the
+    recommendations, which read the other schemes' end-to-end rows too, are added by
+    :func:`complete_card`."""
     numeric = [c for c in HEAD_COLUMNS if c not in ("text", "layer", "kv_head")]
     head_means = heads.groupby(["layer", "kv_head"], as_index=False)[numeric].mean()
     layer_side = sensitivity.groupby(["layer", "side", "width"], as_index=False)[["bits", "kl", "dnll", "top1"]].mean()
-    frontier_cols = ["scheme", "budget", "bits_per_coordinate", "kl_mean", "kl_mean_low", "kl_mean_high",
-                     "ppl_ratio", "ppl_ratio_low", "ppl_ratio_high", "top1", "n_units"]
-    frontier = summary[summary["rope"] == "post"][frontier_cols].sort_values(["scheme", "budget"])
     return {
         "format": CARD_FORMAT,
         "model": dict(model),
-        "settings": dict(settings),
+        "settings": {**settings, "reference": reference},
         "heads": _records(head_means),
         "layer_sensitivity": _records(layer_side),
-        "frontier": _records(frontier),
         "allocation": _records(allocation),
         "allocation_vs_uniform": _records(comparisons[(comparisons["scheme_a"] == allocated)
                                                       & (comparisons["scheme_b"] == reference)]),
-        "recommendations": recommendations(summary, comparisons, reference, allocated, budgets),
     }
+
+
+#: The frontier's columns in the card (the end-to-end summary's, rope ``post``).
+FRONTIER_COLUMNS = ("scheme", "budget", "bits_per_coordinate", "kl_mean", "kl_mean_low", "kl_mean_high",
+                    "ppl_ratio", "ppl_ratio_low", "ppl_ratio_high", "top1", "n_units")
+
+
+def complete_card(measurements: Mapping[str, Any], summary: pd.DataFrame, comparisons: pd.DataFrame,
+                  budgets: Sequence[int]) -> dict[str, Any]:
+    """The card: :func:`card_measurements` with its ``frontier`` (the rows of ``summary``, every
+    all-layer pass and the card's own, rope ``post``) and ``recommendations``
+    (:func:`recommendations` at each of ``budgets``; the allocation's rows are those of
+    :func:`allocated_label` of ``settings.reference``). Without ``settings.frontier_schemes``, it
+    is set to the frontier's schemes other than the reference and the allocation."""
+    card = dict(measurements)
+    settings = dict(card["settings"])
+    reference = str(settings["reference"])
+    allocated = allocated_label(reference)
+    frontier = summary[summary["rope"] == "post"][list(FRONTIER_COLUMNS)].sort_values(["scheme", "budget"])
+    settings.setdefault("frontier_schemes", sorted(set(summary["scheme"]) - {reference, allocated}))
+    card["settings"] = settings
+    card["frontier"] = _records(frontier)
+    card["recommendations"] = recommendations(summary, comparisons, reference, allocated, budgets)
+    return card
 
 
 # --------------------------------------------------------------------------- measuring

@@ -9,8 +9,10 @@ V tied, at granularity ``layer_side``: what K != V widths add) (:func:`kvasym.re
 3 passes x budgets x texts x draws, ~3 CPU-s each at 512 tokens on SmolLM2), and writes the
 per-position rows, their summary and paired comparisons (:mod:`kvasym.real.endtoend_stats`: the
 allocation against the uniform map, then against the tied one), the allocation tables, the
-head statistics, and the card as JSON with the end-to-end summary (stage ``e2e_stats``) as its
-frontier (stage ``card_page`` renders its page).
+head statistics, and the card's measurements as JSON (:func:`kvasym.real.card.card_measurements`).
+It reads no end-to-end result, so that it runs beside the end-to-end jobs: stage ``card_page``
+completes the card with the end-to-end summary (stage ``e2e_stats``) as its frontier, and
+renders its page.
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ from ._slice import add_slice_arguments, stage_slice
 #: Columns of the per-layer sensitivity table (the calibration texts' means per layer, side, width).
 LAYER_COLUMNS = ("layer", "side", "width", "bits", "kl", "dnll", "top1")
 
-OUTPUTS = ("json", "allocation", "allocation_tied", "layers", "passes", "summary", "comparisons", "heads")
+OUTPUTS = ("measurements", "allocation", "allocation_tied", "layers", "passes", "summary", "comparisons", "heads")
 
 
-def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], e2e_summary: str,
-             out: dict[str, str], model_file: str | None = None) -> None:
+def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], out: dict[str, str],
+             model_file: str | None = None) -> None:
     """The card's tables and pages (``out``: output name -> path); ``slice_`` holds ``texts``
     (evaluation), ``calibration_texts``, ``max_tokens``, ``scheme`` (a scheme dict), ``budgets``,
     ``widths``, ``granularity``, ``draws``, ``base_seed``, ``norm_dtype``.
@@ -39,25 +41,24 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], e2e_summa
     cache statistics of the calibration texts (:func:`kvasym.real.card.head_statistics`, one
     full-precision pass a text) are computed here, where the model is loaded anyway, so that a
     sensitivity job can be cut into parts. The model is ``slice_["model"]`` (absent: the primary),
-    read from ``model_file`` when assembled from chunk packages; its frontier is its own rows of
-    the end-to-end summary."""
+    read from ``model_file`` when assembled from chunk packages."""
     import json
 
     import pandas as pd
 
     from ..atomic import write_text_atomic
-    from ..dataset import provenance, read_parquet_checked, write_frame_atomic
+    from ..dataset import provenance, write_frame_atomic
     from ..real.card import (
         ALLOCATION_PURPOSE,
         allocated_label,
-        build_card,
+        card_measurements,
         evaluation_rows,
         head_statistics,
         model_description,
         tied_label,
     )
     from ..real.endtoend_stats import compare_schemes, summarize
-    from ..real.models import PRIMARY, model_rows, slice_model
+    from ..real.models import slice_model
     from ..real.jobparts import read_job_parts
     from ..real.mixed import measured_allocation
     from ..real.querybases import check_disjoint, text_token_ids
@@ -90,16 +91,12 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], e2e_summa
     comparisons = pd.concat([compare_schemes(passes, [label, reference]),
                              *([compare_schemes(passes, [label, tied_label(reference)])] if tied is not None else [])],
                             ignore_index=True)
-    frontier = model_rows(read_parquet_checked(e2e_summary), str(slice_.get("model", PRIMARY)))
-    frontier = pd.concat([frontier[frontier["scheme"] != reference], summary], ignore_index=True)
     settings = {"calibration_texts": calibration, "evaluation_texts": texts, "tokens": int(slice_["max_tokens"]),
                 "budgets": budgets, "widths": [int(w) for w in slice_["widths"]],
                 "granularity": str(slice_["granularity"]), "reference": reference, "draws": int(slice_["draws"]),
-                "base_seed": int(slice_["base_seed"]), "norm_dtype": str(slice_["norm_dtype"]),
-                "frontier_schemes": sorted(set(frontier["scheme"]) - {reference, label})}
-    card = build_card(model=model_description(model), settings=settings, heads=heads, sensitivity=sensitivity,
-                      allocation=allocation, summary=frontier, comparisons=comparisons, reference=reference,
-                      allocated=label, budgets=budgets)
+                "base_seed": int(slice_["base_seed"]), "norm_dtype": str(slice_["norm_dtype"])}
+    card = card_measurements(model=model_description(model), settings=settings, heads=heads, sensitivity=sensitivity,
+                             allocation=allocation, comparisons=comparisons, reference=reference, allocated=label)
     meta = {**provenance(slice_), "model_sha256": model.model_sha256}
     layers = pd.DataFrame(card["layer_sensitivity"], columns=list(LAYER_COLUMNS))
     no_tied = allocation.iloc[:0]  # granularity "layer": nothing to tie (the columns and dtypes kept)
@@ -107,20 +104,20 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], e2e_summa
                         ("layers", layers), ("passes", passes), ("summary", summary), ("comparisons", comparisons),
                         ("heads", heads)):
         write_frame_atomic(frame, out[name], meta)
-    write_text_atomic(json.dumps(card, indent=1, sort_keys=True) + "\n", out["json"])
+    write_text_atomic(json.dumps(card, indent=1, sort_keys=True) + "\n", out["measurements"])
 
 
 #: The stage's inputs: argument -> artifact (kvasym.artifacts); a damaged one is moved aside.
-INPUTS = {"sensitivity": "card_sensitivity", "e2e_summary": "e2e_summary", "model_file": "model_file"}
+INPUTS = {"sensitivity": "card_sensitivity", "model_file": "model_file"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "card")
-    add_input_arguments(parser, INPUTS, required=("sensitivity", "e2e_summary"), many=("sensitivity",))
+    add_input_arguments(parser, INPUTS, required=("sensitivity",), many=("sensitivity",))
     for name in OUTPUTS:
         parser.add_argument(f"--out-{name.replace('_', '-')}", required=True, help=f"the card's {name} output")
 
 
 def run(args: argparse.Namespace) -> None:
-    run_card(stage_slice(args, "card"), args.sensitivity, args.e2e_summary,
+    run_card(stage_slice(args, "card"), args.sensitivity,
              {name: getattr(args, f"out_{name}") for name in OUTPUTS}, args.model_file)
