@@ -95,6 +95,26 @@ def typed_digits(text: str) -> list[tuple[int, str]]:
     return [(i + 1, line.strip()) for i, line in enumerate(text.split("\n")) if re.search(r"\d", line)]
 
 
+#: What a backslash escape of a Python string leaves of a LaTeX command at a line's start
+#: ("\\r" of \ref became a line break: the PDF printed "Table eftab:card").
+ESCAPE_RESIDUE = re.compile(r"(?m)^(ef|eqref|rac|extbf|extit|ext|oindent|ewline|abla|heta|imes)\{")
+
+
+def test_no_source_holds_what_a_python_escape_leaves_of_a_command():
+    """Hand-written sections and templates hold no control character (tab, form feed, carriage
+    return, backspace, bell, vertical tab: what ``\\t``, ``\\f``, ``\\r``, ``\\b``, ``\\a``,
+    ``\\v`` become in a Python string) and no line starting with the rest of a command whose
+    backslash and first letter an escape took (``ef{`` of ``\\ref{``)."""
+    sources = [*HAND_WRITTEN, *sorted((ROOT / "src/kvasym/templates").glob("*.j2"))]
+    assert sources
+    for path in sources:
+        text = path.read_text(encoding="utf-8")
+        assert not set(text) & set("\a\b\f\r\t\v"), (path, "control character")
+        hit = ESCAPE_RESIDUE.search(text)
+        assert hit is None, (path, text[:hit.start()].count("\n") + 1, hit.group(0))
+
+
+
 @pytest.mark.parametrize(
     "snippet",
     [
