@@ -313,9 +313,16 @@ def test_twins_pair_by_statistic_and_where():
          "verdict": "holds", "estimate": 0.5, "low": 0.4, "high": 0.6},
     ]
     pairs = twin_pairs(claims)
-    assert [p["outcome"] for p in pairs] == ["primary only", "not evaluated"]
+    assert [p["outcome"] for p in pairs] == ["the first model only", "not evaluated"]
     assert pairs[0]["primary"]["id"] == "C1" and pairs[0]["second"]["id"] == "G1"
     assert pairs[0]["statement"] == "KQV beats RKV" and pairs[1]["primary"] is None
+    # with the models' names: the outcome names the model, the row's finding names neither
+    claims[0] = {**claims[0], "statement": "KQV beats RKV on SmolLM2-135M"}
+    claims[1] = {**claims[1], "verdict": "holds"}
+    claims[0] = {**claims[0], "verdict": "does not hold"}
+    named = twin_pairs(claims, {PRIMARY: "SmolLM2-135M", "gemma3-270m": "Gemma 3 270M"})
+    assert [p["outcome"] for p in named] == ["Gemma 3 270M only", "not evaluated"]
+    assert named[0]["statement"] == "KQV beats RKV on the model"
     assert models_context(None, claims)["rows"] == []
     one_model = pd.DataFrame({"model": [PRIMARY]})
     assert models_context(one_model, claims)["pairs"] == []

@@ -41,9 +41,17 @@ def _claim(r: Mapping[str, Any]) -> dict[str, Any]:
             "low": _float(r.get("low")), "high": _float(r.get("high"))}
 
 
-def twin_pairs(claims: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def twin_pairs(claims: Sequence[Mapping[str, Any]], names: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Each further-model claim with its primary-model twin (same statistic and ``where`` but
-    ``model``), in ledger order; a further-model claim without a twin is paired with None."""
+    ``model``), in ledger order; a further-model claim without a twin is paired with None.
+
+    ``names``: model key -> display name. A pair's ``statement`` is its twin's with the primary
+    model's name read as "the model" (the row stands for both models), and an ``outcome`` that
+    holds on one model names it ("<name> only")."""
+    from ..real.model_registry import PRIMARY
+
+    names = dict(names or {})
+    first = names.get(PRIMARY, "the first model")
     def key(r: Mapping[str, Any]) -> tuple[str, str]:
         where = {k: v for k, v in (r.get("where") or {}).items() if k != "model"}
         return str(r.get("statistic")), repr(sorted(where.items()))
@@ -61,8 +69,11 @@ def twin_pairs(claims: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         evaluated = all(c["verdict"] != "not evaluated" for c in (theirs, mine) if c is not None)
         outcome = ("not evaluated" if not evaluated or theirs is None
                    else "both" if all(holds) else "neither" if not any(holds)
-                   else "primary only" if holds[0] else "second only")
-        pairs.append({"statement": str((twin or r).get("statement", "")), "model": str(model),
+                   else f"{first} only" if holds[0] else f"{names.get(str(model), str(model))} only")
+        statement = str((twin or r).get("statement", ""))
+        if PRIMARY in names:
+            statement = statement.replace(names[PRIMARY], "the model")
+        pairs.append({"statement": statement, "model": str(model),
                       "primary": theirs, "second": mine, "outcome": outcome})
     return pairs
 
@@ -119,5 +130,5 @@ def models_context(summary: pd.DataFrame | None, claims: Sequence[Mapping[str, A
     if summary is None or "model" not in summary.columns or summary["model"].nunique() < 2:
         return {"rows": [], "pairs": [], "names": {}, "greedy": greedy_part, "greedy_names": greedy_names}
     names = {key: name_of(key) for key in dict.fromkeys(summary["model"])}
-    return {"rows": cost_rows(summary), "pairs": twin_pairs(list(claims or [])), "names": names,
+    return {"rows": cost_rows(summary), "pairs": twin_pairs(list(claims or []), names), "names": names,
             "greedy": greedy_part, "greedy_names": greedy_names}

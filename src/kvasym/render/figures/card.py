@@ -39,7 +39,8 @@ def card_sensitivity(layers: pd.DataFrame | None, *, model: str = "real model") 
                 continue
             (line,) = ax.plot(g["layer"].to_numpy()[ok], y[ok], color=SIDE_COLORS.get(side, "k"),
                               ls="-" if side == "K" else "--", lw=1.0, marker="o", ms=2.5,
-                              alpha=0.35 + 0.65 * (i + 1) / len(widths), label=f"{side}, {width} bits")
+                              alpha=0.35 + 0.65 * (i + 1) / len(widths),
+                              label=f"{side}, {width} bit{'' if width == 1 else 's'}")
             line.set_gid(f"side={side}@{width}")
             shown.extend(y[ok])
     if shown:
