@@ -271,18 +271,7 @@ def encode_rows(x, inv, signs, scale, rotate, thresholds, bits, out, centroids, 
             return
         for b in range(width):
             row_inv[b] = inv[start + b]  # rounded to the dtype, as the reference's inv.astype
-        if rotate:  # the sign flip is exact, so it joins the normalization
-            for j in range(dim):
-                sj = signs[j]
-                for b in range(width):
-                    u[j, b] = (u[j, b] * row_inv[b]) * sj
-        else:
-            for j in range(dim):
-                for b in range(width):
-                    u[j, b] = u[j, b] * row_inv[b]
-        for j in range(dim, work):
-            for b in range(width):
-                u[j, b] = 0
+        normalize_block(u, row_inv, signs, rotate, dim, work, width)
         if rotate:
             fwht_block(u, width)
             for j in range(work):
@@ -303,35 +292,65 @@ def encode_rows(x, inv, signs, scale, rotate, thresholds, bits, out, centroids, 
             pack_words(codes, out.view(np.uint32), start, width, work, bits, words)
             continue
         if work % 8 == 0:
-            # 8 codes fill exactly `bits` bytes: build each group as a uint64 over the block's
-            # rows (vector lanes), then split it into its bytes
-            for g in range(work // 8):
-                for b in range(width):
-                    groups[b] = 0
-                for t in range(8):
-                    shift = np.uint64(t * bits)
-                    for b in range(width):
-                        groups[b] |= np.uint64(codes[8 * g + t, b]) << shift
-                for q in range(bits):
-                    shift = np.uint64(8 * q)
-                    for b in range(width):
-                        out[start + b, g * bits + q] = np.uint8((groups[b] >> shift) & np.uint64(0xFF))
-            continue
+            pack_groups(codes, out, start, width, work, bits, groups)
+        else:
+            pack_stream(codes, out, start, width, work, bits)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def normalize_block(u, row_inv, signs, rotate, dim, work, width):
+    # each row of the block times its inverse norm (rounded to the dtype, as the reference's
+    # inv.astype), with the rotation's sign flip, which is exact, in the same product; the rows
+    # zero-padded from dim to the work length
+    if rotate:
+        for j in range(dim):
+            sj = signs[j]
+            for b in range(width):
+                u[j, b] = (u[j, b] * row_inv[b]) * sj
+    else:
+        for j in range(dim):
+            for b in range(width):
+                u[j, b] = u[j, b] * row_inv[b]
+    for j in range(dim, work):
         for b in range(width):
-            row = out[start + b]
-            acc = np.uint64(0)
-            filled = 0
-            k = 0
-            for j in range(work):
-                acc |= np.uint64(codes[j, b]) << np.uint64(filled)
-                filled += bits
-                while filled >= 8:
-                    row[k] = np.uint8(acc & np.uint64(0xFF))
-                    acc >>= np.uint64(8)
-                    filled -= 8
-                    k += 1
-            if filled > 0:
+            u[j, b] = 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def pack_groups(codes, out, start, width, work, bits, groups):
+    # 8 codes fill exactly `bits` bytes: build each group as a uint64 over the block's rows
+    # (vector lanes), then split it into its bytes
+    for g in range(work // 8):
+        for b in range(width):
+            groups[b] = 0
+        for t in range(8):
+            shift = np.uint64(t * bits)
+            for b in range(width):
+                groups[b] |= np.uint64(codes[8 * g + t, b]) << shift
+        for q in range(bits):
+            shift = np.uint64(8 * q)
+            for b in range(width):
+                out[start + b, g * bits + q] = np.uint8((groups[b] >> shift) & np.uint64(0xFF))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def pack_stream(codes, out, start, width, work, bits):
+    # any other length: each row's codes as one little-endian bit stream, byte by byte
+    for b in range(width):
+        row = out[start + b]
+        acc = np.uint64(0)
+        filled = 0
+        k = 0
+        for j in range(work):
+            acc |= np.uint64(codes[j, b]) << np.uint64(filled)
+            filled += bits
+            while filled >= 8:
                 row[k] = np.uint8(acc & np.uint64(0xFF))
+                acc >>= np.uint64(8)
+                filled -= 8
+                k += 1
+        if filled > 0:
+            row[k] = np.uint8(acc & np.uint64(0xFF))
 
 
 @njit(cache=True, nogil=True)

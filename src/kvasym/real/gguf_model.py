@@ -71,7 +71,7 @@ import hashlib
 import importlib.util
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -634,6 +634,90 @@ def _check_memory(reader: Any, dtype: Any, path: Path) -> None:
         )
 
 
+def _read_config(reader: Any, arch: str, tensors: Mapping[str, Any], path: Path) -> ModelConfig:
+    """The :class:`ModelConfig` of an opened GGUF file of architecture ``arch`` (``tensors``: its
+    tensors by name), every size, base and epsilon checked as :meth:`GGUFLlama.load` documents:
+    a size no tensor of the file could have is refused before anything is sized by it."""
+    n_heads = _scalar(reader, f"{arch}.attention.head_count", path, int)
+    n_kv_heads = _scalar(reader, f"{arch}.attention.head_count_kv", path, int, default=n_heads)
+    d_model = _scalar(reader, f"{arch}.embedding_length", path, int)
+    if n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise KvasymError(f"{path}: {n_heads} heads and {n_kv_heads} KV heads do not form whole GQA groups")
+    # Sizes no tensor of the file could have are refused before anything is sized by them (a
+    # RoPE table of head_dim / 2, a tuple of block_count layers): the precise checks follow.
+    largest = max((int(t.n_elements) for t in reader.tensors), default=0)
+    if not 0 < d_model <= largest:
+        raise KvasymError(f"{path}: {arch}.embedding_length = {d_model} is out of range (1..{largest}: the "
+                          "elements of the file's largest tensor)")
+    head_dim = _scalar(reader, f"{arch}.attention.key_length", path, int, default=d_model // n_heads)
+    value_dim = _scalar(reader, f"{arch}.attention.value_length", path, int, default=head_dim)
+    if value_dim != head_dim:
+        raise KvasymError(f"{path}: {arch}.attention.value_length = {value_dim} differs from the key length "
+                          f"{head_dim}; not supported")
+    source = (f"{arch}.attention.key_length" if f"{arch}.attention.key_length" in reader.fields
+              else f"{arch}.embedding_length / {arch}.attention.head_count")
+    if head_dim < 2:
+        raise KvasymError(f"{path}: head_dim = {head_dim} ({source}) must be at least 2")
+    if n_heads * head_dim > largest:
+        raise KvasymError(f"{path}: {n_heads} heads ({arch}.attention.head_count) of head_dim {head_dim} "
+                          f"({source}) exceed the file's largest tensor ({largest} elements)")
+    if head_dim % 2 or (f"{arch}.attention.key_length" not in reader.fields and d_model % n_heads):
+        raise KvasymError(
+            f"{path}: d_model {d_model}, {n_heads} heads, {n_kv_heads} KV heads do not give "
+            "an even head_dim shared by whole GQA groups"
+        )
+    rope_dims = _scalar(reader, f"{arch}.rope.dimension_count", path, int, default=head_dim)
+    if rope_dims != head_dim:
+        raise KvasymError(f"{path}: {arch}.rope.dimension_count = {rope_dims} != head_dim {head_dim}; "
+                          "partial RoPE is not supported")
+    context_length = _scalar(reader, f"{arch}.context_length", path, int)
+    if context_length < 1:
+        raise KvasymError(f"{path}: {arch}.context_length = {context_length} must be positive")
+    n_layers = _scalar(reader, f"{arch}.block_count", path, int)
+    if not 0 < n_layers <= len(tensors):
+        raise KvasymError(f"{path}: {arch}.block_count = {n_layers} is out of range (1..{len(tensors)}: the "
+                          "file's tensors)")
+    beyond = [name for name in tensors if name.startswith("blk.") and name.split(".")[1].isdigit()
+              and int(name.split(".")[1]) >= n_layers]
+    if beyond:
+        raise KvasymError(f"{path}: {arch}.block_count = {n_layers} but the file has tensor {beyond[0]!r}: its "
+                          "layers would be left out")
+    window = _scalar(reader, f"{arch}.attention.sliding_window", path, int, default=0)
+    if window < 0:
+        raise KvasymError(f"{path}: {arch}.attention.sliding_window = {window} is negative")
+    if arch == "gemma3":
+        family = _gemma3_settings(reader, path, n_layers, window, d_model, n_heads, head_dim)
+    else:
+        if 0 < window < context_length:
+            raise KvasymError(f"{path}: {arch}.attention.sliding_window = {window} (< context length "
+                              f"{context_length}); sliding-window attention is not supported for {arch!r}")
+        family = {}
+    rope_scaling, freq_factors = _rope_scaling(reader, arch, head_dim // 2, tensors, path)
+    rope_base = _scalar(reader, f"{arch}.rope.freq_base", path, float, default=10000.0)
+    rms_eps = _scalar(reader, f"{arch}.attention.layer_norm_rms_epsilon", path, float)
+    if not (math.isfinite(rope_base) and rope_base > 0):
+        raise KvasymError(f"{path}: {arch}.rope.freq_base = {rope_base!r} must be a positive finite number")
+    if not (math.isfinite(rms_eps) and rms_eps >= 0):
+        raise KvasymError(f"{path}: {arch}.attention.layer_norm_rms_epsilon = {rms_eps!r} must be a finite "
+                          "number >= 0")
+    return ModelConfig(
+        n_layers=n_layers,
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        ffn_dim=_scalar(reader, f"{arch}.feed_forward_length", path, int),
+        vocab_size=len(_field(reader, "tokenizer.ggml.tokens", path)),
+        context_length=context_length,
+        rope_base=rope_base,
+        rms_eps=rms_eps,
+        architecture=arch,
+        rope_scaling=rope_scaling,
+        rope_freq_factors=freq_factors,
+        **family,
+    )
+
+
 class GGUFLlama:
     """A LLaMA-architecture GGUF model held as dequantized numpy arrays.
 
@@ -735,84 +819,7 @@ class GGUFLlama:
             raise KvasymError(f"{path}: general.architecture is {arch!r}; supported: "
                               f"{', '.join(repr(a) for a in SUPPORTED_ARCHITECTURES)}")
         tensors = {t.name: t for t in reader.tensors}
-        n_heads = _scalar(reader, f"{arch}.attention.head_count", path, int)
-        n_kv_heads = _scalar(reader, f"{arch}.attention.head_count_kv", path, int, default=n_heads)
-        d_model = _scalar(reader, f"{arch}.embedding_length", path, int)
-        if n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads:
-            raise KvasymError(f"{path}: {n_heads} heads and {n_kv_heads} KV heads do not form whole GQA groups")
-        # Sizes no tensor of the file could have are refused before anything is sized by them (a
-        # RoPE table of head_dim / 2, a tuple of block_count layers): the precise checks follow.
-        largest = max((int(t.n_elements) for t in reader.tensors), default=0)
-        if not 0 < d_model <= largest:
-            raise KvasymError(f"{path}: {arch}.embedding_length = {d_model} is out of range (1..{largest}: the "
-                              "elements of the file's largest tensor)")
-        head_dim = _scalar(reader, f"{arch}.attention.key_length", path, int, default=d_model // n_heads)
-        value_dim = _scalar(reader, f"{arch}.attention.value_length", path, int, default=head_dim)
-        if value_dim != head_dim:
-            raise KvasymError(f"{path}: {arch}.attention.value_length = {value_dim} differs from the key length "
-                              f"{head_dim}; not supported")
-        source = (f"{arch}.attention.key_length" if f"{arch}.attention.key_length" in reader.fields
-                  else f"{arch}.embedding_length / {arch}.attention.head_count")
-        if head_dim < 2:
-            raise KvasymError(f"{path}: head_dim = {head_dim} ({source}) must be at least 2")
-        if n_heads * head_dim > largest:
-            raise KvasymError(f"{path}: {n_heads} heads ({arch}.attention.head_count) of head_dim {head_dim} "
-                              f"({source}) exceed the file's largest tensor ({largest} elements)")
-        if head_dim % 2 or (f"{arch}.attention.key_length" not in reader.fields and d_model % n_heads):
-            raise KvasymError(
-                f"{path}: d_model {d_model}, {n_heads} heads, {n_kv_heads} KV heads do not give "
-                "an even head_dim shared by whole GQA groups"
-            )
-        rope_dims = _scalar(reader, f"{arch}.rope.dimension_count", path, int, default=head_dim)
-        if rope_dims != head_dim:
-            raise KvasymError(f"{path}: {arch}.rope.dimension_count = {rope_dims} != head_dim {head_dim}; "
-                              "partial RoPE is not supported")
-        context_length = _scalar(reader, f"{arch}.context_length", path, int)
-        if context_length < 1:
-            raise KvasymError(f"{path}: {arch}.context_length = {context_length} must be positive")
-        n_layers = _scalar(reader, f"{arch}.block_count", path, int)
-        if not 0 < n_layers <= len(tensors):
-            raise KvasymError(f"{path}: {arch}.block_count = {n_layers} is out of range (1..{len(tensors)}: the "
-                              "file's tensors)")
-        beyond = [name for name in tensors if name.startswith("blk.") and name.split(".")[1].isdigit()
-                  and int(name.split(".")[1]) >= n_layers]
-        if beyond:
-            raise KvasymError(f"{path}: {arch}.block_count = {n_layers} but the file has tensor {beyond[0]!r}: its "
-                              "layers would be left out")
-        window = _scalar(reader, f"{arch}.attention.sliding_window", path, int, default=0)
-        if window < 0:
-            raise KvasymError(f"{path}: {arch}.attention.sliding_window = {window} is negative")
-        if arch == "gemma3":
-            family = _gemma3_settings(reader, path, n_layers, window, d_model, n_heads, head_dim)
-        else:
-            if 0 < window < context_length:
-                raise KvasymError(f"{path}: {arch}.attention.sliding_window = {window} (< context length "
-                                  f"{context_length}); sliding-window attention is not supported for {arch!r}")
-            family = {}
-        rope_scaling, freq_factors = _rope_scaling(reader, arch, head_dim // 2, tensors, path)
-        rope_base = _scalar(reader, f"{arch}.rope.freq_base", path, float, default=10000.0)
-        rms_eps = _scalar(reader, f"{arch}.attention.layer_norm_rms_epsilon", path, float)
-        if not (math.isfinite(rope_base) and rope_base > 0):
-            raise KvasymError(f"{path}: {arch}.rope.freq_base = {rope_base!r} must be a positive finite number")
-        if not (math.isfinite(rms_eps) and rms_eps >= 0):
-            raise KvasymError(f"{path}: {arch}.attention.layer_norm_rms_epsilon = {rms_eps!r} must be a finite "
-                              "number >= 0")
-        config = ModelConfig(
-            n_layers=n_layers,
-            d_model=d_model,
-            n_heads=n_heads,
-            n_kv_heads=n_kv_heads,
-            head_dim=head_dim,
-            ffn_dim=_scalar(reader, f"{arch}.feed_forward_length", path, int),
-            vocab_size=len(_field(reader, "tokenizer.ggml.tokens", path)),
-            context_length=context_length,
-            rope_base=rope_base,
-            rms_eps=rms_eps,
-            architecture=arch,
-            rope_scaling=rope_scaling,
-            rope_freq_factors=freq_factors,
-            **family,
-        )
+        config = _read_config(reader, arch, tensors, path)
         # Every check that needs no dequantization comes first: tensor types, memory, tokenizer.
         supported = _supported_tensor_types()
         for info in reader.tensors:
