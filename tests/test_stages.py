@@ -492,7 +492,8 @@ def test_the_code_digest_cache_is_keyed_by_content_and_survives_damage(tmp_path,
 def test_a_further_models_and_a_longer_windows_jobs_ask_for_what_they_were_measured_to_need():
     """Gemma 3 270M's long-study jobs peaked above the primary model's requests (4K windows 11.6 GB
     against 8 GB, the card 5.5 against 3, its calibration 3.9 against 3): their model's requests
-    cover those peaks; a window longer than 4K asks for proportionally more memory; the primary
+    cover those peaks; a window longer than 4K asks for proportionally more memory, a shorter one
+    for the model's end-to-end request plus its share of the rest; the primary
     model's jobs, and a job without its slice, keep the fixed requests."""
     from kvasym.resources import MODEL_RESOURCES
 
@@ -504,4 +505,8 @@ def test_a_further_models_and_a_longer_windows_jobs_ask_for_what_they_were_measu
     assert job_resources("e2e_long", {"length": 4096}) == job_resources("e2e_long")
     assert job_resources("e2e_long", {"length": 8192})["mem_mb"] == 2 * FIXED_RESOURCES["e2e_long"][0]
     assert job_resources("e2e_long", {"model": "gemma3-270m", "length": 8192})["mem_mb"] == 32000
+    # a shorter window: the model's end-to-end request (5 GB) plus the length's share of the rest
+    assert job_resources("e2e_long", {"model": "gemma3-270m", "length": 1024})["mem_mb"] == 5000 + 11000 // 4
+    assert job_resources("e2e_long", {"model": "gemma3-270m", "length": 64})["mem_mb"] == 5000 + -(-11000 * 64 // 4096)
+    assert job_resources("e2e_long", {"length": 1024})["mem_mb"] == 5000 + 3000 // 4
     assert job_resources("passkey", {"model": "gemma3-270m"}) == job_resources("passkey")  # 2.2 GB < 3

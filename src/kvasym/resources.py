@@ -86,7 +86,9 @@ MODEL_RESOURCES: dict[str, dict[str, tuple[int, int]]] = {
     "gemma3-270m": {"e2e_long": (16000, 240), "card": (8000, 60), "sensitivity": (6000, 60)},
 }
 #: Window length the e2e_long requests are for; a longer window asks for proportionally more
-#: memory (its logits and probabilities grow with it: SmolLM2's 4K windows peaked at 4.9 GB).
+#: memory (its logits and probabilities grow with it: SmolLM2's 4K windows peaked at 4.9 GB), a
+#: shorter one for the model's end-to-end request (the model and a 512-token pass) plus its share
+#: of the rest (a 64-token window of Gemma asked 16 GB, more than a single-node Slurm offered).
 E2E_LONG_REFERENCE_LENGTH = 4096
 
 
@@ -101,8 +103,9 @@ def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb:
         The job's config slice (needed by :data:`SLICE_STAGES`): ``dim``, ``seq_len``,
         ``n_queries``, ``trials`` and optionally ``sharpness``. For :data:`MODEL_STAGES`
         (optional): its ``model`` (a further model's requests, :data:`MODEL_RESOURCES`) and, for
-        ``e2e_long``, its window ``length`` (memory grows with it beyond
-        :data:`E2E_LONG_REFERENCE_LENGTH`).
+        ``e2e_long``, its window ``length``: at :data:`E2E_LONG_REFERENCE_LENGTH` the stage's
+        request, beyond it proportionally more, below it the model's ``e2e`` request plus the
+        length's share of the difference.
     input_mb
         The size of the job's input files (``file_metrics``: the cache file).
 
@@ -138,8 +141,12 @@ def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb:
     if stage == "file_metrics":
         mem_mb += int(FILE_MEMORY_FACTOR * input_mb)
     if stage in MODEL_STAGES and slice_ is not None:
-        mem_mb, runtime = MODEL_RESOURCES.get(str(slice_.get("model", "")), {}).get(stage, (mem_mb, runtime))
+        model = MODEL_RESOURCES.get(str(slice_.get("model", "")), {})
+        mem_mb, runtime = model.get(stage, (mem_mb, runtime))
         length = int(slice_.get("length", 0) or 0)
         if stage == "e2e_long" and length > E2E_LONG_REFERENCE_LENGTH:
             mem_mb = -(-mem_mb * length // E2E_LONG_REFERENCE_LENGTH)
+        elif stage == "e2e_long" and 0 < length < E2E_LONG_REFERENCE_LENGTH:
+            floor = model.get("e2e", FIXED_RESOURCES["e2e"])[0]
+            mem_mb = floor + -(-(mem_mb - floor) * length // E2E_LONG_REFERENCE_LENGTH)
     return {"mem_mb": int(mem_mb), "runtime": int(runtime)}
