@@ -1,7 +1,7 @@
 """kvasym.real.gguf_file against gguf's own GGUFReader (the reference implementation of the
 format): every metadata value, its Python type, and every tensor's name, type, shape, offset
-and bytes, on the shipped model and every tiny GGUF fixture; the fallback to GGUFReader for the
-files the fast path leaves to it; and one-line errors for files neither reads."""
+and bytes, on the shipped model, every tiny GGUF fixture, a big-endian file and an array of
+arrays; and one-line errors for files neither reads."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ def _shipped() -> list[Path]:
         return []
 
 
-def assert_same_as_gguf_reader(ours: Any, path: Path) -> None:
+def assert_same_as_gguf_reader(ours: Any, path: Path, skip: tuple[str, ...] = ()) -> None:
     reference = gguf.GGUFReader(path)
-    keys = [k for k in reference.fields if not k.startswith("GGUF.")]  # the header, not metadata
+    keys = [k for k in reference.fields if not k.startswith("GGUF.") and k not in skip]  # the header, not metadata
     assert list(ours.fields) == keys
     for key in keys:
         got, want = ours.fields[key].contents(), reference.fields[key].contents()
@@ -88,12 +88,26 @@ def test_a_written_file_reads_back(tmp_path: Path) -> None:
     assert_same_as_gguf_reader(ours, path)
 
 
-def test_big_endian_and_nested_arrays_go_to_gguf_reader(tmp_path: Path) -> None:
-    big = open_gguf(_write(tmp_path / "big.gguf", endianess=gguf.GGUFEndian.BIG))
-    assert isinstance(big, gguf.GGUFReader)
+def test_big_endian_and_nested_arrays_are_read_by_the_one_parser(tmp_path: Path) -> None:
+    """Issue 48, point 5: one GGUF parser. A big-endian file and an array of arrays, which the
+    parser once handed to gguf's GGUFReader, are read here and equal GGUFReader's reading:
+    every value and its type, every tensor's bytes and byte order."""
+    big_path = _write(tmp_path / "big.gguf", endianess=gguf.GGUFEndian.BIG)
+    big = open_gguf(big_path)
+    assert isinstance(big, GGUFFile)
     assert big.fields["tokenizer.ggml.tokens"].contents() == ["a", "b", "é", ""]
-    nested = open_gguf(_write(tmp_path / "nested.gguf", extra={"general.nested": [[1, 2], [3]]}))
-    assert isinstance(nested, gguf.GGUFReader)
+    assert big.fields["llama.block_count"].contents() == 2
+    assert big.tensors[0].data.dtype.byteorder == ">"
+    assert np.array_equal(big.tensors[0].data, np.arange(96, dtype=np.float32).reshape(3, 32))
+    assert_same_as_gguf_reader(big, big_path)
+    nested_path = _write(tmp_path / "nested.gguf", extra={"general.nested": [[1, 2], [3]]})
+    nested = open_gguf(nested_path)
+    assert isinstance(nested, GGUFFile)
+    # the array of arrays as written (GGUFReader's contents() flattens it to [1, 2, 3])
+    assert nested.fields["general.nested"].contents() == [[1, 2], [3]]
+    assert gguf.GGUFReader(nested_path).fields["general.nested"].contents() == [1, 2, 3]
+    del nested.fields["general.nested"]
+    assert_same_as_gguf_reader(nested, nested_path, skip=("general.nested",))  # the rest as GGUFReader reads it
 
 
 @pytest.mark.parametrize("damage", ["junk", "truncated_in_metadata", "truncated_in_tensors", "empty"])

@@ -21,12 +21,13 @@ type (uint32) and value (an array: item type uint32, count uint64, items), then 
 name, dimension count (uint32), dimensions (uint64), type (uint32) and offset (uint64) into the
 data section, which starts at the next multiple of ``general.alignment`` (default 32).
 
-A big-endian file, or one holding an array of arrays, is walked and checked here like any
-other, then opened with ``gguf.GGUFReader`` (which reads it into the same interface). A file
-that is not well formed raises :class:`MalformedGGUF`, in one line naming the key, tensor or
-value, and is never handed to ``GGUFReader``: its loops trust the file's counts (an array count
-past the end of the file made it spin for hours) and it reads a tensor at an offset past the end
-as one wrapped round to the start of the data (issue 51). Malformed: truncated (any count, string,
+A big-endian file (its values, and its tensors' elements, in big-endian order; a tensor's data
+then a big-endian view, as ``GGUFReader`` gives it) and one holding an array of arrays (a list
+of lists, as written; ``GGUFReader``'s ``contents()`` flattens it) are read here too: one parser
+for every file, never ``gguf.GGUFReader``, whose loops trust the file's counts (an array count
+past the end of the file made it spin for hours) and which reads a tensor at an offset past the
+end as one wrapped round to the start of the data (issue 51). A file that is not well formed
+raises :class:`MalformedGGUF`, in one line naming the key, tensor or value. Malformed: truncated (any count, string,
 array or tensor running past the end of the file), another GGUF version, an unknown value or
 tensor type, a key or tensor name that is not UTF-8 or appears twice, a ``general.alignment``
 that is not a uint32 power of two, a tensor of more than four dimensions, a row of a quantized
@@ -61,10 +62,6 @@ _MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 
 class MalformedGGUF(ValueError):
     """A file that is not a well-formed GGUF file; the message names what is wrong and where."""
-
-
-class _Unsupported(Exception):
-    """A well-formed file the fast path leaves to ``gguf.GGUFReader`` (big-endian, nested arrays)."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +110,6 @@ class _Cursor:
         self.offset = 0
         self.order = "<"
         self.where = "the header"
-        self.nested = False  # an array of arrays was read: gguf's reader returns the file
 
     def past_end(self, what: str = "") -> MalformedGGUF:
         return MalformedGGUF(f"{self.where}{what} runs past the end of the file ({len(self.buffer)} bytes): "
@@ -138,7 +134,6 @@ class _Cursor:
             if item == _STRING:
                 return self.strings(count)
             if item == _ARRAY:  # each item at least its own 12-byte header: bounded by the file
-                self.nested = True
                 return [self.value(_ARRAY) for _ in range(count)]
             fmt = _SCALAR_FORMATS.get(item)
             if fmt is None:
@@ -176,9 +171,7 @@ class _Cursor:
 
 
 def _parse(path: Path) -> GGUFFile:
-    """The file's :class:`GGUFFile`; raises :class:`MalformedGGUF`, or :class:`_Unsupported` for a
-    well-formed file ``gguf.GGUFReader`` should read (checked in full first: its loops are then
-    bounded by the file)."""
+    """The file's :class:`GGUFFile`; raises :class:`MalformedGGUF`."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     if path.stat().st_size == 0:
@@ -238,7 +231,9 @@ def _parse(path: Path) -> GGUFFile:
             raise MalformedGGUF(f"tensor {name!r} has dimensions {dims}, whose product overflows int64")
         rows = tuple(reversed(dims))
         item = element_types.get(kind.name)
-        if item is None:  # block bytes of each row, as gguf's quant_shape_to_byte_shape
+        if item is not None:  # the file's byte order, as GGUFReader's view (quantized blocks are bytes)
+            item = np.dtype(item).newbyteorder(cursor.order)
+        else:  # block bytes of each row, as gguf's quant_shape_to_byte_shape
             if not rows or rows[-1] % block:
                 raise MalformedGGUF(f"tensor {name!r} of type {kind.name} has rows of {rows[-1] if rows else 1} "
                                     f"values, not whole blocks of {block}")
@@ -253,16 +248,12 @@ def _parse(path: Path) -> GGUFFile:
                                 f"byte {start}) runs past the end of the file ({data.size} bytes): truncated or "
                                 "damaged?")
         extents.append((first, first + n_bytes, name))
-        if not cursor.nested and cursor.order == "<":
-            array = data[first:first + n_bytes].view(item).reshape(rows)
-            tensors.append(GGUFTensor(name, kind, np.asarray(dims, dtype=np.uint64), n_elements, n_bytes, first,
-                                      array))
+        array = data[first:first + n_bytes].view(item).reshape(rows)
+        tensors.append(GGUFTensor(name, kind, np.asarray(dims, dtype=np.uint64), n_elements, n_bytes, first, array))
     extents.sort()
     for (_, end, before), (first, _, after) in zip(extents, extents[1:]):
         if first < end:
             raise MalformedGGUF(f"tensors {before!r} and {after!r} overlap in the data section")
-    if cursor.nested or cursor.order != "<":
-        raise _Unsupported("a big-endian file or an array of arrays")
     return GGUFFile(path, fields, tensors, alignment, start)
 
 
@@ -276,9 +267,9 @@ def open_gguf(path: str | Path) -> Any:
 
     Returns
     -------
-    GGUFFile or gguf.GGUFReader
-        A :class:`GGUFFile` for a little-endian version 2 or 3 file of scalar, string and
-        flat array values; otherwise the ``gguf.GGUFReader`` of the file (the same interface).
+    GGUFFile
+        Of a version 2 or 3 file, little- or big-endian, its values scalars, strings or arrays
+        (of arrays too).
 
     Raises
     ------
@@ -291,9 +282,5 @@ def open_gguf(path: str | Path) -> Any:
     path = Path(path)
     try:
         return _parse(path)
-    except _Unsupported:
-        import gguf
-
-        return gguf.GGUFReader(path)
     except RecursionError:
         raise MalformedGGUF("arrays of arrays nested too deep to read") from None
