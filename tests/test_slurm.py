@@ -189,3 +189,44 @@ def test_tiny_config_through_slurm_matches_a_local_run(slurm, request, tmp_path)
     # nothing left in the queue
     queue = subprocess.run(["squeue", "-h", "-t", "PD,R"], capture_output=True, text=True).stdout.strip()
     assert queue == "", queue
+    if real:
+        _long_overlay_through_slurm(workdir)
+
+
+#: The model-level rules whose jobs the long-study overlay adds (one Slurm job each).
+LONG_RULES = ("model_file", "e2e", "calibrate", "greedy", "e2e_long", "passkey", "sensitivity", "card")
+
+
+def _planned_jobs(text: str) -> list[tuple[str, list[str]]]:
+    """(rule, outputs) of every job of a dry run's listing."""
+    return [(rule, [o.strip() for o in outputs.split(",")])
+            for rule, outputs in re.findall(r"^(?:local)?rule (\w+):\n(?:    (?!output).*\n)*?    output: (.*)$",
+                                            text, flags=re.M)]
+
+
+def _long_overlay_through_slurm(workdir: Path) -> None:
+    """config/test.long.yaml, long.yaml in miniature, over the tiny config's finished run in the
+    same folder through the Slurm profile (issue 49, point 4): none of the tiny run's model jobs
+    runs again (the overlay's promise: the base config's jobs are the same jobs), and every job
+    it adds is its own Slurm job, the windows and trials spread over their parts."""
+    overlay = ["--configfile", "config/test.yaml", "config/test.long.yaml"]
+    dry = subprocess.run(snakemake_cmd("-n", *overlay), cwd=workdir, capture_output=True, text=True, timeout=300,
+                         env=run_env())
+    assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
+    planned = [(rule, outputs) for rule, outputs in _planned_jobs(dry.stdout) if rule in LONG_RULES]
+    rerun = [(rule, o) for rule, outputs in planned for o in outputs if (workdir / o).exists()]
+    assert not rerun, f"the overlay reruns jobs the tiny config already ran: {rerun[:5]}"
+    counts = {rule: sum(1 for r, _ in planned if r == rule) for rule in LONG_RULES}
+    # the primary's third window length and second passkey length in the tiny config's parts (2
+    # and 3), the second model's window and trials in two parts each
+    assert counts["e2e_long"] == 2 + 2 and counts["passkey"] == 3 + 2, counts
+    code, log, wall = _run_bounded(snakemake_cmd("--profile", "profiles/slurm", "--slurm-status-command", "squeue",
+                                                 *overlay), workdir, RUN_TIMEOUT)
+    assert code == 0, f"the long overlay's Slurm run failed or timed out after {wall:.0f} s:\n{log[-5000:]}"
+    submitted = re.findall(r"has been submitted with SLURM jobid \d+ \(log: \S*/rule_(\w+)/", log)
+    for rule in ("e2e_long", "passkey"):
+        assert submitted.count(rule) == counts[rule], (rule, submitted)
+    assert sorted(r for r in submitted if r in LONG_RULES) == sorted(r for r, _ in planned), submitted
+    for rule, outputs in planned:
+        assert all((workdir / o).is_file() for o in outputs), (rule, outputs)
+    print(f"\nthe long overlay through Slurm: {len(submitted)} Slurm jobs ({counts}), {wall:.0f} s wall")
