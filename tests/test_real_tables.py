@@ -530,7 +530,7 @@ def test_paper_compiles_with_the_real_table(tmp_path):
     # the prose references the end-to-end floats by number: their table (here its no-passes form)
     e2e = tables.table_texts({"summary": summary}, headline,
                              ["table_e2e", "table_model", "table_bands", "table_card", "table_models",
-                              "table_greedy", "table_practice"])
+                              "table_greedy", "table_practice", "table_frontier"])
     (generated / "table_e2e.tex").write_text(e2e["table_e2e"], encoding="utf-8")
     (generated / "table_practice.tex").write_text(e2e["table_practice"], encoding="utf-8")
     (generated / "table_models.tex").write_text(e2e["table_models"], encoding="utf-8")
@@ -538,6 +538,8 @@ def test_paper_compiles_with_the_real_table(tmp_path):
     (generated / "table_bands.tex").write_text(e2e["table_bands"], encoding="utf-8")
     (generated / "table_greedy.tex").write_text(e2e["table_greedy"], encoding="utf-8")
     (generated / "table_card.tex").write_text(e2e["table_card"], encoding="utf-8")
+    # the frontier's prose names its side-information table: the no-frontier form labels it too
+    (generated / "table_frontier.tex").write_text(e2e["table_frontier"], encoding="utf-8")
     pdf_text = _latexmk(paper)
     assert "8.25 × 10" in pdf_text  # a cell of the real table, typeset
     assert "K before RoPE" in pdf_text and "smollm2-prerope" in pdf_text
