@@ -318,12 +318,15 @@ def test_card_cli_on_a_tiny_qwen2_gguf(tmp_path, capsys):
     measured = {key: value for key, value in card.items() if key not in ("frontier", "recommendations")}
     (dag / "measurements.json").write_text(json.dumps(measured))
     own = summary[summary["scheme"].isin(["RKV", "RKV-MA"])]
-    own.to_parquet(dag / "summary.parquet")
+    # the card's own table names its model in its provenance, as the card stage writes it
+    from kvasym.dataset import provenance, write_frame_atomic
+
+    write_frame_atomic(own, dag / "summary.parquet", provenance({"model": "qwen-tiny"}))
     others = summary[~summary["scheme"].isin(["RKV", "RKV-MA"])]
     pd.concat([others.assign(model="qwen-tiny"), summary.assign(model="other")]).to_parquet(dag / "e2e.parquet")
     args = ["stage", "card_page", "--measurements", str(dag / "measurements.json"),
             "--summary", str(dag / "summary.parquet"), "--comparisons", str(out / "comparisons.parquet"),
-            "--e2e-summary", str(dag / "e2e.parquet"), "--model", "qwen-tiny",
+            "--e2e-summary", str(dag / "e2e.parquet"),
             "--out-json", str(dag / "card.json"), "--out-html", str(dag / "card.html")]
     assert main(args) == 0
     assert (dag / "card.json").read_text() == (out / "card.json").read_text()
@@ -339,7 +342,7 @@ def test_card_cli_on_a_tiny_qwen2_gguf(tmp_path, capsys):
 def test_card_page_stage_refuses_a_file_that_is_not_a_card(tmp_path, capsys):
     bad = tmp_path / "measurements.json"
     bad.write_text("{not json")
-    args = ["--summary", "s.parquet", "--comparisons", "c.parquet", "--e2e-summary", "e.parquet", "--model", "m"]
+    args = ["--summary", "s.parquet", "--comparisons", "c.parquet", "--e2e-summary", "e.parquet"]
     assert main(["stage", "card_page", "--measurements", str(bad), *args, "--out-json", str(tmp_path / "card.json"),
                  "--out-html", str(tmp_path / "card.html")]) != 0
     assert f"{bad}: not a readable card measurement" in capsys.readouterr().err

@@ -542,11 +542,6 @@ class Wiring:
         """The model key of an assembled file's job (rule model_file) from its file stem."""
         return next(m for m in self.e2e_models if MODELS[m].stem == wildcards.stem)
 
-    @staticmethod
-    def job_model(wildcards: Any) -> str:
-        """The model key of a per-model job (its ``model`` wildcard): a stage's ``--model``."""
-        return str(wildcards.model)
-
     def model_inputs(self, stage: str) -> Callable[[Any], dict[str, str]]:
         """An input function of a model-level stage: the query-aware bases of the job's model (with
         query-aware variants) and its assembled file (a model from chunk packages)."""

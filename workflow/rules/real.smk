@@ -355,7 +355,7 @@ rule card_page:
     resources:
         **resources_of("card_page"),
     params:
-        **stage_params("card_page", model=wiring.job_model),
+        **stage_params("card_page"),
         code=STAGE_CODE["card_page"],  # reruns the job when the code it runs changes
     shell:
         "kvasym stage card_page {params.args} > {log:q} 2>&1"

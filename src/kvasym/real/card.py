@@ -180,24 +180,24 @@ def recommendations(summary: pd.DataFrame, comparisons: pd.DataFrame, reference:
 
 def build_card(*, model: Mapping[str, Any], settings: Mapping[str, Any], heads: pd.DataFrame,
                sensitivity: pd.DataFrame, allocation: pd.DataFrame, summary: pd.DataFrame,
-               comparisons: pd.DataFrame, reference: str, allocated: str,
-               budgets: Sequence[int]) -> dict[str, Any]:
+               comparisons: pd.DataFrame, reference: str, budgets: Sequence[int]) -> dict[str, Any]:
     """The card as a JSON-ready mapping (module docstring): ``model``, ``settings`` (texts,
     tokens, widths, granularity, seeds), ``heads`` (per layer and KV head, means over the
     calibration texts), ``layer_sensitivity`` (per layer, side and width), ``frontier``,
     ``allocation``, ``allocation_vs_uniform``, ``recommendations``: :func:`card_measurements`
     completed by :func:`complete_card`."""
     core = card_measurements(model=model, settings=settings, heads=heads, sensitivity=sensitivity,
-                             allocation=allocation, comparisons=comparisons, reference=reference, allocated=allocated)
+                             allocation=allocation, comparisons=comparisons, reference=reference)
     return complete_card(core, summary, comparisons, budgets)
 
 
 def card_measurements(*, model: Mapping[str, Any], settings: Mapping[str, Any], heads: pd.DataFrame,
                       sensitivity: pd.DataFrame, allocation: pd.DataFrame, comparisons: pd.DataFrame,
-                      reference: str, allocated: str) -> dict[str, Any]:
+                      reference: str) -> dict[str, Any]:
     """The part of the card its own passes measure (the DAG's ``card`` stage): ``format``,
     ``model``, ``settings`` (with ``reference``), ``heads``,
-    ``layer_sensitivity``, ``allocation`` and ``allocation_vs_uniform``; the frontier and the
+    ``layer_sensitivity``, ``allocation`` and ``allocation_vs_uniform`` (the rows of
+    :func:`allocated_label` of ``reference`` against ``reference``); the frontier and the
     recommendations, which read the other schemes' end-to-end rows too, are added by
     :func:`complete_card`."""
     numeric = [c for c in HEAD_COLUMNS if c not in ("text", "layer", "kv_head")]
@@ -210,7 +210,7 @@ def card_measurements(*, model: Mapping[str, Any], settings: Mapping[str, Any], 
         "heads": _records(head_means),
         "layer_sensitivity": _records(layer_side),
         "allocation": _records(allocation),
-        "allocation_vs_uniform": _records(comparisons[(comparisons["scheme_a"] == allocated)
+        "allocation_vs_uniform": _records(comparisons[(comparisons["scheme_a"] == allocated_label(reference))
                                                       & (comparisons["scheme_b"] == reference)]),
     }
 
@@ -345,7 +345,7 @@ def measure_card(model: GGUFLlama, *, calibration: Mapping[str, np.ndarray], eva
                 "frontier_schemes": [s.name for s in frontier_schemes]}
     card = build_card(model=model_description(model), settings=settings, heads=pd.concat(heads, ignore_index=True),
                       sensitivity=sens_frame, allocation=allocation, summary=summary, comparisons=comparisons,
-                      reference=reference, allocated=allocated_label(reference), budgets=budgets)
+                      reference=reference, budgets=budgets)
     tables = {"heads": pd.concat(heads, ignore_index=True), "sensitivity": sens_frame, "allocation": allocation,
               "passes": passes, "summary": summary, "comparisons": comparisons}
     return card, tables

@@ -96,7 +96,7 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], out: dict
                 "granularity": str(slice_["granularity"]), "reference": reference, "draws": int(slice_["draws"]),
                 "base_seed": int(slice_["base_seed"]), "norm_dtype": str(slice_["norm_dtype"])}
     card = card_measurements(model=model_description(model), settings=settings, heads=heads, sensitivity=sensitivity,
-                             allocation=allocation, comparisons=comparisons, reference=reference, allocated=label)
+                             allocation=allocation, comparisons=comparisons, reference=reference)
     meta = {**provenance(slice_), "model_sha256": model.model_sha256}
     layers = pd.DataFrame(card["layer_sensitivity"], columns=list(LAYER_COLUMNS))
     no_tied = allocation.iloc[:0]  # granularity "layer": nothing to tie (the columns and dtypes kept)

@@ -30,10 +30,10 @@ INPUTS = {"measurements": "card_measurements", "summary": "card_summary", "compa
 OUTPUTS = ("json", "html")
 
 
-def read_card_json(path: str, what: str = "model card") -> dict[str, Any]:
-    """The JSON object in ``path``; a KvasymError naming the file when it cannot be read, and a
-    :class:`kvasym.errors.DamagedFile` when it is not JSON (the DAG's own file is moved aside
-    and rebuilt)."""
+def read_measurements(path: str) -> dict[str, Any]:
+    """The card measurements (a JSON object with ``settings``) in ``path``; a KvasymError naming
+    the file when it cannot be read, and a :class:`kvasym.errors.DamagedFile` when it is not
+    such an object (the DAG's own file is moved aside and rebuilt)."""
     import json
 
     from ..errors import DamagedFile, KvasymError
@@ -42,19 +42,19 @@ def read_card_json(path: str, what: str = "model card") -> dict[str, Any]:
         with open(path, encoding="utf-8") as fh:
             card = json.load(fh)
     except OSError as exc:
-        raise KvasymError(f"{path}: not a readable {what} ({exc.strerror or exc})") from None
+        raise KvasymError(f"{path}: not a readable card measurement ({exc.strerror or exc})") from None
     except ValueError as exc:  # damaged: the DAG's own file is moved aside and rebuilt
-        raise DamagedFile(path, f"not a readable {what} ({exc})") from None
+        raise DamagedFile(path, f"not a readable card measurement ({exc})") from None
     if not isinstance(card, dict) or "settings" not in card:
-        raise DamagedFile(path, f"not a readable {what} (a JSON object with settings expected)")
+        raise DamagedFile(path, "not a readable card measurement (a JSON object with settings expected)")
     return card
 
 
-def run_card_page(measurements: str, summary: str, comparisons: str, e2e_summary: str, model: str,
-                  out: dict[str, str]) -> None:
-    """Write the card of ``model`` (a registry name; its rows of ``e2e_summary``, the other
-    schemes' passes, are the frontier beside the card's own ``summary``) to ``out["json"]`` and
-    its page to ``out["html"]`` (each atomically; the page last)."""
+def run_card_page(measurements: str, summary: str, comparisons: str, e2e_summary: str, out: dict[str, str]) -> None:
+    """Write the card to ``out["json"]`` and its page to ``out["html"]`` (each atomically; the
+    page last). Its model is the one the card's own ``summary`` was measured on (its provenance,
+    :func:`kvasym.real.models.text_model`); that model's rows of ``e2e_summary``, the other
+    schemes' passes, are the frontier beside the card's own rows."""
     import json
 
     import pandas as pd
@@ -62,13 +62,13 @@ def run_card_page(measurements: str, summary: str, comparisons: str, e2e_summary
     from ..atomic import write_text_atomic
     from ..dataset import read_parquet_checked
     from ..real.card import complete_card
-    from ..real.models import model_rows
+    from ..real.models import model_rows, text_model
     from ..render.card_page import render_card_html
 
-    measured = read_card_json(measurements, "card measurement")
+    measured = read_measurements(measurements)
     reference = str(measured["settings"]["reference"])
     own = read_parquet_checked(summary)
-    frontier = model_rows(read_parquet_checked(e2e_summary), model)
+    frontier = model_rows(read_parquet_checked(e2e_summary), text_model(summary))
     frontier = pd.concat([frontier[frontier["scheme"] != reference], own], ignore_index=True)
     card = complete_card(measured, frontier, read_parquet_checked(comparisons),
                          [int(b) for b in measured["settings"]["budgets"]])
@@ -78,11 +78,10 @@ def run_card_page(measurements: str, summary: str, comparisons: str, e2e_summary
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_input_arguments(parser, INPUTS, required=tuple(INPUTS))
-    parser.add_argument("--model", required=True, help="the model's registry name (its rows of --e2e-summary)")
     for name in OUTPUTS:
         parser.add_argument(f"--out-{name}", required=True, help=f"the card ({name})")
 
 
 def run(args: argparse.Namespace) -> None:
-    run_card_page(args.measurements, args.summary, args.comparisons, args.e2e_summary, args.model,
+    run_card_page(args.measurements, args.summary, args.comparisons, args.e2e_summary,
                   {name: getattr(args, f"out_{name}") for name in OUTPUTS})
