@@ -487,6 +487,11 @@ def parse_dry_run(text: str) -> dict[int, Job]:
     return jobs
 
 
+#: The cores the dry run is given: more than any rule declares, so each job shows its declared
+#: threads (Snakemake scales threads down to --cores, and a dry run without --cores has one).
+DECLARED_CORES = 1024
+
+
 def _run_snakemake(workdir: Path, args: Sequence[str]) -> str:
     command = [sys.executable, "-m", "snakemake", "--nolock", "--forceall", *args]
     out = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
@@ -507,7 +512,8 @@ def snakemake_dag(workdir: Path, extra: Sequence[str] = ()) -> tuple[list[Job], 
         If Snakemake fails or the two invocations disagree on the jobs.
     """
     rules, edges = parse_d3dag(_run_snakemake(workdir, ["--d3dag", *extra]))
-    described = parse_dry_run(_run_snakemake(workdir, ["-n", *extra]))
+    # cores enough that no rule's threads are scaled down: the dry run prints what rules declare
+    described = parse_dry_run(_run_snakemake(workdir, ["-n", "--cores", str(DECLARED_CORES), *extra]))
     if set(rules) != set(described):
         raise SystemExit(f"makespan: --d3dag has {len(rules)} jobs, the dry run describes {len(described)} "
                          f"({len(set(rules) ^ set(described))} job ids differ)")

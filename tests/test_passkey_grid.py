@@ -287,3 +287,20 @@ def test_passkey_difference_claim_reads_the_length_row():
     with pytest.raises(MissingCell):
         stat_passkey_difference(Tables(*(pd.DataFrame(),) * 4, passkey_summary=summary),
                                 {"scheme": "RKV", "budget": 3, "length": 1024})
+
+
+def test_real_grid_and_windows_on_workers_equal_the_loop(model):
+    """Issue 49: the trials (run_grid) and each window's passes (evaluate_windows) on two worker
+    processes give the loop's rows bit for bit (the trials' cpu_s, a measurement, apart)."""
+    passes = {FP_PASS: None, "RKV2": CacheQuantization(get_scheme("RKV"), 2, BASE_SEED, "ignored")}
+    one = run_grid(model, [96], [0.0, 0.5, 1.0], 2, passes, base_seed=BASE_SEED, workers=1)
+    two = run_grid(model, [96], [0.0, 0.5, 1.0], 2, passes, base_seed=BASE_SEED, workers=2)
+    pd.testing.assert_frame_equal(one.drop(columns="cpu_s"), two.drop(columns="cpu_s"), check_exact=True)
+    ids = np.asarray(model.encode(long_text()[:3000]), dtype=np.int64)
+    run = dict(base_seed=BASE_SEED, rope="post", part=(0, 1))
+    schemes = [get_scheme("RKV"), get_scheme("KIVI128")]
+    loop = evaluate_windows(model, ids, [64], 2, schemes, [2, 3], workers=1, **run)
+    pool = evaluate_windows(model, ids, [64], 2, schemes, [2, 3], workers=2, **run)
+    assert list(loop) == list(pool)
+    for key in loop:
+        np.testing.assert_array_equal(loop[key], pool[key], err_msg=key)

@@ -32,6 +32,11 @@ IDS = ["distribution", "dim", "scheme", "budget", "sharpness", "trial"]
 RUN_TIMEOUT = RUN_BOUND_S  # the whole Slurm run: a hang guard (660 s were seen on a loaded machine)
 
 
+#: The single node has this machine's CPUs: a rule declaring more threads (its job's worker
+#: processes, kvasym.resources.STAGE_THREADS) is capped to them, or Slurm refuses the job.
+NODE_THREADS = ("--max-threads", str(os.cpu_count() or 1))
+
+
 def _node_idle() -> bool:
     if shutil.which("sinfo") is None:
         return False
@@ -136,7 +141,7 @@ def test_tiny_config_through_slurm_matches_a_local_run(slurm, request, tmp_path)
     # the local run is asked for only to compare with (below): the Slurm run, which waits on the
     # queue's polling much of the time, overlaps with its build instead of waiting for it
     workdir = make_workdir(tmp_path / "slurm")
-    cmd = snakemake_cmd("--profile", "profiles/slurm", "--slurm-status-command", "squeue")
+    cmd = snakemake_cmd("--profile", "profiles/slurm", "--slurm-status-command", "squeue", *NODE_THREADS)
     code, log, wall = _run_bounded(cmd, workdir, RUN_TIMEOUT)
     assert code == 0, f"Slurm run failed or timed out after {wall:.0f} s:\n{log[-5000:]}"
     submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", log)
@@ -221,7 +226,7 @@ def _long_overlay_through_slurm(workdir: Path) -> None:
     # and 3), the second model's window and trials in two parts each
     assert counts["e2e_long"] == 2 + 2 and counts["passkey"] == 3 + 2, counts
     code, log, wall = _run_bounded(snakemake_cmd("--profile", "profiles/slurm", "--slurm-status-command", "squeue",
-                                                 *overlay), workdir, RUN_TIMEOUT)
+                                                 *NODE_THREADS, *overlay), workdir, RUN_TIMEOUT)
     assert code == 0, f"the long overlay's Slurm run failed or timed out after {wall:.0f} s:\n{log[-5000:]}"
     submitted = re.findall(r"has been submitted with SLURM jobid \d+ \(log: \S*/rule_(\w+)/", log)
     for rule in ("e2e_long", "passkey"):

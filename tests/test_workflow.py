@@ -9,6 +9,7 @@ touch the checkout's own results/.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -262,6 +263,30 @@ def test_every_file_the_run_wrote_is_an_output_its_rules_declare(complete_run):
                   if f not in declared and not any(f.startswith(d.rstrip("/") + "/") for d in folders)
                   and not f.startswith((LOGS_FOLDER + "/", BENCHMARKS_FOLDER + "/"))]
     assert len(written) > 100 and undeclared == [], undeclared[:20]
+
+
+def test_every_job_ran_blas_at_one_thread_and_its_workers_forked(complete_run):
+    """Issue 49: a rule's threads are its job's worker processes (kvasym.workers), each at one
+    BLAS thread. Snakemake exports OMP_NUM_THREADS and OPENBLAS_NUM_THREADS = the job's threads to
+    its shell; the workflow's shell prefix sets them back to 1 (with them at 2, a job's reference
+    pass changed in its last bits, its quantized passes far more, and its CPU grew fivefold).
+    Every stage's log says what it ran with; the jobs of rules with several threads were given
+    them as --workers (the tiny run has --cores 2)."""
+    from kvasym.artifacts import LOGS_FOLDER
+    from kvasym.resources import STAGE_THREADS
+
+    logs = sorted((complete_run / LOGS_FOLDER).rglob("*.log"))
+    heads = {log: log.read_text(encoding="utf-8").splitlines()[0] for log in logs if log.stat().st_size}
+    stage_heads = {log: head for log, head in heads.items() if " stage " in head}
+    assert len(stage_heads) > 40
+    wrong = [f"{log.relative_to(complete_run)}: {head}" for log, head in stage_heads.items()
+             if "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1" not in head]
+    assert wrong == [], wrong[:5]
+    proc = snakemake(complete_run, "--cores", "2", "--dry-run", "--forceall", "--printshellcmds")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    threaded = {rule for rule, n in STAGE_THREADS.items() if n > 1}
+    commands = re.findall(r"kvasym stage (\S+) .*?--workers (\d+)", proc.stdout + proc.stderr)
+    assert {stage for stage, _ in commands} >= threaded and all(n == "2" for _, n in commands)
 
 
 def test_second_run_does_nothing(complete_run):

@@ -440,7 +440,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Snakemake sends a stage's stderr to its log file. Writing a first line now gives the
         # log its first disk block while there may still be room, so that an error line later
         # (e.g. "No space left on device") still fits: otherwise a full disk shows an empty log.
-        _say(f"kvasym {__version__} stage {args.stage}")
+        # and says the BLAS threads it runs with: every DAG job runs one (workflow/rules/common.smk)
+        blas = " ".join(f"{v}={os.environ.get(v, 'unset')}" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"))
+        _say(f"kvasym {__version__} stage {args.stage} ({blas})")
     try:
         status = int(args.func(args) or 0)
         if args.command == "stage" and status == 0:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["FIXED_RESOURCES", "MODEL_RESOURCES", "MODEL_STAGES", "SLICE_STAGES", "job_resources"]
+__all__ = ["FIXED_RESOURCES", "MODEL_RESOURCES", "MODEL_STAGES", "SLICE_STAGES", "STAGE_THREADS", "WORKER_MEMORY_SHARE",
+           "job_resources", "stage_threads"]
 
 #: Stages whose request follows the size of their config slice.
 SLICE_STAGES = ("cells", "metrics", "theory")
@@ -92,7 +93,29 @@ MODEL_RESOURCES: dict[str, dict[str, tuple[int, int]]] = {
 E2E_LONG_REFERENCE_LENGTH = 4096
 
 
-def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb: float = 0.0) -> dict[str, int]:
+#: Stage -> the ``threads`` its rule declares: the processes its job runs its independent units on
+#: (:func:`kvasym.workers.map_ordered`: a text's quantized passes, the card's evaluation passes,
+#: the greedy prompts, the sensitivity rows, the end-to-end tables; the output does not depend
+#: on them). They let a long model job use cores
+#: the DAG leaves idle (the end of the paper DAG is a few such jobs) and ask a Slurm job for that
+#: many CPUs. Snakemake scales them down to ``--cores``; ``--set-threads card=1`` overrides one.
+STAGE_THREADS: dict[str, int] = {"e2e": 2, "sensitivity": 4, "card": 8, "greedy": 4, "e2e_long": 4, "passkey": 4,
+                                 "e2e_stats": 4}
+#: Stage -> the share of the job's one-process request that each worker beyond the first adds:
+#: a forked worker shares the model and the reference pass with its parent and holds one pass's
+#: working set of its own (its hidden states, caches and logits), which is at most half of what
+#: one process asks for. Checked by benchmarks/bench_workers.py on the paper run's jobs (the
+#: process tree's peak with two workers against one's).
+WORKER_MEMORY_SHARE: dict[str, float] = dict.fromkeys(STAGE_THREADS, 0.5)
+
+
+def stage_threads(stage: str) -> int:
+    """The ``threads`` the rule of ``stage`` declares (:data:`STAGE_THREADS`; 1 for the others)."""
+    return STAGE_THREADS.get(stage, 1)
+
+
+def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb: float = 0.0,
+                  workers: int = 1) -> dict[str, int]:
     """Memory (MB) and runtime (minutes) to request for one job of ``stage``.
 
     Parameters
@@ -108,6 +131,9 @@ def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb:
         length's share of the difference.
     input_mb
         The size of the job's input files (``file_metrics``: the cache file).
+    workers
+        The job's worker processes (its threads after Snakemake scaled them): each beyond the
+        first adds :data:`WORKER_MEMORY_SHARE` of the one-process request.
 
     Notes
     -----
@@ -149,4 +175,6 @@ def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb:
         elif stage == "e2e_long" and 0 < length < E2E_LONG_REFERENCE_LENGTH:
             floor = model.get("e2e", FIXED_RESOURCES["e2e"])[0]
             mem_mb = floor + -(-(mem_mb - floor) * length // E2E_LONG_REFERENCE_LENGTH)
+    if stage in WORKER_MEMORY_SHARE and workers > 1:
+        mem_mb += -(-int(mem_mb * WORKER_MEMORY_SHARE[stage] * (int(workers) - 1)) // 1)
     return {"mem_mb": int(mem_mb), "runtime": int(runtime)}

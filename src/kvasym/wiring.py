@@ -261,12 +261,14 @@ class Wiring:
     def resources_of(self, stage: str) -> dict[str, Callable[..., int]]:
         """A rule's resources (:func:`kvasym.resources.job_resources`): from the job's slice for
         grid stages and the model-level ones (its model, a window's length), from the input size
-        for file_metrics, fixed otherwise."""
+        for file_metrics, fixed otherwise; a job with several workers (its threads) asks for
+        theirs too."""
 
         def request(key: str) -> Callable[..., int]:
-            def of(w: Any, input: Any) -> int:  # noqa: A002 - Snakemake passes it by this name
+            def of(w: Any, input: Any, threads: int = 1) -> int:  # noqa: A002 - Snakemake passes it by this name
                 sliced = self.job_slice(stage, w) if stage in (*SLICE_STAGES, *MODEL_STAGES) else None
-                return job_resources(stage, sliced, input.size_mb if stage == "file_metrics" else 0)[key]
+                return job_resources(stage, sliced, input.size_mb if stage == "file_metrics" else 0,
+                                     workers=int(threads))[key]
 
             return of
 
@@ -313,7 +315,9 @@ class Wiring:
         an input of the same name (a job given the files inside the folders it depends on); a
         slice stage's ``--slice`` is the job's config slice (:meth:`job_slice`) unless given.
         ``raw`` is appended as it stands: flags a stage derives from its own declarations
-        (:func:`kvasym.artifacts.stage_flags`).
+        (:func:`kvasym.artifacts.stage_flags`). A stage with ``--workers`` gets the job's
+        ``threads`` (:func:`kvasym.workers.map_ordered`); like the files, it is not recorded in
+        ``config``: the results do not depend on it, and ``--cores`` scales it.
 
         ``config``: the JSON of every given value that is not derived from the job's files (the
         slice, cells, settings; ``raw`` when it is a constant). Snakemake records only such
@@ -338,7 +342,7 @@ class Wiring:
                 values["raw"] = _call(raw, wildcards, None, None)
             return canonical_json(values)
 
-        def args(wildcards: Any, input: Any, output: Any) -> str:  # noqa: A002 - Snakemake's names
+        def args(wildcards: Any, input: Any, output: Any, threads: int = 1) -> str:  # noqa: A002 - Snakemake's names
             values: dict[str, Any] = {}  # argument (dest) -> its value or paths
 
             def add(candidates: Sequence[str], what: str, value: Any) -> None:
@@ -359,6 +363,8 @@ class Wiring:
                 add([f"out_{name}", name], f"output {name}", output[name])
             if not names and len(output) == 1 and "--out" in options:  # else a param names its folder
                 add(["out"], "its output", output[0])
+            if "--workers" in options:  # the rule's threads (after Snakemake scaled them to --cores)
+                add(["workers"], "its threads", int(threads))
             extra = _call(raw, wildcards, input, output) if raw is not None else ""
             given_flags = {flag_of(dest) for dest in values}
             missing = [flag for flag, required in sorted(options.items())

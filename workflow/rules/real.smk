@@ -156,7 +156,7 @@ rule e2e:
         benchmark_path("e2e")
     wildcard_constraints:
         model=names_pattern(wiring.e2e_models),
-    threads: 1
+    threads: threads_of("e2e")
     resources:
         **resources_of("e2e"),
     params:
@@ -200,7 +200,7 @@ rule e2e_long:
         benchmark_path("e2e_long")
     wildcard_constraints:
         model=names_pattern(wiring.long_models),
-    threads: 1
+    threads: threads_of("e2e_long")
     resources:
         **resources_of("e2e_long"),
     params:
@@ -223,7 +223,7 @@ rule passkey:
         benchmark_path("passkey")
     wildcard_constraints:
         model=names_pattern(wiring.passkey_models),
-    threads: 1
+    threads: threads_of("passkey")
     resources:
         **resources_of("passkey"),
     params:
@@ -247,7 +247,7 @@ rule greedy:
         benchmark_path("greedy")
     wildcard_constraints:
         model=names_pattern(wiring.greedy_models),
-    threads: 1
+    threads: threads_of("greedy")
     resources:
         **resources_of("greedy"),
     params:
@@ -275,7 +275,7 @@ rule e2e_stats:
     benchmark:
         benchmark_path("e2e_stats")
     localrule: True
-    threads: 1
+    threads: threads_of("e2e_stats")
     resources:
         **resources_of("e2e_stats"),
     params:
@@ -298,7 +298,7 @@ rule sensitivity:
         benchmark_path("sensitivity")
     wildcard_constraints:
         model=names_pattern(wiring.card_models),
-    threads: 1
+    threads: threads_of("sensitivity")
     resources:
         **resources_of("sensitivity"),
     params:
@@ -322,7 +322,7 @@ rule card:
         benchmark_path("card")
     wildcard_constraints:
         model=names_pattern(wiring.card_models),
-    threads: 1
+    threads: threads_of("card")
     resources:
         **resources_of("card"),
     params:

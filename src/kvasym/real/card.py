@@ -274,13 +274,16 @@ def model_description(model: GGUFLlama) -> dict[str, Any]:
 def evaluation_rows(model: GGUFLlama, token_ids: Mapping[str, np.ndarray], allocation: pd.DataFrame,
                     scheme: Any, *, reference: str, budgets: Sequence[int], draws: int, base_seed: int,
                     frontier_schemes: Sequence[Any] = (), norm_dtype: str = "float32",
-                    log: Any = None, tied: pd.DataFrame | None = None) -> pd.DataFrame:
+                    log: Any = None, tied: pd.DataFrame | None = None, workers: int = 1) -> pd.DataFrame:
     """Per-position rows (the end-to-end passes' columns) of the evaluation texts: per text and
     draw, the uniform map of ``scheme`` at every budget (scheme column ``reference``: the same
     pass as the end-to-end stage's) and the allocation's map (column :func:`allocated_label`),
     with ``tied`` (an allocation with one width per layer) its map too (column
     :func:`tied_label`), plus, with ``frontier_schemes``, their all-layer passes
-    (:func:`kvasym.real.endtoend.evaluate_text`)."""
+    (:func:`kvasym.real.endtoend.evaluate_text`). A text's passes run on ``workers`` processes
+    forked after its reference pass (:func:`kvasym.workers.map_ordered`); the rows do not depend
+    on their number."""
+    from ..workers import map_ordered
     from .endtoend import evaluate_text, reference_pass
     from .mixed import allocation_map, mixed_pass_rows
 
@@ -289,20 +292,25 @@ def evaluation_rows(model: GGUFLlama, token_ids: Mapping[str, np.ndarray], alloc
     frames = []
     for text, ids in token_ids.items():
         ref = reference_pass(model, ids)
+        passes = []
         for draw in range(int(draws)):
             for budget in budgets:
                 maps = [(reference, np.full(shape, int(budget), dtype=np.int64)),
                         (allocated_label(reference), allocation_map(allocation, budget, *shape[::2]))]
                 if tied is not None:
                     maps.append((tied_label(reference), allocation_map(tied, budget, *shape[::2])))
-                for label, widths in maps:
-                    frames.append(pd.DataFrame(mixed_pass_rows(model, ref, widths, scheme, text=text, draw=draw,
-                                                               label=label, budget=int(budget), base_seed=base_seed,
-                                                               norm_dtype=norm_dtype)))
+                passes.extend((draw, int(budget), label, widths) for label, widths in maps)
+
+        def pass_frame(unit: tuple[int, int, str, np.ndarray], ref: Any = ref, text: str = text) -> pd.DataFrame:
+            draw, budget, label, widths = unit
+            return pd.DataFrame(mixed_pass_rows(model, ref, widths, scheme, text=text, draw=draw, label=label,
+                                                budget=budget, base_seed=base_seed, norm_dtype=norm_dtype))
+
+        frames.extend(map_ordered(pass_frame, passes, workers))
         if frontier_schemes:
             frames.append(pd.DataFrame(evaluate_text(model, ids, list(frontier_schemes), list(budgets), text=text,
                                                      base_seed=base_seed, ropes=["post"], draws=int(draws),
-                                                     norm_dtype=norm_dtype)))
+                                                     norm_dtype=norm_dtype, workers=workers)))
         if log is not None:
             log(f"evaluated {text}")
     return pd.concat(frames, ignore_index=True)
@@ -311,9 +319,12 @@ def evaluation_rows(model: GGUFLlama, token_ids: Mapping[str, np.ndarray], alloc
 def measure_card(model: GGUFLlama, *, calibration: Mapping[str, np.ndarray], evaluation: Mapping[str, np.ndarray],
                  scheme: Any, reference: str, budgets: Sequence[int], widths: Sequence[int], granularity: str,
                  draws: int, base_seed: int, frontier_schemes: Sequence[Any] = (), tokens: int,
-                 norm_dtype: str = "float32", log: Any = None) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
-    """Everything a card holds for ``model``, measured in one process (the CLI's path; the DAG
-    splits the sensitivity passes into one job per calibration text).
+                 norm_dtype: str = "float32", log: Any = None,
+                 workers: int = 1) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    """Everything a card holds for ``model``, measured in one job (the CLI's path; the DAG
+    splits the sensitivity passes into one job per calibration text); ``workers`` processes run
+    the sensitivity rows and the evaluation passes (:func:`kvasym.workers.map_ordered`), with the
+    same card whatever their number.
 
     Returns the card (:func:`build_card`) and its tables: ``heads``, ``sensitivity``,
     ``allocation``, ``passes`` (per position), ``summary``, ``comparisons``.
@@ -329,14 +340,15 @@ def measure_card(model: GGUFLlama, *, calibration: Mapping[str, np.ndarray], eva
     for text, ids in calibration.items():
         heads.append(head_statistics(model, ids, text))
         sens.append(pd.DataFrame(sensitivity(model, reference_pass(model, ids), scheme, widths, granularity,
-                                             text=text, base_seed=base_seed, norm_dtype=norm_dtype)))
+                                             text=text, base_seed=base_seed, norm_dtype=norm_dtype,
+                                             workers=workers)))
         if log is not None:
             log(f"calibrated on {text}")
     sens_frame = pd.concat(sens, ignore_index=True)
     allocation = measured_allocation(sens_frame, len(model.layers), c.n_kv_heads, granularity, budgets)
     passes = evaluation_rows(model, evaluation, allocation, scheme, reference=reference, budgets=budgets,
                              draws=draws, base_seed=base_seed, frontier_schemes=frontier_schemes,
-                             norm_dtype=norm_dtype, log=log)
+                             norm_dtype=norm_dtype, log=log, workers=workers)
     summary = summarize(passes)
     comparisons = compare_schemes(passes, [allocated_label(reference), reference])
     settings = {"calibration_texts": list(calibration), "evaluation_texts": list(evaluation), "tokens": int(tokens),

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..artifacts import artifact
 from ..errors import KvasymError
+from ..workers import parse_workers
 
 #: Default texts (shipped, :func:`kvasym.real.shipped_texts`): calibration and evaluation disjoint.
 DEFAULT_CALIBRATION = ("allotment_spring", "bakery_morning")
@@ -62,6 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draws", type=int, default=1, help="draws of random maps per evaluation text")
     p.add_argument("--seed", type=int, default=0, help="base seed")
     p.add_argument("--overwrite", action="store_true", help="replace an existing card in --out")
+    p.add_argument("--workers", type=parse_workers, default=1,
+                   help="processes for the passes (default 1; the card does not depend on it)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         card, tables = measure_card(model, calibration=calibration, evaluation=evaluation, scheme=scheme,
                                     reference=scheme.name, budgets=args.budgets, widths=args.widths,
                                     granularity=args.granularity, draws=args.draws, base_seed=args.seed,
-                                    frontier_schemes=frontier, tokens=args.tokens, log=say)
+                                    frontier_schemes=frontier, tokens=args.tokens, log=say, workers=args.workers)
         for name, frame in tables.items():
             with files.target(f"{name}.parquet") as tmp:
                 frame.to_parquet(tmp, index=False)

@@ -535,6 +535,7 @@ def evaluate_text(
     text: str,
     base_seed: int,
     part: tuple[int, int] = (0, 1),
+    workers: int = 1,
     **options: Any,
 ) -> dict[str, np.ndarray]:
     """Per-position next-token measures of every pass over one text.
@@ -583,10 +584,11 @@ def evaluate_text(
     (:func:`select_part`, round robin), so that one text's passes can run as ``P`` jobs side by side,
     each with its own reference pass; :func:`join_parts` puts their rows back in the plan's order,
     row for row the frame of ``part = (0, 1)`` (each pass's seeds come from its identity, not from
-    its place in the plan).
+    its place in the plan). ``workers`` processes run the passes after the one reference pass
+    (:func:`execute_passes`), with the same rows whatever their number.
     """
     plan = plan_text_passes(model, schemes, budgets, text=text, base_seed=base_seed, **options)
-    return execute_passes(model, token_ids, select_part(plan, part), text)
+    return execute_passes(model, token_ids, select_part(plan, part), text, workers=workers)
 
 
 def plan_text_passes(
@@ -835,20 +837,29 @@ class PlannedPass:
 
 
 def execute_passes(model: GGUFLlama, token_ids: np.ndarray, passes: Sequence[PlannedPass],
-                   text: str) -> dict[str, np.ndarray]:
+                   text: str, workers: int = 1) -> dict[str, np.ndarray]:
     """The reference pass of ``token_ids``, then each planned pass from its restart layer: the
-    columns :func:`evaluate_text` returns, one block of positions per pass, in ``passes``' order."""
+    columns :func:`evaluate_text` returns, one block of positions per pass, in ``passes``' order.
+
+    The planned passes run on ``workers`` processes forked after the reference pass
+    (:func:`kvasym.workers.map_ordered`: each reads the reference, none the others' results),
+    so the columns are the same, bit for bit, whatever ``workers`` is."""
+    from ..workers import map_ordered
+
     ref = reference_pass(model, token_ids)
     n = ref.nll.size
-    columns: dict[str, list[np.ndarray]] = {}
-    for planned in passes:
+
+    def run_pass(planned: PlannedPass) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         quant = planned.quant
         bits: list[dict[str, float]] = []
         hidden = run_layers(model, ref.frame, ref.residuals[planned.start], planned.start, quant, bits)
-        measured = next_token_metrics(model, ref, hidden)
         fixed: dict[str, Any] = {"text": text, "draw": int(quant.draw), "scheme": quant.name,
                                  "budget": int(quant.budget), "rope": quant.rope, "own": quant.own,
                                  "layer": planned.layer, **_mean_bits(bits)}
+        return fixed, next_token_metrics(model, ref, hidden)
+
+    columns: dict[str, list[np.ndarray]] = {}
+    for fixed, measured in map_ordered(run_pass, list(passes), workers):
         for key, value in fixed.items():
             columns.setdefault(key, []).append(np.full(n, value, dtype=object if isinstance(value, str) else None))
         columns.setdefault("position", []).append(np.arange(n, dtype=np.int32))

@@ -251,7 +251,8 @@ def prompt_text(text: str, index: int) -> str:
 
 def greedy_grid(model: GGUFLlama, texts: dict[str, np.ndarray], *, prompt_tokens: int, prompts_per_text: int,
                 n_new: int, schemes: Sequence[Any], budgets: Sequence[int], base_seed: int,
-                norm_dtype: str = "float32", causal_chunks: dict[str, int] | None = None) -> pd.DataFrame:
+                norm_dtype: str = "float32", causal_chunks: dict[str, int] | None = None,
+                workers: int = 1) -> pd.DataFrame:
     """Greedy agreement and teacher-forced measures of every prompt under every scheme and budget.
 
     Parameters
@@ -277,6 +278,9 @@ def greedy_grid(model: GGUFLlama, texts: dict[str, np.ndarray], *, prompt_tokens
         Storage dtype of the norms.
     causal_chunks : dict of str to int, optional
         Scheme name -> chunk of rows quantized at once (streaming storage).
+    workers : int
+        Processes the prompts run on (:func:`kvasym.workers.map_ordered`); the rows do not depend
+        on it (each prompt's maps come from its identity).
 
     Returns
     -------
@@ -286,24 +290,31 @@ def greedy_grid(model: GGUFLlama, texts: dict[str, np.ndarray], *, prompt_tokens
         of 32, as in the end-to-end tables), ``budget, causal_chunk`` and
         :func:`prompt_agreements`' measures (``n_new, agree, kl_mean, kl_max, top1_flip``).
     """
+    from ..workers import map_ordered
     from .endtoend import CacheQuantization
 
     chunks = dict(causal_chunks or {})
-    rows = []
-    for text, ids in texts.items():
-        for index, prompt in enumerate(prompt_windows(model, ids, prompt_tokens, prompts_per_text)):
-            passes = {}
-            for scheme in schemes:
-                for budget in budgets:
-                    quant = CacheQuantization(scheme, int(budget), int(base_seed), prompt_text(text, index),
-                                              norm_dtype=norm_dtype, causal_chunk=int(chunks.get(scheme.name, 0)))
-                    passes[f"{quant.name}@{int(budget)}"] = quant
-            _, measured = prompt_agreements(model, prompt, n_new, passes)
-            for row in measured:
-                quant = passes[row["pass"]]
-                del row["pass"]
-                rows.append({"text": text, "prompt": index, "scheme": quant.name, "budget": quant.budget,
-                             "causal_chunk": int(quant.causal_chunk), **row})
+    prompts = [(text, index, prompt) for text, ids in texts.items()
+               for index, prompt in enumerate(prompt_windows(model, ids, prompt_tokens, prompts_per_text))]
+
+    def prompt_rows(unit: tuple[str, int, np.ndarray]) -> list[dict[str, Any]]:
+        text, index, prompt = unit
+        passes = {}
+        for scheme in schemes:
+            for budget in budgets:
+                quant = CacheQuantization(scheme, int(budget), int(base_seed), prompt_text(text, index),
+                                          norm_dtype=norm_dtype, causal_chunk=int(chunks.get(scheme.name, 0)))
+                passes[f"{quant.name}@{int(budget)}"] = quant
+        _, measured = prompt_agreements(model, prompt, n_new, passes)
+        rows = []
+        for row in measured:
+            quant = passes[row["pass"]]
+            del row["pass"]
+            rows.append({"text": text, "prompt": index, "scheme": quant.name, "budget": quant.budget,
+                         "causal_chunk": int(quant.causal_chunk), **row})
+        return rows
+
+    rows = [row for unit_rows in map_ordered(prompt_rows, prompts, workers) for row in unit_rows]
     return pd.DataFrame(rows, columns=["text", "prompt", "scheme", "budget", "causal_chunk", *AGREEMENT_COLUMNS[2:]])
 
 

@@ -122,7 +122,8 @@ def evaluate_windows(model: Any, ids: np.ndarray, lengths: Sequence[int], count_
                      schemes: Sequence[Scheme], budgets: Sequence[int], *, base_seed: int, rope: str = "post",
                      own: str = "exact", norm_dtype: str = "float32",
                      context_length: int | None = None, calibration_windows: int = 0,
-                     part: Sequence[int] = (0, 1), **pass_options: Any) -> dict[str, np.ndarray]:
+                     part: Sequence[int] = (0, 1), workers: int = 1,
+                     **pass_options: Any) -> dict[str, np.ndarray]:
     """Per-position next-token measures of every scheme and budget on long-text windows.
 
     Parameters
@@ -161,6 +162,9 @@ def evaluate_windows(model: Any, ids: np.ndarray, lengths: Sequence[int], count_
         (its tokens, its seeds, the length's bases), so the parts' columns joined
         (:func:`kvasym.real.jobparts.join_by_units` on ``context, window``) are the whole
         job's row for row. Default ``(0, 1)``: every window.
+    workers : int
+        Processes each window's quantized passes run on, after its reference pass
+        (:func:`kvasym.real.endtoend.execute_passes`); the columns do not depend on it.
     **pass_options
         Further keywords of :func:`~kvasym.real.endtoend.evaluate_text` (e.g. the query-aware
         variants and their bases), passed to every window's passes.
@@ -206,7 +210,7 @@ def evaluate_windows(model: Any, ids: np.ndarray, lengths: Sequence[int], count_
         for index, window_ids in mine:
             columns = evaluate_text(model, window_ids, schemes, budgets, text=window_text(length, index),
                                     base_seed=base_seed, ropes=(rope,), own=own, norm_dtype=norm_dtype,
-                                    **options)
+                                    workers=workers, **options)
             n = len(columns["position"])
             columns["context"] = np.full(n, length, dtype=np.int32)
             columns["window"] = np.full(n, index, dtype=np.int32)

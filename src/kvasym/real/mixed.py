@@ -185,7 +185,7 @@ def mixed_pass_rows(model: GGUFLlama, ref: Reference, widths: np.ndarray, scheme
 
 def sensitivity(model: GGUFLlama, ref: Reference, scheme: Scheme, widths: Sequence[int], granularity: str, *,
                 text: str, base_seed: int, norm_dtype: str = "float32",
-                part: Sequence[int] = (0, 1)) -> dict[str, np.ndarray]:
+                part: Sequence[int] = (0, 1), workers: int = 1) -> dict[str, np.ndarray]:
     """Each unit's sensitivity curve on one text (module docstring): one row per (unit, width)
     with :data:`SENSITIVITY_COLUMNS` — ``bits`` the unit's measured total bits per value,
     ``kl`` the mean next-token KL, ``dnll`` the mean change of the next token's NLL (nats;
@@ -195,16 +195,21 @@ def sensitivity(model: GGUFLlama, ref: Reference, scheme: Scheme, widths: Sequen
     ``part = (p, P)`` runs (unit, width) rows ``p, p + P, ...`` of the (layer, side, kv_head,
     width) order only (:func:`kvasym.real.jobparts.select_round_robin`): a row depends on its
     unit, width and the reference only, so the parts' rows joined by those columns
-    (:func:`kvasym.real.jobparts.join_by_units`) are the whole table row for row.
+    (:func:`kvasym.real.jobparts.join_by_units`) are the whole table row for row. The rows run on
+    ``workers`` processes forked after the reference pass (:func:`kvasym.workers.map_ordered`),
+    with the same table whatever their number.
     """
+    from ..workers import map_ordered
+
     c = model.config
     chosen = [int(w) for w in widths]
     if not chosen or len(set(chosen)) != len(chosen) or not set(chosen) <= set(WIDTHS):
         raise KvasymError(f"sensitivity widths must be distinct values of {list(WIDTHS)}, got {list(widths)}")
-    rows: dict[str, list[Any]] = {key: [] for key in SENSITIVITY_COLUMNS}
     shape = (len(model.layers), 2, c.n_kv_heads)
     grid = [(unit, width) for unit in unit_cells(*shape[::2], granularity) for width in chosen]
-    for unit, width in select_round_robin(grid, part, "sensitivity rows (units x widths)"):
+
+    def row(cell: tuple[dict[str, Any], int]) -> tuple[tuple[str, Any], ...]:
+        unit, width = cell
         layer = unit["layer"]
         widths_map = np.where(unit["cells"], width, 0).astype(np.int64)
         bits: list[dict[str, float]] = []
@@ -212,11 +217,15 @@ def sensitivity(model: GGUFLlama, ref: Reference, scheme: Scheme, widths: Sequen
                               base_seed=base_seed, seed_text=text, norm_dtype=norm_dtype, bits=bits)
         measured = next_token_metrics(model, ref, hidden)
         total = [b["payload"] + b["side_bits"] for b in bits]
-        for key, value in (("text", text), ("layer", layer), ("side", unit["side"]),
-                           ("kv_head", unit["kv_head"]), ("width", width), ("bits", float(np.mean(total))),
-                           ("kl", float(np.mean(measured["kl"]))),
-                           ("dnll", float(np.mean(measured["nll"] - ref.nll))),
-                           ("top1", float(np.mean(measured["top1"]))), ("n_positions", int(ref.nll.size))):
+        return (("text", text), ("layer", layer), ("side", unit["side"]), ("kv_head", unit["kv_head"]),
+                ("width", width), ("bits", float(np.mean(total))), ("kl", float(np.mean(measured["kl"]))),
+                ("dnll", float(np.mean(measured["nll"] - ref.nll))), ("top1", float(np.mean(measured["top1"]))),
+                ("n_positions", int(ref.nll.size)))
+
+    rows: dict[str, list[Any]] = {key: [] for key in SENSITIVITY_COLUMNS}
+    cells = select_round_robin(grid, part, "sensitivity rows (units x widths)")
+    for measured_row in map_ordered(row, cells, workers):
+        for key, value in measured_row:
             rows[key].append(value)
     return {key: np.asarray(value, dtype=object if key in ("text", "side") else None) for key, value in rows.items()}
 

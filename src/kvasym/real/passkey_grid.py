@@ -128,7 +128,7 @@ def _build_trials(model: Any, lengths: Sequence[int], depths: Sequence[float], t
 
 def run_grid(model: Any, lengths: Sequence[int], depths: Sequence[float], trials: int,
              passes: Mapping[str, CacheQuantization | None], *, base_seed: int,
-             part: Sequence[int] = (0, 1)) -> pd.DataFrame:
+             part: Sequence[int] = (0, 1), workers: int = 1) -> pd.DataFrame:
     """Run every passkey trial of a grid under every pass.
 
     Parameters
@@ -155,6 +155,9 @@ def run_grid(model: Any, lengths: Sequence[int], depths: Sequence[float], trials
         only, so the parts' rows joined (:func:`kvasym.real.jobparts.join_by_units` on
         ``length, depth, trial``) are the whole grid's row for row. Default ``(0, 1)``: every
         trial.
+    workers : int
+        Processes the trials run on (:func:`kvasym.workers.map_ordered`); the rows do not depend
+        on it (``cpu_s`` apart, a measurement).
 
     Returns
     -------
@@ -172,12 +175,14 @@ def run_grid(model: Any, lengths: Sequence[int], depths: Sequence[float], trials
         If the passes, lengths, depths or trial count are empty or invalid (the message names
         the value), before any pass runs.
     """
+    from ..workers import map_ordered
     from .jobparts import select_round_robin
 
     _check_passes(passes)
-    rows: list[dict[str, Any]] = []
     grid = _build_trials(model, lengths, depths, trials, base_seed)
-    for trial in select_round_robin(grid, part, "passkey trials"):
+
+    def trial_rows(trial: Any) -> list[dict[str, Any]]:
+        rows = []
         for name, quant in passes.items():
             if quant is not None:
                 quant = dataclasses.replace(quant, text=trial_text(trial.length, trial.depth, trial.trial))
@@ -189,6 +194,10 @@ def run_grid(model: Any, lengths: Sequence[int], depths: Sequence[float], trials
                          "depth": trial.depth, "trial": trial.trial, "key": trial.key,
                          "correct": int(score.correct), "n_correct_prefix": score.n_correct_prefix,
                          "key_position": trial.key_position, "cpu_s": cpu_s})
+        return rows
+
+    chosen = select_round_robin(grid, part, "passkey trials")
+    rows = [row for rows_of_trial in map_ordered(trial_rows, chosen, workers) for row in rows_of_trial]
     frame = pd.DataFrame(rows, columns=list(GRID_COLUMNS))
     return frame.astype({"budget": np.int32, "length": np.int32, "depth": np.float64, "trial": np.int32,
                          "key": np.int64, "correct": np.int8, "n_correct_prefix": np.int8,

@@ -87,6 +87,15 @@ def add_slice_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
         parser.add_argument("--dim", type=int)
 
 
+def add_workers_argument(parser: argparse.ArgumentParser) -> None:
+    """``--workers N``: processes for the job's independent units (:func:`kvasym.workers.map_ordered`;
+    the rule's ``threads``, given by Snakemake). The job's output does not depend on it."""
+    from ..workers import parse_workers
+
+    parser.add_argument("--workers", type=parse_workers, default=1,
+                        help="processes for the job's independent units (default 1; the results do not depend on it)")
+
+
 def stage_slice(args: argparse.Namespace, stage: str) -> dict[str, Any]:
     """The slice of ``stage``: ``--slice`` checked for its keys, or built from ``--config``."""
     if args.slice is not None:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..artifacts import add_input_arguments
-from ._slice import add_slice_arguments, stage_slice
+from ._slice import add_slice_arguments, add_workers_argument, stage_slice
 
 #: Columns of the per-layer sensitivity table (the calibration texts' means per layer, side, width).
 LAYER_COLUMNS = ("layer", "side", "width", "bits", "kl", "dnll", "top1")
@@ -31,7 +31,7 @@ OUTPUTS = ("measurements", "allocation", "allocation_tied", "layers", "passes", 
 
 
 def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], out: dict[str, str],
-             model_file: str | None = None) -> None:
+             model_file: str | None = None, workers: int = 1) -> None:
     """The card's tables and pages (``out``: output name -> path); ``slice_`` holds ``texts``
     (evaluation), ``calibration_texts``, ``max_tokens``, ``scheme`` (a scheme dict), ``budgets``,
     ``widths``, ``granularity``, ``draws``, ``base_seed``, ``norm_dtype``.
@@ -41,7 +41,8 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], out: dict
     cache statistics of the calibration texts (:func:`kvasym.real.card.head_statistics`, one
     full-precision pass a text) are computed here, where the model is loaded anyway, so that a
     sensitivity job can be cut into parts. The model is ``slice_["model"]`` (absent: the primary),
-    read from ``model_file`` when assembled from chunk packages."""
+    read from ``model_file`` when assembled from chunk packages. ``workers`` processes run each
+    text's evaluation passes (the rows do not depend on their number)."""
     import json
 
     import pandas as pd
@@ -84,7 +85,8 @@ def run_card(slice_: dict[str, Any], sensitivity_paths: Sequence[str], out: dict
             if granularity != "layer" else None)
     passes = evaluation_rows(model, text_token_ids(model, texts, int(slice_["max_tokens"])), allocation, scheme,
                              reference=reference, budgets=budgets, draws=int(slice_["draws"]),
-                             base_seed=int(slice_["base_seed"]), norm_dtype=str(slice_["norm_dtype"]), tied=tied)
+                             base_seed=int(slice_["base_seed"]), norm_dtype=str(slice_["norm_dtype"]), tied=tied,
+                             workers=workers)
     summary = summarize(passes)
     label = allocated_label(reference)
     # the allocation against the uniform map, then (with K and V apart) against the tied allocation
@@ -113,6 +115,7 @@ INPUTS = {"sensitivity": "card_sensitivity", "model_file": "model_file"}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "card")
+    add_workers_argument(parser)
     add_input_arguments(parser, INPUTS, required=("sensitivity",), many=("sensitivity",))
     for name in OUTPUTS:
         parser.add_argument(f"--out-{name.replace('_', '-')}", required=True, help=f"the card's {name} output")
@@ -120,4 +123,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     run_card(stage_slice(args, "card"), args.sensitivity,
-             {name: getattr(args, f"out_{name}") for name in OUTPUTS}, args.model_file)
+             {name: getattr(args, f"out_{name}") for name in OUTPUTS}, args.model_file, args.workers)

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..artifacts import add_input_arguments
 from ..errors import KvasymError
-from ._slice import add_slice_arguments, slice_schemes, stage_slice
+from ._slice import add_slice_arguments, add_workers_argument, slice_schemes, stage_slice
 
 
 def check_bases_given(path: str | None, variants: list[str]) -> None:
@@ -38,7 +38,8 @@ def load_bases(model: Any, path: str | None, variants: list[str]) -> Any:
     return load_query_bases(path, model.model_sha256, (len(model.layers), c.n_kv_heads, c.head_dim))
 
 
-def run_e2e(slice_: dict[str, Any], out: str, query_bases: str | None = None, model_file: str | None = None) -> None:
+def run_e2e(slice_: dict[str, Any], out: str, query_bases: str | None = None, model_file: str | None = None,
+            workers: int = 1) -> None:
     """Every end-to-end pass of the text ``slice_["text"]`` (its first ``max_tokens`` tokens) on
     the model ``slice_["model"]`` (absent: the primary, SmolLM2-135M; another is read from
     ``model_file``, :func:`kvasym.real.models.slice_model`).
@@ -48,7 +49,8 @@ def run_e2e(slice_: dict[str, Any], out: str, query_bases: str | None = None, mo
     ``extra_budgets``, ``own``, ``sensitivity_layers``, ``sensitivity_schemes``, ``query_aware``,
     ``recent_windows``, ``causal_chunks``, optionally ``global_only``), optionally ``part`` (``[p, P]``: only
     part ``p`` of ``P`` of the passes, :func:`kvasym.real.endtoend.select_part`, joined by stage ``e2e_join``);
-    ``query_bases`` the calibrated bases' file when ``query_aware`` names variants.
+    ``query_bases`` the calibrated bases' file when ``query_aware`` names variants; ``workers``
+    processes run the quantized passes (the rows do not depend on their number).
     """
     import pandas as pd
 
@@ -77,7 +79,7 @@ def run_e2e(slice_: dict[str, Any], out: str, query_bases: str | None = None, mo
                             recent_windows=settings.get("recent_windows") or None,
                             causal_chunks=settings.get("causal_chunks") or None,
                             global_only=list(settings.get("global_only", ())),
-                            part=tuple(slice_.get("part", (0, 1))))
+                            part=tuple(slice_.get("part", (0, 1))), workers=workers)
     write_frame_atomic(pd.DataFrame(columns), out, {**provenance(slice_), "model_sha256": model.model_sha256})
 
 
@@ -88,9 +90,10 @@ INPUTS = {"query_bases": "query_bases", "model_file": "model_file"}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "e2e")
+    add_workers_argument(parser)
     add_input_arguments(parser, INPUTS)
     parser.add_argument("--out", required=True, help="the per-position Parquet file of the text")
 
 
 def run(args: argparse.Namespace) -> None:
-    run_e2e(stage_slice(args, "e2e"), args.out, args.query_bases, args.model_file)
+    run_e2e(stage_slice(args, "e2e"), args.out, args.query_bases, args.model_file, args.workers)

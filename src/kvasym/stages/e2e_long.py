@@ -21,11 +21,11 @@ import argparse
 from typing import Any
 
 from ..artifacts import add_input_arguments
-from ._slice import add_slice_arguments, slice_schemes, stage_slice
+from ._slice import add_slice_arguments, add_workers_argument, slice_schemes, stage_slice
 
 
 def run_e2e_long(slice_: dict[str, Any], out: str, query_bases: str | None = None,
-                 model_file: str | None = None) -> None:
+                 model_file: str | None = None, workers: int = 1) -> None:
     """Every long-context pass of the windows of length ``slice_["length"]``.
 
     ``slice_``: ``length``, ``windows``, ``calibration_windows`` (the variants also run with
@@ -34,7 +34,8 @@ def run_e2e_long(slice_: dict[str, Any], out: str, query_bases: str | None = Non
     ``norm_dtype``, with ``part`` ``[p, P]`` this job's share of the windows
     (:func:`kvasym.real.jobparts.part_slice`); ``query_bases`` the calibrated bases' file when ``query_variants`` is not
     empty; the model is ``slice_["model"]`` (absent: the primary), read from ``model_file`` when
-    assembled from chunk packages (:func:`kvasym.real.models.slice_model`).
+    assembled from chunk packages (:func:`kvasym.real.models.slice_model`); ``workers`` processes
+    run each window's quantized passes (the rows do not depend on their number).
     """
     import json
 
@@ -56,7 +57,7 @@ def run_e2e_long(slice_: dict[str, Any], out: str, query_bases: str | None = Non
                                schemes, [int(b) for b in slice_["budgets"]], base_seed=int(slice_["base_seed"]),
                                own=slice_["own"], norm_dtype=slice_["norm_dtype"],
                                calibration_windows=int(slice_["calibration_windows"]), part=slice_.get("part", (0, 1)),
-                               **options)
+                               workers=workers, **options)
     source = long_text_source()
     meta = {**provenance(slice_), "model_sha256": model.model_sha256,
             "long_text": json.dumps({key: str(value) for key, value in vars(source).items()}, sort_keys=True)}
@@ -70,9 +71,10 @@ INPUTS = {"query_bases": "query_bases", "model_file": "model_file"}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "e2e_long")
+    add_workers_argument(parser)
     add_input_arguments(parser, INPUTS)
     parser.add_argument("--out", required=True, help="the per-position Parquet file of the windows of this length")
 
 
 def run(args: argparse.Namespace) -> None:
-    run_e2e_long(stage_slice(args, "e2e_long"), args.out, args.query_bases, args.model_file)
+    run_e2e_long(stage_slice(args, "e2e_long"), args.out, args.query_bases, args.model_file, args.workers)

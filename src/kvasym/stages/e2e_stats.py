@@ -20,12 +20,13 @@ intervals, McNemar's exact test against full precision).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..artifacts import add_input_arguments
 from ..errors import KvasymError
-from ._slice import add_slice_arguments, stage_slice
+from ._slice import add_slice_arguments, add_workers_argument, stage_slice
 
 OUTPUTS = ("summary", "comparisons", "equal_bits", "sensitivity", "agreement")
 
@@ -35,9 +36,11 @@ OPTIONAL_OUTPUTS = {"long_summary": "long", "long_positions": "long", "long_comp
 
 
 def model_tables(frame: Any, schemes: Sequence[str], study_schemes: Sequence[str], attention: Any,
-                 settings: dict[str, int], memory_tokens: int, model: str) -> dict[str, Any]:
-    """The summary (with the cache's memory at ``memory_tokens`` tokens), comparisons, equal-bits,
-    sensitivity and (with per-head rows of the model) agreement tables of one model's passes."""
+                 settings: dict[str, int], memory_tokens: int, model: str) -> dict[str, Callable[[], Any]]:
+    """What makes the summary (with the cache's memory at ``memory_tokens`` tokens), comparisons,
+    equal-bits, sensitivity and (with per-head rows of the model) agreement tables of one model's
+    passes: table name -> a function of no argument returning it (so that the tables can be
+    computed on worker processes, :func:`kvasym.workers.map_ordered`)."""
     import pandas as pd
 
     from ..real.endtoend_stats import (
@@ -53,29 +56,31 @@ def model_tables(frame: Any, schemes: Sequence[str], study_schemes: Sequence[str
     )
     from ..real.models import model_entry
 
-    tables = {
-        "summary": pareto_front(memory_columns(summarize(frame), frame, model_entry(model), memory_tokens)),
-        "comparisons": compare_schemes(frame, schemes),
-        "equal_bits": compare_equal_bits(frame, schemes),
-        "sensitivity": sensitivity(frame),
+    def agreement() -> Any:
+        rows = []
+        for rope in sorted(frame["rope"].unique()) if attention is not None else ():
+            rows_of = attention[(attention["distribution"] == ATTENTION_DISTRIBUTION[rope])
+                                & (attention["sharpness"] == 1.0)]
+            if rows_of.empty:
+                continue  # the per-head real rows of this RoPE mode are not in the gathered summary
+            for scope, chosen in (("study", list(study_schemes)), ("all", list(schemes))):
+                for measure in ("ppl", "kl"):
+                    rows.append(rank_agreement(frame, rows_of, rope, measure=measure, schemes=chosen, scope=scope,
+                                               **settings))
+        return pd.DataFrame(rows, columns=list(AGREEMENT_COLUMNS))
+
+    return {
+        "summary": lambda: pareto_front(memory_columns(summarize(frame), frame, model_entry(model), memory_tokens)),
+        "comparisons": lambda: compare_schemes(frame, schemes),
+        "equal_bits": lambda: compare_equal_bits(frame, schemes),
+        "sensitivity": lambda: sensitivity(frame),
+        "agreement": agreement,
     }
-    rows = []
-    for rope in sorted(frame["rope"].unique()) if attention is not None else ():
-        rows_of = attention[(attention["distribution"] == ATTENTION_DISTRIBUTION[rope])
-                            & (attention["sharpness"] == 1.0)]
-        if rows_of.empty:
-            continue  # the per-head real rows of this RoPE mode are not in the gathered summary
-        for scope, chosen in (("study", list(study_schemes)), ("all", list(schemes))):
-            for measure in ("ppl", "kl"):
-                rows.append(rank_agreement(frame, rows_of, rope, measure=measure, schemes=chosen, scope=scope,
-                                           **settings))
-    tables["agreement"] = pd.DataFrame(rows, columns=list(AGREEMENT_COLUMNS))
-    return tables
 
 
 def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_summary: str,
                   out: dict[str, str], long_paths: Sequence[str] = (), passkey_paths: Sequence[str] = (),
-                  frontier_points: str | None = None) -> None:
+                  frontier_points: str | None = None, workers: int = 1) -> None:
     """The five end-to-end tables of ``text_paths`` (``out``: table name -> path), and the
     long-context and passkey tables of ``long_paths`` and ``passkey_paths`` when given.
 
@@ -91,6 +96,7 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
     from ..real.jobparts import read_job_parts
     from ..real.model_registry import MEMORY_TOKENS, PRIMARY
     from ..real.models import with_model
+    from ..workers import map_ordered
 
     if not text_paths:
         raise KvasymError("e2e_stats needs at least one per-text table (--texts)")
@@ -99,29 +105,33 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
     paths_of = _by_model(text_paths, list(models))
     settings = {key: int(slice_[key]) for key in ("n_boot", "base_seed")}
     memory_tokens = int(slice_.get("memory_tokens", MEMORY_TOKENS))
-    parts: dict[str, list[Any]] = {}
+    # every (table, model) as a function, in the order the tables stack; then run on the workers
+    makers: list[tuple[str, str, Callable[[], Any]]] = []
     for model in paths_of:
         frame = pd.concat([read_parquet_checked(p) for p in paths_of[model]], ignore_index=True)
         attention = (read_parquet_checked(frontier_points if frontier_points else gathered_summary)
                      if model == PRIMARY else None)
-        tables = model_tables(frame, models[model]["schemes"], models[model]["study_schemes"], attention, settings,
-                              memory_tokens, model)
-        for name, table in tables.items():
-            parts.setdefault(name, []).append(with_model(table, model))
+        makers += [(name, model, make) for name, make in model_tables(
+            frame, models[model]["schemes"], models[model]["study_schemes"], attention, settings, memory_tokens,
+            model).items()]
     if long_paths:
         from ..real.endtoend_stats import compare_long, damage_by_position, summarize_long
 
         for model, paths in _by_model(long_paths, list(models)).items():
             long = read_job_parts(paths, ["window"])  # one job (or its parts) per length
-            for name, table in (("long_summary", summarize_long(long)), ("long_positions", damage_by_position(long)),
-                                ("long_comparisons", compare_long(long))):
-                parts.setdefault(name, []).append(with_model(table, model))
+            makers += [("long_summary", model, functools.partial(summarize_long, long)),
+                       ("long_positions", model, functools.partial(damage_by_position, long)),
+                       ("long_comparisons", model, functools.partial(compare_long, long))]
     if passkey_paths:
         from ..real.passkey_grid import summarize_grid
 
         for model, paths in _by_model(passkey_paths, list(models)).items():
-            table = summarize_grid(read_job_parts(paths, ["depth", "trial"]))  # one job (or its parts) per length
-            parts.setdefault("passkey_summary", []).append(with_model(table, model))
+            trials = read_job_parts(paths, ["depth", "trial"])  # one job (or its parts) per length
+            makers.append(("passkey_summary", model, functools.partial(summarize_grid, trials)))
+    parts: dict[str, list[Any]] = {}
+    computed = map_ordered(lambda maker: maker[2](), makers, workers)
+    for (name, model, _), table in zip(makers, computed):
+        parts.setdefault(name, []).append(with_model(table, model))
     tables = {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
     meta = provenance(slice_)
     for name in tables:
@@ -151,6 +161,7 @@ INPUTS = {"texts": "e2e_text", "summary": "summary", "long": "e2e_long_window", 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "e2e_stats")
+    add_workers_argument(parser)
     add_input_arguments(parser, INPUTS, required=("texts", "summary"), many=("texts", "long", "passkey"))
     for name in (*OUTPUTS, *OPTIONAL_OUTPUTS):
         parser.add_argument(f"--out-{name.replace('_', '-')}", required=name in OUTPUTS,
@@ -165,4 +176,4 @@ def run(args: argparse.Namespace) -> None:
                               "without the other)")
     run_e2e_stats(stage_slice(args, "e2e_stats"), args.texts, args.summary,
                   {name: getattr(args, f"out_{name}") for name in (*OUTPUTS, *OPTIONAL_OUTPUTS)},
-                  args.long, args.passkey, args.frontier)
+                  args.long, args.passkey, args.frontier, args.workers)

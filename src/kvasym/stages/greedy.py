@@ -17,16 +17,17 @@ from typing import Any
 
 from ..artifacts import add_input_arguments
 from ..errors import KvasymError
-from ._slice import add_slice_arguments, slice_schemes, stage_slice
+from ._slice import add_slice_arguments, add_workers_argument, slice_schemes, stage_slice
 
 
-def run_greedy(slice_: dict[str, Any], out_prompts: str, out_summary: str, model_file: str | None = None) -> None:
+def run_greedy(slice_: dict[str, Any], out_prompts: str, out_summary: str, model_file: str | None = None,
+               workers: int = 1) -> None:
     """Every prompt of the slice's texts under every scheme and budget (module docstring).
 
     ``slice_``: ``texts``, ``prompt_tokens``, ``prompts_per_text``, ``new_tokens``, ``schemes``
     (scheme dicts), ``budgets``, ``causal_chunks``, ``base_seed``, ``norm_dtype``; the model is
     ``slice_["model"]`` (absent: the primary), read from ``model_file`` when assembled from chunk
-    packages.
+    packages; ``workers`` processes run the prompts (the rows do not depend on their number).
     """
     from ..dataset import provenance, write_frame_atomic
     from ..real import TEXTS_DIR
@@ -44,7 +45,7 @@ def run_greedy(slice_: dict[str, Any], out_prompts: str, out_summary: str, model
                         prompts_per_text=int(slice_["prompts_per_text"]), n_new=int(slice_["new_tokens"]),
                         schemes=slice_schemes(slice_), budgets=[int(b) for b in slice_["budgets"]],
                         base_seed=int(slice_["base_seed"]), norm_dtype=slice_["norm_dtype"],
-                        causal_chunks={k: int(v) for k, v in slice_["causal_chunks"].items()})
+                        causal_chunks={k: int(v) for k, v in slice_["causal_chunks"].items()}, workers=workers)
     meta = {**provenance(slice_), "model_sha256": model.model_sha256}
     write_frame_atomic(frame, out_prompts, meta)
     write_frame_atomic(greedy_summary(frame), out_summary, meta)
@@ -57,10 +58,11 @@ INPUTS = {"model_file": "model_file"}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "greedy")
+    add_workers_argument(parser)
     add_input_arguments(parser, INPUTS)
     parser.add_argument("--out-prompts", required=True, help="the per-prompt Parquet file")
     parser.add_argument("--out-summary", required=True, help="the per-(scheme, budget) summary Parquet file")
 
 
 def run(args: argparse.Namespace) -> None:
-    run_greedy(stage_slice(args, "greedy"), args.out_prompts, args.out_summary, args.model_file)
+    run_greedy(stage_slice(args, "greedy"), args.out_prompts, args.out_summary, args.model_file, args.workers)

@@ -17,7 +17,7 @@ import argparse
 from typing import Any
 
 from ..artifacts import add_input_arguments
-from ._slice import add_slice_arguments, slice_schemes, stage_slice
+from ._slice import add_slice_arguments, add_workers_argument, slice_schemes, stage_slice
 
 
 def pass_name(scheme: str, budget: int) -> str:
@@ -26,14 +26,15 @@ def pass_name(scheme: str, budget: int) -> str:
 
 
 def run_passkey(slice_: dict[str, Any], out: str, query_bases: str | None = None,
-                model_file: str | None = None) -> None:
+                model_file: str | None = None, workers: int = 1) -> None:
     """Every passkey trial of length ``slice_["length"]`` under every pass.
 
     ``slice_``: ``length``, ``depths``, ``trials``, ``schemes`` (scheme dicts),
     ``query_variants``, ``budgets``, ``base_seed``, ``norm_dtype``, with ``part`` ``[p, P]``
     this job's share of the trials (:func:`kvasym.real.jobparts.part_slice`); ``query_bases`` the
     calibrated bases' file when ``query_variants`` is not empty; the model is ``slice_["model"]``
-    (absent: the primary), read from ``model_file`` when assembled from chunk packages.
+    (absent: the primary), read from ``model_file`` when assembled from chunk packages;
+    ``workers`` processes run the trials (the rows do not depend on their number).
     """
     import pandas as pd
 
@@ -57,7 +58,7 @@ def run_passkey(slice_: dict[str, Any], out: str, query_bases: str | None = None
             passes[pass_name(variant, budget)] = query_aware_quantization(variant, int(budget), base_seed, bases,
                                                                           slice_["norm_dtype"])
     frame = run_grid(model, [int(slice_["length"])], [float(d) for d in slice_["depths"]], int(slice_["trials"]),
-                     passes, base_seed=base_seed, part=slice_.get("part", (0, 1)))
+                     passes, base_seed=base_seed, part=slice_.get("part", (0, 1)), workers=workers)
     frame = frame.drop(columns=["cpu_s"])
     write_frame_atomic(pd.DataFrame(frame), out, {**provenance(slice_), "model_sha256": model.model_sha256})
 
@@ -78,9 +79,10 @@ INPUTS = {"query_bases": "query_bases", "model_file": "model_file"}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "passkey")
+    add_workers_argument(parser)
     add_input_arguments(parser, INPUTS)
     parser.add_argument("--out", required=True, help="the per-trial Parquet file of this length")
 
 
 def run(args: argparse.Namespace) -> None:
-    run_passkey(stage_slice(args, "passkey"), args.out, args.query_bases, args.model_file)
+    run_passkey(stage_slice(args, "passkey"), args.out, args.query_bases, args.model_file, args.workers)

@@ -17,15 +17,16 @@ from typing import Any
 
 from ..artifacts import add_input_arguments
 from ..errors import KvasymError
-from ._slice import add_slice_arguments, stage_slice
+from ._slice import add_slice_arguments, add_workers_argument, stage_slice
 
 
-def run_sensitivity(slice_: dict[str, Any], out: str, model_file: str | None = None) -> None:
+def run_sensitivity(slice_: dict[str, Any], out: str, model_file: str | None = None, workers: int = 1) -> None:
     """The sensitivity curves of ``slice_["text"]`` (its first ``max_tokens`` tokens), or this
     job's part of them: ``slice_`` holds ``text``, ``evaluation_texts`` (refused as a calibration
     text), ``max_tokens``, ``scheme`` (a scheme dict), ``widths``, ``granularity``, ``base_seed``,
     ``norm_dtype`` and, with parts, ``part`` ``[p, P]``; the model is ``slice_["model"]`` (absent:
-    the primary), read from ``model_file`` when assembled from chunk packages."""
+    the primary), read from ``model_file`` when assembled from chunk packages; ``workers``
+    processes run the rows (the table does not depend on their number)."""
     import pandas as pd
 
     from ..dataset import provenance, write_frame_atomic
@@ -44,7 +45,7 @@ def run_sensitivity(slice_: dict[str, Any], out: str, model_file: str | None = N
     ids = text_token_ids(model, [text], int(slice_["max_tokens"]))[text]
     table = sensitivity(model, reference_pass(model, ids), scheme, [int(w) for w in slice_["widths"]],
                         str(slice_["granularity"]), text=text, base_seed=int(slice_["base_seed"]),
-                        norm_dtype=str(slice_["norm_dtype"]), part=slice_.get("part", (0, 1)))
+                        norm_dtype=str(slice_["norm_dtype"]), part=slice_.get("part", (0, 1)), workers=workers)
     write_frame_atomic(pd.DataFrame(table), out, {**provenance(slice_), "model_sha256": model.model_sha256})
 
 
@@ -54,9 +55,10 @@ INPUTS = {"model_file": "model_file"}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "sensitivity")
+    add_workers_argument(parser)
     add_input_arguments(parser, INPUTS)
     parser.add_argument("--out", required=True, help="the text's sensitivity table, or this part of it (Parquet)")
 
 
 def run(args: argparse.Namespace) -> None:
-    run_sensitivity(stage_slice(args, "sensitivity"), args.out, args.model_file)
+    run_sensitivity(stage_slice(args, "sensitivity"), args.out, args.model_file, args.workers)
