@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["FIXED_RESOURCES", "MODEL_RESOURCES", "MODEL_STAGES", "SLICE_STAGES", "STAGE_THREADS", "WORKER_MEMORY_SHARE",
-           "job_resources", "stage_threads"]
+__all__ = ["FIXED_RESOURCES", "MODEL_RESOURCES", "MODEL_STAGES", "SLICE_STAGES", "STAGE_THREADS",
+           "WORKER_MEMORY_FLOOR_MB", "WORKER_MEMORY_SHARE", "job_resources", "stage_threads"]
 
 #: Stages whose request follows the size of their config slice.
 SLICE_STAGES = ("cells", "metrics", "theory")
@@ -95,18 +95,21 @@ E2E_LONG_REFERENCE_LENGTH = 4096
 
 #: Stage -> the ``threads`` its rule declares: the processes its job runs its independent units on
 #: (:func:`kvasym.workers.map_ordered`: a text's quantized passes, the card's evaluation passes,
-#: the greedy prompts, the sensitivity rows, the end-to-end tables; the output does not depend
-#: on them). They let a long model job use cores
+#: the greedy prompts, the sensitivity rows, the end-to-end tables, a synthetic unit's cells;
+#: the output does not depend on them). They let a long model job use cores
 #: the DAG leaves idle (the end of the paper DAG is a few such jobs) and ask a Slurm job for that
 #: many CPUs. Snakemake scales them down to ``--cores``; ``--set-threads card=1`` overrides one.
-STAGE_THREADS: dict[str, int] = {"e2e": 2, "sensitivity": 4, "card": 8, "greedy": 4, "e2e_long": 4, "passkey": 4,
-                                 "e2e_stats": 4}
-#: Stage -> the share of the job's one-process request that each worker beyond the first adds:
-#: a forked worker shares the model and the reference pass with its parent and holds one pass's
-#: working set of its own (its hidden states, caches and logits), which is at most half of what
-#: one process asks for. Checked by benchmarks/bench_workers.py on the paper run's jobs (the
-#: process tree's peak with two workers against one's).
-WORKER_MEMORY_SHARE: dict[str, float] = dict.fromkeys(STAGE_THREADS, 0.5)
+STAGE_THREADS: dict[str, int] = {"e2e": 4, "sensitivity": 4, "card": 8, "greedy": 4, "e2e_long": 4, "passkey": 4,
+                                 "e2e_stats": 4, "cells": 4}
+#: What each worker beyond the first adds to a model job's request: a forked worker shares the
+#: model and the reference pass with its parent and holds one pass's working set of its own (its
+#: hidden states, caches and a block of logits). Measured by benchmarks/bench_workers.py on the
+#: paper run's jobs (the process tree's proportional set size with two workers minus one's):
+#: 183 MiB for SmolLM2's greedy prompts (request 3,000 MB), 175 and 134 MiB for its 1K and 4K
+#: windows (5,750 and 8,000 MB). The request is a tenth of the one-process request, at least
+#: WORKER_MEMORY_FLOOR_MB: 2.7 to 6 times those.
+WORKER_MEMORY_SHARE = 0.1
+WORKER_MEMORY_FLOOR_MB = 500
 
 
 def stage_threads(stage: str) -> int:
@@ -133,7 +136,8 @@ def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb:
         The size of the job's input files (``file_metrics``: the cache file).
     workers
         The job's worker processes (its threads after Snakemake scaled them): each beyond the
-        first adds :data:`WORKER_MEMORY_SHARE` of the one-process request.
+        first adds :data:`WORKER_MEMORY_SHARE` of the one-process request, at least
+        :data:`WORKER_MEMORY_FLOOR_MB` (``cells``: one cell's trial working set).
 
     Notes
     -----
@@ -160,6 +164,8 @@ def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb:
         held = n_cells * packed if stage == "metrics" else 2 * packed
         mem_mb = 600 + (3 * per_trial + held + tables) // 2**20
         work = n_cells * trials * seq * dim * (1 + n_sharp)
+        # a cells worker measures one cell of one trial (the tables stay in the parent)
+        mem_mb += (int(workers) - 1) * (200 + 3 * per_trial // 2**20) if stage == "cells" else 0
         return {"mem_mb": int(mem_mb), "runtime": int(2 + work // 50_000_000)}
     if stage not in FIXED_RESOURCES:
         raise ValueError(f"no resource model for stage {stage!r}")
@@ -175,6 +181,6 @@ def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb:
         elif stage == "e2e_long" and 0 < length < E2E_LONG_REFERENCE_LENGTH:
             floor = model.get("e2e", FIXED_RESOURCES["e2e"])[0]
             mem_mb = floor + -(-(mem_mb - floor) * length // E2E_LONG_REFERENCE_LENGTH)
-    if stage in WORKER_MEMORY_SHARE and workers > 1:
-        mem_mb += -(-int(mem_mb * WORKER_MEMORY_SHARE[stage] * (int(workers) - 1)) // 1)
+    if stage in STAGE_THREADS and workers > 1:
+        mem_mb += (int(workers) - 1) * max(WORKER_MEMORY_FLOOR_MB, -(-int(mem_mb * WORKER_MEMORY_SHARE) // 1))
     return {"mem_mb": int(mem_mb), "runtime": int(runtime)}
