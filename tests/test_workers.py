@@ -210,33 +210,3 @@ def test_end_to_end_tables_on_workers_equal_the_loop(tmp_path) -> None:
         pd.testing.assert_frame_equal(frames[1][name], frames[3][name], check_exact=True)
         assert len(frames[1][name]) > 0 or name == "sensitivity", name  # the texts hold no one-layer pass
 
-
-def test_a_units_cells_on_workers_write_the_loops_files(tmp_path) -> None:
-    """Stage cells: each trial's cells measured on three workers give the same packed caches,
-    metrics files and manifest as the loop (the tiny config's first unit: its grid's schemes and
-    budgets, with packed caches)."""
-    from kvasym.stages.cells import run_cells
-    from kvasym.study import load_study_file
-
-    study = load_study_file(Path(__file__).resolve().parents[1] / "config" / "test.yaml")
-    distribution, dim = next(iter(study.data_cells()))
-    unit = study.unit_slice(distribution, dim)
-    out = {}
-    for workers in (1, 3):
-        base = tmp_path / f"w{workers}"
-        run_cells(unit, base / "manifest.json", base / "packed", base / "per_query", base / "per_key", workers=workers)
-        out[workers] = base
-    assert (out[1] / "manifest.json").read_text() == (out[3] / "manifest.json").read_text()
-    for folder in ("per_query", "per_key"):
-        files = sorted(p.relative_to(out[1]) for p in (out[1] / folder).rglob("*.parquet"))
-        assert len(files) >= 4
-        for name in files:
-            pd.testing.assert_frame_equal(pd.read_parquet(out[1] / name), pd.read_parquet(out[3] / name),
-                                          check_exact=True)
-    packed = sorted(p.relative_to(out[1]) for p in (out[1] / "packed").rglob("*.npz"))
-    assert packed
-    for name in packed:
-        one, three = np.load(out[1] / name), np.load(out[3] / name)
-        assert sorted(one.files) == sorted(three.files)
-        for key in one.files:
-            np.testing.assert_array_equal(one[key], three[key], err_msg=f"{name}:{key}")

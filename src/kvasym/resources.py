@@ -95,12 +95,16 @@ E2E_LONG_REFERENCE_LENGTH = 4096
 
 #: Stage -> the ``threads`` its rule declares: the processes its job runs its independent units on
 #: (:func:`kvasym.workers.map_ordered`: a text's quantized passes, the card's evaluation passes,
-#: the greedy prompts, the sensitivity rows, the end-to-end tables, a synthetic unit's cells;
-#: the output does not depend on them). They let a long model job use cores
+#: the sensitivity rows, the greedy prompts, the passkey trials, each window's passes, the
+#: end-to-end tables; the output does not depend on them). They let a long model job use cores
 #: the DAG leaves idle (the end of the paper DAG is a few such jobs) and ask a Slurm job for that
 #: many CPUs. Snakemake scales them down to ``--cores``; ``--set-threads card=1`` overrides one.
+#: Not the synthetic grid's cells: a unit's cells of each trial on two workers (gaussian,
+#: d = 128; measured once, against one process) took 1.19 times the wall and 1.52 times the CPU,
+#: as a cell of a trial is small (~55 ms) and a trial's QJL matrices, cached across its cells in
+#: one process, were drawn again in each worker.
 STAGE_THREADS: dict[str, int] = {"e2e": 4, "sensitivity": 4, "card": 8, "greedy": 4, "e2e_long": 4, "passkey": 4,
-                                 "e2e_stats": 4, "cells": 4}
+                                 "e2e_stats": 4}
 #: What each worker beyond the first adds to a model job's request: a forked worker shares the
 #: model and the reference pass with its parent and holds one pass's working set of its own (its
 #: hidden states, caches and a block of logits). Measured by benchmarks/bench_workers.py on the
@@ -137,7 +141,7 @@ def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb:
     workers
         The job's worker processes (its threads after Snakemake scaled them): each beyond the
         first adds :data:`WORKER_MEMORY_SHARE` of the one-process request, at least
-        :data:`WORKER_MEMORY_FLOOR_MB` (``cells``: one cell's trial working set).
+        :data:`WORKER_MEMORY_FLOOR_MB`.
 
     Notes
     -----
@@ -164,8 +168,6 @@ def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb:
         held = n_cells * packed if stage == "metrics" else 2 * packed
         mem_mb = 600 + (3 * per_trial + held + tables) // 2**20
         work = n_cells * trials * seq * dim * (1 + n_sharp)
-        # a cells worker measures one cell of one trial (the tables stay in the parent)
-        mem_mb += (int(workers) - 1) * (200 + 3 * per_trial // 2**20) if stage == "cells" else 0
         return {"mem_mb": int(mem_mb), "runtime": int(2 + work // 50_000_000)}
     if stage not in FIXED_RESOURCES:
         raise ValueError(f"no resource model for stage {stage!r}")

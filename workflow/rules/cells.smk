@@ -21,7 +21,7 @@ rule cells:
         benchmark_path("cells")
     wildcard_constraints:
         distribution=names_pattern(wiring.cell_units),
-    threads: threads_of("cells")
+    threads: 1
     resources:
         **resources_of("cells"),
     params:

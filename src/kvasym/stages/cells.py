@@ -49,8 +49,7 @@ from ..errors import KvasymError
 from ..evaluate import quantize_pair
 from ..manifest import build_manifest
 from ..metrics import trial_reference
-from ..workers import map_ordered
-from ._slice import add_workers_argument, stage_slice
+from ._slice import stage_slice
 from .metrics import (
     CellTables,
     add_unit_arguments,
@@ -68,13 +67,10 @@ def run_cells(
     out_packed: str | os.PathLike,
     out_per_query: str | os.PathLike,
     out_per_key: str | os.PathLike,
-    workers: int = 1,
 ) -> None:
     """Draw, quantize and measure every cell of ``unit`` (a :meth:`kvasym.study.Study.unit_slice`):
     the manifest to ``out_manifest``, the packed caches and the two metrics tables into the
-    three folders (``<scheme>/n<budget>.npz`` / ``.parquet``). Each trial's cells run on
-    ``workers`` processes forked after the trial is drawn (:func:`kvasym.workers.map_ordered`);
-    the files do not depend on their number."""
+    three folders (``<scheme>/n<budget>.npz`` / ``.parquet``)."""
     if unit["distribution"].get("keys_of"):
         raise KvasymError(f"{unit['distribution']['name']!r} is a query-model variant (keys_of "
                           f"{unit['distribution']['keys_of']!r}): its cells are the metrics stage's")
@@ -99,21 +95,14 @@ def run_cells(
         def work(trial: int, data: TrialData) -> None:
             # the reference attention of the trial, once for every scheme and budget of the unit
             reference = trial_reference(data.queries, data.keys, data.values, unit["sharpness"], kernel="auto")
-
-            def measure(cell: tuple[Any, int, Any]) -> tuple[dict[str, Any] | None, tuple[list, list]]:
-                # one cell of the trial (on a worker process when workers > 1): its caches, kept
-                # when written, and its rows
-                scheme, budget, _ = cell
+            for scheme, budget, _ in cells:
                 pair = quantize_pair(data.keys, data.values, scheme, budget, base_seed=unit["base_seed"],
                                      identity=(identity, unit["dim"], trial), norm_dtype=unit["norm_dtype"],
                                      kernel="auto")
-                rows = tables[scheme.name, budget].measure_trial(trial, data, pair["K"], pair["V"], reference)
-                return (pair if (scheme.name, budget) in writers else None), rows
-
-            for (scheme, budget, _), (pair, rows) in zip(cells, map_ordered(measure, cells, workers)):
-                for side, cache in (pair or {}).items():
-                    writers[scheme.name, budget].add(packed_cache_name(trial, side), cache)
-                tables[scheme.name, budget].add_rows(*rows)
+                writer = writers.get((scheme.name, budget))
+                for side, cache in pair.items() if writer else ():
+                    writer.add(packed_cache_name(trial, side), cache)
+                tables[scheme.name, budget].add_trial(trial, data, pair["K"], pair["V"], reference)
 
         try:
             manifest = build_manifest(data_slice_of(unit), work)
@@ -130,8 +119,7 @@ def run_cells(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_unit_arguments(parser, "cells", "the packed-caches folder to write (<scheme>/n<budget>.npz)")
-    add_workers_argument(parser)
 
 
 def run(args: argparse.Namespace) -> None:
-    run_cells(stage_slice(args, "cells"), args.manifest, args.packed, args.per_query, args.per_key, args.workers)
+    run_cells(stage_slice(args, "cells"), args.manifest, args.packed, args.per_query, args.per_key)

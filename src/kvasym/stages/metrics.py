@@ -98,23 +98,11 @@ class CellTables:
 
     def add_trial(self, trial: int, data: TrialData, k_cache: PackedCache, v_cache: PackedCache,
                   reference: TrialReference | None = None) -> None:
-        """Measure one trial (:meth:`measure_trial`) and keep its rows."""
-        self.add_rows(*self.measure_trial(trial, data, k_cache, v_cache, reference))
-
-    def add_rows(self, query_parts: list[dict[str, np.ndarray]], key_parts: list[dict[str, np.ndarray]]) -> None:
-        """Keep one trial's rows (what :meth:`measure_trial` returned), after the trials before it."""
-        self.query_parts.extend(query_parts)
-        self.key_parts.extend(key_parts)
-
-    def measure_trial(self, trial: int, data: TrialData, k_cache: PackedCache, v_cache: PackedCache,
-                      reference: TrialReference | None = None
-                      ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
-        """One trial's per-query and per-key rows, without keeping them (so that a worker process
-        can measure a cell, :func:`kvasym.workers.map_ordered`): reconstruct both caches (the
-        compiled kernels when numba imports, :func:`kvasym.kernels.auto_kernel`) and compare them
-        with the data at every sharpness (the compiled attention-row pass when numba imports).
-        ``reference``: the trial's :func:`kvasym.metrics.trial_reference` (of ``data`` and every
-        sharpness of the cell), shared by the cells of a unit."""
+        """Measure one trial: reconstruct both caches (the compiled kernels when numba imports,
+        :func:`kvasym.kernels.auto_kernel`) and compare them with the data at every
+        sharpness (the compiled attention-row pass when numba imports). ``reference``: the trial's
+        :func:`kvasym.metrics.trial_reference` (of ``data`` and every sharpness of the cell),
+        shared by the cells of a unit."""
         keys_hat, values_hat = dequantize_with(k_cache, "auto"), dequantize_with(v_cache, "auto")
         bits = {}
         for side, cache in (("k", k_cache), ("v", v_cache)):
@@ -125,18 +113,16 @@ class CellTables:
         sharpness = self.cell["sharpness"]
         results = trial_metrics_multi(data.queries, data.keys, data.values, keys_hat, values_hat, sharpness,
                                       kernel="auto", reference=reference)
-        query_parts, key_parts = [], []
         for value, (per_query, per_key) in zip(sharpness, results):
             rows = len(per_query["kl"])
             common = {**self.ident, "sharpness": value, "trial": trial}
-            query_parts.append(
+            self.query_parts.append(
                 {**{k: np.full(rows, v) for k, v in common.items()}, **per_query,
                  **{k: np.full(rows, v) for k, v in bits.items()}}
             )
             if trial < self.cell["per_key_trials"]:
                 n_keys = len(per_key["key"])
-                key_parts.append({**{k: np.full(n_keys, v) for k, v in common.items()}, **per_key})
-        return query_parts, key_parts
+                self.key_parts.append({**{k: np.full(n_keys, v) for k, v in common.items()}, **per_key})
 
     def write(self, per_query: str | os.PathLike, per_key: str | os.PathLike) -> None:
         """Write the two Parquet files (atomically), with the cell's provenance."""
