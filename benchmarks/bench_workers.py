@@ -61,7 +61,7 @@ def _tree_pss_kib(root: int) -> int:
     by k processes counts 1/k in each) over ``root`` and its descendants (KiB): the memory the
     job's processes hold together, forked workers' shared pages counted once."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
+    pss: dict[int, int] = {}
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
             text = status.read_text()
@@ -71,12 +71,12 @@ def _tree_pss_kib(root: int) -> int:
         pid = int(status.parent.name)
         ppid = int(re.search(r"^PPid:\s+(\d+)", text, re.M).group(1))
         found = re.search(r"^Pss:\s+(\d+)", rollup, re.M)
-        rss[pid] = int(found.group(1)) if found else 0
+        pss[pid] = int(found.group(1)) if found else 0
         children.setdefault(ppid, []).append(pid)
     total, stack = 0, [root]
     while stack:
         pid = stack.pop()
-        total += rss.get(pid, 0)
+        total += pss.get(pid, 0)
         stack.extend(children.get(pid, []))
     return total
 

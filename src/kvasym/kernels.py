@@ -181,10 +181,11 @@ def _run(kernel, args: tuple, rows: int, threads: int) -> None:
 
 
 def check_threads(threads: object) -> int:
-    """``threads`` as a positive int, or a :class:`KvasymError` naming it."""
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= 1024:
-        raise KvasymError(f"threads must be an integer in 1..1024, got {threads!r}")
-    return int(threads)
+    """``threads`` as a positive int, or a :class:`KvasymError` naming it (the bounds of
+    :func:`kvasym.workers.check_workers`)."""
+    from .workers import check_workers
+
+    return check_workers(threads, "threads")
 
 
 def _encode(x: np.ndarray, inv: np.ndarray | None, signs: np.ndarray | None, thresholds: np.ndarray, bits: int,

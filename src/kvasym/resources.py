@@ -9,6 +9,7 @@ these are the job's ``--mem`` and ``--time``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -184,5 +185,5 @@ def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb:
             floor = model.get("e2e", FIXED_RESOURCES["e2e"])[0]
             mem_mb = floor + -(-(mem_mb - floor) * length // E2E_LONG_REFERENCE_LENGTH)
     if stage in STAGE_THREADS and workers > 1:
-        mem_mb += (int(workers) - 1) * max(WORKER_MEMORY_FLOOR_MB, -(-int(mem_mb * WORKER_MEMORY_SHARE) // 1))
+        mem_mb += (int(workers) - 1) * max(WORKER_MEMORY_FLOOR_MB, math.ceil(mem_mb * WORKER_MEMORY_SHARE))
     return {"mem_mb": int(mem_mb), "runtime": int(runtime)}

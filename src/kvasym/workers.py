@@ -25,6 +25,7 @@ the units run in the calling process, one after another, with the same results.
 from __future__ import annotations
 
 import multiprocessing
+import numbers
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -42,10 +43,12 @@ _TASK: tuple[Callable[[Any], Any], Sequence[Any]] | None = None
 
 
 def check_workers(workers: object, what: str = "workers") -> int:
-    """``workers`` as an int in 1..1024, or a :class:`~kvasym.errors.KvasymError` naming ``what``."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 1024:
+    """``workers`` (an integer, numpy's too) as an int in 1..1024, or a
+    :class:`~kvasym.errors.KvasymError` naming ``what`` (also the kernels' ``threads``,
+    :func:`kvasym.kernels.check_threads`)."""
+    if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or not 1 <= workers <= 1024:
         raise KvasymError(f"{what} must be an integer in 1..1024, got {workers!r}")
-    return workers
+    return int(workers)
 
 
 def parse_workers(text: str) -> int:
