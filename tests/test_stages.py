@@ -112,6 +112,84 @@ def test_a_stage_reruns_when_the_code_it_runs_changes_and_only_then():
     assert all(len(d) == 64 for d in digests.values())
 
 
+def _stage_digests(src: Path, cache: Path) -> dict[str, str]:
+    """Every stage's code digest computed from the package at ``src`` (a fresh process)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json; from kvasym.stages import STAGES, stage_code_digest; "
+            "print(json.dumps({s: stage_code_digest(s) for s in STAGES}))")
+    env = {**os.environ, "PYTHONPATH": str(src), "KVASYM_CACHE_DIR": str(cache)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+# (file under src/kvasym, text, its replacement, the stages whose digest must change: None for
+# "every stage that imports the module", or a predicate's name)
+REGISTRY_EDITS = [
+    # a description reaches the scheme table through the tables stage's params, never a digest
+    ("schemes.py", '"WHT; n-bit scalar on both sides, no QJL (TurboQuant_mse as deployed)"',
+     '"WHT; n-bit scalar on both sides, no QJL (reworded)"', set()),
+    # a memory request or a thread count never changes a result
+    ("resources.py", '"tables": (1000, 5)', '"tables": (1100, 5)', set()),
+    ("resources.py", '"card": 8,', '"card": 6,', set()),
+    # the crate alone prints an artifact's description
+    ("artifacts.py", '"the rate-distortion frontier\'s points (measured total bits against damage)"',
+     '"the frontier\'s points"', {"crate"}),
+    # a job's log and benchmark layout: what reads every log or benchmark file
+    ("artifacts.py", '"frontier": "frontier",', '"frontier": "frontier_job",', {"crate", "reproduce"}),
+    # a path: its writer and the stages that name it (the others find it through their files)
+    ("artifacts.py", 'f"{_R}/frontier/points.parquet"', 'f"{_R}/frontier/points_v2.parquet"', "names"),
+    # a built-in scheme's spec: the stages that name it (a job running it reads it from its slice)
+    ("schemes.py", '"V": {"rotate": True, "scalar_bits": "n", "qjl": False},\n    },\n    # Built',
+     '"V": {"rotate": True, "scalar_bits": "n - 1", "qjl": False},\n    },\n    # Built', "names"),
+    # a stage's description is the help of its subcommand; the crate prints it
+    ("stages/__init__.py", '"frontier": "rate-distortion frontier:', '"frontier": "the frontier:', {"crate"}),
+    # code in a registry module is code: every stage that imports it
+    ("artifacts.py", "\ndef pattern(name: str) -> str:\n", "\ndef pattern(name: str) -> str:\n    name = str(name)\n",
+     None),
+]
+
+
+@pytest.mark.parametrize("module, old, new, changed", REGISTRY_EDITS,
+                         ids=["description", "memory", "threads", "artifact-description", "job-key", "path",
+                              "scheme-spec", "stage-description", "code"])
+def test_a_registry_entry_changes_the_digests_of_the_stages_that_read_it(tmp_path, module, old, new, changed):
+    """Issue 48, point 3: the registry tables (kvasym.stages._registries) count in a stage's code
+    digest by the entries it reads. Editing one entry changes the digests of the stages that can
+    read it, and no other (before, 22 to 29 of the 30 stages reran for any entry)."""
+    import shutil
+
+    from kvasym.stages import stage_code_files
+    from kvasym.stages._registries import registry_entries
+
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    before = _stage_digests(src, tmp_path / "cache")
+    path = src / "kvasym" / module
+    text = path.read_text(encoding="utf-8")
+    assert text.count(old) == 1, old
+    path.write_text(text.replace(old, new), encoding="utf-8")
+    after = _stage_digests(src, tmp_path / "cache")
+    moved = {stage for stage in STAGES if before[stage] != after[stage]}
+    if changed is None:
+        expected = {s for s in STAGES if f"kvasym/{module}" in _modules(s)}
+        assert len(expected) >= 20
+    elif changed == "names":
+        key = "frontier_points" if module == "artifacts.py" else "RKV"
+        table = "artifacts" if module == "artifacts.py" else "schemes"
+        expected = {s for s in STAGES if key in registry_entries(s, stage_code_files(s))[table]}
+        assert 0 < len(expected) < len(STAGES) - 2, expected
+        if key == "frontier_points":  # its writer, and the renderers that print or read its path
+            assert {"frontier", "crate"} <= expected and not {"cells", "e2e", "passkey", "capture"} & expected
+    else:
+        expected = changed
+    assert moved == expected, (sorted(moved - expected), sorted(expected - moved))
+
+
 def test_the_import_scan_finds_what_parsing_each_module_finds():
     """The code digests scan only the import statements of each module (fast enough for the
     per-job Snakemake processes of a Slurm group job); parsing the whole module is the

@@ -389,6 +389,49 @@ def test_editing_code_reruns_the_stages_that_run_it_and_only_them(complete_run, 
 
 
 @pytest.mark.parametrize(
+    "edited, old, new, expected",
+    [
+        # a scheme's description reaches the scheme table (rule tables' params) and no slice
+        ("src/kvasym/schemes.py", "no QJL (TurboQuant_mse as deployed)", "no QJL (reworded)",
+         {"tables", "reproduce", "paper", "crate"}),
+        # a memory request or a thread count changes no result
+        ("src/kvasym/resources.py", '"tables": (1000, 5)', '"tables": (1100, 5)', set()),
+        ("src/kvasym/resources.py", '"card": 8,', '"card": 6,', set()),
+        # an artifact moved: its writer (frontier), the stages that read it (e2e_stats, the
+        # figures: one stage, so every family; the tables, the crate) and what follows them
+        ("src/kvasym/artifacts.py", 'f"{_R}/frontier/points.parquet"', 'f"{_R}/frontier/points_v2.parquet"',
+         {"frontier", "e2e_stats", "figure_", "card_page", "claims", "tables", "reproduce", "paper", "crate"}),
+        # a figure's caption is the paper's text: the paper, and the crate that lists its PDF
+        ("paper/sections/claims.tex", r"\kvfigure{kl_ecdf}{Empirical distribution functions",
+         r"\kvfigure{kl_ecdf}{The empirical distribution functions", {"paper", "crate"}),
+    ],
+    ids=["scheme-description", "memory-request", "threads", "artifact-path", "figure-caption"],
+)
+def test_editing_one_registry_entry_reruns_the_jobs_that_read_it(complete_run, tmp_path, edited, old, new, expected):
+    """Issue 48, point 3: a registry entry's edit reruns the jobs whose slice, params or files it
+    changes (kvasym.stages._registries). Before, each of the first four reran every job of the
+    tiny DAG (69 to 75); the paper's text reran the paper and the crate already."""
+    run = copy_run(complete_run, tmp_path / "run")
+    shutil.copytree(ROOT / "src", run / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    path = run / edited
+    text = path.read_text(encoding="utf-8")
+    assert text.count(old) == 1, old
+    path.write_text(text.replace(old, new), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(run / "src")}
+    cmd = [sys.executable, "-m", "snakemake", "--configfile", "config/test.yaml", "--dry-run", "--quiet", "rules"]
+    proc = subprocess.run(cmd, cwd=run, capture_output=True, text=True, timeout=RUN_BOUND_S, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rules = set(_rules_to_run(proc.stdout + proc.stderr))
+    if not (run / "paper/build/main.pdf").exists():
+        expected = expected - {"paper"}
+    if "figure_" in expected:  # every figure family of the tiny config
+        families = {r for r in rules if r.startswith("figure_")}
+        assert "figure_frontier" in families and len(families) >= 9, families
+        expected = (expected - {"figure_"}) | families
+    assert rules == expected, (sorted(rules - expected), sorted(expected - rules))
+
+
+@pytest.mark.parametrize(
     "change, message",
     [
         ({"budgetz": [4]}, "budgetz"),

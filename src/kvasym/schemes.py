@@ -431,10 +431,16 @@ class Scheme:
 
     def to_dict(self) -> dict:
         """The config mapping ``{K: {...}, V: {...}[, description]}`` of this scheme."""
-        out = {"K": self.K.to_dict(), "V": self.V.to_dict()}
+        out = self.spec_dict()
         if self.description:
             out["description"] = self.description
         return out
+
+    def spec_dict(self) -> dict:
+        """``{K: {...}, V: {...}}``: what a job computes from, without the description, which
+        only the paper's scheme table shows (a job's slice holds this, so editing a
+        description reruns no job that quantizes)."""
+        return {"K": self.K.to_dict(), "V": self.V.to_dict()}
 
 
 _SIDE_KEYS = ("rotate", "scalar_bits", "qjl", "sketch", *PRIMITIVE_KEYS, SPEND_KEY)

@@ -174,7 +174,7 @@ class Study:
             raise KvasymError("config key seq_len_sweep.seq_lens is empty: no sweep")
         schemes = []
         for name in sweep["schemes"]:
-            spec = self.scheme(name).to_dict()
+            spec = self.scheme(name).spec_dict()
             spec.pop("description", None)
             schemes.append({"name": name, "spec": spec})
         return {**{k: v for k, v in sweep.items() if k != "schemes"}, "schemes": schemes,
@@ -219,7 +219,7 @@ class Study:
             raise KvasymError(f"unknown file distribution {distribution!r}")
         if scheme not in self.schemes:
             raise KvasymError(f"unknown scheme {scheme!r}")
-        spec = self.schemes[scheme].to_dict()
+        spec = self.schemes[scheme].spec_dict()
         spec.pop("description", None)
         return {
             "distribution": self.files[distribution],
@@ -261,7 +261,7 @@ class Study:
     def cell_slice(self, distribution: str, dim: int, scheme: str, budget: int) -> dict[str, Any]:
         """Everything a cell's packed caches depend on (the data slice, the scheme's spec, budget)."""
         out = self.data_slice(distribution, dim)
-        spec = self.scheme(scheme).to_dict()
+        spec = self.scheme(scheme).spec_dict()
         spec.pop("description", None)  # prose: changing it must not rerun anything
         out.update(
             scheme={"name": scheme, **spec},
@@ -277,7 +277,7 @@ class Study:
             "dim": int(dim),
             "schemes": list(self.schemes),
             # the specs too: the KL ratio's second-order prediction depends on the key sides
-            "scheme_specs": {name: scheme.to_dict() for name, scheme in self.schemes.items()},
+            "scheme_specs": {name: scheme.spec_dict() for name, scheme in self.schemes.items()},
             "base_seed": self.base_seed,
             "stats": dict(self.stats),
         }
@@ -312,7 +312,7 @@ class Study:
         out = self.data_slice(distribution, dim)
         schemes = []
         for name in self.unit_schemes(distribution):
-            spec = self.scheme(name).to_dict()
+            spec = self.scheme(name).spec_dict()
             spec.pop("description", None)  # prose: changing it must not rerun anything
             schemes.append({"name": name, **spec})
         out.update(schemes=schemes, budgets=list(self.budgets), norm_dtype=self.norm_dtype,
@@ -372,11 +372,11 @@ class Study:
         if scheme in self.frontier_real_query_aware:
             from .real.queryaware import variant_scheme
 
-            spec = variant_scheme(scheme).to_dict()
+            spec = variant_scheme(scheme).spec_dict()
             spec.pop("description", None)
             extra = {"query_aware": {"variant": scheme, "calibration": "leave-one-text-out"}}
         else:
-            spec, extra = self.scheme(scheme).to_dict(), {}
+            spec, extra = self.scheme(scheme).spec_dict(), {}
         return {
             "distribution": distribution,
             "scheme": {"name": scheme, **spec},
@@ -396,7 +396,7 @@ class Study:
         return {
             "text": text,
             "max_tokens": real["max_tokens"],
-            "schemes": [{"name": name, **self.scheme(name).to_dict()} for name in e2e["schemes"]],
+            "schemes": [{"name": name, **self.scheme(name).spec_dict()} for name in e2e["schemes"]],
             "budgets": list(self.budgets),
             "base_seed": self.base_seed,
             "norm_dtype": self.norm_dtype,
@@ -431,7 +431,7 @@ class Study:
         passkey job."""
         variants = set(real["e2e"]["query_aware"])
         return {
-            "schemes": [{"name": name, **self.scheme(name).to_dict()} for name in section["schemes"]
+            "schemes": [{"name": name, **self.scheme(name).spec_dict()} for name in section["schemes"]
                         if name not in variants],
             "query_variants": [name for name in section["schemes"] if name in variants],
             "budgets": list(section["budgets"]),
@@ -485,7 +485,7 @@ class Study:
                                   f"a chunk in {where}.causal_chunks (a streaming engine's storage)")
         return {"texts": list(section["texts"]), "prompt_tokens": int(section["prompt_tokens"]),
                 "prompts_per_text": int(section["prompts_per_text"]), "new_tokens": int(section["new_tokens"]),
-                "schemes": [{"name": name, **self.scheme(name).to_dict()} for name in section["schemes"]],
+                "schemes": [{"name": name, **self.scheme(name).spec_dict()} for name in section["schemes"]],
                 "budgets": list(section["budgets"]), "causal_chunks": chunks, "base_seed": self.base_seed,
                 "norm_dtype": self.norm_dtype, **_model_key(real)}
 
@@ -506,7 +506,7 @@ class Study:
 
         card = real["card"]
         whole = {"text": text, "evaluation_texts": list(real["e2e"]["texts"]), "max_tokens": real["max_tokens"],
-                 "scheme": {"name": card["scheme"], **self.scheme(card["scheme"]).to_dict()},
+                 "scheme": {"name": card["scheme"], **self.scheme(card["scheme"]).spec_dict()},
                  "widths": list(card["widths"]), "granularity": card["granularity"], "base_seed": self.base_seed,
                  "norm_dtype": self.norm_dtype, **_model_key(real)}
         return part_slice(whole, self._part(part, card, "card", _where(real, "card")))
@@ -517,7 +517,7 @@ class Study:
         card = real["card"]
         return {"texts": list(real["e2e"]["texts"]), "calibration_texts": list(card["calibration_texts"]),
                 "max_tokens": real["max_tokens"],
-                "scheme": {"name": card["scheme"], **self.scheme(card["scheme"]).to_dict()},
+                "scheme": {"name": card["scheme"], **self.scheme(card["scheme"]).spec_dict()},
                 "budgets": list(card["budgets"]), "widths": list(card["widths"]), "granularity": card["granularity"],
                 "draws": int(real["e2e"]["draws"]), "base_seed": self.base_seed, "norm_dtype": self.norm_dtype,
                 **_model_key(real)}

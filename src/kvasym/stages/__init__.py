@@ -253,25 +253,47 @@ def stage_code_digest(name: str) -> str:
     stage and what follows, when its code changes (a template edit rebuilds the tables; an edit
     of the figures module redraws the figures but recomputes no metric). A Python module counts
     as its code, not its text (:func:`code_digest`): an edit of its comments, docstrings or
-    layout reruns nothing.
+    layout reruns nothing. The tables of declarations listed in :mod:`kvasym.stages._registries`
+    count by the entries the stage reads, not whole: editing one artifact's path, one scheme's
+    description or a memory request reruns the jobs it can change, not every importer.
     """
     import hashlib
+    import json
+
+    from ._registries import registry_entries, stripped_tables
 
     root = Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
-    for path in stage_code_files(name):
-        content = code_digest(path).encode() if path.suffix == ".py" else _file_bytes(path)
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + content + b"\0")
+    files = stage_code_files(name)
+    for path in files:
+        relative = path.relative_to(root).as_posix()
+        content = code_digest(path, stripped_tables(relative)).encode() if path.suffix == ".py" \
+            else _file_bytes(path)
+        digest.update(relative.encode() + b"\0" + content + b"\0")
+    entries = json.dumps(registry_entries(name, files), sort_keys=True, separators=(",", ":"))
+    digest.update(b"registry entries\0" + entries.encode())
     return digest.hexdigest()
 
 
-def normalized_code(source: bytes) -> str:
+def normalized_code(source: bytes, tables: tuple[str, ...] = ()) -> str:
     """A module's code without its comments, docstrings and layout: :func:`ast.dump` of its parse
     tree with the leading string constant of the module and of each class and function body
-    removed. Two sources give the same string exactly when they differ only in those."""
+    removed. Two sources give the same string exactly when they differ only in those.
+
+    ``tables``: module-level names whose assigned values are replaced by ``...`` (``"*"``: every
+    module-level assignment but ``__all__``), the registry tables whose entries a stage's digest
+    counts one by one (:mod:`kvasym.stages._registries`)."""
     import ast
 
     tree = ast.parse(source)
+    if tables:
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else (
+                [node.target] if isinstance(node, ast.AnnAssign) else [])
+            names = {target.id for target in targets if isinstance(target, ast.Name)}
+            if names and names != {"__all__"} and node.value is not None \
+                    and ("*" in tables or names & set(tables)):
+                node.value = ast.Constant(value=Ellipsis)
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
@@ -282,8 +304,8 @@ def normalized_code(source: bytes) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def code_digest(path: Path) -> str:
-    """SHA-256 of :func:`normalized_code` of the module at ``path``.
+def code_digest(path: Path, tables: tuple[str, ...] = ()) -> str:
+    """SHA-256 of :func:`normalized_code` of the module at ``path`` (``tables`` left out).
 
     Parsing the package's modules takes about a second, which every Snakemake process (one per
     job of a Slurm group job) would pay: the digest is kept in ``$KVASYM_CACHE_DIR/code`` (else
@@ -295,7 +317,7 @@ def code_digest(path: Path) -> str:
     import os
 
     raw = _file_bytes(path)
-    key = hashlib.sha256(raw).hexdigest()
+    key = hashlib.sha256(raw + (b"\0tables:" + ",".join(tables).encode() if tables else b"")).hexdigest()
     root = os.environ.get("KVASYM_CACHE_DIR")
     entry = (Path(root) if root else Path.home() / ".cache" / "kvasym") / "code" / key
     try:
@@ -304,7 +326,7 @@ def code_digest(path: Path) -> str:
             return cached
     except (OSError, UnicodeDecodeError):
         pass
-    value = hashlib.sha256(normalized_code(raw).encode()).hexdigest()
+    value = hashlib.sha256(normalized_code(raw, tables).encode()).hexdigest()
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         temporary = entry.with_name(f".{key}.{os.getpid()}")
