@@ -20,7 +20,8 @@ from kvasym.dataset import from_stored
 from kvasym import stats
 from kvasym.errors import KvasymError
 from kvasym.schemes import get_scheme
-from kvasym.stages.stats import run_stats, trial_texts
+from kvasym.cell_statistics import trial_texts
+from kvasym.stages.stats import run_stats
 
 SCHEMES = ["KV", "QKQV"]
 
@@ -124,7 +125,7 @@ def test_bad_trial_maps_are_refused_naming_the_file(real_files):
 def test_split_scheme_gives_the_groupby_arrays(with_texts: bool) -> None:
     """The stats stage's slices (what it runs) equal the pandas groupby (the reference),
     array for array, for trials and for texts nested in trials out of label order."""
-    from kvasym.stages.stats import _by_trial, _by_unit, _SplitScheme
+    from kvasym.cell_statistics import _by_trial, _by_unit, _SplitScheme
 
     g = np.random.default_rng(4)
     rows = [(t, q) for t in range(9) for q in range(int(g.integers(1, 6)))]

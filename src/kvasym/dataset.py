@@ -55,7 +55,7 @@ METRIC_TYPE = pa.float32()
 #: Columns of a table that are functions of one stored column, so not stored (issue 29, point 4:
 #: the two were 289 of the paper grid's 1,037 MB of per-query tables): table -> derived column ->
 #: (stored column, function). The per-query output site ``t`` keeps the framework's coordinates,
-#: Shannon bits and angle (:data:`kvasym.stages.stats.ERROR_6D`); its decibels and ``1 - cos`` are
+#: Shannon bits and angle (:data:`kvasym.cell_statistics.ERROR_6D`); its decibels and ``1 - cos`` are
 #: added, in float64, by every reader (:func:`from_stored`). The K and V sites keep all four: their
 #: ``eps_dir`` is a mean over rows, no function of their mean angle.
 DERIVED_COLUMNS: dict[str, dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]]] = {

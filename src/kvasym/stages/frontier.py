@@ -50,7 +50,7 @@ def run_frontier(slice_: Mapping[str, Any], per_query_paths: Sequence[str | os.P
     from ..cells import cell_of_path, iter_cell_tables
     from ..dataset import provenance, write_frame_atomic
     from ..frontier import EXTRA, frontier_points, mark_pareto, unit_values
-    from .stats import trial_texts
+    from ..cell_statistics import trial_texts
 
     if not per_query_paths:
         raise KvasymError("the frontier stage needs --per-query files")
