@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cell_files import DERIVED_RTOL, FLOAT32_RTOL
 from kvasym.cli import main
@@ -148,6 +149,12 @@ REGISTRY_EDITS = [
      '"V": {"rotate": True, "scalar_bits": "n - 1", "qjl": False},\n    },\n    # Built', "names"),
     # a stage's description is the help of its subcommand; the crate prints it
     ("stages/__init__.py", '"frontier": "rate-distortion frontier:', '"frontier": "the frontier:', {"crate"}),
+    # a model's entry: the stages that print every model (its own jobs record it in their params)
+    ("real/model_registry.py", 'name="SmolLM2-135M"', 'name="SmolLM2 135M"', "model readers"),
+    # a model added: the same stages, and no job of another model
+    ("real/model_registry.py", '    "gemma3-270m": ModelEntry(',
+     '    "other-1b": ModelEntry(key="other-1b", name="Other 1B", n_layers=16, n_kv_heads=8, head_dim=64),\n'
+     '    "gemma3-270m": ModelEntry(', "model readers"),
     # code in a registry module is code: every stage that imports it
     ("artifacts.py", "\ndef pattern(name: str) -> str:\n", "\ndef pattern(name: str) -> str:\n    name = str(name)\n",
      None),
@@ -156,7 +163,7 @@ REGISTRY_EDITS = [
 
 @pytest.mark.parametrize("module, old, new, changed", REGISTRY_EDITS,
                          ids=["description", "memory", "threads", "artifact-description", "job-key", "path",
-                              "scheme-spec", "stage-description", "code"])
+                              "scheme-spec", "stage-description", "model-name", "model-added", "code"])
 def test_a_registry_entry_changes_the_digests_of_the_stages_that_read_it(tmp_path, module, old, new, changed):
     """Issue 48, point 3: the registry tables (kvasym.stages._registries) count in a stage's code
     digest by the entries it reads. Editing one entry changes the digests of the stages that can
@@ -185,9 +192,55 @@ def test_a_registry_entry_changes_the_digests_of_the_stages_that_read_it(tmp_pat
         assert 0 < len(expected) < len(STAGES) - 2, expected
         if key == "frontier_points":  # its writer, and the renderers that print or read its path
             assert {"frontier", "crate"} <= expected and not {"cells", "e2e", "passkey", "capture"} & expected
+    elif changed == "model readers":
+        from kvasym.stages._registries import MODEL_FREE_STAGES, MODEL_JOB_STAGES
+
+        expected = set(STAGES) - MODEL_FREE_STAGES - MODEL_JOB_STAGES
+        assert {"tables", "numbers", "figure", "crate"} <= expected and not {"cells", "e2e", "passkey"} & expected
     else:
         expected = changed
     assert moved == expected, (sorted(moved - expected), sorted(expected - moved))
+
+
+def test_the_stages_said_to_read_no_model_entry_look_none_up():
+    """Issue 48, point 3: the digests of MODEL_FREE_STAGES leave the model registry out, which is
+    right only if none of their modules looks an entry up when the job runs: the registry itself,
+    the config reader (kvasym.real) and the slice builder (kvasym.study) use it when the DAG is
+    built, and their results reach a job through its slice. A model-level stage records its own
+    model's entry in its params instead; every other stage hashes the registry whole."""
+    from kvasym.stages import stage_code_files
+    from kvasym.stages._registries import MODEL_FREE_STAGES, MODEL_JOB_STAGES
+
+    lookup = re.compile(r"\b(MODELS|model_entry|slice_model|load_model|ModelEntry|model_section)\b")
+    built_with_the_dag = {"kvasym/real/model_registry.py", "kvasym/real/__init__.py", "kvasym/study.py"}
+    assert MODEL_FREE_STAGES <= set(STAGES) and MODEL_JOB_STAGES <= set(STAGES)
+    assert not MODEL_FREE_STAGES & MODEL_JOB_STAGES
+    for stage in sorted(MODEL_FREE_STAGES):
+        readers = [str(p.relative_to(ROOT / "src")) for p in stage_code_files(stage) if p.suffix == ".py"
+                   and str(p.relative_to(ROOT / "src")) not in built_with_the_dag and lookup.search(p.read_text())]
+        assert not readers, (stage, readers)
+    # a model-level stage's jobs each run one model: what it writes is filed under {model} (or {stem})
+    from kvasym.artifacts import ARTIFACTS
+
+    for stage in sorted(MODEL_JOB_STAGES):
+        assert any(stage in item.writers and re.search(r"\{(model|stem)\}", item.template)
+                   for item in ARTIFACTS.values()), stage
+
+
+def test_a_model_level_job_records_its_models_entry():
+    """The params Snakemake compares for a model-level job hold its model's registry entry (so
+    editing that entry reruns its jobs, kvasym.stages._registries); a synthetic job's do not."""
+    import json
+
+    from kvasym.real.model_registry import MODELS, PRIMARY
+    from kvasym.wiring import Wiring
+
+    wiring = Wiring(yaml.safe_load((ROOT / "config/test.yaml").read_text()), [str(ROOT / "config/test.yaml")])
+    e2e = json.loads(wiring.stage_params("e2e")["config"]({"model": PRIMARY, "text": "bicycle_repair", "part": "0"}))
+    assert e2e["model_entry"]["name"] == MODELS[PRIMARY].name and e2e["model_entry"]["key"] == PRIMARY
+    assert e2e["model_entry"]["n_layers"] == MODELS[PRIMARY].n_layers
+    cells = json.loads(wiring.stage_params("cells")["config"]({"distribution": "gaussian", "dim": "64"}))
+    assert "model_entry" not in cells
 
 
 def test_the_import_scan_finds_what_parsing_each_module_finds():

@@ -401,15 +401,20 @@ def test_editing_code_reruns_the_stages_that_run_it_and_only_them(complete_run, 
         # figures: one stage, so every family; the tables, the crate) and what follows them
         ("src/kvasym/artifacts.py", 'f"{_R}/frontier/points.parquet"', 'f"{_R}/frontier/points_v2.parquet"',
          {"frontier", "e2e_stats", "figure_", "card_page", "claims", "tables", "reproduce", "paper", "crate"}),
+        # a model's entry (its display name): that model's jobs (their params hold it), the
+        # stages that print every model, and what follows them; no synthetic job
+        ("src/kvasym/real/model_registry.py", 'name="SmolLM2-135M"', 'name="SmolLM2 135M"',
+         {"calibrate", "e2e", "e2e_join", "e2e_long", "passkey", "greedy", "sensitivity", "card", "card_page",
+          "e2e_stats", "gather", "figure_", "claims", "tables", "numbers", "reproduce", "paper", "crate"}),
         # a figure's caption is the paper's text: the paper, and the crate that lists its PDF
         ("paper/sections/claims.tex", r"\kvfigure{kl_ecdf}{Empirical distribution functions",
          r"\kvfigure{kl_ecdf}{The empirical distribution functions", {"paper", "crate"}),
     ],
-    ids=["scheme-description", "memory-request", "threads", "artifact-path", "figure-caption"],
+    ids=["scheme-description", "memory-request", "threads", "artifact-path", "model-entry", "figure-caption"],
 )
 def test_editing_one_registry_entry_reruns_the_jobs_that_read_it(complete_run, tmp_path, edited, old, new, expected):
     """Issue 48, point 3: a registry entry's edit reruns the jobs whose slice, params or files it
-    changes (kvasym.stages._registries). Before, each of the first four reran every job of the
+    changes (kvasym.stages._registries). Before, each of the first five reran every job of the
     tiny DAG (69 to 75); the paper's text reran the paper and the crate already."""
     run = copy_run(complete_run, tmp_path / "run")
     shutil.copytree(ROOT / "src", run / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))

@@ -54,6 +54,7 @@ from .render.table_model import PUBLISHED_BANDS
 from .render.tables import TABLES as RENDERED_TABLES
 from .resources import MODEL_STAGES, SLICE_STAGES, job_resources
 from .stages import STAGES, stage_code_digest, stage_module
+from .stages._registries import MODEL_JOB_STAGES, model_entry_record
 from .stages.paper import LATEX_PACKAGES, have_latex
 from .study import canonical_json, load_study
 
@@ -338,6 +339,8 @@ class Wiring:
                       if not _derives(value)}
             if auto_slice:
                 values["slice"] = self.job_slice(stage, wildcards)
+            if stage in MODEL_JOB_STAGES:  # the job's model's registry entry (stages._registries)
+                values["model_entry"] = model_entry_record(self.job_model(wildcards))
             if raw is not None and not _derives(raw):
                 values["raw"] = _call(raw, wildcards, None, None)
             return canonical_json(values)
@@ -543,6 +546,12 @@ class Wiring:
 
     def real_layers(self, wildcards: Any) -> str:
         return ",".join(map(str, self.real["layers"]))
+
+    def job_model(self, wildcards: Any) -> str:
+        """The model a job of a model-level stage runs: its ``{model}``, or the model whose
+        assembled file its ``{stem}`` names (rule model_file)."""
+        values = _wildcard_dict(wildcards)
+        return str(values["model"]) if "model" in values else self.assembled_model(wildcards)
 
     def assembled_model(self, wildcards: Any) -> str:
         """The model key of an assembled file's job (rule model_file) from its file stem."""

@@ -1,10 +1,11 @@
 """Registry tables in the stages' code digests: editing one entry reruns the stages that read it.
 
-Five modules hold tables of declarations beside their code: the artifact catalogue
+Six modules hold tables of declarations beside their code: the artifact catalogue
 (:data:`kvasym.artifacts.ARTIFACTS`: each file's path template, writers, condition and
 description), the jobs' log layout (:data:`kvasym.artifacts.JOB_KEYS`), the stages and their
 descriptions (:data:`kvasym.stages.STAGES`), the built-in schemes
-(:data:`kvasym.schemes.BUILTIN_SCHEMES`) and the resource requests (:mod:`kvasym.resources`).
+(:data:`kvasym.schemes.BUILTIN_SCHEMES`), the real models (:data:`kvasym.real.model_registry.MODELS`)
+and the resource requests (:mod:`kvasym.resources`).
 Nearly every stage imports them, so hashing them whole into every stage's code digest
 (:func:`kvasym.stages.stage_code_digest`) reran the whole DAG when one entry changed. Instead a
 stage's digest hashes such a module with the tables of :data:`STRIPPED_TABLES` replaced by a
@@ -22,6 +23,11 @@ the stage can read, which are
   holds them;
 - of the stages' descriptions, none (the help of ``kvasym stage``) but the crate's; a stage
   added to :data:`kvasym.stages.STAGES` changes no other stage's digest;
+- of the model registry (:data:`kvasym.real.model_registry.MODELS`), the whole registry for the
+  stages that print every model (the renderers), none for the stages of
+  :data:`MODEL_FREE_STAGES`, and for those of :data:`MODEL_JOB_STAGES` the entry of each job's
+  own model, in the job's params: adding a model reruns the renderers only, and editing one
+  reruns its own jobs and the renderers;
 - of the resource requests, none: a request changes no result (a job's BLAS is held at one
   thread by the workflow's shell prefix, and its results are the same bit for bit on any number
   of workers, :mod:`kvasym.workers`);
@@ -41,7 +47,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STRIPPED_TABLES", "WHOLE_TABLE_READERS", "registry_entries", "stripped_tables"]
+__all__ = ["MODEL_FREE_STAGES", "MODEL_JOB_STAGES", "STRIPPED_TABLES", "WHOLE_TABLE_READERS", "model_entry_record",
+           "registry_entries", "stripped_tables"]
 
 #: Module (path under the package) -> the module-level names whose values the code digests leave
 #: out; ``"*"`` is every module-level assignment but ``__all__``.
@@ -50,6 +57,7 @@ STRIPPED_TABLES: dict[str, tuple[str, ...]] = {
     "schemes.py": ("BUILTIN_SCHEMES",),
     "resources.py": ("*",),
     "stages/__init__.py": ("STAGES",),
+    "real/model_registry.py": ("GEMMA3_270M", "MODELS"),
 }
 
 #: Stage -> the tables it reads whole when it runs: the crate lists every file with its
@@ -59,6 +67,19 @@ WHOLE_TABLE_READERS: dict[str, frozenset[str]] = {
     "crate": frozenset({"artifacts", "job_keys", "stages"}),
     "reproduce": frozenset({"job_keys"}),
 }
+
+#: Stages whose every job runs one model, its ``{model}`` (``{stem}`` for ``model_file``): the
+#: job's params record that model's registry entry (:func:`model_entry_record`, by
+#: :meth:`kvasym.wiring.Wiring.stage_params`), so an entry's edit reruns that model's jobs.
+MODEL_JOB_STAGES = frozenset({"model_file", "calibrate", "e2e", "e2e_join", "e2e_long", "passkey", "greedy",
+                              "sensitivity", "card", "card_page"})
+#: Stages that read no model's entry: the synthetic grid, the captures (SmolLM2's file, loaded
+#: whole: no registry lookup), their metrics and statistics, the frontier and the paper's build.
+#: ``tests/test_stages.py`` checks that none of their modules looks an entry up (the config
+#: reader in :mod:`kvasym.real` checks the model keys of the config, when the DAG is built).
+#: Every other stage reads the registry whole (the renderers print every model's name).
+MODEL_FREE_STAGES = frozenset({"cells", "metrics", "capture", "real_metrics", "real_metrics_extra", "real_cachestats",
+                               "file_metrics", "stats", "theory", "frontier", "seq_len_sweep", "paper"})
 
 # a quoted string that could be a registry key (artifact and scheme names)
 _STRING_LITERAL = re.compile(r"""["']([A-Za-z][A-Za-z0-9_.+-]*)["']""")
@@ -94,8 +115,8 @@ def registry_entries(stage: str, code_files: Iterable[Path]) -> dict[str, Any]:
     Returns
     -------
     dict
-        ``{"artifacts": {name: entry}, "job_keys": {stage: key}, "stages": {stage: description},
-        "schemes": {name: {K, V}}}``.
+        ``{"artifacts": {name: entry}, "job_keys": {stage: key}, "models": {key: entry},
+        "stages": {stage: description}, "schemes": {name: {K, V}}}``.
     """
     from ..artifacts import ARTIFACTS, JOB_KEYS
     from ..schemes import BUILTIN_SCHEMES
@@ -113,12 +134,25 @@ def registry_entries(stage: str, code_files: Iterable[Path]) -> dict[str, Any]:
             if "artifacts" in whole:
                 entry["description"] = item.description
             artifacts[name] = entry
+    from ..real.model_registry import MODELS
     from . import STAGES
 
+    reads_models = stage not in MODEL_JOB_STAGES | MODEL_FREE_STAGES
     return {
         "artifacts": artifacts,
         "job_keys": dict(JOB_KEYS) if "job_keys" in whole else {},
+        "models": {key: model_entry_record(key) for key in MODELS} if reads_models else {},
         "stages": dict(STAGES) if "stages" in whole else {},
         "schemes": {name: {"K": spec["K"], "V": spec["V"]} for name, spec in BUILTIN_SCHEMES.items()
                     if name in literals},
     }
+
+
+def model_entry_record(key: str) -> dict[str, Any]:
+    """Model ``key``'s registry entry as JSON-ready data (every field, its chunk packages'
+    record included): what a job of :data:`MODEL_JOB_STAGES` records in its params."""
+    import dataclasses
+
+    from ..real.model_registry import model_entry
+
+    return dataclasses.asdict(model_entry(key))
