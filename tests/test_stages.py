@@ -93,7 +93,7 @@ def test_a_stage_reruns_when_the_code_it_runs_changes_and_only_then():
 
     for name, body in _rules().items():
         assert f'code=STAGE_CODE["{name}"]' in body, f"rule {name} does not pass its code digest"
-    assert 'code=STAGE_CODE["figure"]' in (ROOT / "workflow/rules/figures.smk").read_text()
+    assert "code=FIGURE_CODE[_family]" in (ROOT / "workflow/rules/figures.smk").read_text()
     assert "kvasym/metrics.py" in _modules("cells") and "kvasym/cache.py" in _modules("cells")
     # every figure module, the family modules the registry's drawing callables import included
     # (the package's __init__ is its docstring only)
@@ -200,6 +200,42 @@ def test_a_registry_entry_changes_the_digests_of_the_stages_that_read_it(tmp_pat
     else:
         expected = changed
     assert moved == expected, (sorted(moved - expected), sorted(expected - moved))
+
+
+def test_a_figure_familys_digest_follows_its_own_drawing_modules(tmp_path):
+    """Each figure family's job has its own code digest (stage_code_digest("figure", family)): the
+    figure stage's code without the modules only the other families' drawing callables import, so
+    editing one family's module redraws that family alone, and editing the shared style all."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from kvasym.render.figures.registry import FIGURE_FAMILIES
+
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    code = ("import json; from kvasym.stages import stage_code_digest; "
+            "from kvasym.render.figures.registry import FIGURE_FAMILIES; "
+            "print(json.dumps({f: stage_code_digest('figure', f) for f in FIGURE_FAMILIES}))")
+    env = {**os.environ, "PYTHONPATH": str(src), "KVASYM_CACHE_DIR": str(tmp_path / "cache")}
+
+    def digests() -> dict[str, str]:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout)
+
+    before = digests()
+    # each family runs its own code (e2e and e2e_context draw from the same module: one digest)
+    assert len(set(before.values())) == len(FIGURE_FAMILIES) - 1 and before["e2e"] == before["e2e_context"]
+    for module, families in (("kl_ecdf.py", {"kl_ecdf"}), ("e2e.py", {"e2e", "e2e_context", "frontier"}),
+                             ("_style.py", set(FIGURE_FAMILIES))):
+        path = src / "kvasym/render/figures" / module
+        path.write_text(path.read_text(encoding="utf-8") + "\n_EDITED_FOR_A_TEST = 1\n", encoding="utf-8")
+        after = digests()
+        assert {f for f in FIGURE_FAMILIES if after[f] != before[f]} == families, module
+        before = after
 
 
 def test_the_stages_said_to_read_no_model_entry_look_none_up():

@@ -354,6 +354,8 @@ def _rules_to_run(out: str) -> dict[str, int]:
         ("kvasym/templates/table_results.tex.j2", {"tables", "reproduce", "paper", "crate"}),
         ("kvasym/templates/reproduce.tex.j2", {"reproduce", "paper", "crate"}),
         ("kvasym/render/figures/_style.py", {"figure_"}),
+        # one family's module: that family's job alone (its own code digest), and what lists it
+        ("kvasym/render/figures/kl_ecdf.py", {"figure_kl_ecdf", "reproduce", "paper", "crate"}),
         ("kvasym/render/claims.py", {"claims", "tables", "numbers", "reproduce", "paper", "crate"}),
         ("kvasym/render/crate.py", {"crate"}),
         # issue 48, point 3: a comment and a docstring are not code (kvasym.stages.normalized_code)

@@ -134,6 +134,8 @@ class Wiring:
             raise KvasymError(f"invalid config: claims_file: {exc}") from None
         #: the digest of the code each stage runs (a param of its rules: an edit reruns it)
         self.stage_code = {stage: stage_code_digest(stage) for stage in STAGES}
+        #: each figure family's job's code digest (its own drawing modules, not the other families')
+        self.figure_code = {family: stage_code_digest("figure", family) for family in FIGURE_REGISTRY}
         #: one line each for the parts of the study skipped (a missing extra or model package)
         self.notices: list[str] = []
         self.headline = self.study.headline

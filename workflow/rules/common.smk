@@ -57,6 +57,7 @@ for _notice in wiring.notices:
 
 STUDY = wiring.study
 STAGE_CODE = wiring.stage_code
+FIGURE_CODE = wiring.figure_code
 NAME = "[A-Za-z0-9_.+-]+"
 # what every rule calls: its resources, and its `kvasym stage` arguments derived from its
 # inputs, outputs and params and the stage's own flags (no flag is spelled in a rule)

@@ -42,7 +42,7 @@ for _family, _names in wiring.figure_families.items():
                 slice=wiring.param("figures"),
                 out_dir=out_dir,
             ),
-            code=STAGE_CODE["figure"],  # reruns the job when the code it runs changes
+            code=FIGURE_CODE[_family],  # reruns the job when the code it runs (its own family's) changes
             # its input flags with each metrics file's cell digest (kvasym.stages.figure.LISTINGS)
         shell:
             "kvasym stage figure {params.args} > {log:q} 2>&1"

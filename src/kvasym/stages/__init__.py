@@ -223,12 +223,40 @@ def _imports(path: Path, module: str) -> frozenset[str]:
     return frozenset(found)
 
 
-def stage_code_files(name: str) -> list[Path]:
+#: The figure registry, whose drawing callables import each family's own modules.
+FIGURE_REGISTRY_MODULE = "kvasym.render.figures.registry"
+
+
+@functools.lru_cache(maxsize=None)
+def _family_imports(family: str) -> frozenset[str]:
+    """What the figure registry imports for family ``family``: its module-level imports and
+    those of its functions, but of the drawing callables of :data:`FIGURE_FAMILIES
+    <kvasym.render.figures.registry.FIGURE_FAMILIES>` only ``family``'s own (the other
+    families' modules are not code this family's job runs)."""
+    from ..render.figures.registry import FIGURE_FAMILIES
+
+    if family not in FIGURE_FAMILIES:
+        raise KeyError(family)
+    path = _module_file(FIGURE_REGISTRY_MODULE)
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    draws = {spec.draw.__name__ for spec in FIGURE_FAMILIES.values()}
+    own = FIGURE_FAMILIES[family].draw.__name__
+    tree.body = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and node.name in draws
+                                                    and node.name != own)]
+    return _names_imported(tree, _package_of(path, FIGURE_REGISTRY_MODULE))
+
+
+def stage_code_files(name: str, family: str | None = None) -> list[Path]:
     """The files whose content :func:`stage_code_digest` hashes for stage ``name``: its module,
     every ``kvasym`` module it imports transitively (lazy imports included), and the package
-    data it reads: the LaTeX templates for ``tables``, the shipped texts for ``capture``."""
+    data it reads: the LaTeX templates for ``tables``, the shipped texts for ``capture``.
+
+    ``family``: for stage ``figure``, the code of one family's job (:func:`_family_imports`):
+    editing one family's module redraws that family only."""
     if name not in STAGES:
         raise KeyError(name)
+    if family is not None and name != "figure":
+        raise KeyError(f"stage {name} has no families")
     todo: list[str] = [f"{__name__}.{name}"]
     seen: dict[str, Path] = {}
     while todo:
@@ -237,7 +265,9 @@ def stage_code_files(name: str) -> list[Path]:
         if path is None or module in seen:
             continue
         seen[module] = path
-        todo.extend(_imports(path, module) - set(seen))
+        imports = _family_imports(family) if family is not None and module == FIGURE_REGISTRY_MODULE \
+            else _imports(path, module)
+        todo.extend(imports - set(seen))
     files = sorted(set(seen.values()))
     package = Path(__file__).resolve().parent.parent
     data = {"tables": package.glob("templates/table_*.j2"), "reproduce": package.glob("templates/reproduce.tex.j2"),
@@ -246,8 +276,9 @@ def stage_code_files(name: str) -> list[Path]:
 
 
 @functools.lru_cache(maxsize=None)
-def stage_code_digest(name: str) -> str:
-    """SHA-256 of the code stage ``name`` runs (:func:`stage_code_files`: names and contents).
+def stage_code_digest(name: str, family: str | None = None) -> str:
+    """SHA-256 of the code stage ``name`` runs (:func:`stage_code_files`: names and contents; of
+    one figure family's job with ``family``).
 
     The rules pass it as a param, so Snakemake's params trigger reruns a stage, and only that
     stage and what follows, when its code changes (a template edit rebuilds the tables; an edit
@@ -264,7 +295,7 @@ def stage_code_digest(name: str) -> str:
 
     root = Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
-    files = stage_code_files(name)
+    files = stage_code_files(name, family)
     for path in files:
         relative = path.relative_to(root).as_posix()
         content = code_digest(path, stripped_tables(relative)).encode() if path.suffix == ".py" \
