@@ -677,3 +677,29 @@ def test_a_further_models_and_a_longer_windows_jobs_ask_for_what_they_were_measu
     assert job_resources("e2e_long", {"model": "gemma3-270m", "length": 64})["mem_mb"] == 5000 + -(-11000 * 64 // 4096)
     assert job_resources("e2e_long", {"length": 1024})["mem_mb"] == 5000 + 3000 // 4
     assert job_resources("passkey", {"model": "gemma3-270m"}) == job_resources("passkey")  # 2.2 GB < 3
+
+
+def test_part_cells_reads_each_stats_part_from_its_place_in_the_layout():
+    """kvasym.cells.part_cells, which the DAG's gather flags (Wiring.part_cells) and a hand run of
+    stage gather (--config) share: each part's cell from its path (relative or absolute), the
+    digest of its writer's slice, and a path outside the layout refused naming the flag."""
+    from kvasym.cells import part_cells, slice_digest
+    from kvasym.errors import KvasymError
+
+    calls = []
+
+    def job_slice(stage, cell):
+        calls.append((stage, cell))
+        return {"stage": stage, **cell}
+
+    parts = ["results/stats/comparisons/gaussian/d128.parquet", "/abs/run/results/stats/comparisons/t1.05/d64.parquet"]
+    cells = part_cells("comparisons_part", parts, job_slice)
+    assert cells == [
+        {"distribution": "gaussian", "dim": 128,
+         "slice_sha256": slice_digest({"stage": "stats", "distribution": "gaussian", "dim": 128})},
+        {"distribution": "t1.05", "dim": 64,
+         "slice_sha256": slice_digest({"stage": "stats", "distribution": "t1.05", "dim": 64})},
+    ]
+    assert [stage for stage, _ in calls] == ["stats", "stats"]
+    with pytest.raises(KvasymError, match=r"elsewhere/d128\.parquet: not a part of the results layout .*give --x"):
+        part_cells("comparisons_part", ["elsewhere/d128.parquet"], job_slice, flag="--x")

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -230,6 +231,33 @@ def cell_of_path(path: Any) -> dict[str, Any]:
                           ".parquet)")
     return {"distribution": match["distribution"], "dim": int(match["dim"]), "scheme": match["scheme"],
             "budget": int(match["budget"])}
+
+
+def part_cells(artifact: str, parts: Iterable[Any], job_slice: Callable[[str, dict[str, Any]], Any],
+               flag: str | None = None) -> list[dict[str, Any]]:
+    """Each part's ``{distribution, dim}`` (a per-unit file of a stats or theory ``artifact``, read
+    from its place in the results layout) and the digest of the slice of the job that writes it,
+    ``job_slice(writer, cell)``: what the gather stage checks each part's provenance against.
+
+    Raises
+    ------
+    KvasymError
+        A part not in the results layout of ``artifact`` (naming ``flag``, the flag that would
+        give its cells instead, when given).
+    """
+    from .artifacts import ARTIFACTS, template_regex
+
+    (writer,) = ARTIFACTS[artifact].writers
+    regex = re.compile(rf"(?:^|/){template_regex(artifact).pattern}$")
+    cells = []
+    for part in parts:
+        match = regex.search(Path(part).as_posix())
+        if match is None:
+            hint = f"; give {flag}" if flag else ""
+            raise KvasymError(f"{part}: not a part of the results layout ({ARTIFACTS[artifact].template}){hint}")
+        cell = {"distribution": match["distribution"], "dim": int(match["dim"])}
+        cells.append({**cell, "slice_sha256": slice_digest(job_slice(writer, cell))})
+    return cells
 
 
 def _plain(value: Any) -> Any:

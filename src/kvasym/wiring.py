@@ -31,7 +31,7 @@ from typing import Any
 
 from .artifacts import ARTIFACTS, flag_of, input_flags, model_pattern, path, pattern, stage_flags, template_regex
 from .cachefile import file_content_sha256, inspect_cache_file
-from .cells import cell_of_path, slice_digest
+from .cells import cell_of_path, part_cells, slice_digest
 from .claims import claims_files, load_claims
 from .config_io import read_yaml_mapping
 from .config_schema import validate_config
@@ -499,10 +499,7 @@ class Wiring:
         """The (distribution, dim) each part (of a stats or theory ``artifact``) is filed under, in
         order, and the digest of the slice of the job that wrote it: a part copied over another,
         or made under another config, is refused (and moved aside) by the gather stage."""
-        cells = [template_regex(artifact).fullmatch(part).groupdict() for part in parts]
-        (writer,) = ARTIFACTS[artifact].writers
-        return [{"distribution": cell["distribution"], "dim": int(cell["dim"]),
-                 "slice_sha256": slice_digest(self.job_slice(writer, cell))} for cell in cells]
+        return part_cells(artifact, parts, self.job_slice)
 
     def display_inputs(self) -> dict[str, list[str]]:
         """The metrics files stage gather summarises into the figures' display tables

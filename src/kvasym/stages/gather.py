@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -181,34 +180,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def part_cells(config: str | os.PathLike, table: str, parts: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
     """The ``--TABLE-cells`` the DAG's rule gives (:meth:`kvasym.wiring.Wiring.part_cells`),
-    for a run by hand with ``--config``: each part's ``{distribution, dim}`` from its place in the
-    results layout and the digest of the slice of the job that writes it under ``config``.
+    for a run by hand with ``--config``: :func:`kvasym.cells.part_cells` with the slices of the
+    study ``config`` describes.
 
     Raises
     ------
     KvasymError
         A part not in the results layout of its artifact (``results/stats/<table>/...``).
     """
-    import re
-
-    from ..artifacts import artifact, template_regex
-    from ..cells import slice_digest
-    from ..errors import KvasymError
+    from ..cells import part_cells as cells_of_parts
     from ..study import load_study_file
 
-    name = INPUTS[table]
-    (writer,) = artifact(name).writers
-    regex = re.compile(rf"(?:^|/){template_regex(name).pattern}$")
     study = load_study_file(config)
-    cells = []
-    for part in parts:
-        match = regex.search(Path(part).as_posix())
-        if match is None:
-            raise KvasymError(f"{part}: not a {table} part of the results layout ({artifact(name).template}); "
-                              f"give --{table}-cells")
-        cell = {"distribution": match["distribution"], "dim": int(match["dim"])}
-        cells.append({**cell, "slice_sha256": slice_digest(study.job_slice(writer, cell))})
-    return cells
+    return cells_of_parts(INPUTS[table], parts, study.job_slice, flag=f"--{table}-cells")
 
 
 def _table_cells(args: argparse.Namespace, table: str) -> list | None:
