@@ -228,6 +228,20 @@ FIGURE_REGISTRY_MODULE = "kvasym.render.figures.registry"
 
 
 @functools.lru_cache(maxsize=None)
+def _registry_imports() -> tuple[frozenset[str], dict[str, frozenset[str]]]:
+    """The figure registry's imports, parsed once: those outside its drawing callables, and each
+    drawing callable's own (by function name)."""
+    from ..render.figures.registry import FIGURE_FAMILIES
+
+    path = _module_file(FIGURE_REGISTRY_MODULE)
+    package = _package_of(path, FIGURE_REGISTRY_MODULE)
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    draws = {spec.draw.__name__ for spec in FIGURE_FAMILIES.values()}
+    drawing = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in draws}
+    tree.body = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and node.name in drawing)]
+    return _names_imported(tree, package), {name: _names_imported(node, package) for name, node in drawing.items()}
+
+
 def _family_imports(family: str) -> frozenset[str]:
     """What the figure registry imports for family ``family``: its module-level imports and
     those of its functions, but of the drawing callables of :data:`FIGURE_FAMILIES
@@ -237,13 +251,8 @@ def _family_imports(family: str) -> frozenset[str]:
 
     if family not in FIGURE_FAMILIES:
         raise KeyError(family)
-    path = _module_file(FIGURE_REGISTRY_MODULE)
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    draws = {spec.draw.__name__ for spec in FIGURE_FAMILIES.values()}
-    own = FIGURE_FAMILIES[family].draw.__name__
-    tree.body = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and node.name in draws
-                                                    and node.name != own)]
-    return _names_imported(tree, _package_of(path, FIGURE_REGISTRY_MODULE))
+    shared, drawing = _registry_imports()
+    return shared | drawing.get(FIGURE_FAMILIES[family].draw.__name__, frozenset())
 
 
 def stage_code_files(name: str, family: str | None = None) -> list[Path]:
