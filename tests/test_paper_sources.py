@@ -32,7 +32,7 @@ import yaml
 from kvasym import stats
 from kvasym.render import format as fmt
 from kvasym.render import numbers, tables
-from kvasym.stages import stats as stats_stage
+from kvasym import cell_statistics
 from kvasym.claims import load_claims
 from kvasym.cli import main
 from kvasym.render.claims import CLAIM_FIELDS, render_latex
@@ -240,8 +240,8 @@ CELL = ["distribution", "kind", "dim", "budget", "sharpness"]
 
 
 def _summary_columns() -> list[str]:
-    coords = {m: np.ones(3) for m in stats_stage.SUMMARY_METRICS}
-    tails = {m: np.ones(3) for m in stats_stage.TAIL_METRICS}
+    coords = {m: np.ones(3) for m in cell_statistics.SUMMARY_METRICS}
+    tails = {m: np.ones(3) for m in cell_statistics.TAIL_METRICS}
     return [*CELL, "scheme", "n_trials", "n_queries", *stats.cell_summary(np.ones(3), np.ones(3), coords, tails)]
 
 
@@ -288,7 +288,7 @@ def make_comparisons(dists, schemes, budgets=(2, 4), dim=64, sharpness=(1.0, 4.0
             for s in sharpness:
                 for i, a in enumerate(schemes):
                     for b in schemes[i + 1:]:
-                        for metric in (*stats_stage.COMPARED_METRICS, "error6d"):
+                        for metric in (*cell_statistics.COMPARED_METRICS, "error6d"):
                             row = {c: np.nan for c in cols}
                             row.update(distribution=dist, kind="gaussian", dim=dim, budget=budget, sharpness=s,
                                        scheme_a=a, scheme_b=b, metric=metric, per_trial_only=False, n_trials=3.0,

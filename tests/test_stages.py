@@ -188,7 +188,7 @@ def test_a_registry_entry_changes_the_digests_of_the_stages_that_read_it(tmp_pat
     elif changed == "names":
         key = "frontier_points" if module == "artifacts.py" else "RKV"
         table = "artifacts" if module == "artifacts.py" else "schemes"
-        expected = {s for s in STAGES if key in registry_entries(s, stage_code_files(s))[table]}
+        expected = {s for s in STAGES if key in registry_entries(s, stage_code_files(s), STAGES)[table]}
         assert 0 < len(expected) < len(STAGES) - 2, expected
         if key == "frontier_points":  # its writer, and the renderers that print or read its path
             assert {"frontier", "crate"} <= expected and not {"cells", "e2e", "passkey", "capture"} & expected

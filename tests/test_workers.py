@@ -170,7 +170,9 @@ def test_a_stage_is_given_its_rules_threads_as_workers() -> None:
     args = params["args"]({}, Files(), Files(["t.parquet"]), threads=3)
     assert "--workers 3" in args and "--out t.parquet" in args
     assert "--workers 1" in params["args"]({}, Files(), Files(["t.parquet"]))
-    assert "workers" not in params["config"]({})
+    # an e2e job always has its model (the recorded params hold its registry entry, not workers)
+    recorded = params["config"]({"model": "smollm2-135m"})
+    assert "workers" not in recorded and '"model_entry"' in recorded
 
 
 def test_sensitivity_rows_on_workers_equal_the_loop(tiny_model) -> None:

@@ -310,7 +310,7 @@ def stage_code_digest(name: str, family: str | None = None) -> str:
         content = code_digest(path, stripped_tables(relative)).encode() if path.suffix == ".py" \
             else _file_bytes(path)
         digest.update(relative.encode() + b"\0" + content + b"\0")
-    entries = json.dumps(registry_entries(name, files), sort_keys=True, separators=(",", ":"))
+    entries = json.dumps(registry_entries(name, files, STAGES), sort_keys=True, separators=(",", ":"))
     digest.update(b"registry entries\0" + entries.encode())
     return digest.hexdigest()
 

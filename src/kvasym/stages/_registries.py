@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,7 @@ def _literals(path: Path) -> frozenset[str]:
     return frozenset(_STRING_LITERAL.findall(_ALL_LIST.sub("", path.read_text(encoding="utf-8"))))
 
 
-def registry_entries(stage: str, code_files: Iterable[Path]) -> dict[str, Any]:
+def registry_entries(stage: str, code_files: Iterable[Path], stages: Mapping[str, str]) -> dict[str, Any]:
     """The registry entries stage ``stage`` can read (module docstring), as JSON-ready data.
 
     Parameters
@@ -111,6 +111,9 @@ def registry_entries(stage: str, code_files: Iterable[Path]) -> dict[str, Any]:
     code_files : iterable of Path
         The files of its code (:func:`kvasym.stages.stage_code_files`); the string literals of its
         Python modules decide which entries it names.
+    stages : mapping
+        :data:`kvasym.stages.STAGES` (given, so that this module imports nothing of the package
+        that imports it).
 
     Returns
     -------
@@ -135,14 +138,13 @@ def registry_entries(stage: str, code_files: Iterable[Path]) -> dict[str, Any]:
                 entry["description"] = item.description
             artifacts[name] = entry
     from ..real.model_registry import MODELS
-    from . import STAGES
 
     reads_models = stage not in MODEL_JOB_STAGES | MODEL_FREE_STAGES
     return {
         "artifacts": artifacts,
         "job_keys": dict(JOB_KEYS) if "job_keys" in whole else {},
         "models": {key: model_entry_record(key) for key in MODELS} if reads_models else {},
-        "stages": dict(STAGES) if "stages" in whole else {},
+        "stages": dict(stages) if "stages" in whole else {},
         "schemes": {name: {"K": spec["K"], "V": spec["V"]} for name, spec in BUILTIN_SCHEMES.items()
                     if name in literals},
     }
