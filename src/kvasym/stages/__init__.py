@@ -298,8 +298,8 @@ def stage_code_digest(name: str, family: str | None = None) -> str:
     description or a memory request reruns the jobs it can change, not every importer.
     """
     import hashlib
-    import json
 
+    from ..study import canonical_json
     from ._registries import registry_entries, stripped_tables
 
     root = Path(__file__).resolve().parent.parent
@@ -310,8 +310,7 @@ def stage_code_digest(name: str, family: str | None = None) -> str:
         content = code_digest(path, stripped_tables(relative)).encode() if path.suffix == ".py" \
             else _file_bytes(path)
         digest.update(relative.encode() + b"\0" + content + b"\0")
-    entries = json.dumps(registry_entries(name, files, STAGES), sort_keys=True, separators=(",", ":"))
-    digest.update(b"registry entries\0" + entries.encode())
+    digest.update(b"registry entries\0" + canonical_json(registry_entries(name, files, STAGES)).encode())
     return digest.hexdigest()
 
 
