@@ -16,7 +16,10 @@ own file (the finished run's result, made by the code that ran it) too.
 Usage::
 
     python benchmarks/bench_workers.py --workdir RUN --log RUN.log --match 'stage card ' \\
-        [--workers 2] [--repeat 1]
+        [--workers 2] [--repeat 1] [--output-flags manifest packed per-query per-key]
+
+(``--output-flags``: a stage whose outputs are not ``--out*`` flags, as the cells stage's
+folders; a folder output is compared file by file, a file that is not Parquet byte for byte.)
 
 Run it with ``PYTHONPATH=<checkout>/src`` to measure that checkout's code on the run's inputs.
 """
@@ -44,12 +47,15 @@ def job_command(log: Path, match: str) -> str:
     raise SystemExit(f"{log}: no `kvasym stage` command containing {match!r}")
 
 
-def redirect_outputs(command: str, folder: Path) -> tuple[list[str], dict[str, Path], dict[str, Path]]:
-    """The command's words with every ``--out*`` path moved into ``folder``; the moved paths and
-    the original ones, by flag."""
+def redirect_outputs(command: str, folder: Path, flags: tuple[str, ...] = ()
+                     ) -> tuple[list[str], dict[str, Path], dict[str, Path]]:
+    """The command's words with every ``--out*`` path, and the path of each flag in ``flags``
+    (a stage's outputs not named ``--out*``: the cells stage's ``--manifest``, ``--packed``,
+    ``--per-query``, ``--per-key``), moved into ``folder``; the moved paths and the original
+    ones, by flag."""
     words, outputs, originals = shlex.split(command), {}, {}
     for i, word in enumerate(words[:-1]):
-        if word.startswith("--out"):
+        if word.startswith("--out") or word.lstrip("-") in flags:
             target = folder / f"{word.lstrip('-')}{Path(words[i + 1]).suffix}"
             outputs[word], originals[word] = target, Path(words[i + 1])
             words[i + 1] = str(target)
@@ -101,19 +107,37 @@ def run_once(words: list[str], workers: int, workdir: Path, log: Path) -> dict[s
     return {"wall_s": wall, "cpu_s": float(cpu.group(1)) if cpu else float("nan"), "peak_mib": peak / 1024}
 
 
+def _files(path: Path) -> dict[str, Path]:
+    """An output's files by their path inside it (the file itself for a file output), without
+    Snakemake's own markers."""
+    if not path.is_dir():
+        return {"": path}
+    return {str(f.relative_to(path)): f for f in sorted(path.rglob("*"))
+            if f.is_file() and f.name != ".snakemake_timestamp"}
+
+
 def same_outputs(a: dict[str, Path], b: dict[str, Path]) -> bool:
-    """Whether every Parquet output of two runs holds the same frame, value for value."""
+    """Whether the outputs of two runs are the same: every Parquet file holds the same frame,
+    value for value; any other file (a manifest, a packed ``.npz``) has the same bytes. A folder
+    output (the cells stage's) is compared file by file."""
     import pandas as pd
 
     for flag, path in a.items():
-        if path.suffix != ".parquet":
-            continue
-        left, right = pd.read_parquet(path), pd.read_parquet(b[flag])
-        try:
-            pd.testing.assert_frame_equal(left, right, check_exact=True)
-        except AssertionError as exc:
-            print(f"  {flag}: differs: {str(exc).splitlines()[0]}")
+        left_files, right_files = _files(path), _files(b[flag])
+        if set(left_files) != set(right_files):
+            print(f"  {flag}: not the same files ({len(left_files)} against {len(right_files)})")
             return False
+        for name, left in left_files.items():
+            right = right_files[name]
+            if left.suffix == ".parquet":
+                try:
+                    pd.testing.assert_frame_equal(pd.read_parquet(left), pd.read_parquet(right), check_exact=True)
+                except AssertionError as exc:
+                    print(f"  {flag} {name}: differs: {str(exc).splitlines()[0]}")
+                    return False
+            elif left.read_bytes() != right.read_bytes():
+                print(f"  {flag} {name}: different bytes")
+                return False
     return True
 
 
@@ -124,6 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--match", required=True, help="text the job's command contains")
     parser.add_argument("--workers", type=int, nargs="+", default=[2])
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--output-flags", nargs="*", default=[],
+                        help="the job's output flags not named --out* (cells: manifest packed per-query per-key)")
     args = parser.parse_args(argv)
     command = job_command(args.log, args.match)
     print(f"job: {command[:160]}{' ...' if len(command) > 160 else ''}")
@@ -134,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
             for workers in [1, *args.workers]:
                 folder = Path(tmp) / f"w{workers}r{round_}"
                 folder.mkdir()
-                words, outputs[workers], originals = redirect_outputs(command, folder)
+                words, outputs[workers], originals = redirect_outputs(command, folder, tuple(args.output_flags))
                 runs.setdefault(workers, []).append(run_once(words, workers, args.workdir, folder / "job.log"))
         print(f"{'workers':>7} {'wall s':>8} {'CPU s':>8} {'peak MiB':>9} {'wall ratio':>10} {'CPU ratio':>9}  "
               "same as 1 / as the run's file")

@@ -212,3 +212,63 @@ def test_end_to_end_tables_on_workers_equal_the_loop(tmp_path) -> None:
         pd.testing.assert_frame_equal(frames[1][name], frames[3][name], check_exact=True)
         assert len(frames[1][name]) > 0 or name == "sensitivity", name  # the texts hold no one-layer pass
 
+
+
+def test_imap_ordered_yields_as_it_goes_and_an_early_close_reaps_the_pool() -> None:
+    """The generator form: the same values in order; closed after two results (the caller's loop
+    broke off), it terminates the pool, leaves no child and can run again."""
+    import multiprocessing
+
+    from kvasym import workers as workers_module
+    from kvasym.workers import imap_ordered
+
+    units = list(range(9))
+    assert [value for value, _ in imap_ordered(_slow_square_and_pid, units, workers=3)] == [x * x for x in units]
+    generator = imap_ordered(_slow_square_and_pid, units, workers=3)
+    assert [next(generator)[0], next(generator)[0]] == [0, 1]
+    generator.close()
+    assert multiprocessing.active_children() == [] and workers_module._TASK is None
+    assert [value for value, _ in imap_ordered(_square_and_pid, [3, 4], workers=2)] == [9, 16]
+
+
+def _digests(root: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_synthetic_units_trials_on_workers_write_the_loops_files(tmp_path) -> None:
+    """Stage cells: a unit's trials on three workers (more trials than workers, so a worker takes
+    several) write the same manifest, packed caches and metrics files, byte for byte, as the
+    loop in one process. The unit is the tiny grid's Gaussian one, every scheme of it (the
+    frontier's, its extra budget and the QJL ones among them), with four trials."""
+    from kvasym.stages.cells import run_cells
+    from kvasym.study import load_study_file
+
+    study = load_study_file(Path(__file__).resolve().parents[1] / "config" / "test.yaml")
+    unit = study.unit_slice("gaussian", 64)
+    unit["trials"] = 4
+    assert {"KQV", "QKQV", "KQV-NS"} <= {s["name"] for s in unit["schemes"]} and unit["extra_budgets"]
+    files = {}
+    for workers in (1, 3):
+        root = tmp_path / f"w{workers}"
+        run_cells(unit, root / "data.json", root / "packed", root / "per_query", root / "per_key", workers=workers)
+        files[workers] = _digests(root)
+    assert files[1] == files[3]
+    kept = {name.split("/")[1] for name in files[1] if name.startswith("packed/") and name.endswith(".npz")}
+    assert kept == set(unit["packed_schemes"]) and len(files[1]) > 20
+
+
+def test_a_manifest_needs_every_trials_record_in_order() -> None:
+    """kvasym.manifest.manifest_of, which a unit job on workers builds from its trials' records:
+    records missing or out of order are refused, not written as a shorter manifest."""
+    from kvasym.manifest import build_manifest, manifest_of, regenerate_trial, trial_record
+
+    slice_ = {"distribution": {"name": "gaussian", "kind": "gaussian", "params": {}}, "dim": 8, "seq_len": 16,
+              "n_queries": 4, "trials": 3, "base_seed": 5}
+    records = [trial_record(t, regenerate_trial(slice_, t)) for t in range(3)]
+    assert manifest_of(slice_, records) == build_manifest(slice_)
+    for bad in (records[:2], [records[1], records[0], records[2]]):
+        with pytest.raises(KvasymError, match="records of trials 0..2 in order"):
+            manifest_of(slice_, bad)

@@ -31,7 +31,8 @@ from .distributions import DistributionSpec, TrialData, generate_trial
 from .errors import DamagedFile, KvasymError
 
 __all__ = ["CONTENT_DIGEST_KEY", "DATA_FORMAT", "DATA_KEYS", "build_manifest", "content_digest", "load_manifest",
-           "read_manifest", "regenerate_trial", "trial_digest", "verified_trial", "write_manifest"]
+           "manifest_of", "read_manifest", "regenerate_trial", "trial_digest", "trial_record", "verified_trial",
+           "write_manifest"]
 
 #: Version of the manifest layout; a manifest of another format is refused as damaged (so the data
 #: rule rebuilds it). 2: the manifest carries its own digest (:data:`CONTENT_DIGEST_KEY`).
@@ -71,22 +72,36 @@ def build_manifest(
     """The manifest of one (distribution, dim): per trial its digest and K/V statistics, and
     the digest of all that (:data:`CONTENT_DIGEST_KEY`). ``sink(trial, data)``, when given,
     receives each trial's data as it is drawn (:func:`write_trials` stores them)."""
-    from .cachestats import cache_statistics
-    from .querymodel import query_alignment
-
-    trials = []
+    records = []
     for trial in range(slice_["trials"]):
         data = regenerate_trial(slice_, trial)
         if sink is not None:
             sink(trial, data)
-        alignment = query_alignment(data.queries, data.keys)
-        trials.append({"trial": trial, "sha256": trial_digest(data), "keys": cache_statistics(data.keys),
-                       "values": cache_statistics(data.values),
-                       # the queries' alignment with the keys' covariance (kvasym.querymodel)
-                       "queries": {"alignment": _finite_mean(alignment),
-                                   "alignment_median": _finite_median(alignment)}})
+        records.append(trial_record(trial, data))
+    return manifest_of(slice_, records)
+
+
+def trial_record(trial: int, data: TrialData) -> dict[str, Any]:
+    """One trial's entry of a manifest: its digest (:func:`trial_digest`), the statistics of its
+    K and V (:func:`kvasym.cachestats.cache_statistics`) and the queries' mean and median
+    alignment with the keys' covariance (:func:`kvasym.querymodel.query_alignment`)."""
+    from .cachestats import cache_statistics
+    from .querymodel import query_alignment
+
+    alignment = query_alignment(data.queries, data.keys)
+    return {"trial": trial, "sha256": trial_digest(data), "keys": cache_statistics(data.keys),
+            "values": cache_statistics(data.values),
+            "queries": {"alignment": _finite_mean(alignment), "alignment_median": _finite_median(alignment)}}
+
+
+def manifest_of(slice_: Mapping[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest of ``slice_`` from its trials' :func:`trial_record` entries, in trial order
+    (a unit job that measured its trials on workers collects their records), with its digest."""
+    if [record["trial"] for record in records] != list(range(slice_["trials"])):
+        raise KvasymError(f"a manifest needs the records of trials 0..{slice_['trials'] - 1} in order, got "
+                          f"{[record['trial'] for record in records]}")
     # through JSON once, so the digest is of exactly what a reader parses (tuples as lists, keys as text)
-    manifest = json.loads(json.dumps({"format": DATA_FORMAT, "slice": dict(slice_), "trials": trials}))
+    manifest = json.loads(json.dumps({"format": DATA_FORMAT, "slice": dict(slice_), "trials": records}))
     manifest[CONTENT_DIGEST_KEY] = content_digest(manifest)
     return manifest
 

@@ -97,15 +97,16 @@ E2E_LONG_REFERENCE_LENGTH = 4096
 #: Stage -> the ``threads`` its rule declares: the processes its job runs its independent units on
 #: (:func:`kvasym.workers.map_ordered`: a text's quantized passes, the card's evaluation passes,
 #: the sensitivity rows, the greedy prompts, the passkey trials, each window's passes, the
-#: end-to-end tables; the output does not depend on them). They let a long model job use cores
-#: the DAG leaves idle (the end of the paper DAG is a few such jobs) and ask a Slurm job for that
-#: many CPUs. Snakemake scales them down to ``--cores``; ``--set-threads card=1`` overrides one.
-#: Not the synthetic grid's cells: a unit's cells of each trial on two workers (gaussian,
-#: d = 128; measured once, against one process) took 1.19 times the wall and 1.52 times the CPU,
-#: as a cell of a trial is small (~55 ms) and a trial's QJL matrices, cached across its cells in
-#: one process, were drawn again in each worker.
+#: end-to-end tables, a synthetic unit's trials; the output does not depend on them). They let a
+#: long job use cores the DAG leaves idle (the end of the paper DAG is a few such jobs, and its
+#: longest chain begins with the d = 1024 synthetic units) and ask a Slurm job for that many
+#: CPUs. Snakemake scales them down to ``--cores``; ``--set-threads card=1`` overrides one.
+#: A synthetic unit's worker takes a trial whole (every cell of it: the trial's QJL matrices are
+#: drawn once, as in one process). An earlier version that spread a trial's cells over the workers
+#: (4107477) was slower than one process: a cell of a trial is small (~55 ms) and each worker drew
+#: the trial's QJL matrices again.
 STAGE_THREADS: dict[str, int] = {"e2e": 4, "sensitivity": 4, "card": 8, "greedy": 4, "e2e_long": 4, "passkey": 4,
-                                 "e2e_stats": 4}
+                                 "e2e_stats": 4, "cells": 4}
 #: What each worker beyond the first adds to a model job's request: a forked worker shares the
 #: model and the reference pass with its parent and holds one pass's working set of its own (its
 #: hidden states, caches and a block of logits). Measured by benchmarks/bench_workers.py on the
@@ -169,10 +170,11 @@ def job_resources(stage: str, slice_: Mapping[str, Any] | None = None, input_mb:
         held = n_cells * packed if stage == "metrics" else 2 * packed
         mem_mb = 600 + (3 * per_trial + held + tables) // 2**20
         work = n_cells * trials * seq * dim * (1 + n_sharp)
-        return {"mem_mb": int(mem_mb), "runtime": int(2 + work // 50_000_000)}
-    if stage not in FIXED_RESOURCES:
+        mem_mb, runtime = int(mem_mb), int(2 + work // 50_000_000)
+    elif stage not in FIXED_RESOURCES:
         raise ValueError(f"no resource model for stage {stage!r}")
-    mem_mb, runtime = FIXED_RESOURCES[stage]
+    else:
+        mem_mb, runtime = FIXED_RESOURCES[stage]
     if stage == "file_metrics":
         mem_mb += int(FILE_MEMORY_FACTOR * input_mb)
     if stage in MODEL_STAGES and slice_ is not None:

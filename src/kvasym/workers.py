@@ -27,12 +27,12 @@ from __future__ import annotations
 import multiprocessing
 import numbers
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from .errors import KvasymError
 
-__all__ = ["check_workers", "map_ordered", "parse_workers", "usable_workers"]
+__all__ = ["check_workers", "imap_ordered", "map_ordered", "parse_workers", "usable_workers"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -107,16 +107,31 @@ def map_ordered(fn: Callable[[T], R], units: Sequence[T], workers: int = 1) -> l
     The workers are joined before returning, so the CPU time they used is counted by the
     job's ``getrusage(RUSAGE_CHILDREN)`` (the cost line every stage ends its log with).
     """
+    return list(imap_ordered(fn, units, workers))
+
+
+def imap_ordered(fn: Callable[[T], R], units: Sequence[T], workers: int = 1) -> Iterator[R]:
+    """:func:`map_ordered` as a generator: ``fn(u)`` for each unit, yielded in ``units``' order
+    as soon as it and the units before it are done, so that the caller can write each result and
+    drop it (a synthetic unit's packed caches, trial by trial) instead of holding them all.
+
+    Same parameters, results and errors as :func:`map_ordered`. The pool lives while the
+    generator does: it is closed and its workers joined when the last result is taken, and
+    terminated when the generator is closed early (an exception in the caller's loop, or
+    ``close()``), so no worker outlives the job. Results a worker finished before the caller
+    took them wait in the parent (:meth:`multiprocessing.pool.Pool.imap`).
+    """
     global _TASK
     n = usable_workers(workers, len(units))
     if n <= 1:
-        return [fn(unit) for unit in units]
+        yield from (fn(unit) for unit in units)
+        return
     if _TASK is not None:
         raise KvasymError("map_ordered: a pool inside a pool's unit is not supported")
     _TASK = (fn, units)
     pool = multiprocessing.get_context("fork").Pool(n)
     try:
-        results = pool.map(_run_unit, range(len(units)), chunksize=1)
+        yield from pool.imap(_run_unit, range(len(units)), chunksize=1)
         pool.close()
     except BaseException:
         pool.terminate()
@@ -124,4 +139,3 @@ def map_ordered(fn: Callable[[T], R], units: Sequence[T], workers: int = 1) -> l
     finally:
         pool.join()
         _TASK = None
-    return results

@@ -21,7 +21,7 @@ rule cells:
         benchmark_path("cells")
     wildcard_constraints:
         distribution=names_pattern(wiring.cell_units),
-    threads: 1
+    threads: threads_of("cells")
     resources:
         **resources_of("cells"),
     params:

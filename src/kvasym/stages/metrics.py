@@ -98,11 +98,26 @@ class CellTables:
 
     def add_trial(self, trial: int, data: TrialData, k_cache: PackedCache, v_cache: PackedCache,
                   reference: TrialReference | None = None) -> None:
+        """Measure one trial (:meth:`trial_parts`) and keep its rows."""
+        self.add_parts(self.trial_parts(trial, data, k_cache, v_cache, reference))
+
+    def add_parts(self, parts: tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]) -> None:
+        """Keep one trial's per-query and per-key rows (:meth:`trial_parts`, perhaps computed in a
+        worker process); trials are added in trial order."""
+        query_parts, key_parts = parts
+        self.query_parts.extend(query_parts)
+        self.key_parts.extend(key_parts)
+
+    def trial_parts(self, trial: int, data: TrialData, k_cache: PackedCache, v_cache: PackedCache,
+                    reference: TrialReference | None = None
+                    ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
         """Measure one trial: reconstruct both caches (the compiled kernels when numba imports,
         :func:`kvasym.kernels.auto_kernel`) and compare them with the data at every
         sharpness (the compiled attention-row pass when numba imports). ``reference``: the trial's
         :func:`kvasym.metrics.trial_reference` (of ``data`` and every sharpness of the cell),
-        shared by the cells of a unit."""
+        shared by the cells of a unit. Returns the trial's per-query and per-key row parts (one
+        per sharpness; per-key rows only for the first ``per_key_trials`` trials), without
+        keeping them."""
         keys_hat, values_hat = dequantize_with(k_cache, "auto"), dequantize_with(v_cache, "auto")
         bits = {}
         for side, cache in (("k", k_cache), ("v", v_cache)):
@@ -113,16 +128,18 @@ class CellTables:
         sharpness = self.cell["sharpness"]
         results = trial_metrics_multi(data.queries, data.keys, data.values, keys_hat, values_hat, sharpness,
                                       kernel="auto", reference=reference)
+        query_parts, key_parts = [], []
         for value, (per_query, per_key) in zip(sharpness, results):
             rows = len(per_query["kl"])
             common = {**self.ident, "sharpness": value, "trial": trial}
-            self.query_parts.append(
+            query_parts.append(
                 {**{k: np.full(rows, v) for k, v in common.items()}, **per_query,
                  **{k: np.full(rows, v) for k, v in bits.items()}}
             )
             if trial < self.cell["per_key_trials"]:
                 n_keys = len(per_key["key"])
-                self.key_parts.append({**{k: np.full(n_keys, v) for k, v in common.items()}, **per_key})
+                key_parts.append({**{k: np.full(n_keys, v) for k, v in common.items()}, **per_key})
+        return query_parts, key_parts
 
     def write(self, per_query: str | os.PathLike, per_key: str | os.PathLike) -> None:
         """Write the two Parquet files (atomically), with the cell's provenance."""
