@@ -276,3 +276,20 @@ def test_every_dry_run_command_is_one_its_stage_parses(tmp_path):
     for rules in (ROOT / "workflow/rules").glob("*.smk"):
         shells = re.findall(r'shell:\s*\n\s*((?:"[^"\n]*"\s*)+)', rules.read_text())
         assert not any(re.search(r"--[a-z]", s) for s in shells), rules.name
+
+
+def test_e2e_stats_waits_for_the_gathered_summary_only_without_a_frontier(tiny):
+    """Rule e2e_stats reads the real rows' attention KL from the frontier's points when the config
+    has a frontier, so it does not wait for the gathered summary (every stats job, then gather):
+    that wait made the paper DAG's longest chain run through the synthetic grid's stats. Without
+    a frontier the summary is its input, and the stage refuses to run with neither."""
+    from kvasym.artifacts import pattern
+    from kvasym.stages.e2e_stats import run_e2e_stats
+
+    assert tiny.frontier and tiny.e2e_attention_summary() == []
+    assert tiny.frontier_targets()[:1] == [pattern("frontier_points")]
+    config = _config(frontier={"schemes": []})
+    assert Wiring(config, [TEST_CONFIG], paper_dir=ROOT / "paper").e2e_attention_summary() == [pattern("summary")]
+    slice_ = {"schemes": ["RKV"], "study_schemes": ["RKV"], "budgets": [2], "base_seed": 1, "n_boot": 20}
+    with pytest.raises(KvasymError, match=r"--frontier \(the frontier's points\) or --summary"):
+        run_e2e_stats(slice_, ["t.parquet"], None, {}, frontier_points=None)

@@ -478,6 +478,13 @@ class Wiring:
     def frontier_targets(self) -> list[str]:
         return [pattern("frontier_points"), pattern("frontier_units")] if self.frontier else []
 
+    def e2e_attention_summary(self) -> list[str]:
+        """The gathered summary, as rule e2e_stats' input, only where the stage reads it: without
+        a frontier. With one, the stage reads the real rows' per-head attention KL from the
+        frontier's points (every real scheme's), and waiting for the gathered summary (every stats
+        job of the grid, then rule gather) would only lengthen the DAG's longest chain."""
+        return [] if self.frontier else [pattern("summary")]
+
     def seq_len_targets(self) -> list[str]:
         return [pattern(f"seq_len_{name}") for name in ("rows", "summary", "slopes")] if self.seq_len else []
 

@@ -260,11 +260,12 @@ rule greedy:
 rule e2e_stats:
     input:
         texts=wiring.e2e_texts,
-        summary=pattern("summary"),  # rule gather
         long=wiring.e2e_long_windows,
         passkey=wiring.passkey_tables,
-        # every real scheme's per-head attention KL (the summary holds the grid's only)
+        # the real rows' per-head attention KL: the frontier's points (every real scheme's), or
+        # without a frontier the gathered summary (the grid's schemes only; rule gather)
         frontier=wiring.frontier_targets()[:1],
+        summary=wiring.e2e_attention_summary(),
     output:
         **{
             name: pattern(wiring.e2e_stats_table_name(name))

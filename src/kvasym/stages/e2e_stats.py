@@ -78,7 +78,7 @@ def model_tables(frame: Any, schemes: Sequence[str], study_schemes: Sequence[str
     }
 
 
-def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_summary: str,
+def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_summary: str | None,
                   out: dict[str, str], long_paths: Sequence[str] = (), passkey_paths: Sequence[str] = (),
                   frontier_points: str | None = None, workers: int = 1) -> None:
     """The five end-to-end tables of ``text_paths`` (``out``: table name -> path), and the
@@ -89,7 +89,9 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
     column first. The per-head mean attention KL of the rank agreement (the primary model only: its
     captures give the per-head rows) comes from ``frontier_points`` when given (stage
     ``frontier``: every scheme measured on the real rows, the frontier's and the query-aware
-    variants' too), else from ``gathered_summary`` (the grid's schemes only)."""
+    variants' too), else from ``gathered_summary`` (the grid's schemes only); one of the two is
+    needed (the DAG gives the summary only to a config without a frontier,
+    :meth:`kvasym.wiring.Wiring.e2e_attention_summary`)."""
     import pandas as pd
 
     from ..dataset import provenance, read_parquet_checked, write_frame_atomic
@@ -100,6 +102,9 @@ def run_e2e_stats(slice_: dict[str, Any], text_paths: Sequence[str], gathered_su
 
     if not text_paths:
         raise KvasymError("e2e_stats needs at least one per-text table (--texts)")
+    if not frontier_points and not gathered_summary:
+        raise KvasymError("e2e_stats needs the real rows' attention KL: --frontier (the frontier's points) or "
+                          "--summary (the gathered summary)")
     models = {PRIMARY: {"schemes": slice_["schemes"], "study_schemes": slice_["study_schemes"]},
               **dict(slice_.get("models") or {})}
     paths_of = _by_model(text_paths, list(models))
@@ -162,7 +167,8 @@ INPUTS = {"texts": "e2e_text", "summary": "summary", "long": "e2e_long_window", 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slice_arguments(parser, "e2e_stats")
     add_workers_argument(parser)
-    add_input_arguments(parser, INPUTS, required=("texts", "summary"), many=("texts", "long", "passkey"))
+    add_input_arguments(parser, INPUTS, required=("texts",), many=("texts", "long", "passkey"),
+                        notes={"summary": "read without --frontier only", "frontier": "read in place of --summary"})
     for name in (*OUTPUTS, *OPTIONAL_OUTPUTS):
         parser.add_argument(f"--out-{name.replace('_', '-')}", required=name in OUTPUTS,
                             help=f"the end-to-end {name} table (Parquet)"
